@@ -1,0 +1,27 @@
+# `make demo` and `make test` both start by building .venv, so either works on a fresh clone.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kiln-installed
+
+.PHONY: setup demo test clean
+
+setup: $(STAMP)
+
+# torch 2.13.0 (CPU) is installed first where torch is missing: the project's range admits it,
+# so the editable install below pulls no other torch build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/kiln demo --recipe demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf runs $(VENV)

@@ -1,0 +1,20 @@
+"""Named errors for bad user input. `assert` stays for internal invariants only.
+
+Every message says where (key, file, document), what was found, the rule, and how to fix it.
+"""
+
+
+class KilnError(Exception):
+    """Base of the errors kiln raises on purpose; the CLI prints these without a traceback."""
+
+
+class ConfigError(KilnError):
+    """A recipe or override is invalid; raised before any work starts."""
+
+
+class DocumentError(KilnError):
+    """One document cannot be processed; it is quarantined with this message and the run goes on."""
+
+
+class FatalError(KilnError):
+    """The run cannot continue (missing input, corrupt shard, inconsistent stages)."""

@@ -1,0 +1,143 @@
+"""Stage bookkeeping: skip-or-redo, and the manifest.json every stage finishes with.
+
+A stage is current when its manifest records the same config hash, the same inputs (size and
+sha256), the same upstream manifest hashes, and its outputs are still there with their
+recorded sizes. Then running it again does nothing; `force` or any change redoes it from an
+empty stage directory. The manifest's own sha256 is what downstream stages record, so a model
+traces back to the exact data and rules that made it.
+Not handled here: remote filesystems (paths are local for now).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import resource
+import shutil
+import time
+from collections.abc import Iterable, Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from kiln.core.errors import FatalError
+
+MANIFEST = "manifest.json"
+FORMAT = "kiln-manifest v1"
+log = logging.getLogger("kiln.core")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def config_hash(config: Mapping[str, BaseModel]) -> str:
+    canonical = json.dumps({k: v.model_dump(mode="json") for k, v in config.items()}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def describe_files(paths: Iterable[Path], root: Path | None = None) -> list[dict[str, Any]]:
+    out = []
+    for p in sorted(Path(p) for p in paths):
+        name = str(p.relative_to(root)) if root is not None else str(p)
+        out.append({"path": name, "bytes": p.stat().st_size, "sha256": sha256_file(p)})
+    return out
+
+
+def versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for pkg in ("kiln", "torch", "tokenizers", "numpy"):
+        try:
+            found[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            found[pkg] = "not installed"
+    return found
+
+
+def manifest_hash(stage_dir: Path) -> str:
+    path = stage_dir / MANIFEST
+    if not path.is_file():
+        raise FatalError(f"{stage_dir}: no {MANIFEST}; run that stage first (or `kiln demo`)")
+    return sha256_file(path)
+
+
+def read_manifest(stage_dir: Path) -> dict[str, Any]:
+    manifest_hash(stage_dir)  # raises the helpful error when missing
+    return json.loads((stage_dir / MANIFEST).read_text())
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+class Stage:
+    """One stage of one run: `runs/<name>/<stage>/`."""
+
+    def __init__(self, run_dir: Path, name: str, config: Mapping[str, BaseModel], inputs: Iterable[Path], upstream: Iterable[str] = ()):
+        self.run_dir = Path(run_dir)
+        self.name = name
+        self.dir = self.run_dir / name
+        self.config = dict(config)
+        self.inputs = describe_files(inputs)
+        self.upstream = {u: manifest_hash(self.run_dir / u) for u in upstream}
+        self.config_hash = config_hash(self.config)
+        self.log = logging.getLogger(f"kiln.{name}")
+        self._t0 = self._cpu0 = 0.0
+
+    def current_manifest(self) -> dict[str, Any] | None:
+        """The finished manifest if this stage is up to date, else None (with the reason logged)."""
+        path = self.dir / MANIFEST
+        if not path.is_file():
+            return None
+        old = json.loads(path.read_text())
+        if old.get("config_hash") != self.config_hash:
+            reason = "the config changed"
+        elif old.get("inputs") != self.inputs:
+            reason = "an input changed"
+        elif old.get("upstream") != self.upstream:
+            reason = "an upstream stage was redone"
+        elif any(not (self.dir / o["path"]).is_file() or (self.dir / o["path"]).stat().st_size != o["bytes"] for o in old.get("outputs", [])):
+            reason = "an output is missing or was modified"
+        else:
+            return old
+        self.log.info("%s: redoing because %s", self.name, reason)
+        return None
+
+    def begin(self) -> None:
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        self.dir.mkdir(parents=True)
+        self._t0, self._cpu0 = time.perf_counter(), _cpu_seconds()
+
+    def finish(self, outputs: Iterable[Path], counts: Mapping[str, Any], summary: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        manifest = {
+            "format": FORMAT,
+            "stage": self.name,
+            "config": {k: v.model_dump(mode="json") for k, v in self.config.items()},
+            "config_hash": self.config_hash,
+            "inputs": self.inputs,
+            "upstream": self.upstream,
+            "outputs": describe_files(outputs, root=self.dir),
+            "counts": dict(counts),
+            "wall_seconds": round(time.perf_counter() - self._t0, 3),
+            "cpu_seconds": round(_cpu_seconds() - self._cpu0, 3),
+            "versions": versions(),
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **(extra or {}),
+        }
+        (self.dir / "summary.txt").write_text(summary.rstrip() + "\n")
+        tmp = self.dir / (MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+        os.replace(tmp, self.dir / MANIFEST)  # the manifest appears only once everything else is written
+        self.log.info("%s: done in %.1fs\n%s", self.name, manifest["wall_seconds"], summary.rstrip())
+        return manifest

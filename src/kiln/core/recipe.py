@@ -1,0 +1,157 @@
+"""The recipe: one YAML file with a section per stage, validated before any work starts.
+
+`load_recipe` reads a file (or a name shipped in recipes/), applies `--set a.b=value`
+overrides to a copy, and validates everything at once. Every problem is reported in one
+ConfigError naming the key path, the bad value and what is allowed.
+Not handled here: running stages (kiln.pipeline) or writing manifests (kiln.core.manifest).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from kiln.core.config import Section
+from kiln.core.errors import ConfigError
+from kiln.curate.config import CurateConfig
+from kiln.evaluate.config import EvalConfig, GenerateConfig
+from kiln.mix.config import MixConfig
+from kiln.model.config import ModelConfig
+from kiln.tokenize.config import TokenizeConfig, TokenizerConfig
+from kiln.train.config import TrainConfig
+
+RECIPES_DIR = Path(__file__).resolve().parents[3] / "recipes"
+
+
+class Recipe(Section):
+    name: str = Field(description="Run name; stages write under <runs_dir>/<name>/.", pattern=r"^[A-Za-z0-9_.-]+$")
+    runs_dir: str = Field(default="runs", description="Folder holding run directories.")
+    curate: CurateConfig = Field(default_factory=CurateConfig, description="Reading and cleaning raw text.")
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="Training the BPE tokenizer.")
+    tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig, description="Encoding curated text to token shards.")
+    mix: MixConfig = Field(default_factory=MixConfig, description="Drawing training sequences from sources.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The decoder's shape.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Optimization.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Validation loss, perplexity, bits per byte.")
+    generate: GenerateConfig = Field(default_factory=GenerateConfig, description="Sampling text from the trained model.")
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> Recipe:
+        if self.train.seq_len > self.model.max_seq_len:
+            raise ValueError(f"train.seq_len ({self.train.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})")
+        if self.eval.seq_len is not None and self.eval.seq_len > self.model.max_seq_len:
+            raise ValueError(f"eval.seq_len ({self.eval.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})")
+        if self.model.vocab_size is not None and self.model.vocab_size < self.tokenizer.vocab_size:
+            raise ValueError(f"model.vocab_size ({self.model.vocab_size}) is below tokenizer.vocab_size ({self.tokenizer.vocab_size})")
+        if self.mix.weights is not None:
+            known = {i.source for i in self.curate.inputs}
+            unknown = sorted(set(self.mix.weights) - known)
+            if unknown:
+                raise ValueError(f"mix.weights names sources {unknown} that curate.inputs does not define ({sorted(known)})")
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.runs_dir) / self.name
+
+    @property
+    def eval_seq_len(self) -> int:
+        return self.eval.seq_len or self.train.seq_len
+
+
+def resolve_recipe_path(recipe: str) -> Path:
+    """A path to a YAML file, or the name of a recipe shipped in recipes/ (e.g. `demo`)."""
+    path = Path(recipe)
+    if path.is_file():
+        return path
+    for candidate in (Path("recipes") / f"{recipe}.yaml", RECIPES_DIR / f"{recipe}.yaml"):
+        if candidate.is_file():
+            return candidate
+    shipped = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")) if RECIPES_DIR.is_dir() else []
+    raise ConfigError(f"recipe {recipe!r}: no such file, and no shipped recipe of that name (shipped: {', '.join(shipped) or 'none'})")
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one `section.key=value` to nested dicts; the value is parsed as a YAML scalar."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {assignment!r}: expected section.key=value, e.g. --set train.lr=3e-4")
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {assignment!r}: {part!r} is a value, not a section")
+        node = child
+    try:
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else raw
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {assignment!r}: the value is not valid YAML ({e})") from None
+
+
+def load_recipe(recipe: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    path = resolve_recipe_path(str(recipe))
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe {path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    data = copy.deepcopy(data)
+    for assignment in overrides:
+        apply_override(data, assignment)
+    return validate_recipe(data, origin=str(path))
+
+
+def validate_recipe(data: dict[str, Any], origin: str = "recipe") -> Recipe:
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as e:
+        lines = [_describe(err) for err in e.errors()]
+        raise ConfigError(f"{origin}: {len(lines)} problem(s):\n  " + "\n  ".join(lines)) from None
+
+
+def _describe(err: dict[str, Any]) -> str:
+    # Pydantic appends the union branch or validator name to loc; keep only real keys.
+    loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))) or "(top level)"
+    value = err.get("input")
+    if err["type"] == "extra_forbidden":
+        allowed = _allowed_keys(err["loc"][:-1])
+        return f"{loc}: unknown key (value {value!r}); allowed keys here: {', '.join(allowed)}"
+    if err["type"] == "value_error":
+        return f"{loc or 'recipe'}: {err['msg'].removeprefix('Value error, ')}"
+    return f"{loc}: {err['msg'].lower()}; got {value!r}"
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    model: type[BaseModel] = Recipe
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return []
+        inner = _model_in(field.annotation)
+        if inner is None:
+            return []
+        model = inner
+    return sorted(model.model_fields)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def recipe_to_yaml(recipe: Recipe) -> str:
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+

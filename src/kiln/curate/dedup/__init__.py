@@ -1,0 +1,1 @@
+"""Global duplicate removal across all shards and sources."""

@@ -1,0 +1,1 @@
+"""Evaluation: validation loss, perplexity and bits per byte per source; text generation."""

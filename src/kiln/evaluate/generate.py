@@ -1,0 +1,69 @@
+"""Sampling text from a trained model: temperature, top-k and top-p (nucleus).
+
+Each new token reruns the model on the last max_seq_len tokens (no KV cache yet): fine for
+demo-sized models and short samples, and the logits are exactly the training forward's.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kiln.core.manifest import Stage
+from kiln.evaluate.config import GenerateConfig
+from kiln.model.transformer import Transformer
+from kiln.tokenize.tokenizer import KilnTokenizer
+from kiln.train.checkpoint import load_trained_model
+
+log = logging.getLogger("kiln.generate")
+
+
+def filter_logits(logits_V: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """Logits with everything outside the top-k and the top-p nucleus set to -inf."""
+    if top_k is not None and top_k < logits_V.numel():
+        kth = torch.topk(logits_V, top_k).values[-1]
+        logits_V = logits_V.masked_fill(logits_V < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits_V, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop a token when the tokens before it already reach top_p; the most likely one always stays.
+        drop_sorted = cumulative - sorted_logits.softmax(-1) >= top_p
+        logits_V = logits_V.masked_fill(drop_sorted.scatter(0, order, drop_sorted), float("-inf"))
+    return logits_V
+
+
+@torch.no_grad()
+def generate(model: Transformer, tokenizer: KilnTokenizer, cfg: GenerateConfig) -> str:
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    ids = tokenizer.encode(cfg.prompt) or [tokenizer.eot_id]  # an empty prompt starts a fresh document
+    new: list[int] = []
+    for _ in range(cfg.max_new_tokens):
+        context = torch.tensor([ids[-model.cfg.max_seq_len :]], device=device)
+        logits_V = model(context)[0, -1]
+        if cfg.temperature == 0:
+            next_id = int(logits_V.argmax())
+        else:
+            probs_V = filter_logits(logits_V / cfg.temperature, cfg.top_k, cfg.top_p).softmax(-1)
+            next_id = int(torch.multinomial(probs_V, 1, generator=gen))  # host sync per token
+        if next_id == tokenizer.eot_id:
+            break
+        ids.append(next_id)
+        new.append(next_id)
+    return cfg.prompt + tokenizer.decode(new)
+
+
+def run(cfg: GenerateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
+    run_dir = Path(run_dir)
+    ckpt, tok_path = run_dir / "train" / "checkpoint", run_dir / "tokenizer" / "tokenizer.json"
+    stage = Stage(run_dir, "generate", {"generate": cfg}, [ckpt / "model.safetensors", ckpt / "config.json", tok_path], upstream=["train"])
+    if not force and (done := stage.current_manifest()):
+        log.info("generate: up to date; the sample is in %s", stage.dir / "summary.txt")
+        return done
+    stage.begin()
+    model = load_trained_model(ckpt, "cuda" if torch.cuda.is_available() else "cpu")
+    text = generate(model, KilnTokenizer.load(tok_path), cfg)
+    return stage.finish([], {"sample": text, "chars": len(text)}, text)

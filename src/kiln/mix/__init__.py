@@ -1,0 +1,1 @@
+"""Mixing: which source each training sequence comes from, and (later) schedules over steps."""

@@ -1,0 +1,1 @@
+"""The Llama-style decoder, its config, and (later) size presets and objectives."""

@@ -1,0 +1,138 @@
+"""A Llama-style decoder: RMSNorm, rotary position embeddings, SwiGLU, grouped-query attention.
+
+Only model math lives here: parallelism, activation checkpointing and torch.compile are applied
+from outside (kiln.train). Attention goes through PyTorch's scaled_dot_product_attention, which
+picks a flash or memory-efficient kernel where the device has one.
+
+Shape legend:
+    B batch, T sequence length, D d_model, H query heads, K key/value heads,
+    E head dim (D / H), F SwiGLU hidden, V vocabulary.
+Not handled here: KV caching for generation (generation recomputes the prefix), document-
+boundary attention masks for packed sequences (the objectives issue).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kiln.model.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        # subtle: normalize in fp32 so bf16 activations do not lose the mean square's precision.
+        x = x_BTD.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x.type_as(x_BTD) * self.weight
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of shape (T, E/2): position t rotates pair i by t * theta^(-2i/E)."""
+    inv_freq_E2 = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles_TE2 = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq_E2)
+    return angles_TE2.cos().float(), angles_TE2.sin().float()
+
+
+def apply_rope(x_BHTE: torch.Tensor, cos_TE2: torch.Tensor, sin_TE2: torch.Tensor) -> torch.Tensor:
+    # Rotate (first half, second half) pairs, the "rotate_half" layout Hugging Face Llama uses,
+    # so exported weights need no permutation.
+    x1, x2 = x_BHTE.float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos_TE2 - x2 * sin_TE2, x2 * cos_TE2 + x1 * sin_TE2), dim=-1)
+    return out.type_as(x_BHTE)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+
+    def forward(self, x_BTD: torch.Tensor, cos_TE2: torch.Tensor, sin_TE2: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x_BTD.shape
+        q_BHTE = self.wq(x_BTD).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k_BKTE = self.wk(x_BTD).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v_BKTE = self.wv(x_BTD).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        q_BHTE, k_BKTE = apply_rope(q_BHTE, cos_TE2, sin_TE2), apply_rope(k_BKTE, cos_TE2, sin_TE2)
+        if self.n_kv != self.n_heads:  # grouped-query: each K/V head serves H/K query heads
+            k_BKTE = k_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            v_BKTE = v_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+        y_BHTE = F.scaled_dot_product_attention(q_BHTE, k_BKTE, v_BKTE, is_causal=True)
+        return self.wo(y_BHTE.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w_gate = nn.Linear(cfg.d_model, cfg.hidden, bias=False)
+        self.w_up = nn.Linear(cfg.d_model, cfg.hidden, bias=False)
+        self.w_down = nn.Linear(cfg.hidden, cfg.d_model, bias=False)
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.silu(self.w_gate(x_BTD)) * self.w_up(x_BTD))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x_BTD: torch.Tensor, cos_TE2: torch.Tensor, sin_TE2: torch.Tensor) -> torch.Tensor:
+        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), cos_TE2, sin_TE2)
+        return x_BTD + self.mlp(self.mlp_norm(x_BTD))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        assert cfg.vocab_size is not None, "resolve model.vocab_size from the tokenizer first"
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
+        # Not parameters and not saved: rebuilt from the config on load.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std = self.cfg.init_std
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                continue  # norm gains stay at 1
+            # GPT-2 style: residual-branch outputs scaled down so the stream's variance stays O(1) with depth.
+            scale = 1 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("wo.weight", "w_down.weight")) else 1.0
+            nn.init.normal_(p, mean=0.0, std=std * scale)
+
+    def forward(self, idx_BT: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, V) in fp32 for a batch of token ids."""
+        T = idx_BT.shape[1]
+        assert T <= self.cfg.max_seq_len, f"sequence of {T} tokens exceeds max_seq_len {self.cfg.max_seq_len}"
+        cos_TE2, sin_TE2 = self.rope_cos[:T], self.rope_sin[:T]
+        x_BTD = self.embed(idx_BT)
+        for block in self.blocks:
+            x_BTD = block(x_BTD, cos_TE2, sin_TE2)
+        return self.lm_head(self.norm(x_BTD)).float()
+
+
+def lm_loss(logits_BTV: torch.Tensor, targets_BT: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy in nats per token."""
+    return F.cross_entropy(logits_BTV.flatten(0, 1), targets_BT.flatten(), reduction=reduction)

@@ -1,0 +1,1 @@
+"""Planning: FLOPs, sizing, memory and layout from the same formulas the trainer measures with."""

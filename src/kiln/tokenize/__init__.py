@@ -1,0 +1,1 @@
+"""Tokens: train the BPE tokenizer, encode curated shards into memory-mapped token shards."""

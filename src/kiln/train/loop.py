@@ -1,0 +1,145 @@
+"""The training loop: one `train()` that reads top to bottom, its setup in `build_*` functions.
+
+Per optimizer step: grad_accum_steps micro-batches of micro_batch_size windows of seq_len
+tokens (tokens per step = their product), loss scaled by 1/grad_accum_steps so gradients
+average, global-norm clipping, AdamW, lr from warmup + cosine. Validation runs before step 1
+(the untrained baseline, loss near ln(vocab)) and after the last step.
+Not handled here: DDP/FSDP (kiln.train.distributed, later), mid-run checkpoints, resume, NaN
+and loss-spike rollback (the trainer-at-scale issue).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kiln.core.errors import FatalError
+from kiln.core.manifest import Stage, read_manifest
+from kiln.evaluate.config import EvalConfig
+from kiln.evaluate.perplexity import combined, evaluate_model, val_bytes_per_token
+from kiln.mix.config import MixConfig
+from kiln.mix.sampler import Sampler
+from kiln.model.config import ModelConfig, count_params, flops_per_token
+from kiln.model.transformer import Transformer, lm_loss
+from kiln.tokenize.shards import open_split
+from kiln.train.checkpoint import save_checkpoint
+from kiln.train.config import TrainConfig
+from kiln.train.monitor import Monitor
+from kiln.train.optim import build_optimizer
+from kiln.train.schedule import lr_at
+
+log = logging.getLogger("kiln.train")
+
+
+def build_device(cfg: TrainConfig) -> tuple[torch.device, torch.dtype | None]:
+    """The device and the autocast dtype (None = plain fp32)."""
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise FatalError("train.device is cuda but no CUDA device is visible; use train.device=auto or cpu")
+    device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    precision = cfg.precision if cfg.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32")
+    return device, (torch.bfloat16 if precision == "bf16" else None)
+
+
+def build_model(cfg: ModelConfig, seed: int, device: torch.device) -> Transformer:
+    torch.manual_seed(seed)  # same seed, same initial weights, on any device
+    return Transformer(cfg).to(device)
+
+
+def build_sampler(tokenize_dir: Path, mix: MixConfig, cfg: TrainConfig) -> Sampler:
+    return Sampler(open_split(tokenize_dir, "train"), mix.weights, cfg.seq_len, mix.seed)
+
+
+def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: EvalConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
+    run_dir = Path(run_dir)
+    tokenize_dir = run_dir / "tokenize"
+    tokenized = read_manifest(tokenize_dir)
+    inputs = sorted(tokenize_dir.glob("*/*.bin")) + sorted(tokenize_dir.glob("*/*.idx"))
+    stage = Stage(run_dir, "train", {"model": model_cfg, "train": cfg, "mix": mix, "eval": eval_cfg}, inputs, upstream=["tokenize"])
+    if not force and (done := stage.current_manifest()):
+        log.info("train: up to date (%d steps, val loss %.3f); nothing to do. Use --force to redo.", done["counts"]["steps"], done["counts"]["val_after"]["all"]["loss"])
+        return done
+    stage.begin()
+
+    device, amp_dtype = build_device(cfg)
+    model_cfg = model_cfg.resolved(tokenized["counts"]["vocab_size"])
+    model = build_model(model_cfg, cfg.seed, device)
+    optimizer = build_optimizer(model, cfg)
+    sampler = build_sampler(tokenize_dir, mix, cfg)
+    fpt = flops_per_token(model_cfg, cfg.seq_len)
+    evaluate = partial(
+        evaluate_model,
+        shards=open_split(tokenize_dir, "val"),
+        bytes_per_token=val_bytes_per_token(tokenized["counts"]),
+        seq_len=eval_cfg.seq_len or cfg.seq_len,
+        max_tokens_per_source=eval_cfg.max_tokens_per_source,
+        batch_size=eval_cfg.batch_size,
+    )
+    n_params = count_params(model_cfg)
+    log.info("train: %s params (%s without embeddings) on %s, %d steps of %d tokens", f"{n_params:,}", f"{count_params(model_cfg, False):,}", device, cfg.steps, cfg.tokens_per_step)
+    monitor = Monitor(stage.dir / "metrics.jsonl", cfg.steps, fpt, device)
+
+    val_before = None
+    if cfg.eval_at_start:
+        val_before = evaluate(model)
+        val_before["all"] = combined(val_before)
+        monitor.write({"step": 0, "eval": val_before})
+        log.info("train: step 0 validation loss %.3f (ln V = %.3f)", val_before["all"]["loss"], math.log(model_cfg.vocab_size))
+
+    model.train()
+    loss_value = float("nan")
+    for step in range(1, cfg.steps + 1):
+        lr = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = torch.zeros((), device=device)
+        for _ in range(cfg.grad_accum_steps):
+            windows, _ = sampler.batch(cfg.micro_batch_size)  # (B, T+1) int64 on host
+            batch_BT1 = torch.from_numpy(windows).to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                logits_BTV = model(batch_BT1[:, :-1])
+            loss = lm_loss(logits_BTV, batch_BT1[:, 1:]) / cfg.grad_accum_steps
+            loss.backward()
+            loss_sum += loss.detach()
+        # clip_grad_norm_ returns the pre-clip norm; with grad_clip None we still measure it (max_norm=inf).
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss_value = loss_sum.item()  # host sync: once per step, for the log line
+        if not math.isfinite(loss_value):
+            raise FatalError(f"train: loss became {loss_value} at step {step}; lower train.lr or raise warmup_steps")
+        monitor.step(step, loss_value, lr, grad_norm.item(), cfg.tokens_per_step)
+
+    val_after = evaluate(model)
+    val_after["all"] = combined(val_after)
+    monitor.write({"step": cfg.steps, "eval": val_after})
+    monitor.close()
+
+    train_state = {"step": cfg.steps, "optimizer": optimizer.state_dict(), "sampler": sampler.state_dict(), "torch_rng": torch.get_rng_state()}
+    outputs = save_checkpoint(stage.dir / "checkpoint", model, train_state) + [stage.dir / "metrics.jsonl"]
+    tokens_trained = cfg.steps * cfg.tokens_per_step
+    counts = {
+        "params": n_params,
+        "params_non_embedding": count_params(model_cfg, include_embeddings=False),
+        "steps": cfg.steps,
+        "tokens_trained": tokens_trained,
+        "tokens_by_source": sampler.tokens_by_source(),
+        "flops_per_token": fpt,
+        "train_flops": fpt * tokens_trained,
+        "final_train_loss": round(loss_value, 5),
+        "val_before": val_before,
+        "val_after": val_after,
+        "device": str(device),
+    }
+    lines = [f"{n_params:,} params, {cfg.steps} steps, {tokens_trained:,} tokens on {device}"]
+    if val_before:
+        lines.append(f"validation loss {val_before['all']['loss']:.3f} -> {val_after['all']['loss']:.3f} nats/token, bpb {val_before['all']['bpb']:.3f} -> {val_after['all']['bpb']:.3f}")
+    else:
+        lines.append(f"validation loss {val_after['all']['loss']:.3f} nats/token, bpb {val_after['all']['bpb']:.3f}")
+    return stage.finish(outputs, counts, "\n".join(lines), extra={"model": model_cfg.model_dump(mode="json")})

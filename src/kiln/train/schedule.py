@@ -1,0 +1,17 @@
+"""Learning-rate schedule: linear warmup, then cosine decay to a floor.
+
+lr(step) for step = 1..steps: warmup reaches the peak at step warmup_steps; cosine falls from
+the peak to min_lr_ratio * peak at the last step. Not handled here: WSD (the trainer issue).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def lr_at(step: int, peak: float, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    if step <= warmup_steps:
+        return peak * step / max(warmup_steps, 1)
+    progress = (step - warmup_steps) / max(total_steps - warmup_steps, 1)
+    floor = peak * min_lr_ratio
+    return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
