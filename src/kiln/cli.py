@@ -13,8 +13,9 @@ import sys
 
 from kiln import __version__
 from kiln.core.errors import KilnError
-from kiln.core.recipe import load_recipe
+from kiln.core.recipe import Recipe, load_recipe
 
+# Verb -> (stage directory, help). The recipe sections each verb reads are listed in its --help.
 STAGE_VERBS = {
     "curate": ("curate", "Read raw text, normalize, filter, remove exact duplicates; write curated shards and the audit."),
     "train-tokenizer": ("tokenizer", "Train a byte-level BPE tokenizer on curated shards; report bytes per token."),
@@ -24,6 +25,17 @@ STAGE_VERBS = {
     "generate": ("generate", "Sample text from the trained checkpoint (prompt and sampling settings in the recipe's generate section)."),
 }
 
+SECTIONS = {
+    "curate": ("curate",),
+    "train-tokenizer": ("tokenizer",),
+    "tokenize": ("tokenize",),
+    "train": ("model", "train", "mix", "eval"),
+    "eval": ("eval",),
+    "generate": ("generate",),
+    "plan": ("model", "train"),
+    "demo": ("curate", "tokenizer", "tokenize", "mix", "model", "train", "eval", "generate"),
+}
+
 EPILOG = """examples:
   kiln demo                                   whole pipeline on text found on this machine
   kiln curate --recipe recipes/demo.yaml --set curate.max_total_mb=10
@@ -31,6 +43,26 @@ EPILOG = """examples:
   kiln generate --recipe demo --set generate.prompt='import os' --force
   kiln plan --recipe demo --json
 """
+
+
+def describe_sections(sections: tuple[str, ...]) -> str:
+    """The recipe keys a verb reads, with their defaults and descriptions, for its --help."""
+    lines = ["recipe keys (set in the YAML or with --set SECTION.KEY=VALUE):"]
+    for key in ("name", "runs_dir"):
+        field = Recipe.model_fields[key]
+        lines.append(f"  {key}{'' if field.is_required() else f' [default: {_show(field.default)}]'}\n      {field.description}")
+    for section in sections:
+        model = Recipe.model_fields[section].annotation
+        for key, field in model.model_fields.items():
+            default = "" if field.is_required() else f" [default: {_show(field.get_default(call_default_factory=True))}]"
+            lines.append(f"  {section}.{key}{default}\n      {field.description}")
+    return "\n".join(lines)
+
+
+def _show(value: object) -> str:
+    if isinstance(value, tuple) and value and hasattr(value[0], "model_dump"):
+        return "; ".join(", ".join(f"{k}={v}" for k, v in item.model_dump(exclude_none=True).items()) for item in value)
+    return repr(value) if isinstance(value, str) else str(value)
 
 
 def _common(p: argparse.ArgumentParser, force: bool = True) -> None:
@@ -45,13 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="Log warnings only.")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    def add(verb: str, help_text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(verb, help=help_text, description=help_text, epilog=describe_sections(SECTIONS[verb]), formatter_class=argparse.RawDescriptionHelpFormatter)
+
     for verb, (_, help_text) in STAGE_VERBS.items():
-        _common(sub.add_parser(verb, help=help_text, description=help_text))
-    p = sub.add_parser("plan", help="Parameters, FLOPs per token and training compute for the recipe's model and schedule.", description="Parameters, FLOPs per token and training compute for the recipe's model and schedule.")
+        _common(add(verb, help_text))
+    p = add("plan", "Parameters, FLOPs per token and training compute for the recipe's model and schedule.")
     _common(p, force=False)
     p.add_argument("--json", action="store_true", help="Print one JSON object instead of the table.")
-    d = "Run every stage (curate, train-tokenizer, tokenize, train, eval, generate) and write <run>/summary.json. Finished stages are skipped."
-    _common(sub.add_parser("demo", help=d, description=d))
+    _common(add("demo", "Run every stage (curate, train-tokenizer, tokenize, train, eval, generate) and write <run>/summary.json. Finished stages are skipped."))
     return parser
 
 

@@ -32,8 +32,8 @@ DEFAULT_INPUTS = (
 
 class CurateConfig(Section):
     inputs: tuple[InputConfig, ...] = Field(default=DEFAULT_INPUTS, min_length=1, description="Input streams, read in this order.")
-    max_total_mb: float = Field(default=50.0, gt=0, description="Cap on raw input size in MB (1e6 bytes), shared fairly between inputs; a small input leaves its share to the others.")
-    max_file_mb: float = Field(default=1.0, gt=0, description="Files larger than this (MB, after decompression) are skipped and counted, not loaded.")
+    max_total_mb: float = Field(default=50.0, gt=0, description="Cap on raw input in MB (1e6 bytes on disk, .gz counted compressed), shared fairly between inputs; a small input leaves its share to the others.")
+    max_file_mb: float = Field(default=1.0, gt=0, description="A file larger than this (MB, after decompression) is quarantined with its path, never loaded whole.")
     shard_mb: float = Field(default=4.0, gt=0, description="Raw input bytes per shard task (MB); shard names depend on this, never on the worker count.")
     workers: int | None = Field(default=None, ge=1, description="Worker processes; None means one per CPU core.")
     min_chars: int = Field(default=200, ge=0, description="Length filter: drop documents with fewer characters after normalization.")

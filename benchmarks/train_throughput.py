@@ -1,0 +1,66 @@
+"""Training throughput of a recipe's model: tokens/s and, on a known GPU, MFU.
+
+Random token batches (throughput does not depend on the data), the recipe's model, batch
+geometry and precision, AdamW with clipping as in kiln.train.loop. Warmup steps are not timed.
+Ends with: RESULT tokens_per_s=.. step_ms=.. mfu=.. params=..
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from kiln.core.recipe import load_recipe
+from kiln.model.config import count_params, flops_per_token
+from kiln.model.transformer import lm_loss
+from kiln.train.loop import build_device, build_model
+from kiln.train.monitor import device_peak_flops
+from kiln.train.optim import build_optimizer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--recipe", default="demo")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--steps", type=int, default=10, help="Timed steps.")
+    parser.add_argument("--warmup", type=int, default=3, help="Untimed steps first.")
+    args = parser.parse_args()
+    recipe = load_recipe(args.recipe, args.overrides)
+    cfg = recipe.train
+    device, amp_dtype = build_device(cfg)
+    model_cfg = recipe.model.resolved(recipe.tokenizer.vocab_size)
+    model = build_model(model_cfg, cfg.seed, device)
+    optimizer = build_optimizer(model, cfg)
+    batch = torch.randint(0, model_cfg.vocab_size, (cfg.micro_batch_size, cfg.seq_len + 1), device=device)
+
+    def step() -> None:
+        for _ in range(cfg.grad_accum_steps):
+            with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+                loss = lm_loss(model(batch[:, :-1]), batch[:, 1:]) / cfg.grad_accum_steps
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(args.warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()  # host sync: start the clock on an idle device
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    tokens_per_s = args.steps * cfg.tokens_per_step / seconds
+    peak = device_peak_flops(device)
+    mfu = tokens_per_s * flops_per_token(model_cfg, cfg.seq_len) / peak if peak else float("nan")
+    params = count_params(model_cfg)
+    print(f"device {device}, {params:,} params, {cfg.tokens_per_step:,} tokens/step, {1000 * seconds / args.steps:.1f} ms/step")
+    print(f"RESULT tokens_per_s={tokens_per_s:.1f} step_ms={1000 * seconds / args.steps:.2f} mfu={mfu:.4f} params={params}")
+
+
+if __name__ == "__main__":
+    main()
