@@ -40,7 +40,7 @@ EPILOG = """examples:
   kiln demo                                   whole pipeline on text found on this machine
   kiln curate --recipe recipes/demo.yaml --set curate.max_total_mb=10
   kiln train --recipe demo --set train.steps=500 --set train.lr=1e-3
-  kiln generate --recipe demo --set generate.prompt='import os' --force
+  kiln generate --recipe demo --set generate.prompt='import os'
   kiln plan --recipe demo --json
 """
 

@@ -48,7 +48,7 @@ class Sampler:
         out = np.empty((batch_size, self.seq_len + 1), dtype=np.int64)
         for row, s in enumerate(which):
             tokens = self.shards[s].tokens
-            start = int(self.rng.integers(0, len(tokens) - self.seq_len - 1))
+            start = int(self.rng.integers(0, len(tokens) - self.seq_len))  # last window ends at the final token
             out[row] = tokens[start : start + self.seq_len + 1]
         np.add.at(self.drawn, which, 1)
         return out, which

@@ -3,7 +3,8 @@
 Every document is encoded whole and followed by `<|endoftext|>`; a document goes to
 validation when its id hash falls under tokenize.val_fraction (the same rule the tokenizer
 used for its held-out text). Encoding uses the tokenizer's own batch encoder, which runs on
-all cores. Output: `tokenize/<source>/{train,val}.{bin,idx}`.
+all cores. Output: `tokenize/<source>/{train,val}.{bin,idx}` and `val_ids.txt`, the ids of
+the validation documents in shard order.
 Not handled here: a process pool or Ray across shards, per-shard resume (the tokenizer issue).
 """
 
@@ -20,20 +21,46 @@ from kiln.core.manifest import Stage, read_manifest
 from kiln.core.split import is_heldout
 from kiln.curate.shards import list_shards, read_shard, shard_source
 from kiln.tokenize.config import TokenizeConfig
-from kiln.tokenize.shards import TokenShardWriter
+from kiln.tokenize.shards import TokenShardWriter, dtype_for
 from kiln.tokenize.tokenizer import KilnTokenizer
 
 log = logging.getLogger("kiln.tokenize")
 SPLITS = ("train", "val")
 
 
-def _flush(batch: list[Document], tokenizer: KilnTokenizer, writers: dict[str, TokenShardWriter], cfg: TokenizeConfig, stats: dict[str, dict[str, int]]) -> None:
-    for doc, ids in zip(batch, tokenizer.encode_batch([d.text for d in batch]), strict=True):
-        split = "val" if is_heldout(doc.id, cfg.val_fraction) else "train"
-        writers[split].add(ids + [tokenizer.eot_id])
-        stats[split]["docs"] += 1
-        stats[split]["tokens"] += len(ids) + 1
-        stats[split]["bytes"] += len(doc.text.encode("utf-8"))
+class SourceEncoder:
+    """Encodes one source's documents into its train/val shard pairs and val_ids.txt."""
+
+    def __init__(self, folder: Path, tokenizer: KilnTokenizer, val_fraction: float):
+        folder.mkdir()
+        self.folder, self.tokenizer, self.val_fraction = folder, tokenizer, val_fraction
+        self.writers = {split: TokenShardWriter(folder / split, tokenizer.vocab_size) for split in SPLITS}
+        self.stats = {split: {"docs": 0, "tokens": 0, "bytes": 0} for split in SPLITS}
+        self.val_ids: list[str] = []
+
+    def add(self, batch: list[Document]) -> int:
+        """Encode and append a batch; returns its UTF-8 bytes (for the progress bar)."""
+        added = 0
+        for doc, ids in zip(batch, self.tokenizer.encode_batch([d.text for d in batch]), strict=True):
+            split = "val" if is_heldout(doc.id, self.val_fraction) else "train"
+            if split == "val":
+                self.val_ids.append(doc.id)
+            self.writers[split].add(ids + [self.tokenizer.eot_id])
+            self.stats[split]["docs"] += 1
+            self.stats[split]["tokens"] += len(ids) + 1
+            nbytes = len(doc.text.encode("utf-8"))
+            self.stats[split]["bytes"] += nbytes
+            added += nbytes
+        return added
+
+    def close(self) -> list[Path]:
+        outputs = []
+        for writer in self.writers.values():
+            writer.close()
+            outputs += [writer.prefix.with_suffix(".bin"), writer.prefix.with_suffix(".idx")]
+        ids_path = self.folder / "val_ids.txt"  # which whole documents validation holds, in order
+        ids_path.write_text("".join(f"{i}\n" for i in self.val_ids), encoding="utf-8")
+        return outputs + [ids_path]
 
 
 def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
@@ -52,31 +79,23 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
     total_bytes = sum(t["bytes_out"] for t in curated["counts"]["per_source"].values())
     with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenize", dynamic_ncols=True) as bar:
         for source in sorted({shard_source(s) for s in shards}):
-            (stage.dir / source).mkdir()
-            writers = {split: TokenShardWriter(stage.dir / source / split, tokenizer.vocab_size) for split in SPLITS}
-            stats = {split: {"docs": 0, "tokens": 0, "bytes": 0} for split in SPLITS}
+            encoder = SourceEncoder(stage.dir / source, tokenizer, cfg.val_fraction)
             batch: list[Document] = []
-            for shard in (s for s in shards if shard_source(s) == source):
-                for doc in read_shard(shard):
-                    batch.append(doc)
-                    if len(batch) >= cfg.batch_docs:
-                        _flush(batch, tokenizer, writers, cfg, stats)
-                        bar.update(sum(len(d.text.encode("utf-8")) for d in batch))
-                        batch = []
-            if batch:
-                _flush(batch, tokenizer, writers, cfg, stats)
-                bar.update(sum(len(d.text.encode("utf-8")) for d in batch))
-            for split, writer in writers.items():
-                writer.close()
-                outputs += [writer.prefix.with_suffix(".bin"), writer.prefix.with_suffix(".idx")]
-            per_source[source] = stats
+            for doc in (d for shard in shards if shard_source(shard) == source for d in read_shard(shard)):
+                batch.append(doc)
+                if len(batch) >= cfg.batch_docs:
+                    bar.update(encoder.add(batch))
+                    batch = []
+            bar.update(encoder.add(batch))
+            outputs += encoder.close()
+            per_source[source] = encoder.stats
     counts = {
         "train_tokens": sum(s["train"]["tokens"] for s in per_source.values()),
         "val_tokens": sum(s["val"]["tokens"] for s in per_source.values()),
         "train_docs": sum(s["train"]["docs"] for s in per_source.values()),
         "val_docs": sum(s["val"]["docs"] for s in per_source.values()),
         "vocab_size": tokenizer.vocab_size,
-        "dtype": str(writers["train"].dtype),
+        "dtype": str(dtype_for(tokenizer.vocab_size)),
         "per_source": per_source,
     }
     lines = [f"{counts['train_tokens']:,} train and {counts['val_tokens']:,} validation tokens ({counts['dtype']})"]
