@@ -9,6 +9,7 @@ Not handled here: sharded or async checkpoints across processes (the trainer-at-
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,18 @@ FORMAT = "kiln-checkpoint v1"
 
 
 def save_checkpoint(folder: Path, model: Transformer, train_state: dict[str, Any]) -> list[Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / "model.safetensors", folder / "config.json", folder / "train_state.pt"]
-    save_model(model, str(paths[0]))
-    paths[1].write_text(json.dumps({"format": FORMAT, "model": model.cfg.model_dump(mode="json")}, indent=2) + "\n")
-    torch.save(train_state, paths[2])
-    return paths
+    """Write the checkpoint beside `folder`, then swap it in: a crash mid-write leaves the old one."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_model(model, str(tmp / "model.safetensors"))
+    (tmp / "config.json").write_text(json.dumps({"format": FORMAT, "model": model.cfg.model_dump(mode="json")}, indent=2) + "\n")
+    torch.save(train_state, tmp / "train_state.pt")
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+    return [folder / "model.safetensors", folder / "config.json", folder / "train_state.pt"]
 
 
 def load_trained_model(folder: Path, device: str | torch.device = "cpu") -> Transformer:

@@ -25,6 +25,7 @@ class TrainConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto picks cuda when available.")
     precision: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="auto: bf16 autocast on cuda, fp32 on cpu.")
     threads: int | None = Field(default=None, ge=1, description="CPU threads for torch; None leaves torch's default.")
+    checkpoint_every: int | None = Field(default=None, ge=1, description="Also save the checkpoint every this many steps (latest kept); None saves only after the last step.")
     eval_at_start: bool = Field(default=True, description="Evaluate the untrained model on validation data before step 1 (the 'before' numbers).")
 
     @model_validator(mode="after")

@@ -4,8 +4,9 @@ Per optimizer step: grad_accum_steps micro-batches of micro_batch_size windows o
 tokens (tokens per step = their product), loss scaled by 1/grad_accum_steps so gradients
 average, global-norm clipping, AdamW, lr from warmup + cosine. Validation runs before step 1
 (the untrained baseline, loss near ln(vocab)) and after the last step.
-Not handled here: DDP/FSDP (kiln.train.distributed, later), mid-run checkpoints, resume, NaN
-and loss-spike rollback (the trainer-at-scale issue).
+Monitoring and checkpointing are hooks (kiln.train.hooks) called around each step.
+Not handled here: DDP/FSDP (kiln.train.distributed, later), resume from a checkpoint, NaN and
+loss-spike rollback (the trainer-at-scale issue).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from kiln.mix.sampler import Sampler
 from kiln.model.config import ModelConfig, count_params, flops_per_token
 from kiln.model.transformer import Transformer, lm_loss
 from kiln.tokenize.shards import open_split
-from kiln.train.checkpoint import save_checkpoint
 from kiln.train.config import TrainConfig
+from kiln.train.hooks import Checkpointer, Hook, StepState
 from kiln.train.monitor import Monitor
 from kiln.train.optim import build_optimizer
 from kiln.train.schedule import lr_at
@@ -84,6 +85,8 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: Ev
     n_params = count_params(model_cfg)
     log.info("train: %s params (%s without embeddings) on %s, %d steps of %d tokens", f"{n_params:,}", f"{count_params(model_cfg, False):,}", device, cfg.steps, cfg.tokens_per_step)
     monitor = Monitor(stage.dir / "metrics.jsonl", cfg.steps, fpt, device)
+    checkpointer = Checkpointer(stage.dir / "checkpoint", cfg.checkpoint_every)
+    hooks: list[Hook] = [monitor, checkpointer]
 
     val_before = None
     if cfg.eval_at_start:
@@ -93,36 +96,52 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: Ev
         log.info("train: step 0 validation loss %.3f (ln V = %.3f)", val_before["all"]["loss"], math.log(model_cfg.vocab_size))
 
     model.train()
-    loss_value = float("nan")
+    state = StepState(step=0, model=model, optimizer=optimizer, sampler=sampler, tokens=cfg.tokens_per_step)
+    for hook in hooks:
+        hook.on_start(state)
+    n_sources = len(sampler.sources)
     for step in range(1, cfg.steps + 1):
         lr = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss_sum = torch.zeros((), device=device)
+        # Per-source sums of per-sequence mean losses and sequence counts, kept on device.
+        source_loss = torch.zeros(n_sources, device=device)
+        source_rows = torch.zeros(n_sources, device=device)
         for _ in range(cfg.grad_accum_steps):
-            windows, _ = sampler.batch(cfg.micro_batch_size)  # (B, T+1) int64 on host
+            windows, which = sampler.batch(cfg.micro_batch_size)  # (B, T+1) int64 and (B,) on host
             batch_BT1 = torch.from_numpy(windows).to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
                 logits_BTV = model(batch_BT1[:, :-1])
-            loss = lm_loss(logits_BTV, batch_BT1[:, 1:]) / cfg.grad_accum_steps
+            loss_BT = lm_loss(logits_BTV, batch_BT1[:, 1:], reduction="none").view_as(batch_BT1[:, 1:])
+            # Every row has T targets, so the mean over rows of row means is the token mean.
+            loss = loss_BT.mean() / cfg.grad_accum_steps
             loss.backward()
-            loss_sum += loss.detach()
+            which_B = torch.from_numpy(which).to(device)
+            source_loss.index_add_(0, which_B, loss_BT.detach().mean(dim=1))
+            source_rows.index_add_(0, which_B, torch.ones_like(which_B, dtype=source_rows.dtype))
         # clip_grad_norm_ returns the pre-clip norm; with grad_clip None we still measure it (max_norm=inf).
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        loss_value = loss_sum.item()  # host sync: once per step, for the log line
-        if not math.isfinite(loss_value):
-            raise FatalError(f"train: loss became {loss_value} at step {step}; lower train.lr or raise warmup_steps")
-        monitor.step(step, loss_value, lr, grad_norm.item(), cfg.tokens_per_step)
+        # host sync: once per step, for the log line and the NaN check.
+        per_source = (source_loss / source_rows.clamp(min=1)).tolist()
+        rows = source_rows.tolist()
+        state.step, state.lr, state.grad_norm = step, lr, grad_norm.item()
+        state.loss = float(source_loss.sum().item() / max(sum(rows), 1))
+        state.loss_by_source = {s: per_source[i] for i, s in enumerate(sampler.sources) if rows[i]}
+        if not math.isfinite(state.loss):
+            raise FatalError(f"train: loss became {state.loss} at step {step}; lower train.lr or raise warmup_steps")
+        for hook in hooks:
+            hook.after_step(state)
 
     val_after = evaluate(model)
     val_after["all"] = combined(val_after)
     monitor.write({"step": cfg.steps, "eval": val_after})
+    for hook in hooks:
+        hook.on_end(state)
     monitor.close()
 
-    train_state = {"step": cfg.steps, "optimizer": optimizer.state_dict(), "sampler": sampler.state_dict(), "torch_rng": torch.get_rng_state()}
-    outputs = save_checkpoint(stage.dir / "checkpoint", model, train_state) + [stage.dir / "metrics.jsonl"]
+    outputs = checkpointer.paths + [stage.dir / "metrics.jsonl"]
     tokens_trained = cfg.steps * cfg.tokens_per_step
     counts = {
         "params": n_params,
@@ -132,7 +151,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: Ev
         "tokens_by_source": sampler.tokens_by_source(),
         "flops_per_token": fpt,
         "train_flops": fpt * tokens_trained,
-        "final_train_loss": round(loss_value, 5),
+        "final_train_loss": round(state.loss, 5),
         "val_before": val_before,
         "val_after": val_after,
         "device": str(device),
