@@ -18,7 +18,7 @@ import platform
 import resource
 import shutil
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -83,13 +83,17 @@ def _cpu_seconds() -> float:
 class Stage:
     """One stage of one run: `runs/<name>/<stage>/`."""
 
-    def __init__(self, run_dir: Path, name: str, config: Mapping[str, BaseModel], inputs: Iterable[Path], upstream: Iterable[str] = ()):
+    def __init__(self, run_dir: Path, name: str, config: Mapping[str, BaseModel], inputs: Collection[Path], upstream: Iterable[str] = ()):
         self.run_dir = Path(run_dir)
         self.name = name
         self.dir = self.run_dir / name
         self.config = dict(config)
-        self.inputs = describe_files(inputs)
+        # Upstream first: a missing upstream stage explains a missing input better than the input does.
         self.upstream = {u: manifest_hash(self.run_dir / u) for u in upstream}
+        missing = sorted(str(p) for p in inputs if not Path(p).is_file())
+        if missing:
+            raise FatalError(f"{name}: input files missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; rerun the stage that makes them with --force")
+        self.inputs = describe_files(inputs)
         self.config_hash = config_hash(self.config)
         self.log = logging.getLogger(f"kiln.{name}")
         self._t0 = self._cpu0 = 0.0

@@ -111,7 +111,11 @@ def validate_recipe(data: dict[str, Any], origin: str = "recipe") -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as e:
-        lines = [_describe(err) for err in e.errors()]
+        errors = e.errors()
+        # Pydantic also fails a container (e.g. "tuple should have at least 1 item") when an item
+        # inside it failed; report only the innermost errors.
+        inner = [err for err in errors if not any(len(o["loc"]) > len(err["loc"]) and o["loc"][: len(err["loc"])] == err["loc"] for o in errors)]
+        lines = [_describe(err) for err in inner]
         raise ConfigError(f"{origin}: {len(lines)} problem(s):\n  " + "\n  ".join(lines)) from None
 
 

@@ -14,7 +14,7 @@ ReaderName = Literal["stdlib_code", "pydoc_topics", "usr_share_doc", "text_files
 class InputConfig(Section):
     source: str = Field(description="Name of the stream (code, prose, web...); becomes a mixture component and an eval split.", pattern=r"^[A-Za-z0-9_]+$")
     reader: ReaderName = Field(description="stdlib_code: the interpreter's standard-library .py files; pydoc_topics: the Python docs text in pydoc_data; usr_share_doc: READMEs, changelogs and licenses under /usr/share/doc; text_files: one document per file matching `path`.")
-    path: str | None = Field(default=None, description="For text_files: a glob (e.g. data/*.txt, data/**/*.md); for usr_share_doc: the root folder (default /usr/share/doc).")
+    path: str | None = Field(default=None, description="For text_files: a glob (e.g. data/*.txt, data/**/*.md; ids are `<source>/<path below the folder before the first wildcard>`); for usr_share_doc: the root folder (default /usr/share/doc).")
 
     @model_validator(mode="after")
     def _path_for_text_files(self) -> InputConfig:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import glob
 import gzip
+import itertools
 import logging
 import os
 import sysconfig
@@ -72,7 +73,16 @@ def list_units(cfg: InputConfig) -> list[InputUnit]:
     files = sorted(Path(p) for p in glob.glob(cfg.path, recursive=True) if Path(p).is_file())
     if not files:
         log.warning("input %s: no files match %s; skipped", cfg.source, cfg.path)
-    return [InputUnit(cfg.source, f"{cfg.source}/{p.as_posix()}", str(p), p.stat().st_size) for p in files]
+    root = glob_root(cfg.path)
+    return [InputUnit(cfg.source, f"{cfg.source}/{p.relative_to(root).as_posix()}", str(p), p.stat().st_size) for p in files]
+
+
+def glob_root(pattern: str) -> Path:
+    """The folder before the first wildcard: ids are relative to it, so moving the data keeps them."""
+    parts = Path(pattern).parts
+    static = list(itertools.takewhile(lambda part: not any(c in part for c in "*?["), parts))
+    root = Path(*static) if static else Path()
+    return root.parent if len(static) == len(parts) else root  # a plain file path: its folder
 
 
 def plan_inputs(inputs: tuple[InputConfig, ...], max_total_bytes: int) -> list[InputUnit]:

@@ -54,12 +54,13 @@ def normalize_text(text: str) -> str:
 
     Indentation is kept: code is a source, and its leading whitespace is meaning.
     """
-    text = unicodedata.normalize("NFC", text)
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = _CONTROL.sub("", text)
     text = _TRAILING_SPACE.sub("\n", text + "\n")
     text = _BLANK_RUNS.sub("\n\n", text)
-    return text.strip("\n")
+    # subtle: NFC comes last; removing a control character can join a base letter and its
+    # combining mark ("e\x00\u0301"), and only a final NFC leaves the output composed and idempotent.
+    return unicodedata.normalize("NFC", text.strip("\n"))
 
 
 class Normalize:

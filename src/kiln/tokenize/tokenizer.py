@@ -26,6 +26,9 @@ class KilnTokenizer:
 
     def __init__(self, tok: Tokenizer, path: Path | None = None):
         self.tok = tok
+        # subtle: a document that merely mentions "<|endoftext|>" must not get a document boundary;
+        # special ids come only from kiln itself (the encoder appends end-of-document by id).
+        self.tok.encode_special_tokens = True
         self.path = path
         missing = [s for s in SPECIAL_TOKENS if tok.token_to_id(s) is None]
         if missing:

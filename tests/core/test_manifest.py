@@ -1,0 +1,178 @@
+"""kiln.core.manifest.Stage: skip-or-redo decisions and what manifest.json records."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+from pathlib import Path
+
+import pytest
+
+from kiln.core.errors import FatalError
+from kiln.core.manifest import MANIFEST, Stage, config_hash, manifest_hash, read_manifest, sha256_file
+from kiln.tokenize.config import TokenizeConfig, TokenizerConfig
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> list[Path]:
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    a, b = folder / "a.txt", folder / "b.txt"
+    a.write_text("alpha beta gamma\n")
+    b.write_bytes(b"\x00\x01binary-ish\xff")
+    return [a, b]
+
+
+CFG = {"tokenize": TokenizeConfig(val_fraction=0.1)}
+
+
+def finish_stage(run_dir: Path, inputs: list[Path], config=CFG, upstream=(), name="stage", payload=b"token bytes") -> tuple[Stage, dict]:
+    stage = Stage(run_dir, name, config, inputs, upstream)
+    stage.begin()
+    out = stage.dir / "sub" / "out.bin"
+    out.parent.mkdir()
+    out.write_bytes(payload)
+    manifest = stage.finish([out], {"docs": 3, "per_source": {"web": 2}}, "three docs\n")
+    return stage, manifest
+
+
+def test_first_run_is_not_current(tmp_path, inputs):
+    assert Stage(tmp_path / "run", "stage", CFG, inputs).current_manifest() is None
+
+
+def test_finished_stage_is_current(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    _, manifest = finish_stage(run_dir, inputs)
+    again = Stage(run_dir, "stage", CFG, list(reversed(inputs)))  # input order does not matter
+    assert again.current_manifest() == manifest
+    assert read_manifest(run_dir / "stage") == manifest
+
+
+def test_manifest_contents(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    t0 = time.perf_counter()
+    stage = Stage(run_dir, "stage", CFG, inputs)
+    stage.begin()
+    busy_until = time.process_time() + 0.05
+    while time.process_time() < busy_until:  # burn some CPU so cpu_seconds has something to count
+        pass
+    out = stage.dir / "out.bin"
+    out.write_bytes(b"12345")
+    manifest = stage.finish([out], {"docs": 3}, "summary line")
+    wall = time.perf_counter() - t0
+
+    on_disk = json.loads((run_dir / "stage" / MANIFEST).read_text())
+    assert on_disk == manifest
+    assert manifest["format"] == "kiln-manifest v1"
+    assert manifest["stage"] == "stage"
+    assert manifest["config"] == {"tokenize": CFG["tokenize"].model_dump(mode="json")}
+    assert manifest["config"]["tokenize"]["val_fraction"] == 0.1
+    expected_hash = hashlib.sha256(json.dumps(manifest["config"], sort_keys=True).encode()).hexdigest()
+    assert manifest["config_hash"] == expected_hash == config_hash(CFG)
+    assert manifest["inputs"] == [
+        {"path": str(p), "bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()} for p in sorted(inputs)
+    ]
+    assert manifest["upstream"] == {}
+    assert manifest["outputs"] == [{"path": "out.bin", "bytes": 5, "sha256": hashlib.sha256(b"12345").hexdigest()}]
+    assert manifest["counts"] == {"docs": 3}
+    assert 0 <= manifest["wall_seconds"] <= wall + 0.01
+    assert manifest["cpu_seconds"] >= 0.04
+    versions = manifest["versions"]
+    assert versions["python"] == platform.python_version()
+    assert versions["kiln"] == "0.1.0"
+    for pkg in ("torch", "tokenizers", "numpy"):
+        assert versions[pkg] and versions[pkg] != "not installed"
+    assert time.strptime(manifest["finished_at"], "%Y-%m-%dT%H:%M:%SZ")
+    assert (run_dir / "stage" / "summary.txt").read_text() == "summary line\n"
+    assert not (run_dir / "stage" / (MANIFEST + ".tmp")).exists()
+
+
+def test_extra_fields_are_recorded(tmp_path, inputs):
+    stage = Stage(tmp_path / "run", "stage", CFG, inputs)
+    stage.begin()
+    manifest = stage.finish([], {}, "s", extra={"note": "hello"})
+    assert manifest["note"] == "hello"
+    assert read_manifest(stage.dir)["note"] == "hello"
+
+
+def test_changed_config_is_not_current(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    finish_stage(run_dir, inputs)
+    assert Stage(run_dir, "stage", {"tokenize": TokenizeConfig(val_fraction=0.2)}, inputs).current_manifest() is None
+    # another section under the same stage is a different config too
+    assert Stage(run_dir, "stage", {"tokenizer": TokenizerConfig()}, inputs).current_manifest() is None
+
+
+def test_changed_input_content_same_size_is_not_current(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    finish_stage(run_dir, inputs)
+    inputs[0].write_text("alpha beta GAMMA\n")  # same size: only the sha256 tells
+    assert inputs[0].stat().st_size == len("alpha beta gamma\n")
+    assert Stage(run_dir, "stage", CFG, inputs).current_manifest() is None
+
+
+def test_added_or_removed_input_is_not_current(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    finish_stage(run_dir, inputs)
+    assert Stage(run_dir, "stage", CFG, inputs[:1]).current_manifest() is None
+    extra = inputs[0].parent / "c.txt"
+    extra.write_text("more")
+    assert Stage(run_dir, "stage", CFG, [*inputs, extra]).current_manifest() is None
+
+
+def test_deleted_output_is_not_current(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    stage, _ = finish_stage(run_dir, inputs)
+    (stage.dir / "sub" / "out.bin").unlink()
+    assert Stage(run_dir, "stage", CFG, inputs).current_manifest() is None
+
+
+def test_modified_output_is_not_current(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    stage, _ = finish_stage(run_dir, inputs)
+    with open(stage.dir / "sub" / "out.bin", "ab") as f:
+        f.write(b"!")
+    assert Stage(run_dir, "stage", CFG, inputs).current_manifest() is None
+
+
+def test_changed_upstream_is_not_current(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    finish_stage(run_dir, inputs, name="curate")
+    _, manifest = finish_stage(run_dir, inputs, name="tokenize", upstream=["curate"])
+    assert manifest["upstream"] == {"curate": sha256_file(run_dir / "curate" / MANIFEST)}
+    assert Stage(run_dir, "tokenize", CFG, inputs, ["curate"]).current_manifest() == manifest
+
+    finish_stage(run_dir, inputs, name="curate", payload=b"other token bytes")  # the upstream was redone
+    assert manifest_hash(run_dir / "curate") != manifest["upstream"]["curate"]
+    assert Stage(run_dir, "tokenize", CFG, inputs, ["curate"]).current_manifest() is None
+
+
+def test_missing_upstream_is_fatal(tmp_path, inputs):
+    with pytest.raises(FatalError, match=r"no manifest.json; run that stage first"):
+        Stage(tmp_path / "run", "tokenize", CFG, inputs, ["curate"])
+    with pytest.raises(FatalError, match="no manifest.json"):
+        read_manifest(tmp_path / "run" / "curate")
+
+
+def test_half_written_stage_is_not_current(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    stage = Stage(run_dir, "stage", CFG, inputs)
+    stage.begin()
+    (stage.dir / "out.bin").write_bytes(b"partial")  # crashed before finish(): no manifest
+    assert Stage(run_dir, "stage", CFG, inputs).current_manifest() is None
+
+
+def test_begin_clears_the_stage_dir(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    stage, _ = finish_stage(run_dir, inputs)
+    (stage.dir / "stale.txt").write_text("left over")
+    sibling = run_dir / "other"
+    sibling.mkdir()
+    (sibling / "keep.txt").write_text("not this stage's")
+
+    Stage(run_dir, "stage", CFG, inputs).begin()
+    assert stage.dir.is_dir()
+    assert list(stage.dir.iterdir()) == []
+    assert (sibling / "keep.txt").read_text() == "not this stage's"

@@ -1,0 +1,268 @@
+"""kiln.core.recipe: loading, --set overrides, and ConfigError messages that name key, value and rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kiln.core.errors import ConfigError
+from kiln.core.recipe import RECIPES_DIR, apply_override, load_recipe, validate_recipe
+from kiln.train.config import TrainConfig
+
+
+def write_recipe(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+MINIMAL = """\
+name: tiny
+runs_dir: {runs}
+curate:
+  min_chars: 50
+  inputs:
+    - {{source: web, reader: text_files, path: "data/*.txt"}}
+    - {{source: books, reader: text_files, path: "books/**/*.md"}}
+model:
+  d_model: 64
+  n_heads: 4
+  max_seq_len: 128
+train:
+  steps: 10
+  warmup_steps: 2
+  seq_len: 128
+"""
+
+
+def load_error(recipe: str | Path, overrides: list[str]) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_recipe(recipe, overrides)
+    return str(info.value)
+
+
+def test_load_recipe_from_yaml_file(tmp_path):
+    path = write_recipe(tmp_path, MINIMAL.format(runs=tmp_path / "runs"))
+    recipe = load_recipe(path)
+    assert recipe.name == "tiny"
+    assert recipe.run_dir == tmp_path / "runs" / "tiny"
+    assert [(i.source, i.reader, i.path) for i in recipe.curate.inputs] == [
+        ("web", "text_files", "data/*.txt"),
+        ("books", "text_files", "books/**/*.md"),
+    ]
+    assert recipe.curate.min_chars == 50
+    assert recipe.curate.max_chars == 1_000_000  # omitted keys take their defaults
+    assert recipe.model.d_model == 64 and recipe.model.head_dim == 16
+    assert recipe.train.seq_len == 128
+    assert recipe.eval_seq_len == 128  # eval.seq_len None falls back to train.seq_len
+
+
+def contains(big, small) -> bool:
+    """Every key and value of `small` appears in `big` (lists item by item)."""
+    if isinstance(small, dict):
+        return isinstance(big, dict) and all(k in big and contains(big[k], v) for k, v in small.items())
+    if isinstance(small, list):
+        return isinstance(big, list) and len(big) == len(small) and all(contains(b, x) for b, x in zip(big, small))
+    return big == small
+
+
+def test_load_shipped_demo_by_name():
+    path = RECIPES_DIR / "demo.yaml"
+    raw = yaml.safe_load(path.read_text())
+    recipe = load_recipe("demo")
+    assert recipe.name == "demo"
+    assert contains(recipe.model_dump(mode="json"), raw)  # every key in the file made it through
+    assert [i.source for i in recipe.curate.inputs] == [i["source"] for i in raw["curate"]["inputs"]]
+    assert recipe.train.seq_len <= recipe.model.max_seq_len
+
+
+def test_overrides_are_yaml_typed_and_nested(tmp_path):
+    path = write_recipe(tmp_path, MINIMAL.format(runs=tmp_path / "runs"))
+    recipe = load_recipe(
+        path,
+        [
+            "train.lr=0.001",
+            "train.steps=20",
+            "model.tie_embeddings=true",
+            "train.grad_clip=null",
+            "mix.weights.web=2.5",  # creates the nested mapping
+            "mix.weights.books=1",
+            "generate.prompt=Once upon a time",
+            "eval.seq_len=64",
+            " curate.min_chars = 75 ",  # spaces around key and value are tolerated
+        ],
+    )
+    assert recipe.train.lr == 0.001 and isinstance(recipe.train.lr, float)
+    assert recipe.train.steps == 20
+    assert recipe.model.tie_embeddings is True
+    assert recipe.train.grad_clip is None
+    assert recipe.mix.weights == {"web": 2.5, "books": 1.0}
+    assert recipe.generate.prompt == "Once upon a time"
+    assert recipe.eval_seq_len == 64
+    assert recipe.curate.min_chars == 75
+
+
+def test_override_does_not_touch_the_file(tmp_path):
+    path = write_recipe(tmp_path, MINIMAL.format(runs=tmp_path / "runs"))
+    before = path.read_bytes()
+    assert load_recipe(path, ["train.steps=99"]).train.steps == 99
+    assert path.read_bytes() == before
+    assert load_recipe(path).train.steps == 10
+
+
+def test_scientific_notation_override_becomes_float():
+    # PyYAML reads "3e-4" as a string (YAML 1.1 wants a dot); pydantic's lax float parsing accepts it,
+    # which keeps the example printed in apply_override's own error message working.
+    assert load_recipe("demo", ["train.lr=3e-4"]).train.lr == pytest.approx(3e-4)
+
+
+def test_apply_override_on_plain_dicts():
+    data: dict = {"train": {"lr": 0.1}}
+    apply_override(data, "train.lr=0.5")
+    apply_override(data, "a.b.c=[1, two, 3.0]")
+    apply_override(data, "a.b.d={x: 1}")
+    apply_override(data, "train.name=")  # empty value stays the empty string
+    assert data == {"train": {"lr": 0.5, "name": ""}, "a": {"b": {"c": [1, "two", 3.0], "d": {"x": 1}}}}
+
+
+@pytest.mark.parametrize("assignment", ["train.lr", "", "=3", "  =3"])
+def test_override_without_key_or_equals_is_rejected(assignment):
+    with pytest.raises(ConfigError) as info:
+        apply_override({}, assignment)
+    message = str(info.value)
+    assert repr(assignment) in message
+    assert "expected section.key=value" in message
+
+
+def test_override_through_a_value_is_rejected():
+    message = load_error("demo", ["train.lr.x=1"])
+    assert "'lr' is a value, not a section" in message
+    assert "train.lr.x=1" in message
+
+
+def test_override_with_invalid_yaml_value():
+    message = load_error("demo", ["train.lr=[1, 2"])
+    assert "train.lr=[1, 2" in message
+    assert "not valid YAML" in message
+
+
+def test_unknown_key_names_path_and_lists_allowed_keys():
+    message = load_error("demo", ["train.lrr=0.1"])
+    assert "1 problem(s)" in message
+    line = next(l for l in message.splitlines() if "train.lrr" in l)
+    assert "unknown key" in line
+    assert "0.1" in line
+    allowed = [a.strip() for a in line.split("allowed keys here:")[1].split(", ")]
+    assert allowed == sorted(TrainConfig.model_fields)  # the train section's keys, not another section's
+    assert {"lr", "steps", "seq_len", "warmup_steps"} <= set(allowed)
+
+
+def test_unknown_top_level_key_lists_sections(tmp_path):
+    path = write_recipe(tmp_path, "name: x\ntrian: {steps: 3}\n")
+    message = load_error(path, [])
+    assert "trian: unknown key" in message
+    for section in ("curate", "eval", "generate", "mix", "model", "name", "runs_dir", "tokenize", "tokenizer", "train"):
+        assert section in message.split("allowed keys here:")[1]
+
+
+def test_unknown_key_inside_an_input_lists_input_keys(tmp_path):
+    path = write_recipe(tmp_path, "name: x\ncurate:\n  inputs:\n    - {source: a, reader: text_files, path: 'x/*', glob: '*.txt'}\n")
+    message = load_error(path, [])
+    line = next(l for l in message.splitlines() if "glob" in l)
+    assert line.strip().startswith("curate.inputs.0.glob: unknown key")
+    assert line.endswith("allowed keys here: path, reader, source")
+
+
+def test_wrong_type_names_path_and_bad_value():
+    message = load_error("demo", ["train.steps=many"])
+    assert "train.steps:" in message
+    assert "valid integer" in message
+    assert "'many'" in message
+
+
+def test_wrong_literal_lists_choices():
+    message = load_error("demo", ["train.device=tpu"])
+    assert "train.device:" in message and "'tpu'" in message
+    assert "'auto', 'cpu' or 'cuda'" in message
+
+
+@pytest.mark.parametrize(
+    ("override", "path", "rule"),
+    [
+        ("train.lr=-1", "train.lr", "greater than 0"),
+        ("train.lr=2", "train.lr", "less than or equal to 1"),
+        ("tokenize.val_fraction=1.5", "tokenize.val_fraction", "less than 1"),
+        ("curate.max_total_mb=0", "curate.max_total_mb", "greater than 0"),
+        ("tokenizer.vocab_size=100", "tokenizer.vocab_size", "greater than or equal to 259"),
+        ("name=has space", "name", "should match pattern"),
+    ],
+)
+def test_out_of_range_value_names_path_and_rule(override, path, rule):
+    message = load_error("demo", [override])
+    line = next(l.strip() for l in message.splitlines() if l.strip().startswith(path + ":"))
+    assert rule in line
+    assert override.split("=", 1)[1] in line  # the bad value is quoted back
+
+
+def test_section_validator_error_names_section():
+    message = load_error("demo", ["train.warmup_steps=300"])
+    assert "train: warmup_steps (300) must be below steps (300)" in message
+
+
+def test_cross_section_seq_len_exceeds_model():
+    message = load_error("demo", ["train.seq_len=512"])
+    assert "train.seq_len (512) exceeds model.max_seq_len (256)" in message
+
+
+def test_cross_section_eval_seq_len_and_vocab():
+    assert "eval.seq_len (300) exceeds model.max_seq_len (256)" in load_error("demo", ["eval.seq_len=300"])
+    assert "model.vocab_size (1000) is below tokenizer.vocab_size (8192)" in load_error("demo", ["model.vocab_size=1000"])
+
+
+def test_cross_section_mix_weights_unknown_source():
+    message = load_error("demo", ["mix.weights.web=1", "mix.weights.code=1"])
+    assert "mix.weights names sources ['web']" in message
+    assert "['code', 'docs', 'prose']" in message
+
+
+def test_all_problems_reported_at_once():
+    message = load_error("demo", ["train.lrr=1", "model.d_model=abc", "tokenize.val_fraction=0"])
+    assert "3 problem(s)" in message
+    for path in ("train.lrr", "model.d_model", "tokenize.val_fraction"):
+        assert path in message
+
+
+def test_unknown_recipe_name_lists_shipped(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./recipes here; only the shipped folder is searched
+    with pytest.raises(ConfigError) as info:
+        load_recipe("nosuch")
+    message = str(info.value)
+    assert "'nosuch'" in message
+    assert "shipped: demo" in message
+
+
+def test_recipe_that_is_not_a_mapping(tmp_path):
+    path = write_recipe(tmp_path, "- just\n- a list\n")
+    assert "top level must be a mapping" in load_error(path, [])
+
+
+def test_recipe_that_is_not_yaml(tmp_path):
+    path = write_recipe(tmp_path, "name: [unclosed\n")
+    assert "not valid YAML" in load_error(path, [])
+
+
+def test_validate_recipe_names_origin():
+    with pytest.raises(ConfigError) as info:
+        validate_recipe({"name": "x", "train": {"steps": 0}}, origin="my-origin")
+    assert str(info.value).startswith("my-origin: 1 problem(s)")
+    assert "train.steps: input should be greater than or equal to 1; got 0" in str(info.value)
+
+
+def test_bad_input_item_is_one_problem(tmp_path):
+    path = write_recipe(tmp_path, "name: x\ncurate:\n  inputs:\n    - {source: a, reader: bogus}\n")
+    message = load_error(path, [])
+    assert "curate.inputs.0.reader" in message
+    assert "1 problem(s)" in message
+    assert "at least 1 item" not in message

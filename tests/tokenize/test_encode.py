@@ -1,0 +1,149 @@
+"""kiln.tokenize.encode.run: curated shards -> per-source train/val token shards."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sysconfig
+from pathlib import Path
+
+import pydoc_data.topics
+import pytest
+
+from kiln.core.errors import FatalError
+from kiln.core.manifest import MANIFEST
+from kiln.core.split import is_heldout
+from kiln.curate.config import CurateConfig, InputConfig
+from kiln.curate.run import run as curate
+from kiln.curate.shards import list_shards, read_shard
+from kiln.tokenize.config import EOT, TokenizeConfig, TokenizerConfig
+from kiln.tokenize.encode import run as encode
+from kiln.tokenize.shards import TokenShard, open_split
+from kiln.tokenize.tokenizer import KilnTokenizer
+from kiln.tokenize.train import run as train_tokenizer
+
+TOKENIZER = TokenizerConfig(vocab_size=600, sample_mb=5.0, heldout_fraction=0.2, heldout_mb=1.0)
+CFG = TokenizeConfig(val_fraction=0.2, batch_docs=7)  # small batches: several flushes per source
+
+
+def build_curated_run(root: Path) -> Path:
+    """Real text as files (stdlib modules, the Python docs' topics), curated into root/run with relative ids."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    (root / "code").mkdir(parents=True)
+    (root / "prose").mkdir()
+    for p in [p for p in sorted(stdlib.glob("*.py")) if 2_000 < p.stat().st_size < 20_000][:40]:
+        shutil.copy(p, root / "code" / p.name)
+    for name in sorted(pydoc_data.topics.topics)[:50]:
+        (root / "prose" / f"{name}.txt").write_text(pydoc_data.topics.topics[name], encoding="utf-8")
+    cfg = CurateConfig(
+        inputs=(InputConfig(source="code", reader="text_files", path="code/*.py"), InputConfig(source="prose", reader="text_files", path="prose/*.txt")),
+        shard_mb=0.1,
+        workers=1,
+    )
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        curate(cfg, root / "run")
+    finally:
+        os.chdir(cwd)
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def tokenized_run(tmp_path_factory) -> Path:
+    run_dir = build_curated_run(tmp_path_factory.mktemp("corpus"))
+    train_tokenizer(TOKENIZER, run_dir)
+    return run_dir
+
+
+@pytest.fixture
+def run_dir(tokenized_run, tmp_path) -> Path:
+    return Path(shutil.copytree(tokenized_run, tmp_path / "run"))
+
+
+def curated_by_source(run_dir: Path) -> dict[str, list]:
+    docs: dict[str, list] = {}
+    for shard in list_shards(run_dir / "curate" / "shards"):
+        for d in read_shard(shard):
+            docs.setdefault(d.source, []).append(d)
+    return docs
+
+
+def test_encode(run_dir):
+    manifest = encode(CFG, run_dir)
+    tok = KilnTokenizer.load(run_dir / "tokenizer" / "tokenizer.json")
+    stage_dir = run_dir / "tokenize"
+    docs = curated_by_source(run_dir)
+    assert sorted(docs) == ["code", "prose"]
+    assert not any(EOT in d.text for ds in docs.values() for d in ds)  # so EOT can only be our separator
+
+    counts = manifest["counts"]
+    assert counts["vocab_size"] == 600 and counts["dtype"] == "uint16"
+    for source, source_docs in docs.items():
+        val_ids = [d.id for d in source_docs if is_heldout(d.id, CFG.val_fraction)]
+        assert (stage_dir / source / "val_ids.txt").read_text(encoding="utf-8").splitlines() == val_ids
+        for split in ("train", "val"):
+            expected = [d for d in source_docs if is_heldout(d.id, CFG.val_fraction) == (split == "val")]
+            assert expected, f"{source}/{split} is empty; the test would prove nothing"
+            shard = TokenShard(stage_dir / source / split, verify=True)
+            assert shard.n_docs == len(expected)
+            for i, d in enumerate(expected):
+                ids = shard.document(i).tolist()
+                assert ids[-1] == tok.eot_id
+                assert tok.eot_id not in ids[:-1]
+                assert tok.decode(ids[:-1]) == d.text  # the curated text comes back exactly
+            stats = counts["per_source"][source][split]
+            assert stats == {"docs": len(expected), "tokens": len(shard), "bytes": sum(len(d.text.encode()) for d in expected)}
+
+    per = counts["per_source"].values()
+    assert counts["train_tokens"] == sum(s["train"]["tokens"] for s in per)
+    assert counts["val_tokens"] == sum(s["val"]["tokens"] for s in per)
+    assert counts["train_docs"] + counts["val_docs"] == sum(len(v) for v in docs.values())
+    assert sorted(o["path"] for o in manifest["outputs"]) == sorted(
+        [f"{s}/{split}.{ext}" for s in ("code", "prose") for split in ("train", "val") for ext in ("bin", "idx")]
+        + ["code/val_ids.txt", "prose/val_ids.txt"]
+    )
+    assert set(manifest["upstream"]) == {"curate", "tokenizer"}
+    assert {s: sh.n_docs for s, sh in open_split(stage_dir, "val", verify=True).items()} == {
+        s: counts["per_source"][s]["val"]["docs"] for s in ("code", "prose")
+    }
+
+
+def test_batch_size_does_not_change_the_shards(run_dir, tmp_path):
+    encode(CFG, run_dir)
+    small = {p.relative_to(run_dir / "tokenize"): p.read_bytes() for p in (run_dir / "tokenize").glob("*/*.*")}
+    encode(CFG.model_copy(update={"batch_docs": 1000}), run_dir)
+    large = {p.relative_to(run_dir / "tokenize"): p.read_bytes() for p in (run_dir / "tokenize").glob("*/*.*")}
+    assert len(small) == 10 and small == large  # 2 sources x (2 shard pairs + val_ids.txt)
+
+
+def test_rerun_is_skipped_and_upstream_change_redoes(run_dir):
+    first = encode(CFG, run_dir)
+    manifest_bytes = (run_dir / "tokenize" / MANIFEST).read_bytes()
+    marker = run_dir / "tokenize" / "marker"
+    marker.write_text("begin() would delete me")
+
+    assert encode(CFG, run_dir) == first
+    assert (run_dir / "tokenize" / MANIFEST).read_bytes() == manifest_bytes and marker.exists()
+
+    encode(CFG, run_dir, force=True)
+    assert not marker.exists()
+
+    marker.write_text("x")
+    train_tokenizer(TOKENIZER.model_copy(update={"vocab_size": 650}), run_dir)  # the tokenizer was redone
+    redone = encode(CFG, run_dir)
+    assert not marker.exists()
+    assert redone["counts"]["vocab_size"] == 650
+    assert redone["counts"]["train_tokens"] < first["counts"]["train_tokens"]  # more merges, fewer tokens
+
+
+def test_missing_curate_stage_is_fatal(tmp_path):
+    with pytest.raises(FatalError, match="curate: no manifest.json; run that stage first"):
+        encode(CFG, tmp_path / "run")
+
+
+def test_missing_tokenizer_stage_is_fatal(tokenized_run, tmp_path):
+    only_curate = tmp_path / "run"
+    shutil.copytree(tokenized_run / "curate", only_curate / "curate")
+    with pytest.raises(FatalError, match="tokenizer: no manifest.json"):
+        encode(CFG, only_curate)
