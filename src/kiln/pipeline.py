@@ -96,7 +96,7 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [
         f"documents: {s['docs_in']:,} in, {s['docs_out']:,} kept, {s['quarantined']} quarantined",
         "removed: " + (", ".join(f"{r}={n}" for r, n in s["removed"].items()) or "none"),
-        f"tokenizer: {s['tokenizer_bytes_per_token']} bytes/token on held-out text",
+        f"tokenizer: {s['tokenizer_bytes_per_token']} bytes/token on held-out text" if s["tokenizer_bytes_per_token"] else "tokenizer: bytes/token not measured (no held-out documents)",
         f"model: {s['params']:,} params trained on {s['tokens_trained']:,} tokens",
     ]
     if s.get("val_bpb_before"):

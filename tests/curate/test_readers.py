@@ -11,7 +11,7 @@ import xxhash
 
 from kiln.core.errors import DocumentError
 from kiln.curate.config import InputConfig
-from kiln.curate.readers import InputUnit, glob_root, list_units, load_unit, plan_inputs
+from kiln.curate.readers import CAP_SEED, InputUnit, glob_root, list_units, load_unit, plan_inputs
 
 
 def make_files(folder: Path, n: int, size: int, prefix: str = "f") -> list[Path]:
@@ -36,7 +36,7 @@ def unit(path: Path, source: str = "web") -> InputUnit:
 def hash_order_prefix(units: list[InputUnit], budget: int) -> set[str]:
     """Reference: greedy fill in order of the id hash (what plan_inputs documents)."""
     chosen, used = set(), 0
-    for u in sorted(units, key=lambda u: xxhash.xxh3_64_intdigest(u.doc_id.encode())):
+    for u in sorted(units, key=lambda u: xxhash.xxh3_64_intdigest(u.doc_id.encode(), seed=CAP_SEED)):
         if used + u.size <= budget:
             chosen.add(u.doc_id)
             used += u.size

@@ -30,6 +30,9 @@ log = logging.getLogger("kiln.curate")
 DOC_NAME_PATTERNS = ("readme*", "changelog*", "changes*", "news*", "history*", "copyright", "license*", "copying*", "authors*", "*.txt", "*.md", "*.rst")
 
 
+CAP_SEED = 0x6B696C6E  # "kiln"; any seed but split's 0 works
+
+
 @dataclass(frozen=True)
 class InputUnit:
     """One future document: where it is and how to load it. `key` picks a topic inside a file."""
@@ -90,8 +93,11 @@ def plan_inputs(inputs: tuple[InputConfig, ...], max_total_bytes: int) -> list[I
 
     Within a source the cap keeps a pseudo-random but fixed subset (ordered by a hash of the
     id), so a small cap still samples the whole source rather than its alphabetical start.
+    subtle: the hash is seeded differently from kiln.core.split's; with the same hash the kept
+    documents would be exactly those with the smallest split scores, and a capped source would
+    send far more than its validation fraction to validation.
     """
-    by_source = {cfg.source: sorted(list_units(cfg), key=lambda u: xxhash.xxh3_64_intdigest(u.doc_id.encode())) for cfg in inputs}
+    by_source = {cfg.source: sorted(list_units(cfg), key=lambda u: xxhash.xxh3_64_intdigest(u.doc_id.encode(), seed=CAP_SEED)) for cfg in inputs}
     sizes = {s: sum(u.size for u in units) for s, units in by_source.items()}
     budget, shares = max_total_bytes, {}
     for rank, source in enumerate(sorted(sizes, key=lambda s: sizes[s])):  # water-filling, smallest first

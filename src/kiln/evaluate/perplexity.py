@@ -35,7 +35,7 @@ def evaluate_model(model: Transformer, shards: Mapping[str, TokenShard], bytes_p
         windows = np.lib.stride_tricks.sliding_window_view(np.asarray(tokens[: n_windows * T + 1], dtype=np.int64), T + 1)[::T]
         total_nats, total_tokens = 0.0, 0
         for start in range(0, n_windows, batch_size):
-            batch = torch.from_numpy(np.ascontiguousarray(windows[start : start + batch_size])).to(device)
+            batch = torch.from_numpy(np.array(windows[start : start + batch_size])).to(device)  # a copy: the view is read-only
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 logits = model(batch[:, :-1])
             total_nats += lm_loss(logits, batch[:, 1:], reduction="sum").item()  # host sync per batch
@@ -46,20 +46,23 @@ def evaluate_model(model: Transformer, shards: Mapping[str, TokenShard], bytes_p
             "perplexity": round(math.exp(loss), 3),
             "bpb": round(loss / math.log(2) / bytes_per_token[source], 5),
             "tokens": total_tokens,
+            "bytes": round(total_tokens * bytes_per_token[source], 1),
         }
     model.train(was_training)
     return results
 
 
 def combined(results: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """Token-weighted mean loss and bpb over sources."""
+    """Over all sources: token-weighted mean loss, and bpb as total bits over total bytes."""
     tokens = sum(r["tokens"] for r in results.values())
-    loss = sum(r["loss"] * r["tokens"] for r in results.values()) / tokens
+    nbytes = sum(r["bytes"] for r in results.values())
+    nats = sum(r["loss"] * r["tokens"] for r in results.values())
     return {
-        "loss": round(loss, 5),
-        "perplexity": round(math.exp(loss), 3),
-        "bpb": round(sum(r["bpb"] * r["tokens"] for r in results.values()) / tokens, 5),
+        "loss": round(nats / tokens, 5),
+        "perplexity": round(math.exp(nats / tokens), 3),
+        "bpb": round(nats / math.log(2) / nbytes, 5),
         "tokens": tokens,
+        "bytes": nbytes,
     }
 
 

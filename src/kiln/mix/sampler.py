@@ -24,7 +24,7 @@ log = logging.getLogger("kiln.mix")
 
 class Sampler:
     def __init__(self, shards: Mapping[str, TokenShard], weights: Mapping[str, float] | None, seq_len: int, seed: int):
-        usable = {s: shard for s, shard in sorted(shards.items()) if len(shard) > seq_len + 1}
+        usable = {s: shard for s, shard in sorted(shards.items()) if len(shard) >= seq_len + 1}
         for s in sorted(set(shards) - set(usable)):
             log.warning("mix: source %s has %d train tokens, fewer than one window of %d; not sampled", s, len(shards[s]), seq_len + 1)
         if weights is None:
@@ -34,7 +34,7 @@ class Sampler:
             raise FatalError(f"mix.weights gives weight to {missing}, which have no usable train tokens; drop them from mix.weights")
         self.sources = [s for s in usable if weights.get(s, 0) > 0]
         if not self.sources:
-            raise FatalError(f"mix: no source has more than {seq_len + 1} train tokens; curate more text or lower train.seq_len")
+            raise FatalError(f"mix: no source has the {seq_len + 1} train tokens of one window; curate more text or lower train.seq_len")
         w = np.array([weights[s] for s in self.sources], dtype=np.float64)
         self.probs = w / w.sum()
         self.shards = [usable[s] for s in self.sources]

@@ -84,9 +84,12 @@ def run(cfg: TokenizerConfig, run_dir: Path, force: bool = False) -> dict[str, A
         "vocab_size": tokenizer.vocab_size,
         "sample_docs": len(texts),
         "sample_bytes": sample_bytes,
-        "heldout_bytes_per_token": round(total_bytes / max(total_tokens, 1), 4),
+        # None when no document fell in the held-out fraction (tiny corpora): nothing was measured.
+        "heldout_bytes_per_token": round(total_bytes / total_tokens, 4) if total_tokens else None,
         "per_source": heldout,
     }
-    lines = [f"vocab {tokenizer.vocab_size}, trained on {sample_bytes / MB:.1f} MB; held-out bytes/token {counts['heldout_bytes_per_token']}"]
+    if not total_tokens:
+        log.warning("tokenizer: no held-out documents at heldout_fraction %s; bytes per token not measured", cfg.heldout_fraction)
+    lines = [f"vocab {tokenizer.vocab_size}, trained on {sample_bytes / MB:.1f} MB; held-out bytes/token {counts['heldout_bytes_per_token'] or 'not measured (no held-out documents)'}"]
     lines += [f"  {s:<10} {r['bytes_per_token']:>6.3f} bytes/token over {r['docs']} docs" for s, r in heldout.items()]
     return stage.finish([out], counts, "\n".join(lines))

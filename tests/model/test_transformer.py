@@ -1,0 +1,201 @@
+"""kiln.model.transformer: shapes, causality, RMSNorm and RoPE by hand, GQA, and HF Llama logits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kiln.model.config import ModelConfig
+from kiln.model.transformer import RMSNorm, Transformer, apply_rope, lm_loss, rope_tables
+
+
+def small_cfg(**overrides: object) -> ModelConfig:
+    base = {"vocab_size": 97, "d_model": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 24}
+    return ModelConfig(**{**base, **overrides})
+
+
+def seeded_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(cfg).eval()
+
+
+def test_logits_shape_and_fp32() -> None:
+    model = seeded_model(small_cfg())
+    idx = torch.randint(0, 97, (3, 11), generator=torch.Generator().manual_seed(1))
+    logits = model(idx)
+    assert logits.shape == (3, 11, 97)
+    assert logits.dtype == torch.float32
+    assert torch.isfinite(logits).all()
+
+
+def test_untrained_loss_is_near_ln_vocab() -> None:
+    # With std 0.02 init the logits are nearly flat, so the loss starts at about ln V.
+    model = seeded_model(small_cfg())
+    idx = torch.randint(0, 97, (4, 24), generator=torch.Generator().manual_seed(2))
+    loss = lm_loss(model(idx[:, :-1]), idx[:, 1:])
+    assert loss.item() == pytest.approx(math.log(97), abs=0.05)
+
+
+@pytest.mark.parametrize("t", [0, 5, 15])
+def test_causal_changing_token_t_leaves_earlier_logits(t: int) -> None:
+    model = seeded_model(small_cfg(n_kv_heads=2))
+    idx = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(3))
+    changed = idx.clone()
+    changed[:, t] = (changed[:, t] + 1) % 97
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :t], b[:, :t], rtol=0, atol=1e-6)
+    # ... and it does change the logits at t and after (the check above is not vacuous).
+    assert (a[:, t:] - b[:, t:]).abs().amax(dim=-1).min() > 1e-4
+
+
+def test_rmsnorm_by_hand() -> None:
+    norm = RMSNorm(2, eps=0.0)
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor([2.0, 0.5]))
+    # x = [3, 4]: mean square (9 + 16) / 2 = 12.5, rms = 3.5355; x / rms = [0.84853, 1.13137];
+    # times the gains [2, 0.5] = [1.69706, 0.56569].
+    out = norm(torch.tensor([[[3.0, 4.0]]]))
+    torch.testing.assert_close(out, torch.tensor([[[1.69706, 0.56569]]]), rtol=0, atol=1e-5)
+
+
+def test_rmsnorm_eps() -> None:
+    norm = RMSNorm(4, eps=1.0)
+    # all-zero input with eps 1: 0 * rsqrt(0 + 1) = 0; x = [1,1,1,1]: 1 / sqrt(1 + 1) = 0.70711.
+    torch.testing.assert_close(norm(torch.ones(1, 1, 4)), torch.full((1, 1, 4), 1 / math.sqrt(2)))
+    torch.testing.assert_close(norm(torch.zeros(1, 1, 4)), torch.zeros(1, 1, 4))
+
+
+def test_rmsnorm_in_bf16_keeps_bf16() -> None:
+    # A bf16 model (weights and activations) stays bf16; the mean square is taken in fp32.
+    norm = RMSNorm(4, 1e-5).to(torch.bfloat16)
+    x = torch.tensor([[[300.0, 400.0, 0.0, 0.0]]], dtype=torch.bfloat16)
+    out = norm(x)
+    assert out.dtype == torch.bfloat16
+    # rms = sqrt((9e4 + 16e4) / 4) = 250: [1.2, 1.6, 0, 0].
+    torch.testing.assert_close(out.float(), torch.tensor([[[1.2, 1.6, 0.0, 0.0]]]), rtol=0, atol=1e-2)
+
+
+def test_rope_tables_by_hand() -> None:
+    cos, sin = rope_tables(seq_len=3, head_dim=4, theta=100.0)
+    # pair i rotates by t * 100^(-2i/4): frequencies 1 and 0.1.
+    angles = torch.tensor([[0.0, 0.0], [1.0, 0.1], [2.0, 0.2]])
+    torch.testing.assert_close(cos, angles.cos())
+    torch.testing.assert_close(sin, angles.sin())
+
+
+def test_apply_rope_rotates_half_pairs_by_hand() -> None:
+    cos, sin = rope_tables(seq_len=2, head_dim=2, theta=10000.0)
+    x = torch.tensor([1.0, 2.0]).view(1, 1, 1, 2).expand(1, 1, 2, 2)
+    out = apply_rope(x, cos, sin)
+    # position 0: identity; position 1: rotation by 1 rad of (x1, x2) = (1, 2).
+    c, s = math.cos(1.0), math.sin(1.0)
+    expected = torch.tensor([[1.0, 2.0], [1 * c - 2 * s, 2 * c + 1 * s]]).view(1, 1, 2, 2)
+    torch.testing.assert_close(out, expected)
+
+
+def test_apply_rope_preserves_norms() -> None:
+    cos, sin = rope_tables(seq_len=32, head_dim=16, theta=10000.0)
+    x = torch.randn(2, 3, 32, 16, generator=torch.Generator().manual_seed(4))
+    out = apply_rope(x, cos, sin)
+    torch.testing.assert_close(out.norm(dim=-1), x.norm(dim=-1))
+    assert not torch.allclose(out[:, :, 1:], x[:, :, 1:])  # it did rotate
+
+
+def test_rope_scores_depend_only_on_relative_position() -> None:
+    T, E = 20, 8
+    cos, sin = rope_tables(seq_len=T, head_dim=E, theta=10000.0)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(E, generator=gen).expand(1, 1, T, E)
+    k = torch.randn(E, generator=gen).expand(1, 1, T, E)
+    scores = apply_rope(q, cos, sin)[0, 0] @ apply_rope(k, cos, sin)[0, 0].T  # (T, T): q at m, k at n
+    for offset in (-5, 0, 3, 7):
+        diagonal = torch.diagonal(scores, offset=offset)  # all (m, n) with n - m = offset
+        torch.testing.assert_close(diagonal, diagonal[:1].expand_as(diagonal), rtol=0, atol=1e-4)
+    # Different offsets give different scores: position does matter.
+    assert abs(scores[0, 0] - scores[0, 3]) > 1e-3
+
+
+def test_gqa_model_runs_and_matches_mha_with_repeated_kv_heads() -> None:
+    gqa_cfg = small_cfg(n_heads=4, n_kv_heads=2)
+    gqa = seeded_model(gqa_cfg)
+    mha = Transformer(small_cfg(n_heads=4, n_kv_heads=None)).eval()
+    state = gqa.state_dict()
+    E, group = gqa_cfg.head_dim, 2
+    for i in range(gqa_cfg.n_layers):
+        for w in ("wk", "wv"):
+            key = f"blocks.{i}.attn.{w}.weight"
+            # Each K/V head serves `group` consecutive query heads: repeat its rows per head.
+            state[key] = state[key].view(2, E, -1).repeat_interleave(group, dim=0).reshape(4 * E, -1)
+    mha.load_state_dict(state)
+    idx = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        torch.testing.assert_close(gqa(idx), mha(idx), rtol=1e-5, atol=1e-5)
+
+
+def test_multi_query_attention_runs() -> None:
+    model = seeded_model(small_cfg(n_heads=4, n_kv_heads=1))
+    assert model(torch.zeros(1, 5, dtype=torch.long)).shape == (1, 5, 97)
+    assert model.blocks[0].attn.wk.weight.shape == (8, 32)  # one kv head of head_dim 8
+
+
+def test_tied_embedding_shares_storage() -> None:
+    model = Transformer(small_cfg(tie_embeddings=True))
+    assert model.lm_head.weight is model.embed.weight
+    assert Transformer(small_cfg()).lm_head.weight is not Transformer(small_cfg()).embed.weight
+
+
+def test_init_scales_residual_outputs() -> None:
+    torch.manual_seed(7)
+    model = Transformer(ModelConfig(vocab_size=64, d_model=256, n_layers=8, n_heads=4))
+    # std 0.02 everywhere, residual outputs (wo, w_down) 0.02 / sqrt(2 * 8) = 0.005, norm gains 1.
+    assert model.blocks[0].attn.wq.weight.std().item() == pytest.approx(0.02, rel=0.03)
+    assert model.blocks[0].attn.wo.weight.std().item() == pytest.approx(0.005, rel=0.03)
+    assert model.blocks[3].mlp.w_down.weight.std().item() == pytest.approx(0.005, rel=0.03)
+    assert torch.equal(model.norm.weight, torch.ones(256))
+
+
+def test_sequence_longer_than_max_seq_len_is_refused() -> None:
+    model = Transformer(small_cfg(max_seq_len=8))
+    with pytest.raises(AssertionError, match="exceeds max_seq_len"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_lm_loss_by_hand() -> None:
+    # Uniform logits over 4 tokens: loss ln 4 whatever the targets.
+    logits = torch.zeros(1, 3, 4)
+    assert lm_loss(logits, torch.tensor([[0, 1, 3]])).item() == pytest.approx(math.log(4))
+    assert lm_loss(logits, torch.tensor([[0, 1, 3]]), reduction="sum").item() == pytest.approx(3 * math.log(4))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_logits_match_hugging_face_llama(tied: bool) -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = small_cfg(n_heads=4, n_kv_heads=2, ffn_hidden=48, tie_embeddings=tied, norm_eps=1e-6)
+    ours = seeded_model(cfg)
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.hidden,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.kv_heads,
+        max_position_embeddings=cfg.max_seq_len,
+        rms_norm_eps=cfg.norm_eps,
+        tie_word_embeddings=tied,
+        attention_bias=False,
+        mlp_bias=False,
+    )
+    hf = transformers.LlamaForCausalLM(hf_cfg).eval()
+    names = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm", "attn.wq": "self_attn.q_proj", "attn.wk": "self_attn.k_proj", "attn.wv": "self_attn.v_proj", "attn.wo": "self_attn.o_proj", "mlp.w_gate": "mlp.gate_proj", "mlp.w_up": "mlp.up_proj", "mlp.w_down": "mlp.down_proj"}
+    state = {"model.embed_tokens.weight": ours.embed.weight, "model.norm.weight": ours.norm.weight, "lm_head.weight": ours.lm_head.weight}
+    for i in range(cfg.n_layers):
+        for kiln_name, hf_name in names.items():
+            state[f"model.layers.{i}.{hf_name}.weight"] = ours.state_dict()[f"blocks.{i}.{kiln_name}.weight"]
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    assert not unexpected and all("rotary" in m for m in missing)
+    idx = torch.randint(0, cfg.vocab_size, (2, 20), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx), hf(idx).logits.float(), rtol=1e-4, atol=1e-4)

@@ -1,0 +1,141 @@
+"""One end-to-end `kiln demo` at miniature size through the installed command, then a rerun.
+
+The demo recipe reads text already on the machine (stdlib code, pydoc topics, /usr/share/doc),
+capped here at 2 MB, trains a 512-token BPE and a 2-layer d_model 64 model for 60 steps on CPU.
+Measured: about 10 s on 2 cores for the first run, 2 s for the rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiln.core.manifest import sha256_file
+from kiln.model.config import ModelConfig, count_params
+
+pytestmark = pytest.mark.slow
+
+KILN = Path(sys.executable).with_name("kiln")
+STAGES = ("curate", "tokenizer", "tokenize", "train", "eval", "generate")
+UPSTREAM = {"curate": [], "tokenizer": ["curate"], "tokenize": ["curate", "tokenizer"], "train": ["tokenize"], "eval": ["tokenize", "train"], "generate": ["train"]}
+OVERRIDES = [
+    "curate.max_total_mb=2",
+    "tokenizer.vocab_size=512",
+    "tokenizer.sample_mb=1",
+    "model.d_model=64",
+    "model.n_layers=2",
+    "model.n_heads=2",
+    "model.n_kv_heads=1",
+    "model.max_seq_len=64",
+    "train.seq_len=64",
+    "train.micro_batch_size=8",
+    "train.steps=60",
+    "train.warmup_steps=6",
+    "eval.max_tokens_per_source=4096",
+    "generate.max_new_tokens=20",
+]
+
+
+def kiln_demo(runs_dir: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    args = [str(KILN), "demo", "--recipe", "demo", "--set", f"runs_dir={runs_dir}"]
+    for override in OVERRIDES:
+        args += ["--set", override]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # CPU only, whatever the machine has
+    t0 = time.perf_counter()
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    seconds = time.perf_counter() - t0
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done, seconds
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    if not KILN.is_file():
+        pytest.skip(f"no kiln script beside {sys.executable}")
+    runs_dir = tmp_path_factory.mktemp("pipeline") / "runs"
+    done, seconds = kiln_demo(runs_dir)
+    run_dir = runs_dir / "demo"
+    manifests = {s: json.loads((run_dir / s / "manifest.json").read_text()) for s in STAGES}
+    return {"runs_dir": runs_dir, "run_dir": run_dir, "stdout": done.stdout, "seconds": seconds, "manifests": manifests, "summary": json.loads((run_dir / "summary.json").read_text())}
+
+
+def test_summary_has_every_field(demo: dict[str, Any]) -> None:
+    s = demo["summary"]
+    for key in ("docs_in", "docs_out", "removed", "quarantined", "per_source", "tokenizer_bytes_per_token", "train_tokens_available", "params", "tokens_trained", "val_loss_before", "val_loss_after", "val_bpb_before", "val_bpb_after", "val_loss_drop", "learned", "sample"):
+        assert key in s, key
+    assert 0 < s["docs_out"] <= s["docs_in"]
+    assert s["docs_in"] == s["docs_out"] + sum(s["removed"].values()) + s["quarantined"]
+    assert {"code", "prose"} <= set(s["per_source"])  # stdlib and pydoc exist wherever Python does
+    for t in s["per_source"].values():
+        assert t["docs_in"] == t["docs_out"] + sum(t["removed"].values()) + t["quarantined"]
+    assert s["tokenizer_bytes_per_token"] > 1.0
+    assert s["params"] == count_params(ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=64, tie_embeddings=True))
+    assert s["tokens_trained"] == 60 * 8 * 64
+    sources = set(demo["manifests"]["eval"]["counts"]) - {"all"}
+    assert set(s["val_bpb_before"]) == set(s["val_bpb_after"]) == sources | {"all"}
+    assert all(s["val_bpb_after"][src] < s["val_bpb_before"][src] for src in sources | {"all"})
+    assert s["sample"].startswith("def ")
+
+
+def test_summary_agrees_with_the_manifests(demo: dict[str, Any]) -> None:
+    s, m = demo["summary"], demo["manifests"]
+    assert s["docs_in"] == m["curate"]["counts"]["docs_in"]
+    assert s["tokenizer_bytes_per_token"] == m["tokenizer"]["counts"]["heldout_bytes_per_token"]
+    assert s["train_tokens_available"] == m["tokenize"]["counts"]["train_tokens"]
+    assert s["val_loss_before"] == m["train"]["counts"]["val_before"]["all"]["loss"]
+    assert s["val_loss_after"] == m["eval"]["counts"]["all"]["loss"]
+    assert s["sample"] == m["generate"]["counts"]["sample"]
+    # The eval stage reloads the checkpoint and must reproduce the trainer's own final validation.
+    assert m["eval"]["counts"] == m["train"]["counts"]["val_after"]
+    assert "documents:" in demo["stdout"] and "validation loss:" in demo["stdout"]
+
+
+def test_validation_loss_falls_clearly(demo: dict[str, Any]) -> None:
+    s = demo["summary"]
+    assert s["val_loss_before"] == pytest.approx(6.238, abs=0.15)  # untrained: about ln 512
+    assert s["val_loss_after"] < s["val_loss_before"] - 0.5  # measured 6.24 -> 5.31
+    assert s["val_loss_drop"] == pytest.approx(1 - s["val_loss_after"] / s["val_loss_before"], abs=1e-4)
+
+
+def test_every_stage_records_its_upstream_manifests(demo: dict[str, Any]) -> None:
+    run_dir, manifests = demo["run_dir"], demo["manifests"]
+    for stage in STAGES:
+        m = manifests[stage]
+        assert m["format"] == "kiln-manifest v1" and m["stage"] == stage
+        assert m["upstream"] == {u: sha256_file(run_dir / u / "manifest.json") for u in UPSTREAM[stage]}
+        for out in m["outputs"]:
+            path = run_dir / stage / out["path"]
+            assert path.stat().st_size == out["bytes"] and sha256_file(path) == out["sha256"]
+    assert (run_dir / "recipe.yaml").is_file()
+
+
+def test_first_run_is_quick(demo: dict[str, Any]) -> None:
+    assert demo["seconds"] < 100  # measured about 10 s on 2 cores
+
+
+def test_second_demo_skips_every_stage(demo: dict[str, Any]) -> None:
+    done, seconds = kiln_demo(demo["runs_dir"])
+    run_dir = demo["run_dir"]
+    for stage in STAGES:
+        again = json.loads((run_dir / stage / "manifest.json").read_text())
+        assert again == demo["manifests"][stage], stage  # finished_at included: nothing was redone
+    assert "up to date" in done.stderr
+    assert json.loads((run_dir / "summary.json").read_text()) == demo["summary"]
+    assert done.stdout == demo["stdout"]
+    assert seconds < max(0.5 * demo["seconds"], 5.0)  # measured 2 s against 10 s
+
+
+def test_capped_sources_keep_about_val_fraction_for_validation(demo: dict[str, Any]) -> None:
+    per_source = demo["manifests"]["tokenize"]["counts"]["per_source"]
+    for source, splits in per_source.items():
+        docs = splits["train"]["docs"] + splits["val"]["docs"]
+        assert splits["train"]["tokens"] > 0, source
+        # val_fraction is 0.02; a quarter of the documents is far outside chance for 20+ documents.
+        assert splits["val"]["docs"] <= max(2, 0.25 * docs), (source, splits)

@@ -1,0 +1,341 @@
+"""kiln.train.loop.train on a real miniature run, then the eval and generate stages on its checkpoint.
+
+The run is built once per module: curate (stdlib email package as `code`, the system's license
+texts as `legal`), a 512-token BPE, token shards, then 40 steps of a 2-layer d_model 64 model on
+CPU (about 3 s on 2 cores). Tests that retrain work on copies of the tokenized run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from kiln.core.errors import FatalError
+from kiln.core.manifest import sha256_file
+from kiln.curate.config import CurateConfig, InputConfig
+from kiln.curate.run import run as curate
+from kiln.evaluate.config import EvalConfig, GenerateConfig
+from kiln.evaluate.generate import generate
+from kiln.evaluate.generate import run as generate_stage
+from kiln.evaluate.perplexity import combined, evaluate_model, val_bytes_per_token
+from kiln.evaluate.run import run as eval_stage
+from kiln.mix.config import MixConfig
+from kiln.model.config import ModelConfig, count_params, flops_per_token
+from kiln.model.transformer import lm_loss
+from kiln.tokenize.config import TokenizeConfig, TokenizerConfig
+from kiln.tokenize.encode import run as encode
+from kiln.tokenize.shards import open_split
+from kiln.tokenize.tokenizer import KilnTokenizer
+from kiln.tokenize.train import run as train_tokenizer
+from kiln.train import loop
+from kiln.train.checkpoint import load_trained_model
+from kiln.train.config import TrainConfig
+from kiln.train.loop import build_device, build_model, build_sampler, train
+from kiln.train.schedule import lr_at
+
+STEPS = 40
+MODEL = ModelConfig(d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=64)
+TRAIN = TrainConfig(steps=STEPS, seq_len=64, micro_batch_size=8, warmup_steps=4, lr=1e-2, device="cpu")
+MIX = MixConfig(seed=0)
+EVAL = EvalConfig(max_tokens_per_source=4096, batch_size=8)
+UPSTREAM_STAGES = ("curate", "tokenizer", "tokenize")
+
+
+def build_tokenized_run(root: Path) -> Path:
+    """Curate, train a tokenizer and tokenize real text under root; returns the run directory."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    (root / "data" / "code").mkdir(parents=True)
+    for p in sorted((stdlib / "email").glob("*.py")):
+        shutil.copy(p, root / "data" / "code" / p.name)
+    (root / "data" / "legal").mkdir()
+    licenses = Path("/usr/share/common-licenses")
+    legal = sorted(p for p in licenses.iterdir() if p.is_file()) if licenses.is_dir() else sorted((stdlib / "http").glob("*.py"))
+    for p in legal:
+        shutil.copy(p, root / "data" / "legal" / p.name)
+    inputs = (
+        InputConfig(source="code", reader="text_files", path=str(root / "data" / "code" / "*.py")),
+        InputConfig(source="legal", reader="text_files", path=str(root / "data" / "legal" / "*")),
+    )
+    run_dir = root / "run"
+    curate(CurateConfig(inputs=inputs, workers=1), run_dir)
+    train_tokenizer(TokenizerConfig(vocab_size=512, sample_mb=0.3), run_dir)
+    counts = encode(TokenizeConfig(val_fraction=0.2), run_dir)["counts"]
+    for source, splits in counts["per_source"].items():
+        assert splits["train"]["tokens"] > 10_000 and splits["val"]["tokens"] > 1_000, (source, splits)
+    return run_dir
+
+
+def copy_tokenized(run_dir: Path, dest: Path) -> Path:
+    for stage in UPSTREAM_STAGES:
+        shutil.copytree(run_dir / stage, dest / stage)
+    return dest
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "train" / "metrics.jsonl").read_text().splitlines()]
+
+
+def step_records(run_dir: Path) -> list[dict[str, Any]]:
+    return [r for r in read_metrics(run_dir) if "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def tokenized(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tokenized_run(tmp_path_factory.mktemp("kiln_loop"))
+
+
+@pytest.fixture(scope="module")
+def trained(tokenized: Path) -> tuple[Path, dict[str, Any]]:
+    return tokenized, train(MODEL, TRAIN, MIX, EVAL, tokenized)
+
+
+@pytest.fixture
+def cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # eval and generate pick cuda when present; these comparisons are of CPU fp32 numbers.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def test_training_loss_decreases_substantially(trained: tuple[Path, dict]) -> None:
+    run_dir, manifest = trained
+    losses = [r["loss"] for r in step_records(run_dir)]
+    assert losses[0] == pytest.approx(math.log(512), abs=0.1)  # untrained: about ln V = 6.238
+    assert np.mean(losses[-5:]) < losses[0] - 0.8  # measured 6.26 -> about 5.0
+    before, after = manifest["counts"]["val_before"]["all"], manifest["counts"]["val_after"]["all"]
+    assert before["loss"] == pytest.approx(math.log(512), abs=0.1)
+    assert after["loss"] < before["loss"] - 0.6
+    assert after["bpb"] < before["bpb"]
+    assert manifest["counts"]["final_train_loss"] == losses[-1]
+
+
+def test_metrics_has_one_line_per_step(trained: tuple[Path, dict]) -> None:
+    run_dir, manifest = trained
+    records = read_metrics(run_dir)
+    steps = step_records(run_dir)
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    for r in steps:
+        assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= r.keys()
+        assert math.isfinite(r["loss"]) and r["grad_norm"] > 0 and r["tokens_per_s"] > 0
+        assert r["lr"] == pytest.approx(lr_at(r["step"], TRAIN.lr, TRAIN.warmup_steps, STEPS, TRAIN.min_lr_ratio))
+        assert r["mfu"] is None  # no peak is guessed for a CPU
+        # Per-source losses average (by rows) to the step loss, so it lies between them.
+        assert set(r["loss_by_source"]) <= {"code", "legal"} and r["loss_by_source"]
+        assert min(r["loss_by_source"].values()) - 1e-4 <= r["loss"] <= max(r["loss_by_source"].values()) + 1e-4
+    # The validation records bracket the steps and match the manifest.
+    assert records[0] == {"step": 0, "eval": manifest["counts"]["val_before"]}
+    assert records[-1] == {"step": STEPS, "eval": manifest["counts"]["val_after"]}
+    assert len(records) == STEPS + 2
+
+
+def test_manifest_counts(trained: tuple[Path, dict]) -> None:
+    run_dir, manifest = trained
+    counts = manifest["counts"]
+    resolved = MODEL.resolved(512)
+    assert manifest["model"] == resolved.model_dump(mode="json")
+    assert counts["params"] == count_params(resolved)
+    assert counts["params_non_embedding"] == count_params(resolved, include_embeddings=False)
+    assert counts["tokens_trained"] == STEPS * 8 * 64
+    assert sum(counts["tokens_by_source"].values()) == STEPS * 8 * 64
+    assert set(counts["tokens_by_source"]) == {"code", "legal"} and min(counts["tokens_by_source"].values()) > 0
+    assert counts["flops_per_token"] == flops_per_token(resolved, 64)
+    assert counts["train_flops"] == counts["flops_per_token"] * counts["tokens_trained"]
+    assert counts["device"] == "cpu"
+    assert manifest["upstream"] == {"tokenize": sha256_file(run_dir / "tokenize" / "manifest.json")}
+    assert {o["path"] for o in manifest["outputs"]} == {"checkpoint/model.safetensors", "checkpoint/config.json", "checkpoint/train_state.pt", "metrics.jsonl"}
+
+
+def test_checkpoint_is_saved_with_its_training_state(trained: tuple[Path, dict]) -> None:
+    run_dir, manifest = trained
+    ckpt = run_dir / "train" / "checkpoint"
+    assert all((ckpt / name).is_file() for name in ("model.safetensors", "config.json", "train_state.pt"))
+    model = load_trained_model(ckpt)
+    assert model.cfg == MODEL.resolved(512)
+    state = torch.load(ckpt / "train_state.pt", weights_only=False)
+    assert state["step"] == STEPS
+    assert len(state["optimizer"]["state"]) == len(list(model.parameters()))
+    sampler = build_sampler(run_dir / "tokenize", MIX, TRAIN)
+    sampler.load_state_dict(state["sampler"])
+    assert sampler.tokens_by_source() == manifest["counts"]["tokens_by_source"]
+
+
+def test_loaded_checkpoint_reproduces_the_in_training_validation(trained: tuple[Path, dict], cpu_only: None) -> None:
+    run_dir, manifest = trained
+    val_after = manifest["counts"]["val_after"]
+    model = load_trained_model(run_dir / "train" / "checkpoint")
+    tokenized = json.loads((run_dir / "tokenize" / "manifest.json").read_text())
+    direct = evaluate_model(model, open_split(run_dir / "tokenize", "val"), val_bytes_per_token(tokenized["counts"]), seq_len=64, max_tokens_per_source=EVAL.max_tokens_per_source, batch_size=EVAL.batch_size)
+    direct["all"] = combined(direct)
+    assert direct == val_after
+
+    # The eval stage reads the same checkpoint and reports the same numbers.
+    evaluated = eval_stage(EVAL, TRAIN.seq_len, run_dir)
+    assert evaluated["counts"] == val_after
+    assert evaluated["upstream"] == {"tokenize": sha256_file(run_dir / "tokenize" / "manifest.json"), "train": sha256_file(run_dir / "train" / "manifest.json")}
+    assert "code" in (run_dir / "eval" / "summary.txt").read_text()
+    again = eval_stage(EVAL, TRAIN.seq_len, run_dir)
+    assert again["finished_at"] == evaluated["finished_at"]  # up to date: skipped
+
+
+def test_generate_stage_samples_from_the_checkpoint(trained: tuple[Path, dict], cpu_only: None) -> None:
+    run_dir, _ = trained
+    cfg = GenerateConfig(prompt="def ", max_new_tokens=12, temperature=0)
+    manifest = generate_stage(cfg, run_dir)
+    sample = manifest["counts"]["sample"]
+    assert sample.startswith("def ") and len(sample) > len("def ")
+    assert manifest["counts"]["chars"] == len(sample)
+    assert (run_dir / "generate" / "summary.txt").read_text() == sample.rstrip() + "\n"
+    assert manifest["upstream"] == {"train": sha256_file(run_dir / "train" / "manifest.json")}
+    # Greedy: the same text as generating from the loaded checkpoint directly.
+    tokenizer = KilnTokenizer.load(run_dir / "tokenizer" / "tokenizer.json")
+    assert generate(load_trained_model(run_dir / "train" / "checkpoint"), tokenizer, cfg) == sample
+
+
+def test_same_seed_trains_identically_and_rerun_is_skipped_unless_forced(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    run_dir, first = trained
+    copy = copy_tokenized(run_dir, tmp_path / "copy")
+    second = train(MODEL, TRAIN, MIX, EVAL, copy)
+    # Deterministic on CPU: same loss curve, same validation, byte-identical weights.
+    assert second["counts"]["final_train_loss"] == first["counts"]["final_train_loss"]
+    assert second["counts"]["val_after"] == first["counts"]["val_after"]
+    assert [r["loss"] for r in step_records(copy)] == [r["loss"] for r in step_records(run_dir)]
+    assert sha256_file(copy / "train" / "checkpoint" / "model.safetensors") == sha256_file(run_dir / "train" / "checkpoint" / "model.safetensors")
+
+    marker = copy / "train" / "marker"
+    marker.write_text("left by the test")
+    t0 = time.perf_counter()
+    skipped = train(MODEL, TRAIN, MIX, EVAL, copy)
+    assert time.perf_counter() - t0 < 1.0
+    assert skipped == json.loads((copy / "train" / "manifest.json").read_text()) == second
+    assert marker.exists()
+
+    forced = train(MODEL, TRAIN, MIX, EVAL, copy, force=True)
+    assert not marker.exists()  # the stage directory was emptied and rebuilt
+    assert forced["counts"]["final_train_loss"] == second["counts"]["final_train_loss"]
+    assert len(step_records(copy)) == STEPS  # metrics were rewritten, not appended
+
+
+def test_other_seed_trains_differently(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    run_dir, first = trained
+    copy = copy_tokenized(run_dir, tmp_path / "copy")
+    cfg = TRAIN.model_copy(update={"steps": 3, "warmup_steps": 1, "seed": 1, "eval_at_start": False})
+    same_data = TRAIN.model_copy(update={"steps": 3, "warmup_steps": 1, "eval_at_start": False})
+    train(MODEL, cfg, MIX, EVAL, copy)
+    other_seed = step_records(copy)[0]
+    train(MODEL, same_data, MIX, EVAL, copy)
+    assert step_records(copy)[0]["loss"] == step_records(run_dir)[0]["loss"]  # seed 0 again: same first step
+    assert other_seed["loss"] != step_records(run_dir)[0]["loss"]
+
+
+def test_gradient_accumulation_equals_one_big_batch(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    """micro_batch 8 x accum 2 gives the loss and gradient of one batch of the same 16 windows.
+
+    The two micro-batches do not draw the windows a single batch of 16 would (the sampler picks
+    the sources of a whole batch before its windows), so the reference replays the sampler:
+    two draws of 8 from a sampler with the same seed, concatenated, in one forward/backward.
+    """
+    run_dir, _ = trained
+    copy = copy_tokenized(run_dir, tmp_path / "copy")
+    cfg = TRAIN.model_copy(update={"steps": 2, "warmup_steps": 1, "grad_accum_steps": 2, "eval_at_start": False})
+    train(MODEL, cfg, MIX, EvalConfig(max_tokens_per_source=64), copy)
+    logged = step_records(copy)[0]
+
+    model = build_model(MODEL.resolved(512), cfg.seed, torch.device("cpu"))
+    sampler = build_sampler(copy / "tokenize", MIX, cfg)
+    windows = torch.from_numpy(np.concatenate([sampler.batch(8)[0], sampler.batch(8)[0]]))  # (16, 65)
+    loss = lm_loss(model(windows[:, :-1]), windows[:, 1:])
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
+    assert logged["loss"] == pytest.approx(loss.item(), abs=2e-5)
+    assert logged["grad_norm"] == pytest.approx(grad_norm.item(), rel=1e-4)
+    assert logged["grad_norm"] > 1e-3
+
+
+def test_step_one_throughput_excludes_the_baseline_evaluation(trained: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir, _ = trained
+    copy = copy_tokenized(run_dir, tmp_path / "copy")
+    real = loop.evaluate_model
+
+    def slow_evaluate(*args: Any, **kwargs: Any) -> dict:
+        time.sleep(1.5)  # stands in for a long validation pass
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "evaluate_model", slow_evaluate)
+    train(MODEL, TRAIN.model_copy(update={"steps": 2, "warmup_steps": 1}), MIX, EvalConfig(max_tokens_per_source=64), copy)
+    first = step_records(copy)[0]
+    # One step of 512 tokens on a 130k-parameter model takes milliseconds; the clock starts after
+    # the step-0 evaluation, so its 1.5 s must not show up in step 1.
+    assert first["elapsed_s"] < 1.0
+    assert first["tokens_per_s"] > 512 / 1.0
+
+
+def test_periodic_checkpoints_do_not_change_training(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    run_dir, _ = trained
+    short = TRAIN.model_copy(update={"steps": 4, "warmup_steps": 1, "eval_at_start": False})
+    plain = copy_tokenized(run_dir, tmp_path / "plain")
+    periodic = copy_tokenized(run_dir, tmp_path / "periodic")
+    tiny_eval = EvalConfig(max_tokens_per_source=64)
+    train(MODEL, short, MIX, tiny_eval, plain)
+    manifest = train(MODEL, short.model_copy(update={"checkpoint_every": 1}), MIX, tiny_eval, periodic)
+    assert sha256_file(plain / "train" / "checkpoint" / "model.safetensors") == sha256_file(periodic / "train" / "checkpoint" / "model.safetensors")
+    assert torch.load(periodic / "train" / "checkpoint" / "train_state.pt", weights_only=False)["step"] == 4
+    assert sorted(p.name for p in (periodic / "train").iterdir()) == ["checkpoint", "manifest.json", "metrics.jsonl", "summary.txt"]  # no .tmp left
+    assert {o["path"] for o in manifest["outputs"]} >= {"checkpoint/model.safetensors", "checkpoint/train_state.pt"}
+
+
+def test_train_before_tokenize_is_fatal(tmp_path: Path) -> None:
+    with pytest.raises(FatalError, match="no manifest.json; run that stage first"):
+        train(MODEL, TRAIN, MIX, EVAL, tmp_path / "empty")
+
+
+def test_eval_before_train_is_fatal(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    copy = copy_tokenized(trained[0], tmp_path / "copy")
+    # A named error the CLI prints without a traceback, not a FileNotFoundError from hashing inputs.
+    with pytest.raises(FatalError, match=r"train: no manifest\.json; run that stage first"):
+        eval_stage(EVAL, TRAIN.seq_len, copy)
+
+
+def test_generate_before_train_is_fatal(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    copy = copy_tokenized(trained[0], tmp_path / "copy")
+    with pytest.raises(FatalError, match=r"train: no manifest\.json; run that stage first"):
+        generate_stage(GenerateConfig(), copy)
+
+
+def test_mix_weights_steer_training_tokens(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    copy = copy_tokenized(trained[0], tmp_path / "copy")
+    cfg = TRAIN.model_copy(update={"steps": 2, "warmup_steps": 1, "eval_at_start": False})
+    counts = train(MODEL, cfg, MixConfig(weights={"code": 1.0}), EvalConfig(max_tokens_per_source=64), copy)["counts"]
+    assert counts["tokens_by_source"] == {"code": 2 * 8 * 64}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised when no CUDA device is visible")
+def test_cuda_requested_without_a_device_is_fatal() -> None:
+    with pytest.raises(FatalError, match="no CUDA device is visible"):
+        build_device(TrainConfig(device="cuda"))
+
+
+def test_auto_precision_is_fp32_on_cpu() -> None:
+    assert build_device(TrainConfig(device="cpu")) == (torch.device("cpu"), None)
+    assert build_device(TrainConfig(device="cpu", precision="bf16")) == (torch.device("cpu"), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_bf16_training_learns_and_loads_on_cpu(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    run_dir, first = trained
+    copy = copy_tokenized(run_dir, tmp_path / "copy")
+    manifest = train(MODEL, TRAIN.model_copy(update={"device": "cuda"}), MIX, EVAL, copy)
+    assert manifest["counts"]["device"].startswith("cuda")
+    losses = [r["loss"] for r in step_records(copy)]
+    assert np.mean(losses[-5:]) < losses[0] - 0.8
+    # bf16 autocast follows the fp32 CPU run closely but not bit for bit.
+    assert manifest["counts"]["val_after"]["all"]["loss"] == pytest.approx(first["counts"]["val_after"]["all"]["loss"], abs=0.15)
+    model = load_trained_model(copy / "train" / "checkpoint", "cpu")
+    assert next(model.parameters()).device.type == "cpu"
