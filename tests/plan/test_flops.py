@@ -9,7 +9,6 @@ from kiln.model.config import ModelConfig, count_params, flops_per_token
 from kiln.plan.flops import format_plan, plan_training
 from kiln.train.config import TrainConfig
 
-
 # The shape recipes/demo.yaml trains, spelled out so the worked numbers do not move with the recipe.
 DEMO_MODEL = ModelConfig(d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=256, tie_embeddings=True)
 DEMO_TRAIN = TrainConfig(steps=300, seq_len=256, micro_batch_size=16, grad_accum_steps=1, warmup_steps=30)

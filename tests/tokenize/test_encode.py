@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import sysconfig
 from pathlib import Path
 
-import pydoc_data.topics
 import pytest
 
 from kiln.core.errors import FatalError
 from kiln.core.manifest import MANIFEST
 from kiln.core.split import is_heldout
-from kiln.curate.config import CurateConfig, InputConfig
-from kiln.curate.run import run as curate
 from kiln.curate.shards import list_shards, read_shard
 from kiln.tokenize.config import EOT, TokenizeConfig, TokenizerConfig
 from kiln.tokenize.encode import run as encode
@@ -26,32 +21,9 @@ TOKENIZER = TokenizerConfig(vocab_size=600, sample_mb=5.0, heldout_fraction=0.2,
 CFG = TokenizeConfig(val_fraction=0.2, batch_docs=7)  # small batches: several flushes per source
 
 
-def build_curated_run(root: Path) -> Path:
-    """Real text as files (stdlib modules, the Python docs' topics), curated into root/run with relative ids."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    (root / "code").mkdir(parents=True)
-    (root / "prose").mkdir()
-    for p in [p for p in sorted(stdlib.glob("*.py")) if 2_000 < p.stat().st_size < 20_000][:40]:
-        shutil.copy(p, root / "code" / p.name)
-    for name in sorted(pydoc_data.topics.topics)[:50]:
-        (root / "prose" / f"{name}.txt").write_text(pydoc_data.topics.topics[name], encoding="utf-8")
-    cfg = CurateConfig(
-        inputs=(InputConfig(source="code", reader="text_files", path="code/*.py"), InputConfig(source="prose", reader="text_files", path="prose/*.txt")),
-        shard_mb=0.1,
-        workers=1,
-    )
-    cwd = os.getcwd()
-    os.chdir(root)
-    try:
-        curate(cfg, root / "run")
-    finally:
-        os.chdir(cwd)
-    return root / "run"
-
-
 @pytest.fixture(scope="module")
-def tokenized_run(tmp_path_factory) -> Path:
-    run_dir = build_curated_run(tmp_path_factory.mktemp("corpus"))
+def tokenized_run(curated_run, tmp_path_factory) -> Path:
+    run_dir = Path(shutil.copytree(curated_run, tmp_path_factory.mktemp("tokenized") / "run"))
     train_tokenizer(TOKENIZER, run_dir)
     return run_dir
 

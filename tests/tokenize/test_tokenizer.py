@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
+import pydoc_data.topics
 import sysconfig
 from pathlib import Path
 
-import pydoc_data.topics
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st

@@ -2,57 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import sysconfig
 from pathlib import Path
 
-import pydoc_data.topics
 import pytest
 
 from kiln.core.errors import FatalError
 from kiln.core.manifest import MANIFEST
 from kiln.core.split import is_heldout
-from kiln.curate.config import CurateConfig, InputConfig
-from kiln.curate.run import run as curate
 from kiln.curate.shards import list_shards, read_shard, shard_source
 from kiln.tokenize.config import TokenizerConfig
 from kiln.tokenize.tokenizer import KilnTokenizer
 from kiln.tokenize.train import run as train_tokenizer
 
 CFG = TokenizerConfig(vocab_size=600, sample_mb=5.0, heldout_fraction=0.2, heldout_mb=5.0, min_frequency=2)
-
-
-def build_curated_run(root: Path) -> Path:
-    """~700 KB of real text as files (stdlib modules, the Python docs' topics), curated into root/run.
-
-    Globs are relative to root, so document ids (and with them the held-out split) do not depend
-    on where pytest puts its temporary folders.
-    """
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    (root / "code").mkdir(parents=True)
-    (root / "prose").mkdir()
-    for p in [p for p in sorted(stdlib.glob("*.py")) if 2_000 < p.stat().st_size < 20_000][:40]:
-        shutil.copy(p, root / "code" / p.name)
-    for name in sorted(pydoc_data.topics.topics)[:50]:
-        (root / "prose" / f"{name}.txt").write_text(pydoc_data.topics.topics[name], encoding="utf-8")
-    cfg = CurateConfig(
-        inputs=(InputConfig(source="code", reader="text_files", path="code/*.py"), InputConfig(source="prose", reader="text_files", path="prose/*.txt")),
-        shard_mb=0.1,
-        workers=1,
-    )
-    cwd = os.getcwd()
-    os.chdir(root)
-    try:
-        curate(cfg, root / "run")
-    finally:
-        os.chdir(cwd)
-    return root / "run"
-
-
-@pytest.fixture(scope="module")
-def curated_run(tmp_path_factory) -> Path:
-    return build_curated_run(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture
