@@ -207,7 +207,7 @@ def test_out_of_range_value_names_path_and_rule(override, path, rule):
 
 
 def test_section_validator_error_names_section():
-    message = load_error("demo", ["train.warmup_steps=300"])
+    message = load_error("demo", ["train.steps=300", "train.warmup_steps=300"])
     assert "train: warmup_steps (300) must be below steps (300)" in message
 
 
