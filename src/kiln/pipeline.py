@@ -49,8 +49,9 @@ def save_resolved(recipe: Recipe) -> None:
 
 
 def run_stage(stage: str, recipe: Recipe, force: bool = False) -> dict[str, Any]:
-    save_resolved(recipe)
-    return _runner(stage)(recipe, force)
+    manifest = _runner(stage)(recipe, force)
+    save_resolved(recipe)  # after success: the run's recipe.yaml describes what its stages did
+    return manifest
 
 
 def run_demo(recipe: Recipe, force: bool = False) -> dict[str, Any]:
@@ -63,8 +64,8 @@ def run_demo(recipe: Recipe, force: bool = False) -> dict[str, Any]:
 
 
 def build_summary(m: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    curated, train, evaluated = m["curate"]["counts"], m["train"]["counts"], m["eval"]["counts"]
-    before, after = train["val_before"], evaluated
+    curated, train = m["curate"]["counts"], m["train"]["counts"]
+    before, after = m["eval"]["counts"]["before"], m["eval"]["counts"]["after"]
     summary = {
         "docs_in": curated["docs_in"],
         "docs_out": curated["docs_out"],
@@ -78,16 +79,15 @@ def build_summary(m: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "train_tokens_available": m["tokenize"]["counts"]["train_tokens"],
         "params": train["params"],
         "tokens_trained": train["tokens_trained"],
-        "val_loss_before": before["all"]["loss"] if before else None,
+        "val_loss_before": before["all"]["loss"],
         "val_loss_after": after["all"]["loss"],
-        "val_bpb_before": {s: r["bpb"] for s, r in before.items()} if before else None,
-        "val_bpb_after": {s: r["bpb"] for s, r in after.items()},
+        "val_bpb_before": {**{s: r["bpb"] for s, r in before["sources"].items()}, "all": before["all"]["bpb"]},
+        "val_bpb_after": {**{s: r["bpb"] for s, r in after["sources"].items()}, "all": after["all"]["bpb"]},
         "sample": m["generate"]["counts"]["sample"],
     }
-    if before:
-        drop = 1 - after["all"]["loss"] / before["all"]["loss"]
-        summary["val_loss_drop"] = round(drop, 4)
-        summary["learned"] = drop >= MIN_LOSS_DROP
+    drop = 1 - after["all"]["loss"] / before["all"]["loss"]
+    summary["val_loss_drop"] = round(drop, 4)
+    summary["learned"] = drop >= MIN_LOSS_DROP
     return summary
 
 
@@ -98,11 +98,10 @@ def format_summary(s: dict[str, Any]) -> str:
         f"tokenizer: {s['tokenizer_bytes_per_token']} bytes/token on held-out text" if s["tokenizer_bytes_per_token"] else "tokenizer: bytes/token not measured (no held-out documents)",
         f"model: {s['params']:,} params trained on {s['tokens_trained']:,} tokens",
     ]
-    if s.get("val_bpb_before"):
-        lines.append(f"validation loss: {s['val_loss_before']:.3f} -> {s['val_loss_after']:.3f} nats/token ({100 * s['val_loss_drop']:.1f}% lower)")
-        for source, after in s["val_bpb_after"].items():
-            lines.append(f"  bits/byte {source:<6} {s['val_bpb_before'][source]:.3f} -> {after:.3f}")
+    lines.append(f"validation loss: {s['val_loss_before']:.3f} -> {s['val_loss_after']:.3f} nats/token ({100 * s['val_loss_drop']:.1f}% lower)")
+    for source, after in s["val_bpb_after"].items():
+        lines.append(f"  bits/byte {source:<6} {s['val_bpb_before'][source]:.3f} -> {after:.3f}")
     lines.append(f"sample: {s['sample']!r}")
-    if s.get("learned") is False:
+    if not s["learned"]:
         lines.append(f"WARNING: validation loss fell less than {MIN_LOSS_DROP:.0%}; train longer or raise train.lr")
     return "\n".join(lines)

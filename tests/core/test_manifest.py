@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from kiln import __version__
 from kiln.core.errors import FatalError
-from kiln.core.manifest import MANIFEST, Stage, config_hash, manifest_hash, read_manifest, sha256_file
+from kiln.core.manifest import IDENTITY, MANIFEST, Stage, config_hash, fingerprint, read_manifest
 from kiln.tokenize.config import TokenizeConfig, TokenizerConfig
 
 
@@ -69,8 +70,13 @@ def test_manifest_contents(tmp_path, inputs):
     assert manifest["stage"] == "stage"
     assert manifest["config"] == {"tokenize": CFG["tokenize"].model_dump(mode="json")}
     assert manifest["config"]["tokenize"]["val_fraction"] == 0.1
-    expected_hash = hashlib.sha256(json.dumps(manifest["config"], sort_keys=True).encode()).hexdigest()
+    # NOT_HASHED fields (speed only) are left out of the hash; the kiln version is in it.
+    hashed = {"tokenize": {k: v for k, v in manifest["config"]["tokenize"].items() if k != "batch_docs"}}
+    expected_hash = hashlib.sha256(json.dumps({"kiln": __version__, "sections": hashed}, sort_keys=True).encode()).hexdigest()
     assert manifest["config_hash"] == expected_hash == config_hash(CFG)
+    expected_fingerprint = hashlib.sha256(json.dumps({k: manifest[k] for k in ("config_hash", "inputs", "upstream", "outputs")}, sort_keys=True).encode()).hexdigest()
+    assert manifest["fingerprint"] == expected_fingerprint == fingerprint(manifest)
+    assert set(IDENTITY) == {"config_hash", "inputs", "upstream", "outputs"}
     assert manifest["inputs"] == [
         {"path": str(p), "bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()} for p in sorted(inputs)
     ]
@@ -141,12 +147,31 @@ def test_changed_upstream_is_not_current(tmp_path, inputs):
     run_dir = tmp_path / "run"
     finish_stage(run_dir, inputs, name="curate")
     _, manifest = finish_stage(run_dir, inputs, name="tokenize", upstream=["curate"])
-    assert manifest["upstream"] == {"curate": sha256_file(run_dir / "curate" / MANIFEST)}
+    assert manifest["upstream"] == {"curate": read_manifest(run_dir / "curate")["fingerprint"]}
     assert Stage(run_dir, "tokenize", CFG, inputs, ["curate"]).current_manifest() == manifest
 
     finish_stage(run_dir, inputs, name="curate", payload=b"other token bytes")  # the upstream was redone
-    assert manifest_hash(run_dir / "curate") != manifest["upstream"]["curate"]
+    assert read_manifest(run_dir / "curate")["fingerprint"] != manifest["upstream"]["curate"]
     assert Stage(run_dir, "tokenize", CFG, inputs, ["curate"]).current_manifest() is None
+
+
+def test_upstream_redone_with_identical_outputs_keeps_downstream_current(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    _, first = finish_stage(run_dir, inputs, name="curate")
+    _, manifest = finish_stage(run_dir, inputs, name="tokenize", upstream=["curate"])
+    time.sleep(0.01)
+    _, again = finish_stage(run_dir, inputs, name="curate")  # same config, inputs and outputs; new timings
+    assert again["finished_at"] >= first["finished_at"] and again["fingerprint"] == first["fingerprint"]
+    assert Stage(run_dir, "tokenize", CFG, inputs, ["curate"]).current_manifest() == manifest
+
+
+def test_speed_only_fields_do_not_redo(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    _, manifest = finish_stage(run_dir, inputs)
+    faster = {"tokenize": TokenizeConfig(val_fraction=0.1, batch_docs=4096)}
+    assert Stage(run_dir, "stage", faster, inputs).current_manifest() == manifest
+    other = {"tokenize": TokenizeConfig(val_fraction=0.2)}
+    assert Stage(run_dir, "stage", other, inputs).current_manifest() is None
 
 
 def test_missing_upstream_is_fatal(tmp_path, inputs):

@@ -266,3 +266,16 @@ def test_bad_input_item_is_one_problem(tmp_path):
     assert "curate.inputs.0.reader" in message
     assert "1 problem(s)" in message
     assert "at least 1 item" not in message
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("curate.max_total_mb=.inf", "curate.max_total_mb: input should be a finite number"),
+        ("generate.temperature=.nan", "generate.temperature: input should be a finite number"),
+        ("mix.weights={code: -1}", "mix.weights.code: input should be greater than or equal to 0"),
+        ("mix.weights={code: 0, prose: 0}", "give no source a positive weight"),
+    ],
+)
+def test_non_finite_and_negative_values_are_refused(override, fragment):
+    assert fragment in load_error("demo", [override])

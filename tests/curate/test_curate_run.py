@@ -218,3 +218,26 @@ def test_no_inputs_is_fatal(tmp_path):
     with pytest.raises(FatalError, match="no input documents found"):
         run(cfg, tmp_path / "run")
     assert not (tmp_path / "run" / "curate").exists()
+
+
+def test_corrupt_gzip_is_quarantined_and_the_run_goes_on(tmp_path, corpus):
+    import gzip
+
+    good = gzip.compress(prose(77).encode())
+    damaged = good[:20] + bytes(b ^ 0xFF for b in good[20:-8]) + good[-8:]  # valid header, broken deflate data
+    (corpus["web"] / "damaged.txt.gz").write_bytes(damaged)
+    (corpus["web"] / "fine.txt.gz").write_bytes(good)
+    cfg = config(corpus).model_copy(update={"inputs": (InputConfig(source="web", reader="text_files", path=str(corpus["web"] / "*")),)})
+    manifest = run(cfg, tmp_path / "run")
+    quarantined = {q["id"]: q["error"] for q in read_jsonl(tmp_path / "run" / "curate" / "audit" / "quarantined.jsonl")}
+    assert quarantined["web/damaged.txt.gz"].startswith("read:io_error:")
+    kept = {doc_id for docs in curated(tmp_path / "run" / "curate").values() for doc_id, _ in docs}
+    assert "web/fine.txt.gz" in kept
+    web = manifest["counts"]["per_source"]["web"]
+    assert web["docs_in"] == web["docs_out"] + sum(web["removed"].values()) + web["quarantined"]
+
+
+def test_worker_count_does_not_redo(tmp_path, corpus):
+    first = run(config(corpus, workers=1), tmp_path / "run")
+    again = run(config(corpus, workers=2), tmp_path / "run")
+    assert again["finished_at"] == first["finished_at"]  # shards do not depend on workers: nothing to redo

@@ -139,3 +139,12 @@ def test_empty_prompt_starts_a_fresh_document(tokenizer: KilnTokenizer) -> None:
     model = always_predicts(model_for(tokenizer), token)
     assert generate(model, tokenizer, GenerateConfig(prompt="", max_new_tokens=3, temperature=0)) == tokenizer.decode([token] * 3)
 
+
+def test_padding_is_never_generated(tokenizer: KilnTokenizer) -> None:
+    model = always_predicts(model_for(tokenizer), tokenizer.pad_id)
+    fox = tokenizer.encode("fox")[0]
+    with torch.no_grad():
+        model.lm_head.bias[fox] = 10.0  # second only to padding
+    for cfg in (GenerateConfig(prompt="The ", max_new_tokens=6, temperature=0), GenerateConfig(prompt="The ", max_new_tokens=6, temperature=1.0, top_k=None, top_p=None, seed=3)):
+        text = generate(model, tokenizer, cfg)
+        assert text == "The " + tokenizer.decode([fox] * 6)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -84,7 +85,9 @@ def test_encode(run_dir):
 def test_batch_size_does_not_change_the_shards(run_dir, tmp_path):
     encode(CFG, run_dir)
     small = {p.relative_to(run_dir / "tokenize"): p.read_bytes() for p in (run_dir / "tokenize").glob("*/*.*")}
-    encode(CFG.model_copy(update={"batch_docs": 1000}), run_dir)
+    # batch_docs is a speed setting: without force the stage is (rightly) up to date.
+    assert encode(CFG.model_copy(update={"batch_docs": 1000}), run_dir)["finished_at"] == json.loads((run_dir / "tokenize" / MANIFEST).read_text())["finished_at"]
+    encode(CFG.model_copy(update={"batch_docs": 1000}), run_dir, force=True)
     large = {p.relative_to(run_dir / "tokenize"): p.read_bytes() for p in (run_dir / "tokenize").glob("*/*.*")}
     assert len(small) == 10 and small == large  # 2 sources x (2 shard pairs + val_ids.txt)
 
@@ -119,3 +122,9 @@ def test_missing_tokenizer_stage_is_fatal(tokenized_run, tmp_path):
     shutil.copytree(tokenized_run / "curate", only_curate / "curate")
     with pytest.raises(FatalError, match="tokenizer: no manifest.json"):
         encode(CFG, only_curate)
+
+
+def test_no_validation_documents_is_fatal(run_dir):
+    with pytest.raises(FatalError, match=r"no document fell in the validation split at tokenize.val_fraction=1e-09"):
+        encode(CFG.model_copy(update={"val_fraction": 1e-9}), run_dir)
+    assert not (run_dir / "tokenize" / MANIFEST).exists()

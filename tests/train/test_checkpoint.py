@@ -69,3 +69,14 @@ def test_wrong_format_is_fatal(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({**meta, "format": "kiln-checkpoint v0"}))
     with pytest.raises(FatalError, match="format 'kiln-checkpoint v0', expected 'kiln-checkpoint v1'"):
         load_trained_model(tmp_path)
+
+
+def test_saving_again_replaces_the_checkpoint_and_clears_leftovers(tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    save_checkpoint(folder, make_model(False), {"step": 1})
+    (tmp_path / "ckpt.tmp").mkdir()  # left by a crash mid-write
+    (tmp_path / "ckpt.tmp" / "model.safetensors").write_bytes(b"partial")
+    save_checkpoint(folder, make_model(True), {"step": 2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert torch.load(folder / "train_state.pt")["step"] == 2
+    assert load_trained_model(folder).cfg.tie_embeddings

@@ -26,7 +26,7 @@ from kiln.curate.run import run as curate
 from kiln.evaluate.config import EvalConfig, GenerateConfig
 from kiln.evaluate.generate import generate
 from kiln.evaluate.generate import run as generate_stage
-from kiln.evaluate.perplexity import combined, evaluate_model, val_bytes_per_token
+from kiln.evaluate.perplexity import evaluate_model
 from kiln.evaluate.run import run as eval_stage
 from kiln.mix.config import MixConfig
 from kiln.model.config import ModelConfig, count_params, flops_per_token
@@ -48,6 +48,10 @@ TRAIN = TrainConfig(steps=STEPS, seq_len=64, micro_batch_size=8, warmup_steps=4,
 MIX = MixConfig(seed=0)
 EVAL = EvalConfig(max_tokens_per_source=4096, batch_size=8)
 UPSTREAM_STAGES = ("curate", "tokenizer", "tokenize")
+
+
+def fingerprint_of(run_dir: Path, stage: str) -> str:
+    return json.loads((run_dir / stage / "manifest.json").read_text())["fingerprint"]
 
 
 def build_tokenized_run(root: Path) -> Path:
@@ -148,7 +152,7 @@ def test_manifest_counts(trained: tuple[Path, dict]) -> None:
     assert counts["flops_per_token"] == flops_per_token(resolved, 64)
     assert counts["train_flops"] == counts["flops_per_token"] * counts["tokens_trained"]
     assert counts["device"] == "cpu"
-    assert manifest["upstream"] == {"tokenize": sha256_file(run_dir / "tokenize" / "manifest.json")}
+    assert manifest["upstream"] == {"tokenize": fingerprint_of(run_dir, "tokenize")}
     assert {o["path"] for o in manifest["outputs"]} == {"checkpoint/model.safetensors", "checkpoint/config.json", "checkpoint/train_state.pt", "metrics.jsonl"}
 
 
@@ -170,15 +174,17 @@ def test_loaded_checkpoint_reproduces_the_in_training_validation(trained: tuple[
     run_dir, manifest = trained
     val_after = manifest["counts"]["val_after"]
     model = load_trained_model(run_dir / "train" / "checkpoint")
-    tokenized = json.loads((run_dir / "tokenize" / "manifest.json").read_text())
-    direct = evaluate_model(model, open_split(run_dir / "tokenize", "val"), val_bytes_per_token(tokenized["counts"]), seq_len=64, max_tokens_per_source=EVAL.max_tokens_per_source, batch_size=EVAL.batch_size)
-    direct["all"] = combined(direct)
+    token_bytes = KilnTokenizer.load(run_dir / "tokenizer" / "tokenizer.json").token_bytes()
+    direct = evaluate_model(model, open_split(run_dir / "tokenize", "val"), token_bytes, seq_len=64, max_tokens_per_source=EVAL.max_tokens_per_source, batch_size=EVAL.batch_size)
     assert direct == val_after
 
-    # The eval stage reads the same checkpoint and reports the same numbers.
+    # The eval stage reads the same checkpoint and reports the same numbers, and rebuilds the
+    # untrained model from the train stage's config and seed: the trainer's step-0 numbers.
     evaluated = eval_stage(EVAL, TRAIN.seq_len, run_dir)
-    assert evaluated["counts"] == val_after
-    assert evaluated["upstream"] == {"tokenize": sha256_file(run_dir / "tokenize" / "manifest.json"), "train": sha256_file(run_dir / "train" / "manifest.json")}
+    assert evaluated["counts"]["after"] == val_after
+    assert evaluated["counts"]["before"] == manifest["counts"]["val_before"]
+    assert evaluated["config"]["eval"]["seq_len"] == TRAIN.seq_len  # the window actually used is what is hashed
+    assert evaluated["upstream"] == {"tokenize": fingerprint_of(run_dir, "tokenize"), "train": fingerprint_of(run_dir, "train")}
     assert "code" in (run_dir / "eval" / "summary.txt").read_text()
     again = eval_stage(EVAL, TRAIN.seq_len, run_dir)
     assert again["finished_at"] == evaluated["finished_at"]  # up to date: skipped
@@ -192,7 +198,7 @@ def test_generate_stage_samples_from_the_checkpoint(trained: tuple[Path, dict], 
     assert sample.startswith("def ") and len(sample) > len("def ")
     assert manifest["counts"]["chars"] == len(sample)
     assert (run_dir / "generate" / "summary.txt").read_text() == sample.rstrip() + "\n"
-    assert manifest["upstream"] == {"train": sha256_file(run_dir / "train" / "manifest.json")}
+    assert manifest["upstream"] == {"train": fingerprint_of(run_dir, "train")}
     # Greedy: the same text as generating from the loaded checkpoint directly.
     tokenizer = KilnTokenizer.load(run_dir / "tokenizer" / "tokenizer.json")
     assert generate(load_trained_model(run_dir / "train" / "checkpoint"), tokenizer, cfg) == sample
@@ -339,3 +345,20 @@ def test_cuda_bf16_training_learns_and_loads_on_cpu(trained: tuple[Path, dict], 
     assert manifest["counts"]["val_after"]["all"]["loss"] == pytest.approx(first["counts"]["val_after"]["all"]["loss"], abs=0.15)
     model = load_trained_model(copy / "train" / "checkpoint", "cpu")
     assert next(model.parameters()).device.type == "cpu"
+
+
+def test_damaged_train_shard_is_refused(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    copy = copy_tokenized(trained[0], tmp_path / "copy")
+    shard = copy / "tokenize" / "code" / "train.bin"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0x01  # same length, one bit different: only the checksum can tell
+    shard.write_bytes(bytes(data))
+    cfg = TRAIN.model_copy(update={"steps": 2, "warmup_steps": 1})
+    with pytest.raises(FatalError, match="checksum does not match"):
+        train(MODEL, cfg, MIX, EVAL, copy, force=True)
+
+
+def test_eval_window_longer_than_the_checkpoint_is_fatal(trained: tuple[Path, dict], tmp_path: Path, cpu_only: None) -> None:
+    copy = Path(shutil.copytree(trained[0], tmp_path / "copy"))
+    with pytest.raises(FatalError, match="exceeds the checkpoint's max_seq_len 64"):
+        eval_stage(EvalConfig(seq_len=128), TRAIN.seq_len, copy)

@@ -1,10 +1,15 @@
 """Stage bookkeeping: skip-or-redo, and the manifest.json every stage finishes with.
 
 A stage is current when its manifest records the same config hash, the same inputs (size and
-sha256), the same upstream manifest hashes, and its outputs are still there with their
-recorded sizes. Then running it again does nothing; `force` or any change redoes it from an
-empty stage directory. The manifest's own sha256 is what downstream stages record, so a model
-traces back to the exact data and rules that made it.
+sha256), the same upstream fingerprints, and its outputs are still there with their recorded
+sizes. Then running it again does nothing; `force` or any change redoes it from an empty stage
+directory. The config hash covers the kiln version and every field that can change results
+(not a section's NOT_HASHED speed settings).
+
+A manifest's `fingerprint` is the sha256 of what identifies its result: config hash, inputs,
+upstream fingerprints and outputs, not timings. Downstream stages record it, so a model traces
+back to the exact data and rules that made it, and a redone stage whose outputs came out
+byte-identical does not force its downstream stages to redo.
 Not handled here: remote filesystems (paths are local for now).
 """
 
@@ -23,8 +28,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
+from kiln import __version__
+from kiln.core.config import Section
 from kiln.core.errors import FatalError
 
 MANIFEST = "manifest.json"
@@ -40,8 +45,17 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def config_hash(config: Mapping[str, BaseModel]) -> str:
-    canonical = json.dumps({k: v.model_dump(mode="json") for k, v in config.items()}, sort_keys=True)
+def config_hash(config: Mapping[str, Section]) -> str:
+    sections = {k: v.model_dump(mode="json", exclude=set(v.NOT_HASHED)) for k, v in config.items()}
+    canonical = json.dumps({"kiln": __version__, "sections": sections}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+IDENTITY = ("config_hash", "inputs", "upstream", "outputs")
+
+
+def fingerprint(manifest: Mapping[str, Any]) -> str:
+    canonical = json.dumps({k: manifest[k] for k in IDENTITY}, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -63,16 +77,11 @@ def versions() -> dict[str, str]:
     return found
 
 
-def manifest_hash(stage_dir: Path) -> str:
+def read_manifest(stage_dir: Path) -> dict[str, Any]:
     path = stage_dir / MANIFEST
     if not path.is_file():
         raise FatalError(f"{stage_dir}: no {MANIFEST}; run that stage first (or `kiln demo`)")
-    return sha256_file(path)
-
-
-def read_manifest(stage_dir: Path) -> dict[str, Any]:
-    manifest_hash(stage_dir)  # raises the helpful error when missing
-    return json.loads((stage_dir / MANIFEST).read_text())
+    return json.loads(path.read_text())
 
 
 def _cpu_seconds() -> float:
@@ -83,13 +92,13 @@ def _cpu_seconds() -> float:
 class Stage:
     """One stage of one run: `runs/<name>/<stage>/`."""
 
-    def __init__(self, run_dir: Path, name: str, config: Mapping[str, BaseModel], inputs: Collection[Path], upstream: Iterable[str] = ()):
+    def __init__(self, run_dir: Path, name: str, config: Mapping[str, Section], inputs: Collection[Path], upstream: Iterable[str] = ()):
         self.run_dir = Path(run_dir)
         self.name = name
         self.dir = self.run_dir / name
         self.config = dict(config)
         # Upstream first: a missing upstream stage explains a missing input better than the input does.
-        self.upstream = {u: manifest_hash(self.run_dir / u) for u in upstream}
+        self.upstream = {u: read_manifest(self.run_dir / u)["fingerprint"] for u in upstream}
         missing = sorted(str(p) for p in inputs if not Path(p).is_file())
         if missing:
             raise FatalError(f"{name}: input files missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; rerun the stage that makes them with --force")
@@ -139,6 +148,7 @@ class Stage:
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             **(extra or {}),
         }
+        manifest["fingerprint"] = fingerprint(manifest)
         (self.dir / "summary.txt").write_text(summary.rstrip() + "\n")
         tmp = self.dir / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps(manifest, indent=2) + "\n")

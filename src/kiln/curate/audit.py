@@ -17,7 +17,7 @@ from kiln.core.document import Document
 @dataclass
 class SourceTally:
     docs_in: int = 0
-    bytes_in: int = 0
+    bytes_in: int = 0  # decoded UTF-8 bytes; bytes on disk for a document that could not be read
     docs_out: int = 0
     bytes_out: int = 0
     invalid_utf8_docs: int = 0

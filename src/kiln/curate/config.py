@@ -31,6 +31,7 @@ DEFAULT_INPUTS = (
 
 
 class CurateConfig(Section):
+    NOT_HASHED = frozenset({"workers"})  # shards do not depend on the worker count
     inputs: tuple[InputConfig, ...] = Field(default=DEFAULT_INPUTS, min_length=1, description="Input streams, read in this order.")
     max_total_mb: float = Field(default=50.0, gt=0, description="Cap on raw input in MB (1e6 bytes on disk, .gz counted compressed), shared fairly between inputs; a small input leaves its share to the others.")
     max_file_mb: float = Field(default=1.0, gt=0, description="A file larger than this (MB, after decompression) is quarantined with its path, never loaded whole.")

@@ -16,6 +16,7 @@ import itertools
 import logging
 import os
 import sysconfig
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,7 +125,7 @@ def load_unit(unit: InputUnit, max_bytes: int) -> tuple[str, bool]:
         opener = gzip.open if unit.path.endswith(".gz") else open
         with opener(unit.path, "rb") as f:
             data = f.read(max_bytes + 1)  # never load more than the cap, whatever the file's size
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:  # zlib.error: a .gz with damaged compressed data
         raise DocumentError(f"read:io_error: {unit.path}: {e}") from None
     if len(data) > max_bytes:
         raise DocumentError(f"read:too_large: {unit.path} is over {max_bytes} bytes (curate.max_file_mb)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,9 +72,9 @@ def curate_shard(task: ShardTask) -> ShardResult:
         for unit in task.units:
             try:
                 text, replaced = load_unit(unit, max_bytes)
-            except DocumentError as e:
+            except Exception as e:  # DocumentError says why; anything else is quarantined the same way
                 ledger.seen(unit.source, unit.size)
-                ledger.quarantine(unit.doc_id, unit.source, str(e))
+                ledger.quarantine(unit.doc_id, unit.source, str(e) if isinstance(e, DocumentError) else f"read:error: {unit.path}: {type(e).__name__}: {e}")
                 continue
             ledger.seen(unit.source, len(text.encode("utf-8")))
             if replaced:
@@ -109,7 +110,8 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     units = plan_inputs(cfg.inputs, int(cfg.max_total_mb * MB))
     if not units:
         raise FatalError("curate: no input documents found; check curate.inputs (paths and globs) in the recipe")
-    stage = Stage(run_dir, "curate", {"curate": cfg}, inputs={Path(u.path) for u in units})
+    # A file this process cannot read is no stage input to hash; its shard task quarantines it.
+    stage = Stage(run_dir, "curate", {"curate": cfg}, inputs={Path(u.path) for u in units if os.access(u.path, os.R_OK)})
     if not force and (done := stage.current_manifest()):
         log.info("curate: up to date (%s docs kept); nothing to do. Use --force to redo.", done["counts"]["docs_out"])
         return done

@@ -44,6 +44,7 @@ def generate(model: Transformer, tokenizer: KilnTokenizer, cfg: GenerateConfig) 
     for _ in range(cfg.max_new_tokens):
         context = torch.tensor([ids[-model.cfg.max_seq_len :]], device=device)
         logits_V = model(context)[0, -1]
+        logits_V[tokenizer.pad_id] = float("-inf")  # padding is never text; end-of-document may end the sample
         if cfg.temperature == 0:
             next_id = int(logits_V.argmax())
         else:

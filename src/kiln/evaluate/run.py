@@ -1,4 +1,9 @@
-"""The eval stage: score the trained checkpoint on every source's validation split."""
+"""The eval stage: score the trained checkpoint, and the same model before training, per source.
+
+"before" rebuilds the untrained model from the train stage's model config and seed (the
+trainer's own initialization), so before and after are measured on the same windows with the
+same settings whenever eval runs.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,15 @@ from typing import Any
 
 import torch
 
+from kiln.core.errors import FatalError
 from kiln.core.manifest import Stage, read_manifest
 from kiln.evaluate.config import EvalConfig
-from kiln.evaluate.perplexity import combined, evaluate_model, val_bytes_per_token
+from kiln.evaluate.perplexity import evaluate_model, format_results
+from kiln.model.config import ModelConfig
 from kiln.tokenize.shards import open_split
+from kiln.tokenize.tokenizer import KilnTokenizer
 from kiln.train.checkpoint import load_trained_model
+from kiln.train.loop import build_model
 
 log = logging.getLogger("kiln.eval")
 
@@ -20,24 +29,28 @@ log = logging.getLogger("kiln.eval")
 def run(cfg: EvalConfig, train_seq_len: int, run_dir: Path, force: bool = False) -> dict[str, Any]:
     """`train_seq_len` is the window used when eval.seq_len is None."""
     run_dir = Path(run_dir)
-    ckpt = run_dir / "train" / "checkpoint"
-    tokenized = read_manifest(run_dir / "tokenize")
-    inputs = [ckpt / "model.safetensors", ckpt / "config.json", *sorted((run_dir / "tokenize").glob("*/val.*"))]
+    cfg = cfg.model_copy(update={"seq_len": cfg.seq_len or train_seq_len})  # hash the window actually used
+    ckpt, tok_path = run_dir / "train" / "checkpoint", run_dir / "tokenizer" / "tokenizer.json"
+    inputs = [ckpt / "model.safetensors", ckpt / "config.json", tok_path, *sorted((run_dir / "tokenize").glob("*/val.*"))]
     stage = Stage(run_dir, "eval", {"eval": cfg}, inputs, upstream=["tokenize", "train"])
     if not force and (done := stage.current_manifest()):
-        log.info("eval: up to date (val bpb %.3f); nothing to do. Use --force to redo.", done["counts"]["all"]["bpb"])
+        log.info("eval: up to date (val bpb %.3f); nothing to do. Use --force to redo.", done["counts"]["after"]["all"]["bpb"])
         return done
+    trained = read_manifest(run_dir / "train")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = load_trained_model(ckpt, device)
+    if cfg.seq_len > model.cfg.max_seq_len:
+        raise FatalError(f"eval.seq_len {cfg.seq_len} exceeds the checkpoint's max_seq_len {model.cfg.max_seq_len}; lower eval.seq_len")
     stage.begin()
-    model = load_trained_model(ckpt, "cuda" if torch.cuda.is_available() else "cpu")
-    results = evaluate_model(
-        model,
-        open_split(run_dir / "tokenize", "val", verify=True),
-        val_bytes_per_token(tokenized["counts"]),
-        seq_len=cfg.seq_len or train_seq_len,
+    score = dict(
+        shards=open_split(run_dir / "tokenize", "val", verify=True),
+        token_bytes=KilnTokenizer.load(tok_path).token_bytes(),
+        seq_len=cfg.seq_len,
         max_tokens_per_source=cfg.max_tokens_per_source,
         batch_size=cfg.batch_size,
     )
-    results["all"] = combined(results)
-    lines = [f"{'source':<10} {'loss':>8} {'ppl':>10} {'bpb':>7} {'tokens':>9}"]
-    lines += [f"{s:<10} {r['loss']:>8.4f} {r['perplexity']:>10.2f} {r['bpb']:>7.4f} {r['tokens']:>9}" for s, r in results.items()]
-    return stage.finish([], results, "\n".join(lines))
+    after = evaluate_model(model, **score)
+    initial = build_model(ModelConfig.model_validate(trained["model"]), trained["config"]["train"]["seed"], torch.device(device))
+    before = evaluate_model(initial, **score)
+    summary = f"after training:\n{format_results(after)}\nbefore training (same initialization):\n{format_results(before)}"
+    return stage.finish([], {"after": after, "before": before}, summary)

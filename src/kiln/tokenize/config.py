@@ -21,5 +21,6 @@ class TokenizerConfig(Section):
 
 
 class TokenizeConfig(Section):
+    NOT_HASHED = frozenset({"batch_docs"})  # batching changes speed, never the ids
     val_fraction: float = Field(default=0.02, gt=0, lt=1, description="Fraction of documents (by id hash) written to the validation split instead of train.")
     batch_docs: int = Field(default=512, ge=1, description="Documents per encode_batch call.")

@@ -17,6 +17,7 @@ from typing import Any
 from tqdm import tqdm
 
 from kiln.core.document import Document
+from kiln.core.errors import FatalError
 from kiln.core.manifest import Stage, read_manifest
 from kiln.core.split import is_heldout
 from kiln.curate.shards import list_shards, read_shard, shard_source
@@ -89,6 +90,11 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
             bar.update(encoder.add(batch))
             outputs += encoder.close()
             per_source[source] = encoder.stats
+    for source, stats in per_source.items():
+        if not stats["val"]["docs"]:
+            log.warning("tokenize: source %s has no validation documents at val_fraction %s; it will have no validation loss", source, cfg.val_fraction)
+    if not any(stats["val"]["docs"] for stats in per_source.values()):
+        raise FatalError(f"tokenize: no document fell in the validation split at tokenize.val_fraction={cfg.val_fraction} ({sum(s['train']['docs'] for s in per_source.values())} documents in all); raise it or curate more documents")
     counts = {
         "train_tokens": sum(s["train"]["tokens"] for s in per_source.values()),
         "val_tokens": sum(s["val"]["tokens"] for s in per_source.values()),

@@ -89,8 +89,15 @@ class TokenShard:
         self.n_docs, self.n_tokens, self.checksum = n_docs, n_tokens, checksum
         # subtle: np.memmap cannot map an empty file; an empty shard is a valid zero-length array.
         self.tokens = np.memmap(bin_path, dtype=self.dtype, mode="r") if n_tokens else np.zeros(0, dtype=self.dtype)
-        if verify and xxhash.xxh64(self.tokens.tobytes()).intdigest() != checksum:
+        if verify and self._checksum() != checksum:
             raise FatalError(f"{bin_path}: checksum does not match its index; the file was modified or damaged")
+
+    def _checksum(self, chunk_tokens: int = 1 << 24) -> int:
+        """xxh64 of the .bin, read in chunks so memory stays flat whatever the shard's size."""
+        h = xxhash.xxh64()
+        for start in range(0, len(self.tokens), chunk_tokens):
+            h.update(np.ascontiguousarray(self.tokens[start : start + chunk_tokens]).tobytes())
+        return h.intdigest()
 
     def __len__(self) -> int:
         return int(self.n_tokens)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from kiln.core.errors import FatalError
@@ -49,6 +50,18 @@ class KilnTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=False)
+
+    def token_bytes(self) -> np.ndarray:
+        """UTF-8 bytes each id stands for (0 for special tokens), shape (vocab,).
+
+        Byte-level BPE writes each byte as one character of its alphabet, so a regular token's
+        byte count is the length of its string. Bits per byte sums these over scored targets.
+        """
+        special = {t.content for t in self.tok.get_added_tokens_decoder().values()}
+        out = np.zeros(self.vocab_size, dtype=np.int64)
+        for token, i in self.tok.get_vocab().items():
+            out[i] = 0 if token in special else len(token)
+        return out
 
     def save(self, path: Path) -> None:
         self.tok.save(str(path))

@@ -24,17 +24,24 @@ FORMAT = "kiln-checkpoint v1"
 
 
 def save_checkpoint(folder: Path, model: Transformer, train_state: dict[str, Any]) -> list[Path]:
-    """Write the checkpoint beside `folder`, then swap it in: a crash mid-write leaves the old one."""
-    tmp = folder.with_name(folder.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    """Write the checkpoint beside `folder`, then swap it in.
+
+    A crash while writing leaves the old checkpoint in place; a crash during the two renames
+    leaves a complete one under `<folder>.old` or `<folder>.tmp`.
+    """
+    tmp, old = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
+    for leftover in (tmp, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
     tmp.mkdir(parents=True)
     save_model(model, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(json.dumps({"format": FORMAT, "model": model.cfg.model_dump(mode="json")}, indent=2) + "\n")
     torch.save(train_state, tmp / "train_state.pt")
     if folder.exists():
-        shutil.rmtree(folder)
+        folder.rename(old)
     tmp.rename(folder)
+    if old.exists():
+        shutil.rmtree(old)
     return [folder / "model.safetensors", folder / "config.json", folder / "train_state.pt"]
 
 

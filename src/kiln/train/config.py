@@ -10,6 +10,7 @@ from kiln.core.config import Section
 
 
 class TrainConfig(Section):
+    NOT_HASHED = frozenset({"threads"})
     steps: int = Field(default=300, ge=1, description="Optimizer steps.")
     seq_len: int = Field(default=256, ge=2, description="Tokens per training sequence; at most model.max_seq_len.")
     micro_batch_size: int = Field(default=16, ge=1, description="Sequences per forward/backward pass.")

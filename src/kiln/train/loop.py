@@ -22,12 +22,13 @@ import torch
 from kiln.core.errors import FatalError
 from kiln.core.manifest import Stage, read_manifest
 from kiln.evaluate.config import EvalConfig
-from kiln.evaluate.perplexity import combined, evaluate_model, val_bytes_per_token
+from kiln.evaluate.perplexity import evaluate_model
 from kiln.mix.config import MixConfig
 from kiln.mix.sampler import Sampler
 from kiln.model.config import ModelConfig, count_params, flops_per_token
 from kiln.model.transformer import Transformer, lm_loss
 from kiln.tokenize.shards import open_split
+from kiln.tokenize.tokenizer import KilnTokenizer
 from kiln.train.config import TrainConfig
 from kiln.train.hooks import Checkpointer, Hook, StepState
 from kiln.train.monitor import Monitor
@@ -54,15 +55,18 @@ def build_model(cfg: ModelConfig, seed: int, device: torch.device) -> Transforme
 
 
 def build_sampler(tokenize_dir: Path, mix: MixConfig, cfg: TrainConfig) -> Sampler:
-    return Sampler(open_split(tokenize_dir, "train"), mix.weights, cfg.seq_len, mix.seed)
+    # verify: a damaged .bin of the right length would otherwise train silently on garbage.
+    return Sampler(open_split(tokenize_dir, "train", verify=True), mix.weights, cfg.seq_len, mix.seed)
 
 
 def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: EvalConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
     run_dir = Path(run_dir)
     tokenize_dir = run_dir / "tokenize"
     tokenized = read_manifest(tokenize_dir)
-    inputs = sorted(tokenize_dir.glob("*/*.bin")) + sorted(tokenize_dir.glob("*/*.idx"))
-    stage = Stage(run_dir, "train", {"model": model_cfg, "train": cfg, "mix": mix, "eval": eval_cfg}, inputs, upstream=["tokenize"])
+    tok_path = run_dir / "tokenizer" / "tokenizer.json"
+    inputs = [tok_path, *sorted(tokenize_dir.glob("*/*.bin")), *sorted(tokenize_dir.glob("*/*.idx"))]
+    # eval settings only shape the monitoring evaluations, not the model: they are not hashed here.
+    stage = Stage(run_dir, "train", {"model": model_cfg, "train": cfg, "mix": mix}, inputs, upstream=["tokenize"])
     if not force and (done := stage.current_manifest()):
         log.info("train: up to date (%d steps, val loss %.3f); nothing to do. Use --force to redo.", done["counts"]["steps"], done["counts"]["val_after"]["all"]["loss"])
         return done
@@ -76,8 +80,8 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: Ev
     fpt = flops_per_token(model_cfg, cfg.seq_len)
     evaluate = partial(
         evaluate_model,
-        shards=open_split(tokenize_dir, "val"),
-        bytes_per_token=val_bytes_per_token(tokenized["counts"]),
+        shards=open_split(tokenize_dir, "val", verify=True),
+        token_bytes=KilnTokenizer.load(tok_path).token_bytes(),
         seq_len=eval_cfg.seq_len or cfg.seq_len,
         max_tokens_per_source=eval_cfg.max_tokens_per_source,
         batch_size=eval_cfg.batch_size,
@@ -91,7 +95,6 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: Ev
     val_before = None
     if cfg.eval_at_start:
         val_before = evaluate(model)
-        val_before["all"] = combined(val_before)
         monitor.write({"step": 0, "eval": val_before})
         log.info("train: step 0 validation loss %.3f (ln V = %.3f)", val_before["all"]["loss"], math.log(model_cfg.vocab_size))
 
@@ -134,11 +137,10 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: Ev
         for hook in hooks:
             hook.after_step(state)
 
-    val_after = evaluate(model)
-    val_after["all"] = combined(val_after)
-    monitor.write({"step": cfg.steps, "eval": val_after})
-    for hook in hooks:
+    for hook in hooks:  # the checkpoint is on disk before anything else can fail
         hook.on_end(state)
+    val_after = evaluate(model)
+    monitor.write({"step": cfg.steps, "eval": val_after})
     monitor.close()
 
     outputs = checkpointer.paths + [stage.dir / "metrics.jsonl"]
@@ -161,4 +163,5 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: Ev
         lines.append(f"validation loss {val_before['all']['loss']:.3f} -> {val_after['all']['loss']:.3f} nats/token, bpb {val_before['all']['bpb']:.3f} -> {val_after['all']['bpb']:.3f}")
     else:
         lines.append(f"validation loss {val_after['all']['loss']:.3f} nats/token, bpb {val_after['all']['bpb']:.3f}")
-    return stage.finish(outputs, counts, "\n".join(lines), extra={"model": model_cfg.model_dump(mode="json")})
+    extra = {"model": model_cfg.model_dump(mode="json"), "monitoring_eval": eval_cfg.model_dump(mode="json")}
+    return stage.finish(outputs, counts, "\n".join(lines), extra=extra)
