@@ -36,7 +36,7 @@ def _runner(stage: str) -> Callable[[Recipe, bool], dict[str, Any]]:
         return lambda r, force: train(r.model, r.train, r.mix, r.eval, r.run_dir, force)
     if stage == "eval":
         from kiln.evaluate.run import run as evaluate
-        return lambda r, force: evaluate(r.eval, r.train.seq_len, r.run_dir, force)
+        return lambda r, force: evaluate(r.eval, r.run_dir, force)
     if stage == "generate":
         from kiln.evaluate.generate import run as generate
         return lambda r, force: generate(r.generate, r.run_dir, force)

@@ -201,3 +201,14 @@ def test_begin_clears_the_stage_dir(tmp_path, inputs):
     assert stage.dir.is_dir()
     assert list(stage.dir.iterdir()) == []
     assert (sibling / "keep.txt").read_text() == "not this stage's"
+
+
+def test_upstream_manifest_without_fingerprint_redoes_downstream(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    finish_stage(run_dir, inputs, name="curate")
+    finish_stage(run_dir, inputs, name="tokenize", upstream=["curate"])
+    path = run_dir / "curate" / MANIFEST
+    old = json.loads(path.read_text())
+    del old["fingerprint"]  # as written by an older kiln
+    path.write_text(json.dumps(old))
+    assert Stage(run_dir, "tokenize", CFG, inputs, ["curate"]).current_manifest() is None

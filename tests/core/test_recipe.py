@@ -275,6 +275,7 @@ def test_bad_input_item_is_one_problem(tmp_path):
         ("generate.temperature=.nan", "generate.temperature: input should be a finite number"),
         ("mix.weights={code: -1}", "mix.weights.code: input should be greater than or equal to 0"),
         ("mix.weights={code: 0, prose: 0}", "give no source a positive weight"),
+        ("mix.weights={code: 1.0e+308, prose: 1.0e+308}", "sum to infinity"),
     ],
 )
 def test_non_finite_and_negative_values_are_refused(override, fragment):

@@ -153,7 +153,8 @@ def test_manifest_counts(trained: tuple[Path, dict]) -> None:
     assert counts["train_flops"] == counts["flops_per_token"] * counts["tokens_trained"]
     assert counts["device"] == "cpu"
     assert manifest["upstream"] == {"tokenize": fingerprint_of(run_dir, "tokenize")}
-    assert {o["path"] for o in manifest["outputs"]} == {"checkpoint/model.safetensors", "checkpoint/config.json", "checkpoint/train_state.pt", "metrics.jsonl"}
+    assert {o["path"] for o in manifest["outputs"]} == {"checkpoint/model.safetensors", "checkpoint/config.json", "checkpoint/train_state.pt"}
+    assert [o["path"] for o in manifest["logs"]] == ["metrics.jsonl"]  # timings: listed, not part of the fingerprint
 
 
 def test_checkpoint_is_saved_with_its_training_state(trained: tuple[Path, dict]) -> None:
@@ -180,13 +181,13 @@ def test_loaded_checkpoint_reproduces_the_in_training_validation(trained: tuple[
 
     # The eval stage reads the same checkpoint and reports the same numbers, and rebuilds the
     # untrained model from the train stage's config and seed: the trainer's step-0 numbers.
-    evaluated = eval_stage(EVAL, TRAIN.seq_len, run_dir)
+    evaluated = eval_stage(EVAL, run_dir)
     assert evaluated["counts"]["after"] == val_after
     assert evaluated["counts"]["before"] == manifest["counts"]["val_before"]
     assert evaluated["config"]["eval"]["seq_len"] == TRAIN.seq_len  # the window actually used is what is hashed
     assert evaluated["upstream"] == {"tokenize": fingerprint_of(run_dir, "tokenize"), "train": fingerprint_of(run_dir, "train")}
     assert "code" in (run_dir / "eval" / "summary.txt").read_text()
-    again = eval_stage(EVAL, TRAIN.seq_len, run_dir)
+    again = eval_stage(EVAL, run_dir)
     assert again["finished_at"] == evaluated["finished_at"]  # up to date: skipped
 
 
@@ -226,6 +227,8 @@ def test_same_seed_trains_identically_and_rerun_is_skipped_unless_forced(trained
     assert not marker.exists()  # the stage directory was emptied and rebuilt
     assert forced["counts"]["final_train_loss"] == second["counts"]["final_train_loss"]
     assert len(step_records(copy)) == STEPS  # metrics were rewritten, not appended
+    # Same weights, new timings in metrics.jsonl: the fingerprint (what downstream stages check) is unchanged.
+    assert forced["logs"] != second["logs"] and forced["fingerprint"] == second["fingerprint"]
 
 
 def test_other_seed_trains_differently(trained: tuple[Path, dict], tmp_path: Path) -> None:
@@ -305,7 +308,7 @@ def test_eval_before_train_is_fatal(trained: tuple[Path, dict], tmp_path: Path) 
     copy = copy_tokenized(trained[0], tmp_path / "copy")
     # A named error the CLI prints without a traceback, not a FileNotFoundError from hashing inputs.
     with pytest.raises(FatalError, match=r"train: no manifest\.json; run that stage first"):
-        eval_stage(EVAL, TRAIN.seq_len, copy)
+        eval_stage(EVAL, copy)
 
 
 def test_generate_before_train_is_fatal(trained: tuple[Path, dict], tmp_path: Path) -> None:
@@ -361,4 +364,4 @@ def test_damaged_train_shard_is_refused(trained: tuple[Path, dict], tmp_path: Pa
 def test_eval_window_longer_than_the_checkpoint_is_fatal(trained: tuple[Path, dict], tmp_path: Path, cpu_only: None) -> None:
     copy = Path(shutil.copytree(trained[0], tmp_path / "copy"))
     with pytest.raises(FatalError, match="exceeds the checkpoint's max_seq_len 64"):
-        eval_stage(EvalConfig(seq_len=128), TRAIN.seq_len, copy)
+        eval_stage(EvalConfig(seq_len=128), copy)

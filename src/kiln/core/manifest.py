@@ -98,7 +98,8 @@ class Stage:
         self.dir = self.run_dir / name
         self.config = dict(config)
         # Upstream first: a missing upstream stage explains a missing input better than the input does.
-        self.upstream = {u: read_manifest(self.run_dir / u)["fingerprint"] for u in upstream}
+        # .get: a manifest written before fingerprints existed matches nothing, so this stage redoes.
+        self.upstream = {u: read_manifest(self.run_dir / u).get("fingerprint") for u in upstream}
         missing = sorted(str(p) for p in inputs if not Path(p).is_file())
         if missing:
             raise FatalError(f"{name}: input files missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; rerun the stage that makes them with --force")
@@ -132,7 +133,9 @@ class Stage:
         self.dir.mkdir(parents=True)
         self._t0, self._cpu0 = time.perf_counter(), _cpu_seconds()
 
-    def finish(self, outputs: Iterable[Path], counts: Mapping[str, Any], summary: str, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def finish(self, outputs: Iterable[Path], counts: Mapping[str, Any], summary: str, extra: Mapping[str, Any] | None = None, logs: Iterable[Path] = ()) -> dict[str, Any]:
+        """Write manifest.json last. `logs` (e.g. per-step metrics with timings) are listed but are
+        not results: they stay out of the fingerprint, so they never force downstream redos."""
         manifest = {
             "format": FORMAT,
             "stage": self.name,
@@ -141,6 +144,7 @@ class Stage:
             "inputs": self.inputs,
             "upstream": self.upstream,
             "outputs": describe_files(outputs, root=self.dir),
+            "logs": describe_files(logs, root=self.dir),
             "counts": dict(counts),
             "wall_seconds": round(time.perf_counter() - self._t0, 3),
             "cpu_seconds": round(_cpu_seconds() - self._cpu0, 3),

@@ -9,7 +9,7 @@ from kiln.core.config import Section
 
 class EvalConfig(Section):
     NOT_HASHED = frozenset({"batch_size"})
-    seq_len: int | None = Field(default=None, ge=2, description="Window length for validation loss (tokens); None means train.seq_len.")
+    seq_len: int | None = Field(default=None, ge=2, description="Window length for validation loss (tokens); None means the seq_len the checkpoint was trained with.")
     max_tokens_per_source: int = Field(default=65536, ge=1, description="Validation tokens scored per source (from the start of its split).")
     batch_size: int = Field(default=8, ge=1, description="Windows per forward pass.")
 

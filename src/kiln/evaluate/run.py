@@ -26,17 +26,18 @@ from kiln.train.loop import build_model
 log = logging.getLogger("kiln.eval")
 
 
-def run(cfg: EvalConfig, train_seq_len: int, run_dir: Path, force: bool = False) -> dict[str, Any]:
-    """`train_seq_len` is the window used when eval.seq_len is None."""
+def run(cfg: EvalConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
     run_dir = Path(run_dir)
-    cfg = cfg.model_copy(update={"seq_len": cfg.seq_len or train_seq_len})  # hash the window actually used
+    trained = read_manifest(run_dir / "train")
+    # eval.seq_len None means the window the checkpoint was trained with (not the recipe's
+    # current train.seq_len); the resolved window is what gets hashed.
+    cfg = cfg.model_copy(update={"seq_len": cfg.seq_len or trained["config"]["train"]["seq_len"]})
     ckpt, tok_path = run_dir / "train" / "checkpoint", run_dir / "tokenizer" / "tokenizer.json"
     inputs = [ckpt / "model.safetensors", ckpt / "config.json", tok_path, *sorted((run_dir / "tokenize").glob("*/val.*"))]
     stage = Stage(run_dir, "eval", {"eval": cfg}, inputs, upstream=["tokenize", "train"])
     if not force and (done := stage.current_manifest()):
         log.info("eval: up to date (val bpb %.3f); nothing to do. Use --force to redo.", done["counts"]["after"]["all"]["bpb"])
         return done
-    trained = read_manifest(run_dir / "train")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = load_trained_model(ckpt, device)
     if cfg.seq_len > model.cfg.max_seq_len:

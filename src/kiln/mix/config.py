@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from pydantic import Field, model_validator
@@ -17,4 +18,6 @@ class MixConfig(Section):
     def _some_weight(self) -> MixConfig:
         if self.weights is not None and not any(w > 0 for w in self.weights.values()):
             raise ValueError(f"weights {self.weights} give no source a positive weight; nothing could be sampled")
+        if self.weights is not None and not math.isfinite(sum(self.weights.values())):
+            raise ValueError(f"weights {self.weights} sum to infinity; use relative weights such as 1 and 3")
         return self

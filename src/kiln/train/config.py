@@ -10,7 +10,8 @@ from kiln.core.config import Section
 
 
 class TrainConfig(Section):
-    NOT_HASHED = frozenset({"threads"})
+    # None of these changes the trained weights.
+    NOT_HASHED = frozenset({"threads", "checkpoint_every", "eval_at_start"})
     steps: int = Field(default=300, ge=1, description="Optimizer steps.")
     seq_len: int = Field(default=256, ge=2, description="Tokens per training sequence; at most model.max_seq_len.")
     micro_batch_size: int = Field(default=16, ge=1, description="Sequences per forward/backward pass.")

@@ -143,7 +143,6 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: Ev
     monitor.write({"step": cfg.steps, "eval": val_after})
     monitor.close()
 
-    outputs = checkpointer.paths + [stage.dir / "metrics.jsonl"]
     tokens_trained = cfg.steps * cfg.tokens_per_step
     counts = {
         "params": n_params,
@@ -164,4 +163,4 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: Ev
     else:
         lines.append(f"validation loss {val_after['all']['loss']:.3f} nats/token, bpb {val_after['all']['bpb']:.3f}")
     extra = {"model": model_cfg.model_dump(mode="json"), "monitoring_eval": eval_cfg.model_dump(mode="json")}
-    return stage.finish(outputs, counts, "\n".join(lines), extra=extra)
+    return stage.finish(checkpointer.paths, counts, "\n".join(lines), extra=extra, logs=[stage.dir / "metrics.jsonl"])
