@@ -2,7 +2,8 @@
 
 Random token batches (throughput does not depend on the data), the recipe's model, batch
 geometry and precision, AdamW with clipping as in kiln.train.loop. Warmup steps are not timed.
-Ends with: RESULT tokens_per_s=.. step_ms=.. mfu=.. params=..
+Ends with: RESULT tokens_per_s=.. step_ms=.. params=.. [mfu=..] (mfu only where the device's
+peak FLOP/s is known, i.e. on listed GPUs).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--recipe", default="demo")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--steps", type=int, default=10, help="Timed steps.")
-    parser.add_argument("--warmup", type=int, default=3, help="Untimed steps first.")
+    parser.add_argument("--steps", type=int, default=20, help="Timed steps.")
+    parser.add_argument("--warmup", type=int, default=5, help="Untimed steps first (allocator and kernel warmup).")
     args = parser.parse_args()
     recipe = load_recipe(args.recipe, args.overrides)
     cfg = recipe.train
@@ -56,10 +57,10 @@ def main() -> None:
     seconds = time.perf_counter() - t0
     tokens_per_s = args.steps * cfg.tokens_per_step / seconds
     peak = device_peak_flops(device)
-    mfu = tokens_per_s * flops_per_token(model_cfg, cfg.seq_len) / peak if peak else float("nan")
     params = count_params(model_cfg)
     print(f"device {device}, {params:,} params, {cfg.tokens_per_step:,} tokens/step, {1000 * seconds / args.steps:.1f} ms/step")
-    print(f"RESULT tokens_per_s={tokens_per_s:.1f} step_ms={1000 * seconds / args.steps:.2f} mfu={mfu:.4f} params={params}")
+    mfu = f" mfu={tokens_per_s * flops_per_token(model_cfg, cfg.seq_len) / peak:.4f}" if peak else ""
+    print(f"RESULT tokens_per_s={tokens_per_s:.1f} step_ms={1000 * seconds / args.steps:.2f} params={params}{mfu}")
 
 
 if __name__ == "__main__":
