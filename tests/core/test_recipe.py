@@ -56,7 +56,7 @@ def test_load_recipe_from_yaml_file(tmp_path):
     assert recipe.curate.max_chars == 1_000_000  # omitted keys take their defaults
     assert recipe.model.d_model == 64 and recipe.model.head_dim == 16
     assert recipe.train.seq_len == 128
-    assert recipe.eval_seq_len == 128  # eval.seq_len None falls back to train.seq_len
+    assert recipe.eval.seq_len is None  # None: eval uses the window the checkpoint was trained with
 
 
 def contains(big, small) -> bool:
@@ -100,7 +100,7 @@ def test_overrides_are_yaml_typed_and_nested(tmp_path):
     assert recipe.train.grad_clip is None
     assert recipe.mix.weights == {"web": 2.5, "books": 1.0}
     assert recipe.generate.prompt == "Once upon a time"
-    assert recipe.eval_seq_len == 64
+    assert recipe.eval.seq_len == 64
     assert recipe.curate.min_chars == 75
 
 

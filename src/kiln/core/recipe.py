@@ -58,10 +58,6 @@ class Recipe(Section):
     def run_dir(self) -> Path:
         return Path(self.runs_dir) / self.name
 
-    @property
-    def eval_seq_len(self) -> int:
-        return self.eval.seq_len or self.train.seq_len
-
 
 def resolve_recipe_path(recipe: str) -> Path:
     """A path to a YAML file, or the name of a recipe shipped in recipes/ (e.g. `demo`)."""
