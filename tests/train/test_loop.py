@@ -270,13 +270,18 @@ def test_gradient_accumulation_equals_one_big_batch(trained: tuple[Path, dict], 
 def test_step_one_throughput_excludes_the_baseline_evaluation(trained: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_dir, _ = trained
     copy = copy_tokenized(run_dir, tmp_path / "copy")
-    real = loop.evaluate_model
+    real = loop.validation_scorer
 
-    def slow_evaluate(*args: Any, **kwargs: Any) -> dict:
-        time.sleep(1.5)  # stands in for a long validation pass
-        return real(*args, **kwargs)
+    def slow_scorer(*args: Any, **kwargs: Any) -> Any:
+        score = real(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "evaluate_model", slow_evaluate)
+        def slow_evaluate(model: Any) -> dict:
+            time.sleep(1.5)  # stands in for a long validation pass
+            return score(model)
+
+        return slow_evaluate
+
+    monkeypatch.setattr(loop, "validation_scorer", slow_scorer)
     train(MODEL, TRAIN.model_copy(update={"steps": 2, "warmup_steps": 1}), MIX, EvalConfig(max_tokens_per_source=64), copy)
     first = step_records(copy)[0]
     # One step of 512 tokens on a 130k-parameter model takes milliseconds; the clock starts after

@@ -10,7 +10,9 @@ Not handled here: a fixed probe set and downstream benchmarks (the evaluation is
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +20,8 @@ import torch
 
 from kiln.core.errors import FatalError
 from kiln.model.transformer import Transformer, lm_loss
-from kiln.tokenize.shards import TokenShard
+from kiln.tokenize.shards import TokenShard, open_split
+from kiln.tokenize.tokenizer import KilnTokenizer
 
 
 def _scores(nats: float, tokens: int, nbytes: int) -> dict[str, float]:
@@ -57,6 +60,21 @@ def evaluate_model(model: Transformer, shards: Mapping[str, TokenShard], token_b
     if not sources:
         raise FatalError("eval: no validation split has two tokens to score; raise tokenize.val_fraction")
     return {"sources": sources, "all": _scores(*totals)}
+
+
+def validation_scorer(run_dir: Path, seq_len: int, max_tokens_per_source: int, batch_size: int) -> Callable[[Transformer], dict[str, Any]]:
+    """`model -> results` over a run's validation split (checksums verified) with its tokenizer's byte counts.
+
+    The trainer's monitoring and the eval stage both score through this, so their numbers agree.
+    """
+    return partial(
+        evaluate_model,
+        shards=open_split(run_dir / "tokenize", "val", verify=True),
+        token_bytes=KilnTokenizer.load(run_dir / "tokenizer" / "tokenizer.json").token_bytes(),
+        seq_len=seq_len,
+        max_tokens_per_source=max_tokens_per_source,
+        batch_size=batch_size,
+    )
 
 
 def format_results(results: Mapping[str, Any]) -> str:

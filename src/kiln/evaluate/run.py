@@ -16,10 +16,8 @@ import torch
 from kiln.core.errors import FatalError
 from kiln.core.manifest import Stage, read_manifest
 from kiln.evaluate.config import EvalConfig
-from kiln.evaluate.perplexity import evaluate_model, format_results
+from kiln.evaluate.perplexity import format_results, validation_scorer
 from kiln.model.config import ModelConfig
-from kiln.tokenize.shards import open_split
-from kiln.tokenize.tokenizer import KilnTokenizer
 from kiln.train.checkpoint import load_trained_model
 from kiln.train.loop import build_model
 
@@ -43,15 +41,8 @@ def run(cfg: EvalConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
     if cfg.seq_len > model.cfg.max_seq_len:
         raise FatalError(f"eval.seq_len {cfg.seq_len} exceeds the checkpoint's max_seq_len {model.cfg.max_seq_len}; lower eval.seq_len")
     stage.begin()
-    score = dict(
-        shards=open_split(run_dir / "tokenize", "val", verify=True),
-        token_bytes=KilnTokenizer.load(tok_path).token_bytes(),
-        seq_len=cfg.seq_len,
-        max_tokens_per_source=cfg.max_tokens_per_source,
-        batch_size=cfg.batch_size,
-    )
-    after = evaluate_model(model, **score)
-    initial = build_model(ModelConfig.model_validate(trained["model"]), trained["config"]["train"]["seed"], torch.device(device))
-    before = evaluate_model(initial, **score)
+    score = validation_scorer(run_dir, cfg.seq_len, cfg.max_tokens_per_source, cfg.batch_size)
+    after = score(model)
+    before = score(build_model(ModelConfig.model_validate(trained["model"]), trained["config"]["train"]["seed"], torch.device(device)))
     summary = f"after training:\n{format_results(after)}\nbefore training (same initialization):\n{format_results(before)}"
     return stage.finish([], {"after": after, "before": before}, summary)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +21,12 @@ import torch
 from kiln.core.errors import FatalError
 from kiln.core.manifest import Stage, read_manifest
 from kiln.evaluate.config import EvalConfig
-from kiln.evaluate.perplexity import evaluate_model
+from kiln.evaluate.perplexity import validation_scorer
 from kiln.mix.config import MixConfig
 from kiln.mix.sampler import Sampler
 from kiln.model.config import ModelConfig, count_params, flops_per_token
 from kiln.model.transformer import Transformer, lm_loss
 from kiln.tokenize.shards import open_split
-from kiln.tokenize.tokenizer import KilnTokenizer
 from kiln.train.config import TrainConfig
 from kiln.train.hooks import Checkpointer, Hook, StepState
 from kiln.train.monitor import Monitor
@@ -78,14 +76,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: Ev
     optimizer = build_optimizer(model, cfg)
     sampler = build_sampler(tokenize_dir, mix, cfg)
     fpt = flops_per_token(model_cfg, cfg.seq_len)
-    evaluate = partial(
-        evaluate_model,
-        shards=open_split(tokenize_dir, "val", verify=True),
-        token_bytes=KilnTokenizer.load(tok_path).token_bytes(),
-        seq_len=eval_cfg.seq_len or cfg.seq_len,
-        max_tokens_per_source=eval_cfg.max_tokens_per_source,
-        batch_size=eval_cfg.batch_size,
-    )
+    evaluate = validation_scorer(run_dir, eval_cfg.seq_len or cfg.seq_len, eval_cfg.max_tokens_per_source, eval_cfg.batch_size)
     n_params = count_params(model_cfg)
     log.info("train: %s params (%s without embeddings) on %s, %d steps of %d tokens", f"{n_params:,}", f"{count_params(model_cfg, False):,}", device, cfg.steps, cfg.tokens_per_step)
     monitor = Monitor(stage.dir / "metrics.jsonl", cfg.steps, fpt, device)
