@@ -1,0 +1,246 @@
+"""Proposing a parallel layout (tp, pp, dp, ZeRO stage, recompute, micro-batching) that fits memory.
+
+Every candidate is checked with kiln.plan.memory against the GPU's memory less `headroom`;
+among those that fit, the first in this order wins, each step a rule of thumb with its source:
+  1. no full recompute if avoidable: it repeats the forward pass, about 33% more compute
+     (Korthikanti et al. 2022, Section 5); selective recompute costs a few percent and counts as free;
+  2. no extra data-parallel traffic if avoidable. Per step, DDP all-reduces the gradients once
+     (a reduce-scatter and an all-gather, 2 x the gradients' size); ZeRO-1 moves the same (ZeRO
+     paper, Section 7). With m micro-batches per step ZeRO-2 must reduce-scatter after each one
+     to keep its gradient shard ((m + 1) / 2 x DDP), and ZeRO-3 gathers the weights for forward
+     and backward and reduce-scatters the gradients for each (1.5 m x DDP; 1.5x at m = 1, the
+     paper's figure);
+  3. the smallest model-parallel size tp * pp, leaving the most data parallelism;
+  4. tensor parallelism before pipeline parallelism, tp kept inside a node on the fast links
+     (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
+     Using Megatron-LM", Takeaways 1 and 2);
+  5. the least data-parallel traffic, the lowest ZeRO stage, then no recompute over selective.
+With pp > 1 only ZeRO-1 (or 0) is considered: DeepSpeed refuses ZeRO-2/3 with pipeline
+parallelism and Megatron-LM offers only ZeRO-1 (its distributed optimizer).
+With flash attention (kiln's SDPA; the default) selective recompute stores what no recompute
+does, so it is not proposed; with eager attention it is.
+The pipeline bubble, the share of a step each stage idles with 1F1B or GPipe scheduling, is
+(pp - 1) / (m + pp - 1) for m micro-batches per step (Narayanan et al. 2021, Section 2.2.1;
+Huang et al. 2019). Without a global batch, m = 4 * pp keeps it near 20% or below; a warning
+says when a given global batch leaves more.
+Not handled here: interleaved pipeline schedules, context/expert parallelism, and speed
+(the layout that fits is proposed; its throughput is not modelled).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.core.errors import ConfigError
+from kiln.plan.checks import require_at_least
+from kiln.plan.memory import (
+    CHECKPOINTING,
+    DEFAULT_HEADROOM,
+    Shape,
+    check_checkpointing,
+    check_layout,
+    check_shape,
+    divisors,
+    plan_memory,
+)
+from kiln.plan.report import count, fixed, table
+
+MAX_BUBBLE = 0.2  # above this share of a step idle, the layout warns
+
+
+def dp_traffic(zero: int, micro_batches: int) -> float:
+    """Data-parallel bytes moved per optimizer step, relative to DDP's one gradient all-reduce."""
+    if zero <= 1:
+        return 1.0
+    if zero == 2:
+        return (micro_batches + 1) / 2  # a reduce-scatter per micro-batch, one all-gather of weights per step
+    return 1.5 * micro_batches  # all-gather (forward), all-gather (backward), reduce-scatter, per micro-batch
+
+
+def _rank(c: dict[str, Any]) -> tuple:
+    traffic = dp_traffic(c["zero"], c["micro_batches"]) if c["dp"] > 1 else 1.0
+    return (c["activation_checkpointing"] == "full", traffic > 1, c["tp"] * c["pp"], c["pp"], traffic, c["zero"], c["activation_checkpointing"] == "selective")
+
+
+def bubble_fraction(pp: int, micro_batches: int) -> float:
+    return (pp - 1) / (micro_batches + pp - 1)
+
+
+def _summary(c: dict[str, Any]) -> str:
+    return f"tp={c['tp']} pp={c['pp']} dp={c['dp']} ZeRO-{c['zero']}, recompute {c['activation_checkpointing']}"
+
+
+def propose_layout(
+    shape: Shape,
+    gpus: int,
+    gpus_per_node: int = 8,
+    gpu_memory_gb: float = 80.0,
+    seq_len: int = 2048,
+    micro_batch: int = 1,
+    global_batch: int | None = None,
+    precision: str = "bf16",
+    tp: int | None = None,
+    pp: int | None = None,
+    zero: int | None = None,
+    checkpointing: str | None = None,
+    attention: str = "flash",
+    headroom: float = DEFAULT_HEADROOM,
+) -> dict[str, Any]:
+    """The preferred fitting layout with the reason for each degree, or a ConfigError saying why none fits."""
+    check_shape(shape)
+    if not shape.known:
+        raise ConfigError("a layout needs the model's shape: give preset (--preset NAME) or n_layers, d_model and n_heads (--layers, --hidden, --heads)")
+    assert shape.n_layers is not None and shape.n_heads is not None
+    if gpus < 1 or gpus_per_node < 1:
+        raise ConfigError(f"gpus = {gpus} and gpus_per_node = {gpus_per_node} must both be at least 1")
+    if gpus > gpus_per_node and gpus % gpus_per_node:
+        lo = gpus // gpus_per_node * gpus_per_node
+        raise ConfigError(f"gpus = {gpus} is not a multiple of gpus_per_node = {gpus_per_node}: a layout fills whole nodes; use {lo} or {lo + gpus_per_node}")
+    node = min(gpus, gpus_per_node)
+    require_at_least("micro_batch", micro_batch, 1, "sequences per forward pass")
+    if global_batch is not None:
+        require_at_least("global_batch", global_batch, 1, "sequences per optimizer step")
+    if checkpointing is not None:
+        check_checkpointing(checkpointing)
+    if tp is not None:
+        if gpus % tp:
+            raise ConfigError(f"tp = {tp} does not divide gpus = {gpus}; valid tp: {', '.join(str(k) for k in divisors(node) if gpus % k == 0 and shape.n_heads % k == 0)}")
+        if tp > node:
+            raise ConfigError(f"tp = {tp} exceeds gpus_per_node = {node}: tensor parallelism needs the fast links inside a node; use tp <= {node} and pp across nodes")
+    if pp is not None and (gpus % pp or (tp is not None and gpus % (tp * pp))):
+        raise ConfigError(f"pp = {pp} (with tp = {tp or 1}) does not divide gpus = {gpus}: tp * pp * dp must equal gpus; valid pp: {', '.join(str(k) for k in divisors(shape.n_layers) if gpus % (k * (tp or 1)) == 0)}")
+    check_layout(shape, 1, tp or 1, pp or 1, zero if zero is not None else 0)
+    if zero is not None and zero >= 2 and pp is not None and pp > 1:
+        raise ConfigError(f"zero = {zero} with pp = {pp}: DeepSpeed refuses ZeRO-2/3 with pipeline parallelism and Megatron-LM offers only ZeRO-1; use zero 1 (--zero 1) or pp 1 (--pp 1)")
+
+    tps = [tp] if tp is not None else [k for k in divisors(node) if shape.n_heads % k == 0 and gpus % k == 0]
+    pps = [pp] if pp is not None else ([1] if zero is not None and zero >= 2 else divisors(shape.n_layers))
+    # With flash attention selective recompute stores exactly what none does: never propose it.
+    recomputes = [checkpointing] if checkpointing else [c for c in CHECKPOINTING if not (attention == "flash" and c == "selective")]
+    fits, tried = [], []
+    batch_mismatch = []
+    for t in tps:
+        for p in pps:
+            if gpus % (t * p):
+                continue
+            dp = gpus // (t * p)
+            if global_batch is None:
+                m = 4 * p if p > 1 else 1
+            elif global_batch % (dp * micro_batch):
+                batch_mismatch.append(dp)
+                continue
+            else:
+                m = global_batch // (dp * micro_batch)
+            zeros = [zero] if zero is not None else ([0] if dp == 1 else [1] if p > 1 else [1, 2, 3])
+            for z in zeros:
+                for ck in recomputes:
+                    mem = plan_memory(shape, dp, t, p, z, micro_batch, seq_len, precision, ck, True, gpu_memory_gb, micro_batches=m, attention=attention, headroom=headroom)
+                    cand = {"tp": t, "pp": p, "dp": dp, "zero": z, "activation_checkpointing": ck, "micro_batches": m, "memory": mem}
+                    (fits if mem["fits"] else tried).append(cand)
+    if not fits:
+        if not tried and batch_mismatch:
+            raise ConfigError(f"global_batch = {global_batch} is not divisible by dp * micro_batch for any layout (dp would be one of {sorted(set(batch_mismatch))}, micro_batch {micro_batch}); choose a global batch that is a multiple of {min(batch_mismatch) * micro_batch}")
+        best = min(tried, key=lambda c: c["memory"]["total_gb"])
+        usable = best["memory"]["usable_gb"]
+        raise ConfigError(
+            f"no layout of {gpus} GPU{'s' if gpus != 1 else ''} with {gpu_memory_gb:g} GB each fits {shape.params:.3g} parameters at micro_batch {micro_batch} x seq_len {seq_len}: "
+            f"the smallest needs {best['memory']['total_gb']:.1f} GB per GPU ({_summary(best)}), above the {usable:.1f} GB usable ({headroom:.0%} headroom); "
+            "use more GPUs, GPUs with more memory, or a shorter seq_len or micro_batch"
+        )
+    choice = min(fits, key=_rank)
+    ahead = sorted((c for c in tried if _rank(c) < _rank(choice)), key=_rank)
+    asked = {k for k, v in (("tp", tp), ("pp", pp), ("zero", zero), ("activation_checkpointing", checkpointing)) if v is not None}
+    return describe(choice, ahead, shape, gpus, node, micro_batch, len(fits) + len(tried), global_batch, sorted(set(batch_mismatch), reverse=True), asked)
+
+
+def describe(c: dict[str, Any], ahead: list[dict[str, Any]], shape: Shape, gpus: int, node: int, micro_batch: int, checked: int, global_batch: int | None = None, ruled_out_dp: list[int] | None = None, asked: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The layout's result dict: degrees, memory, reasons (why each choice) and warnings."""
+    t, p, dp, z, ck, m = c["tp"], c["pp"], c["dp"], c["zero"], c["activation_checkpointing"], c["micro_batches"]
+    mem = c["memory"]
+    traffic = dp_traffic(z, m) if dp > 1 else None
+    bubble = bubble_fraction(p, m)
+    reasons = []
+    if ruled_out_dp:
+        reasons.append(f"global_batch = {global_batch} rules out dp = {', '.join(map(str, ruled_out_dp))} (not divisible by dp x micro_batch {micro_batch})")
+    if ahead:
+        s = ahead[-1]  # the layout ranked just ahead of the choice
+        reasons.append(f"{len(ahead)} preferred layout{'s do' if len(ahead) > 1 else ' does'} not fit; the closest ahead of this one, {_summary(s)}, needs {s['memory']['total_gb']:.1f} GB > {mem['usable_gb']:.1f} GB usable")
+    if t > 1:
+        reasons.append(f"tp={t}: each layer's matmuls split over {t} GPUs inside one {node}-GPU node (tp divides the {shape.n_heads} heads); sequence parallelism on")
+    elif p == 1:
+        reasons.append("tp=1: every GPU holds whole layers; no tensor splitting needed")
+    else:
+        reasons.append("tp=1: no tensor parallelism" + (" (as asked)" if "tp" in asked else "") + "; the pipeline splits the model by layers instead")
+    if p == 1:
+        reasons.append("pp=1: no pipeline, so no bubble")
+    else:
+        reasons.append(f"pp={p}: {shape.n_layers // p} layers per stage{' across nodes' if t * p > node else ''}; {m} micro-batch{'es' if m != 1 else ''} per step leave a {bubble:.1%} bubble")  # type: ignore[operator]
+    reasons.append(f"dp={dp}: the remaining GPUs each train on their own micro-batches" if dp > 1 else "dp=1: no data parallelism; tp x pp uses every GPU")
+    why = " (as asked)" if "zero" in asked else ", needed to fit"
+    if z == 0:
+        reasons.append("ZeRO-0: a single data-parallel replica, nothing to shard" if dp == 1 else "ZeRO-0 (plain DDP): every replica keeps full optimizer states; one gradient all-reduce per step" + (" (as asked)" if "zero" in asked else ""))
+    elif z == 1:
+        reasons.append(f"ZeRO-1: optimizer states sharded over dp={dp}; a reduce-scatter of gradients and an all-gather of weights per step move the same bytes as DDP's all-reduce")
+    elif z == 2 and m == 1:
+        reasons.append(f"ZeRO-2: gradients sharded too; with one micro-batch per step, the same traffic as DDP{why}")
+    elif z == 2:
+        reasons.append(f"ZeRO-2: gradients sharded too; with {m} micro-batches per step they are reduce-scattered after every micro-batch "
+                       f"({traffic:.1f}x DDP's data-parallel traffic; keeping full gradients until the step would lose the memory saved){why}")
+    else:
+        reasons.append(f"ZeRO-3 (FSDP full shard): weights sharded too; all-gathered for forward and backward and gradients reduce-scattered for each of the {m} micro-batch{'es' if m != 1 else ''} "
+                       f"({traffic:.1f}x DDP's data-parallel traffic){why}")
+    reasons.append({
+        "none": "no activation recompute: activations fit" + (" (flash attention never stores the s x s scores)" if mem["attention"] == "flash" else ""),
+        "selective": "selective recompute of attention scores (a few percent of compute)" + (": with flash attention it stores the same as none" if mem["attention"] == "flash" else ""),
+        "full": "full recompute (about 33% more compute)" + (" (as asked)" if "activation_checkpointing" in asked else ", needed to fit"),
+    }[ck])
+    warnings = list(mem["warnings"])
+    if bubble > MAX_BUBBLE:
+        target = 4 * p * dp * micro_batch
+        warnings.append(f"pipeline bubble {bubble:.0%}: {m} micro-batch{'es' if m != 1 else ''} per step for {p} stages; a global batch of {target} sequences (4 x pp micro-batches per data-parallel rank) brings it to {bubble_fraction(p, 4 * p):.0%}")
+    return {
+        "params": shape.params,
+        "gpus": gpus,
+        "gpus_per_node": node,
+        "nodes": max(1, gpus // node),
+        "tp": t,
+        "pp": p,
+        "dp": dp,
+        "zero": z,
+        "activation_checkpointing": ck,
+        "attention": mem["attention"],
+        "micro_batch": micro_batch,
+        "micro_batches": m,
+        "global_batch": m * dp * micro_batch,
+        "bubble_fraction": bubble,
+        "dp_traffic_vs_ddp": traffic,
+        "total_gb": mem["total_gb"],
+        "gpu_memory_gb": mem["gpu_memory_gb"],
+        "headroom": mem["headroom"],
+        "usable_gb": mem["usable_gb"],
+        "fits": True,
+        "memory": mem,
+        "reasons": reasons,
+        "warnings": warnings,
+        "layouts_checked": checked,
+    }
+
+
+def format_layout(r: dict[str, Any]) -> str:
+    mem = r["memory"]
+    rows = [
+        ("parameters", count(r["params"])),
+        ("GPUs", f"{r['gpus']} ({r['nodes']} node{'s' if r['nodes'] != 1 else ''} of {r['gpus_per_node']})"),
+        ("tensor parallel (tp)", str(r["tp"])),
+        ("pipeline parallel (pp)", str(r["pp"])),
+        ("data parallel (dp)", str(r["dp"])),
+        ("ZeRO stage", str(r["zero"])),
+        ("activation recompute", f"{r['activation_checkpointing']} ({r['attention']} attention)"),
+        ("micro-batch (sequences)", str(r["micro_batch"])),
+        ("micro-batches per step", str(r["micro_batches"])),
+        ("global batch (sequences)", str(r["global_batch"])),
+        ("pipeline bubble (share of step)", f"{r['bubble_fraction']:.1%}"),
+        ("data-parallel traffic (x DDP)", "n/a (dp=1)" if r["dp_traffic_vs_ddp"] is None else f"{r['dp_traffic_vs_ddp']:.1f}"),
+        ("memory per GPU (GB)", f"{fixed(mem['total_gb'])} of {fixed(r['usable_gb'])} usable ({r['gpu_memory_gb']:g} less {r['headroom']:.0%} headroom; states {fixed(mem['model_states_gb'])}, activations {fixed(mem['activations_gb'])})"),
+    ]
+    return table(rows, r["reasons"], label="why", warnings=r["warnings"])
