@@ -1,5 +1,7 @@
-"""`python -m kiln` runs the same command as `kiln`."""
+"""`python -m kiln` runs the `kiln` command."""
+
+import sys
 
 from kiln.cli import main
 
-raise SystemExit(main())
+sys.exit(main())

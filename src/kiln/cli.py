@@ -12,12 +12,12 @@ import logging
 import sys
 
 from kiln import __version__
-from kiln.core.errors import KilnError
+from kiln.core.errors import ConfigError, KilnError
 from kiln.core.recipe import Recipe, load_recipe
 
 # Verb -> (stage directory, help). The recipe sections each verb reads are listed in its --help.
 STAGE_VERBS = {
-    "curate": ("curate", "Read raw text, normalize, filter, remove exact duplicates; write curated shards and the audit."),
+    "curate": ("curate", "Read raw text (JSONL, Parquet, WARC, HTML, text), extract, normalize, filter (URL, language, Gopher, C4, FineWeb, code rules), redact PII, remove boilerplate lines and exact duplicates; write curated shards and the audit."),
     "train-tokenizer": ("tokenizer", "Train a byte-level BPE tokenizer on curated shards; report bytes per token."),
     "tokenize": ("tokenize", "Encode curated shards into per-source train/validation token shards."),
     "train": ("train", "Train the decoder on token shards; write a checkpoint and per-step metrics."),
@@ -33,11 +33,14 @@ SECTIONS = {
     "eval": ("eval",),
     "generate": ("generate",),
     "plan": ("model", "train"),
+    "sweep": ("model", "train"),
     "demo": ("curate", "tokenizer", "tokenize", "mix", "model", "train", "eval", "generate"),
 }
 
 EPILOG = """examples:
   kiln demo                                   whole pipeline on text found on this machine
+  kiln curate --input 'data/*.jsonl.zst' --input crawl.warc.gz --run web   every default step, no recipe
+  kiln curate --run web --explain 'web/part-0.jsonl:17'                      why a document was removed
   kiln curate --recipe recipes/demo.yaml --set curate.max_total_mb=10
   kiln train --recipe demo --set train.steps=500 --set train.lr=1e-3
   kiln generate --recipe demo --set generate.prompt='import os'
@@ -66,7 +69,7 @@ def _show(value: object) -> str:
 
 
 def _common(p: argparse.ArgumentParser, force: bool = True) -> None:
-    p.add_argument("--recipe", default="demo", metavar="FILE|NAME", help="Recipe YAML file, or the name of one shipped in recipes/ (default: demo).")
+    p.add_argument("--recipe", metavar="FILE|NAME", help="Recipe YAML file, or the name of one shipped in recipes/ (default: demo; for `curate --input`, every default).")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="Override one recipe value (YAML syntax), e.g. --set train.lr=3e-4; repeatable.")
     if force:
         p.add_argument("--force", action="store_true", help="Redo the stage even when its manifest says it is up to date.")
@@ -81,24 +84,53 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(verb, help=help_text, description=help_text, epilog=describe_sections(SECTIONS[verb]), formatter_class=argparse.RawDescriptionHelpFormatter)
 
     for verb, (_, help_text) in STAGE_VERBS.items():
-        _common(add(verb, help_text))
-    p = add("plan", "Parameters, FLOPs per token and training compute for the recipe's model and schedule.")
+        p = add(verb, help_text)
+        _common(p)
+        if verb == "curate":
+            p.add_argument("--input", dest="inputs", action="append", default=[], metavar="PATH_OR_GLOB", help="Curate these files (format from the extension; source from each record's `source` field, else the file's folder name) instead of the recipe's inputs; repeatable. Without --recipe, every step runs with its defaults.")
+            p.add_argument("--run", metavar="NAME", help="Run name (same as --set name=NAME): writes runs/NAME/curate/.")
+            p.add_argument("--explain", metavar="DOC_ID", help="Print which step removed (or quarantined) this document, the measured value and the threshold, and stop.")
+    p = add("plan", "Plan before spending GPUs: FLOPs, Chinchilla and inference-aware sizes, cost, memory, parallel layout, checkpoint interval, scaling-law fits (subcommands). With no subcommand: parameters, FLOPs per token and training compute for the recipe's model and schedule.")
     _common(p, force=False)
     p.add_argument("--json", action="store_true", help="Print one JSON object instead of the table.")
+    from kiln.plan.cli import add_plan_subcommands, add_sweep_arguments
+
+    add_plan_subcommands(p)
+    p = add("sweep", "Train a grid of small models (sizes x steps) on the recipe's data, sharing its curate/tokenize stages, to feed `kiln plan fit`.")
+    _common(p)
+    add_sweep_arguments(p)
     _common(add("demo", "Run every stage (curate, train-tokenizer, tokenize, train, eval, generate) and write <run>/summary.json. Finished stages are skipped."))
     return parser
+
+
+def recipe_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """The recipe to load and the overrides, with curate's --input and --run turned into overrides."""
+    recipe, overrides = args.recipe, list(args.overrides)
+    inputs, run = getattr(args, "inputs", []), getattr(args, "run", None)
+    if inputs:
+        overrides.insert(0, "curate.inputs=" + json.dumps([{"path": p} for p in inputs]))
+    if run:
+        overrides.insert(0, f"name={json.dumps(run)}")
+    if recipe is None and not inputs:
+        recipe = "demo"
+    if recipe is None and not run:
+        raise ConfigError("curate --input needs --run NAME (the run directory to write), or a --recipe that names the run")
+    return recipe, overrides
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     try:
-        recipe = load_recipe(args.recipe, args.overrides)
-        if args.verb == "plan":
-            from kiln.plan.flops import format_plan, plan_training
+        if args.verb in ("plan", "sweep"):
+            from kiln.plan.cli import run_plan
 
-            plan = plan_training(recipe.model, recipe.train, recipe.model.vocab_size or recipe.tokenizer.vocab_size)
-            print(json.dumps(plan) if args.json else format_plan(plan))
+            return run_plan(args)
+        recipe = load_recipe(*recipe_and_overrides(args))
+        if args.verb == "curate" and args.explain:
+            from kiln.curate.explain import explain
+
+            print(explain(recipe.run_dir / "curate", args.explain))
             return 0
         from kiln import pipeline
 
@@ -111,3 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     except KilnError as e:
         print(f"kiln {args.verb}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"kiln {args.verb}: interrupted; finished work is kept, run the same command again to resume", file=sys.stderr)
+        return 130

@@ -199,8 +199,41 @@ def test_begin_clears_the_stage_dir(tmp_path, inputs):
 
     Stage(run_dir, "stage", CFG, inputs).begin()
     assert stage.dir.is_dir()
-    assert list(stage.dir.iterdir()) == []
+    assert [p.name for p in stage.dir.iterdir()] == ["in_progress.json"]
     assert (sibling / "keep.txt").read_text() == "not this stage's"
+
+
+def test_resume_keeps_an_interrupted_attempt_with_the_same_identity(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    first = Stage(run_dir, "stage", CFG, inputs)
+    assert first.begin(resume=True) is False
+    (first.dir / "task-1.done").write_text("finished")  # then the process dies: no manifest
+    again = Stage(run_dir, "stage", CFG, inputs)
+    assert again.begin(resume=True) is True
+    assert (again.dir / "task-1.done").read_text() == "finished"
+    again.finish([again.dir / "task-1.done"], {}, "done")
+    assert not (again.dir / "in_progress.json").exists()
+
+
+def test_resume_starts_over_when_config_or_inputs_changed(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    Stage(run_dir, "stage", CFG, inputs).begin(resume=True)
+    (run_dir / "stage" / "task-1.done").write_text("finished")
+    other = Stage(run_dir, "stage", {"tokenize": TokenizeConfig(val_fraction=0.2)}, inputs)
+    assert other.begin(resume=True) is False
+    assert not (run_dir / "stage" / "task-1.done").exists()
+    (run_dir / "stage" / "task-1.done").write_text("finished")
+    inputs[0].write_text("changed input\n")
+    assert Stage(run_dir, "stage", {"tokenize": TokenizeConfig(val_fraction=0.2)}, inputs).begin(resume=True) is False
+    assert not (run_dir / "stage" / "task-1.done").exists()
+
+
+def test_force_ignores_an_interrupted_attempt(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    Stage(run_dir, "stage", CFG, inputs).begin(resume=True)
+    (run_dir / "stage" / "task-1.done").write_text("finished")
+    assert Stage(run_dir, "stage", CFG, inputs).begin(resume=False) is False
+    assert not (run_dir / "stage" / "task-1.done").exists()
 
 
 def test_upstream_manifest_without_fingerprint_redoes_downstream(tmp_path, inputs):

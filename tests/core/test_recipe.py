@@ -22,10 +22,10 @@ MINIMAL = """\
 name: tiny
 runs_dir: {runs}
 curate:
-  min_chars: 50
+  length: {{min_chars: 50}}
   inputs:
-    - {{source: web, reader: text_files, path: "data/*.txt"}}
-    - {{source: books, reader: text_files, path: "books/**/*.md"}}
+    - {{source: web, format: text, path: "data/*.txt"}}
+    - {{source: books, format: text, path: "books/**/*.md"}}
 model:
   d_model: 64
   n_heads: 4
@@ -48,12 +48,13 @@ def test_load_recipe_from_yaml_file(tmp_path):
     recipe = load_recipe(path)
     assert recipe.name == "tiny"
     assert recipe.run_dir == tmp_path / "runs" / "tiny"
-    assert [(i.source, i.reader, i.path) for i in recipe.curate.inputs] == [
-        ("web", "text_files", "data/*.txt"),
-        ("books", "text_files", "books/**/*.md"),
+    assert [(i.source, i.format, i.path) for i in recipe.curate.inputs] == [
+        ("web", "text", "data/*.txt"),
+        ("books", "text", "books/**/*.md"),
     ]
-    assert recipe.curate.min_chars == 50
-    assert recipe.curate.max_chars == 1_000_000  # omitted keys take their defaults
+    assert recipe.curate.length.min_chars == 50
+    assert recipe.curate.length.max_chars == 1_000_000  # omitted keys take their defaults
+    assert recipe.curate.gopher_quality.enabled  # omitted sections too
     assert recipe.model.d_model == 64 and recipe.model.head_dim == 16
     assert recipe.train.seq_len == 128
     assert recipe.eval.seq_len is None  # None: eval uses the window the checkpoint was trained with
@@ -91,7 +92,7 @@ def test_overrides_are_yaml_typed_and_nested(tmp_path):
             "mix.weights.books=1",
             "generate.prompt=Once upon a time",
             "eval.seq_len=64",
-            " curate.min_chars = 75 ",  # spaces around key and value are tolerated
+            " curate.length.min_chars = 75 ",  # spaces around key and value are tolerated
         ],
     )
     assert recipe.train.lr == 0.001 and isinstance(recipe.train.lr, float)
@@ -101,7 +102,7 @@ def test_overrides_are_yaml_typed_and_nested(tmp_path):
     assert recipe.mix.weights == {"web": 2.5, "books": 1.0}
     assert recipe.generate.prompt == "Once upon a time"
     assert recipe.eval.seq_len == 64
-    assert recipe.curate.min_chars == 75
+    assert recipe.curate.length.min_chars == 75
 
 
 def test_override_does_not_touch_the_file(tmp_path):
@@ -168,11 +169,11 @@ def test_unknown_top_level_key_lists_sections(tmp_path):
 
 
 def test_unknown_key_inside_an_input_lists_input_keys(tmp_path):
-    path = write_recipe(tmp_path, "name: x\ncurate:\n  inputs:\n    - {source: a, reader: text_files, path: 'x/*', glob: '*.txt'}\n")
+    path = write_recipe(tmp_path, "name: x\ncurate:\n  inputs:\n    - {source: a, format: text, path: 'x/*', glob: '*.txt'}\n")
     message = load_error(path, [])
     line = next(l for l in message.splitlines() if "glob" in l)
     assert line.strip().startswith("curate.inputs.0.glob: unknown key")
-    assert line.endswith("allowed keys here: path, reader, source")
+    assert line.endswith("allowed keys here: code, extractor, format, id_field, path, source, source_field, text_field")
 
 
 def test_wrong_type_names_path_and_bad_value():
@@ -261,9 +262,9 @@ def test_validate_recipe_names_origin():
 
 
 def test_bad_input_item_is_one_problem(tmp_path):
-    path = write_recipe(tmp_path, "name: x\ncurate:\n  inputs:\n    - {source: a, reader: bogus}\n")
+    path = write_recipe(tmp_path, "name: x\ncurate:\n  inputs:\n    - {source: a, format: bogus}\n")
     message = load_error(path, [])
-    assert "curate.inputs.0.reader" in message
+    assert "curate.inputs.0.format" in message
     assert "1 problem(s)" in message
     assert "at least 1 item" not in message
 

@@ -33,6 +33,7 @@ from kiln.core.config import Section
 from kiln.core.errors import FatalError
 
 MANIFEST = "manifest.json"
+IN_PROGRESS = "in_progress.json"  # what an unfinished attempt was doing; resume keeps its work only if it matches
 FORMAT = "kiln-manifest v1"
 log = logging.getLogger("kiln.core")
 
@@ -127,11 +128,22 @@ class Stage:
         self.log.info("%s: redoing because %s", self.name, reason)
         return None
 
-    def begin(self) -> None:
-        if self.dir.exists():
-            shutil.rmtree(self.dir)
-        self.dir.mkdir(parents=True)
+    def begin(self, resume: bool = False) -> bool:
+        """Start from an empty stage directory, or with `resume`, keep the work of an interrupted
+        attempt with the same config, inputs and upstream (its finished tasks left completion
+        markers). Returns whether earlier work was kept."""
+        identity = {"config_hash": self.config_hash, "inputs": self.inputs, "upstream": self.upstream}
+        marker = self.dir / IN_PROGRESS
+        kept = resume and marker.is_file() and not (self.dir / MANIFEST).exists() and json.loads(marker.read_text()) == identity
+        if not kept:
+            if self.dir.exists():
+                shutil.rmtree(self.dir)
+            self.dir.mkdir(parents=True)
+            marker.write_text(json.dumps(identity))
+        else:
+            self.log.info("%s: resuming the interrupted attempt in %s", self.name, self.dir)
         self._t0, self._cpu0 = time.perf_counter(), _cpu_seconds()
+        return kept
 
     def finish(self, outputs: Iterable[Path], counts: Mapping[str, Any], summary: str, extra: Mapping[str, Any] | None = None, logs: Iterable[Path] = ()) -> dict[str, Any]:
         """Write manifest.json last. `logs` (e.g. per-step metrics with timings) are listed but are
@@ -157,5 +169,6 @@ class Stage:
         tmp = self.dir / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps(manifest, indent=2) + "\n")
         os.replace(tmp, self.dir / MANIFEST)  # the manifest appears only once everything else is written
+        (self.dir / IN_PROGRESS).unlink(missing_ok=True)
         self.log.info("%s: done in %.1fs\n%s", self.name, manifest["wall_seconds"], summary.rstrip())
         return manifest

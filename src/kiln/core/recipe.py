@@ -50,7 +50,7 @@ class Recipe(Section):
         if self.mix.weights is not None:
             known = {i.source for i in self.curate.inputs}
             unknown = sorted(set(self.mix.weights) - known)
-            if unknown:
+            if unknown and None not in known:  # an input without a source names them from its data
                 raise ValueError(f"mix.weights names sources {unknown} that curate.inputs does not define ({sorted(known)})")
         return self
 
@@ -89,18 +89,22 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         raise ConfigError(f"--set {assignment!r}: the value is not valid YAML ({e})") from None
 
 
-def load_recipe(recipe: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
-    path = resolve_recipe_path(str(recipe))
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"recipe {path}: not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"recipe {path}: the top level must be a mapping of sections, got {type(data).__name__}")
-    data = copy.deepcopy(data)
+def load_recipe(recipe: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """A recipe file (or shipped name) with overrides applied; None starts from every default."""
+    if recipe is None:
+        data, origin = {}, "defaults"
+    else:
+        path = resolve_recipe_path(str(recipe))
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"recipe {path}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"recipe {path}: the top level must be a mapping of sections, got {type(data).__name__}")
+        data, origin = copy.deepcopy(data), str(path)
     for assignment in overrides:
         apply_override(data, assignment)
-    return validate_recipe(data, origin=str(path))
+    return validate_recipe(data, origin=origin)
 
 
 def validate_recipe(data: dict[str, Any], origin: str = "recipe") -> Recipe:

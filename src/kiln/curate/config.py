@@ -1,56 +1,53 @@
-"""The `curate` recipe section: where text comes from and which rules keep it."""
+"""The `curate` recipe section: where text comes from, which steps run, with which thresholds.
+
+Each step owns its config (defined beside the step, defaults from the published rule sets);
+this section composes them. Without a recipe, `kiln curate --input PATH` uses these defaults:
+every step on, the local executor with one worker per core.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from kiln.core.config import Section
+from kiln.curate.dedup.exact import ExactDedupConfig
+from kiln.curate.executors import ExecutorConfig
+from kiln.curate.readers.config import InputConfig
+from kiln.curate.steps.c4 import C4Config
+from kiln.curate.steps.code import CodeConfig
+from kiln.curate.steps.fineweb import FineWebQualityConfig
+from kiln.curate.steps.gopher import GopherQualityConfig, GopherRepetitionConfig
+from kiln.curate.steps.language import LanguageConfig
+from kiln.curate.steps.lines import LineDedupConfig
+from kiln.curate.steps.normalize import LengthConfig
+from kiln.curate.steps.pii import PIIConfig
+from kiln.curate.steps.url import URLFilterConfig
 
-ReaderName = Literal["stdlib_code", "pydoc_topics", "usr_share_doc", "text_files"]
-
-
-class InputConfig(Section):
-    source: str = Field(description="Name of the stream (code, prose, web...); becomes a mixture component and an eval split.", pattern=r"^[A-Za-z0-9_]+$")
-    reader: ReaderName = Field(description="stdlib_code: the interpreter's standard-library .py files; pydoc_topics: the Python docs text in pydoc_data; usr_share_doc: READMEs, changelogs and licenses under /usr/share/doc; text_files: one document per file matching `path`.")
-    path: str | None = Field(default=None, description="For text_files: a glob (e.g. data/*.txt, data/**/*.md; ids are `<source>/<path below the folder before the first wildcard>`); for usr_share_doc: the root folder (default /usr/share/doc).")
-
-    @model_validator(mode="after")
-    def _path_for_text_files(self) -> InputConfig:
-        if self.reader == "text_files" and not self.path:
-            raise ValueError("reader text_files needs `path`, a glob such as data/**/*.txt")
-        return self
-
-
+# The built-in corpus marks its kinds: pydoc topics live in a .py file but are prose.
 DEFAULT_INPUTS = (
-    InputConfig(source="code", reader="stdlib_code"),
-    InputConfig(source="prose", reader="pydoc_topics"),
-    InputConfig(source="docs", reader="usr_share_doc"),
+    InputConfig(source="code", format="stdlib_code", code=True),
+    InputConfig(source="prose", format="pydoc_topics", code=False),
+    InputConfig(source="docs", format="usr_share_doc", code=False),
 )
 
 
 class CurateConfig(Section):
-    NOT_HASHED = frozenset({"workers"})  # shards do not depend on the worker count
-    inputs: tuple[InputConfig, ...] = Field(default=DEFAULT_INPUTS, min_length=1, description="Input streams, read in this order.")
-    max_total_mb: float = Field(default=50.0, gt=0, description="Cap on raw input in MB (1e6 bytes on disk, .gz counted compressed), shared fairly between inputs; a small input leaves its share to the others.")
-    max_file_mb: float = Field(default=1.0, gt=0, description="A file larger than this (MB, after decompression) is quarantined with its path, never loaded whole.")
-    shard_mb: float = Field(default=4.0, gt=0, description="Raw input bytes per shard task (MB); shard names depend on this, never on the worker count.")
-    workers: int | None = Field(default=None, ge=1, description="Worker processes; None means one per CPU core.")
-    min_chars: int = Field(default=200, ge=0, description="Length filter: drop documents with fewer characters after normalization.")
-    max_chars: int = Field(default=1_000_000, gt=0, description="Length filter: drop documents with more characters after normalization.")
-    min_mean_word_length: float = Field(default=3.0, ge=0, description="Drop documents whose mean word length (characters) is below this (Gopher: 3).")
-    max_mean_word_length: float = Field(default=10.0, gt=0, description="Drop documents whose mean word length (characters) is above this (Gopher: 10).")
-    max_symbol_word_ratio: float = Field(default=0.1, ge=0, description="Drop documents with more '#' plus ellipses per word than this (Gopher: 0.1).")
-    exact_dedup: bool = Field(default=True, description="Remove exact duplicates (hash of normalized text) across all inputs, keeping the smallest id.")
-
-    @model_validator(mode="after")
-    def _ranges(self) -> CurateConfig:
-        if self.min_chars >= self.max_chars:
-            raise ValueError(f"min_chars ({self.min_chars}) must be below max_chars ({self.max_chars})")
-        if self.min_mean_word_length >= self.max_mean_word_length:
-            raise ValueError("min_mean_word_length must be below max_mean_word_length")
-        sources = [i.source for i in self.inputs]
-        if len(set(sources)) != len(sources):
-            raise ValueError(f"input sources must be unique, got {sources}")
-        return self
+    NOT_HASHED = frozenset({"executor"})  # shards do not depend on the executor or worker count
+    inputs: tuple[InputConfig, ...] = Field(default=DEFAULT_INPUTS, min_length=1, description="Input streams, read in this order; `kiln curate --input PATH` replaces them.")
+    max_total_mb: float | None = Field(default=None, gt=0, description="Cap on raw input in MB (1e6 bytes on disk, compressed files counted compressed), shared fairly between inputs; None reads everything.")
+    max_doc_mb: float = Field(default=1.0, gt=0, description="A document with more text than this (MB of UTF-8) is quarantined, never loaded whole into the steps.")
+    extract_timeout_s: float = Field(default=5.0, gt=0, description="Seconds allowed for extracting the main text of one HTML page (extraction runs in a helper process); a page not done by then has its extractor killed and is quarantined (extract:timeout).")
+    shard_mb: float = Field(default=4.0, gt=0, description="Raw input bytes per shard task (MB) for one-document-per-file inputs and Parquet row groups (a JSONL or WARC file is one task); shard names depend on this, never on the worker count.")
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="Where shard tasks run: local process pool or Ray.")
+    sample_size: int = Field(default=20, ge=0, description="Removed documents kept per source and reason under audit/samples/ for inspection.")
+    url_filter: URLFilterConfig = Field(default_factory=URLFilterConfig, description="Block lists for documents with a URL (meta.url).")
+    line_dedup: LineDedupConfig = Field(default_factory=LineDedupConfig, description="CCNet-style removal of lines repeated across many documents of a source (prose only).")
+    language: LanguageConfig = Field(default_factory=LanguageConfig, description="Language identification (fastText lid.176) and the languages kept (prose only).")
+    gopher_repetition: GopherRepetitionConfig = Field(default_factory=GopherRepetitionConfig, description="Gopher repetition rules (prose only).")
+    gopher_quality: GopherQualityConfig = Field(default_factory=GopherQualityConfig, description="Gopher quality rules (prose only).")
+    c4: C4Config = Field(default_factory=C4Config, description="C4 line and document rules (prose only).")
+    fineweb: FineWebQualityConfig = Field(default_factory=FineWebQualityConfig, description="FineWeb's additional rules (prose only).")
+    code_quality: CodeConfig = Field(default_factory=CodeConfig, description="Rules for code documents, applied instead of the prose rules.")
+    pii: PIIConfig = Field(default_factory=PIIConfig, description="Redaction of emails, phone numbers, IP addresses, card numbers, SSNs and secrets.")
+    length: LengthConfig = Field(default_factory=LengthConfig, description="Document length limits, after every edit.")
+    exact_dedup: ExactDedupConfig = Field(default_factory=ExactDedupConfig, description="Removal of exact duplicates (normalized text) across all sources.")

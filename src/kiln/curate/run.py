@@ -1,10 +1,19 @@
-"""The curate stage: plan inputs, run shard tasks, deduplicate globally, write the audit.
+"""The curate stage: five map phases over shard tasks, with files between them.
 
-Phase 1 (parallel, one task per shard): load, normalize, filter, write the shard, hash kept
-texts. Phase 2 (here): choose exact duplicates across all shards. Phase 3 (parallel): rewrite
-only the shards that lost documents. Shards are cut from the sorted input list by raw bytes,
-so their names and contents do not depend on the number of workers.
-Not handled yet: resuming half-finished shard tasks (a crashed stage is redone whole).
+1. read (one task per read task): read and extract, normalize, URL filter; write the task's
+   documents to `work/read/`, and count the distinct normalized lines of each prose document.
+2. lines (one task per hash partition): sum line counts over all tasks; the lines found in more
+   than `line_dedup.max_docs` documents of a source are boilerplate.
+3. filter (one task per read task): cut boilerplate lines, language ID, the prose rules (or the
+   code rules), PII, length; write survivors to `work/filter/` and their text hashes by partition.
+4. dedup (one task per hash partition): choose, among equal texts, the one to keep.
+5. write (one task per read task): drop the duplicates, write `shards/<source>-<task>.jsonl.zst`.
+Every task writes its outputs atomically and then a completion marker holding its ledger; an
+interrupted run, re-run with the same config and inputs, skips finished tasks. Shard contents
+depend only on the inputs and the config, never on the executor or the number of workers.
+The run ends with the accounting check (input = kept + removed + quarantined, per task and per
+source), the audit (`removed.parquet`, `quarantine.jsonl`, `audit/`) and the funnel per source.
+Not handled here: near-duplicate removal and decontamination (later steps).
 """
 
 from __future__ import annotations
@@ -12,164 +21,349 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import time
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from kiln.core.document import Document
-from kiln.core.errors import DocumentError, FatalError
+from kiln.core.atomic import write_atomically
+from kiln.core.errors import FatalError
 from kiln.core.manifest import Stage
-from kiln.curate.audit import Ledger
+from kiln.curate.audit import Ledger, SourceTally
 from kiln.curate.config import CurateConfig
-from kiln.curate.dedup.exact import REASON as DEDUP_REASON
-from kiln.curate.dedup.exact import find_duplicates, text_hash
-from kiln.curate.executors.local import LocalExecutor
-from kiln.curate.readers import InputUnit, load_unit, plan_inputs
+from kiln.curate.dedup.exact import HashTable, dedup_partition, removals_for_task
+from kiln.curate.executors import Executor, build_executor
+from kiln.curate.readers import ReadLimits, ReadTask, plan_reads, read_task, task_paths
 from kiln.curate.shards import SUFFIX, ShardWriter, read_shard
-from kiln.curate.steps import build_steps, run_steps
+from kiln.curate.steps.code import is_code
+from kiln.curate.steps.lines import LineCounts, document_line_keys
+from kiln.curate.steps.pipeline import BRANCHES, code_steps, early_steps, funnel_rows, prose_steps, run_document
 
 log = logging.getLogger("kiln.curate")
 MB = 1_000_000
+PHASES = ("read", "lines", "filter", "dedup", "write")
+MAX_OPEN_SHARDS = 64  # shard writers one write task keeps open at once
+REMOVED_SCHEMA = pa.schema([
+    ("id", pa.string()), ("source", pa.string()), ("step", pa.string()), ("reason", pa.string()),
+    ("value", pa.float64()), ("threshold", pa.float64()), ("note", pa.string()), ("kept_id", pa.string()),
+])
 
 
 @dataclass(frozen=True)
-class ShardTask:
-    name: str
-    units: tuple[InputUnit, ...]
-    out_path: Path
+class Job:
+    """One task of one phase. `index` is the read task's index, or the partition's."""
+
+    phase: str
+    index: int
+    stage_dir: Path
     cfg: CurateConfig
+    partitions: int
+    task: ReadTask | None = None
+
+    @property
+    def folder(self) -> Path:
+        return self.stage_dir / "work" / self.phase
+
+    @property
+    def marker(self) -> Path:
+        return self.folder / f"{self.index:05d}.done"
 
 
-@dataclass
-class ShardResult:
-    name: str
-    bytes_read: int
-    ledger: Ledger
-    hashes: list[tuple[str, str]] = field(default_factory=list)  # (text hash, doc id) of kept docs
+def partition_count(tasks: int) -> int:
+    """Hash partitions for the global phases: a power of two near a quarter of the task count, at most 256."""
+    target = max(1, min(256, tasks // 4))
+    return 1 << (target.bit_length() - 1)
 
 
-def cut_shards(units: list[InputUnit], shard_bytes: int) -> list[list[InputUnit]]:
-    """Consecutive runs of one source's units, each up to shard_bytes (a bigger unit stands alone)."""
-    shards: list[list[InputUnit]] = []
-    size = 0
-    for unit in units:
-        if not shards or shards[-1][0].source != unit.source or size + unit.size > shard_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(unit)
-        size += unit.size
-    return shards
+# --- ledgers in completion markers ---------------------------------------------------------------
 
 
-def curate_shard(task: ShardTask) -> ShardResult:
-    ledger, steps = Ledger(), build_steps(task.cfg)
-    result = ShardResult(task.name, sum(u.size for u in task.units), ledger)
-    max_bytes = int(task.cfg.max_file_mb * MB)
-    with ShardWriter(task.out_path) as writer:
-        for unit in task.units:
-            try:
-                text, replaced = load_unit(unit, max_bytes)
-            except Exception as e:  # DocumentError says why; anything else is quarantined the same way
-                ledger.seen(unit.source, unit.size)
-                ledger.quarantine(unit.doc_id, unit.source, str(e) if isinstance(e, DocumentError) else f"read:error: {unit.path}: {type(e).__name__}: {e}")
+def save_ledger(job: Job, ledger: Ledger, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write the ledger's removed and quarantined rows beside the marker, then the marker itself (last)."""
+    base = job.folder / f"{job.index:05d}"
+    write_atomically(base.with_suffix(".removed.parquet"), lambda p: pq.write_table(pa.Table.from_pylist(ledger.removed, schema=REMOVED_SCHEMA), p))
+    write_atomically(base.with_suffix(".quarantine.jsonl"), lambda p: p.write_text("".join(json.dumps(q, ensure_ascii=False) + "\n" for q in ledger.quarantined), encoding="utf-8"))
+    summary = {
+        "sources": {s: t.to_json() for s, t in ledger.sources.items()},
+        "samples": {f"{s}\x00{r}": ledger.sample(s, r) for s, r in ledger.samples},
+        **(extra or {}),
+    }
+    write_atomically(job.marker, lambda p: p.write_text(json.dumps(summary, ensure_ascii=False), encoding="utf-8"))
+    return summary
+
+
+def load_ledger(summary: dict[str, Any], sample_size: int) -> Ledger:
+    """Counts and samples of a marker (rows stay in their files; the audit streams them)."""
+    ledger = Ledger(sample_size)
+    ledger.sources = {s: SourceTally.from_json(t) for s, t in summary["sources"].items()}
+    for key, entries in summary["samples"].items():
+        source, reason = key.split("\x00")
+        for entry in entries:
+            ledger.offer_sample(source, reason, entry)
+    return ledger
+
+
+def save_array(path: Path, array: np.ndarray) -> None:
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:  # a file object: np.save given a path would add ".npy" to the temporary name
+            np.save(f, array)
+
+    write_atomically(path, write)
+
+
+# --- the phases ---------------------------------------------------------------------------------
+
+
+def read_phase(job: Job) -> dict[str, Any]:
+    assert job.task is not None
+    cfg, task = job.cfg, job.task
+    ledger, steps = Ledger(cfg.sample_size), early_steps(cfg)
+    limits = ReadLimits(max_doc_bytes=int(cfg.max_doc_mb * MB), extract_timeout_s=cfg.extract_timeout_s)
+    lines = LineCounts()
+    docs = 0
+    with ShardWriter(job.folder / f"{job.index:05d}{SUFFIX}", level=1) as writer:
+        for doc in read_task(task, limits, ledger):
+            ledger.seen(doc.source, len(doc.text.encode("utf-8", "surrogatepass")))
+            ledger.passed("read", doc)
+            docs += 1
+            out = run_document(doc, steps, ledger)
+            if out is None:
                 continue
-            ledger.seen(unit.source, len(text.encode("utf-8")))
-            if replaced:
-                ledger.tally(unit.source).invalid_utf8_docs += 1
-            doc = Document(unit.doc_id, text, unit.source, {"path": unit.path} if unit.key is None else {"path": unit.path, "topic": unit.key})
-            try:
-                kept = list(run_steps([doc], steps, ledger))
-            except Exception as e:  # a step that raises on one document quarantines it, never the run
-                ledger.quarantine(doc.id, doc.source, f"{type(e).__name__}: {e}")
+            writer.write(out)
+            if cfg.line_dedup.enabled and not is_code(out.source, out.meta.get("path"), task.input.code):
+                lines.add(document_line_keys(out))
+    keys, counts = lines.result()
+    save_array(job.folder / f"{job.index:05d}.keys.npy", keys)
+    save_array(job.folder / f"{job.index:05d}.counts.npy", counts)
+    return save_ledger(job, ledger, {"docs": docs})
+
+
+def lines_phase(job: Job) -> dict[str, Any]:
+    """Sum one key range of every read task's line counts; keep the keys over the threshold."""
+    bits = job.partitions.bit_length() - 1
+    lo = np.uint64(job.index << (64 - bits)) if bits else np.uint64(0)
+    parts_keys, parts_counts = [], []
+    for keys_path in sorted((job.stage_dir / "work" / "read").glob("*.keys.npy")):
+        keys = np.load(keys_path, mmap_mode="r")
+        counts = np.load(keys_path.with_name(keys_path.name.replace(".keys.", ".counts.")), mmap_mode="r")
+        start = np.searchsorted(keys, lo) if bits else 0
+        stop = np.searchsorted(keys, np.uint64((job.index + 1) << (64 - bits))) if bits and job.index + 1 < job.partitions else len(keys)
+        parts_keys.append(np.asarray(keys[start:stop]))
+        parts_counts.append(np.asarray(counts[start:stop]))
+    keys = np.concatenate(parts_keys) if parts_keys else np.zeros(0, np.uint64)
+    counts = np.concatenate(parts_counts) if parts_counts else np.zeros(0, np.int64)
+    unique, inverse = np.unique(keys, return_inverse=True)
+    totals = np.bincount(inverse.ravel(), weights=counts, minlength=len(unique)) if len(unique) else np.zeros(0)
+    boilerplate = unique[totals > job.cfg.line_dedup.max_docs]
+    save_array(job.folder / f"{job.index:05d}.npy", boilerplate)
+    summary = {"boilerplate_lines": int(len(boilerplate))}
+    write_atomically(job.marker, lambda p: p.write_text(json.dumps(summary)))
+    return summary
+
+
+def filter_phase(job: Job) -> dict[str, Any]:
+    assert job.task is not None
+    cfg = job.cfg
+    ledger = Ledger(cfg.sample_size)
+    boilerplate = np.load(job.stage_dir / "work" / "lines" / "boilerplate.npy") if cfg.line_dedup.enabled else np.zeros(0, np.uint64)
+    prose, code = prose_steps(cfg, boilerplate.tolist()), code_steps(cfg)
+    hashes = HashTable(job.index, cfg.exact_dedup.source_priority)
+    kept = seen = 0
+    with ShardWriter(job.folder / f"{job.index:05d}{SUFFIX}", level=1) as writer:
+        for doc in read_shard(job.stage_dir / "work" / "read" / f"{job.index:05d}{SUFFIX}"):
+            seen += 1
+            branch = "code" if is_code(doc.source, doc.meta.get("path"), job.task.input.code) else "prose"
+            out = run_document(doc, code if branch == "code" else prose, ledger, branch)
+            if out is None:
                 continue
-            for out in kept:
-                writer.write(out)
-                ledger.kept(out)
-                result.hashes.append((text_hash(out.text), out.id))
-    return result
+            if cfg.exact_dedup.enabled:
+                hashes.add(kept, out.id, out.source, out.text)
+            writer.write(out)
+            kept += 1
+    if cfg.exact_dedup.enabled:
+        hashes.write(job.folder, job.partitions)
+    return save_ledger(job, ledger, {"docs": seen, "kept": kept})
 
 
-def drop_from_shard(job: tuple[Path, dict[str, str]]) -> Ledger:
-    """Rewrite one shard without the given ids ({removed id: kept id}); returns the ledger change."""
-    path, removed = job
-    delta = Ledger()
-    with ShardWriter(path) as writer:  # the writer's temp name lets us read the old shard meanwhile
-        for doc in read_shard(path):
-            if doc.id in removed:
-                delta.unkeep(doc)
-                delta.remove(doc.id, doc.source, DEDUP_REASON, kept_id=removed[doc.id])
-            else:
-                writer.write(doc)
-    return delta
+def dedup_phase(job: Job) -> dict[str, Any]:
+    removed = dedup_partition(job.stage_dir / "work" / "filter", job.index, job.folder / f"{job.index:05d}.parquet")
+    summary = {"duplicates": removed}
+    write_atomically(job.marker, lambda p: p.write_text(json.dumps(summary)))
+    return summary
+
+
+def write_phase(job: Job) -> dict[str, Any]:
+    """Drop the task's duplicates and write one shard per source. A task whose documents carry
+    more than MAX_OPEN_SHARDS sources is written in several passes over its filtered file, so the
+    number of open files stays bounded."""
+    ledger = Ledger(job.cfg.sample_size)
+    removals = removals_for_task(job.stage_dir / "work" / "dedup", job.index) if job.cfg.exact_dedup.enabled else {}
+    filtered = job.stage_dir / "work" / "filter" / f"{job.index:05d}{SUFFIX}"
+    finished: set[str] = set()
+    shards, docs, more = [], 0, True
+    while more:
+        more, batch, writers = False, set(), {}
+        try:
+            for ordinal, doc in enumerate(read_shard(filtered)):
+                if doc.source in finished:
+                    continue
+                if doc.source not in batch:
+                    if len(batch) == MAX_OPEN_SHARDS:
+                        more = True  # a later pass takes this source
+                        continue
+                    batch.add(doc.source)
+                if ordinal in removals:
+                    ledger.remove(doc, "exact_dedup", "duplicate", note=f"duplicate of {removals[ordinal]}", kept_id=removals[ordinal])
+                    continue
+                if job.cfg.exact_dedup.enabled:
+                    ledger.passed("exact_dedup", doc)
+                if doc.source not in writers:
+                    writers[doc.source] = ShardWriter(job.stage_dir / "shards" / f"{doc.source}-{job.index:05d}{SUFFIX}")
+                writers[doc.source].write(doc)
+                ledger.kept(doc)
+        except BaseException:
+            for writer in writers.values():
+                writer.__exit__(RuntimeError, None, None)  # removes its temp file
+            raise
+        for writer in writers.values():
+            writer.close()
+            shards.append(writer.path.name)
+            docs += writer.docs
+        finished |= batch
+    return save_ledger(job, ledger, {"docs": docs, "shards": sorted(shards)})
+
+
+PHASE_FUNCTIONS = {"read": read_phase, "lines": lines_phase, "filter": filter_phase, "dedup": dedup_phase, "write": write_phase}
+
+
+def run_job(job: Job) -> tuple[int, dict[str, Any]]:
+    return job.index, PHASE_FUNCTIONS[job.phase](job)
+
+
+# --- the driver -----------------------------------------------------------------------------------
+
+
+def run_phase(executor: Executor, jobs: list[Job], desc: str, weight: Callable[[Job], int] = lambda job: 1, unit: str = "task") -> dict[int, dict[str, Any]]:
+    """Run the jobs whose marker is missing, with a progress bar; return every job's marker content by index."""
+    results: dict[int, dict[str, Any]] = {}
+    todo = []
+    for job in jobs:
+        job.folder.mkdir(parents=True, exist_ok=True)
+        if job.marker.is_file():
+            results[job.index] = json.loads(job.marker.read_text(encoding="utf-8"))
+        else:
+            todo.append(job)
+    if jobs and len(todo) < len(jobs):
+        log.info("curate: %s phase: %d of %d tasks already finished, skipped", jobs[0].phase, len(jobs) - len(todo), len(jobs))
+    by_index = {job.index: job for job in jobs}
+    started, docs = time.perf_counter(), 0
+    with tqdm(total=sum(map(weight, jobs)), initial=sum(weight(by_index[i]) for i in results), desc=desc, unit=unit, unit_scale=unit == "B", dynamic_ncols=True, leave=False) as bar:
+        for index, summary in executor.imap_unordered(run_job, todo):
+            results[index] = summary
+            docs += summary.get("docs", 0)
+            bar.update(weight(by_index[index]))
+            bar.set_postfix_str(f"{docs / max(time.perf_counter() - started, 1e-9):,.0f} docs/s", refresh=False)
+    return results
 
 
 def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
-    units = plan_inputs(cfg.inputs, int(cfg.max_total_mb * MB))
-    if not units:
-        raise FatalError("curate: no input documents found; check curate.inputs (paths and globs) in the recipe")
-    # A file this process cannot read is no stage input to hash; its shard task quarantines it.
-    stage = Stage(run_dir, "curate", {"curate": cfg}, inputs={Path(u.path) for u in units if os.access(u.path, os.R_OK)})
+    tasks = plan_reads(cfg.inputs, None if cfg.max_total_mb is None else int(cfg.max_total_mb * MB), int(cfg.shard_mb * MB))
+    if not tasks:
+        raise FatalError("curate: no input documents found; check the --input paths or curate.inputs (paths and globs) in the recipe")
+    inputs = {p for t in tasks for p in task_paths(t) if os.access(p, os.R_OK)}  # an unreadable file is quarantined by its task
+    stage = Stage(run_dir, "curate", {"curate": cfg}, inputs=inputs)
     if not force and (done := stage.current_manifest()):
         log.info("curate: up to date (%s docs kept); nothing to do. Use --force to redo.", done["counts"]["docs_out"])
         return done
-    stage.begin()
-    shard_dir = stage.dir / "shards"
-    shard_dir.mkdir()
-    shards = cut_shards(units, int(cfg.shard_mb * MB))
-    index: Counter[str] = Counter()
-    tasks = []
-    for group in shards:
-        name = f"{group[0].source}-{index[group[0].source]:05d}"
-        index[group[0].source] += 1
-        tasks.append(ShardTask(name, tuple(group), shard_dir / (name + SUFFIX), cfg))
-    executor = LocalExecutor(cfg.workers)
-    log.info("curate: %d documents (%.1f MB) from %d sources in %d shards, %d workers", len(units), sum(u.size for u in units) / MB, len(index), len(tasks), executor.workers)
+    stage.begin(resume=not force)
+    (stage.dir / "shards").mkdir(exist_ok=True)
+    partitions = partition_count(len(tasks))
+    executor = build_executor(cfg.executor)
+    total_bytes = sum(t.size for t in tasks)
+    log.info("curate: %d read tasks (%.1f MB) from %d inputs, %d partitions, %s executor with %d workers",
+             len(tasks), total_bytes / MB, len(cfg.inputs), partitions, cfg.executor.kind, executor.workers)
 
-    ledger, hashes = Ledger(), []
-    with tqdm(total=sum(u.size for u in units), unit="B", unit_scale=True, desc="curate", dynamic_ncols=True) as bar:
-        for result in executor.map(curate_shard, tasks):
-            ledger.merge(result.ledger)
-            hashes.extend(result.hashes)
-            bar.update(result.bytes_read)
+    def jobs(phase: str, count: int | None = None) -> list[Job]:
+        if count is None:
+            return [Job(phase, t.index, stage.dir, cfg, partitions, t) for t in tasks]
+        return [Job(phase, p, stage.dir, cfg, partitions) for p in range(count)]
 
-    if cfg.exact_dedup:
-        duplicates = find_duplicates(hashes)
-        by_shard: dict[Path, dict[str, str]] = {}
-        shard_of = {doc_id: task.out_path for task in tasks for doc_id in (u.doc_id for u in task.units)}
-        for removed_id, kept_id in duplicates.items():
-            by_shard.setdefault(shard_of[removed_id], {})[removed_id] = kept_id
-        for delta in executor.map(drop_from_shard, sorted(by_shard.items())):
-            ledger.merge(delta)
-        log.info("curate: exact dedup removed %d documents", len(duplicates))
+    raw_bytes: Callable[[Job], int] = lambda job: job.task.size if job.task else 0
+    try:
+        read = run_phase(executor, jobs("read"), "curate 1/5 read", raw_bytes, "B")
+        boilerplate_path = stage.dir / "work" / "lines" / "boilerplate.npy"
+        if cfg.line_dedup.enabled and not boilerplate_path.is_file():
+            run_phase(executor, jobs("lines", partitions), "curate 2/5 line counts")
+            parts = [np.load(stage.dir / "work" / "lines" / f"{p:05d}.npy") for p in range(partitions)]
+            save_array(boilerplate_path, np.concatenate(parts))
+        filtered = run_phase(executor, jobs("filter"), "curate 3/5 filter", raw_bytes, "B")
+        if cfg.exact_dedup.enabled:
+            run_phase(executor, jobs("dedup", partitions), "curate 4/5 exact dedup")
+        written = run_phase(executor, jobs("write"), "curate 5/5 write", raw_bytes, "B")
+    finally:
+        executor.close()
 
-    ledger.check_balanced()
-    audit_paths = write_audit(ledger, stage.dir / "audit")
+    ledger = account(cfg, tasks, [read, filtered, written])
+    outputs = write_audit(ledger, stage.dir, [read, filtered, written], tasks)
+    shutil.rmtree(stage.dir / "work")
     counts = totals(ledger)
-    outputs = sorted(shard_dir.glob("*" + SUFFIX)) + audit_paths
-    return stage.finish(outputs, counts, format_summary(counts))
+    shards = sorted((stage.dir / "shards").glob("*" + SUFFIX))
+    return stage.finish(shards + outputs, counts, format_summary(counts, funnel_rows(cfg)))
 
 
-def write_audit(ledger: Ledger, folder: Path) -> list[Path]:
-    """Every removed id with its reason, and every quarantined id with its error."""
-    folder.mkdir()
-    paths = []
-    for name, rows in (("removed", ledger.removed), ("quarantined", ledger.quarantined)):
-        path = folder / f"{name}.jsonl"
-        with open(path, "w", encoding="utf-8") as f:
-            for row in sorted(rows, key=lambda r: r["id"]):
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        paths.append(path)
-    return paths
+def account(cfg: CurateConfig, tasks: list[ReadTask], phases: list[dict[int, dict[str, Any]]]) -> Ledger:
+    """Merge every task's ledgers, checking input = kept + removed + quarantined per task, then per source."""
+    total = Ledger(cfg.sample_size)
+    for task in tasks:
+        ledger = Ledger(cfg.sample_size)
+        for phase in phases:
+            ledger.merge(load_ledger(phase[task.index], cfg.sample_size))
+        ledger.check_balanced(f"shard task {task.index:05d} ({', '.join(str(p) for p in task_paths(task)[:3])}{' ...' if len(task_paths(task)) > 3 else ''})")
+        total.merge(ledger)
+    total.check_balanced("the whole run")
+    return total
+
+
+def write_audit(ledger: Ledger, stage_dir: Path, phases: list[dict[int, dict[str, Any]]], tasks: list[ReadTask]) -> list[Path]:
+    """removed.parquet, quarantine.jsonl, and under audit/ the per-reason table and the samples."""
+    work = stage_dir / "work"
+    removed_path, quarantine_path = stage_dir / "removed.parquet", stage_dir / "quarantine.jsonl"
+    with pq.ParquetWriter(removed_path, REMOVED_SCHEMA) as writer:
+        for task in tasks:
+            for phase in ("read", "filter", "write"):
+                writer.write_table(pq.read_table(work / phase / f"{task.index:05d}.removed.parquet", schema=REMOVED_SCHEMA))
+    with open(quarantine_path, "w", encoding="utf-8") as out:
+        for task in tasks:
+            for phase in ("read", "filter", "write"):
+                out.write((work / phase / f"{task.index:05d}.quarantine.jsonl").read_text(encoding="utf-8"))
+    audit = stage_dir / "audit"
+    audit.mkdir(exist_ok=True)
+    reasons = {s: {r: {"docs": n, "bytes": t.removed_bytes[r]} for r, n in sorted(t.removed.items())} for s, t in sorted(ledger.sources.items())}
+    (audit / "reasons.json").write_text(json.dumps(reasons, indent=2) + "\n")
+    outputs = [removed_path, quarantine_path, audit / "reasons.json"]
+    for source, reason in sorted(ledger.samples):
+        path = audit / "samples" / source / (reason.replace(":", "__") + ".jsonl")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in ledger.sample(source, reason)), encoding="utf-8")
+        outputs.append(path)
+    return outputs
 
 
 def totals(ledger: Ledger) -> dict[str, Any]:
     per_source = {s: t.to_json() for s, t in sorted(ledger.sources.items())}
     removed: Counter[str] = Counter()
+    stats: Counter[str] = Counter()
     for t in ledger.sources.values():
         removed.update(t.removed)
+        stats.update(t.stats)
     return {
         "docs_in": sum(t["docs_in"] for t in per_source.values()),
         "docs_out": sum(t["docs_out"] for t in per_source.values()),
@@ -177,13 +371,31 @@ def totals(ledger: Ledger) -> dict[str, Any]:
         "bytes_out": sum(t["bytes_out"] for t in per_source.values()),
         "removed": dict(sorted(removed.items())),
         "quarantined": sum(t["quarantined"] for t in per_source.values()),
+        "stats": dict(sorted(stats.items())),
         "per_source": per_source,
     }
 
 
-def format_summary(counts: dict[str, Any]) -> str:
-    lines = [f"{'source':<10} {'docs in':>9} {'kept':>9} {'removed':>9} {'quar.':>6} {'MB in':>8} {'MB out':>8}"]
+def format_summary(counts: dict[str, Any], rows: list[str], top_reasons: int = 5) -> str:
+    """The funnel per source (documents and MB after each step, in pipeline order, zeros shown)
+    and its top removal reasons. A branch (prose or code rules) is shown when documents entered it."""
+    lines = []
     for source, t in counts["per_source"].items():
-        lines.append(f"{source:<10} {t['docs_in']:>9} {t['docs_out']:>9} {sum(t['removed'].values()):>9} {t['quarantined']:>6} {t['bytes_in'] / MB:>8.1f} {t['bytes_out'] / MB:>8.1f}")
-    lines.append("removed by reason: " + (", ".join(f"{r}={n}" for r, n in counts["removed"].items()) or "none"))
+        lines.append(f"source {source}: {t['docs_in']:,} documents in ({t['bytes_in'] / MB:.1f} MB), {t['docs_out']:,} kept ({t['bytes_out'] / MB:.1f} MB), {t['quarantined']:,} quarantined")
+        lines.append(f"  {'after step':<24} {'docs':>10} {'MB':>9} {'docs %':>7}")
+        funnel = t["funnel"]
+        for row in rows:
+            branch = row.split("/")[0] if row in BRANCHES or "/" in row else None
+            if branch is not None and branch not in funnel:
+                continue  # no document of this source took that branch
+            found = funnel.get(row, {"docs": 0, "bytes": 0})
+            label = f"{row} rules, in" if row in BRANCHES else ("  " + row.split("/")[1] if "/" in row else row)
+            lines.append(f"  {label:<24} {found['docs']:>10,} {found['bytes'] / MB:>9.2f} {100 * found['docs'] / max(t['docs_in'], 1):>6.1f}%")
+        top = sorted(t["removed"].items(), key=lambda kv: (-kv[1], kv[0]))[:top_reasons]
+        if top:
+            lines.append("  top removal reasons: " + ", ".join(f"{r}={n:,}" for r, n in top))
+    if counts["stats"]:
+        lines.append("counters: " + ", ".join(f"{k}={v:,}" for k, v in counts["stats"].items()))
+    lines.append(f"total: {counts['docs_in']:,} in, {counts['docs_out']:,} kept, {sum(counts['removed'].values()):,} removed, {counts['quarantined']:,} quarantined")
     return "\n".join(lines)
+

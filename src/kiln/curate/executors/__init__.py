@@ -1,18 +1,45 @@
 """Executors map shard tasks onto workers. They know nothing about steps.
 
-`local` is a process pool (the default); a `ray` executor joins later with the same seam.
+`local` is a process pool on this machine (the default); `ray` runs the same tasks on a Ray
+cluster, an existing one by address or one started on this machine. Both yield results as
+tasks finish, in any order: callers key results by task, so outputs never depend on the
+executor, the worker count or the finishing order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
+
+from pydantic import Field
+
+from kiln.core.config import Section
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
+class ExecutorConfig(Section):
+    kind: Literal["local", "ray"] = Field(default="local", description="local: a process pool on this machine; ray: a Ray cluster (see ray_address).")
+    workers: int | None = Field(default=None, ge=1, description="Parallel tasks; None means one per CPU core (local) or per CPU of the Ray cluster.")
+    ray_address: str | None = Field(default=None, description="For ray: address of a running cluster (e.g. 10.0.0.5:6379 or auto); None starts a local Ray instance.")
+
+
 class Executor(Protocol):
-    def map(self, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[R]:
-        """Results in task order; a task's exception propagates."""
+    workers: int
+
+    def imap_unordered(self, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[R]:
+        """fn(task) for every task, yielded as each finishes; a task's exception propagates."""
         ...
+
+    def close(self) -> None: ...
+
+
+def build_executor(cfg: ExecutorConfig) -> Executor:
+    if cfg.kind == "ray":
+        from kiln.curate.executors.ray import RayExecutor
+
+        return RayExecutor(cfg.workers, cfg.ray_address)
+    from kiln.curate.executors.local import LocalExecutor
+
+    return LocalExecutor(cfg.workers)

@@ -1,0 +1,24 @@
+"""Writing a file so that it exists whole or not at all: write a temporary sibling, then rename.
+
+A reader (or a resumed run) never sees half a file: `os.replace` is atomic on one filesystem.
+Not handled here: durability across power loss (no fsync), streaming writers (kiln.curate.shards
+has its own, on the same principle).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    """Call `write(tmp)` on a temporary path beside `path`, then rename it to `path`."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        write(tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)

@@ -1,0 +1,65 @@
+"""The Ray executor: the same shard tasks as `local`, run as Ray tasks.
+
+It joins a running cluster when given an address, else starts a Ray instance on this machine
+with `workers` CPUs (and stops it on close). Each task asks for one CPU, so the cluster's CPU
+count bounds the parallelism. Task functions and arguments travel by pickle, as with the
+process pool, so workers need kiln installed at the same version.
+Not handled here: placement across nodes (Ray schedules), object-store data transfer (tasks
+exchange data through files, which must be on storage every node can reach).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+from kiln.core.errors import FatalError
+
+T = TypeVar("T")
+R = TypeVar("R")
+log = logging.getLogger("kiln.curate")
+
+
+class RayExecutor:
+    def __init__(self, workers: int | None = None, address: str | None = None):
+        try:
+            import ray
+        except ImportError:
+            raise FatalError("curate.executor.kind=ray needs the `ray` package: pip install 'ray>=2.9'") from None
+        self._ray = ray
+        self._started = False
+        if ray.is_initialized() and address:
+            log.warning("curate: ray is already initialized in this process; using that cluster, not ray_address=%s", address)
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+            else:
+                ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+                self._started = True
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.workers = min(workers, cpus) if workers else cpus
+        log.info("curate: ray executor on %s with %d CPUs", "a local instance" if self._started else address or "the current cluster", cpus)
+
+    def imap_unordered(self, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[R]:
+        ray = self._ray
+        remote = ray.remote(num_cpus=1, max_retries=0)(fn)
+        queue = list(tasks)
+        running: list[Any] = []
+        try:
+            # subtle: at most `workers` tasks in flight, so `workers` bounds parallelism on a
+            # bigger cluster too, and a failure leaves the rest of the queue unstarted.
+            while queue or running:
+                while queue and len(running) < self.workers:
+                    running.append(remote.remote(queue.pop(0)))
+                done, running = ray.wait(running, num_returns=1)
+                yield ray.get(done[0])
+        finally:
+            for ref in running:
+                ray.cancel(ref, force=True)
+
+    def close(self) -> None:
+        if self._started:
+            self._ray.shutdown()
+            self._started = False

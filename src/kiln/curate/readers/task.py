@@ -1,0 +1,46 @@
+"""The records a plan is made of: a unit (one file, file slice or built-in document) and a task.
+
+Both are frozen, picklable and small, so a plan travels to worker processes or Ray workers
+cheaply. Not handled here: making a plan (plan.py) or reading one (read.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiln.curate.readers.config import InputConfig
+
+
+@dataclass(frozen=True)
+class ReadUnit:
+    """One file to read (or one slice of one), or one built-in document.
+
+    `name` is `<source>/<path relative to the input's root>`: the id of a one-document file and
+    the stem of the ids of the records in a container. `source` is the planned source (the
+    input's, else the folder's); a record's own source field may override it when reading.
+    """
+
+    path: str
+    name: str
+    source: str
+    format: str  # resolved: never "auto"
+    size: int  # bytes on disk (compressed for .gz/.zst); what the input cap counts
+    key: str | None = None  # pydoc_topics: the topic inside the module file
+    row_groups: tuple[int, ...] | None = None  # parquet: the row groups to read; None: all
+    first_row: int = 0  # parquet: index in the file of the first row of row_groups[0]
+    max_bytes: int | None = None  # the input cap's budget: stop a container after about this many bytes on disk
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    index: int  # position in the plan; output shards are named by it, so plans never depend on the worker count
+    input_index: int  # which entry of the inputs tuple
+    input: InputConfig
+    units: tuple[ReadUnit, ...]
+    size: int  # bytes on disk the task reads (for progress bars and the cap)
+
+
+def task_paths(task: ReadTask) -> list[Path]:
+    """The files the task reads, each once, in order (the stage hashes them)."""
+    return [Path(p) for p in dict.fromkeys(u.path for u in task.units)]

@@ -1,0 +1,91 @@
+"""The curation pipeline: which steps run, in what order, on which documents.
+
+Steps run in two phases around the global line count (see kiln.curate.run):
+- early (while reading): normalize, URL filter;
+- late (after the line count), one branch per kind of document:
+  prose: boilerplate lines, language ID, Gopher repetition, Gopher quality, C4, FineWeb, PII, length;
+  code: the code rules, PII, length.
+Exact dedup runs last, across all shards.
+This is FineWeb's order (URL filter, language, Gopher repetition and quality, C4, FineWeb) with
+CCNet's line removal before language ID, so a boilerplate banner in another language cannot
+decide a page's language. A step whose config says `enabled: false` is left out.
+`run_document` applies a list of steps to one document: a step that raises quarantines that
+document with the error, never the run, and every step's output is counted in the funnel under
+`<branch>/<step>` (the early steps under their own names).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kiln.core.config import Section
+from kiln.core.document import Document
+from kiln.curate.audit import Ledger
+from kiln.curate.config import CurateConfig
+from kiln.curate.steps.base import Step
+from kiln.curate.steps.c4 import C4
+from kiln.curate.steps.code import CodeQuality
+from kiln.curate.steps.fineweb import FineWebQuality
+from kiln.curate.steps.gopher import GopherQuality, GopherRepetition
+from kiln.curate.steps.language import LanguageID
+from kiln.curate.steps.lines import BoilerplateLines
+from kiln.curate.steps.normalize import LengthFilter, Normalize
+from kiln.curate.steps.pii import RedactPII
+from kiln.curate.steps.url import URLFilter
+
+# Each branch's steps in order, named by their config section (which is also the step's name).
+PROSE_STEPS = ("line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "pii", "length")
+CODE_STEPS = ("code_quality", "pii", "length")
+BRANCHES = ("prose", "code")
+_BUILD: dict[str, Callable[[Section], Step]] = {
+    "language": LanguageID, "gopher_repetition": GopherRepetition, "gopher_quality": GopherQuality, "c4": C4,
+    "fineweb": FineWebQuality, "code_quality": CodeQuality, "pii": RedactPII, "length": LengthFilter,
+}
+
+
+def enabled(cfg: CurateConfig, names: Iterable[str]) -> list[str]:
+    return [name for name in names if getattr(cfg, name).enabled]
+
+
+def early_steps(cfg: CurateConfig) -> list[Step]:
+    return [Normalize(), *([URLFilter(cfg.url_filter)] if cfg.url_filter.enabled else [])]
+
+
+def prose_steps(cfg: CurateConfig, boilerplate: Iterable[int] = ()) -> list[Step]:
+    return [BoilerplateLines(boilerplate) if name == "line_dedup" else _BUILD[name](getattr(cfg, name)) for name in enabled(cfg, PROSE_STEPS)]
+
+
+def code_steps(cfg: CurateConfig) -> list[Step]:
+    return [_BUILD[name](getattr(cfg, name)) for name in enabled(cfg, CODE_STEPS)]
+
+
+def funnel_rows(cfg: CurateConfig) -> list[str]:
+    """Every funnel row the config can produce, in pipeline order (the summary shows them all, zeros included)."""
+    rows = ["read", "normalize", *(["url_filter"] if cfg.url_filter.enabled else [])]
+    for branch, names in (("prose", PROSE_STEPS), ("code", CODE_STEPS)):
+        rows += [branch, *(f"{branch}/{name}" for name in enabled(cfg, names))]
+    return rows + (["exact_dedup"] if cfg.exact_dedup.enabled else [])
+
+
+def run_document(doc: Document, steps: list[Step], ledger: Ledger, branch: str | None = None) -> Document | None:
+    """`doc` after every step, or None when a step dropped it (recorded) or raised (quarantined)."""
+    prefix = "" if branch is None else f"{branch}/"
+    if branch is not None:
+        ledger.passed(branch, doc)  # the branch's first row: documents that entered it
+    for step in steps:
+        try:
+            out = list(step.process((doc,), ledger))
+        except Exception as e:  # one bad document is quarantined, never the run
+            ledger.quarantine(doc.id, doc.source, f"{step.name}: {type(e).__name__}: {e}", file=doc.meta.get("path"), position=_position(doc.meta), counted=True)
+            return None
+        assert len(out) <= 1, f"step {step.name} yielded {len(out)} documents for one"
+        if not out:
+            return None
+        doc = out[0]
+        ledger.passed(prefix + step.name, doc)
+    return doc
+
+
+def _position(meta: dict[str, Any]) -> Any:
+    return next((meta[key] for key in ("line", "row", "offset") if key in meta), None)

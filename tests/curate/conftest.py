@@ -1,0 +1,15 @@
+"""Shared fixtures for curation tests: one local Ray instance (2 CPUs) for every Ray test."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    pytest.importorskip("ray")
+    from kiln.curate.executors.ray import RayExecutor
+
+    executor = RayExecutor(workers=2)
+    yield executor
+    executor.close()

@@ -1,0 +1,197 @@
+"""kiln.curate.readers.jsonl: JSONL plain, .gz and .zst, streamed and never trusting a line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import tracemalloc
+from pathlib import Path
+
+import pytest
+import xxhash
+import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kiln.curate.audit import Ledger
+from kiln.curate.readers import InputConfig, ReadLimits, ReadTask, ReadUnit, read_task
+
+from .helpers import errors, read_inputs
+
+WRITERS = {".jsonl": lambda b: b, ".jsonl.gz": gzip.compress, ".jsonl.zst": zstandard.ZstdCompressor().compress}
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    suffix = "".join(path.suffixes[-2:]) if path.name.endswith((".gz", ".zst")) else path.suffix
+    path.write_bytes(WRITERS[suffix](data))
+    return path
+
+
+def lines(*records: object) -> bytes:
+    return b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in records)
+
+
+@pytest.mark.parametrize("suffix", list(WRITERS))
+def test_round_trip_each_compression(tmp_path, suffix):
+    path = write(tmp_path / "web" / f"part{suffix}", lines({"id": 7, "text": "seven"}, {"text": "no id", "meta": {"lang": "en"}}, {"text": "with metadata", "metadata": {"url": "u", "line": 99}, "extra": 1}))
+    docs, ledger = read_inputs(InputConfig(path=str(tmp_path / "web" / "*")))
+    assert [(d.id, d.text, d.source) for d in docs] == [("7", "seven", "web"), (f"web/part{suffix}:2", "no id", "web"), (f"web/part{suffix}:3", "with metadata", "web")]
+    assert docs[1].meta == {"lang": "en", "path": str(path), "line": 2}
+    assert docs[2].meta == {"url": "u", "line": 3, "path": str(path), "record_line": 99}  # kiln's own keys win; the record's is kept aside
+    assert ledger.quarantined == []
+
+
+def test_field_names_are_configurable_and_source_comes_from_the_record(tmp_path):
+    write(tmp_path / "dump" / "a.jsonl", lines({"content": "one", "doc_id": "x1", "origin": "wiki-en"}, {"content": "two"}, {"content": "three", "origin": ""}))
+    cfg = InputConfig(path=str(tmp_path / "dump" / "a.jsonl"), text_field="content", id_field="doc_id", source_field="origin")
+    docs, _ = read_inputs(cfg)
+    wiki = f"wiki_en_{xxhash.xxh64_hexdigest(b'wiki-en')[:8]}"  # made safe, and kept apart from a wiki_en source
+    assert [(d.id, d.source) for d in docs] == [("x1", wiki), ("dump/a.jsonl:2", "dump"), ("dump/a.jsonl:3", "dump")]
+    assert docs[0].meta["source_name"] == "wiki-en" and "source_name" not in docs[1].meta
+    named, _ = read_inputs(cfg.model_copy(update={"source": "web"}))  # the input's source wins over the record's
+    assert {d.source for d in named} == {"web"}
+
+
+def test_top_level_url_and_the_records_own_location_keys(tmp_path):
+    path = write(tmp_path / "web" / "c4.jsonl", lines(
+        {"text": "c4 style", "url": "https://a.example/1", "timestamp": "2019"},  # C4, FineWeb: url at the top level
+        {"text": "both", "url": "https://top.example/", "meta": {"url": "https://meta.example/"}},  # meta first
+        {"text": "empty meta url", "url": "https://top.example/2", "meta": {"url": ""}},
+        {"text": "own path", "meta": {"path": "src/lib.rs", "line": 12, "lang": "rust"}},
+        {"text": "odd url", "url": 5},
+    ))
+    docs, _ = read_inputs(InputConfig(path=str(path)))
+    assert [d.meta.get("url") for d in docs] == ["https://a.example/1", "https://meta.example/", "https://top.example/2", None, None]
+    assert docs[3].meta == {"path": str(path), "line": 4, "record_path": "src/lib.rs", "record_line": 12, "lang": "rust"}
+    assert "timestamp" not in docs[0].meta  # other top-level fields are not meta
+
+
+def test_malformed_lines_are_quarantined_with_file_and_line(tmp_path):
+    path = write(tmp_path / "web" / "a.jsonl", lines({"text": "ok"}, b"{not json", b"", b"[1, 2]", {"text": None}, {"text": 5}, {"title": "no text"}, {"text": "", "id": "e"}, {"text": "last"}))
+    docs, ledger = read_inputs(InputConfig(path=str(path)))
+    assert [d.text for d in docs] == ["ok", "last"] and docs[1].meta["line"] == 9
+    rows = [(q["id"], q["file"], q["position"], q["error"].split(":")[0] + ":" + q["error"].split(":")[1]) for q in ledger.quarantined]
+    assert rows == [
+        ("web/a.jsonl:2", str(path), "2", "read:bad_json"),
+        ("web/a.jsonl:4", str(path), "4", "read:bad_record"),
+        ("web/a.jsonl:5", str(path), "5", "read:bad_record"),
+        ("web/a.jsonl:6", str(path), "6", "read:bad_record"),
+        ("web/a.jsonl:7", str(path), "7", "read:bad_record"),
+    ]
+    assert "field 'text' is a int, not a string" in errors(ledger)[3] and "is missing" in errors(ledger)[4]
+    assert [(r["id"], r["reason"]) for r in ledger.removed] == [("e", "read:empty")]  # line 3 is blank: no record at all
+
+
+def test_invalid_utf8_and_lone_surrogates_are_replaced_and_counted(tmp_path):
+    path = write(tmp_path / "web" / "a.jsonl", lines(b'{"text": "caf\xe9 \xff"}', b'{"text": "half \\ud83d pair", "id": "s\\udfff"}', b'{"text": "whole \\ud83d\\ude00 pair"}', {"text": "clean"}))
+    docs, ledger = read_inputs(InputConfig(path=str(path)))
+    assert [d.text for d in docs] == ["caf\ufffd \ufffd", "half \ufffd pair", "whole \U0001f600 pair", "clean"]
+    assert docs[1].id == "s\ufffd"
+    assert ledger.tally("web").stats["read:invalid_utf8"] == 2
+    for doc in docs:
+        doc.text.encode("utf-8")  # every text can be written out
+
+
+def test_text_over_the_cap_is_quarantined(tmp_path):
+    path = write(tmp_path / "web" / "a.jsonl", lines({"text": "a" * 1001}, {"text": "é" * 600}, {"text": "a" * 1000}))
+    docs, ledger = read_inputs(InputConfig(path=str(path)), limits=ReadLimits(max_doc_bytes=1000))
+    assert [len(d.text) for d in docs] == [1000]
+    assert [(q["id"], q["error"].split(":")[1]) for q in ledger.quarantined] == [("web/a.jsonl:1", "too_large"), ("web/a.jsonl:2", "too_large")]  # é is 2 bytes
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.zst"])
+def test_a_100_mb_line_is_quarantined_in_bounded_memory(tmp_path, suffix):
+    path = tmp_path / "web" / f"huge{suffix}"
+    path.parent.mkdir()
+    piece = b"a" * (1 << 20)
+    with open(path, "wb") as raw:
+        sink = zstandard.ZstdCompressor().stream_writer(raw) if suffix == ".jsonl.zst" else raw
+        sink.write(b'{"text": "before"}\n{"text": "')
+        for _ in range(100):
+            sink.write(piece)
+        sink.write(b'"}\n{"text": "after"}\n')
+        if sink is not raw:
+            sink.close()
+    tracemalloc.start()
+    try:
+        docs, ledger = read_inputs(InputConfig(path=str(path)))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [(d.text, d.meta["line"]) for d in docs] == [("before", 1), ("after", 3)]
+    [q] = ledger.quarantined
+    assert q["id"] == f"web/huge{suffix}:2" and q["position"] == "2" and q["error"].startswith("read:too_large: line 2 of 104857613 bytes is over the line limit of 4000000 bytes")
+    assert peak < 15 * 2**20, f"peak Python memory {peak / 2**20:.1f} MiB while reading a 100 MB line"
+    path.unlink()  # pytest keeps recent tmp folders; do not leave 100 MB behind
+
+
+@pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.zst"])
+def test_truncated_compressed_file_keeps_what_was_read_and_quarantines_the_rest(tmp_path, suffix):
+    data = lines(*({"text": f"record {i} " * 20} for i in range(2000)))
+    path = write(tmp_path / "web" / f"a{suffix}", data)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    docs, ledger = read_inputs(InputConfig(path=str(path)))
+    [q] = ledger.quarantined
+    assert 0 < len(docs) < 2000 and q["error"].startswith(f"read:io_error: {path} after line {len(docs)}: EOFError")
+    assert (q["id"], q["position"]) == (f"web/a{suffix}:{len(docs) + 1}", str(len(docs) + 1))
+    assert [d.meta["line"] for d in docs] == list(range(1, len(docs) + 1))
+
+
+def test_multi_frame_zstd_reads_to_the_end(tmp_path):
+    c = zstandard.ZstdCompressor()
+    path = tmp_path / "web" / "a.jsonl.zst"
+    path.parent.mkdir()
+    path.write_bytes(c.compress(lines({"text": "frame one"})) + c.compress(lines({"text": "frame two"})))
+    assert [d.text for d in read_inputs(InputConfig(path=str(path)))[0]] == ["frame one", "frame two"]
+
+
+def test_the_cap_budget_reads_a_prefix(tmp_path):
+    path = write(tmp_path / "web" / "a.jsonl", lines(*({"text": f"doc {i:04d}"} for i in range(100))))  # 21 bytes a line
+    docs, _ = read_inputs(InputConfig(source="web", path=str(path)), cap=500)
+    assert [d.text for d in docs] == [f"doc {i:04d}" for i in range(24)]  # the lines that start before byte 500
+
+
+# --- properties ---------------------------------------------------------------------------------
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(), lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=5), kids, max_size=3), max_leaves=8)
+records = st.fixed_dictionaries({"text": st.text(min_size=1)}, optional={"id": st.text(min_size=1) | st.integers(), "meta": st.dictionaries(st.text(max_size=8), json_values, max_size=3)})
+
+
+def read_bytes_as_jsonl(tmp_path: Path, data: bytes) -> tuple[list, Ledger]:
+    path = tmp_path / "web" / "p.jsonl"
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(data)
+    task = ReadTask(0, 0, InputConfig(source="web", path=str(path)), (ReadUnit(str(path), "web/p.jsonl", "web", "jsonl", len(data)),), len(data))
+    ledger = Ledger()
+    return list(read_task(task, ReadLimits(max_doc_bytes=200), ledger)), ledger
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(records, max_size=6), st.booleans())
+def test_arbitrary_records_round_trip(tmp_path, recs, ascii_only):
+    data = b"".join(json.dumps(r, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass") + b"\n" for r in recs)
+    docs, ledger = read_bytes_as_jsonl(tmp_path, data)
+    fits = [(i, r) for i, r in enumerate(recs, 1) if len(r["text"].encode("utf-8", "surrogatepass")) <= 200]
+    clean = [(i, r) for i, r in fits if not any(0xD800 <= ord(c) <= 0xDFFF for c in r["text"] + str(r.get("id", "")) + json.dumps(r.get("meta", {}), ensure_ascii=False))]
+    by_line = {d.meta["line"]: d for d in docs}
+    for i, r in clean:
+        doc = by_line[i]
+        assert doc.text == r["text"] and doc.id == (str(r["id"]) if r.get("id", "") != "" else f"web/p.jsonl:{i}")
+        assert doc.meta == {**r.get("meta", {}), "path": str(tmp_path / "web" / "p.jsonl"), "line": i}
+    assert len(docs) + len(ledger.quarantined) == len(recs)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.binary(max_size=300) | st.builds(lambda r: json.dumps(r).encode(), records), max_size=8))
+def test_arbitrary_byte_lines_never_raise_and_are_all_accounted_for(tmp_path, raw_lines):
+    body = [line.replace(b"\n", b" ") for line in raw_lines]
+    docs, ledger = read_bytes_as_jsonl(tmp_path, b"\n".join(body))
+    records_in = sum(1 for line in body if line.strip())
+    t = ledger.tally("web") if "web" in ledger.sources else None
+    removed = sum(t.removed.values()) if t else 0
+    assert len(docs) + len(ledger.quarantined) + removed == records_in
+    assert (t.docs_in if t else 0) == records_in - len(docs)  # the reader counts in what it does not yield
+    for doc in docs:
+        doc.text.encode("utf-8")
+        assert len(doc.text.encode()) <= 200

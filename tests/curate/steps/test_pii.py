@@ -1,0 +1,196 @@
+"""kiln.curate.steps.pii: Luhn by hand, every type found and its near-misses kept, flags, max_hits,
+idempotence and no-raise as properties, and linear time on 1 MB adversarial strings."""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kiln.core.document import Document
+from kiln.curate.audit import Ledger
+from kiln.curate.steps.pii import PIIConfig, RedactPII, luhn_valid, ssn_valid
+
+REDACT = RedactPII(PIIConfig())
+
+
+def redacted(text: str, **config: object) -> str:
+    return RedactPII(PIIConfig(**config)).redact(text)[0]
+
+
+def run(doc: Document, **config: object) -> tuple[list[Document], Ledger]:
+    ledger = Ledger()
+    return list(RedactPII(PIIConfig(**config)).process([doc], ledger)), ledger
+
+
+# --- worked by hand -------------------------------------------------------------------------------
+
+
+def test_luhn_by_hand():
+    # 79927398713, from the right: 3 1 7 8 9 3 7 2 9 9 7. Doubling every second digit gives
+    # 1->2, 8->16->7, 3->6, 2->4, 9->18->9, so the sum is 3+2+7+7+9+6+7+4+9+9+7 = 70: valid.
+    assert luhn_valid("79927398713")
+    assert not luhn_valid("79927398710")  # sum 67
+    assert luhn_valid("4111111111111111") and not luhn_valid("4111111111111112")
+
+
+def test_ssn_rules_by_hand():
+    assert ssn_valid("123", "45", "6789")
+    for area, group, serial in [("000", "12", "3456"), ("666", "12", "3456"), ("900", "12", "3456"), ("123", "00", "4567"), ("123", "45", "0000")]:
+        assert not ssn_valid(area, group, serial)
+
+
+# --- true positives and near-misses, per type ------------------------------------------------------
+
+FOUND = [
+    ("write to john.doe@gmail.com today", "write to <EMAIL> today"),
+    ("Jane <jane_o'neil+news@mail.co.uk>.", "Jane <jane_o'<EMAIL>>."),  # ' is outside the practical local-part set
+    ("josé@correo.es", "<EMAIL>"),
+    ("call +1 415 555 2671 now", "call <PHONE> now"),
+    ("+44 20 7946 0958", "<PHONE>"),
+    ("+49-30-901820", "<PHONE>"),
+    ("(555) 123-4567", "<PHONE>"),
+    ("555-123-4567", "<PHONE>"),
+    ("555.123.4567", "<PHONE>"),
+    ("1-555-123-4567", "<PHONE>"),
+    ("server at 93.184.216.34:8080", "server at <IP_ADDRESS>:8080"),
+    ("from 2a00:1450:4001:81c::200e.", "from <IP_ADDRESS>."),
+    ("mapped ::ffff:93.184.216.34 here", "mapped <IP_ADDRESS> here"),
+    ("card 4111 1111 1111 1111 exp", "card <CREDIT_CARD> exp"),
+    ("4111-1111-1111-1111", "<CREDIT_CARD>"),
+    ("4111111111111111", "<CREDIT_CARD>"),
+    ("amex 3782 822463 10005", "amex <CREDIT_CARD>"),
+    ("4111 1111 1111 1111 123", "<CREDIT_CARD> 123"),  # a trailing group that breaks Luhn is not the card's
+    ("SSN: 123-45-6789.", "SSN: <SSN>."),
+    ("key=AKIAIOSFODNN7EXAMPLE", "key=<SECRET>"),
+    ("token ghp_" + "a1B2" * 9, "token <SECRET>"),
+    ("github_pat_" + "A" * 22 + "_" + "b" * 59, "<SECRET>"),
+    ("xoxb-123456789012-abcdefghijkl", "<SECRET>"),
+    ("AIza" + "Sy" + "x" * 33, "<SECRET>"),
+    ("sk_live_4eC39HqLyjWDarjtT1zdp7dc", "<SECRET>"),
+    ("OPENAI_API_KEY=sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z", "OPENAI_API_KEY=<SECRET>"),
+    ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U", "<SECRET>"),
+    ("aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "aws_secret_access_key = <SECRET>"),
+    ("https://hooks.slack.com/services/T0000000/B0000000/XXXXXXXXXXXXXXXXXXXXXXXX", "<SECRET>"),
+    ("a\n-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA3Tz2mr7SZiAMfQyuvBjM\n-----END RSA PRIVATE KEY-----\nb", "a\n<SECRET>\nb"),
+    ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\nAAAAAAAAAAAAAAAAAAAAAAAA\n\nthanks", "<SECRET>\n\nthanks"),  # truncated
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), FOUND)
+def test_found_and_replaced(text: str, expected: str):
+    assert redacted(text) == expected
+
+
+KEPT = [
+    "user@localhost", "name@", "a@b", "@handle", "logo@2x.png", "docs: someone@example.com, x@test.invalid",  # emails
+    "999.1.1.1", "1.2.3.4.5", "version 1.2.3.4", "Release: 10.2.0.1", "192.168.1.1", "10.0.0.1", "127.0.0.1",
+    "8.8.8.8", "224.0.0.1", "01.02.03.04",  # IPv4: invalid, version-like, private, resolver, multicast, leading zeros
+    "2001:db8::1", "fe80::1", "::1", "12:30:45", "std::vector<int>", "00:1A:2B:3C:4D:5E", "a::b",  # IPv6 look-alikes
+    "4111111111111112", "9780306406157", "978-0-306-40615-7", "12345678901234567890", "0.4111111111111111",  # cards: Luhn, ISBN, long, decimal
+    "000-12-3456", "666-12-3456", "900-12-3456", "123-00-4567", "123-45-0000",  # SSNs never issued
+    "123-456-7890", "2023-10-12", "call 555 123 4567", "+1.5", "+20.000.000", "pi is 3.14159265",  # phones and dates
+    "sk-learn-is-a-very-long-kebab-case-name-here", "pk_live_4eC39HqLyjWDarjtT1zdp7dc", "AKIA1234",  # secret look-alikes
+    "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8A\n-----END PUBLIC KEY-----",
+    "",
+]
+
+
+@pytest.mark.parametrize("text", KEPT)
+def test_near_misses_stay(text: str):
+    assert redacted(text) == text
+
+
+def test_private_ips_go_when_asked():
+    assert redacted("192.168.1.1 and fe80::1", public_ips_only=False) == "<IP_ADDRESS> and <IP_ADDRESS>"
+
+
+@pytest.mark.parametrize(
+    ("flag", "text"),
+    [("emails", "john@gmail.com"), ("phones", "555-123-4567"), ("ip_addresses", "93.184.216.34"), ("credit_cards", "4111111111111111"), ("ssns", "123-45-6789"), ("secrets", "AKIAIOSFODNN7EXAMPLE")],
+)
+def test_each_type_can_be_turned_off(flag: str, text: str):
+    assert redacted(text) != text
+    assert redacted(text, **{flag: False}) == text
+
+
+# --- the step: counters, max_hits, unchanged documents ---------------------------------------------
+
+
+def test_counts_per_type_in_the_ledger():
+    doc = Document("d", "a@gmail.com b@gmail.com 93.184.216.34 4111111111111111", "web")
+    out, ledger = run(doc)
+    assert out[0].text == "<EMAIL> <EMAIL> <IP_ADDRESS> <CREDIT_CARD>"
+    assert dict(ledger.tally("web").stats) == {"pii:email": 2, "pii:ip_address": 1, "pii:credit_card": 1}
+
+
+def test_document_without_pii_is_passed_through_unchanged():
+    doc = Document("d", "Nothing personal here, version 1.2.3.4.", "web", {"k": 1})
+    out, ledger = run(doc)
+    assert out == [doc] and out[0] is doc and not ledger.tally("web").stats
+
+
+def test_max_hits_just_inside_keeps_redacted():
+    out, ledger = run(Document("d", "a@gmail.com b@gmail.com", "web"), max_hits=2)
+    assert out[0].text == "<EMAIL> <EMAIL>" and not ledger.removed
+
+
+def test_max_hits_just_outside_drops():
+    out, ledger = run(Document("d", "a@gmail.com b@gmail.com c@gmail.com", "web"), max_hits=2)
+    assert out == []
+    row = ledger.removed[0]
+    assert (row["reason"], row["value"], row["threshold"]) == ("pii:too_many_hits", 3.0, 2.0)
+    assert not ledger.tally("web").stats  # a dropped document redacted nothing
+
+
+# --- properties --------------------------------------------------------------------------------
+
+FRAGMENTS = [t for t, _ in FOUND] + KEPT + [" ", "\n", "@", ".", "-", ":", "+", "(", ")", "1", "a", "é", "<EMAIL>", "version ", "4111"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(FRAGMENTS), max_size=12).map("".join))
+def test_redaction_is_idempotent_on_pii_like_text(text: str):
+    once, _ = REDACT.redact(text)
+    assert REDACT.redact(once) == (once, dict.fromkeys(REDACT.redact("")[1], 0))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_never_raises_and_is_idempotent_on_any_text(text: str):
+    once, hits = REDACT.redact(text)
+    assert all(n >= 0 for n in hits.values())
+    assert REDACT.redact(once)[0] == once
+
+
+# --- linear time -----------------------------------------------------------------------------------
+
+MB = 1_000_000
+ADVERSARIAL = {
+    "letters": "a" * MB,
+    "digits": "1" * MB,
+    "digits and spaces": "1 " * (MB // 2),
+    "card groups": "4111 " * (MB // 5),
+    "at signs": "a@" * (MB // 2),
+    "long domain": "x@" + "b." * (MB // 2),
+    "colons": ":" * MB,
+    "hex and colons": "ab:" * (MB // 3),
+    "plus digits": "+1 " * (MB // 3),
+    "pem begins": "-----BEGIN PRIVATE KEY-----\n" * (MB // 28),
+    "jwt starts": "-eyJ." * (MB // 5),
+}
+
+
+@pytest.mark.parametrize("name", list(ADVERSARIAL))
+def test_one_megabyte_adversarial_string_is_fast(name: str):
+    start = time.perf_counter()
+    REDACT.redact(ADVERSARIAL[name])
+    assert time.perf_counter() - start < 1.0  # measured 0.06-0.2 s; backtracking would take minutes
+
+
+def test_step_pickles_for_workers():
+    step = pickle.loads(pickle.dumps(RedactPII(PIIConfig(max_hits=3))))
+    assert step.redact("a@gmail.com")[0] == "<EMAIL>" and step.config.max_hits == 3

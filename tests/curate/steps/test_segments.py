@@ -1,0 +1,58 @@
+"""The shared split: lines, paragraphs, spaCy-style words, sentences; computed once per text."""
+
+from __future__ import annotations
+
+from kiln.core.document import Document
+from kiln.curate.segments import Segments, segments
+
+
+def test_lines_and_paragraphs() -> None:
+    seg = Segments("\n first line\nsecond\n\n\nthird para\n")
+    assert seg.lines == ["", " first line", "second", "", "", "third para"]
+    # Gopher's paragraphs: the stripped text split at two or more newlines
+    assert seg.paragraphs == ["first line\nsecond", "third para"]
+    assert Segments("  \n ").paragraphs == []
+
+
+def test_words_follow_spacy_english() -> None:
+    # expected tokens are what spacy.blank("en") (3.8) produces for the same text, whitespace tokens dropped
+    text = "Hello, world! It's a don't-care state... e.g. Mr. Smith paid $3.50 (approx.) at 10:30am."
+    assert Segments(text).words == [
+        "Hello", ",", "world", "!", "It", "'s", "a", "don't", "-", "care", "state", "...", "e.g.", "Mr.", "Smith",
+        "paid", "$", "3.50", "(", "approx", ".", ")", "at", "10:30am", ".",
+    ]
+    text = "(foo) printf(3) --verbose /usr/share a/b 1/2 x:y 1,000 end.Start file.txt 3-4 50% **x** #1 can't 10km GPLv2+ cannot ─┼─"
+    assert Segments(text).words == [
+        "(", "foo", ")", "printf(3", ")", "--verbose", "/usr", "/", "share", "a", "/", "b", "1/2", "x", ":", "y", "1,000",
+        "end", ".", "Start", "file.txt", "3", "-", "4", "50", "%", "*", "*", "x", "*", "*", "#", "1", "ca", "n't",
+        "10", "km", "GPLv2", "+", "can", "not", "─", "┼", "─",
+    ]
+    assert Segments("see https://example.com/a?b=1. and foo-bar@x.org) now").words == [
+        "see", "https://example.com/a?b=1", ".", "and", "foo-bar@x.org", ")", "now",
+    ]
+    assert Segments("").words == []
+
+
+def test_alnum_words_leave_out_punctuation() -> None:
+    assert Segments("a, b -- 3 ... (c)").alnum_words == ["a", "b", "3", "c"]
+
+
+def test_sentences_follow_the_sentencizer_and_stay_in_lines() -> None:
+    seg = Segments("Hello world. This is it! Really? Mr. Smith said e.g. this.\nNo end here\n\nend.Start (approx.) at ten.")
+    assert seg.sentences == ["Hello world.", "This is it!", "Really?", "Mr. Smith said e.g. this.", "No end here", "end.", "Start (approx.)", "at ten."]
+    assert seg.line_sentence_counts == [4, 1, 0, 3]
+    # an ellipsis, a decimal point and a file name end no sentence
+    assert Segments("wait... version 3.5 of file.txt is out").line_sentence_counts == [1]
+
+
+def test_line_word_counts_are_whitespace_words() -> None:
+    assert Segments("a b c\n\n  x-y  z ").line_word_counts == [3, 0, 2]
+
+
+def test_segments_are_computed_once_and_reset_by_an_edit() -> None:
+    doc = Document(id="d", text="one two", source="s")
+    seg = segments(doc)
+    assert segments(doc) is seg
+    assert seg.words is seg.words  # cached view
+    edited = doc.with_text("three")
+    assert segments(edited) is not seg and segments(edited).words == ["three"]
