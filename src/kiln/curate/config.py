@@ -3,6 +3,8 @@
 Each step owns its config (defined beside the step, defaults from the published rule sets);
 this section composes them. Without a recipe, `kiln curate --input PATH` uses these defaults:
 every step on, the local executor with one worker per core.
+Not handled here: per-source rule sets (a source is prose or code; both kinds share the
+thresholds below), and the steps themselves (kiln.curate.steps).
 """
 
 from __future__ import annotations

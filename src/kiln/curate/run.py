@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from kiln.core.atomic import write_atomically
+from kiln.core.document import Document
 from kiln.core.errors import FatalError
 from kiln.core.manifest import Stage
 from kiln.curate.audit import Ledger, SourceTally
@@ -111,6 +112,12 @@ def load_ledger(summary: dict[str, Any], sample_size: int) -> Ledger:
     return ledger
 
 
+def doc_is_code(doc: Document, marked: bool | None) -> bool:
+    """Code or prose rules: the input's marking, else the source name or the document's own file
+    extension (a record's own path inside a JSONL or Parquet file, else the file read)."""
+    return is_code(doc.source, doc.meta.get("record_path") or doc.meta.get("path"), marked)
+
+
 def save_array(path: Path, array: np.ndarray) -> None:
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:  # a file object: np.save given a path would add ".npy" to the temporary name
@@ -138,7 +145,7 @@ def read_phase(job: Job) -> dict[str, Any]:
             if out is None:
                 continue
             writer.write(out)
-            if cfg.line_dedup.enabled and not is_code(out.source, out.meta.get("path"), task.input.code):
+            if cfg.line_dedup.enabled and not doc_is_code(out, task.input.code):
                 lines.add(document_line_keys(out))
     keys, counts = lines.result()
     save_array(job.folder / f"{job.index:05d}.keys.npy", keys)
@@ -180,7 +187,7 @@ def filter_phase(job: Job) -> dict[str, Any]:
     with ShardWriter(job.folder / f"{job.index:05d}{SUFFIX}", level=1) as writer:
         for doc in read_shard(job.stage_dir / "work" / "read" / f"{job.index:05d}{SUFFIX}"):
             seen += 1
-            branch = "code" if is_code(doc.source, doc.meta.get("path"), job.task.input.code) else "prose"
+            branch = "code" if doc_is_code(doc, job.task.input.code) else "prose"
             out = run_document(doc, code if branch == "code" else prose, ledger, branch)
             if out is None:
                 continue
@@ -285,6 +292,7 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
         return done
     stage.begin(resume=not force)
     (stage.dir / "shards").mkdir(exist_ok=True)
+    stage_dir = stage.dir.resolve()  # tasks may run on other machines (ray): no path relative to this process's cwd
     partitions = partition_count(len(tasks))
     executor = build_executor(cfg.executor)
     total_bytes = sum(t.size for t in tasks)
@@ -293,8 +301,8 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
 
     def jobs(phase: str, count: int | None = None) -> list[Job]:
         if count is None:
-            return [Job(phase, t.index, stage.dir, cfg, partitions, t) for t in tasks]
-        return [Job(phase, p, stage.dir, cfg, partitions) for p in range(count)]
+            return [Job(phase, t.index, stage_dir, cfg, partitions, t) for t in tasks]
+        return [Job(phase, p, stage_dir, cfg, partitions) for p in range(count)]
 
     raw_bytes: Callable[[Job], int] = lambda job: job.task.size if job.task else 0
     try:
@@ -316,6 +324,8 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     shutil.rmtree(stage.dir / "work")
     counts = totals(ledger)
     shards = sorted((stage.dir / "shards").glob("*" + SUFFIX))
+    if counts["docs_out"] == 0:
+        log.warning("curate: no document was kept (%d in); see %s and %s", counts["docs_in"], stage.dir / "summary.txt", stage.dir / "quarantine.jsonl")
     return stage.finish(shards + outputs, counts, format_summary(counts, funnel_rows(cfg)))
 
 
@@ -381,7 +391,8 @@ def format_summary(counts: dict[str, Any], rows: list[str], top_reasons: int = 5
     and its top removal reasons. A branch (prose or code rules) is shown when documents entered it."""
     lines = []
     for source, t in counts["per_source"].items():
-        lines.append(f"source {source}: {t['docs_in']:,} documents in ({t['bytes_in'] / MB:.1f} MB), {t['docs_out']:,} kept ({t['bytes_out'] / MB:.1f} MB), {t['quarantined']:,} quarantined")
+        raw = ", quarantined ones at their raw size" if t["quarantined"] else ""
+        lines.append(f"source {source}: {t['docs_in']:,} documents in ({t['bytes_in'] / MB:.1f} MB of text{raw}), {t['docs_out']:,} kept ({t['bytes_out'] / MB:.1f} MB), {t['quarantined']:,} quarantined")
         lines.append(f"  {'after step':<24} {'docs':>10} {'MB':>9} {'docs %':>7}")
         funnel = t["funnel"]
         for row in rows:
@@ -397,5 +408,7 @@ def format_summary(counts: dict[str, Any], rows: list[str], top_reasons: int = 5
     if counts["stats"]:
         lines.append("counters: " + ", ".join(f"{k}={v:,}" for k, v in counts["stats"].items()))
     lines.append(f"total: {counts['docs_in']:,} in, {counts['docs_out']:,} kept, {sum(counts['removed'].values()):,} removed, {counts['quarantined']:,} quarantined")
+    if counts["docs_out"] == 0:
+        lines.append("warning: no document was kept; the top removal reasons above and quarantine.jsonl say why")
     return "\n".join(lines)
 

@@ -71,3 +71,21 @@ def test_an_extractor_that_cannot_start_quarantines_every_page(tmp_path, monkeyp
     docs, ledger = read_inputs(InputConfig(path=str(site)))
     assert docs == [] and len(ledger.quarantined) == 2
     assert all("cannot start the resiliparse extractor process: ModuleNotFoundError" in q["error"] for q in ledger.quarantined)
+
+
+def test_a_helper_that_cannot_be_spawned_quarantines_each_page_once(tmp_path, monkeypatch):
+    import errno
+    import subprocess
+
+    def popen(*args, **kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    site = tmp_path / "site"
+    site.mkdir()
+    for name in ("a", "b", "c"):
+        (site / f"{name}.html").write_text(ARTICLE)
+    docs, ledger = read_inputs(InputConfig(path=str(site)))
+    assert docs == [] and [q["id"] for q in ledger.quarantined] == ["site/a.html", "site/b.html", "site/c.html"]
+    assert ledger.quarantined[0]["error"] == "extract:error: resiliparse: cannot start the resiliparse extractor process: OSError: [Errno 24] Too many open files"
+    assert ledger.tally("site").docs_in == 3  # each page counted once, never also as its unreadable file

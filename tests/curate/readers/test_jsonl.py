@@ -195,3 +195,21 @@ def test_arbitrary_byte_lines_never_raise_and_are_all_accounted_for(tmp_path, ra
     for doc in docs:
         doc.text.encode("utf-8")
         assert len(doc.text.encode()) <= 200
+
+
+def test_meta_is_made_json_safe_and_a_meta_too_deep_to_write_is_quarantined(tmp_path):
+    deep = b'{"text": "deep", "meta": ' + b'{"a": [' * 51 + b"1" + b"]}" * 51 + b"}"  # 102 levels, meta's own object the first
+    path = write(tmp_path / "web" / "a.jsonl", lines(b'{"text": "nan", "meta": {"score": NaN, "big": -Infinity, "k": "\\ud800"}}', deep, {"text": "after"}))
+    docs, ledger = read_inputs(InputConfig(path=str(path)))
+    assert [d.text for d in docs] == ["nan", "after"]
+    assert docs[0].meta == {"score": "NaN", "big": "-Infinity", "k": "\ufffd", "path": str(path), "line": 1}
+    json.dumps(docs[0].to_json(), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    [q] = ledger.quarantined
+    assert (q["id"], q["position"], q["file"]) == ("web/a.jsonl:2", "2", str(path))
+    assert q["error"] == "read:bad_record: meta is nested more than 100 levels deep (line 2)"
+
+
+def test_a_null_text_is_told_apart_from_a_missing_one(tmp_path):
+    path = write(tmp_path / "web" / "a.jsonl", lines({"text": None}, {"title": "no text"}))
+    _, ledger = read_inputs(InputConfig(path=str(path)))
+    assert errors(ledger) == ["read:bad_record: field 'text' is null (line 1)", "read:bad_record: field 'text' is missing (line 2)"]

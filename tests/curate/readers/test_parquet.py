@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
+import json
+import math
+from decimal import Decimal
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -87,3 +92,51 @@ def test_url_column_and_the_records_own_row_and_path(tmp_path):
     assert [d.meta.get("url") for d in docs] == [None, "https://meta.example/", "https://example.org/2", None, "https://example.org/4", "https://example.org/5"]
     # Arrow gives every row of a struct column every key: url is None where the row had none
     assert docs[0].meta == {"url": None, "path": str(path), "row": 0, "record_path": "orig.txt", "record_row": 100}
+
+
+def test_meta_values_that_are_not_json_are_converted_and_every_document_can_be_written(tmp_path):
+    (tmp_path / "web").mkdir()
+    meta = [
+        {"when": datetime.datetime(2020, 1, 1), "blob": b"\x00\xab", "price": Decimal("1.50"), "score": math.nan, "tags": ["a", "b"]},
+        {"when": None, "blob": None, "price": None, "score": 2.0, "tags": []},
+    ]
+    table = pa.table({"text": ["first page", "second page"], "meta": pa.array(meta, type=pa.struct([("when", pa.timestamp("us")), ("blob", pa.binary()), ("price", pa.decimal128(5, 2)), ("score", pa.float64()), ("tags", pa.list_(pa.string()))]))})
+    table = table.append_column("metadata", pa.array([[("k", 1)], []], type=pa.map_(pa.string(), pa.int64())))  # ignored: meta comes first
+    pq.write_table(table, tmp_path / "web" / "x.parquet")
+    docs, ledger = read_inputs(InputConfig(path=str(tmp_path / "web")))
+    assert ledger.quarantined == [] and len(docs) == 2
+    path = str(tmp_path / "web" / "x.parquet")
+    assert docs[0].meta == {"when": "2020-01-01T00:00:00", "blob": "00ab", "price": "1.50", "score": "NaN", "tags": ["a", "b"], "path": path, "row": 0}
+    assert docs[1].meta == {"when": None, "blob": None, "price": None, "score": 2.0, "tags": [], "path": path, "row": 1}
+    for doc in docs:  # what ShardWriter.write does, in strict JSON
+        json.dumps(doc.to_json(), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def test_a_map_meta_column_is_taken_as_an_object(tmp_path):
+    (tmp_path / "web").mkdir()
+    meta = pa.array([[("day", datetime.date(2021, 5, 6))], []], type=pa.map_(pa.string(), pa.date32()))
+    pq.write_table(pa.table({"text": ["a b", "c d"], "meta": meta}), tmp_path / "web" / "m.parquet")
+    docs, _ = read_inputs(InputConfig(path=str(tmp_path / "web")))
+    assert [d.meta for d in docs] == [{"day": "2021-05-06", "path": str(tmp_path / "web" / "m.parquet"), "row": 0}, {"path": str(tmp_path / "web" / "m.parquet"), "row": 1}]
+
+
+def test_a_null_text_is_reported_as_null(tmp_path):
+    (tmp_path / "web").mkdir()
+    pq.write_table(pa.table({"text": ["kept", None]}), tmp_path / "web" / "a.parquet")
+    docs, ledger = read_inputs(InputConfig(path=str(tmp_path / "web")))
+    assert [d.text for d in docs] == ["kept"]
+    assert errors(ledger) == ["read:bad_record: field 'text' is null (row 1)"]
+
+
+def test_missing_text_column_is_one_entry_however_the_file_is_split(tmp_path):
+    (tmp_path / "web").mkdir()
+    path = tmp_path / "web" / "multi.parquet"
+    pq.write_table(pa.table({"body": [f"row {i} " * 20 for i in range(400)]}), path, row_group_size=100)
+    cfg = InputConfig(path=str(tmp_path / "web"))
+    assert len(plan_reads((cfg,), None, 1)) == 4  # one task per row group
+    for shard_bytes in (1, 10**9):
+        docs, ledger = read_inputs(cfg, shard_bytes=shard_bytes)
+        assert docs == [] and [q["id"] for q in ledger.quarantined] == ["web/multi.parquet"]
+        assert "no column 'text'" in errors(ledger)[0]
+        tally = ledger.tally("web")
+        assert (tally.docs_in, tally.bytes_in) == (1, path.stat().st_size)

@@ -184,3 +184,48 @@ def test_a_truncated_single_member_warc_keeps_what_came_before_and_quarantines_t
     [q] = ledger.quarantined
     assert q["position"] == "0" and "truncated gzip member" in q["error"], q
     assert ledger.tally("crawl").docs_in == len(docs) + 1 + len(ledger.removed)
+
+
+def five_pages(path, gz: bool, third_type: str) -> list[int]:
+    """A crawl of five copies of PAGE, the third served with `third_type`; the record offsets come back."""
+    buf, offsets = io.BytesIO(), []
+    for i in range(5):
+        offsets.append(buf.tell())
+        body = PAGE.replace("How clay", f"Page {i}: how clay").encode()
+        record(WARCWriter(buf, gzip=gz), f"http://example.org/{i}", body, content_type=third_type if i == 2 else "text/html; charset=utf-8")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(buf.getvalue())
+    return offsets
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("charset", ["base64", "rot13", "idna"])
+def test_a_charset_that_is_no_text_encoding_reads_the_page_as_utf8(tmp_path, gz, charset):
+    path = tmp_path / "crawl" / ("a.warc.gz" if gz else "a.warc")
+    offsets = five_pages(path, gz, f"text/html; charset={charset}")
+    docs, ledger = read_inputs(InputConfig(path=str(tmp_path / "crawl")))
+    assert [d.id for d in docs] == [f"crawl/{path.name}@{o}" for o in offsets]
+    assert docs[2].text.startswith("Page 2: how clay") and ledger.quarantined == []
+    assert ledger.tally("crawl").docs_in == 5
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_record_whose_page_fails_is_quarantined_at_its_own_offset(tmp_path, monkeypatch, gz):
+    from kiln.curate.readers import page
+
+    real = page.decode_html
+
+    def decode_html(body, charset):
+        if b"Page 2:" in body:
+            raise RuntimeError("a decoder bug")
+        return real(body, charset)
+
+    monkeypatch.setattr(page, "decode_html", decode_html)
+    path = tmp_path / "crawl" / ("a.warc.gz" if gz else "a.warc")
+    offsets = five_pages(path, gz, "text/html; charset=utf-8")
+    docs, ledger = read_inputs(InputConfig(path=str(tmp_path / "crawl")))
+    assert [d.id for d in docs] == [f"crawl/{path.name}@{o}" for i, o in enumerate(offsets) if i != 2]  # the next record is not blamed
+    [q] = ledger.quarantined
+    assert (q["id"], q["position"]) == (f"crawl/{path.name}@{offsets[2]}", str(offsets[2]))
+    assert q["error"] == f"read:bad_record: WARC record at byte {offsets[2]}: RuntimeError: a decoder bug"
+    assert ledger.tally("crawl").docs_in == 5

@@ -4,6 +4,8 @@
 cluster, an existing one by address or one started on this machine. Both yield results as
 tasks finish, in any order: callers key results by task, so outputs never depend on the
 executor, the worker count or the finishing order.
+Not handled here: retries (a failed task fails the phase; the re-run resumes from the
+completion markers) and data transfer (tasks read and write files).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ R = TypeVar("R")
 
 
 class ExecutorConfig(Section):
+    """Which executor runs a stage's shard tasks, and how wide."""
+
     kind: Literal["local", "ray"] = Field(default="local", description="local: a process pool on this machine; ray: a Ray cluster (see ray_address).")
     workers: int | None = Field(default=None, ge=1, description="Parallel tasks; None means one per CPU core (local) or per CPU of the Ray cluster.")
     ray_address: str | None = Field(default=None, description="For ray: address of a running cluster (e.g. 10.0.0.5:6379 or auto); None starts a local Ray instance.")

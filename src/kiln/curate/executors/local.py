@@ -4,6 +4,7 @@ Processes are spawned, not forked: a parent that already imported torch or start
 threads cannot fork safely. The pool lives for the executor's lifetime, so the several phases
 of one stage pay the start-up (about 1 s per worker for imports) once. With one worker, tasks
 run inline, which keeps tracebacks plain.
+Not handled here: other machines (the Ray executor), memory limits per worker.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ R = TypeVar("R")
 
 
 class LocalExecutor:
+    """A spawned process pool, kept for the executor's lifetime; `close` shuts it down."""
+
     def __init__(self, workers: int | None = None):
         self.workers = workers or os.cpu_count() or 1
         self._pool: ProcessPoolExecutor | None = None

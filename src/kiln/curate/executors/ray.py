@@ -23,6 +23,8 @@ log = logging.getLogger("kiln.curate")
 
 
 class RayExecutor:
+    """Shard tasks as Ray tasks of one CPU each, at most `workers` in flight."""
+
     def __init__(self, workers: int | None = None, address: str | None = None):
         try:
             import ray

@@ -205,11 +205,19 @@ class PageExtractor:
         # The helper imports the extractor by module path, as a spawned multiprocessing child
         # would: it gets this process's sys.path (a test's module, a Ray worker's packages).
         env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kiln.curate.readers.extract_helper", EXTRACTORS[self.extractor]],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=env,
-        )
-        os.set_blocking(self.proc.stdin.fileno(), False)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kiln.curate.readers.extract_helper", EXTRACTORS[self.extractor]],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=env,
+            )
+            os.set_blocking(self.proc.stdin.fileno(), False)
+        except OSError as e:  # EMFILE (too many open files), ENOMEM, EAGAIN (process limit)
+            # subtle: never raise here: the page is already in in_flight, so an error out of
+            # submit would have read_task quarantine the unit while the page is quarantined again
+            # when flushed. Marked broken, every page in flight gets ExtractFailed exactly once.
+            self._kill()
+            self.broken = f"cannot start the {self.extractor} extractor process: {type(e).__name__}: {e}"
+            return
         try:
             status, data = self._reply(START_TIMEOUT_S)
         except ExtractFailed as e:

@@ -22,7 +22,7 @@ from kiln.core.document import Document
 from kiln.curate.readers.config import InputConfig
 from kiln.curate.readers.decode import decode_utf8, scrub_surrogates, scrub_value
 from kiln.curate.readers.intake import Intake
-from kiln.curate.readers.records import record_document
+from kiln.curate.readers.records import MISSING, record_document
 from kiln.curate.readers.streams import STREAM_ERRORS, open_decompressed
 from kiln.curate.readers.task import ReadUnit
 
@@ -79,11 +79,12 @@ def parse_line(line: bytes, lineno: int, unit: ReadUnit, cfg: InputConfig, intak
     if not isinstance(record, dict):
         intake.quarantine(f"{unit.name}:{lineno}", unit.source, f"read:bad_record: line {lineno} is a JSON {type(record).__name__}, not an object", lineno, len(line))
         return None
-    text, id_value, meta, url = record.get(cfg.text_field), record.get(cfg.id_field), record.get("meta", record.get("metadata")), record.get("url")
+    text, id_value, meta, url = record.get(cfg.text_field, MISSING), record.get(cfg.id_field), record.get("meta", record.get("metadata")), record.get("url")
     source_value = record.get(cfg.source_field)
     if _SURROGATE_ESCAPE.search(text_line):
         if isinstance(text, str):
             text, had = scrub_surrogates(text)
             replaced = replaced or had
-        id_value, meta, url, source_value = scrub_value(id_value), scrub_value(meta), scrub_value(url), scrub_value(source_value)
+        # meta is scrubbed with the rest of its conversion to JSON-safe values (records.json_value)
+        id_value, url, source_value = scrub_value(id_value), scrub_value(url), scrub_value(source_value)
     return record_document(intake, unit, cfg, "line", lineno, text, id_value, source_value, meta, replaced, url)

@@ -6,12 +6,16 @@ lengths are computed in Arrow (`binary_length`) and cells over the cap are nulle
 quarantined; the rest become Python strings. Rows are numbered from 0 within the file. Not
 handled here: a cell over the cap is still read into Arrow memory with its page (Parquet has no
 way to skip part of a page); nested text columns (lists of strings) are quarantined row by row.
+A file without the text column is quarantined as one entry (`read:bad_file`, its id the file's
+`<source>/<relpath>`, its bytes the whole file's), however many tasks its row groups were split
+into: it counts as one document in, not one per task or per row.
 Which columns become the document's meta (`url`, `meta` or `metadata`, kiln's `path`, `row`):
 records.py.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 from kiln.core.document import Document
@@ -32,7 +36,11 @@ def read_parquet(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[D
     with pq.ParquetFile(unit.path) as pf:
         names = set(pf.schema_arrow.names)
         if cfg.text_field not in names:
-            intake.quarantine(unit.name, unit.source, f"read:bad_file: {unit.path} has no column {cfg.text_field!r} (columns: {sorted(names)}); set the input's text_field", nbytes=unit.size)
+            # subtle: a file split into several tasks (plan.split_parquet) is quarantined once, by
+            # the task holding its first row group, so "documents in" never depends on shard_mb.
+            if not unit.row_groups or unit.row_groups[0] == 0:
+                why = f"read:bad_file: {unit.path} has no column {cfg.text_field!r} (columns: {sorted(names)}); set the input's text_field"
+                intake.quarantine(unit.name, unit.source, why, nbytes=os.path.getsize(unit.path))
             return
         wanted = [cfg.text_field, cfg.id_field, cfg.source_field if cfg.source is None else None, "meta", "metadata", "url"]
         columns = list(dict.fromkeys(c for c in wanted if c is not None and c in names))

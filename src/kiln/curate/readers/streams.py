@@ -11,7 +11,7 @@ from __future__ import annotations
 import gzip
 import io
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -30,7 +30,7 @@ class Opened:
 
 
 @contextmanager
-def open_decompressed(path: str) -> Iterator[Opened]:
+def open_decompressed(path: str) -> Generator[Opened, None, None]:
     with open(path, "rb", buffering=BUFFER_BYTES) as raw:
         lower = path.lower()
         if lower.endswith(".gz"):

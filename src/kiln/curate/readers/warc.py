@@ -19,7 +19,9 @@ for a record that does not start its member. .warc.gz files are decompressed mem
 in Python (gzmembers.py) and fed to fastwarc, because fastwarc's own positions are only exact
 at member starts (fastwarc 2.0.1 gives every later record of a member one buffer position).
 
-A malformed record is quarantined with its position and the reader resynchronises: it scans for
+A record read whole whose document cannot be built (an error the page code did not quarantine
+itself) is quarantined at its own position, and reading goes on with the next record. A
+malformed record is quarantined with its position and the reader resynchronises: it scans for
 the next record start (`WARC/1.` uncompressed, the next gzip member compressed) and goes on; in
 a .warc.gz the rest of the damaged record's member is part of that quarantine entry. A truncated
 or corrupt member is quarantined as one entry at its offset; in a single-member file the records
@@ -102,7 +104,7 @@ def _read_plain(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[Do
                         resume_after = offset
                         break
                     if found is not None:
-                        yield from _documents(found, place, unit, cfg, intake)
+                        yield from _record_documents(found, place, unit, cfg, intake)
                 else:
                     # subtle: fastwarc ends quietly on a truncated record (measured with fastwarc
                     # 2.0.1), so a clean end must also be the file's end.
@@ -151,7 +153,7 @@ def _read_gzipped(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[
                     if stream.error is not None and upos >= stream.error_upos:
                         break  # reading the payload ran into the damage: the record is cut short
                     if found is not None:
-                        yield from _documents(found, place, unit, cfg, intake)
+                        yield from _record_documents(found, place, unit, cfg, intake)
             except Exception as e:  # noqa: BLE001 - fastwarc refused the decompressed bytes
                 if stream.error is None:
                     bad = _after(last, stream, start)
@@ -241,6 +243,23 @@ def _payload(record, place: Place, unit: ReadUnit, intake: Intake) -> Payload | 
     meta = {"path": unit.path, "offset": place.offset, **({"offset_in_member": place.in_member} if place.in_member else {})}
     meta |= {"url": headers.get("WARC-Target-URI"), "warc_date": headers.get("WARC-Date"), "warc_record_id": record.record_id}
     return Payload(body, plain, charset, record.content_length, meta)
+
+
+def _record_documents(found: Payload, place: Place, unit: ReadUnit, cfg: InputConfig, intake: Intake) -> list[Document]:
+    """`_documents`, with an error while building them quarantined under this record's own place.
+
+    subtle: the record itself was read whole, so the reader goes on with the next record; left to
+    the reader's handler, the error would be blamed on the data after this record (the next gzip
+    member) and this record would never be counted. The documents are gathered in a list (this
+    record's, and those of at most IN_FLIGHT_PAGES earlier pages now done), so those already
+    built before the error are still yielded, and none is yielded before the error is known.
+    """
+    docs: list[Document] = []
+    try:
+        docs.extend(_documents(found, place, unit, cfg, intake))
+    except Exception as e:  # noqa: BLE001 - this record's failure, never the file's
+        intake.quarantine(place.doc_id(unit), unit.source, f"read:bad_record: WARC record at {place.describe()}: {type(e).__name__}: {e}", place.position, found.content_length)
+    return docs
 
 
 def _documents(found: Payload, place: Place, unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[Document]:

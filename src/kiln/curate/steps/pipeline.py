@@ -12,6 +12,7 @@ decide a page's language. A step whose config says `enabled: false` is left out.
 `run_document` applies a list of steps to one document: a step that raises quarantines that
 document with the error, never the run, and every step's output is counted in the funnel under
 `<branch>/<step>` (the early steps under their own names).
+Not handled here: global work (line counts, exact dedup; kiln.curate.run) and per-source step lists.
 """
 
 from __future__ import annotations
