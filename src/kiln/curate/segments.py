@@ -35,7 +35,19 @@ from kiln.core.document import Document
 _EDGE = r"""()\[\]{}<>,:;!?¿¡_#*&"'`‘’“”«»„‚‹›§%=—–$£€¥¢₹、。，；：？！（）「」『』【】《》〈〉"""
 # Pictographic symbols (box drawing, shapes, dingbats, emoji, ©): split off wherever they are.
 _ICON = "©®°™\u2500-\u27bf\u2b00-\u2bff\U0001f000-\U0001faff"
-_SUFFIX_RUN = rf"(?:[{_EDGE}{_ICON}]|\.+|…)*(?:\s|$)"  # the rest of the chunk is only split-off marks
+# The rest of the chunk is only split-off marks. perf: one character class under the star; the old
+# `(?:[...]|\.+|…)*` nested `\.+` in `*` and backtracked exponentially on "Introduction.....5"
+# (98 s at 30 dots; now linear, 3,000 dots in well under a millisecond).
+_SUFFIX_MARK = rf"[{_EDGE}{_ICON}.…]"
+_SUFFIX_RUN = rf"{_SUFFIX_MARK}*(?:\s|$)"
+# The same run where a lazy `\S+?` has already tested the position before: when the previous character
+# is itself a mark (and not a "." opening the chunk, where no test came before), the run from here is
+# the run from there minus one mark, which failed. perf: without this a long run of marks inside a
+# chunk ("x,,,,...,y") is rescanned from each of its positions, quadratic in its length.
+_SUFFIX_RUN_AFTER_TEST = rf"(?:(?<!{_SUFFIX_MARK})|(?<=^\.)|(?<=\s\.)){_SUFFIX_RUN}"
+# The rest of a chunk up to its trailing marks, greedily: what `\S*?(?={_SUFFIX_RUN})` matches (the
+# shortest stretch after which only marks remain), in one pass instead of a mark-run scan per character.
+_UP_TO_SUFFIX_RUN = rf"(?:\S*[^\s{_EDGE}{_ICON}.…])?"
 _LETTER = r"[^\W\d_]"
 _ALNUM = r"[^\W_]"
 _CHUNK_START = rf"(?<![^\s{_EDGE}])"
@@ -91,6 +103,9 @@ _BARE_WORDS = "(?:" + _word_trie([
 ]) + ")"
 
 # One token per match of group 1; whitespace runs match too (as "", dropped after findall).
+# perf: no rule may rescan the rest of a chunk at each token start (a 200 KB chunk without spaces
+# would take seconds to minutes): the host/e-mail rule's open-ended parts are bounded (scheme 32,
+# user 256 characters, 32 labels; measured 5 s to 0.5 s at most on 200 KB), lazy scans test a mark run once.
 # perf: whitespace is the first alternative, so the scanner does not try every rule at every
 # space; plain words (most tokens) are the second. ~15 MB/s per core on the benchmark corpus.
 _TOKEN = re.compile(
@@ -98,7 +113,7 @@ _TOKEN = re.compile(
     \s+
   | (  (?!{_BARE_WORDS}[\s,;:!?)\]"”]){_LETTER}+(?=\s|$|[,;:!?)\]"”]+(?:\s|$))  # fast path: a plain word
      | [,!?"“”«»{{}}*#&%$…]|(?<=\S)\.(?!\.)                # perf: common marks that start no longer token
-     | (?:https?|ftp)://\S*?(?={_SUFFIX_RUN})             # URL, minus trailing punctuation
+     | (?:https?|ftp)://{_UP_TO_SUFFIX_RUN}               # URL, minus trailing punctuation
      | {_CHUNK_START}(?:(?:{_ABBREVIATIONS})\.|(?:[A-Za-z]\.)+|and/or)(?={_SUFFIX_RUN})  # Mr. e.g. U.S. a.
      | {_CHUNK_START}{_BARE_CONTRACTION}                   # do|nt, can|not
      | {_ALNUM}*?\d(?=(?:{_UNIT}|\+){_SUFFIX_RUN})           # 10|km, GPLv2|+
@@ -112,10 +127,10 @@ _TOKEN = re.compile(
      | (?<={_ALNUM})(?:---?|——|[-–—~])(?={_LETTER})         # hyphen infix: well-known
      | (?<=\d)[-+*^](?=[\d-])                              # arithmetic infix: 3-4
      | (?<={_ALNUM})[/](?={_LETTER})                       # slash infix: a/b (: < > = are edge marks)
-     | (?:[\w+\-.]{{2,}}://)?(?:[^\s@]+@)?                   # a host name or e-mail address stays whole (spaCy's URL match)
-       (?:(?:{_ALNUM}[\w-]{{0,62}})?{_ALNUM}\.)+[a-z]{{2,63}}(?::\d{{2,5}})?(?:[/?#]\S*?)?(?={_SUFFIX_RUN})
+     | (?:[\w+\-.]{{2,32}}://)?(?:[^\s@]{{1,256}}@)?           # a host name or e-mail address stays whole (spaCy's URL match)
+       (?:(?:{_ALNUM}[\w-]{{0,62}})?{_ALNUM}\.){{1,32}}[a-z]{{2,63}}(?::\d{{2,5}})?(?:[/?#]{_UP_TO_SUFFIX_RUN})?(?={_SUFFIX_RUN})
      | \S+?(?=                                             # anything else, up to the next split point
-           {_SUFFIX_RUN}
+           {_SUFFIX_RUN_AFTER_TEST}
          | \.{{2,}} | … | [{_ICON}]
          | (?<={_ALNUM})(?:---?|——|[-–—~:<>=/]){_LETTER}
          | (?<=\d)[-+*^][\d-]
@@ -144,12 +159,17 @@ _SENTENCE_BOUNDARY = re.compile(
         (?:(?<=[^\W_A-Z]\.)|(?<=[A-Z][A-Z]\.)|(?<=[{_PUNCT}]\.)|(?<=\s\.)|(?<=^\.))  # split off by the tokenizer,
         (?<![^\w.][A-Za-z]\.)(?<!^[A-Za-z]\.)(?<![A-Za-z]\.[A-Za-z]\.){_ABBREV_LOOKBEHIND}  # not an initial or abbreviation
     )
-    (?=[{_PUNCT}]*[^\S\n]|(?<=[a-z]\.)[A-Z])                # split off: a chunk end, or end.Start
+    (?=[{_PUNCT}]{{0,64}}[^\S\n]|(?<=[a-z]\.)[A-Z])           # split off: a chunk end, or end.Start
     (?:[{_PUNCT}]|[^\S\n])*                                 # the marks and spaces after it
     (?=[^{_PUNCT}\s])                                       # then a word on the same line
     """,
     re.VERBOSE,
 )
+# perf: the sentence regex runs on each line minus its trailing marks and spaces, which can hold no
+# boundary (no word follows) and whose every terminal would otherwise rescan the rest of the line:
+# ". " * 40000 took 133 s. Likewise at most 64 marks between a terminal and the space after it are
+# looked at ("!" * 80000 + "x" is linear); a longer run ends no sentence unless a terminal is in its last 64.
+_TRAILING_MARKS = re.sub(r"\\(.)", r"\1", _PUNCT) + "".join(c for c in map(chr, range(0x3001)) if c.isspace())
 _PARAGRAPH_BREAK = re.compile(r"\n{2,}")
 _ALNUM_TOKEN = re.compile(rf"^(?=[^\n]*?{_ALNUM})[^\n]+", re.MULTILINE)
 
@@ -191,7 +211,7 @@ class Segments:
     def line_sentence_counts(self) -> list[int]:
         """Sentences on each line of `lines`: 0 for a blank line, else 1 + the sentence boundaries in it."""
         findall = _SENTENCE_BOUNDARY.findall
-        return [len(findall(line)) + 1 if line and not line.isspace() else 0 for line in self.lines]
+        return [len(findall(line.rstrip(_TRAILING_MARKS))) + 1 if line and not line.isspace() else 0 for line in self.lines]
 
     @cached_property
     def sentences(self) -> list[str]:
@@ -199,7 +219,7 @@ class Segments:
         out: list[str] = []
         for line in self.lines:
             start = 0
-            for m in _SENTENCE_BOUNDARY.finditer(line):
+            for m in _SENTENCE_BOUNDARY.finditer(line.rstrip(_TRAILING_MARKS)):
                 out.append(line[start : m.end()].strip())
                 start = m.end()
             if line[start:].strip():

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
+
 from kiln.core.document import Document
 from kiln.curate.segments import Segments, segments
 
@@ -56,3 +60,41 @@ def test_segments_are_computed_once_and_reset_by_an_edit() -> None:
     assert seg.words is seg.words  # cached view
     edited = doc.with_text("three")
     assert segments(edited) is not seg and segments(edited).words == ["three"]
+
+
+# Inputs that once took seconds to minutes (exponential or quadratic regex backtracking), with what
+# they cost before the fix on the 2-core dev machine; each must now finish well inside the bound.
+_PATHOLOGICAL = {
+    "dots_before_a_digit": ("words", "Introduction" + "." * 40 + "5"),  # 98 s at 30 dots, doubling per dot
+    "dots_3000": ("words", "Introduction" + "." * 3000 + "5"),
+    "hyphenated_200kb": ("words", "ab-" * 66_000),  # 5.1 s at 60 KB
+    "colons_200kb": ("words", "a:" * 100_000),  # 32 s
+    "commas_200kb": ("words", "a," * 100_000),
+    "slashes_200kb": ("words", "ab/" * 66_000),
+    "dotted_labels_200kb": ("words", "Ab." * 66_000),
+    "mark_run_inside_a_chunk": ("words", "x" + "," * 200_000 + "y"),
+    "mark_run_after_a_url": ("words", "http://x.com/" + "," * 200_000 + "y"),
+    "dot_space_sentences": ("sentences", ". " * 40_000),  # 133 s
+    "dot_space_counts": ("line_sentence_counts", ". " * 40_000),  # 133 s
+    "bangs_before_a_word": ("line_sentence_counts", "!" * 200_000 + "x"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_PATHOLOGICAL))
+def test_pathological_inputs_take_linear_time(name: str) -> None:
+    view, text = _PATHOLOGICAL[name]
+    start = time.perf_counter()
+    getattr(Segments(text), view)
+    assert time.perf_counter() - start < 2.0  # each now takes under 0.6 s; before, seconds to minutes
+
+
+def test_the_bounded_rules_keep_their_tokens() -> None:
+    # the regex bounds change nothing at ordinary sizes (outputs as before the fix): mark runs, schemes, e-mail, URLs
+    assert Segments("Introduction" + "." * 40 + "5").words == ["Introduction", "." * 40, "5"]
+    assert Segments("word" + "=" * 200 + " next").words == ["word"] + ["="] * 200 + ["next"]
+    assert Segments("git+ssh://git@example.com/x.git, ok").words == ["git+ssh://git@example.com/x.git", ",", "ok"]
+    assert Segments("mail first.last@a.b.c.d.example.org.").words == ["mail", "first.last@a.b.c.d.example.org", "."]
+    assert Segments("see http://x.com/a,,b,, now").words == ["see", "http://x.com/a,,b", ",", ",", "now"]
+    # a terminal's trailing marks and spaces, and a line's, end sentences as before
+    assert Segments("Done!!! Next. . . end . .").sentences == ["Done!!!", "Next. . .", "end . ."]
+    assert Segments("Done!!! Next. . . end . .").line_sentence_counts == [3]
