@@ -1,7 +1,8 @@
-"""The `kiln` command: one thin verb per stage, plus `plan` and `demo`.
+"""The `kiln` command: one thin verb per stage, plus `plan`, `sweep` and `demo`.
 
-Every verb loads the recipe (a file or a shipped name), applies `--set` overrides, validates
-all of it before any work, writes the resolved recipe into the run directory, and runs.
+Every stage verb loads the recipe (a file or a shipped name), applies `--set` overrides,
+validates all of it before any work, writes the resolved recipe into the run directory, and
+runs. `plan` subcommands and `sweep` parse their own arguments (kiln.plan.cli).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ EPILOG = """examples:
   kiln train --recipe demo --set train.steps=500 --set train.lr=1e-3
   kiln generate --recipe demo --set generate.prompt='import os'
   kiln plan --recipe demo --json
+  kiln plan chinchilla --flops 1e23 --fit hoffmann          compute-optimal size for a budget
 """
 
 
