@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import platform
 import resource
 import shutil
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln import __version__
+from kiln.core.atomic import write_atomically
 from kiln.core.config import Section
 from kiln.core.errors import FatalError
 
@@ -166,9 +166,8 @@ class Stage:
         }
         manifest["fingerprint"] = fingerprint(manifest)
         (self.dir / "summary.txt").write_text(summary.rstrip() + "\n")
-        tmp = self.dir / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-        os.replace(tmp, self.dir / MANIFEST)  # the manifest appears only once everything else is written
+        # the manifest appears only once everything else is written
+        write_atomically(self.dir / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2) + "\n"))
         (self.dir / IN_PROGRESS).unlink(missing_ok=True)
         self.log.info("%s: done in %.1fs\n%s", self.name, manifest["wall_seconds"], summary.rstrip())
         return manifest

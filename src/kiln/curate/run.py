@@ -77,6 +77,11 @@ class Job:
     def marker(self) -> Path:
         return self.folder / f"{self.index:05d}.done"
 
+    def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """Write the completion marker (after every other output of the task) and return its content."""
+        write_atomically(self.marker, lambda p: p.write_text(json.dumps(summary, ensure_ascii=False), encoding="utf-8"))
+        return summary
+
 
 def partition_count(tasks: int) -> int:
     """Hash partitions for the global phases: a power of two near a quarter of the task count, at most 256."""
@@ -97,8 +102,7 @@ def save_ledger(job: Job, ledger: Ledger, extra: dict[str, Any] | None = None) -
         "samples": {f"{s}\x00{r}": ledger.sample(s, r) for s, r in ledger.samples},
         **(extra or {}),
     }
-    write_atomically(job.marker, lambda p: p.write_text(json.dumps(summary, ensure_ascii=False), encoding="utf-8"))
-    return summary
+    return job.finish(summary)
 
 
 def load_ledger(summary: dict[str, Any], sample_size: int) -> Ledger:
@@ -171,9 +175,7 @@ def lines_phase(job: Job) -> dict[str, Any]:
     totals = np.bincount(inverse.ravel(), weights=counts, minlength=len(unique)) if len(unique) else np.zeros(0)
     boilerplate = unique[totals > job.cfg.line_dedup.max_docs]
     save_array(job.folder / f"{job.index:05d}.npy", boilerplate)
-    summary = {"boilerplate_lines": int(len(boilerplate))}
-    write_atomically(job.marker, lambda p: p.write_text(json.dumps(summary)))
-    return summary
+    return job.finish({"boilerplate_lines": int(len(boilerplate))})
 
 
 def filter_phase(job: Job) -> dict[str, Any]:
@@ -202,9 +204,7 @@ def filter_phase(job: Job) -> dict[str, Any]:
 
 def dedup_phase(job: Job) -> dict[str, Any]:
     removed = dedup_partition(job.stage_dir / "work" / "filter", job.index, job.folder / f"{job.index:05d}.parquet")
-    summary = {"duplicates": removed}
-    write_atomically(job.marker, lambda p: p.write_text(json.dumps(summary)))
-    return summary
+    return job.finish({"duplicates": removed})
 
 
 def write_phase(job: Job) -> dict[str, Any]:
