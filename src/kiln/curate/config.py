@@ -13,6 +13,7 @@ from pydantic import Field
 
 from kiln.core.config import Section
 from kiln.curate.dedup.exact import ExactDedupConfig
+from kiln.curate.dedup.minhash import MinHashConfig
 from kiln.curate.executors import ExecutorConfig
 from kiln.curate.readers.config import InputConfig
 from kiln.curate.steps.c4 import C4Config
@@ -53,3 +54,10 @@ class CurateConfig(Section):
     pii: PIIConfig = Field(default_factory=PIIConfig, description="Redaction of emails, phone numbers, IP addresses, card numbers, SSNs and secrets.")
     length: LengthConfig = Field(default_factory=LengthConfig, description="Document length limits, after every edit.")
     exact_dedup: ExactDedupConfig = Field(default_factory=ExactDedupConfig, description="Removal of exact duplicates (normalized text) across all sources.")
+    minhash_dedup: MinHashConfig = Field(default_factory=MinHashConfig, description="Removal of near-duplicates (MinHash LSH with exact Jaccard verification) across all sources, after exact dedup.")
+
+    @property
+    def near_priority(self) -> tuple[str, ...]:
+        """Source priority for near-duplicate clusters: minhash_dedup's own, else exact_dedup's."""
+        own = self.minhash_dedup.source_priority
+        return self.exact_dedup.source_priority if own is None else own

@@ -1,8 +1,8 @@
 """`kiln curate --explain DOC_ID`: what happened to one document, from the run's audit files.
 
 It looks the id up in `removed.parquet` (step, rule, measured value, threshold, and for a
-duplicate the copy that was kept), then in `quarantine.jsonl` (file, position, error), then in
-the curated shards. Not handled here: documents of a run whose curate stage has not finished.
+duplicate the copy that was kept; for a near-duplicate also its cluster from `clusters.parquet`),
+then in `quarantine.jsonl` (file, position, error), then in the curated shards. Not handled here: documents of a run whose curate stage has not finished.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ def explain(stage_dir: Path, doc_id: str) -> str:
             lines.append(f"  measured {_num(row['value'])}" + (f", threshold {_num(row['threshold'])}" if row["threshold"] is not None else ""))
         if row["kept_id"]:
             lines.append(f"  kept instead: {row['kept_id']}")
+            if row["step"] == "minhash_dedup":
+                lines += cluster_lines(stage_dir, doc_id)
         elif row["note"]:
             lines.append(f"  note: {row['note']}")
     with open(stage_dir / "quarantine.jsonl", encoding="utf-8") as f:
@@ -44,6 +46,22 @@ def explain(stage_dir: Path, doc_id: str) -> str:
         if any(doc.id == doc_id for doc in read_shard(shard)):
             return f"{doc_id} was kept: it is in {shard.name}"
     raise FatalError(f"{doc_id}: no such document in this run (not removed, quarantined or kept); ids look like those in {stage_dir / 'removed.parquet'}")
+
+
+def cluster_lines(stage_dir: Path, doc_id: str, shown: int = 10) -> list[str]:
+    """The near-duplicate cluster holding `doc_id`: its size and members, keeper first."""
+    clusters = pq.read_table(stage_dir / "clusters.parquet")
+    mine = clusters.filter(pc.equal(clusters["id"], doc_id))
+    if mine.num_rows == 0:
+        return []
+    number = mine["cluster"][0].as_py()
+    members = clusters.filter(pc.equal(clusters["cluster"], number)).to_pylist()  # keeper first, then by id
+    lines = [f"  cluster {number}: {len(members)} documents (Jaccard of shingle sets to the kept one)"]
+    for m in members[:shown]:
+        lines.append(f"    {'kept   ' if m['kept'] else 'removed'} {m['id']}  {m['jaccard_to_kept']:.3f}")
+    if len(members) > shown:
+        lines.append(f"    ... {len(members) - shown} more in {stage_dir / 'clusters.parquet'}")
+    return lines
 
 
 def _num(value: float) -> str:

@@ -1,19 +1,23 @@
-"""The curate stage: five map phases over shard tasks, with files between them.
+"""The curate stage: nine map phases over shard tasks, with files between them.
 
 1. read (one task per read task): read and extract, normalize, URL filter; write the task's
    documents to `work/read/`, and count the distinct normalized lines of each prose document.
 2. lines (one task per hash partition): sum line counts over all tasks; the lines found in more
    than `line_dedup.max_docs` documents of a source are boilerplate.
 3. filter (one task per read task): cut boilerplate lines, language ID, the prose rules (or the
-   code rules), PII, length; write survivors to `work/filter/` and their text hashes by partition.
+   code rules), PII, length, decontamination; write survivors to `work/filter/` and their text
+   hashes by partition.
 4. dedup (one task per hash partition): choose, among equal texts, the one to keep.
-5. write (one task per read task): drop the duplicates, write `shards/<source>-<task>.jsonl.zst`.
+5-8. sign, buckets, verify, components: MinHash near-dedup of the exact-dedup survivors
+   (kiln.curate.dedup.near).
+9. write (one task per read task): drop the exact and near duplicates, write
+   `shards/<source>-<task>.jsonl.zst` and the task's rows of `clusters.parquet`.
 Every task writes its outputs atomically and then a completion marker holding its ledger; an
 interrupted run, re-run with the same config and inputs, skips finished tasks. Shard contents
 depend only on the inputs and the config, never on the executor or the number of workers.
 The run ends with the accounting check (input = kept + removed + quarantined, per task and per
-source), the audit (`removed.parquet`, `quarantine.jsonl`, `audit/`) and the funnel per source.
-Not handled here: near-duplicate removal and decontamination (later steps).
+source), the audit (`removed.parquet`, `quarantine.jsonl`, `clusters.parquet`, `audit/`) and the
+funnel per source. The manifest's `phases` give each phase's time and peak memory per process.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import shutil
 import time
 from collections import Counter
@@ -41,6 +46,8 @@ from kiln.core.manifest import Stage
 from kiln.curate.audit import Ledger, SourceTally
 from kiln.curate.config import CurateConfig
 from kiln.curate.dedup.exact import HashTable, dedup_partition, removals_for_task
+from kiln.curate.dedup.minhash import memory_estimate
+from kiln.curate.dedup.near import Sets, assignments_for_task, bucket_task, components_task, sign_task, verify_task
 from kiln.curate.executors import Executor, build_executor
 from kiln.curate.readers import ReadLimits, ReadTask, plan_reads, read_task, task_paths
 from kiln.curate.shards import SUFFIX, ShardWriter, read_shard
@@ -50,8 +57,10 @@ from kiln.curate.steps.pipeline import BRANCHES, code_steps, early_steps, funnel
 
 log = logging.getLogger("kiln.curate")
 MB = 1_000_000
-PHASES = ("read", "lines", "filter", "dedup", "write")
+PHASES = ("read", "lines", "filter", "dedup", "sign", "buckets", "verify", "components", "write")
+CHAINED = "; below the threshold to the kept copy: joined its cluster through other members"
 MAX_OPEN_SHARDS = 64  # shard writers one write task keeps open at once
+CLUSTERS_SCHEMA = pa.schema([("id", pa.string()), ("cluster", pa.int64()), ("kept", pa.bool_()), ("jaccard_to_kept", pa.float64())])
 REMOVED_SCHEMA = pa.schema([
     ("id", pa.string()), ("source", pa.string()), ("step", pa.string()), ("reason", pa.string()),
     ("value", pa.float64()), ("threshold", pa.float64()), ("note", pa.string()), ("kept_id", pa.string()),
@@ -68,6 +77,7 @@ class Job:
     cfg: CurateConfig
     partitions: int
     task: ReadTask | None = None
+    tasks: int = 0  # read tasks in the run (their indices are 0..tasks-1)
 
     @property
     def folder(self) -> Path:
@@ -78,7 +88,9 @@ class Job:
         return self.folder / f"{self.index:05d}.done"
 
     def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
-        """Write the completion marker (after every other output of the task) and return its content."""
+        """Write the completion marker (after every other output of the task) and return its content,
+        with the process's peak resident memory so far (the phase's memory figure)."""
+        summary = {**summary, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
         write_atomically(self.marker, lambda p: p.write_text(json.dumps(summary, ensure_ascii=False), encoding="utf-8"))
         return summary
 
@@ -207,12 +219,42 @@ def dedup_phase(job: Job) -> dict[str, Any]:
     return job.finish({"duplicates": removed})
 
 
+def exact_removals(job: Job) -> dict[int, str]:
+    return removals_for_task(job.stage_dir / "work" / "dedup", job.index) if job.cfg.exact_dedup.enabled else {}
+
+
+def sign_phase(job: Job) -> dict[str, Any]:
+    filtered = job.stage_dir / "work" / "filter" / f"{job.index:05d}{SUFFIX}"
+    return job.finish(sign_task(filtered, job.folder, job.index, exact_removals(job), job.cfg.minhash_dedup, job.cfg.near_priority))
+
+
+def bucket_phase(job: Job) -> dict[str, Any]:
+    band, sub = divmod(job.index, job.partitions)
+    work = job.stage_dir / "work"
+    return job.finish(bucket_task(work / "sign", job.folder / f"{job.index:05d}.npy", band, sub, job.partitions, job.cfg.minhash_dedup))
+
+
+def verify_phase(job: Job) -> dict[str, Any]:
+    work = job.stage_dir / "work"
+    return job.finish(verify_task(work / "buckets", work / "sign", job.folder / f"{job.index:05d}.parquet", job.index, job.partitions, job.tasks, job.cfg.minhash_dedup))
+
+
+def components_phase(job: Job) -> dict[str, Any]:
+    work = job.stage_dir / "work"
+    return job.finish(components_task(work / "verify", work / "sign", job.folder / "assign.parquet"))
+
+
 def write_phase(job: Job) -> dict[str, Any]:
-    """Drop the task's duplicates and write one shard per source. A task whose documents carry
-    more than MAX_OPEN_SHARDS sources is written in several passes over its filtered file, so the
-    number of open files stays bounded."""
-    ledger = Ledger(job.cfg.sample_size)
-    removals = removals_for_task(job.stage_dir / "work" / "dedup", job.index) if job.cfg.exact_dedup.enabled else {}
+    """Drop the task's exact and near duplicates and write one shard per source. A task whose
+    documents carry more than MAX_OPEN_SHARDS sources is written in several passes over its
+    filtered file, so the number of open files stays bounded."""
+    cfg = job.cfg
+    ledger = Ledger(cfg.sample_size)
+    removals = exact_removals(job)
+    near = cfg.minhash_dedup
+    assigned = assignments_for_task(job.stage_dir / "work" / "components" / "assign.parquet", job.index) if near.enabled else {}
+    sets = Sets(job.stage_dir / "work" / "sign", near)
+    clusters: dict[str, list[Any]] = {name: [] for name in CLUSTERS_SCHEMA.names}
     filtered = job.stage_dir / "work" / "filter" / f"{job.index:05d}{SUFFIX}"
     finished: set[str] = set()
     shards, docs, more = [], 0, True
@@ -230,8 +272,17 @@ def write_phase(job: Job) -> dict[str, Any]:
                 if ordinal in removals:
                     ledger.remove(doc, "exact_dedup", "duplicate", note=f"duplicate of {removals[ordinal]}", kept_id=removals[ordinal])
                     continue
-                if job.cfg.exact_dedup.enabled:
+                if cfg.exact_dedup.enabled:
                     ledger.passed("exact_dedup", doc)
+                if (found := assigned.get(ordinal)) is not None:
+                    similarity = 1.0 if found.kept else sets.similarity(found.doc, found.keeper)
+                    for name, value in zip(CLUSTERS_SCHEMA.names, (doc.id, found.cluster, found.kept, similarity)):
+                        clusters[name].append(value)
+                    if not found.kept:
+                        ledger.remove(doc, "minhash_dedup", "near_duplicate", similarity, near.threshold, note=f"cluster {found.cluster}" + (CHAINED if similarity < near.threshold else ""), kept_id=found.kept_id)
+                        continue
+                if near.enabled:
+                    ledger.passed("minhash_dedup", doc)
                 if doc.source not in writers:
                     writers[doc.source] = ShardWriter(job.stage_dir / "shards" / f"{doc.source}-{job.index:05d}{SUFFIX}")
                 writers[doc.source].write(doc)
@@ -245,10 +296,16 @@ def write_phase(job: Job) -> dict[str, Any]:
             shards.append(writer.path.name)
             docs += writer.docs
         finished |= batch
+    # every row of a source is written in that source's pass: sort so the file never depends on passes
+    table = pa.table(clusters, schema=CLUSTERS_SCHEMA).sort_by([("cluster", "ascending"), ("id", "ascending")])
+    write_atomically(job.folder / f"{job.index:05d}.clusters.parquet", lambda p: pq.write_table(table, p))
     return save_ledger(job, ledger, {"docs": docs, "shards": sorted(shards)})
 
 
-PHASE_FUNCTIONS = {"read": read_phase, "lines": lines_phase, "filter": filter_phase, "dedup": dedup_phase, "write": write_phase}
+PHASE_FUNCTIONS = {
+    "read": read_phase, "lines": lines_phase, "filter": filter_phase, "dedup": dedup_phase, "sign": sign_phase,
+    "buckets": bucket_phase, "verify": verify_phase, "components": components_phase, "write": write_phase,
+}
 
 
 def run_job(job: Job) -> tuple[int, dict[str, Any]]:
@@ -301,32 +358,67 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
 
     def jobs(phase: str, count: int | None = None) -> list[Job]:
         if count is None:
-            return [Job(phase, t.index, stage_dir, cfg, partitions, t) for t in tasks]
-        return [Job(phase, p, stage_dir, cfg, partitions) for p in range(count)]
+            return [Job(phase, t.index, stage_dir, cfg, partitions, t, len(tasks)) for t in tasks]
+        return [Job(phase, p, stage_dir, cfg, partitions, tasks=len(tasks)) for p in range(count)]
+
+    timings: dict[str, dict[str, float]] = {}
+
+    def phase(name: str, phase_jobs: list[Job], weight: Callable[[Job], int] = lambda job: 1, unit: str = "task") -> dict[int, dict[str, Any]]:
+        started = time.perf_counter()
+        results = run_phase(executor, phase_jobs, f"curate {PHASES.index(name) + 1}/{len(PHASES)} {name}", weight, unit)
+        timings[name] = {"seconds": round(time.perf_counter() - started, 3), "max_rss_mb": round(max((r.get("rss_mb", 0) for r in results.values()), default=0), 1)}
+        return results
 
     raw_bytes: Callable[[Job], int] = lambda job: job.task.size if job.task else 0
+    near: dict[str, Any] = {}
     try:
-        read = run_phase(executor, jobs("read"), "curate 1/5 read", raw_bytes, "B")
+        read = phase("read", jobs("read"), raw_bytes, "B")
         boilerplate_path = stage.dir / "work" / "lines" / "boilerplate.npy"
         if cfg.line_dedup.enabled and not boilerplate_path.is_file():
-            run_phase(executor, jobs("lines", partitions), "curate 2/5 line counts")
+            phase("lines", jobs("lines", partitions))
             parts = [np.load(stage.dir / "work" / "lines" / f"{p:05d}.npy") for p in range(partitions)]
             save_array(boilerplate_path, np.concatenate(parts))
-        filtered = run_phase(executor, jobs("filter"), "curate 3/5 filter", raw_bytes, "B")
+        filtered = phase("filter", jobs("filter"), raw_bytes, "B")
         if cfg.exact_dedup.enabled:
-            run_phase(executor, jobs("dedup", partitions), "curate 4/5 exact dedup")
-        written = run_phase(executor, jobs("write"), "curate 5/5 write", raw_bytes, "B")
+            phase("dedup", jobs("dedup", partitions))
+        if cfg.minhash_dedup.enabled:
+            near = near_dedup(cfg, filtered, len(tasks), partitions, phase, jobs, raw_bytes)
+        written = phase("write", jobs("write"), raw_bytes, "B")
     finally:
         executor.close()
 
     ledger = account(cfg, tasks, [read, filtered, written])
     outputs = write_audit(ledger, stage.dir, [read, filtered, written], tasks)
     shutil.rmtree(stage.dir / "work")
-    counts = totals(ledger)
+    counts = {**totals(ledger), **({"minhash": near} if near else {})}
     shards = sorted((stage.dir / "shards").glob("*" + SUFFIX))
     if counts["docs_out"] == 0:
         log.warning("curate: no document was kept (%d in); see %s and %s", counts["docs_in"], stage.dir / "summary.txt", stage.dir / "quarantine.jsonl")
-    return stage.finish(shards + outputs, counts, format_summary(counts, funnel_rows(cfg)))
+    # phase timings vary from run to run: beside the counts, never in them
+    return stage.finish(shards + outputs, counts, format_summary(counts, funnel_rows(cfg)), extra={"phases": timings})
+
+
+def near_dedup(cfg: CurateConfig, filtered: dict[int, dict[str, Any]], tasks: int, partitions: int, phase: Callable[..., dict[int, dict[str, Any]]],
+               jobs: Callable[..., list[Job]], raw_bytes: Callable[[Job], int]) -> dict[str, Any]:
+    """The four MinHash phases; returns their counts. Logs the memory estimate before they start."""
+    near = cfg.minhash_dedup
+    docs = sum(r["kept"] for r in filtered.values())
+    estimate = memory_estimate(docs, docs * 300, tasks, near.bands * partitions, near)  # ~300 shingles a document until signed
+    log.info("curate: near-dedup of up to %s documents, %d bands x %d rows; estimated peak memory per process: %s",
+             f"{docs:,}", near.bands, near.rows, ", ".join(f"{k} {v:,.0f} MB" for k, v in estimate.items()))
+    signed = phase("sign", jobs("sign"), raw_bytes, "B")
+    buckets = phase("buckets", jobs("buckets", near.bands * partitions))
+    verified = phase("verify", jobs("verify", partitions))
+    clustered = phase("components", jobs("components", 1))[0]
+    return {
+        "signed": sum(r["signed"] for r in signed.values()), "no_words": sum(r["no_words"] for r in signed.values()),
+        "shingles": sum(r["shingles"] for r in signed.values()), "bucket_pairs": sum(r["candidates"] for r in buckets.values()),
+        "candidates": sum(r["candidates"] for r in verified.values()), "verified": sum(r["verified"] for r in verified.values()),
+        "rejected": sum(r["rejected"] for r in verified.values()),
+        "max_rejected_jaccard": max((r["max_rejected_jaccard"] for r in verified.values() if r["max_rejected_jaccard"] is not None), default=None),
+        **{k: clustered[k] for k in ("clusters", "clustered_docs", "largest_cluster")},
+        "memory_estimate_mb": {k: round(v, 1) for k, v in estimate.items()},
+    }
 
 
 def account(cfg: CurateConfig, tasks: list[ReadTask], phases: list[dict[int, dict[str, Any]]]) -> Ledger:
@@ -359,6 +451,10 @@ def write_audit(ledger: Ledger, stage_dir: Path, phases: list[dict[int, dict[str
     reasons = {s: {r: {"docs": n, "bytes": t.removed_bytes[r]} for r, n in sorted(t.removed.items())} for s, t in sorted(ledger.sources.items())}
     (audit / "reasons.json").write_text(json.dumps(reasons, indent=2) + "\n")
     outputs = [removed_path, quarantine_path, audit / "reasons.json"]
+    cluster_files = [work / "write" / f"{task.index:05d}.clusters.parquet" for task in tasks]
+    clusters = pa.concat_tables([pq.read_table(f, schema=CLUSTERS_SCHEMA) for f in cluster_files])  # empty with minhash_dedup off
+    pq.write_table(clusters.sort_by([("cluster", "ascending"), ("kept", "descending"), ("id", "ascending")]), stage_dir / "clusters.parquet")
+    outputs.append(stage_dir / "clusters.parquet")
     for source, reason in sorted(ledger.samples):
         path = audit / "samples" / source / (reason.replace(":", "__") + ".jsonl")
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -5,14 +5,14 @@ Steps run in two phases around the global line count (see kiln.curate.run):
 - late (after the line count), one branch per kind of document:
   prose: boilerplate lines, language ID, Gopher repetition, Gopher quality, C4, FineWeb, PII, length;
   code: the code rules, PII, length.
-Exact dedup runs last, across all shards.
+Exact dedup, then MinHash near-dedup, run last, across all shards.
 This is FineWeb's order (URL filter, language, Gopher repetition and quality, C4, FineWeb) with
 CCNet's line removal before language ID, so a boilerplate banner in another language cannot
 decide a page's language. A step whose config says `enabled: false` is left out.
 `run_document` applies a list of steps to one document: a step that raises quarantines that
 document with the error, never the run, and every step's output is counted in the funnel under
 `<branch>/<step>` (the early steps under their own names).
-Not handled here: global work (line counts, exact dedup; kiln.curate.run) and per-source step lists.
+Not handled here: global work (line counts, exact and near dedup; kiln.curate.run) and per-source step lists.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def funnel_rows(cfg: CurateConfig) -> list[str]:
     rows = ["read", "normalize", *(["url_filter"] if cfg.url_filter.enabled else [])]
     for branch, names in (("prose", PROSE_STEPS), ("code", CODE_STEPS)):
         rows += [branch, *(f"{branch}/{name}" for name in enabled(cfg, names))]
-    return rows + (["exact_dedup"] if cfg.exact_dedup.enabled else [])
+    return rows + (["exact_dedup"] if cfg.exact_dedup.enabled else []) + (["minhash_dedup"] if cfg.minhash_dedup.enabled else [])
 
 
 def run_document(doc: Document, steps: list[Step], ledger: Ledger, branch: str | None = None) -> Document | None:

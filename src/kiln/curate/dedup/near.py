@@ -1,0 +1,265 @@
+"""Near-duplicate removal at corpus scale: four map phases with files between them.
+
+1. sign (one task per read task): shingle every document that survived exact dedup, write its
+   signature, its shingle set (for verification), its row (id, source, rank, keeper preference),
+   and per band its bucket keys sorted, as `(key, doc)` rows. A document is named by a 64-bit
+   number `task << 32 | local`, so no phase needs a global numbering first.
+2. buckets (one task per band and key range): read that slice of every sign task's sorted keys,
+   propose the pairs that share a bucket, write them sorted by their first document.
+3. verify (one task per range of sign tasks): take the candidate pairs whose first document is
+   in the range, drop repeats, and keep those whose exact shingle Jaccard reaches the threshold
+   (or, with verification off, all of them, with the signature estimate).
+4. components (one task): connected components of the verified pairs; one keeper per cluster.
+   It writes the assignment of every clustered document, sorted by task, which the curate write
+   phase applies (kiln.curate.run), computing each removed document's Jaccard to its keeper.
+Memory: a sign task holds its own documents' keys (about 250 bytes a document); a bucket task
+one band's key range; a verify task its pairs and memory-mapped shingle files; the components
+task the verified pairs only. No process holds all signatures.
+Not handled here: the MinHash math (kiln.curate.dedup.minhash) and the driver (kiln.curate.run).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Container, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from kiln.core.atomic import write_atomically
+from kiln.curate.dedup.exact import source_rank
+from kiln.curate.dedup.minhash import (
+    MinHashConfig, band_keys, bucket_pairs, choose_keepers, components, estimated_jaccard, jaccard, permutation_params, preference_value, signatures,
+)
+from kiln.curate.dedup.shingles import shingle_set
+from kiln.curate.shards import read_shard
+
+DOCS_SCHEMA = pa.schema([("local", pa.int32()), ("ordinal", pa.int64()), ("id", pa.string()), ("source", pa.string()), ("rank", pa.int32()), ("preference", pa.float64())])
+EDGE_SCHEMA = pa.schema([("a", pa.uint64()), ("b", pa.uint64()), ("jaccard", pa.float64())])
+ASSIGN_SCHEMA = pa.schema([
+    ("task", pa.int32()), ("ordinal", pa.int64()), ("doc", pa.uint64()), ("id", pa.string()), ("cluster", pa.int64()),
+    ("kept", pa.bool_()), ("keeper", pa.uint64()), ("kept_id", pa.string()),
+])
+SIGN_BATCH = 512  # documents shingled and signed together
+
+
+def doc_number(task: int, local: int | np.ndarray) -> Any:
+    return (np.uint64(task) << np.uint64(32)) | np.asarray(local, dtype=np.uint64)
+
+
+def task_of(doc: int | np.ndarray) -> Any:
+    return np.asarray(doc, dtype=np.uint64) >> np.uint64(32)
+
+
+# --- 1. sign --------------------------------------------------------------------------------------
+
+
+def sign_task(filtered: Path, folder: Path, task: int, skip: Container[int], cfg: MinHashConfig, priority: Sequence[str]) -> dict[str, Any]:
+    """Shingle and sign the documents of one filtered shard, except the ordinals in `skip`."""
+    a, b = permutation_params(cfg.permutations, cfg.seed)
+    base = folder / f"{task:05d}"
+    rows: dict[str, list[Any]] = {name: [] for name in DOCS_SCHEMA.names}
+    keys: list[np.ndarray] = []
+    offsets, no_words, shingle_total = [0], 0, 0
+    batch: list[np.ndarray] = []
+    with open(part(base, ".sig.u32"), "wb") as sig_out, open(part(base, ".shingles.u64"), "wb") as set_out:
+
+        def flush() -> None:
+            sigs = signatures(batch, a, b)
+            sig_out.write(sigs.tobytes())
+            keys.append(band_keys(sigs, cfg.bands, cfg.rows))
+            batch.clear()
+
+        for ordinal, doc in enumerate(read_shard(filtered)):
+            if ordinal in skip:
+                continue
+            shingles = shingle_set(doc.text, cfg.ngram, cfg.fold_digits)
+            if len(shingles) == 0:
+                no_words += 1  # nothing to compare: such a document is never a near-duplicate
+                continue
+            rows["local"].append(len(rows["local"]))
+            rows["ordinal"].append(ordinal)
+            rows["id"].append(doc.id)
+            rows["source"].append(doc.source)
+            rows["rank"].append(source_rank(doc.source, priority))
+            rows["preference"].append(preference_value(cfg.prefer, len(doc.text.encode("utf-8", "surrogatepass")), doc.meta))
+            if cfg.verify:
+                set_out.write(shingles.tobytes())
+                offsets.append(offsets[-1] + len(shingles))
+            shingle_total += len(shingles)
+            batch.append(shingles)
+            if len(batch) == SIGN_BATCH:
+                flush()
+        if batch:
+            flush()
+    count = len(rows["local"])
+    all_keys = np.concatenate(keys) if keys else np.zeros((0, cfg.bands), dtype=np.uint64)
+    docs = doc_number(task, np.arange(count))
+    bands = np.empty((cfg.bands, count, 2), dtype=np.uint64)
+    for band in range(cfg.bands):  # per band, rows sorted by (key, doc): bucket tasks slice a key range
+        order = np.lexsort((docs, all_keys[:, band]))
+        bands[band, :, 0] = all_keys[order, band]
+        bands[band, :, 1] = docs[order]
+    save_npy(base.with_suffix(".bands.npy"), bands)
+    save_npy(base.with_suffix(".offsets.npy"), np.array(offsets, dtype=np.int64))
+    write_atomically(base.with_suffix(".docs.parquet"), lambda p: pq.write_table(pa.table(rows, schema=DOCS_SCHEMA), p))
+    for suffix in (".sig.u32", ".shingles.u64"):
+        os.replace(part(base, suffix), base.with_suffix(suffix))
+    return {"signed": count, "no_words": no_words, "shingles": shingle_total}
+
+
+def part(base: Path, suffix: str) -> Path:
+    return base.with_suffix(suffix + ".part")
+
+
+def save_npy(path: Path, array: np.ndarray) -> None:
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:  # a file object: np.save given a path would add ".npy" to the temporary name
+            np.save(f, array)
+
+    write_atomically(path, write)
+
+
+# --- 2. buckets -----------------------------------------------------------------------------------
+
+
+def key_range(sub: int, subs: int) -> tuple[np.uint64, np.uint64 | None]:
+    """Bucket keys of sub-partition `sub` of `subs` (a power of two): [lo, hi), hi None for the top."""
+    bits = subs.bit_length() - 1
+    lo = np.uint64(sub << (64 - bits)) if bits else np.uint64(0)
+    hi = np.uint64((sub + 1) << (64 - bits)) if bits and sub + 1 < subs else None
+    return lo, hi
+
+
+def bucket_task(sign_dir: Path, out: Path, band: int, sub: int, subs: int, cfg: MinHashConfig) -> dict[str, Any]:
+    """Candidate pairs of one band's key range, over every sign task; written sorted by (a, b)."""
+    lo, hi = key_range(sub, subs)
+    keys, docs = [], []
+    for path in sorted(sign_dir.glob("*.bands.npy")):
+        rows = np.load(path, mmap_mode="r")[band]
+        start = np.searchsorted(rows[:, 0], lo)
+        stop = np.searchsorted(rows[:, 0], hi) if hi is not None else len(rows)
+        keys.append(np.asarray(rows[start:stop, 0]))
+        docs.append(np.asarray(rows[start:stop, 1]))
+    pairs = bucket_pairs(np.concatenate(keys) if keys else np.zeros(0, np.uint64), np.concatenate(docs) if docs else np.zeros(0, np.uint64), cfg.max_bucket_pairs)
+    pairs = np.unique(pairs, axis=0) if len(pairs) else pairs  # sorted by (a, b), repeats dropped
+    save_npy(out, pairs)
+    return {"candidates": int(len(pairs))}
+
+
+# --- 3. verify ------------------------------------------------------------------------------------
+
+
+def task_range(partition: int, partitions: int, tasks: int) -> tuple[int, int]:
+    """Sign tasks [first, stop) whose pairs verify partition `partition` takes."""
+    return partition * tasks // partitions, (partition + 1) * tasks // partitions
+
+
+class Sets:
+    """Shingle sets and signatures of signed documents, read through memory maps, by document number."""
+
+    def __init__(self, sign_dir: Path, cfg: MinHashConfig):
+        self.dir, self.cfg = sign_dir, cfg
+
+    @lru_cache(maxsize=256)  # noqa: B019 - one reader per phase task; the cache is the point
+    def _files(self, task: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        base = self.dir / f"{task:05d}"
+        sigs = np.memmap(base.with_suffix(".sig.u32"), dtype=np.uint32, mode="r") if base.with_suffix(".sig.u32").stat().st_size else np.zeros(0, np.uint32)
+        shingles_path = base.with_suffix(".shingles.u64")
+        shingles = np.memmap(shingles_path, dtype=np.uint64, mode="r") if shingles_path.stat().st_size else np.zeros(0, np.uint64)
+        return sigs.reshape(-1, self.cfg.permutations), shingles, np.load(base.with_suffix(".offsets.npy"))
+
+    def shingles(self, doc: int) -> np.ndarray:
+        sigs, shingles, offsets = self._files(int(doc) >> 32)
+        local = int(doc) & 0xFFFF_FFFF
+        return np.asarray(shingles[offsets[local] : offsets[local + 1]])
+
+    def signature(self, doc: int) -> np.ndarray:
+        sigs, _, _ = self._files(int(doc) >> 32)
+        return np.asarray(sigs[int(doc) & 0xFFFF_FFFF])
+
+    def similarity(self, x: int, y: int) -> float:
+        """Exact Jaccard with verification on, else the signature estimate."""
+        if self.cfg.verify:
+            return jaccard(self.shingles(x), self.shingles(y))
+        return estimated_jaccard(self.signature(x), self.signature(y))
+
+
+def verify_task(bucket_dir: Path, sign_dir: Path, out: Path, partition: int, partitions: int, tasks: int, cfg: MinHashConfig) -> dict[str, Any]:
+    """The verified pairs whose first document's sign task lies in this partition's range."""
+    first, stop = task_range(partition, partitions, tasks)
+    lo, hi = doc_number(first, 0), doc_number(stop, 0)
+    found = []
+    for path in sorted(bucket_dir.glob("*.npy")):
+        pairs = np.load(path, mmap_mode="r")
+        if len(pairs):
+            found.append(np.asarray(pairs[np.searchsorted(pairs[:, 0], lo) : np.searchsorted(pairs[:, 0], hi)]))
+    pairs = np.concatenate(found) if found else np.zeros((0, 2), np.uint64)
+    pairs = np.unique(pairs, axis=0) if len(pairs) else pairs  # a pair found in several bands is verified once
+    sets = Sets(sign_dir, cfg)
+    sims = np.fromiter((sets.similarity(x, y) for x, y in pairs), dtype=np.float64, count=len(pairs))
+    keep = sims >= cfg.threshold if cfg.verify else np.ones(len(pairs), dtype=bool)
+    edges = pa.table({"a": pairs[keep, 0] if len(pairs) else np.zeros(0, np.uint64), "b": pairs[keep, 1] if len(pairs) else np.zeros(0, np.uint64), "jaccard": sims[keep]}, schema=EDGE_SCHEMA)
+    write_atomically(out, lambda p: pq.write_table(edges, p))
+    rejected = sims[~keep]
+    return {"candidates": int(len(pairs)), "verified": int(keep.sum()), "rejected": int(len(rejected)), "max_rejected_jaccard": float(rejected.max()) if len(rejected) else None}
+
+
+# --- 4. components --------------------------------------------------------------------------------
+
+
+def components_task(verify_dir: Path, sign_dir: Path, out: Path) -> dict[str, Any]:
+    """Cluster the verified pairs; write every clustered document's cluster and keeper, sorted by task."""
+    edges = pa.concat_tables([pq.read_table(p, schema=EDGE_SCHEMA) for p in sorted(verify_dir.glob("*.parquet"))] or [EDGE_SCHEMA.empty_table()])
+    a, b = edges["a"].to_numpy(), edges["b"].to_numpy()
+    nodes = np.unique(np.concatenate([a, b]))  # sorted document numbers, so sorted by task then local
+    labels = components(np.searchsorted(nodes, a), np.searchsorted(nodes, b), len(nodes))
+    # Each node's row (id, rank, preference) from its sign task's table, task by task.
+    node_tasks = task_of(nodes).astype(np.int64)
+    tables = []
+    for task in np.unique(node_tasks):
+        locals_ = (nodes[node_tasks == task] & np.uint64(0xFFFF_FFFF)).astype(np.int32)
+        table = pq.read_table(sign_dir / f"{task:05d}.docs.parquet", schema=DOCS_SCHEMA)
+        table = table.filter(pc.is_in(table["local"], pa.array(locals_)))
+        assert table.num_rows == len(locals_), f"sign task {task}: {table.num_rows} rows for {len(locals_)} clustered documents"
+        tables.append(table.append_column("task", pa.array(np.full(table.num_rows, task, dtype=np.int32))))
+    rows = pa.concat_tables(tables) if tables else DOCS_SCHEMA.append(pa.field("task", pa.int32())).empty_table()
+    ids = np.array(rows["id"].to_pylist(), dtype=object).astype(str)
+    keepers = choose_keepers(labels, rows["rank"].to_numpy(), rows["preference"].to_numpy(), ids)
+    # Clusters are numbered in the order of their keepers' document numbers: the same for any worker count.
+    cluster_keepers = np.unique(keepers)
+    cluster = np.searchsorted(cluster_keepers, keepers)
+    table = pa.table({
+        "task": rows["task"], "ordinal": rows["ordinal"], "doc": nodes, "id": rows["id"], "cluster": cluster.astype(np.int64),
+        "kept": keepers == np.arange(len(nodes)), "keeper": nodes[keepers], "kept_id": list(ids[keepers]),
+    }, schema=ASSIGN_SCHEMA)
+    write_atomically(out, lambda p: pq.write_table(table, p, row_group_size=65536))
+    sizes = np.bincount(cluster) if len(cluster) else np.zeros(0, np.int64)
+    return {"edges": int(len(a)), "clusters": int(len(cluster_keepers)), "clustered_docs": int(len(nodes)), "largest_cluster": int(sizes.max()) if len(sizes) else 0}
+
+
+# --- applied by the write phase ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Assignment:
+    doc: int
+    cluster: int
+    kept: bool
+    keeper: int
+    kept_id: str
+
+
+def assignments_for_task(assign: Path, task: int) -> dict[int, Assignment]:
+    """{ordinal in the filtered shard: its cluster assignment} for one task."""
+    table = pq.read_table(assign, filters=[("task", "=", task)], schema=ASSIGN_SCHEMA)
+    return {
+        ordinal: Assignment(int(doc), cluster, kept, int(keeper), kept_id)
+        for ordinal, doc, cluster, kept, keeper, kept_id in zip(*(table[c].to_pylist() for c in ("ordinal", "doc", "cluster", "kept", "keeper", "kept_id")))
+    }
