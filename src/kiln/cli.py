@@ -18,7 +18,7 @@ from kiln.core.recipe import Recipe, load_recipe
 
 # Verb -> (stage directory, help). The recipe sections each verb reads are listed in its --help.
 STAGE_VERBS = {
-    "curate": ("curate", "Read raw text (JSONL, Parquet, WARC, HTML, text), extract, normalize, filter (URL, language, Gopher, C4, FineWeb, code rules), redact PII, remove boilerplate lines and exact duplicates; write curated shards and the audit."),
+    "curate": ("curate", "Read raw text (JSONL, Parquet, WARC, HTML, text), extract, normalize, filter (URL, language, Gopher, C4, FineWeb, code rules), redact PII, remove boilerplate lines, benchmark contamination, exact and near duplicates (MinHash); write curated shards and the audit."),
     "train-tokenizer": ("tokenizer", "Train a byte-level BPE tokenizer on curated shards; report bytes per token."),
     "tokenize": ("tokenize", "Encode curated shards into per-source train/validation token shards."),
     "train": ("train", "Train the decoder on token shards; write a checkpoint and per-step metrics."),
@@ -41,6 +41,7 @@ SECTIONS = {
 EPILOG = """examples:
   kiln demo                                   whole pipeline on text found on this machine
   kiln curate --input 'data/*.jsonl.zst' --input crawl.warc.gz --run web   every default step, no recipe
+  kiln curate --input 'data/*.jsonl' --run web --decontaminate mmlu.jsonl    also drop documents sharing a 13-gram with mmlu
   kiln curate --run web --explain 'web/part-0.jsonl:17'                      why a document was removed
   kiln curate --recipe recipes/demo.yaml --set curate.max_total_mb=10
   kiln train --recipe demo --set train.steps=500 --set train.lr=1e-3
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         if verb == "curate":
             p.add_argument("--input", dest="inputs", action="append", default=[], metavar="PATH_OR_GLOB", help="Curate these files (format from the extension; source from each record's `source` field, else the file's folder name) instead of the recipe's inputs; repeatable. Without --recipe, every step runs with its defaults.")
             p.add_argument("--run", metavar="NAME", help="Run name (same as --set name=NAME): writes runs/NAME/curate/.")
+            p.add_argument("--decontaminate", dest="eval_sets", action="append", default=[], metavar="EVAL.jsonl", help="Remove training documents sharing a 13-word n-gram with any item of this evaluation set (JSONL, one item per line; every string field is checked); repeatable. The report is audit/decontamination.json.")
             p.add_argument("--explain", metavar="DOC_ID", help="Print which step removed (or quarantined) this document, the measured value and the threshold, and stop.")
     p = add("plan", "Plan before spending GPUs: FLOPs, Chinchilla and inference-aware sizes, cost, memory, parallel layout, checkpoint interval, scaling-law fits (subcommands). With no subcommand: parameters, FLOPs per token and training compute for the recipe's model and schedule.")
     _common(p, force=False)
@@ -108,9 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
 def recipe_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     """The recipe to load and the overrides, with curate's --input and --run turned into overrides."""
     recipe, overrides = args.recipe, list(args.overrides)
-    inputs, run = getattr(args, "inputs", []), getattr(args, "run", None)
+    inputs, run, eval_sets = getattr(args, "inputs", []), getattr(args, "run", None), getattr(args, "eval_sets", [])
     if inputs:
         overrides.insert(0, "curate.inputs=" + json.dumps([{"path": p} for p in inputs]))
+    if eval_sets:
+        overrides.insert(0, "curate.decontaminate.eval_sets=" + json.dumps([{"path": p} for p in eval_sets]))
     if run:
         overrides.insert(0, f"name={json.dumps(run)}")
     if recipe is None and not inputs:

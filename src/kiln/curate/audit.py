@@ -84,6 +84,7 @@ class Ledger:
     quarantined: list[dict[str, Any]] = field(default_factory=list)  # id, source, file, position, error
     # (source, reason) -> max-heap (negated key) of the sample_size removed documents with the smallest id hash
     samples: dict[tuple[str, str], list[tuple[int, str, dict[str, Any]]]] = field(default_factory=dict)
+    records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # kind (`contamination`) -> rows a step reports
 
     def tally(self, source: str) -> SourceTally:
         found = self.sources.get(source)
@@ -128,6 +129,10 @@ class Ledger:
         self.removed.append(row)
         self.offer_sample(doc.source, reason, {**row, "text": doc.text[:SAMPLE_TEXT_CHARS]})
 
+    def record(self, kind: str, row: dict[str, Any]) -> None:
+        """Append a row to the step-specific records of `kind` (`contamination`), kept for that step's report."""
+        self.records.setdefault(kind, []).append(row)
+
     def offer_sample(self, source: str, reason: str, entry: dict[str, Any]) -> None:
         """Keep `entry` (a removed row with its text) if its id hash is among the sample_size smallest."""
         if self.sample_size == 0:
@@ -157,6 +162,8 @@ class Ledger:
             self.tally(source).add(t)
         self.removed.extend(other.removed)
         self.quarantined.extend(other.quarantined)
+        for kind, rows in other.records.items():
+            self.records.setdefault(kind, []).extend(rows)
         for (source, reason), heap in other.samples.items():
             for _, _, entry in heap:
                 self.offer_sample(source, reason, entry)

@@ -18,6 +18,7 @@ from kiln.curate.executors import ExecutorConfig
 from kiln.curate.readers.config import InputConfig
 from kiln.curate.steps.c4 import C4Config
 from kiln.curate.steps.code import CodeConfig
+from kiln.curate.steps.decontaminate import DecontaminateConfig
 from kiln.curate.steps.fineweb import FineWebQualityConfig
 from kiln.curate.steps.gopher import GopherQualityConfig, GopherRepetitionConfig
 from kiln.curate.steps.language import LanguageConfig
@@ -53,6 +54,7 @@ class CurateConfig(Section):
     code_quality: CodeConfig = Field(default_factory=CodeConfig, description="Rules for code documents, applied instead of the prose rules.")
     pii: PIIConfig = Field(default_factory=PIIConfig, description="Redaction of emails, phone numbers, IP addresses, card numbers, SSNs and secrets.")
     length: LengthConfig = Field(default_factory=LengthConfig, description="Document length limits, after every edit.")
+    decontaminate: DecontaminateConfig = Field(default_factory=DecontaminateConfig, description="Removal (or flagging) of documents sharing a word n-gram with an evaluation set (`kiln curate --decontaminate EVAL.jsonl`).")
     exact_dedup: ExactDedupConfig = Field(default_factory=ExactDedupConfig, description="Removal of exact duplicates (normalized text) across all sources.")
     minhash_dedup: MinHashConfig = Field(default_factory=MinHashConfig, description="Removal of near-duplicates (MinHash LSH with exact Jaccard verification) across all sources, after exact dedup.")
 

@@ -44,7 +44,7 @@ def explain(stage_dir: Path, doc_id: str) -> str:
         return "\n".join(lines)
     for shard in list_shards(stage_dir / "shards"):
         if any(doc.id == doc_id for doc in read_shard(shard)):
-            return f"{doc_id} was kept: it is in {shard.name}"
+            return "\n".join([f"{doc_id} was kept: it is in {shard.name}", *cluster_lines(stage_dir, doc_id)])
     raise FatalError(f"{doc_id}: no such document in this run (not removed, quarantined or kept); ids look like those in {stage_dir / 'removed.parquet'}")
 
 

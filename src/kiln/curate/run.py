@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import resource
 import shutil
@@ -52,6 +53,7 @@ from kiln.curate.executors import Executor, build_executor
 from kiln.curate.readers import ReadLimits, ReadTask, plan_reads, read_task, task_paths
 from kiln.curate.shards import SUFFIX, ShardWriter, read_shard
 from kiln.curate.steps.code import is_code
+from kiln.curate.steps.decontaminate import build_index, build_report, format_report
 from kiln.curate.steps.lines import LineCounts, document_line_keys
 from kiln.curate.steps.pipeline import BRANCHES, code_steps, early_steps, funnel_rows, prose_steps, run_document
 
@@ -109,6 +111,8 @@ def save_ledger(job: Job, ledger: Ledger, extra: dict[str, Any] | None = None) -
     base = job.folder / f"{job.index:05d}"
     write_atomically(base.with_suffix(".removed.parquet"), lambda p: pq.write_table(pa.Table.from_pylist(ledger.removed, schema=REMOVED_SCHEMA), p))
     write_atomically(base.with_suffix(".quarantine.jsonl"), lambda p: p.write_text("".join(json.dumps(q, ensure_ascii=False) + "\n" for q in ledger.quarantined), encoding="utf-8"))
+    records = "".join(json.dumps({"kind": kind, "row": row}, ensure_ascii=False) + "\n" for kind, rows in sorted(ledger.records.items()) for row in rows)
+    write_atomically(base.with_suffix(".records.jsonl"), lambda p: p.write_text(records, encoding="utf-8"))
     summary = {
         "sources": {s: t.to_json() for s, t in ledger.sources.items()},
         "samples": {f"{s}\x00{r}": ledger.sample(s, r) for s, r in ledger.samples},
@@ -195,7 +199,8 @@ def filter_phase(job: Job) -> dict[str, Any]:
     cfg = job.cfg
     ledger = Ledger(cfg.sample_size)
     boilerplate = np.load(job.stage_dir / "work" / "lines" / "boilerplate.npy") if cfg.line_dedup.enabled else np.zeros(0, np.uint64)
-    prose, code = prose_steps(cfg, boilerplate.tolist()), code_steps(cfg)
+    index = job.stage_dir / "work" / "decontaminate"
+    prose, code = prose_steps(cfg, boilerplate.tolist(), index), code_steps(cfg, index)
     hashes = HashTable(job.index, cfg.exact_dedup.source_priority)
     kept = seen = 0
     with ShardWriter(job.folder / f"{job.index:05d}{SUFFIX}", level=1) as writer:
@@ -279,7 +284,7 @@ def write_phase(job: Job) -> dict[str, Any]:
                     for name, value in zip(CLUSTERS_SCHEMA.names, (doc.id, found.cluster, found.kept, similarity)):
                         clusters[name].append(value)
                     if not found.kept:
-                        ledger.remove(doc, "minhash_dedup", "near_duplicate", similarity, near.threshold, note=f"cluster {found.cluster}" + (CHAINED if similarity < near.threshold else ""), kept_id=found.kept_id)
+                        ledger.remove(doc, "minhash_dedup", "near_duplicate", similarity, near.threshold, note=f"cluster {found.cluster}" + (CHAINED if near.verify and similarity < near.threshold else ""), kept_id=found.kept_id)
                         continue
                 if near.enabled:
                     ledger.passed("minhash_dedup", doc)
@@ -343,6 +348,8 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     if not tasks:
         raise FatalError("curate: no input documents found; check the --input paths or curate.inputs (paths and globs) in the recipe")
     inputs = {p for t in tasks for p in task_paths(t) if os.access(p, os.R_OK)}  # an unreadable file is quarantined by its task
+    eval_sets = decontamination_sets(cfg)
+    inputs |= eval_sets  # a changed evaluation set redoes the stage
     stage = Stage(run_dir, "curate", {"curate": cfg}, inputs=inputs)
     if not force and (done := stage.current_manifest()):
         log.info("curate: up to date (%s docs kept); nothing to do. Use --force to redo.", done["counts"]["docs_out"])
@@ -356,10 +363,10 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     log.info("curate: %d read tasks (%.1f MB) from %d inputs, %d partitions, %s executor with %d workers",
              len(tasks), total_bytes / MB, len(cfg.inputs), partitions, cfg.executor.kind, executor.workers)
 
-    def jobs(phase: str, count: int | None = None) -> list[Job]:
+    def jobs(phase: str, count: int | None = None, parts: int = partitions) -> list[Job]:
         if count is None:
-            return [Job(phase, t.index, stage_dir, cfg, partitions, t, len(tasks)) for t in tasks]
-        return [Job(phase, p, stage_dir, cfg, partitions, tasks=len(tasks)) for p in range(count)]
+            return [Job(phase, t.index, stage_dir, cfg, parts, t, len(tasks)) for t in tasks]
+        return [Job(phase, p, stage_dir, cfg, parts, tasks=len(tasks)) for p in range(count)]
 
     timings: dict[str, dict[str, float]] = {}
 
@@ -371,6 +378,7 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
 
     raw_bytes: Callable[[Job], int] = lambda job: job.task.size if job.task else 0
     near: dict[str, Any] = {}
+    contamination_index = None
     try:
         read = phase("read", jobs("read"), raw_bytes, "B")
         boilerplate_path = stage.dir / "work" / "lines" / "boilerplate.npy"
@@ -378,6 +386,7 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
             phase("lines", jobs("lines", partitions))
             parts = [np.load(stage.dir / "work" / "lines" / f"{p:05d}.npy") for p in range(partitions)]
             save_array(boilerplate_path, np.concatenate(parts))
+        contamination_index = build_contamination_index(cfg, stage.dir / "work" / "decontaminate") if eval_sets else None
         filtered = phase("filter", jobs("filter"), raw_bytes, "B")
         if cfg.exact_dedup.enabled:
             phase("dedup", jobs("dedup", partitions))
@@ -388,14 +397,52 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
         executor.close()
 
     ledger = account(cfg, tasks, [read, filtered, written])
-    outputs = write_audit(ledger, stage.dir, [read, filtered, written], tasks)
+    outputs, records = write_audit(ledger, stage.dir, [read, filtered, written], tasks)
+    report = None
+    if contamination_index is not None:
+        report = build_report(contamination_index, records.get("contamination", []))
+        (stage.dir / "audit" / "decontamination.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        outputs.append(stage.dir / "audit" / "decontamination.json")
     shutil.rmtree(stage.dir / "work")
     counts = {**totals(ledger), **({"minhash": near} if near else {})}
     shards = sorted((stage.dir / "shards").glob("*" + SUFFIX))
     if counts["docs_out"] == 0:
         log.warning("curate: no document was kept (%d in); see %s and %s", counts["docs_in"], stage.dir / "summary.txt", stage.dir / "quarantine.jsonl")
     # phase timings vary from run to run: beside the counts, never in them
-    return stage.finish(shards + outputs, counts, format_summary(counts, funnel_rows(cfg)), extra={"phases": timings})
+    summary = format_summary(counts, funnel_rows(cfg)) + ("\n" + format_report(report) if report is not None else "")
+    return stage.finish(shards + outputs, counts, summary, extra={"phases": timings})
+
+
+def decontamination_sets(cfg: CurateConfig) -> set[Path]:
+    """The evaluation set files decontamination reads (none when it is off); each must exist."""
+    if not (cfg.decontaminate.enabled and cfg.decontaminate.eval_sets):
+        return set()
+    paths = {Path(es.path) for es in cfg.decontaminate.eval_sets}
+    for path in sorted(paths):
+        if not path.is_file():
+            raise FatalError(f"curate.decontaminate: evaluation set {path} does not exist; fix the path given to --decontaminate (or curate.decontaminate.eval_sets)")
+    return paths
+
+
+def build_contamination_index(cfg: CurateConfig, folder: Path) -> dict[str, Any]:
+    """The decontamination index, built once per run (a resumed run reuses it); returns its summary."""
+    done = folder / "index.json"  # written last by build_index
+    if done.is_file():
+        return json.loads(done.read_text(encoding="utf-8"))
+    summary = build_index(cfg.decontaminate, folder)
+    for found in summary["sets"]:
+        if found["items_too_short"]:
+            log.warning("curate: decontaminate: %s of %s items of evaluation set %s have no text of %d words and cannot be checked (e.g. items %s)",
+                        f"{found['items_too_short']:,}", f"{found['items']:,}", found["name"], cfg.decontaminate.ngram, ", ".join(map(str, found["too_short_sample"][:5])))
+    return summary
+
+
+def key_ranges(docs: int, budget_bytes: float = 256e6) -> int:
+    """Bucket-key ranges per band: a power of two keeping one bucket task's rows (16 bytes a
+    document, about 4 copies while sorting and pairing) within `budget_bytes`. Sized by data, not
+    by task count, so a run of many small files does not open every sign file thousands of times."""
+    need = max(1, math.ceil(docs * 16 * 4 / budget_bytes))
+    return 1 << (need - 1).bit_length()
 
 
 def near_dedup(cfg: CurateConfig, filtered: dict[int, dict[str, Any]], tasks: int, partitions: int, phase: Callable[..., dict[int, dict[str, Any]]],
@@ -403,11 +450,12 @@ def near_dedup(cfg: CurateConfig, filtered: dict[int, dict[str, Any]], tasks: in
     """The four MinHash phases; returns their counts. Logs the memory estimate before they start."""
     near = cfg.minhash_dedup
     docs = sum(r["kept"] for r in filtered.values())
-    estimate = memory_estimate(docs, docs * 300, tasks, near.bands * partitions, near)  # ~300 shingles a document until signed
+    subs = key_ranges(docs)
+    estimate = memory_estimate(docs, docs * 300, tasks, near.bands * subs, near)  # ~300 shingles a document until signed
     log.info("curate: near-dedup of up to %s documents, %d bands x %d rows; estimated peak memory per process: %s",
              f"{docs:,}", near.bands, near.rows, ", ".join(f"{k} {v:,.0f} MB" for k, v in estimate.items()))
     signed = phase("sign", jobs("sign"), raw_bytes, "B")
-    buckets = phase("buckets", jobs("buckets", near.bands * partitions))
+    buckets = phase("buckets", jobs("buckets", near.bands * subs, subs))
     verified = phase("verify", jobs("verify", partitions))
     clustered = phase("components", jobs("components", 1))[0]
     return {
@@ -434,8 +482,9 @@ def account(cfg: CurateConfig, tasks: list[ReadTask], phases: list[dict[int, dic
     return total
 
 
-def write_audit(ledger: Ledger, stage_dir: Path, phases: list[dict[int, dict[str, Any]]], tasks: list[ReadTask]) -> list[Path]:
-    """removed.parquet, quarantine.jsonl, and under audit/ the per-reason table and the samples."""
+def write_audit(ledger: Ledger, stage_dir: Path, phases: list[dict[int, dict[str, Any]]], tasks: list[ReadTask]) -> tuple[list[Path], dict[str, list[dict[str, Any]]]]:
+    """removed.parquet, quarantine.jsonl, clusters.parquet, and under audit/ the per-reason table
+    and the samples. Returns the files and the steps' records by kind (for their reports)."""
     work = stage_dir / "work"
     removed_path, quarantine_path = stage_dir / "removed.parquet", stage_dir / "quarantine.jsonl"
     with pq.ParquetWriter(removed_path, REMOVED_SCHEMA) as writer:
@@ -446,6 +495,13 @@ def write_audit(ledger: Ledger, stage_dir: Path, phases: list[dict[int, dict[str
         for task in tasks:
             for phase in ("read", "filter", "write"):
                 out.write((work / phase / f"{task.index:05d}.quarantine.jsonl").read_text(encoding="utf-8"))
+    records: dict[str, list[dict[str, Any]]] = {}
+    for task in tasks:
+        for phase in ("read", "filter", "write"):
+            with open(work / phase / f"{task.index:05d}.records.jsonl", encoding="utf-8") as f:
+                for line in f:
+                    entry = json.loads(line)
+                    records.setdefault(entry["kind"], []).append(entry["row"])
     audit = stage_dir / "audit"
     audit.mkdir(exist_ok=True)
     reasons = {s: {r: {"docs": n, "bytes": t.removed_bytes[r]} for r, n in sorted(t.removed.items())} for s, t in sorted(ledger.sources.items())}
@@ -460,7 +516,7 @@ def write_audit(ledger: Ledger, stage_dir: Path, phases: list[dict[int, dict[str
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in ledger.sample(source, reason)), encoding="utf-8")
         outputs.append(path)
-    return outputs
+    return outputs, records
 
 
 def totals(ledger: Ledger) -> dict[str, Any]:

@@ -178,7 +178,9 @@ def test_arbitrary_records_round_trip(tmp_path, recs, ascii_only):
     for i, r in clean:
         doc = by_line[i]
         assert doc.text == r["text"] and doc.id == (str(r["id"]) if r.get("id", "") != "" else f"web/p.jsonl:{i}")
-        assert doc.meta == {**r.get("meta", {}), "path": str(tmp_path / "web" / "p.jsonl"), "line": i}
+        own = dict(r.get("meta", {}))
+        moved = {f"record_{key}": own.pop(key) for key in ("path", "line") if key in own}  # kiln's location keys win
+        assert doc.meta == {**own, **moved, "path": str(tmp_path / "web" / "p.jsonl"), "line": i}
     assert len(docs) + len(ledger.quarantined) == len(recs)
 
 

@@ -33,11 +33,21 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.core.atomic import write_atomically
+from kiln.core.document import Document
 from kiln.curate.dedup.exact import source_rank
 from kiln.curate.dedup.minhash import (
-    MinHashConfig, band_keys, bucket_pairs, choose_keepers, components, estimated_jaccard, jaccard, permutation_params, preference_value, signatures,
+    MinHashConfig,
+    band_keys,
+    bucket_pairs,
+    choose_keepers,
+    components,
+    estimated_jaccard,
+    jaccard,
+    permutation_params,
+    preference_value,
+    signatures,
 )
-from kiln.curate.dedup.shingles import shingle_set
+from kiln.curate.dedup.shingles import shingle_sets
 from kiln.curate.shards import read_shard
 
 DOCS_SCHEMA = pa.schema([("local", pa.int32()), ("ordinal", pa.int64()), ("id", pa.string()), ("source", pa.string()), ("rank", pa.int32()), ("preference", pa.float64())])
@@ -67,33 +77,40 @@ def sign_task(filtered: Path, folder: Path, task: int, skip: Container[int], cfg
     rows: dict[str, list[Any]] = {name: [] for name in DOCS_SCHEMA.names}
     keys: list[np.ndarray] = []
     offsets, no_words, shingle_total = [0], 0, 0
-    batch: list[np.ndarray] = []
+    batch: list[tuple[int, Document]] = []
     with open(part(base, ".sig.u32"), "wb") as sig_out, open(part(base, ".shingles.u64"), "wb") as set_out:
 
         def flush() -> None:
-            sigs = signatures(batch, a, b)
+            nonlocal no_words, shingle_total
+            values, ends = shingle_sets([doc.text for _, doc in batch], cfg.ngram, cfg.fold_digits)
+            sizes = np.diff(ends)
+            sets = []
+            for (ordinal, doc), size, start in zip(batch, sizes, ends[:-1]):
+                if size == 0:
+                    no_words += 1  # nothing to compare: such a document is never a near-duplicate
+                    continue
+                rows["local"].append(len(rows["local"]))
+                rows["ordinal"].append(ordinal)
+                rows["id"].append(doc.id)
+                rows["source"].append(doc.source)
+                rows["rank"].append(source_rank(doc.source, priority))
+                rows["preference"].append(preference_value(cfg.prefer, len(doc.text.encode("utf-8", "surrogatepass")), doc.meta))
+                sets.append(values[start : start + size])
+                offsets.append(offsets[-1] + int(size))
+            batch.clear()
+            if not sets:
+                return
+            if cfg.verify:
+                set_out.write(values.tobytes())  # the batch's sets in document order; empty ones add nothing
+            shingle_total += len(values)
+            sigs = signatures(sets, a, b)
             sig_out.write(sigs.tobytes())
             keys.append(band_keys(sigs, cfg.bands, cfg.rows))
-            batch.clear()
 
         for ordinal, doc in enumerate(read_shard(filtered)):
             if ordinal in skip:
                 continue
-            shingles = shingle_set(doc.text, cfg.ngram, cfg.fold_digits)
-            if len(shingles) == 0:
-                no_words += 1  # nothing to compare: such a document is never a near-duplicate
-                continue
-            rows["local"].append(len(rows["local"]))
-            rows["ordinal"].append(ordinal)
-            rows["id"].append(doc.id)
-            rows["source"].append(doc.source)
-            rows["rank"].append(source_rank(doc.source, priority))
-            rows["preference"].append(preference_value(cfg.prefer, len(doc.text.encode("utf-8", "surrogatepass")), doc.meta))
-            if cfg.verify:
-                set_out.write(shingles.tobytes())
-                offsets.append(offsets[-1] + len(shingles))
-            shingle_total += len(shingles)
-            batch.append(shingles)
+            batch.append((ordinal, doc))
             if len(batch) == SIGN_BATCH:
                 flush()
         if batch:

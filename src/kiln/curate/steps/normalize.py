@@ -32,8 +32,13 @@ def normalize_text(text: str) -> str:
     # Unicode's line and paragraph separators become newlines too: every later rule splits lines on "\n".
     text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\u2028", "\n").replace("\u2029", "\n")
     text = _CONTROL.sub("", text)
-    text = _TRAILING_SPACE.sub("\n", text + "\n")
-    text = BLANK_RUNS.sub("\n\n", text)
+    text += "\n"
+    # perf: the substring checks run at memory speed; the regexes try a match at every space
+    # (0.5 s of 1.5 s reading 32 MB that is already clean).
+    if " \n" in text or "\t\n" in text:
+        text = _TRAILING_SPACE.sub("\n", text)
+    if "\n\n\n" in text:
+        text = BLANK_RUNS.sub("\n\n", text)
     # subtle: NFC comes last; removing a control character can join a base letter and its
     # combining mark ("e\x00\u0301"), and only a final NFC leaves the output composed and idempotent.
     return unicodedata.normalize("NFC", text.strip("\n"))

@@ -3,12 +3,15 @@
 Steps run in two phases around the global line count (see kiln.curate.run):
 - early (while reading): normalize, URL filter;
 - late (after the line count), one branch per kind of document:
-  prose: boilerplate lines, language ID, Gopher repetition, Gopher quality, C4, FineWeb, PII, length;
-  code: the code rules, PII, length.
+  prose: boilerplate lines, language ID, Gopher repetition, Gopher quality, C4, FineWeb, PII, length,
+  decontamination;
+  code: the code rules, PII, length, decontamination.
 Exact dedup, then MinHash near-dedup, run last, across all shards.
 This is FineWeb's order (URL filter, language, Gopher repetition and quality, C4, FineWeb) with
 CCNet's line removal before language ID, so a boilerplate banner in another language cannot
-decide a page's language. A step whose config says `enabled: false` is left out.
+decide a page's language. A step whose config says `enabled: false` is left out (decontamination also when it names no
+evaluation set). Decontamination runs before dedup, so every copy of a contaminated text is
+reported, and a contaminated copy never becomes the kept one of a duplicate group.
 `run_document` applies a list of steps to one document: a step that raises quarantines that
 document with the error, never the run, and every step's output is counted in the funnel under
 `<branch>/<step>` (the early steps under their own names).
@@ -18,6 +21,7 @@ Not handled here: global work (line counts, exact and near dedup; kiln.curate.ru
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from kiln.core.config import Section
@@ -27,6 +31,7 @@ from kiln.curate.config import CurateConfig
 from kiln.curate.steps.base import Step
 from kiln.curate.steps.c4 import C4
 from kiln.curate.steps.code import CodeQuality
+from kiln.curate.steps.decontaminate import Decontaminate
 from kiln.curate.steps.fineweb import FineWebQuality
 from kiln.curate.steps.gopher import GopherQuality, GopherRepetition
 from kiln.curate.steps.language import LanguageID
@@ -36,8 +41,8 @@ from kiln.curate.steps.pii import RedactPII
 from kiln.curate.steps.url import URLFilter
 
 # Each branch's steps in order, named by their config section (which is also the step's name).
-PROSE_STEPS = ("line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "pii", "length")
-CODE_STEPS = ("code_quality", "pii", "length")
+PROSE_STEPS = ("line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "pii", "length", "decontaminate")
+CODE_STEPS = ("code_quality", "pii", "length", "decontaminate")
 BRANCHES = ("prose", "code")
 _BUILD: dict[str, Callable[[Section], Step]] = {
     "language": LanguageID, "gopher_repetition": GopherRepetition, "gopher_quality": GopherQuality, "c4": C4,
@@ -46,19 +51,29 @@ _BUILD: dict[str, Callable[[Section], Step]] = {
 
 
 def enabled(cfg: CurateConfig, names: Iterable[str]) -> list[str]:
-    return [name for name in names if getattr(cfg, name).enabled]
+    return [name for name in names if getattr(cfg, name).enabled and (name != "decontaminate" or cfg.decontaminate.eval_sets)]
 
 
 def early_steps(cfg: CurateConfig) -> list[Step]:
     return [Normalize(), *([URLFilter(cfg.url_filter)] if cfg.url_filter.enabled else [])]
 
 
-def prose_steps(cfg: CurateConfig, boilerplate: Iterable[int] = ()) -> list[Step]:
-    return [BoilerplateLines(boilerplate) if name == "line_dedup" else _BUILD[name](getattr(cfg, name)) for name in enabled(cfg, PROSE_STEPS)]
+def prose_steps(cfg: CurateConfig, boilerplate: Iterable[int] = (), index: Path | None = None) -> list[Step]:
+    """The prose branch; `index` is the decontamination index folder (kiln.curate.steps.decontaminate.build_index)."""
+    return [_build(cfg, name, boilerplate, index) for name in enabled(cfg, PROSE_STEPS)]
 
 
-def code_steps(cfg: CurateConfig) -> list[Step]:
-    return [_BUILD[name](getattr(cfg, name)) for name in enabled(cfg, CODE_STEPS)]
+def code_steps(cfg: CurateConfig, index: Path | None = None) -> list[Step]:
+    return [_build(cfg, name, (), index) for name in enabled(cfg, CODE_STEPS)]
+
+
+def _build(cfg: CurateConfig, name: str, boilerplate: Iterable[int], index: Path | None) -> Step:
+    if name == "line_dedup":
+        return BoilerplateLines(boilerplate)
+    if name == "decontaminate":
+        assert index is not None, "decontamination needs its index folder"
+        return Decontaminate(cfg.decontaminate, index)
+    return _BUILD[name](getattr(cfg, name))
 
 
 def funnel_rows(cfg: CurateConfig) -> list[str]:
