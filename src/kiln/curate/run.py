@@ -31,6 +31,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -203,8 +204,12 @@ def filter_phase(job: Job) -> dict[str, Any]:
     prose, code = prose_steps(cfg, boilerplate.tolist(), index), code_steps(cfg, index)
     hashes = HashTable(job.index, cfg.exact_dedup.source_priority)
     kept = seen = 0
-    with ShardWriter(job.folder / f"{job.index:05d}{SUFFIX}", level=1) as writer:
-        for doc in read_shard(job.stage_dir / "work" / "read" / f"{job.index:05d}{SUFFIX}"):
+    source, target = job.stage_dir / "work" / "read" / f"{job.index:05d}{SUFFIX}", job.folder / f"{job.index:05d}{SUFFIX}"
+    # perf: with no step in either branch (a dedup-only run) no document changes here, so the read
+    # phase's file is linked rather than encoded and compressed again (0.4 s of 0.8 s per 33 MB).
+    unchanged = not prose and not code
+    with nullcontext() if unchanged else ShardWriter(target, level=1) as writer:
+        for doc in read_shard(source):
             seen += 1
             branch = "code" if doc_is_code(doc, job.task.input.code) else "prose"
             out = run_document(doc, code if branch == "code" else prose, ledger, branch)
@@ -212,8 +217,14 @@ def filter_phase(job: Job) -> dict[str, Any]:
                 continue
             if cfg.exact_dedup.enabled:
                 hashes.add(kept, out.id, out.source, out.text)
-            writer.write(out)
+            if writer is not None:
+                writer.write(out)
             kept += 1
+    if unchanged:
+        link = target.with_name(target.name + ".link")
+        link.unlink(missing_ok=True)
+        os.link(source, link)
+        os.replace(link, target)
     if cfg.exact_dedup.enabled:
         hashes.write(job.folder, job.partitions)
     return save_ledger(job, ledger, {"docs": seen, "kept": kept})
@@ -295,12 +306,14 @@ def write_phase(job: Job) -> dict[str, Any]:
         except BaseException:
             for writer in writers.values():
                 writer.__exit__(RuntimeError, None, None)  # removes its temp file
+            sets.close()
             raise
         for writer in writers.values():
             writer.close()
             shards.append(writer.path.name)
             docs += writer.docs
         finished |= batch
+    sets.close()
     # every row of a source is written in that source's pass: sort so the file never depends on passes
     table = pa.table(clusters, schema=CLUSTERS_SCHEMA).sort_by([("cluster", "ascending"), ("id", "ascending")])
     write_atomically(job.folder / f"{job.index:05d}.clusters.parquet", lambda p: pq.write_table(table, p))
@@ -451,7 +464,7 @@ def near_dedup(cfg: CurateConfig, filtered: dict[int, dict[str, Any]], tasks: in
     near = cfg.minhash_dedup
     docs = sum(r["kept"] for r in filtered.values())
     subs = key_ranges(docs)
-    estimate = memory_estimate(docs, docs * 300, tasks, near.bands * subs, near)  # ~300 shingles a document until signed
+    estimate = memory_estimate(docs, tasks, near.bands * subs, near)
     log.info("curate: near-dedup of up to %s documents, %d bands x %d rows; estimated peak memory per process: %s",
              f"{docs:,}", near.bands, near.rows, ", ".join(f"{k} {v:,.0f} MB" for k, v in estimate.items()))
     signed = phase("sign", jobs("sign"), raw_bytes, "B")

@@ -13,7 +13,7 @@
    It writes the assignment of every clustered document, sorted by task, which the curate write
    phase applies (kiln.curate.run), computing each removed document's Jaccard to its keeper.
 Memory: a sign task holds its own documents' keys (about 250 bytes a document); a bucket task
-one band's key range; a verify task its pairs and memory-mapped shingle files; the components
+one band's key range; a verify task its pairs and the two sets it compares; the components
 task the verified pairs only. No process holds all signatures.
 Not handled here: the MinHash math (kiln.curate.dedup.minhash) and the driver (kiln.curate.run).
 """
@@ -21,9 +21,9 @@ Not handled here: the MinHash math (kiln.curate.dedup.minhash) and the driver (k
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ from kiln.curate.dedup.minhash import (
     jaccard,
     permutation_params,
     preference_value,
-    signatures,
+    signatures_flat,
 )
 from kiln.curate.dedup.shingles import shingle_sets
 from kiln.curate.shards import read_shard
@@ -84,8 +84,8 @@ def sign_task(filtered: Path, folder: Path, task: int, skip: Container[int], cfg
             nonlocal no_words, shingle_total
             values, ends = shingle_sets([doc.text for _, doc in batch], cfg.ngram, cfg.fold_digits)
             sizes = np.diff(ends)
-            sets = []
-            for (ordinal, doc), size, start in zip(batch, sizes, ends[:-1]):
+            signed = 0
+            for (ordinal, doc), size in zip(batch, sizes):
                 if size == 0:
                     no_words += 1  # nothing to compare: such a document is never a near-duplicate
                     continue
@@ -95,15 +95,15 @@ def sign_task(filtered: Path, folder: Path, task: int, skip: Container[int], cfg
                 rows["source"].append(doc.source)
                 rows["rank"].append(source_rank(doc.source, priority))
                 rows["preference"].append(preference_value(cfg.prefer, len(doc.text.encode("utf-8", "surrogatepass")), doc.meta))
-                sets.append(values[start : start + size])
                 offsets.append(offsets[-1] + int(size))
+                signed += 1
             batch.clear()
-            if not sets:
+            if not signed:
                 return
             if cfg.verify:
                 set_out.write(values.tobytes())  # the batch's sets in document order; empty ones add nothing
             shingle_total += len(values)
-            sigs = signatures(sets, a, b)
+            sigs = signatures_flat(values, np.unique(ends), a, b)  # empty sets (repeated ends) dropped
             sig_out.write(sigs.tobytes())
             keys.append(band_keys(sigs, cfg.bands, cfg.rows))
 
@@ -179,33 +179,61 @@ def task_range(partition: int, partitions: int, tasks: int) -> tuple[int, int]:
 
 
 class Sets:
-    """Shingle sets and signatures of signed documents, read through memory maps, by document number."""
+    """Shingle sets and signatures of signed documents, by document number, read with pread.
+
+    subtle: not memory maps. Pages of a mapped file count in the process's resident memory, and a
+    write task touching keepers across every sign file grew to 2.9 GB at a million documents;
+    explicit reads keep memory at the sets being compared. At most MAX_OPEN tasks' files are
+    open at once (least recently used closed first). Use as a context manager."""
+
+    MAX_OPEN = 64
 
     def __init__(self, sign_dir: Path, cfg: MinHashConfig):
         self.dir, self.cfg = sign_dir, cfg
+        self._open: OrderedDict[int, tuple[int, int, np.ndarray]] = OrderedDict()  # task -> (shingles fd, signatures fd, offsets)
 
-    @lru_cache(maxsize=256)  # noqa: B019 - one reader per phase task; the cache is the point
-    def _files(self, task: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _files(self, task: int) -> tuple[int, int, np.ndarray]:
+        found = self._open.get(task)
+        if found is not None:
+            self._open.move_to_end(task)
+            return found
+        if len(self._open) >= self.MAX_OPEN:
+            _, (fd_sets, fd_sigs, _) = self._open.popitem(last=False)
+            os.close(fd_sets)
+            os.close(fd_sigs)
         base = self.dir / f"{task:05d}"
-        sigs = np.memmap(base.with_suffix(".sig.u32"), dtype=np.uint32, mode="r") if base.with_suffix(".sig.u32").stat().st_size else np.zeros(0, np.uint32)
-        shingles_path = base.with_suffix(".shingles.u64")
-        shingles = np.memmap(shingles_path, dtype=np.uint64, mode="r") if shingles_path.stat().st_size else np.zeros(0, np.uint64)
-        return sigs.reshape(-1, self.cfg.permutations), shingles, np.load(base.with_suffix(".offsets.npy"))
+        found = (os.open(base.with_suffix(".shingles.u64"), os.O_RDONLY), os.open(base.with_suffix(".sig.u32"), os.O_RDONLY), np.load(base.with_suffix(".offsets.npy")))
+        self._open[task] = found
+        return found
 
     def shingles(self, doc: int) -> np.ndarray:
-        sigs, shingles, offsets = self._files(int(doc) >> 32)
+        fd, _, offsets = self._files(int(doc) >> 32)
         local = int(doc) & 0xFFFF_FFFF
-        return np.asarray(shingles[offsets[local] : offsets[local + 1]])
+        start, stop = int(offsets[local]), int(offsets[local + 1])
+        return np.frombuffer(os.pread(fd, (stop - start) * 8, start * 8), dtype=np.uint64)
 
     def signature(self, doc: int) -> np.ndarray:
-        sigs, _, _ = self._files(int(doc) >> 32)
-        return np.asarray(sigs[int(doc) & 0xFFFF_FFFF])
+        _, fd, _ = self._files(int(doc) >> 32)
+        width = self.cfg.permutations * 4
+        return np.frombuffer(os.pread(fd, width, (int(doc) & 0xFFFF_FFFF) * width), dtype=np.uint32)
 
     def similarity(self, x: int, y: int) -> float:
         """Exact Jaccard with verification on, else the signature estimate."""
         if self.cfg.verify:
             return jaccard(self.shingles(x), self.shingles(y))
         return estimated_jaccard(self.signature(x), self.signature(y))
+
+    def close(self) -> None:
+        while self._open:
+            _, (fd_sets, fd_sigs, _) = self._open.popitem()
+            os.close(fd_sets)
+            os.close(fd_sigs)
+
+    def __enter__(self) -> Sets:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def verify_task(bucket_dir: Path, sign_dir: Path, out: Path, partition: int, partitions: int, tasks: int, cfg: MinHashConfig) -> dict[str, Any]:
@@ -219,8 +247,8 @@ def verify_task(bucket_dir: Path, sign_dir: Path, out: Path, partition: int, par
             found.append(np.asarray(pairs[np.searchsorted(pairs[:, 0], lo) : np.searchsorted(pairs[:, 0], hi)]))
     pairs = np.concatenate(found) if found else np.zeros((0, 2), np.uint64)
     pairs = np.unique(pairs, axis=0) if len(pairs) else pairs  # a pair found in several bands is verified once
-    sets = Sets(sign_dir, cfg)
-    sims = np.fromiter((sets.similarity(x, y) for x, y in pairs), dtype=np.float64, count=len(pairs))
+    with Sets(sign_dir, cfg) as sets:
+        sims = np.fromiter((sets.similarity(x, y) for x, y in pairs), dtype=np.float64, count=len(pairs))
     keep = sims >= cfg.threshold if cfg.verify else np.ones(len(pairs), dtype=bool)
     edges = pa.table({"a": pairs[keep, 0] if len(pairs) else np.zeros(0, np.uint64), "b": pairs[keep, 1] if len(pairs) else np.zeros(0, np.uint64), "jaccard": sims[keep]}, schema=EDGE_SCHEMA)
     write_atomically(out, lambda p: pq.write_table(edges, p))
