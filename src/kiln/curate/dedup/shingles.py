@@ -54,9 +54,10 @@ MAX_N = len(MULTIPLIERS)
 # The ASCII fast path: letters lowercased, digits kept or folded, everything else a break. It
 # splits exactly where _BREAKS does on ASCII text (\w on ASCII is letters, digits, underscore).
 _ASCII = {
-    fold: bytes(c if chr(c).isalpha() else (ord("0") if fold else c) if chr(c).isdigit() else ord(" ") for c in bytes(range(128)).lower()) + b" " * 128
+    fold: bytes(c if chr(c).isalpha() else (ord("0") if fold else c) if chr(c).isdigit() else ord(" ") for c in bytes(range(128)).lower()) + bytes(range(128, 256))
     for fold in (False, True)
 }
+_NON_ASCII = re.compile(rb"[\x80-\xff]+")
 _CACHE: dict[bytes, int] = {}
 _CACHE_WORDS = 1 << 20  # distinct words cached per process (~150 MB at most); cleared when full
 
@@ -84,10 +85,29 @@ def word_hashes(tokens: list[str]) -> np.ndarray:
 
 
 def text_hashes(text: str, fold_digits: bool = True) -> np.ndarray:
-    """word_hashes(words(text, fold_digits)), faster: ASCII text never builds str words."""
+    """word_hashes(words(text, fold_digits)), faster: the UTF-8 bytes are split at ASCII breaks
+    with one translate and one split; only tokens holding non-ASCII characters go through the
+    rules of `words` (Unicode case, breaks and marks). Every ASCII character other than a letter
+    or digit is a break in both, so the words are the same."""
+    translated = text.encode("utf-8", "surrogatepass").translate(_ASCII[fold_digits])
     if text.isascii():
-        return _hash_words(text.encode("ascii").translate(_ASCII[fold_digits]).split())
-    return word_hashes(words(text, fold_digits))
+        return _hash_words(translated.split())
+    # perf: only the tokens holding a non-ASCII byte go through `words`; the ASCII runs between
+    # them split at C speed. After the translate every ASCII break is a space, so a token runs
+    # from the space before a non-ASCII byte to the space after it.
+    tokens: list[bytes] = []
+    done = 0
+    for run in _NON_ASCII.finditer(translated):
+        if run.start() < done:
+            continue  # part of the token just handled
+        start = translated.rfind(b" ", 0, run.start()) + 1
+        stop = translated.find(b" ", run.end())
+        stop = len(translated) if stop < 0 else stop
+        tokens += translated[done:start].split()
+        tokens += [w.encode("utf-8", "surrogatepass") for w in words(translated[start:stop].decode("utf-8", "surrogatepass"), fold_digits)]
+        done = stop
+    tokens += translated[done:].split()
+    return _hash_words(tokens)
 
 
 def _hash_words(tokens: list[bytes]) -> np.ndarray:
@@ -143,9 +163,11 @@ def shingle_sets(texts: list[str], n: int, fold_digits: bool = True) -> tuple[np
     acc = flat[: max(count, 0)] * MULTIPLIERS[0]
     for j in range(1, n):
         acc += flat[j : j + max(count, 0)] * MULTIPLIERS[j]
-    owner = np.repeat(np.arange(len(texts)), np.maximum(lengths - n + 1, 0))
-    first = np.concatenate([np.arange(s, s + max(k - n + 1, 0)) for s, k in zip(starts[:-1], lengths)]) if len(texts) else np.zeros(0, np.int64)
-    grams = mix64(acc[first.astype(np.int64)]) if len(first) else np.zeros(0, np.uint64)
+    # an n-gram starting at word p of text d is whole when p - starts[d] <= lengths[d] - n
+    word_owner = np.repeat(np.arange(len(texts)), lengths)[: max(count, 0)]
+    whole = np.arange(len(word_owner)) - starts[word_owner] <= lengths[word_owner] - n
+    owner = word_owner[whole]
+    grams = mix64(acc[whole])
     short = np.flatnonzero((lengths > 0) & (lengths < n))  # one n-gram of all their words
     if len(short):
         grams = np.concatenate([grams, np.array([ngram_hashes(per_text[i], n)[0] for i in short], dtype=np.uint64)])
