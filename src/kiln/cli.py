@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         if verb == "curate":
             p.add_argument("--input", dest="inputs", action="append", default=[], metavar="PATH_OR_GLOB", help="Curate these files (format from the extension; source from each record's `source` field, else the file's folder name) instead of the recipe's inputs; repeatable. Without --recipe, every step runs with its defaults.")
             p.add_argument("--run", metavar="NAME", help="Run name (same as --set name=NAME): writes runs/NAME/curate/.")
-            p.add_argument("--decontaminate", dest="eval_sets", action="append", default=[], metavar="EVAL.jsonl", help="Remove training documents sharing a 13-word n-gram with any item of this evaluation set (JSONL, one item per line; every string field is checked); repeatable. The report is audit/decontamination.json.")
+            p.add_argument("--decontaminate", dest="eval_sets", action="append", default=[], metavar="EVAL.jsonl", help="Remove training documents sharing an n-gram of curate.decontaminate.ngram (13) words with any item of this evaluation set (JSONL, one item per line; every string field is checked); repeatable; replaces the recipe's curate.decontaminate.eval_sets. The report is audit/decontamination.json.")
             p.add_argument("--explain", metavar="DOC_ID", help="Print which step removed (or quarantined) this document, the measured value and the threshold, and stop.")
     p = add("plan", "Plan before spending GPUs: FLOPs, Chinchilla and inference-aware sizes, cost, memory, parallel layout, checkpoint interval, scaling-law fits (subcommands). With no subcommand: parameters, FLOPs per token and training compute for the recipe's model and schedule.")
     _common(p, force=False)

@@ -11,6 +11,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 
 def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
     """Call `write(tmp)` on a temporary path beside `path`, then rename it to `path`."""
@@ -22,3 +24,13 @@ def write_atomically(path: Path, write: Callable[[Path], object]) -> None:
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, path)
+
+
+def save_npy(path: Path, array: np.ndarray) -> None:
+    """np.save, atomically."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:  # a file object: np.save given a path would add ".npy" to the temporary name
+            np.save(f, array)
+
+    write_atomically(path, write)

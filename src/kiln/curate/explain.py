@@ -50,6 +50,8 @@ def explain(stage_dir: Path, doc_id: str) -> str:
 
 def cluster_lines(stage_dir: Path, doc_id: str, shown: int = 10) -> list[str]:
     """The near-duplicate cluster holding `doc_id`: its size and members, keeper first."""
+    if not (stage_dir / "clusters.parquet").is_file():
+        return []  # a run from before near-dedup
     clusters = pq.read_table(stage_dir / "clusters.parquet")
     mine = clusters.filter(pc.equal(clusters["id"], doc_id))
     if mine.num_rows == 0:

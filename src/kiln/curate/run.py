@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from kiln.core.atomic import write_atomically
+from kiln.core.atomic import save_npy, write_atomically
 from kiln.core.document import Document
 from kiln.core.errors import FatalError
 from kiln.core.manifest import Stage
@@ -139,14 +139,6 @@ def doc_is_code(doc: Document, marked: bool | None) -> bool:
     return is_code(doc.source, doc.meta.get("record_path") or doc.meta.get("path"), marked)
 
 
-def save_array(path: Path, array: np.ndarray) -> None:
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as f:  # a file object: np.save given a path would add ".npy" to the temporary name
-            np.save(f, array)
-
-    write_atomically(path, write)
-
-
 # --- the phases ---------------------------------------------------------------------------------
 
 
@@ -169,8 +161,8 @@ def read_phase(job: Job) -> dict[str, Any]:
             if cfg.line_dedup.enabled and not doc_is_code(out, task.input.code):
                 lines.add(document_line_keys(out))
     keys, counts = lines.result()
-    save_array(job.folder / f"{job.index:05d}.keys.npy", keys)
-    save_array(job.folder / f"{job.index:05d}.counts.npy", counts)
+    save_npy(job.folder / f"{job.index:05d}.keys.npy", keys)
+    save_npy(job.folder / f"{job.index:05d}.counts.npy", counts)
     return save_ledger(job, ledger, {"docs": docs})
 
 
@@ -191,7 +183,7 @@ def lines_phase(job: Job) -> dict[str, Any]:
     unique, inverse = np.unique(keys, return_inverse=True)
     totals = np.bincount(inverse.ravel(), weights=counts, minlength=len(unique)) if len(unique) else np.zeros(0)
     boilerplate = unique[totals > job.cfg.line_dedup.max_docs]
-    save_array(job.folder / f"{job.index:05d}.npy", boilerplate)
+    save_npy(job.folder / f"{job.index:05d}.npy", boilerplate)
     return job.finish({"boilerplate_lines": int(len(boilerplate))})
 
 
@@ -398,7 +390,7 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
         if cfg.line_dedup.enabled and not boilerplate_path.is_file():
             phase("lines", jobs("lines", partitions))
             parts = [np.load(stage.dir / "work" / "lines" / f"{p:05d}.npy") for p in range(partitions)]
-            save_array(boilerplate_path, np.concatenate(parts))
+            save_npy(boilerplate_path, np.concatenate(parts))
         contamination_index = build_contamination_index(cfg, stage.dir / "work" / "decontaminate") if eval_sets else None
         filtered = phase("filter", jobs("filter"), raw_bytes, "B")
         if cfg.exact_dedup.enabled:
@@ -464,7 +456,7 @@ def near_dedup(cfg: CurateConfig, filtered: dict[int, dict[str, Any]], tasks: in
     near = cfg.minhash_dedup
     docs = sum(r["kept"] for r in filtered.values())
     subs = key_ranges(docs)
-    estimate = memory_estimate(docs, tasks, near.bands * subs, near)
+    estimate = memory_estimate(docs, tasks, near.bands * subs, partitions, near)
     log.info("curate: near-dedup of up to %s documents, %d bands x %d rows; estimated peak memory per process: %s",
              f"{docs:,}", near.bands, near.rows, ", ".join(f"{k} {v:,.0f} MB" for k, v in estimate.items()))
     signed = phase("sign", jobs("sign"), raw_bytes, "B")

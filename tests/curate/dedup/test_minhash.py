@@ -371,9 +371,9 @@ def test_config_checks_prefer_and_counts_permutations():
 
 def test_memory_estimate_grows_with_documents_and_shrinks_with_tasks():
     cfg = MinHashConfig()
-    small, big = memory_estimate(1_000, 4, 14, cfg), memory_estimate(1_000_000, 4, 14, cfg)
+    small, big = memory_estimate(1_000, 4, 14, 1, cfg), memory_estimate(1_000_000, 4, 14, 1, cfg)
     assert set(small) == {"sign", "buckets", "verify", "components"}
     assert all(big[k] > small[k] > 0 for k in small)
-    spread = memory_estimate(1_000_000, 64, 14 * 16, cfg)
+    spread = memory_estimate(1_000_000, 64, 14 * 16, 16, cfg)
     assert spread["sign"] < big["sign"] and spread["buckets"] < big["buckets"] and spread["verify"] < big["verify"]
     assert all(v > 100 for v in small.values())  # a worker's base (Python, numpy, pyarrow) is included

@@ -158,3 +158,11 @@ def test_batched_shingle_sets_hand_worked():
     assert len(empty) == 0 and offsets.tolist() == [0]
     with pytest.raises(ValueError, match="outside"):
         shingle_sets(["a"], 0)
+
+
+def test_words_are_lowercased_one_by_one():
+    # Greek capital sigma lowers to final sigma at a word's end; lowering the whole text first
+    # would see the letter after the colon and give a medial sigma instead
+    assert words("ΑΣ:Β ΟΔΟΣ.") == ["ας", "β", "οδος"]
+    for text in ("ΑΣ:Β ΟΔΟΣ.", "ΣΑΣ'Σ ΣΣ_Σ", "İSTANBUL:ΣΑΣ"):
+        assert np.array_equal(text_hashes(text), word_hashes(words(text)))

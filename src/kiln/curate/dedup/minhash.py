@@ -27,7 +27,6 @@ from pydantic import Field, model_validator
 from kiln.core.config import Section
 from kiln.curate.dedup.shingles import MAX_N, MULTIPLIERS, mix64
 
-SIGNATURE_VERSION = "kiln-minhash v1"
 PROCESS_BASE_MB = 120  # a worker before any data: Python, numpy, pyarrow (measured: 100-110 MB RSS)
 BATCH_ROWS = 8192  # shingles per (permutations x shingles) product: 112 x 8192 x 8 B = 7 MB
 
@@ -44,7 +43,7 @@ class MinHashConfig(Section):
     fold_digits: bool = Field(default=True, description="Fold every digit to 0 before shingling, so documents differing only in numbers are near-duplicates.")
     source_priority: tuple[str, ...] | None = Field(default=None, description="Sources in order of preference for the kept copy of a cluster; None uses exact_dedup.source_priority.")
     prefer: str = Field(default="longest", description="After source priority, which copy to keep: longest, shortest, none (smallest id), or meta:FIELD (highest numeric meta value, e.g. a quality score; missing counts lowest).")
-    max_bucket_pairs: int = Field(default=32, ge=2, description="A bucket with up to this many documents proposes all its pairs; a bigger one links each member to the first and to the next (enough for clusters, fewer verifications).")
+    max_bucket_pairs: int = Field(default=32, ge=2, description="A bucket with up to this many documents proposes all its pairs; a bigger one links each member to the first and to the next (fewer verifications; a pair of members linked only through rejected links is missed).")
 
     @model_validator(mode="after")
     def _check(self) -> MinHashConfig:
@@ -179,7 +178,8 @@ def components(a: np.ndarray, b: np.ndarray, nodes: int) -> np.ndarray:
 
 
 def choose_keepers(labels: np.ndarray, rank: np.ndarray, preference: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Index of each node's cluster keeper: smallest (rank, preference, id) within its label."""
+    """Index of each node's cluster keeper: smallest (rank, preference, id) within its label; `ids`
+    may be the ids themselves or their ranks in sorted order."""
     if len(labels) == 0:
         return np.zeros(0, dtype=np.int64)
     order = np.lexsort((ids, preference, rank, labels))
@@ -208,9 +208,10 @@ def preference_value(prefer: str, nbytes: int, meta: dict) -> float:
     return -number if math.isfinite(number) else math.inf
 
 
-def memory_estimate(docs: int, tasks: int, bucket_tasks: int, cfg: MinHashConfig) -> dict[str, float]:
+def memory_estimate(docs: int, tasks: int, bucket_tasks: int, verify_tasks: int, cfg: MinHashConfig) -> dict[str, float]:
     """Peak memory per process (MB) of each near-dedup phase, for `docs` documents split into
-    `tasks` sign tasks and `bucket_tasks` bucket tasks, a worker's base included.
+    `tasks` sign tasks, `bucket_tasks` bucket tasks and `verify_tasks` verify tasks, a worker's
+    base included.
     The candidate count is bounded by one pair per document per band (a document's duplicates
     in a band chain through one bucket)."""
     mb = 1e6
@@ -220,6 +221,6 @@ def memory_estimate(docs: int, tasks: int, bucket_tasks: int, cfg: MinHashConfig
     sign = batch + per_task_docs * (cfg.bands * 16 * 2 + 4 * cfg.permutations + 120) / mb
     buckets = docs * cfg.bands / max(bucket_tasks, 1) * 16 * 4 / mb  # keys and docs, sorted copies, pairs
     candidates = docs * cfg.bands  # upper bound
-    verify = candidates / max(tasks, 1) * 16 * 3 / mb  # pairs; sets are read two at a time
+    verify = candidates / max(verify_tasks, 1) * 16 * 3 / mb  # pairs; sets are read two at a time
     components_mb = candidates * 8 * 6 / mb  # edges, node ids, labels: an upper bound; near-duplicate-free corpora need far less
     return {"sign": base + sign, "buckets": base + buckets, "verify": base + verify, "components": base + components_mb}

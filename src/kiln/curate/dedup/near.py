@@ -32,8 +32,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from kiln.core.atomic import write_atomically
+from kiln.core.atomic import save_npy, write_atomically
 from kiln.core.document import Document
+from kiln.core.errors import FatalError
 from kiln.curate.dedup.exact import source_rank
 from kiln.curate.dedup.minhash import (
     MinHashConfig,
@@ -60,10 +61,12 @@ SIGN_BATCH = 512  # documents shingled and signed together
 
 
 def doc_number(task: int, local: int | np.ndarray) -> Any:
+    """A signed document's number: its read task in the high 32 bits, its index there in the low."""
     return (np.uint64(task) << np.uint64(32)) | np.asarray(local, dtype=np.uint64)
 
 
 def task_of(doc: int | np.ndarray) -> Any:
+    """The read task of a document number."""
     return np.asarray(doc, dtype=np.uint64) >> np.uint64(32)
 
 
@@ -116,6 +119,8 @@ def sign_task(filtered: Path, folder: Path, task: int, skip: Container[int], cfg
         if batch:
             flush()
     count = len(rows["local"])
+    if count >= 2**31:  # a document's number holds its task-local index in 32 bits (int32 in the table)
+        raise FatalError(f"curate: read task {task} holds {count:,} documents, over the 2^31 one task can sign; split its input file (one JSONL file is one task)")
     all_keys = np.concatenate(keys) if keys else np.zeros((0, cfg.bands), dtype=np.uint64)
     docs = doc_number(task, np.arange(count))
     bands = np.empty((cfg.bands, count, 2), dtype=np.uint64)
@@ -133,14 +138,6 @@ def sign_task(filtered: Path, folder: Path, task: int, skip: Container[int], cfg
 
 def part(base: Path, suffix: str) -> Path:
     return base.with_suffix(suffix + ".part")
-
-
-def save_npy(path: Path, array: np.ndarray) -> None:
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as f:  # a file object: np.save given a path would add ".npy" to the temporary name
-            np.save(f, array)
-
-    write_atomically(path, write)
 
 
 # --- 2. buckets -----------------------------------------------------------------------------------
@@ -275,14 +272,17 @@ def components_task(verify_dir: Path, sign_dir: Path, out: Path) -> dict[str, An
         assert table.num_rows == len(locals_), f"sign task {task}: {table.num_rows} rows for {len(locals_)} clustered documents"
         tables.append(table.append_column("task", pa.array(np.full(table.num_rows, task, dtype=np.int32))))
     rows = pa.concat_tables(tables) if tables else DOCS_SCHEMA.append(pa.field("task", pa.int32())).empty_table()
-    ids = np.array(rows["id"].to_pylist(), dtype=object).astype(str)
-    keepers = choose_keepers(labels, rows["rank"].to_numpy(), rows["preference"].to_numpy(), ids)
+    # ids tie-break by their rank in sorted order: a fixed-width string array would cost the
+    # longest id's width for every node
+    id_order = np.empty(rows.num_rows, dtype=np.int64)
+    id_order[pc.sort_indices(rows["id"]).to_numpy()] = np.arange(rows.num_rows)
+    keepers = choose_keepers(labels, rows["rank"].to_numpy(), rows["preference"].to_numpy(), id_order)
     # Clusters are numbered in the order of their keepers' document numbers: the same for any worker count.
     cluster_keepers = np.unique(keepers)
     cluster = np.searchsorted(cluster_keepers, keepers)
     table = pa.table({
         "task": rows["task"], "ordinal": rows["ordinal"], "doc": nodes, "id": rows["id"], "cluster": cluster.astype(np.int64),
-        "kept": keepers == np.arange(len(nodes)), "keeper": nodes[keepers], "kept_id": list(ids[keepers]),
+        "kept": keepers == np.arange(len(nodes)), "keeper": nodes[keepers], "kept_id": rows["id"].take(pa.array(keepers)),
     }, schema=ASSIGN_SCHEMA)
     write_atomically(out, lambda p: pq.write_table(table, p, row_group_size=65536))
     sizes = np.bincount(cluster) if len(cluster) else np.zeros(0, np.int64)

@@ -65,17 +65,19 @@ _CACHE_WORDS = 1 << 20  # distinct words cached per process (~150 MB at most); c
 def words(text: str, fold_digits: bool = True) -> list[str]:
     """Normalized words: lowercase, digits folded (optional), punctuation and whitespace as breaks;
     combining marks stay inside their word."""
-    lowered = text.lower()
     if fold_digits:
-        lowered = _DIGITS.sub("0", lowered)  # "chapter 12" and "chapter 13" share n-grams
+        text = _DIGITS.sub("0", text)  # "chapter 12" and "chapter 13" share n-grams
+    # subtle: each word is lowercased on its own, after the split. Lowercasing is contextual (a
+    # Greek capital sigma becomes final sigma at a word's end), so the whole text lowered would
+    # differ from the word lowered wherever a break sits between them; text_hashes lowers words.
     out: list[str] = []
-    for token in lowered.split():  # whitespace always breaks; most tokens need nothing more
+    for token in text.split():  # whitespace always breaks; most tokens need nothing more
         if token.isalnum():
-            out.append(token)
+            out.append(token.lower())
         elif token.isascii() or max(token) < _FIRST_MARK:  # perf: the plain class is 2x faster than the one with marks
-            out.extend(w for w in _PLAIN_BREAKS.split(token) if w)
+            out.extend(w.lower() for w in _PLAIN_BREAKS.split(token) if w)
         else:
-            out.extend(w for w in _BREAKS.split(token) if w)
+            out.extend(w.lower() for w in _BREAKS.split(token) if w)
     return out
 
 

@@ -16,7 +16,7 @@ from kiln.core.errors import FatalError
 from kiln.curate.dedup.shingles import mix64
 
 MAX_BLOOM_BITS = 1 << 32  # _reduce maps onto at most 2^32 bits (512 MB per filter)
-_BLOOM_SALT = np.uint64(0x9E37_79B9_7F4A_7C15)
+_BLOOM_SALT = np.uint64(0x9E37_79B9_7F4A_7C15)  # the second hash's salt: part of the decontamination index format
 
 
 @dataclass(frozen=True)

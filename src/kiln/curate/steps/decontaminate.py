@@ -30,7 +30,7 @@ import numpy as np
 import xxhash
 from pydantic import Field, model_validator
 
-from kiln.core.atomic import write_atomically
+from kiln.core.atomic import save_npy, write_atomically
 from kiln.core.config import Section
 from kiln.core.document import Document
 from kiln.core.errors import FatalError
@@ -42,7 +42,6 @@ from kiln.curate.steps.bloom import BloomFilter
 INDEX_FORMAT = "kiln-decontamination-index v1"
 REPORT_FORMAT = "kiln-decontamination-report v1"
 NOTE_CHARS = 300  # a removal note's length cap: the matched items, then one matching n-gram
-# Salt for the Bloom filter's second hash; part of the index format (INDEX_FORMAT).
 # Exact mode's prefilter: one bit per value of a hash's top bits, about PREFILTER_BITS_PER_NGRAM
 # bits per n-gram (so ~3% of them set), capped at 2^30 bits (128 MB).
 PREFILTER_BITS_PER_NGRAM = 32
@@ -188,7 +187,7 @@ def build_index(cfg: DecontaminateConfig, folder: Path) -> dict[str, Any]:
         }
         if cfg.mode == "bloom":
             bloom = BloomFilter.build(distinct, cfg.bloom_fp_rate)
-            _save_npy(folder / f"bloom_{s}.npy", bloom.bits)
+            save_npy(folder / f"bloom_{s}.npy", bloom.bits)
             info.update(bits=bloom.m, hashes=bloom.k, fp_rate=bloom.fp_rate(len(distinct)))
         else:
             all_hashes.extend(set_hashes)
@@ -209,10 +208,10 @@ def build_index(cfg: DecontaminateConfig, folder: Path) -> dict[str, Any]:
         prefilter_log2 = min(30, max(16, math.ceil(math.log2(PREFILTER_BITS_PER_NGRAM * max(1, len(hashes))))))
         on = np.zeros(1 << prefilter_log2, dtype=bool)
         on[hashes >> np.uint64(64 - prefilter_log2)] = True
-        _save_npy(folder / "prefilter.npy", np.packbits(on, bitorder="little"))
-        _save_npy(folder / "hashes.npy", hashes)
-        _save_npy(folder / "entries.npy", entries)
-        _save_npy(folder / "text_offsets.npy", offsets)
+        save_npy(folder / "prefilter.npy", np.packbits(on, bitorder="little"))
+        save_npy(folder / "hashes.npy", hashes)
+        save_npy(folder / "entries.npy", entries)
+        save_npy(folder / "text_offsets.npy", offsets)
         write_atomically(folder / "texts.txt", lambda p: p.write_bytes(b"".join(rows)))
 
     summary: dict[str, Any] = {
@@ -223,14 +222,6 @@ def build_index(cfg: DecontaminateConfig, folder: Path) -> dict[str, Any]:
         summary["prefilter_log2"] = prefilter_log2
     write_atomically(folder / "index.json", lambda p: p.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8"))
     return summary
-
-
-def _save_npy(path: Path, array: np.ndarray) -> None:
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as f:  # a file object: np.save on a path would append .npy to the temporary name
-            np.save(f, array)
-
-    write_atomically(path, write)
 
 
 # --- loading and looking up -----------------------------------------------------------------------

@@ -11,7 +11,8 @@ This is FineWeb's order (URL filter, language, Gopher repetition and quality, C4
 CCNet's line removal before language ID, so a boilerplate banner in another language cannot
 decide a page's language. A step whose config says `enabled: false` is left out (decontamination also when it names no
 evaluation set). Decontamination runs before dedup, so every copy of a contaminated text is
-reported, and a contaminated copy never becomes the kept one of a duplicate group.
+reported, and (with action remove) a contaminated copy never becomes the kept one of a
+duplicate group; flagged documents go on through dedup like any other.
 `run_document` applies a list of steps to one document: a step that raises quarantines that
 document with the error, never the run, and every step's output is counted in the funnel under
 `<branch>/<step>` (the early steps under their own names).
