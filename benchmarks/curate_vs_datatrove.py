@@ -22,7 +22,6 @@ Not measured here: reading compressed input, other filters, dedup.
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import html.parser
 import json
@@ -36,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from dedup_corpus import read_local_file
 
 from kiln.curate.shards import read_shard
 
@@ -98,17 +98,9 @@ def _roff_to_text(src: str) -> str:
 
 
 def _read_text(path: Path) -> str | None:
-    try:
-        raw = path.read_bytes()
-        if path.suffix == ".gz":
-            raw = gzip.decompress(raw)
-    except (OSError, EOFError, gzip.BadGzipFile):
+    text = read_local_file(path)
+    if text is None:
         return None
-    if b"\x00" in raw[:8192]:
-        return None  # binary
-    text = raw.decode("utf-8", errors="replace")
-    if text.count("\ufffd") > len(text) // 100:
-        return None  # another encoding, or binary
     name = path.name.removesuffix(".gz")
     if "/man/" in str(path) and re.search(r"\.\d\w*$", name):
         text = _roff_to_text(text)

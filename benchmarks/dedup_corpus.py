@@ -50,7 +50,8 @@ def shingles(text: str) -> np.ndarray:
 # local text
 
 
-def _read_file(path: Path) -> str | None:
+def read_local_file(path: Path) -> str | None:
+    """A file's text (.gz unpacked), or None for binary, unreadable or non-UTF-8 files."""
     try:
         raw = path.read_bytes()
         if path.suffix == ".gz":
@@ -89,7 +90,7 @@ def local_texts() -> Iterator[tuple[str, str, str]]:
     def files(root: str, source: str, pattern: re.Pattern[str]) -> Iterator[tuple[str, str, str]]:
         base = Path(root)
         for path in sorted(base.rglob("*")) if base.is_dir() else []:
-            if pattern.search(path.name.lower()) and path.is_file() and not path.is_symlink() and (text := _read_file(path)):
+            if pattern.search(path.name.lower()) and path.is_file() and not path.is_symlink() and (text := read_local_file(path)):
                 yield f"{source}:{path.relative_to(base)}", source, text
 
     def stdlib() -> Iterator[tuple[str, str, str]]:
