@@ -42,6 +42,7 @@ import dedup_corpus as dc
 import numpy as np
 from curate_vs_datatrove import build_corpus, datatrove_python
 
+from kiln.curate.dedup.minhash import s_curve
 from kiln.curate.steps.normalize import normalize_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -261,7 +262,7 @@ def main() -> None:
         first = results[names[0]]
         for k, (lo, hi, total, _) in enumerate(first.by_bucket):
             cells = " ".join(f"{results[name].by_bucket[k][3] / total if total else float('nan'):>10.3f}" for name in names)
-            print(f"  {lo:.2f}-{hi:.2f} {total:>10} {cells} {1 - (1 - ((lo + hi) / 2) ** cfg.rows) ** cfg.bands:>8.3f}")
+            print(f"  {lo:.2f}-{hi:.2f} {total:>10} {cells} {s_curve((lo + hi) / 2, cfg.bands, cfg.rows):>8.3f}")
 
     kiln_docs_s = n / kiln.seconds if kiln else float("nan")
     dt_docs_s = n / dt_s if dt_s else float("nan")

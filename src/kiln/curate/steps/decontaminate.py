@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import xxhash
 from pydantic import Field, model_validator
 
 from kiln.core.atomic import save_npy, write_atomically
@@ -132,23 +131,15 @@ def read_eval_set(es: EvalSetConfig) -> Iterator[tuple[int, list[str]]]:
         raise FatalError(f"curate: evaluation set {path} could not be read ({e}); check the file, or re-download it") from None
 
 
-def file_hash(path: str) -> str:
-    """xxh3-128 of the file's bytes on disk: tells a driver whether an index is stale."""
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 # --- building the index ---------------------------------------------------------------------------
 
 
 def build_index(cfg: DecontaminateConfig, folder: Path) -> dict[str, Any]:
     """Read every evaluation set and write the index into `folder` (index.json last, so its presence
     means the rest is whole). Returns the summary that index.json holds: per set items,
-    items_too_short (no text of `ngram` words: those cannot be checked), ngrams (distinct), the file
-    hash, and in bloom mode the filter's bits, hashes and false-positive rate."""
+    items_too_short (no text of `ngram` words: those cannot be checked), ngrams (distinct), and in
+    bloom mode the filter's bits, hashes and false-positive rate. (Whether an index is stale needs
+    no hash here: the eval files are inputs of the curate stage, which starts over when one changes.)"""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "index.json").unlink(missing_ok=True)  # a rebuild that fails halfway leaves no index, never a mixed one
@@ -182,7 +173,7 @@ def build_index(cfg: DecontaminateConfig, folder: Path) -> dict[str, Any]:
                     too_short_sample.append(item)
         distinct = np.unique(np.concatenate(set_hashes)) if set_hashes else np.zeros(0, dtype=np.uint64)
         info: dict[str, Any] = {
-            "name": set_name(es), "path": es.path, "file_hash": file_hash(es.path), "items": items,
+            "name": set_name(es), "path": es.path, "items": items,
             "items_too_short": too_short, "too_short_sample": too_short_sample, "ngrams": len(distinct),
         }
         if cfg.mode == "bloom":
