@@ -52,7 +52,7 @@ from kiln.curate.dedup.minhash import memory_estimate
 from kiln.curate.dedup.near import Sets, assignments_for_task, bucket_task, components_task, sign_task, verify_task
 from kiln.curate.executors import Executor, build_executor
 from kiln.curate.readers import ReadLimits, ReadTask, plan_reads, read_task, task_paths
-from kiln.curate.shards import SUFFIX, ShardWriter, read_shard
+from kiln.curate.shards import SUFFIX, ShardWriter, read_shard, read_shard_lines
 from kiln.curate.steps.code import is_code
 from kiln.curate.steps.decontaminate import build_index, build_report, format_report
 from kiln.curate.steps.lines import LineCounts, document_line_keys
@@ -269,7 +269,7 @@ def write_phase(job: Job) -> dict[str, Any]:
     while more:
         more, batch, writers = False, set(), {}
         try:
-            for ordinal, doc in enumerate(read_shard(filtered)):
+            for ordinal, (doc, line) in enumerate(read_shard_lines(filtered)):
                 if doc.source in finished:
                     continue
                 if doc.source not in batch:
@@ -293,7 +293,7 @@ def write_phase(job: Job) -> dict[str, Any]:
                     ledger.passed("minhash_dedup", doc)
                 if doc.source not in writers:
                     writers[doc.source] = ShardWriter(job.stage_dir / "shards" / f"{doc.source}-{job.index:05d}{SUFFIX}")
-                writers[doc.source].write(doc)
+                writers[doc.source].write_line(line)  # kept as the filter phase wrote it
                 ledger.kept(doc)
         except BaseException:
             for writer in writers.values():

@@ -49,30 +49,33 @@ def pair_with_jaccard(rng: np.random.Generator, union: int, shared: int) -> tupl
 
 
 def reference_signature(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The definition, all at once: top 32 bits of min over x of (a * x + b) mod 2^64."""
-    return ((np.multiply.outer(x, a) + b).min(axis=0) >> np.uint64(32)).astype(np.uint32)
+    """The definition, in Python integers: min over x of (a * (x >> 32) + b) mod 2^32."""
+    return np.array([min((int(ak) * (int(v) >> 32) + int(bk)) % 2**32 for v in x) for ak, bk in zip(a, b)], dtype=np.uint32)
 
 
 # --- signatures -----------------------------------------------------------------------------------
 
 
 def test_signature_hand_worked():
-    # a = (1, 3), b = (0, 2^32), x = (2^40, 3 * 2^40):
-    #   permutation 0: 2^40, 3 * 2^40 -> min 2^40, top 32 bits 2^8 = 256
-    #   permutation 1: 3 * 2^40 + 2^32, 9 * 2^40 + 2^32 -> min 3 * 2^40 + 2^32, top bits 3 * 256 + 1 = 769
-    a, b = np.array([1, 3], dtype=np.uint64), np.array([0, 2**32], dtype=np.uint64)
-    x = np.array([2**40, 3 * 2**40], dtype=np.uint64)
-    assert signatures([x], a, b).tolist() == [[256, 769]]
-    # the products wrap mod 2^64: with b = 2^64 - 2^33, 2^33 maps to 0 and 2^34 to 2^33 (top bits 2)
-    a, b = np.array([1], dtype=np.uint64), np.array([2**64 - 2**33], dtype=np.uint64)
-    assert signatures([np.array([2**34], dtype=np.uint64)], a, b).tolist() == [[2]]
-    assert signatures([np.array([2**33, 2**34], dtype=np.uint64)], a, b).tolist() == [[0]]
+    # a = (1, 3), b = (0, 5); the keys are the top 32 bits of x = (7 * 2^32 + 9, 2 * 2^32): 7 and 2
+    #   permutation 0: 7, 2 -> 2
+    #   permutation 1: 3 * 7 + 5 = 26, 3 * 2 + 5 = 11 -> 11
+    a, b = np.array([1, 3], dtype=np.uint32), np.array([0, 5], dtype=np.uint32)
+    x = np.array([2 * 2**32, 7 * 2**32 + 9], dtype=np.uint64)
+    assert signatures([x], a, b).tolist() == [[2, 11]]
+    # the products wrap mod 2^32: with b = 2^32 - 2, key 2 maps to 0 and key 4 to 2
+    a, b = np.array([1], dtype=np.uint32), np.array([2**32 - 2], dtype=np.uint32)
+    assert signatures([np.array([4 * 2**32], dtype=np.uint64)], a, b).tolist() == [[2]]
+    assert signatures([np.array([2 * 2**32, 4 * 2**32], dtype=np.uint64)], a, b).tolist() == [[0]]
+    # a = 3, key 2^31 + 1: 3 * 2^31 + 3 wraps to 2^31 + 3
+    a, b = np.array([3], dtype=np.uint32), np.array([0], dtype=np.uint32)
+    assert signatures([np.array([(2**31 + 1) << 32], dtype=np.uint64)], a, b).tolist() == [[2**31 + 3]]
 
 
 def test_permutation_params_are_odd_and_seeded():
     a, b = permutation_params(112, seed=1)
-    assert a.dtype == b.dtype == np.uint64 and len(a) == len(b) == 112
-    assert np.all(a % np.uint64(2) == 1)
+    assert a.dtype == b.dtype == np.uint32 and len(a) == len(b) == 112
+    assert np.all(a % np.uint32(2) == 1)
     again, _ = permutation_params(112, seed=1)
     other, _ = permutation_params(112, seed=2)
     assert np.array_equal(a, again) and not np.array_equal(a, other)
