@@ -26,8 +26,15 @@ STAGE_VERBS = {
     "generate": ("generate", "Sample text from the trained checkpoint (prompt and sampling settings in the recipe's generate section)."),
 }
 
+# `kiln quality` subcommands: (stage directory, help).
+QUALITY_VERBS = {
+    "train-lm": ("quality/lm", "Train the n-gram language model of the perplexity filter on the reference text (quality.reference_source or quality.reference); score a sample of the raw corpus for its percentile cutoffs."),
+    "train-classifier": ("quality/classifier", "Train the reference-vs-corpus classifier of the quality_classifier filter (positives: reference text, negatives: a sample of the raw corpus); report held-out precision, recall and AUC."),
+}
+
 SECTIONS = {
     "curate": ("curate",),
+    "quality": ("quality",),
     "train-tokenizer": ("tokenizer",),
     "tokenize": ("tokenize",),
     "train": ("model", "train", "mix", "eval"),
@@ -44,6 +51,7 @@ EPILOG = """examples:
   kiln curate --input 'data/*.jsonl' --run web --decontaminate mmlu.jsonl    also drop documents sharing a 13-gram with mmlu
   kiln curate --run web --explain 'web/part-0.jsonl:17'                      why a document was removed
   kiln curate --recipe recipes/demo.yaml --set curate.max_total_mb=10
+  kiln quality train-classifier --recipe demo --set quality.reference_source=prose   then curate with --set curate.quality_classifier.enabled=true
   kiln train --recipe demo --set train.steps=500 --set train.lr=1e-3
   kiln generate --recipe demo --set generate.prompt='import os'
   kiln plan --recipe demo --json
@@ -94,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--run", metavar="NAME", help="Run name (same as --set name=NAME): writes runs/NAME/curate/.")
             p.add_argument("--decontaminate", dest="eval_sets", action="append", default=[], metavar="EVAL.jsonl", help="Remove training documents sharing an n-gram of curate.decontaminate.ngram (13) words with any item of this evaluation set (JSONL, one item per line; every string field is checked); repeatable; replaces the recipe's curate.decontaminate.eval_sets. The report is audit/decontamination.json.")
             p.add_argument("--explain", metavar="DOC_ID", help="Print which step removed (or quarantined) this document, the measured value and the threshold, and stop.")
+    p = add("quality", "Train the models of the model-based quality filters (subcommands); the curate steps `perplexity` and `quality_classifier` then use them. Reads the recipe's quality section and curate.inputs.")
+    quality = p.add_subparsers(dest="quality_verb", required=True, metavar="SUBCOMMAND")
+    for name, (_, help_text) in QUALITY_VERBS.items():
+        q = quality.add_parser(name, help=help_text, description=help_text, epilog=describe_sections(SECTIONS["quality"]), formatter_class=argparse.RawDescriptionHelpFormatter)
+        _common(q)
+        q.add_argument("--run", metavar="NAME", help="Run name (same as --set name=NAME): writes runs/NAME/quality/.")
     p = add("plan", "Plan before spending GPUs: FLOPs, Chinchilla and inference-aware sizes, cost, memory, parallel layout, checkpoint interval, scaling-law fits (subcommands). With no subcommand: parameters, FLOPs per token and training compute for the recipe's model and schedule.")
     _common(p, force=False)
     p.add_argument("--json", action="store_true", help="Print one JSON object instead of the table.")
@@ -140,6 +154,15 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from kiln import pipeline
 
+        if args.verb == "quality":
+            from kiln.quality.run import train_classifier, train_lm
+
+            stage_name = QUALITY_VERBS[args.quality_verb][0]
+            train = train_lm if args.quality_verb == "train-lm" else train_classifier
+            train(recipe.quality, recipe.curate, recipe.run_dir, args.force)
+            pipeline.save_resolved(recipe)
+            print((recipe.run_dir / stage_name / "summary.txt").read_text().rstrip())
+            return 0
         if args.verb == "demo":
             print(pipeline.format_summary(pipeline.run_demo(recipe, args.force)))
             return 0

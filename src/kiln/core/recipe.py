@@ -21,6 +21,7 @@ from kiln.curate.config import CurateConfig
 from kiln.evaluate.config import EvalConfig, GenerateConfig
 from kiln.mix.config import MixConfig
 from kiln.model.config import ModelConfig
+from kiln.quality.config import QualityConfig
 from kiln.tokenize.config import TokenizeConfig, TokenizerConfig
 from kiln.train.config import TrainConfig
 
@@ -31,6 +32,7 @@ class Recipe(Section):
     name: str = Field(description="Run name; stages write under <runs_dir>/<name>/.", pattern=r"^[A-Za-z0-9_.-]+$")
     runs_dir: str = Field(default="runs", description="Folder holding run directories.")
     curate: CurateConfig = Field(default_factory=CurateConfig, description="Reading and cleaning raw text.")
+    quality: QualityConfig = Field(default_factory=QualityConfig, description="Reference text and training of the model-based quality filters (`kiln quality`).")
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="Training the BPE tokenizer.")
     tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig, description="Encoding curated text to token shards.")
     mix: MixConfig = Field(default_factory=MixConfig, description="Drawing training sequences from sources.")

@@ -25,6 +25,7 @@ from kiln.curate.steps.language import LanguageConfig
 from kiln.curate.steps.lines import LineDedupConfig
 from kiln.curate.steps.normalize import LengthConfig
 from kiln.curate.steps.pii import PIIConfig
+from kiln.curate.steps.quality import ClassifierFilterConfig, PerplexityConfig
 from kiln.curate.steps.url import URLFilterConfig
 
 # The built-in corpus marks its kinds: pydoc topics live in a .py file but are prose.
@@ -51,6 +52,8 @@ class CurateConfig(Section):
     gopher_quality: GopherQualityConfig = Field(default_factory=GopherQualityConfig, description="Gopher quality rules (prose only).")
     c4: C4Config = Field(default_factory=C4Config, description="C4 line and document rules (prose only).")
     fineweb: FineWebQualityConfig = Field(default_factory=FineWebQualityConfig, description="FineWeb's additional rules (prose only).")
+    perplexity: PerplexityConfig = Field(default_factory=PerplexityConfig, description="CCNet-style perplexity filter under a reference n-gram model (prose only; off by default, needs `kiln quality train-lm`).")
+    quality_classifier: ClassifierFilterConfig = Field(default_factory=ClassifierFilterConfig, description="Reference-vs-corpus classifier filter (prose only; off by default, needs `kiln quality train-classifier`).")
     code_quality: CodeConfig = Field(default_factory=CodeConfig, description="Rules for code documents, applied instead of the prose rules.")
     pii: PIIConfig = Field(default_factory=PIIConfig, description="Redaction of emails, phone numbers, IP addresses, card numbers, SSNs and secrets.")
     length: LengthConfig = Field(default_factory=LengthConfig, description="Document length limits, after every edit.")

@@ -57,6 +57,8 @@ from kiln.curate.steps.code import is_code
 from kiln.curate.steps.decontaminate import build_index, build_report, format_report
 from kiln.curate.steps.lines import LineCounts, document_line_keys
 from kiln.curate.steps.pipeline import BRANCHES, code_steps, early_steps, funnel_rows, prose_steps, run_document
+from kiln.curate.steps.quality import CLASSIFIER_SCORES, LM_SCORES, model_files, model_folder
+from kiln.quality.config import CLASSIFIER_DIR, LM_DIR
 
 log = logging.getLogger("kiln.curate")
 MB = 1_000_000
@@ -193,7 +195,7 @@ def filter_phase(job: Job) -> dict[str, Any]:
     ledger = Ledger(cfg.sample_size)
     boilerplate = np.load(job.stage_dir / "work" / "lines" / "boilerplate.npy") if cfg.line_dedup.enabled else np.zeros(0, np.uint64)
     index = job.stage_dir / "work" / "decontaminate"
-    prose, code = prose_steps(cfg, boilerplate.tolist(), index), code_steps(cfg, index)
+    prose, code = prose_steps(cfg, boilerplate.tolist(), index, job.stage_dir.parent), code_steps(cfg, index)
     hashes = HashTable(job.index, cfg.exact_dedup.source_priority)
     kept = seen = 0
     source, target = job.stage_dir / "work" / "read" / f"{job.index:05d}{SUFFIX}", job.folder / f"{job.index:05d}{SUFFIX}"
@@ -355,6 +357,8 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     inputs = {p for t in tasks for p in task_paths(t) if os.access(p, os.R_OK)}  # an unreadable file is quarantined by its task
     eval_sets = decontamination_sets(cfg)
     inputs |= eval_sets  # a changed evaluation set redoes the stage
+    models, cfg_for_tasks = quality_models(cfg, run_dir)
+    inputs |= models  # so does a retrained quality model
     stage = Stage(run_dir, "curate", {"curate": cfg}, inputs=inputs)
     if not force and (done := stage.current_manifest()):
         log.info("curate: up to date (%s docs kept); nothing to do. Use --force to redo.", done["counts"]["docs_out"])
@@ -370,8 +374,8 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
 
     def jobs(phase: str, count: int | None = None, parts: int = partitions) -> list[Job]:
         if count is None:
-            return [Job(phase, t.index, stage_dir, cfg, parts, t, len(tasks)) for t in tasks]
-        return [Job(phase, p, stage_dir, cfg, parts, tasks=len(tasks)) for p in range(count)]
+            return [Job(phase, t.index, stage_dir, cfg_for_tasks, parts, t, len(tasks)) for t in tasks]
+        return [Job(phase, p, stage_dir, cfg_for_tasks, parts, tasks=len(tasks)) for p in range(count)]
 
     timings: dict[str, dict[str, float]] = {}
 
@@ -416,6 +420,20 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     # phase timings vary from run to run: beside the counts, never in them
     summary = format_summary(counts, funnel_rows(cfg)) + ("\n" + format_report(report) if report is not None else "")
     return stage.finish(shards + outputs, counts, summary, extra={"phases": timings})
+
+
+def quality_models(cfg: CurateConfig, run_dir: Path) -> tuple[set[Path], CurateConfig]:
+    """The model files the enabled quality filters read (stage inputs), and the config the tasks
+    get: each such filter's `model` made an absolute folder, so a worker anywhere finds it."""
+    files: set[Path] = set()
+    update: dict[str, Any] = {}
+    for name, default, scores in (("perplexity", LM_DIR, LM_SCORES), ("quality_classifier", CLASSIFIER_DIR, CLASSIFIER_SCORES)):
+        section = getattr(cfg, name)
+        if section.enabled:
+            folder = model_folder(section.model, run_dir, default)
+            files |= set(model_files(folder, scores))
+            update[name] = section.model_copy(update={"model": str(folder)})
+    return files, cfg.model_copy(update=update)
 
 
 def decontamination_sets(cfg: CurateConfig) -> set[Path]:

@@ -3,8 +3,8 @@
 Steps run in two phases around the global line count (see kiln.curate.run):
 - early (while reading): normalize, URL filter;
 - late (after the line count), one branch per kind of document:
-  prose: boilerplate lines, language ID, Gopher repetition, Gopher quality, C4, FineWeb, PII, length,
-  decontamination;
+  prose: boilerplate lines, language ID, Gopher repetition, Gopher quality, C4, FineWeb, the model
+  filters (perplexity, quality classifier; off by default), PII, length, decontamination;
   code: the code rules, PII, length, decontamination.
 Exact dedup, then MinHash near-dedup, run last, across all shards.
 This is FineWeb's order (URL filter, language, Gopher repetition and quality, C4, FineWeb) with
@@ -39,10 +39,12 @@ from kiln.curate.steps.language import LanguageID
 from kiln.curate.steps.lines import BoilerplateLines
 from kiln.curate.steps.normalize import LengthFilter, Normalize
 from kiln.curate.steps.pii import RedactPII
+from kiln.curate.steps.quality import ClassifierFilter, PerplexityFilter, model_folder
 from kiln.curate.steps.url import URLFilter
+from kiln.quality.config import CLASSIFIER_DIR, LM_DIR
 
 # Each branch's steps in order, named by their config section (which is also the step's name).
-PROSE_STEPS = ("line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "pii", "length", "decontaminate")
+PROSE_STEPS = ("line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "perplexity", "quality_classifier", "pii", "length", "decontaminate")
 CODE_STEPS = ("code_quality", "pii", "length", "decontaminate")
 BRANCHES = ("prose", "code")
 _BUILD: dict[str, Callable[[Section], Step]] = {
@@ -59,21 +61,26 @@ def early_steps(cfg: CurateConfig) -> list[Step]:
     return [Normalize(), *([URLFilter(cfg.url_filter)] if cfg.url_filter.enabled else [])]
 
 
-def prose_steps(cfg: CurateConfig, boilerplate: Iterable[int] = (), index: Path | None = None) -> list[Step]:
-    """The prose branch; `index` is the decontamination index folder (kiln.curate.steps.decontaminate.build_index)."""
-    return [_build(cfg, name, boilerplate, index) for name in enabled(cfg, PROSE_STEPS)]
+def prose_steps(cfg: CurateConfig, boilerplate: Iterable[int] = (), index: Path | None = None, run_dir: Path | None = None) -> list[Step]:
+    """The prose branch; `index` is the decontamination index folder (kiln.curate.steps.decontaminate.build_index),
+    `run_dir` where the quality models live unless their config names a folder."""
+    return [_build(cfg, name, boilerplate, index, run_dir) for name in enabled(cfg, PROSE_STEPS)]
 
 
 def code_steps(cfg: CurateConfig, index: Path | None = None) -> list[Step]:
-    return [_build(cfg, name, (), index) for name in enabled(cfg, CODE_STEPS)]
+    return [_build(cfg, name, (), index, None) for name in enabled(cfg, CODE_STEPS)]
 
 
-def _build(cfg: CurateConfig, name: str, boilerplate: Iterable[int], index: Path | None) -> Step:
+def _build(cfg: CurateConfig, name: str, boilerplate: Iterable[int], index: Path | None, run_dir: Path | None) -> Step:
     if name == "line_dedup":
         return BoilerplateLines(boilerplate)
     if name == "decontaminate":
         assert index is not None, "decontamination needs its index folder"
         return Decontaminate(cfg.decontaminate, index)
+    if name == "perplexity":
+        return PerplexityFilter(cfg.perplexity, model_folder(cfg.perplexity.model, run_dir, LM_DIR))
+    if name == "quality_classifier":
+        return ClassifierFilter(cfg.quality_classifier, model_folder(cfg.quality_classifier.model, run_dir, CLASSIFIER_DIR))
     return _BUILD[name](getattr(cfg, name))
 
 

@@ -1,4 +1,4 @@
-"""Shared fixtures for curation tests: one local Ray instance (2 CPUs) for every Ray test."""
+"""Shared fixtures: one local Ray instance (2 CPUs) for every Ray test (curate and quality)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,158 @@
+"""The quality stages: `kiln quality train-lm` and `kiln quality train-classifier`.
+
+Each trains one model and writes it with what the curate filters need beside it:
+  quality/lm/          model.npz (kiln.quality.ngram), corpus_perplexity.npy, report.json
+  quality/classifier/  model.npz (kiln.quality.classifier), corpus_scores.npy, report.json
+`corpus_*.npy` holds the model's scores of a sample of the raw corpus, sorted: the filters turn
+percentiles (perplexity head/middle/tail, classifier top fraction) into cutoffs from it. The
+manifest hashes every file read (reference and corpus sample) and records a hash of the training
+text itself; a stage whose inputs and settings are unchanged is not redone, and its model
+reloads as is. Not handled here: applying the models (kiln.curate.steps.quality).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xxhash
+from pydantic import Field
+
+from kiln.core.atomic import save_npy
+from kiln.core.config import Section
+from kiln.core.document import Document
+from kiln.core.errors import FatalError
+from kiln.core.manifest import Stage
+from kiln.core.split import is_heldout
+from kiln.curate.config import CurateConfig
+from kiln.curate.readers import InputConfig
+from kiln.curate.steps.quality import CLASSIFIER_SCORES, LM_SCORES, MODEL
+from kiln.quality.classifier import HashedClassifier, evaluate
+from kiln.quality.config import CLASSIFIER_DIR, LM_DIR, ClassifierConfig, NGramConfig, QualityConfig
+from kiln.quality.ngram import NGramLM
+from kiln.quality.sample import read_selection, reference_and_corpus, select
+
+log = logging.getLogger("kiln.quality")
+
+MIN_REFERENCE_WORDS = 100  # below this an n-gram model or a classifier learns nothing worth filtering with
+
+
+class CorpusInputs(Section):
+    inputs: tuple[InputConfig, ...] = Field(description="curate.inputs: the raw corpus (and the reference source, when it is one of them).")
+
+
+def text_digest(docs: list[Document]) -> str:
+    """xxh3-128 over the ids and texts, in order: what the model was trained on, beside the file hashes."""
+    h = xxhash.xxh3_128()
+    for doc in docs:
+        h.update(doc.id.encode("utf-8", "surrogatepass") + b"\0" + doc.text.encode("utf-8", "surrogatepass") + b"\0")
+    return h.hexdigest()
+
+
+def describe(docs: list[Document]) -> dict[str, Any]:
+    return {"docs": len(docs), "bytes": sum(len(d.text.encode("utf-8", "surrogatepass")) for d in docs), "text_xxh3_128": text_digest(docs)}
+
+
+def _stage(run_dir: Path, name: str, quality: QualityConfig, curate: CurateConfig, budgets: tuple[float, float]) -> tuple[Stage, Any, Any]:
+    """The stage, with the reference and corpus selections whose files it hashes."""
+    ref_inputs, only, corpus_inputs, without = reference_and_corpus(quality, curate)
+    reference = select(ref_inputs, budgets[0], quality.seed, only=only)
+    corpus = select(corpus_inputs, budgets[1], quality.seed + 1, without=without)
+    # Only what changes this model is hashed: the other model's settings are left at their defaults.
+    hashed = quality.model_copy(update={"classifier": ClassifierConfig()} if name == LM_DIR else {"lm": NGramConfig()})
+    stage = Stage(run_dir, name, {"quality": hashed, "curate_inputs": CorpusInputs(inputs=curate.inputs)}, inputs=reference.paths | corpus.paths)
+    return stage, reference, corpus
+
+
+def _reference_docs(selection: Any, budget_mb: float, curate: CurateConfig) -> list[Document]:
+    docs = read_selection(selection, budget_mb, curate, "quality: reference")
+    words = sum(len(d.text.split()) for d in docs)
+    if words < MIN_REFERENCE_WORDS:
+        raise FatalError(f"quality: the reference text has {len(docs)} documents and {words} words, under {MIN_REFERENCE_WORDS}; "
+                         "check quality.reference_source / quality.reference (a source with text in it)")
+    return docs
+
+
+def _percentiles(scores: np.ndarray, points: tuple[float, ...] = (10, 30, 50, 60, 90)) -> dict[str, float]:
+    return {f"p{p:g}": round(float(np.percentile(scores, p)), 4) for p in points} if len(scores) else {}
+
+
+def train_lm(quality: QualityConfig, curate: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
+    stage, reference, corpus = _stage(run_dir, LM_DIR, quality, curate, (quality.lm.max_train_mb, quality.corpus_sample_mb))
+    if not force and (done := stage.current_manifest()):
+        log.info("quality lm: up to date; nothing to do. Use --force to redo.")
+        return done
+    stage.begin()
+    ref_docs = _reference_docs(reference, quality.lm.max_train_mb, curate)
+    t0 = time.perf_counter()
+    model = NGramLM.train((d.text for d in ref_docs), order=quality.lm.order, fold_digits=quality.lm.fold_digits)
+    train_s = time.perf_counter() - t0
+    model.save(stage.dir / MODEL)
+    corpus_docs = read_selection(corpus, quality.corpus_sample_mb, curate, "quality: corpus sample")
+    t0 = time.perf_counter()
+    ppl = model.perplexities([d.text for d in corpus_docs])
+    score_s = time.perf_counter() - t0
+    scored = np.sort(ppl[np.isfinite(ppl)])
+    save_npy(stage.dir / LM_SCORES, scored)
+    corpus_bytes = sum(len(d.text.encode("utf-8", "surrogatepass")) for d in corpus_docs)
+    counts = {
+        "reference": describe(ref_docs), "corpus_sample": describe(corpus_docs), "model": model.stats,
+        "corpus_perplexity": _percentiles(scored), "train_seconds": round(train_s, 2),
+        "score_mb_s": round(corpus_bytes / 1e6 / max(score_s, 1e-9), 2),
+    }
+    report = stage.dir / "report.json"
+    report.write_text(json.dumps(counts, indent=2) + "\n", encoding="utf-8")
+    summary = (f"n-gram LM (order {quality.lm.order}) on {counts['reference']['docs']:,} reference documents ({counts['reference']['bytes'] / 1e6:.1f} MB) in {train_s:.1f} s\n"
+               f"corpus sample: {len(corpus_docs):,} documents, {corpus_bytes / 1e6:.1f} MB scored at {counts['score_mb_s']} MB/s\n"
+               "corpus perplexity percentiles: " + ", ".join(f"{k} {v:,.1f}" for k, v in counts["corpus_perplexity"].items()))
+    return stage.finish([stage.dir / MODEL, stage.dir / LM_SCORES, report], counts, summary)
+
+
+def train_classifier(quality: QualityConfig, curate: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
+    cfg = quality.classifier
+    stage, reference, corpus = _stage(run_dir, CLASSIFIER_DIR, quality, curate, (cfg.max_train_mb, quality.corpus_sample_mb))
+    if not force and (done := stage.current_manifest()):
+        log.info("quality classifier: up to date; nothing to do. Use --force to redo.")
+        return done
+    stage.begin()
+    positives = _reference_docs(reference, cfg.max_train_mb, curate)
+    corpus_docs = read_selection(corpus, quality.corpus_sample_mb, curate, "quality: corpus sample")
+    negatives = corpus_docs[: max(1, round(cfg.negatives_per_positive * len(positives)))]
+    if len(negatives) < 2:
+        raise FatalError(f"quality: the corpus sample has {len(corpus_docs)} documents; the classifier needs negatives (raise quality.corpus_sample_mb or add curate.inputs)")
+    split = {name: ([d for d in docs if not is_heldout(d.id, cfg.heldout_fraction)], [d for d in docs if is_heldout(d.id, cfg.heldout_fraction)])
+             for name, docs in (("positives", positives), ("negatives", negatives))}
+    (train_pos, held_pos), (train_neg, held_neg) = split["positives"], split["negatives"]
+    if not train_pos or not train_neg:
+        raise FatalError(f"quality: after holding out {cfg.heldout_fraction:.0%}, {len(train_pos)} positives and {len(train_neg)} negatives are left to train on; add reference text or lower quality.classifier.heldout_fraction")
+    t0 = time.perf_counter()
+    model = HashedClassifier.train([d.text for d in train_pos], [d.text for d in train_neg], cfg, seed=quality.seed)
+    train_s = time.perf_counter() - t0
+    model.save(stage.dir / MODEL)
+    held = held_pos + held_neg
+    labels = np.array([1] * len(held_pos) + [0] * len(held_neg))
+    metrics = evaluate(labels, model.scores([d.text for d in held])) if len(held_pos) and len(held_neg) else {}
+    if not metrics:
+        log.warning("quality classifier: no held-out %s; precision, recall and AUC are not measured", "positives" if not held_pos else "negatives")
+    t0 = time.perf_counter()
+    scores = np.sort(model.scores([d.text for d in corpus_docs]))
+    score_s = time.perf_counter() - t0
+    save_npy(stage.dir / CLASSIFIER_SCORES, scores)
+    corpus_bytes = sum(len(d.text.encode("utf-8", "surrogatepass")) for d in corpus_docs)
+    counts = {
+        "positives": describe(positives), "negatives": describe(negatives), "corpus_sample": describe(corpus_docs),
+        "train": {"positives": len(train_pos), "negatives": len(train_neg)}, "heldout": {k: round(float(v), 4) for k, v in metrics.items()},
+        "corpus_score": _percentiles(scores, (50, 90)), "train_seconds": round(train_s, 2), "score_mb_s": round(corpus_bytes / 1e6 / max(score_s, 1e-9), 2),
+    }
+    report = stage.dir / "report.json"
+    report.write_text(json.dumps(counts, indent=2) + "\n", encoding="utf-8")
+    held_line = (f"held out ({len(held_pos)} positives, {len(held_neg)} negatives): precision {metrics['precision']:.3f}, recall {metrics['recall']:.3f}, AUC {metrics['auc']:.3f}"
+                 if metrics else "held out: not measured (one class has no held-out documents)")
+    summary = (f"classifier ({cfg.ngrams}-grams, {cfg.buckets:,} buckets) on {len(train_pos):,} positives and {len(train_neg):,} negatives in {train_s:.1f} s\n"
+               f"{held_line}\ncorpus sample: {len(corpus_docs):,} documents scored at {counts['score_mb_s']} MB/s; "
+               + ", ".join(f"score {k} {v:.3f}" for k, v in counts["corpus_score"].items()))
+    return stage.finish([stage.dir / MODEL, stage.dir / CLASSIFIER_SCORES, report], counts, summary)
