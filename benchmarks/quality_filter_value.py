@@ -10,15 +10,15 @@ On the demo corpus (the demo recipe's inputs and curation): the reference source
    (negatives and the corpus sample: raw docs documents).
 2. The classifier filter (the real curate step, `top_fraction` of the model's corpus sample)
    over the pool: the filtered set. The random set: the pool in a seeded shuffled order, cut at
-   the filtered set's size in bytes.
+   the filtered set's size in bytes (the last document cut at a line).
 3. One run holds both sets and the raw reference documents the classifier held out (never
    trained on; quality.classifier.heldout_fraction=0.3 here, as the source is small), so both
    models share one tokenizer: curate (steps off), train-tokenizer, tokenize, then `kiln train`
    + `kiln eval` twice with the same model, seed and steps, `mix.weights` naming only the set
    being trained on. The reference documents' ids are chosen so the tokenize
    stage puts all of them in the validation split.
-Also measures the perplexity filter's scoring speed: the curated prose-branch text scored by the
-n-gram model in 2 worker processes, MB/s per core.
+Also measures the perplexity filter's speed: the curate step over the curated prose-branch text
+in 2 worker processes, MB/s per core.
 Ends with: RESULT filtered_bpb=.. random_bpb=.. classifier_auc=.. ppl_mb_s=..
 """
 
@@ -38,8 +38,8 @@ from kiln.core.recipe import load_recipe
 from kiln.core.split import is_heldout
 from kiln.curate.audit import Ledger
 from kiln.curate.shards import list_shards, read_shard, shard_source
-from kiln.curate.steps.quality import ClassifierFilter, ClassifierFilterConfig
-from kiln.quality.ngram import NGramLM
+from kiln.curate.steps.pipeline import groups, run_documents
+from kiln.curate.steps.quality import ClassifierFilter, ClassifierFilterConfig, PerplexityConfig, PerplexityFilter
 from kiln.quality.sample import read_selection, reference_and_corpus, select
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +69,25 @@ def nbytes(docs: list[Document]) -> int:
     return sum(len(d.text.encode("utf-8")) for d in docs)
 
 
+def random_sample(pool: list[Document], target: int, seed: int) -> list[Document]:
+    """Documents of `pool` in a seeded order until `target` bytes, the last one cut at a line
+    (whole lines, at most `target` bytes in all), so both training sets are the same size."""
+    sample, size = [], 0
+    for doc in random.Random(seed).sample(pool, len(pool)):
+        room = target - size
+        if room <= 0:
+            break
+        data = doc.text.encode("utf-8")
+        if len(data) > room:
+            cut = data[:room].rfind(b"\n")
+            if cut <= 0:
+                break
+            doc = doc.with_text(data[:cut].decode("utf-8"))
+        sample.append(doc)
+        size += len(doc.text.encode("utf-8"))
+    return sample
+
+
 def val_id(base: str) -> str:
     """An id derived from `base` that the tokenize stage puts in the validation split."""
     k = 0
@@ -81,22 +100,25 @@ def write_jsonl(path: Path, docs: list[Document], ids: list[str]) -> None:
     path.write_text("".join(json.dumps({"id": i, "text": d.text}, ensure_ascii=False) + "\n" for d, i in zip(docs, ids)), encoding="utf-8")
 
 
-def _score(args: tuple[str, list[str]]) -> float:
-    model = NGramLM.load(Path(args[0]))
+def _score(args: tuple[str, list[Document]]) -> float:
+    """Seconds the curate step takes over `docs` as curate's filter phase runs it (groups of
+    documents, kiln.curate.steps.pipeline), its model loaded before the clock starts."""
+    step, ledger = PerplexityFilter(PerplexityConfig(enabled=True), Path(args[0])), Ledger(0)
     started = time.perf_counter()
-    model.perplexities(args[1])
+    for group in groups(args[1]):
+        run_documents(group, [step], ledger, "prose")
     return time.perf_counter() - started
 
 
-def perplexity_speed(model: Path, texts: list[str], workers: int = 2) -> float:
-    """MB/s per core of scoring `texts` split over `workers` processes (model loading not timed)."""
-    halves = [texts[i::workers] for i in range(workers)]
+def perplexity_speed(folder: Path, docs: list[Document], workers: int = 2) -> float:
+    """MB/s per core of the perplexity curate step over `docs` split over `workers` processes."""
+    parts = [docs[i::workers] for i in range(workers)]
     with ProcessPoolExecutor(workers) as pool:
-        list(pool.map(_score, [(str(model), t[:1]) for t in halves]))  # start the workers, import numpy
+        list(pool.map(_score, [(str(folder), p[:1]) for p in parts]))  # start the workers, import numpy
         started = time.perf_counter()
-        list(pool.map(_score, [(str(model), t) for t in halves]))
+        list(pool.map(_score, [(str(folder), p) for p in parts]))
         wall = time.perf_counter() - started
-    return sum(len(t.encode("utf-8")) for t in texts) / 1e6 / wall / workers
+    return nbytes(docs) / 1e6 / wall / workers
 
 
 def heldout_reference() -> list[Document]:
@@ -136,13 +158,9 @@ def main() -> None:
     pool = curated("pool", "docs")
     step = ClassifierFilter(ClassifierFilterConfig(enabled=True, top_fraction=args.top_fraction), WORK / "models" / "quality" / "classifier")
     filtered = list(step.process(pool, Ledger(0)))
-    shuffled = random.Random(args.seed).sample(pool, len(pool))
-    target, sample, size = nbytes(filtered), [], 0
-    for doc in shuffled:
-        if size >= target:
-            break
-        sample.append(doc)
-        size += len(doc.text.encode("utf-8"))
+    target = nbytes(filtered)
+    sample = random_sample(pool, target, args.seed)
+    size = nbytes(sample)
     reference = heldout_reference()
     print(f"2. pool: {len(pool)} curated documents of the docs source ({nbytes(pool) / 1e6:.2f} MB); filter kept {len(filtered)} ({target / 1e6:.2f} MB, cutoff {step.cutoff:.3f}); "
           f"random sample {len(sample)} ({size / 1e6:.2f} MB), {len({d.id for d in sample} & {d.id for d in filtered})} in both; "
@@ -165,9 +183,9 @@ def main() -> None:
         results[name] = reference_bpb(value, name, args.steps)
         print(f"  trained on {name}: reference validation {results[name]:.4f} bits/byte", flush=True)
 
-    texts = [d.text for d in curated("pool", "docs") + curated("pool", "prose")]
-    ppl_mb_s = perplexity_speed(WORK / "models" / "quality" / "lm" / "model.npz", texts)
-    print(f"4. perplexity scoring: {sum(len(t.encode('utf-8')) for t in texts) / 1e6:.2f} MB of curated prose-branch text, 2 processes: {ppl_mb_s:.2f} MB/s per core (goal: 2)")
+    prose = curated("pool", "docs") + curated("pool", "prose")
+    ppl_mb_s = perplexity_speed(WORK / "models" / "quality" / "lm", prose)
+    print(f"4. perplexity filter (the curate step): {nbytes(prose) / 1e6:.2f} MB of curated prose-branch text, 2 processes: {ppl_mb_s:.2f} MB/s per core (goal: 2)")
     verdict = "lower" if results["filtered"] < results["random"] else "NOT lower"
     print(f"filtered data gives {verdict} reference bits/byte: {results['filtered']:.4f} vs {results['random']:.4f} ({100 * (1 - results['filtered'] / results['random']):.1f}%)")
     print(f"RESULT filtered_bpb={results['filtered']:.4f} random_bpb={results['random']:.4f} classifier_auc={auc:.4f} ppl_mb_s={ppl_mb_s:.2f}")

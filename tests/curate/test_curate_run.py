@@ -16,12 +16,16 @@ import pytest
 from curate_corpus import BOILERPLATE, prose, write_corpus
 
 from kiln.cli import main
+from kiln.core.document import Document
 from kiln.core.errors import FatalError
 from kiln.core.manifest import MANIFEST
+from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
 from kiln.curate.readers import InputConfig
-from kiln.curate.run import run
+from kiln.curate.run import branch_outcomes, run
 from kiln.curate.shards import list_shards, read_shard
+from kiln.curate.steps.gopher import GopherQuality, GopherQualityConfig
+from kiln.curate.steps.normalize import LengthConfig, LengthFilter
 
 
 @pytest.fixture
@@ -241,3 +245,19 @@ def test_killed_during_the_write_phase_with_a_process_pool_resumes(tmp_path):
     assert audit_files(stage) == audit_files(tmp_path / "runs" / "whole" / "curate")
     whole = json.loads((tmp_path / "runs" / "whole" / "curate" / MANIFEST).read_text())["counts"]
     assert json.loads((stage / MANIFEST).read_text())["counts"] == whole
+
+
+def test_grouped_steps_write_ledger_rows_in_read_order():
+    # the filter phase runs a group of documents step by step; its removals still come out in read
+    # order, one document's rows in step order, as running each document through its steps would
+    words = "the river runs past a mill and the town where people work with their hands each day of the year".split()
+    passes_gopher = " ".join(words[i % len(words)] for i in range(60))  # ~300 characters: too short for min_chars 1000
+    docs = [Document("d0", passes_gopher, "web"), Document("d1", "too few words here", "web"),
+            Document("d2", "def f():\n    return 1\n", "lib", {"path": "lib/f.py"}), Document("d3", passes_gopher + " " + passes_gopher * 3, "web")]
+    prose = [GopherQuality(GopherQualityConfig()), LengthFilter(LengthConfig(min_chars=1000))]
+    code = [LengthFilter(LengthConfig(min_chars=1000))]
+    ledger = Ledger(0)
+    outcomes = branch_outcomes(docs, None, prose, code, ledger)
+    assert [None if d is None else d.id for d in outcomes] == [None, None, None, "d3"]
+    assert [(r["id"], r["reason"]) for r in ledger.removed] == [("d0", "length:too_short"), ("d1", "gopher_quality:too_few_words"), ("d2", "length:too_short")]
+    assert ledger.tally("web").funnel["prose/length"][0] == 1 and ledger.tally("lib").funnel["code"][0] == 1

@@ -23,8 +23,10 @@ from kiln.core.document import Document
 from kiln.core.manifest import MANIFEST
 from kiln.curate.audit import Ledger
 from kiln.curate.shards import list_shards, read_shard
+from kiln.curate.steps import pipeline
 from kiln.curate.steps.normalize import normalize_text
 from kiln.curate.steps.quality import ClassifierFilter, ClassifierFilterConfig, PerplexityConfig, PerplexityFilter
+from kiln.quality.classifier import HashedClassifier
 from kiln.quality.ngram import NGramLM
 
 FILTERS = ("url_filter", "line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "code_quality", "pii", "length", "exact_dedup", "minhash_dedup")
@@ -107,13 +109,21 @@ def test_perplexity_filter_keeps_the_percentile_buckets(corpus, capsys):
     assert sum(i.startswith("clean") for i in kept) >= 25
 
 
+def web_docs(corpus: Path) -> list[Document]:
+    """The web source as curate's first step leaves it."""
+    return [Document(id=d["id"], text=normalize_text(d["text"]), source="web") for d in map(json.loads, (corpus / "data" / "web.jsonl").open())]
+
+
 def test_classifier_filter_keeps_the_top_fraction_on_local_and_ray(corpus, capsys, ray_local):
     assert main(["-q", "quality", "train-classifier", *recipe_args(corpus)]) == 0
     report = json.loads(Path("runs/q/quality/classifier/report.json").read_text())
-    assert report["positives"]["docs"] == 50 and report["negatives"]["docs"] == 50
+    # negatives: one per positive, at most half the 60 web documents; the cutoff sample is the rest
+    assert report["positives"]["docs"] == 50 and report["negatives"]["docs"] == 30
+    assert report["calibration"]["docs"] == 60 - report["train"]["negatives"]
     assert report["heldout"] and report["heldout"]["auc"] > 0.8
     scores = np.load("runs/q/quality/classifier/corpus_scores.npy")
     cutoff = np.quantile(scores, 0.5)
+    assert int((scores >= cutoff).sum()) == len(scores) // 2  # the top half of the sample not trained on
 
     outcomes = []
     for run, workers, kind in (("local", 2, "local"), ("ray", 2, "ray")):
@@ -125,7 +135,9 @@ def test_classifier_filter_keeps_the_top_fraction_on_local_and_ray(corpus, capsy
         outcomes[-1] += (shards,)
     (kept, removed, shards), (_, _, ray_shards) = outcomes
     assert shards == ray_shards  # the same documents, meta and scores on both executors
-    assert len(kept) == int((scores >= cutoff).sum()) == 30
+    web = web_docs(corpus)
+    model = HashedClassifier.load(Path("runs/q/quality/classifier/model.npz"))
+    assert set(kept) == {d.id for d, s in zip(web, model.scores([d.text for d in web])) if s >= cutoff} and 0 < len(kept) < 60
     assert all(meta["quality_score"] >= cutoff - 1e-6 for meta in kept.values())
     assert {r["reason"] for r in removed.values()} == {"quality_classifier:below_top_fraction"}
 
@@ -163,7 +175,7 @@ def test_an_unknown_reference_source_names_the_sources(corpus, capsys):
 def test_absolute_thresholds_replace_the_percentiles(corpus):
     assert main(["-q", "quality", "train-lm", *recipe_args(corpus)]) == 0
     assert main(["-q", "quality", "train-classifier", *recipe_args(corpus)]) == 0
-    web = [Document(id=d["id"], text=normalize_text(d["text"]), source="web") for d in map(json.loads, (corpus / "data" / "web.jsonl").open())]
+    web = web_docs(corpus)
     web.append(Document(id="blank", text="... --- ...", source="web"))
 
     lm = PerplexityFilter(PerplexityConfig(enabled=True, max_perplexity=250.0), Path("runs/q/quality/lm").resolve())
@@ -182,3 +194,62 @@ def test_absolute_thresholds_replace_the_percentiles(corpus):
     scores = classifier.model.scores([d.text for d in web[:60]])
     assert [d.id for d in kept] == [d.id for d, s in zip(web, scores) if s >= 0.5] and 0 < len(kept) < 60
     assert {(r["reason"], r["threshold"]) for r in ledger.removed} == {("quality_classifier:below_min_score", 0.5)}
+
+    everything = ClassifierFilter(ClassifierFilterConfig(enabled=True, top_fraction=1.0), Path("runs/q/quality/classifier").resolve())
+    assert len(list(everything.process(web[:60], Ledger(0)))) == 60  # even scores below the sample's lowest
+
+
+def test_groups_scored_in_one_call_give_the_per_document_outcome(corpus, monkeypatch):
+    assert main(["-q", "quality", "train-lm", *recipe_args(corpus)]) == 0
+    step = PerplexityFilter(PerplexityConfig(enabled=True), Path("runs/q/quality/lm").resolve())
+    one_by_one = [(d.id, d.meta) for d in step.process(web_docs(corpus), Ledger(0))]
+    calls = []
+    score = step.model.perplexities
+    monkeypatch.setattr(step.model, "perplexities", lambda texts: calls.append(len(texts)) or score(texts))
+    monkeypatch.setattr(pipeline, "GROUP_CHARS", 5000)  # a few documents a group
+    ledger = Ledger(0)
+    outcomes = [out for group in pipeline.groups(web_docs(corpus)) for out in pipeline.run_documents(group, [step], ledger, "prose")]
+    assert [(d.id, d.meta) for d in outcomes if d is not None] == one_by_one
+    sizes = [len(g) for g in pipeline.groups(web_docs(corpus))]
+    assert calls == sizes and len(sizes) > 10  # one call a group, not one a document
+    assert ledger.tally("web").funnel["prose/perplexity"][0] == len(one_by_one)
+
+    # a group whose call fails is scored document by document: only the document at fault is quarantined
+    def fails_on_shuffled0(texts):
+        if any(t == web_docs(corpus)[30].text for t in texts):
+            raise ValueError("cannot score")
+        return score(texts)
+
+    monkeypatch.setattr(step.model, "perplexities", fails_on_shuffled0)
+    ledger = Ledger(0)
+    outcomes = [out for group in pipeline.groups(web_docs(corpus)) for out in pipeline.run_documents(group, [step], ledger, "prose")]
+    assert [(d.id, d.meta) for d in outcomes if d is not None] == [(i, m) for i, m in one_by_one if i != "shuffled0"]
+    assert [q["id"] for q in ledger.quarantined] == ["shuffled0"]
+
+
+def test_the_corpus_sample_leaves_code_out(corpus):
+    (corpus / "data" / "lib.jsonl").write_text("".join(json.dumps({"id": f"lib{i}", "text": f"def f{i}(x):\n    return x + {i}\n"}) + "\n" for i in range(40)))
+    args = recipe_args(corpus)
+    inputs = json.loads(args[args.index("--set") + 1].removeprefix("curate.inputs="))
+    args[args.index("--set") + 1] = "curate.inputs=" + json.dumps([*inputs, {"path": str(corpus / "data" / "lib.jsonl"), "source": "lib", "code": True}])
+    assert main(["-q", "quality", "train-lm", *args]) == 0
+    counts = json.loads(Path("runs/q/quality/lm", MANIFEST).read_text())["counts"]
+    assert counts["corpus_sample"]["docs"] == 60  # the web documents; the 40 code documents are not scored
+
+
+def test_a_corrupt_model_folder_stops_curate_before_any_work(corpus, capsys):
+    assert main(["-q", "quality", "train-lm", *recipe_args(corpus)]) == 0
+    Path("runs/q/quality/lm/corpus_perplexity.npy").write_bytes(b"not numpy")
+    assert main([*curate_args(corpus), "--set", "curate.perplexity.enabled=true"]) == 2
+    err = capsys.readouterr().err
+    assert "corpus_perplexity.npy is not a readable score array" in err and "kiln quality train-lm" in err
+    (lm_dir := Path("runs/q/quality/lm")).joinpath("corpus_perplexity.npy").write_bytes(lm_dir.joinpath("model.npz").read_bytes())
+    assert main([*curate_args(corpus), "--set", "curate.perplexity.enabled=true"]) == 2
+    assert "corpus_perplexity.npy holds several arrays" in capsys.readouterr().err
+    # a classifier folder given to the perplexity filter
+    assert main(["-q", "quality", "train-classifier", *recipe_args(corpus)]) == 0
+    folder = Path("runs/q/quality/classifier").resolve()
+    (folder / "corpus_perplexity.npy").write_bytes((folder / "corpus_scores.npy").read_bytes())
+    assert main([*curate_args(corpus), "--set", "curate.perplexity.enabled=true", "--set", f"curate.perplexity.model={folder}"]) == 2
+    assert "kiln-quality-classifier v1" in capsys.readouterr().err
+    assert not Path("runs/q/curate").exists()

@@ -53,11 +53,12 @@ from kiln.curate.dedup.near import Sets, assignments_for_task, bucket_task, comp
 from kiln.curate.executors import Executor, build_executor
 from kiln.curate.readers import ReadLimits, ReadTask, plan_reads, read_task, task_paths
 from kiln.curate.shards import SUFFIX, ShardWriter, read_shard, read_shard_lines
+from kiln.curate.steps.base import Step
 from kiln.curate.steps.code import is_code
 from kiln.curate.steps.decontaminate import build_index, build_report, format_report
 from kiln.curate.steps.lines import LineCounts, document_line_keys
-from kiln.curate.steps.pipeline import BRANCHES, code_steps, early_steps, funnel_rows, prose_steps, run_document
-from kiln.curate.steps.quality import CLASSIFIER_SCORES, LM_SCORES, model_files, model_folder
+from kiln.curate.steps.pipeline import BRANCHES, code_steps, early_steps, funnel_rows, groups, prose_steps, run_document, run_documents
+from kiln.curate.steps.quality import CLASSIFIER_SCORES, LM_SCORES, ClassifierFilter, PerplexityFilter, model_files, model_folder, release_models
 from kiln.quality.config import CLASSIFIER_DIR, LM_DIR
 
 log = logging.getLogger("kiln.curate")
@@ -195,7 +196,7 @@ def filter_phase(job: Job) -> dict[str, Any]:
     ledger = Ledger(cfg.sample_size)
     boilerplate = np.load(job.stage_dir / "work" / "lines" / "boilerplate.npy") if cfg.line_dedup.enabled else np.zeros(0, np.uint64)
     index = job.stage_dir / "work" / "decontaminate"
-    prose, code = prose_steps(cfg, boilerplate.tolist(), index, job.stage_dir.parent), code_steps(cfg, index)
+    prose, code = prose_steps(cfg, boilerplate.tolist(), index), code_steps(cfg, index)
     hashes = HashTable(job.index, cfg.exact_dedup.source_priority)
     kept = seen = 0
     source, target = job.stage_dir / "work" / "read" / f"{job.index:05d}{SUFFIX}", job.folder / f"{job.index:05d}{SUFFIX}"
@@ -203,17 +204,16 @@ def filter_phase(job: Job) -> dict[str, Any]:
     # phase's file is linked rather than encoded and compressed again (0.4 s of 0.8 s per 33 MB).
     unchanged = not prose and not code
     with nullcontext() if unchanged else ShardWriter(target, level=1) as writer:
-        for doc in read_shard(source):
-            seen += 1
-            branch = "code" if doc_is_code(doc, job.task.input.code) else "prose"
-            out = run_document(doc, code if branch == "code" else prose, ledger, branch)
-            if out is None:
-                continue
-            if cfg.exact_dedup.enabled:
-                hashes.add(kept, out.id, out.source, out.text)
-            if writer is not None:
-                writer.write(out)
-            kept += 1
+        for group in groups(read_shard(source)):
+            seen += len(group)
+            for out in branch_outcomes(group, job.task.input.code, prose, code, ledger):
+                if out is None:
+                    continue
+                if cfg.exact_dedup.enabled:
+                    hashes.add(kept, out.id, out.source, out.text)
+                if writer is not None:
+                    writer.write(out)
+                kept += 1
     if unchanged:
         link = target.with_name(target.name + ".link")
         link.unlink(missing_ok=True)
@@ -222,6 +222,31 @@ def filter_phase(job: Job) -> dict[str, Any]:
     if cfg.exact_dedup.enabled:
         hashes.write(job.folder, job.partitions)
     return save_ledger(job, ledger, {"docs": seen, "kept": kept})
+
+
+def branch_outcomes(group: list[Document], marked: bool | None, prose: list[Step], code: list[Step], ledger: Ledger) -> list[Document | None]:
+    """Each document of `group` after its branch's steps (None: removed or quarantined), in order.
+    The ledger rows the group adds (removals, quarantines, step records) are put in read order,
+    as running each document through its steps in turn writes them."""
+    starts = len(ledger.removed), len(ledger.quarantined), {kind: len(rows) for kind, rows in ledger.records.items()}
+    is_code = [doc_is_code(doc, marked) for doc in group]
+    outcomes: list[Document | None] = [None] * len(group)
+    for branch, steps in (("prose", prose), ("code", code)):
+        members = [i for i, c in enumerate(is_code) if c == (branch == "code")]
+        for i, out in zip(members, run_documents([group[i] for i in members], steps, ledger, branch)):
+            outcomes[i] = out
+    first: dict[str, int] = {}
+    for i, doc in enumerate(group):
+        first.setdefault(doc.id, i)
+
+    def in_read_order(rows: list[dict[str, Any]], start: int) -> None:
+        rows[start:] = sorted(rows[start:], key=lambda row: first.get(row["id"], len(group)))  # stable: one document's rows keep step order
+
+    in_read_order(ledger.removed, starts[0])
+    in_read_order(ledger.quarantined, starts[1])
+    for kind, rows in ledger.records.items():
+        in_read_order(rows, starts[2].get(kind, 0))
+    return outcomes
 
 
 def dedup_phase(job: Job) -> dict[str, Any]:
@@ -363,6 +388,7 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     if not force and (done := stage.current_manifest()):
         log.info("curate: up to date (%s docs kept); nothing to do. Use --force to redo.", done["counts"]["docs_out"])
         return done
+    check_quality_models(cfg_for_tasks)
     stage.begin(resume=not force)
     (stage.dir / "shards").mkdir(exist_ok=True)
     stage_dir = stage.dir.resolve()  # tasks may run on other machines (ray): no path relative to this process's cwd
@@ -434,6 +460,16 @@ def quality_models(cfg: CurateConfig, run_dir: Path) -> tuple[set[Path], CurateC
             files |= set(model_files(folder, scores))
             update[name] = section.model_copy(update={"model": str(folder)})
     return files, cfg.model_copy(update=update)
+
+
+def check_quality_models(cfg: CurateConfig) -> None:
+    """Build each enabled quality filter once, so a corrupt or foreign model stops curate before
+    any work; then drop the loaded models (each worker loads its own)."""
+    if cfg.perplexity.enabled:
+        PerplexityFilter(cfg.perplexity, Path(str(cfg.perplexity.model)))
+    if cfg.quality_classifier.enabled:
+        ClassifierFilter(cfg.quality_classifier, Path(str(cfg.quality_classifier.model)))
+    release_models()
 
 
 def decontamination_sets(cfg: CurateConfig) -> set[Path]:

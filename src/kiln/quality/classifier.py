@@ -13,17 +13,16 @@ the data split (the caller holds out documents and chooses negatives).
 
 from __future__ import annotations
 
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from kiln.core.atomic import write_atomically
 from kiln.core.errors import FatalError
-from kiln.curate.dedup.shingles import MULTIPLIERS, SHINGLE_VERSION, mix64, text_hashes
+from kiln.curate.dedup.shingles import MULTIPLIERS, mix64, text_hashes
 from kiln.quality.config import ClassifierConfig
+from kiln.quality.store import load_arrays, save_arrays
 
 FORMAT = "kiln-quality-classifier v1"
 BATCH_DOCUMENTS = 32  # documents per Adagrad step
@@ -187,48 +186,20 @@ class HashedClassifier:
         return _sigmoid(_logits(feats, self.weights, self.bias))
 
     def save(self, path: Path) -> None:
-        """One .npz holding FORMAT, the word hashing version, the settings, weights and bias; atomic."""
-
-        def write(tmp: Path) -> None:
-            with open(tmp, "wb") as f:  # a file object: np.savez given a path would add ".npz" to the temporary name
-                np.savez(
-                    f,
-                    format=np.array(FORMAT),
-                    shingles=np.array(SHINGLE_VERSION),
-                    ngrams=np.array(self.ngrams),
-                    buckets=np.array(self.buckets),
-                    fold_digits=np.array(self.fold_digits),
-                    weights=self.weights,
-                    bias=np.array(self.bias),
-                )
-
-        write_atomically(Path(path), write)
+        """One .npz (kiln.quality.store) holding the settings, weights and bias; atomic, repeatable."""
+        arrays = {"ngrams": np.array(self.ngrams), "buckets": np.array(self.buckets), "fold_digits": np.array(self.fold_digits),
+                  "weights": self.weights, "bias": np.array(self.bias)}
+        save_arrays(path, FORMAT, arrays)
 
     @classmethod
     def load(cls, path: Path) -> HashedClassifier:
         """Read a classifier saved by `save`; FatalError when the file is missing, foreign, of another
-        format or truncated."""
-        path = Path(path)
-        fix = "train it again with `kiln quality train-classifier`"
-        try:
-            data = np.load(path, allow_pickle=False)
-            if not isinstance(data, np.lib.npyio.NpzFile):  # a lone .npy array
-                raise FatalError(f"quality: {path} holds one numpy array, not a classifier; {fix}")
-            with data:
-                found = str(data["format"]) if "format" in data.files else None
-                shingles = str(data["shingles"]) if "shingles" in data.files else None
-                if found != FORMAT or shingles != SHINGLE_VERSION:
-                    raise FatalError(f"quality: {path} is {found!r} with word hashes {shingles!r}; this kiln reads {FORMAT!r} with {SHINGLE_VERSION!r}; {fix}")
-                ngrams, buckets, fold_digits = int(data["ngrams"]), int(data["buckets"]), bool(data["fold_digits"])
-                weights, bias = data["weights"], float(data["bias"])
-        except FileNotFoundError:
-            raise FatalError(f"quality: no classifier at {path}; {fix}") from None
-        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
-            # np.load raises ValueError/OSError for a file that is not .npy/.npz, BadZipFile for a
-            # truncated or corrupted one (a bad CRC), KeyError for a missing array.
-            raise FatalError(f"quality: {path} is not a readable classifier (corrupt, truncated or foreign: {type(e).__name__}: {e}); {fix}") from None
+        format or corrupt."""
+        data = load_arrays(path, FORMAT, "classifier", "train it again with `kiln quality train-classifier`")
+        ngrams, buckets, fold_digits = data.scalar("ngrams", int), data.scalar("buckets", int), data.scalar("fold_digits", bool)
+        weights, bias = data["weights"], data.scalar("bias", float)
         if weights.shape != (buckets,) or weights.dtype != np.float32 or not 1 <= ngrams <= 4:
-            raise FatalError(f"quality: {path} holds weights {weights.dtype}{list(weights.shape)} for {buckets} buckets and ngrams={ngrams}; the file is corrupt; {fix}")
+            raise data.corrupt(f"holds weights {weights.dtype}{list(weights.shape)} for {buckets} buckets and ngrams={ngrams}")
         return cls(ngrams, buckets, fold_digits, weights, bias)
 
 

@@ -20,7 +20,6 @@ line is a sentence), and scripts written without spaces (see shingles).
 from __future__ import annotations
 
 import logging
-import zipfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,9 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from kiln.core.atomic import write_atomically
 from kiln.core.errors import FatalError
-from kiln.curate.dedup.shingles import MULTIPLIERS, SHINGLE_VERSION, mix64, text_hashes, words
+from kiln.curate.dedup.shingles import MULTIPLIERS, mix64, text_hashes, words
+from kiln.quality.store import load_arrays, save_arrays
 
 FORMAT = "kiln-ngram v1"
 MAX_ORDER = 16
@@ -45,12 +44,6 @@ _FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)  # lmplz --discount_fallback, for orders w
 _BATCH_CHARS = 1 << 20  # text scored per numpy pass: ~200k tokens; scoring peaks at ~85 MB (tracemalloc, order 5)
 # ASCII letters and digits kept, "\n" kept, every other byte a space: the word breaks of shingles
 _ASCII_WORDS = bytes(c if chr(c).isalnum() or c == 10 else 32 for c in range(128)) + bytes(range(128, 256))
-
-
-def line_words(text: str, fold_digits: bool = True) -> list[np.ndarray]:
-    """Per non-empty line of `text` (split on "\\n"), the uint64 word hashes of its normalized words; lines with no word are left out."""
-    hashes, lengths = _text_lines(text, fold_digits)
-    return np.split(hashes, np.cumsum(lengths)[:-1]) if len(lengths) else []
 
 
 def _text_lines(text: str, fold_digits: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -261,11 +254,9 @@ class NGramLM:
     # files
 
     def save(self, path: Path) -> None:
-        """One .npz holding FORMAT, the word hashing version, the settings and the tables; atomic.
-        Identical models give identical bytes (the zip entries carry a fixed timestamp)."""
+        """One .npz (kiln.quality.store) holding the settings and the tables; atomic, and identical
+        models give identical bytes."""
         arrays: dict[str, np.ndarray] = {
-            "format": np.array(FORMAT),
-            "shingles": np.array(SHINGLE_VERSION),
             "order": np.array(self.order),
             "fold_digits": np.array(self.fold_digits),
             "log_unk": np.array(self._log_unk),
@@ -278,45 +269,25 @@ class NGramLM:
             arrays[f"keys{n}"], arrays[f"logp{n}"] = table.keys, table.logp
             if table.logbo is not None:
                 arrays[f"logbo{n}"] = table.logbo
-
-        def write(tmp: Path) -> None:
-            # np.savez stamps each entry with the current time; this writes the same layout (one
-            # .npy per array, stored) with a fixed date, so np.load reads it and the bytes repeat.
-            with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-                for name, array in arrays.items():
-                    info = zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
-                    with zf.open(info, "w", force_zip64=True) as f:
-                        np.lib.format.write_array(f, np.asarray(array), allow_pickle=False)
-
-        write_atomically(Path(path), write)
+        save_arrays(path, FORMAT, arrays)
 
     @classmethod
     def load(cls, path: Path) -> NGramLM:
         """Read a model saved by `save`; FatalError when the file is missing, foreign, of another
-        format or truncated."""
-        path = Path(path)
-        fix = "train it again with `kiln quality train-lm`"
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                found = str(data["format"]) if "format" in data.files else None
-                shingles = str(data["shingles"]) if "shingles" in data.files else None
-                if found != FORMAT or shingles != SHINGLE_VERSION:
-                    raise FatalError(f"quality: {path} is {found!r} with word hashes {shingles!r}; this kiln reads {FORMAT!r} with {SHINGLE_VERSION!r}; {fix}")
-                order, fold_digits, log_unk = int(data["order"]), bool(data["fold_digits"]), float(data["log_unk"])
-                if not 1 <= order <= MAX_ORDER:
-                    raise ValueError(f"order {order} is outside 1..{MAX_ORDER}")
-                meta = {"vocab": int(data["vocab"]), "train_words": int(data["train_words"]), "train_lines": int(data["train_lines"]),
-                        "discounts": [[float(d) for d in row] for row in data["discounts"]]}
-                parts = [(data[f"keys{n}"], data[f"logp{n}"], data[f"logbo{n}"] if n < order else None) for n in range(1, order + 1)]
-        except FileNotFoundError:
-            raise FatalError(f"quality: no n-gram model at {path}; {fix}") from None
-        except (OSError, ValueError, EOFError, KeyError, TypeError, zipfile.BadZipFile) as e:
-            # np.load raises ValueError/OSError for a file that is not .npy/.npz, BadZipFile for a
-            # truncated or corrupted one (a bad CRC), KeyError for a missing array.
-            raise FatalError(f"quality: {path} is not a readable n-gram model (corrupt, truncated or foreign: {type(e).__name__}: {e}); {fix}") from None
+        format or corrupt."""
+        data = load_arrays(path, FORMAT, "n-gram model", "train it again with `kiln quality train-lm`")
+        order, fold_digits, log_unk = data.scalar("order", int), data.scalar("fold_digits", bool), data.scalar("log_unk", float)
+        if not 1 <= order <= MAX_ORDER:
+            raise data.corrupt(f"has order {order}, outside 1..{MAX_ORDER}")
+        discounts = data["discounts"]
+        if discounts.dtype != np.float64 or discounts.shape != (order, 3):
+            raise data.corrupt(f"holds discounts {discounts.dtype}{list(discounts.shape)} for order {order}")
+        meta = {"vocab": data.scalar("vocab", int), "train_words": data.scalar("train_words", int), "train_lines": data.scalar("train_lines", int),
+                "discounts": discounts.tolist()}
+        parts = [(data[f"keys{n}"], data[f"logp{n}"], data[f"logbo{n}"] if n < order else None) for n in range(1, order + 1)]
         for n, (keys, logp, logbo) in enumerate(parts, start=1):
             if keys.dtype != np.uint64 or logp.dtype != np.float64 or logp.shape != keys.shape or (logbo is not None and logbo.shape != keys.shape) or keys.ndim != 1:
-                raise FatalError(f"quality: {path} holds order-{n} tables of shapes {keys.shape}, {logp.shape}; the file is corrupt; {fix}")
+                raise data.corrupt(f"holds order-{n} tables of shapes {keys.shape}, {logp.shape}")
         return cls(order, fold_digits, [_Table(*p) for p in parts], log_unk, meta)
 
     @property

@@ -3,8 +3,9 @@
 Each trains one model and writes it with what the curate filters need beside it:
   quality/lm/          model.npz (kiln.quality.ngram), corpus_perplexity.npy, report.json
   quality/classifier/  model.npz (kiln.quality.classifier), corpus_scores.npy, report.json
-`corpus_*.npy` holds the model's scores of a sample of the raw corpus, sorted: the filters turn
-percentiles (perplexity head/middle/tail, classifier top fraction) into cutoffs from it. The
+`corpus_*.npy` holds the model's scores of a sample of the raw corpus (prose documents; for the
+classifier, those it was not trained on), sorted: the filters turn percentiles (perplexity
+head/middle/tail, classifier top fraction) into cutoffs from it. The
 manifest hashes every file read (reference and corpus sample) and records a hash of the training
 text itself; a stage whose inputs and settings are unchanged is not redone, and its model
 reloads as is. Not handled here: applying the models (kiln.curate.steps.quality).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,11 @@ MIN_REFERENCE_WORDS = 100  # below this an n-gram model or a classifier learns n
 
 
 class CorpusInputs(Section):
+    """What of the curate section decides which documents the quality stages read."""
+
     inputs: tuple[InputConfig, ...] = Field(description="curate.inputs: the raw corpus (and the reference source, when it is one of them).")
+    max_doc_mb: float = Field(description="curate.max_doc_mb: larger documents are not read.")
+    extract_timeout_s: float = Field(description="curate.extract_timeout_s: HTML taking longer to extract is not read.")
 
 
 def text_digest(docs: list[Document]) -> str:
@@ -64,7 +70,7 @@ def _stage(run_dir: Path, name: str, quality: QualityConfig, curate: CurateConfi
     corpus = select(corpus_inputs, budgets[1], quality.seed + 1, without=without)
     # Only what changes this model is hashed: the other model's settings are left at their defaults.
     hashed = quality.model_copy(update={"classifier": ClassifierConfig()} if name == LM_DIR else {"lm": NGramConfig()})
-    stage = Stage(run_dir, name, {"quality": hashed, "curate_inputs": CorpusInputs(inputs=curate.inputs)}, inputs=reference.paths | corpus.paths)
+    stage = Stage(run_dir, name, {"quality": hashed, "curate_inputs": CorpusInputs(inputs=curate.inputs, max_doc_mb=curate.max_doc_mb, extract_timeout_s=curate.extract_timeout_s)}, inputs=reference.paths | corpus.paths)
     return stage, reference, corpus
 
 
@@ -73,7 +79,7 @@ def _reference_docs(selection: Any, budget_mb: float, curate: CurateConfig) -> l
     words = sum(len(d.text.split()) for d in docs)
     if words < MIN_REFERENCE_WORDS:
         raise FatalError(f"quality: the reference text has {len(docs)} documents and {words} words, under {MIN_REFERENCE_WORDS}; "
-                         "check quality.reference_source / quality.reference (a source with text in it)")
+                         "check quality.reference_source / quality.reference (a source with prose in it: code documents are left out)")
     return docs
 
 
@@ -97,6 +103,8 @@ def train_lm(quality: QualityConfig, curate: CurateConfig, run_dir: Path, force:
     ppl = model.perplexities([d.text for d in corpus_docs])
     score_s = time.perf_counter() - t0
     scored = np.sort(ppl[np.isfinite(ppl)])
+    if not len(scored):
+        raise FatalError(f"quality: the corpus sample has no prose document with words ({len(corpus_docs)} read), so no perplexity percentile exists; check curate.inputs and quality.corpus_sample_mb")
     save_npy(stage.dir / LM_SCORES, scored)
     corpus_bytes = sum(len(d.text.encode("utf-8", "surrogatepass")) for d in corpus_docs)
     counts = {
@@ -121,9 +129,13 @@ def train_classifier(quality: QualityConfig, curate: CurateConfig, run_dir: Path
     stage.begin()
     positives = _reference_docs(reference, cfg.max_train_mb, curate)
     corpus_docs = read_selection(corpus, quality.corpus_sample_mb, curate, "quality: corpus sample")
-    negatives = corpus_docs[: max(1, round(cfg.negatives_per_positive * len(positives)))]
+    # Negatives are at most half the sample, in a seeded order; the documents not trained on (the
+    # rest, and the held-out negatives) are the sample the top-fraction cutoff is taken from: the
+    # model scores its own training negatives far lower than unseen text.
+    corpus_docs = random.Random(quality.seed).sample(corpus_docs, len(corpus_docs))
+    negatives = corpus_docs[: min(round(cfg.negatives_per_positive * len(positives)), len(corpus_docs) // 2)]
     if len(negatives) < 2:
-        raise FatalError(f"quality: the corpus sample has {len(corpus_docs)} documents; the classifier needs negatives (raise quality.corpus_sample_mb or add curate.inputs)")
+        raise FatalError(f"quality: the corpus sample has {len(corpus_docs)} prose documents; the classifier needs at least 4 (2 negatives, 2 to calibrate): raise quality.corpus_sample_mb or add curate.inputs")
     split = {name: ([d for d in docs if not is_heldout(d.id, cfg.heldout_fraction)], [d for d in docs if is_heldout(d.id, cfg.heldout_fraction)])
              for name, docs in (("positives", positives), ("negatives", negatives))}
     (train_pos, held_pos), (train_neg, held_neg) = split["positives"], split["negatives"]
@@ -138,13 +150,15 @@ def train_classifier(quality: QualityConfig, curate: CurateConfig, run_dir: Path
     metrics = evaluate(labels, model.scores([d.text for d in held])) if len(held_pos) and len(held_neg) else {}
     if not metrics:
         log.warning("quality classifier: no held-out %s; precision, recall and AUC are not measured", "positives" if not held_pos else "negatives")
+    trained = {d.id for d in train_neg}
+    calibration = [d for d in corpus_docs if d.id not in trained]
     t0 = time.perf_counter()
-    scores = np.sort(model.scores([d.text for d in corpus_docs]))
+    scores = np.sort(model.scores([d.text for d in calibration]))
     score_s = time.perf_counter() - t0
     save_npy(stage.dir / CLASSIFIER_SCORES, scores)
-    corpus_bytes = sum(len(d.text.encode("utf-8", "surrogatepass")) for d in corpus_docs)
+    corpus_bytes = sum(len(d.text.encode("utf-8", "surrogatepass")) for d in calibration)
     counts = {
-        "positives": describe(positives), "negatives": describe(negatives), "corpus_sample": describe(corpus_docs),
+        "positives": describe(positives), "negatives": describe(negatives), "corpus_sample": describe(corpus_docs), "calibration": describe(calibration),
         "train": {"positives": len(train_pos), "negatives": len(train_neg)}, "heldout": {k: round(float(v), 4) for k, v in metrics.items()},
         "corpus_score": _percentiles(scores, (50, 90)), "train_seconds": round(train_s, 2), "score_mb_s": round(corpus_bytes / 1e6 / max(score_s, 1e-9), 2),
     }
@@ -153,6 +167,6 @@ def train_classifier(quality: QualityConfig, curate: CurateConfig, run_dir: Path
     held_line = (f"held out ({len(held_pos)} positives, {len(held_neg)} negatives): precision {metrics['precision']:.3f}, recall {metrics['recall']:.3f}, AUC {metrics['auc']:.3f}"
                  if metrics else "held out: not measured (one class has no held-out documents)")
     summary = (f"classifier ({cfg.ngrams}-grams, {cfg.buckets:,} buckets) on {len(train_pos):,} positives and {len(train_neg):,} negatives in {train_s:.1f} s\n"
-               f"{held_line}\ncorpus sample: {len(corpus_docs):,} documents scored at {counts['score_mb_s']} MB/s; "
+               f"{held_line}\ncorpus sample not trained on: {len(calibration):,} documents scored at {counts['score_mb_s']} MB/s; "
                + ", ".join(f"score {k} {v:.3f}" for k, v in counts["corpus_score"].items()))
     return stage.finish([stage.dir / MODEL, stage.dir / CLASSIFIER_SCORES, report], counts, summary)

@@ -5,13 +5,19 @@ The reference is either separate inputs (`quality.reference`) or one source of c
 whole read tasks (pieces of about PIECE_MB) taken in a seeded order until their size on disk
 covers the budget, so the files a model was trained on are known before reading (the stage's
 manifest hashes them) and a big corpus is not read whole. Documents are normalized as curate's
-first step normalizes them, so the models see text in the form the filters will score.
+first step normalizes them, so the models see text in the form the filters will score, and code
+documents are left out: the filters run in the prose branch only, so neither the models nor the
+percentile cutoffs should learn from code. The sample is not passed through curate's other
+prose steps (line edits, heuristic filters), so the fraction a filter keeps of curated text
+differs from its nominal fraction of the raw sample.
 Not handled here: the curate filters that apply the models (kiln.curate.steps.quality).
 """
 
 from __future__ import annotations
 
+import logging
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +28,11 @@ from kiln.core.errors import ConfigError
 from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
 from kiln.curate.readers import InputConfig, ReadLimits, ReadTask, plan_reads, read_task, task_paths
+from kiln.curate.run import doc_is_code
 from kiln.curate.steps.normalize import Normalize
 from kiln.quality.config import QualityConfig
+
+log = logging.getLogger("kiln.quality")
 
 MB = 1_000_000
 PIECE_MB = 4.0  # read-task size for sampling: a budget of 32 MB draws from at least 8 places
@@ -79,20 +88,30 @@ def select(inputs: tuple[InputConfig, ...], budget_mb: float, seed: int, only: s
 
 
 def read_selection(selection: Selection, budget_mb: float, curate: CurateConfig, desc: str) -> list[Document]:
-    """The selection's normalized documents, in sampling order, until `budget_mb` of text."""
+    """The selection's normalized prose documents, in sampling order, until `budget_mb` of text."""
     limits = ReadLimits(max_doc_bytes=int(curate.max_doc_mb * MB), extract_timeout_s=curate.extract_timeout_s)
     ledger, normalize = Ledger(0), Normalize()
-    docs, used = [], 0
-    with tqdm(total=int(budget_mb * MB), desc=desc, unit="B", unit_scale=True, dynamic_ncols=True, leave=False) as bar:
+    code = 0
+
+    def prose() -> Iterator[Document]:
+        nonlocal code
         for task in selection.tasks:
             for raw in read_task(task, limits, ledger):
-                if not selection.wants(raw):
-                    continue
-                for doc in normalize.process((raw,), ledger):
-                    nbytes = len(doc.text.encode("utf-8", "surrogatepass"))
-                    docs.append(doc)
-                    used += nbytes
-                    bar.update(nbytes)
-                if used >= budget_mb * MB:
-                    return docs
+                if selection.wants(raw):
+                    if doc_is_code(raw, task.input.code):
+                        code += 1
+                    else:
+                        yield from normalize.process((raw,), ledger)
+
+    docs, used = [], 0
+    with tqdm(total=int(budget_mb * MB), desc=desc, unit="B", unit_scale=True, dynamic_ncols=True, leave=False) as bar:
+        for doc in prose():
+            nbytes = len(doc.text.encode("utf-8", "surrogatepass"))
+            docs.append(doc)
+            used += nbytes
+            bar.update(nbytes)
+            if used >= budget_mb * MB:
+                break
+    if code:
+        log.info("%s: %d code documents left out (the quality filters score prose only)", desc, code)
     return docs

@@ -15,13 +15,16 @@ reported, and (with action remove) a contaminated copy never becomes the kept on
 duplicate group; flagged documents go on through dedup like any other.
 `run_document` applies a list of steps to one document: a step that raises quarantines that
 document with the error, never the run, and every step's output is counted in the funnel under
-`<branch>/<step>` (the early steps under their own names).
+`<branch>/<step>` (the early steps under their own names). `run_documents` does the same for a
+group of documents step by step, so that a step with a `prepare` (the model filters) scores the
+whole group in one call before its per-document decisions; the outcome is run_document's.
 Not handled here: global work (line counts, exact and near dedup; kiln.curate.run) and per-source step lists.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import logging
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +42,18 @@ from kiln.curate.steps.language import LanguageID
 from kiln.curate.steps.lines import BoilerplateLines
 from kiln.curate.steps.normalize import LengthFilter, Normalize
 from kiln.curate.steps.pii import RedactPII
-from kiln.curate.steps.quality import ClassifierFilter, PerplexityFilter, model_folder
+from kiln.curate.steps.quality import ClassifierFilter, PerplexityFilter
 from kiln.curate.steps.url import URLFilter
-from kiln.quality.config import CLASSIFIER_DIR, LM_DIR
+
+log = logging.getLogger("kiln.curate")
 
 # Each branch's steps in order, named by their config section (which is also the step's name).
 PROSE_STEPS = ("line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "perplexity", "quality_classifier", "pii", "length", "decontaminate")
 CODE_STEPS = ("code_quality", "pii", "length", "decontaminate")
 BRANCHES = ("prose", "code")
+# run_documents' groups: the model filters score ~1 MB in one numpy pass (about 4x one call per
+# short document); small enough that a group's documents are a few MB in memory
+GROUP_DOCS, GROUP_CHARS = 512, 1 << 20
 _BUILD: dict[str, Callable[[Section], Step]] = {
     "language": LanguageID, "gopher_repetition": GopherRepetition, "gopher_quality": GopherQuality, "c4": C4,
     "fineweb": FineWebQuality, "code_quality": CodeQuality, "pii": RedactPII, "length": LengthFilter,
@@ -61,26 +68,26 @@ def early_steps(cfg: CurateConfig) -> list[Step]:
     return [Normalize(), *([URLFilter(cfg.url_filter)] if cfg.url_filter.enabled else [])]
 
 
-def prose_steps(cfg: CurateConfig, boilerplate: Iterable[int] = (), index: Path | None = None, run_dir: Path | None = None) -> list[Step]:
-    """The prose branch; `index` is the decontamination index folder (kiln.curate.steps.decontaminate.build_index),
-    `run_dir` where the quality models live unless their config names a folder."""
-    return [_build(cfg, name, boilerplate, index, run_dir) for name in enabled(cfg, PROSE_STEPS)]
+def prose_steps(cfg: CurateConfig, boilerplate: Iterable[int] = (), index: Path | None = None) -> list[Step]:
+    """The prose branch; `index` is the decontamination index folder (kiln.curate.steps.decontaminate.build_index).
+    The quality filters' `model` folders must be set (kiln.curate.run.quality_models sets them)."""
+    return [_build(cfg, name, boilerplate, index) for name in enabled(cfg, PROSE_STEPS)]
 
 
 def code_steps(cfg: CurateConfig, index: Path | None = None) -> list[Step]:
-    return [_build(cfg, name, (), index, None) for name in enabled(cfg, CODE_STEPS)]
+    return [_build(cfg, name, (), index) for name in enabled(cfg, CODE_STEPS)]
 
 
-def _build(cfg: CurateConfig, name: str, boilerplate: Iterable[int], index: Path | None, run_dir: Path | None) -> Step:
+def _build(cfg: CurateConfig, name: str, boilerplate: Iterable[int], index: Path | None) -> Step:
     if name == "line_dedup":
         return BoilerplateLines(boilerplate)
     if name == "decontaminate":
         assert index is not None, "decontamination needs its index folder"
         return Decontaminate(cfg.decontaminate, index)
-    if name == "perplexity":
-        return PerplexityFilter(cfg.perplexity, model_folder(cfg.perplexity.model, run_dir, LM_DIR))
-    if name == "quality_classifier":
-        return ClassifierFilter(cfg.quality_classifier, model_folder(cfg.quality_classifier.model, run_dir, CLASSIFIER_DIR))
+    if name in ("perplexity", "quality_classifier"):
+        section = getattr(cfg, name)
+        assert section.model is not None, f"curate.{name}.model: quality_models names the folder before tasks start"
+        return (PerplexityFilter if name == "perplexity" else ClassifierFilter)(section, Path(section.model))
     return _BUILD[name](getattr(cfg, name))
 
 
@@ -94,21 +101,55 @@ def funnel_rows(cfg: CurateConfig) -> list[str]:
 
 def run_document(doc: Document, steps: list[Step], ledger: Ledger, branch: str | None = None) -> Document | None:
     """`doc` after every step, or None when a step dropped it (recorded) or raised (quarantined)."""
+    return run_documents([doc], steps, ledger, branch)[0]
+
+
+def run_documents(docs: list[Document], steps: list[Step], ledger: Ledger, branch: str | None = None) -> list[Document | None]:
+    """run_document of each document, in order, computed step by step over the group."""
     prefix = "" if branch is None else f"{branch}/"
     if branch is not None:
-        ledger.passed(branch, doc)  # the branch's first row: documents that entered it
+        for doc in docs:
+            ledger.passed(branch, doc)  # the branch's first row: documents that entered it
+    alive: list[Document | None] = list(docs)
     for step in steps:
-        try:
-            out = list(step.process((doc,), ledger))
-        except Exception as e:  # one bad document is quarantined, never the run
-            ledger.quarantine(doc.id, doc.source, f"{step.name}: {type(e).__name__}: {e}", file=doc.meta.get("path"), position=_position(doc.meta), counted=True)
-            return None
-        assert len(out) <= 1, f"step {step.name} yielded {len(out)} documents for one"
-        if not out:
-            return None
-        doc = out[0]
-        ledger.passed(prefix + step.name, doc)
-    return doc
+        prepare = getattr(step, "prepare", None)
+        live = [d for d in alive if d is not None]
+        if prepare is not None and len(live) > 1:
+            try:
+                prepare(live)
+            except Exception as e:  # left to the per-document calls below, which quarantine the document at fault alone
+                log.debug("%s: scoring %d documents in one call failed (%s: %s); scoring them one by one", step.name, len(live), type(e).__name__, e)
+        for i, doc in enumerate(alive):
+            if doc is not None:
+                alive[i] = _run_step(step, doc, ledger, prefix)
+    return alive
+
+
+def groups(docs: Iterable[Document]) -> Iterator[list[Document]]:
+    """Documents in consecutive lists of up to GROUP_DOCS documents or GROUP_CHARS characters of
+    text, the units of run_documents."""
+    group, size = [], 0
+    for doc in docs:
+        group.append(doc)
+        size += len(doc.text)
+        if len(group) >= GROUP_DOCS or size >= GROUP_CHARS:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
+
+
+def _run_step(step: Step, doc: Document, ledger: Ledger, prefix: str) -> Document | None:
+    try:
+        out = list(step.process((doc,), ledger))
+    except Exception as e:  # one bad document is quarantined, never the run
+        ledger.quarantine(doc.id, doc.source, f"{step.name}: {type(e).__name__}: {e}", file=doc.meta.get("path"), position=_position(doc.meta), counted=True)
+        return None
+    assert len(out) <= 1, f"step {step.name} yielded {len(out)} documents for one"
+    if not out:
+        return None
+    ledger.passed(prefix + step.name, out[0])
+    return out[0]
 
 
 def _position(meta: dict[str, Any]) -> Any:
