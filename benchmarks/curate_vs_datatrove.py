@@ -285,7 +285,7 @@ def _kept_ids(out_dir: Path) -> set[str]:
 # kiln: the real `kiln curate` on the same shards, with only the four rules datatrove runs.
 
 # Steps datatrove's pipeline does not have are switched off; normalization (always on) stays.
-KILN_ONLY_THE_FOUR_RULES = [f"curate.{step}.enabled=false" for step in ("url_filter", "line_dedup", "language", "code_quality", "pii", "length", "exact_dedup")]
+KILN_ONLY_THE_FOUR_RULES = [f"curate.{step}.enabled=false" for step in ("url_filter", "line_dedup", "language", "code_quality", "pii", "length", "exact_dedup", "minhash_dedup")]
 
 
 def run_kiln(shard_dir: Path, runs_dir: Path, workers: int) -> tuple[float, set[str], dict[str, dict]]:
