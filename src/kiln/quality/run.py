@@ -106,16 +106,16 @@ def train_lm(quality: QualityConfig, curate: CurateConfig, run_dir: Path, force:
     if not len(scored):
         raise FatalError(f"quality: the corpus sample has no prose document with words ({len(corpus_docs)} read), so no perplexity percentile exists; check curate.inputs and quality.corpus_sample_mb")
     save_npy(stage.dir / LM_SCORES, scored)
-    corpus_bytes = sum(len(d.text.encode("utf-8", "surrogatepass")) for d in corpus_docs)
+    sample = describe(corpus_docs)
     counts = {
-        "reference": describe(ref_docs), "corpus_sample": describe(corpus_docs), "model": model.stats,
+        "reference": describe(ref_docs), "corpus_sample": sample, "model": model.stats,
         "corpus_perplexity": _percentiles(scored), "train_seconds": round(train_s, 2),
-        "score_mb_s": round(corpus_bytes / 1e6 / max(score_s, 1e-9), 2),
+        "score_mb_s": round(sample["bytes"] / 1e6 / max(score_s, 1e-9), 2),
     }
     report = stage.dir / "report.json"
     report.write_text(json.dumps(counts, indent=2) + "\n", encoding="utf-8")
     summary = (f"n-gram LM (order {quality.lm.order}) on {counts['reference']['docs']:,} reference documents ({counts['reference']['bytes'] / 1e6:.1f} MB) in {train_s:.1f} s\n"
-               f"corpus sample: {len(corpus_docs):,} documents, {corpus_bytes / 1e6:.1f} MB scored at {counts['score_mb_s']} MB/s\n"
+               f"corpus sample: {len(corpus_docs):,} documents, {sample['bytes'] / 1e6:.1f} MB scored at {counts['score_mb_s']} MB/s\n"
                "corpus perplexity percentiles: " + ", ".join(f"{k} {v:,.1f}" for k, v in counts["corpus_perplexity"].items()))
     return stage.finish([stage.dir / MODEL, stage.dir / LM_SCORES, report], counts, summary)
 
@@ -156,11 +156,11 @@ def train_classifier(quality: QualityConfig, curate: CurateConfig, run_dir: Path
     scores = np.sort(model.scores([d.text for d in calibration]))
     score_s = time.perf_counter() - t0
     save_npy(stage.dir / CLASSIFIER_SCORES, scores)
-    corpus_bytes = sum(len(d.text.encode("utf-8", "surrogatepass")) for d in calibration)
+    calibrated = describe(calibration)
     counts = {
-        "positives": describe(positives), "negatives": describe(negatives), "corpus_sample": describe(corpus_docs), "calibration": describe(calibration),
+        "positives": describe(positives), "negatives": describe(negatives), "corpus_sample": describe(corpus_docs), "calibration": calibrated,
         "train": {"positives": len(train_pos), "negatives": len(train_neg)}, "heldout": {k: round(float(v), 4) for k, v in metrics.items()},
-        "corpus_score": _percentiles(scores, (50, 90)), "train_seconds": round(train_s, 2), "score_mb_s": round(corpus_bytes / 1e6 / max(score_s, 1e-9), 2),
+        "corpus_score": _percentiles(scores, (50, 90)), "train_seconds": round(train_s, 2), "score_mb_s": round(calibrated["bytes"] / 1e6 / max(score_s, 1e-9), 2),
     }
     report = stage.dir / "report.json"
     report.write_text(json.dumps(counts, indent=2) + "\n", encoding="utf-8")

@@ -51,8 +51,8 @@ log = logging.getLogger("kiln.curate")
 PROSE_STEPS = ("line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "perplexity", "quality_classifier", "pii", "length", "decontaminate")
 CODE_STEPS = ("code_quality", "pii", "length", "decontaminate")
 BRANCHES = ("prose", "code")
-# run_documents' groups: the model filters score ~1 MB in one numpy pass (about 4x one call per
-# short document); small enough that a group's documents are a few MB in memory
+# run_documents' groups: the model filters score a group in one call, which pays their fixed cost
+# per call once (kiln.curate.steps.quality.prepare_scores); a group's documents are a few MB in memory
 GROUP_DOCS, GROUP_CHARS = 512, 1 << 20
 _BUILD: dict[str, Callable[[Section], Step]] = {
     "language": LanguageID, "gopher_repetition": GopherRepetition, "gopher_quality": GopherQuality, "c4": C4,

@@ -122,8 +122,9 @@ def release_models() -> None:
 
 def prepare_scores(key: str, score: Callable[[list[str]], np.ndarray], docs: list[Document]) -> None:
     """Score `docs` in one model call into each document's cache under `key` (the cache belongs to
-    the current text, so an edited document is scored again). perf: the models pay ~50 us of numpy
-    calls per call, as long as scoring 400 bytes of text takes."""
+    the current text, so an edited document is scored again). perf: each model call pays a fixed
+    cost of numpy calls; the perplexity filter ran at 8.8 MB/s one call a document against 12.0
+    grouped (6.2 kB documents of the demo corpus, one process)."""
     for doc, value in zip(docs, score([d.text for d in docs]).tolist()):
         doc.cache[key] = value
 
