@@ -19,7 +19,7 @@ from kiln.core.recipe import Recipe, load_recipe
 # Verb -> (stage directory, help). The recipe sections each verb reads are listed in its --help.
 STAGE_VERBS = {
     "curate": ("curate", "Read raw text (JSONL, Parquet, WARC, HTML, text), extract, normalize, filter (URL, language, Gopher, C4, FineWeb, code rules), redact PII, remove boilerplate lines, benchmark contamination, exact and near duplicates (MinHash); write curated shards and the audit."),
-    "train-tokenizer": ("tokenizer", "Train a byte-level BPE tokenizer on curated shards; report bytes per token."),
+    "train-tokenizer": ("tokenizer", "Train a byte-level BPE tokenizer on a sample of the curated shards; report bytes per token, tokens per word and fertility per source and language on held-out documents (tokenizer/report.json)."),
     "tokenize": ("tokenize", "Encode curated shards into per-source train/validation token shards."),
     "train": ("train", "Train the decoder on token shards; write a checkpoint and per-step metrics."),
     "eval": ("eval", "Validation loss, perplexity and bits per byte per source for the trained checkpoint."),
@@ -35,7 +35,8 @@ QUALITY_VERBS = {
 SECTIONS = {
     "curate": ("curate",),
     "quality": ("quality",),
-    "train-tokenizer": ("tokenizer",),
+    "train-tokenizer": ("tokenizer", "model"),
+    "extend-tokenizer": (),
     "tokenize": ("tokenize",),
     "train": ("model", "train", "mix", "eval"),
     "eval": ("eval",),
@@ -102,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--run", metavar="NAME", help="Run name (same as --set name=NAME): writes runs/NAME/curate/.")
             p.add_argument("--decontaminate", dest="eval_sets", action="append", default=[], metavar="EVAL.jsonl", help="Remove training documents sharing an n-gram of curate.decontaminate.ngram (13) words with any item of this evaluation set (JSONL, one item per line; every string field is checked); repeatable; replaces the recipe's curate.decontaminate.eval_sets. The report is audit/decontamination.json.")
             p.add_argument("--explain", metavar="DOC_ID", help="Print which step removed (or quarantined) this document, the measured value and the threshold, and stop.")
+        if verb == "train-tokenizer":
+            p.add_argument("--sweep", metavar="N,N,...", type=vocab_sizes, help="Train one tokenizer per vocabulary size on the same sample into tokenizer-sweep/ and print their reports side by side (the stage's own tokenizer is left as it is).")
+    p = add("extend-tokenizer", "Add domain terms to the run's trained tokenizer as whole tokens (printing each term's token count before and after) and give the run's train checkpoint (or --checkpoint) embedding and output rows for them; writes tokenizer-extended/.")
+    _common(p)
+    p.add_argument("--terms", required=True, metavar="FILE", help="UTF-8 file, one term per line (a run of letters; it is added after a space and bare).")
+    p.add_argument("--checkpoint", metavar="DIR", help="Checkpoint folder to resize (default: the run's train/checkpoint when it exists).")
     p = add("quality", "Train the models of the model-based quality filters (subcommands); the curate steps `perplexity` and `quality_classifier` then use them. Reads the recipe's quality section and curate.inputs.")
     quality = p.add_subparsers(dest="quality_verb", required=True, metavar="SUBCOMMAND")
     for name, (_, help_text) in QUALITY_VERBS.items():
@@ -119,6 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep_arguments(p)
     _common(add("demo", "Run every stage (curate, train-tokenizer, tokenize, train, eval, generate) and write <run>/summary.json. Finished stages are skipped."))
     return parser
+
+
+def vocab_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of vocabulary sizes, e.g. 4096,8192,32768") from None
+    if not sizes:
+        raise argparse.ArgumentTypeError("give at least one vocabulary size, e.g. 4096,8192,32768")
+    return sizes
 
 
 def recipe_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
@@ -162,6 +179,19 @@ def main(argv: list[str] | None = None) -> int:
             train(recipe.quality, recipe.curate, recipe.run_dir, args.force)
             pipeline.save_resolved(recipe)
             print((recipe.run_dir / stage_name / "summary.txt").read_text().rstrip())
+            return 0
+        if args.verb == "extend-tokenizer":
+            from kiln.tokenize.extend import ExtendConfig
+            from kiln.tokenize.extend import run as extend_tokenizer
+
+            manifest = extend_tokenizer(ExtendConfig(terms=args.terms, checkpoint=args.checkpoint), recipe.run_dir, args.force)
+            print((recipe.run_dir / manifest["stage"] / "summary.txt").read_text().rstrip())
+            return 0
+        if args.verb == "train-tokenizer" and args.sweep:
+            from kiln.tokenize.train import sweep
+
+            manifest = sweep(recipe.tokenizer, recipe.run_dir, args.sweep, pipeline.embedding_shape(recipe), args.force)
+            print((recipe.run_dir / manifest["stage"] / "summary.txt").read_text().rstrip())
             return 0
         if args.verb == "demo":
             print(pipeline.format_summary(pipeline.run_demo(recipe, args.force)))

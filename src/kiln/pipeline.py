@@ -27,7 +27,7 @@ def _runner(stage: str) -> Callable[[Recipe, bool], dict[str, Any]]:
         return lambda r, force: curate(r.curate, r.run_dir, force)
     if stage == "tokenizer":
         from kiln.tokenize.train import run as train_tokenizer
-        return lambda r, force: train_tokenizer(r.tokenizer, r.run_dir, force)
+        return lambda r, force: train_tokenizer(r.tokenizer, r.run_dir, embedding_shape(r), force)
     if stage == "tokenize":
         from kiln.tokenize.encode import run as tokenize
         return lambda r, force: tokenize(r.tokenize, r.run_dir, force)
@@ -41,6 +41,13 @@ def _runner(stage: str) -> Callable[[Recipe, bool], dict[str, Any]]:
         from kiln.evaluate.generate import run as generate
         return lambda r, force: generate(r.generate, r.run_dir, force)
     raise ValueError(f"unknown stage {stage!r}")
+
+
+def embedding_shape(recipe: Recipe) -> Any:
+    """The model width the tokenizer report prices its embedding table at."""
+    from kiln.tokenize.train import EmbeddingShape
+
+    return EmbeddingShape(d_model=recipe.model.d_model, tied_embeddings=recipe.model.tie_embeddings)
 
 
 def save_resolved(recipe: Recipe) -> None:

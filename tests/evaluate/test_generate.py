@@ -10,6 +10,7 @@ from kiln.evaluate.config import GenerateConfig
 from kiln.evaluate.generate import filter_logits, generate
 from kiln.model.config import ModelConfig
 from kiln.model.transformer import Transformer
+from kiln.tokenize.config import FIXED_SPECIALS
 from kiln.tokenize.tokenizer import KilnTokenizer, train_bpe
 
 # Probabilities 0.1, 0.4, 0.2, 0.3 for ids 0..3; sorted: id 1 (0.4), id 3 (0.3), id 2 (0.2), id 0 (0.1).
@@ -59,7 +60,7 @@ def test_filtered_softmax_renormalizes() -> None:
 @pytest.fixture(scope="module")
 def tokenizer() -> KilnTokenizer:
     text = "def parse(value):\n    return value.strip().split(',')\n\nThe quick brown fox jumps over the lazy dog.\n"
-    return train_bpe([text] * 20, vocab_size=300, min_frequency=2)
+    return train_bpe([text] * 20, vocab_size=300, min_frequency=2, specials=FIXED_SPECIALS)
 
 
 def model_for(tokenizer: KilnTokenizer, max_seq_len: int = 32, seed: int = 0) -> Transformer:

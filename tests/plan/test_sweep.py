@@ -101,7 +101,7 @@ curate:
   c4: {{enabled: false}}
   fineweb: {{enabled: false}}
   code_quality: {{enabled: false}}
-tokenizer: {{vocab_size: 300, sample_mb: 0.2}}
+tokenizer: {{vocab_size: 400, sample_mb: 0.2}}
 tokenize: {{val_fraction: 0.2}}
 model: {{d_model: 16, n_layers: 1, n_heads: 1, n_kv_heads: 1, max_seq_len: 32}}
 train: {{steps: 2, seq_len: 32, micro_batch_size: 4, warmup_steps: 1, device: cpu, threads: 1}}

@@ -6,12 +6,14 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kiln.core.errors import FatalError
 from kiln.core.manifest import MANIFEST
 from kiln.core.split import is_heldout
 from kiln.curate.shards import list_shards, read_shard
+from kiln.tokenize import encode as encode_module
 from kiln.tokenize.config import EOT, TokenizeConfig, TokenizerConfig
 from kiln.tokenize.encode import run as encode
 from kiln.tokenize.shards import TokenShard, open_split
@@ -20,6 +22,11 @@ from kiln.tokenize.train import run as train_tokenizer
 
 TOKENIZER = TokenizerConfig(vocab_size=600, sample_mb=5.0, heldout_fraction=0.2, heldout_mb=1.0)
 CFG = TokenizeConfig(val_fraction=0.2, batch_docs=7)  # small batches: several flushes per source
+
+
+def configured(**changes) -> TokenizeConfig:
+    """CFG with changes, validated like a recipe (nested sections included)."""
+    return TokenizeConfig.model_validate({**CFG.model_dump(), **changes})
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +135,77 @@ def test_no_validation_documents_is_fatal(run_dir):
     with pytest.raises(FatalError, match=r"no document fell in the validation split at tokenize.val_fraction=1e-09"):
         encode(CFG.model_copy(update={"val_fraction": 1e-9}), run_dir)
     assert not (run_dir / "tokenize" / MANIFEST).exists()
+
+
+def shard_bytes(run_dir: Path) -> dict[Path, bytes]:
+    return {p.relative_to(run_dir / "tokenize"): p.read_bytes() for p in sorted((run_dir / "tokenize").glob("*/*.*"))}
+
+
+def test_workers_and_executors_give_identical_shards(run_dir, ray_local):
+    encode(configured(executor={"workers": 1}), run_dir)
+    one = shard_bytes(run_dir)
+    assert not (run_dir / "tokenize" / "parts").exists()  # the per-shard parts are joined, then removed
+    encode(configured(executor={"workers": 2}), run_dir, force=True)
+    assert shard_bytes(run_dir) == one
+    encode(configured(executor={"kind": "ray", "workers": 2}), run_dir, force=True)
+    assert shard_bytes(run_dir) == one
+
+
+def test_interrupted_run_resumes_per_shard(run_dir, tmp_path, monkeypatch):
+    clean = Path(shutil.copytree(run_dir, tmp_path / "clean"))
+    encode(CFG, clean)
+    shards = list_shards(run_dir / "curate" / "shards")
+    assert len(shards) >= 4
+
+    real_read = encode_module.read_shard
+
+    def crash_on_third(path):
+        if path == shards[2]:
+            raise KeyboardInterrupt("killed")
+        return real_read(path)
+
+    monkeypatch.setattr(encode_module, "read_shard", crash_on_third)
+    inline = configured(executor={"workers": 1})  # tasks run in this process, in shard order
+    with pytest.raises(KeyboardInterrupt):
+        encode(inline, run_dir)
+    parts = run_dir / "tokenize" / "parts"
+    finished = {p.parent.name: p.stat().st_mtime_ns for p in parts.glob("*/stats.json")}
+    assert sorted(finished) == [s.name.removesuffix(".jsonl.zst") for s in shards[:2]]
+
+    monkeypatch.setattr(encode_module, "read_shard", real_read)
+    encode(inline, run_dir)
+    assert shard_bytes(run_dir) == shard_bytes(clean)  # same result as a run never interrupted
+    log = (run_dir / "tokenize" / MANIFEST).read_text()
+    assert json.loads(log)["counts"] == json.loads((clean / "tokenize" / MANIFEST).read_text())["counts"]
+
+
+def test_finished_tasks_are_not_redone(run_dir, monkeypatch):
+    inline = configured(executor={"workers": 1})
+    shards = list_shards(run_dir / "curate" / "shards")
+    read: list[Path] = []
+    real_read = encode_module.read_shard
+
+    def fail_last(path):
+        read.append(path)
+        if path == shards[-1] and len(read) == len(shards):
+            raise KeyboardInterrupt("killed")
+        return real_read(path)
+
+    monkeypatch.setattr(encode_module, "read_shard", fail_last)
+    with pytest.raises(KeyboardInterrupt):
+        encode(inline, run_dir)
+    encode(inline, run_dir)
+    assert read == shards + [shards[-1]]  # the resumed run read only the shard that had not finished
+
+
+def test_uint32_shards_on_request(run_dir):
+    manifest = encode(CFG.model_copy(update={"dtype": "uint32"}), run_dir)
+    assert manifest["counts"]["dtype"] == "uint32"
+    shard = TokenShard(run_dir / "tokenize" / "code" / "train")
+    assert shard.dtype == np.uint32 and (run_dir / "tokenize" / "code" / "train.bin").stat().st_size == 4 * len(shard)
+
+
+def test_tokenizer_from_another_tool_is_fatal(run_dir):
+    (run_dir / "tokenizer" / "kiln_tokenizer.json").unlink()
+    with pytest.raises(FatalError, match="kiln_tokenizer.json"):
+        encode(CFG, run_dir)

@@ -28,6 +28,29 @@ DOCS = [[5, 17, 3, 0], [999, 0], [0], [1, 2, 3, 4, 5, 6, 0]]
 def test_dtype_boundary():
     assert dtype_for(65_536) == np.uint16  # ids 0..65535 fit
     assert dtype_for(65_537) == np.uint32
+    assert dtype_for(1_000, "uint32") == np.uint32 and dtype_for(65_536, "uint16") == np.uint16
+    with pytest.raises(FatalError, match="uint16 holds 65,536\\); set tokenize.dtype=uint32"):
+        dtype_for(65_537, "uint16")
+
+
+def test_ids_beyond_uint16_in_a_uint16_shard_are_refused(tmp_path):
+    with pytest.raises(FatalError, match="a uint16 shard cannot hold a vocabulary of 70,000 ids"):
+        TokenShardWriter(tmp_path / "a", vocab_size=70_000, dtype=np.uint16)
+    writer = TokenShardWriter(tmp_path / "b", vocab_size=65_536, dtype=np.uint16)
+    with pytest.raises(FatalError, match="token id 65,536 does not fit a uint16 shard.*set tokenize.dtype=uint32"):
+        writer.add([1, 65_536, 0])
+
+
+def test_append_copies_documents(tmp_path):
+    write(tmp_path / "a", DOCS[:2], vocab_size=1000)
+    write(tmp_path / "b", DOCS[2:], vocab_size=1000)
+    writer = TokenShardWriter(tmp_path / "ab", vocab_size=1000)
+    for part in ("a", "b"):
+        writer.append(TokenShard(tmp_path / part))
+    writer.close()
+    write(tmp_path / "whole", DOCS, vocab_size=1000)
+    assert (tmp_path / "ab.bin").read_bytes() == (tmp_path / "whole.bin").read_bytes()
+    assert (tmp_path / "ab.idx").read_bytes() == (tmp_path / "whole.idx").read_bytes()
 
 
 def test_uint16_round_trip_and_format(tmp_path):
@@ -40,8 +63,9 @@ def test_uint16_round_trip_and_format(tmp_path):
     assert raw_bin == np.array([t for d in DOCS for t in d], dtype="<u2").tobytes()
     raw_idx = (tmp_path / "train.idx").read_bytes()
     assert HEADER.size == 48
-    assert struct.unpack_from("<8sIIQQQQ", raw_idx) == (b"KILNIDX\x00", 1, 2, 4, 14, xxhash.xxh64(raw_bin).intdigest(), 0)
-    assert np.frombuffer(raw_idx, dtype="<u8", offset=48).tolist() == [0, 4, 6, 7, 14]
+    offsets = np.array([0, 4, 6, 7, 14], dtype="<u8")
+    assert struct.unpack_from("<8sIIQQQQ", raw_idx) == (b"KILNIDX\x00", 2, 2, 4, 14, xxhash.xxh64(raw_bin).intdigest(), xxhash.xxh64(offsets.tobytes()).intdigest())
+    assert raw_idx[48:] == offsets.tobytes()
 
     shard = TokenShard(prefix, verify=True)
     assert shard.dtype == np.uint16
@@ -75,7 +99,9 @@ def test_ids_outside_vocab_are_rejected(tmp_path, bad):
     writer.add([1, 2, 999])
     with pytest.raises(FatalError, match="outside vocab of 1000"):
         writer.add(bad)
-    assert writer.offsets == [0, 3]  # the rejected document was not recorded
+    assert (writer.n_docs, writer.n_tokens) == (1, 3)  # the rejected document was not recorded
+    writer.close()
+    assert TokenShard(tmp_path / "train").document(0).tolist() == [1, 2, 999]
 
 
 def test_empty_shard(tmp_path):
@@ -129,20 +155,29 @@ def test_bad_magic_is_fatal(shard_prefix):
 def test_wrong_version_is_fatal(shard_prefix):
     idx = shard_prefix.with_suffix(".idx")
     raw = bytearray(idx.read_bytes())
-    raw[8:12] = struct.pack("<I", 2)
+    raw[8:12] = struct.pack("<I", 1)
     idx.write_bytes(bytes(raw))
-    with pytest.raises(FatalError, match="version 2"):
+    with pytest.raises(FatalError, match="version 1\\); rerun `kiln tokenize --force`"):
         TokenShard(shard_prefix)
 
 
-def test_modified_bin_fails_verification_only(shard_prefix):
+def test_modified_bin_is_fatal_on_open(shard_prefix):
     bin_path = shard_prefix.with_suffix(".bin")
     raw = bytearray(bin_path.read_bytes())
     raw[0] ^= 0xFF  # same size, different content
     bin_path.write_bytes(bytes(raw))
-    assert TokenShard(shard_prefix).document(0)[0] == 5 ^ 0xFF  # unverified open trusts the sizes
-    with pytest.raises(FatalError, match="checksum does not match"):
-        TokenShard(shard_prefix, verify=True)
+    with pytest.raises(FatalError, match="checksum does not match its index"):
+        TokenShard(shard_prefix)
+    assert TokenShard(shard_prefix, verify=False).document(0)[0] == 5 ^ 0xFF  # only an explicit opt-out trusts the sizes
+
+
+def test_modified_offsets_are_fatal_on_open(shard_prefix):
+    idx = shard_prefix.with_suffix(".idx")
+    raw = bytearray(idx.read_bytes())
+    raw[48 + 8] = 3  # document 0 now ends at token 3 instead of 4: same size, wrong boundaries
+    idx.write_bytes(bytes(raw))
+    with pytest.raises(FatalError, match="document offsets do not match their checksum"):
+        TokenShard(shard_prefix)
 
 
 def test_missing_half_of_the_pair_is_fatal(shard_prefix):

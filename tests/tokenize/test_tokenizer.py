@@ -1,4 +1,4 @@
-"""kiln.tokenize.tokenizer: byte-level BPE that round-trips any text, and refuses foreign files."""
+"""kiln.tokenize.tokenizer: byte-level BPE that round-trips any text, encodes like its HF twin, refuses foreign files."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from kiln.core.errors import FatalError
-from kiln.tokenize.config import EOT, PAD
-from kiln.tokenize.tokenizer import KilnTokenizer, train_bpe
+from kiln.tokenize.config import EOT, FIXED_SPECIALS, PAD, special_tokens
+from kiln.tokenize.tokenizer import META_NAME, KilnTokenizer, byte_alphabet, tiktoken_rules, train_bpe
 
 VOCAB = 600
+SPECIALS = special_tokens(n_sentinels=4, n_reserved=2)
 
 
 def real_text() -> list[str]:
@@ -36,30 +37,48 @@ def real_text() -> list[str]:
 def tok() -> KilnTokenizer:
     texts = real_text()
     assert sum(len(t) for t in texts) > 200_000
-    return train_bpe(texts, vocab_size=VOCAB, min_frequency=2)
+    return train_bpe(texts, vocab_size=VOCAB, min_frequency=2, specials=SPECIALS)
+
+
+def test_byte_alphabet_is_the_byte_level_one():
+    table = byte_alphabet()
+    assert sorted(table) == list(range(256))
+    assert set(table.values()) == set(pre_tokenizers.ByteLevel.alphabet())
+    assert (table[ord("a")], table[ord(" ")], table[ord("\n")], table[0]) == ("a", "\u0120", "\u010a", "\u0100")
 
 
 def test_trained_vocab_and_specials(tok):
     assert tok.vocab_size == VOCAB
-    assert (tok.eot_id, tok.pad_id) == (0, 1)  # specials come first in the vocabulary
-    assert tok.tok.id_to_token(tok.eot_id) == EOT and tok.tok.id_to_token(tok.pad_id) == PAD
+    assert list(tok.specials) == SPECIALS and list(tok.specials.values()) == list(range(len(SPECIALS)))  # specials come first
+    assert (tok.eot_id, tok.pad_id, tok.mask_id) == (0, 1, 2) and tok.fim_ids == (3, 4, 5)
+    assert tok.sentinel_ids == [6, 7, 8, 9]
+    assert tok.hf.id_to_token(tok.eot_id) == EOT and tok.hf.id_to_token(tok.pad_id) == PAD
     assert tok.decode([tok.eot_id]) == EOT
 
 
 def test_hand_worked_merge():
     # "ab ab ab ab" pre-splits into "ab" and 3x " ab"; the byte pairs are (a,b) x4 and (space,a) x3,
-    # so with room for exactly one merge (256 bytes + 2 specials + 1) it is a+b, id 258.
-    tok = train_bpe(["ab ab ab ab"], vocab_size=259, min_frequency=2)
-    assert tok.vocab_size == 259
-    assert tok.encode("ab") == [258]
-    assert tok.decode([258]) == "ab"
+    # so with room for exactly one merge (256 bytes + 6 specials + 1) it is a+b, id 262.
+    tok = train_bpe(["ab ab ab ab"], vocab_size=263, min_frequency=2, specials=FIXED_SPECIALS)
+    assert tok.vocab_size == 263
+    assert tok.encode("ab") == [262]
+    assert tok.decode([262]) == "ab"
     assert len(tok.encode(" ab")) == 2  # space, ab
     assert len(tok.encode("ba")) == 2  # no merge for b+a
     assert tok.decode(tok.encode("ba ab")) == "ba ab"
 
 
+def test_tiktoken_rules_hand_worked():
+    # Trained: (b,c) -> bc id 10, (a,b) -> ab id 11, (ab,c) -> abc id 12. "abc" also splits as a+bc,
+    # which tiktoken would merge at abc's rank, so the rewrite adds it right after (ab,c).
+    vocab = {"a": 0, "b": 1, "c": 2, "bc": 10, "ab": 11, "abc": 12}
+    out = tiktoken_rules({"model": {"vocab": vocab, "merges": [["b", "c"], ["a", "b"], ["ab", "c"]]}})
+    assert out["model"]["merges"] == [["b", "c"], ["a", "b"], ["ab", "c"], ["a", "bc"]]
+    assert out["model"]["ignore_merges"] is True
+
+
 def test_numbers_split_in_groups_of_three():
-    tok = train_bpe(["1234567890 " * 300], vocab_size=300, min_frequency=2)
+    tok = train_bpe(["1234567890 " * 300], vocab_size=300, min_frequency=2, specials=FIXED_SPECIALS)
     assert [tok.decode([i]) for i in tok.encode("1234567890")] == ["123", "456", "789", "0"]
 
 
@@ -70,17 +89,24 @@ def test_compresses_real_text(tok):
     assert tok.decode(ids) == text
 
 
+def test_fast_encoder_equals_the_hf_tokenizer_on_real_text(tok):
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts = [p.read_text(encoding="utf-8") for p in sorted(root.glob("*.py"))[:60]]
+    assert [e.ids for e in tok.hf.encode_batch(texts, add_special_tokens=False)] == tok.encode_batch(texts)
+
+
 def test_encode_batch_matches_encode(tok):
     texts = ["def f(x):\n    return x", "", "Ünïcödé 東京", "  leading spaces\n\n\nand newlines"]
-    assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+    assert tok.encode_batch(texts) == [tok.encode(t) for t in texts] == tok.encode_batch(texts, threads=2)
 
 
 UNICODE_SAMPLES = st.sampled_from(
-    ["🙂👩‍👩‍👧", "東京都の天気", "مرحبا بالعالم", "שָׁלוֹם", "e\u0301\u0308", "\x00\x01\t\r\n", "\u200b\ufeff", "𝔘𝔫𝔦", " \t \n\n  "]
+    ["🙂👩‍👩‍👧", "東京都の天気", "مرحبا بالعالم", "שָׁלוֹם", "e\u0301\u0308", "\x00\x01\t\r\n", "\u200b\ufeff", "𝔘𝔫𝔦", " \t \n\n  ",
+     "def f(x):\n\tif x:  \n\t\treturn 1   \n", "\u202eevil\u202c", "ſ IT'S it's \u212a", "\x7f\x85\xa0\u2028\u3000"]
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(st.one_of(st.text(), UNICODE_SAMPLES), max_size=6).map("".join))
 @example("")
 @example("\x00")
@@ -92,33 +118,52 @@ def test_round_trip_any_text(tok, text):
     assert all(0 <= i < tok.vocab_size for i in ids)
     assert len(ids) <= len(text.encode("utf-8"))
     assert bool(ids) == bool(text)
+    # the HF tokenizer.json, as saved, gives the same ids (what an exported model will see)
+    assert tok.hf.encode(text, add_special_tokens=False).ids == ids
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(alphabet=st.one_of(st.characters(categories=["Cs"]), st.sampled_from("ab 東🙂\n"))))
+def test_lone_surrogates_become_replacement_characters(tok, text):
+    # UTF-8 cannot hold a surrogate: lone ones become U+FFFD, a high+low pair the character it spells.
+    expected = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    assert tok.decode(tok.encode(text)) == expected
 
 
 def test_save_and_load(tok, tmp_path):
     path = tmp_path / "tokenizer.json"
-    tok.save(path)
+    assert tok.save(path) == [path, tmp_path / META_NAME]
     loaded = KilnTokenizer.load(path)
     assert loaded.path == path
-    assert loaded.vocab_size == VOCAB and (loaded.eot_id, loaded.pad_id) == (tok.eot_id, tok.pad_id)
+    assert loaded.vocab_size == VOCAB and loaded.specials == tok.specials
     sample = "import json\nprint(json.dumps({'a': 1}))  # 東京 🙂"
     assert loaded.encode(sample) == tok.encode(sample)
     assert loaded.decode(loaded.encode(sample)) == sample
 
 
-@pytest.mark.parametrize("content", [b"{not json", b'{"version": "1.0", "model": 42}', b"\x00\x01\x02", b""])
-def test_loading_garbage_is_fatal(tmp_path, content):
+@pytest.fixture
+def saved(tok, tmp_path) -> Path:
     path = tmp_path / "tokenizer.json"
-    path.write_bytes(content)
+    tok.save(path)
+    return path
+
+
+@pytest.mark.parametrize("content", [b"{not json", b'{"version": "1.0", "model": 42}', b"\x00\x01\x02", b""])
+def test_loading_garbage_is_fatal(saved, content):
+    saved.write_bytes(content)
+    meta = json.loads((saved.parent / META_NAME).read_text())
+    meta["tokenizer_json_xxh3"] = __import__("xxhash").xxh3_64_hexdigest(content)  # the hash passes; the content does not
+    (saved.parent / META_NAME).write_text(json.dumps(meta))
     with pytest.raises(FatalError, match="cannot load as a tokenizers JSON file"):
-        KilnTokenizer.load(path)
+        KilnTokenizer.load(saved)
 
 
 def test_loading_missing_file_is_fatal(tmp_path):
-    with pytest.raises(FatalError, match="cannot load"):
+    with pytest.raises(FatalError, match="no such tokenizer; run `kiln train-tokenizer`"):
         KilnTokenizer.load(tmp_path / "nope.json")
 
 
-def test_loading_a_foreign_bpe_is_fatal(tmp_path):
+def test_loading_a_foreign_tokenizer_is_fatal(tmp_path):
     foreign = Tokenizer(models.BPE())
     foreign.pre_tokenizer = pre_tokenizers.ByteLevel()
     foreign.train_from_iterator(["some text to train on " * 50], trainer=trainers.BpeTrainer(vocab_size=300, show_progress=False))
@@ -127,10 +172,40 @@ def test_loading_a_foreign_bpe_is_fatal(tmp_path):
     assert json.loads(path.read_text())["model"]["type"] == "BPE"  # a valid tokenizers file
     with pytest.raises(FatalError) as info:
         KilnTokenizer.load(path)
-    assert f"special tokens {[EOT, PAD]} are missing" in str(info.value)
+    assert f"no {META_NAME} beside it" in str(info.value) and "kiln train-tokenizer" in str(info.value)
     assert str(path) in str(info.value)
 
 
+def test_foreign_vocabulary_is_refused_even_as_a_python_object():
+    foreign = Tokenizer(models.BPE())
+    foreign.train_from_iterator(["some text to train on " * 50], trainer=trainers.BpeTrainer(vocab_size=300, special_tokens=list(FIXED_SPECIALS), show_progress=False))
+    with pytest.raises(FatalError, match="is not byte-level BPE|lacks some of the 256 byte tokens"):
+        KilnTokenizer(foreign, FIXED_SPECIALS)
+
+
+def test_other_format_version_is_fatal(saved):
+    meta_path = saved.parent / META_NAME
+    meta = json.loads(meta_path.read_text())
+    meta["version"] = 1
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(FatalError, match=r"v1, this kiln reads kiln-tokenizer v2; rerun `kiln train-tokenizer --force`"):
+        KilnTokenizer.load(saved)
+
+
+def test_hand_edited_tokenizer_json_is_fatal(saved):
+    data = json.loads(saved.read_text())
+    data["model"]["ignore_merges"] = False  # valid for tokenizers, but no longer the rule kiln's encoder follows
+    saved.write_text(json.dumps(data))
+    with pytest.raises(FatalError, match="changed since kiln wrote it"):
+        KilnTokenizer.load(saved)
+
+
+def test_unreadable_metadata_is_fatal(saved):
+    (saved.parent / META_NAME).write_text("[1, 2")
+    with pytest.raises(FatalError, match=f"{META_NAME}: not valid JSON"):
+        KilnTokenizer.load(saved)
+
+
 def test_literal_special_token_text_is_not_the_special_id(tok):
-    ids = tok.encode("the GPT-2 separator is <|endoftext|> in its vocabulary")
-    assert tok.eot_id not in ids
+    ids = tok.encode("the GPT-2 separator is <|endoftext|> in its vocabulary, <|fim_prefix|> and <|sentinel_0|> too")
+    assert not set(ids) & set(tok.specials.values())

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from kiln.core.errors import FatalError
+from kiln.core.errors import ConfigError, FatalError
 from kiln.core.manifest import MANIFEST
+from kiln.core.recipe import load_recipe
 from kiln.core.split import is_heldout
 from kiln.curate.shards import list_shards, read_shard, shard_source
 from kiln.tokenize.config import TokenizerConfig
+from kiln.tokenize.report import words
 from kiln.tokenize.tokenizer import KilnTokenizer
+from kiln.tokenize.train import EmbeddingShape, plan_sample, spread, sweep, training_sample
 from kiln.tokenize.train import run as train_tokenizer
 
 CFG = TokenizerConfig(vocab_size=600, sample_mb=5.0, heldout_fraction=0.2, heldout_mb=5.0, min_frequency=2)
@@ -29,7 +33,7 @@ def curated_docs(run_dir: Path):
 
 
 def test_train_tokenizer_report(run_dir):
-    manifest = train_tokenizer(CFG, run_dir)
+    manifest = train_tokenizer(CFG, run_dir, EmbeddingShape(d_model=64, tied_embeddings=False))
     out = run_dir / "tokenizer" / "tokenizer.json"
     tok = KilnTokenizer.load(out)
     assert tok.vocab_size == 600
@@ -39,22 +43,41 @@ def test_train_tokenizer_report(run_dir):
     held = [d for d in docs if is_heldout(d.id, CFG.heldout_fraction)]
     counts = manifest["counts"]
     assert counts["vocab_size"] == 600
-    assert counts["sample_docs"] == len(train_docs)  # quotas exceed the corpus: every non-held-out doc
+    assert counts["sample_docs"] == len(train_docs)  # the shares exceed the corpus: every non-held-out doc
     assert counts["sample_bytes"] == sum(len(d.text.encode()) for d in train_docs)
 
-    assert sorted(counts["per_source"]) == ["code", "prose"]
-    for source, report in counts["per_source"].items():
+    report = json.loads((run_dir / "tokenizer" / "report.json").read_text())["heldout"]
+    assert sorted(counts["per_source"]) == sorted(report["per_source"]) == ["code", "prose"]
+    for source, r in report["per_source"].items():
         texts = [d.text for d in held if d.source == source]
         assert texts, f"no held-out {source} docs: the report would be empty"
         nbytes = sum(len(t.encode()) for t in texts)
         ntokens = sum(len(ids) for ids in tok.encode_batch(texts))
-        assert report == {"docs": len(texts), "bytes": nbytes, "tokens": ntokens, "bytes_per_token": round(nbytes / ntokens, 4)}
-        assert report["bytes_per_token"] > 2.0  # a 600-token vocabulary still compresses English and Python
-    all_bytes = sum(r["bytes"] for r in counts["per_source"].values())
-    all_tokens = sum(r["tokens"] for r in counts["per_source"].values())
-    assert counts["heldout_bytes_per_token"] == round(all_bytes / all_tokens, 4)
-    assert [o["path"] for o in manifest["outputs"]] == ["tokenizer.json"]
+        nwords = sum(len(words(t)) for t in texts)
+        assert (r["docs"], r["bytes"], r["tokens"], r["words"]) == (len(texts), nbytes, ntokens, nwords)
+        assert r["bytes_per_token"] == round(nbytes / ntokens, 4) and r["tokens_per_word"] == round(ntokens / nwords, 4)
+        assert r["bytes_per_token"] > 2.0  # a 600-token vocabulary still compresses English and Python
+        assert 1.0 <= r["fertility"] < r["tokens_per_word"]  # words alone, without the whitespace and punctuation between them
+        assert 0 < r["split_word_fraction"] < 1
+        assert counts["per_source"][source] == {k: r[k] for k in ("docs", "bytes", "tokens", "bytes_per_token", "tokens_per_word")}
+    # the fixture's code has no curate language label (code steps), the docs topics were not language-checked
+    assert set(report["per_language"]) == {"code", "en"}
+    assert report["per_language"]["code"]["docs"] == report["per_source"]["code"]["docs"]
+    assert report["embedding"] == {"d_model": 64, "tied": False, "params": 600 * 64 * 2}
+    assert counts["heldout_bytes_per_token"] == report["all"]["bytes_per_token"]
+    longest = report["longest_merges"]
+    assert len(longest) == 10 and all(m["text"].strip() for m in longest)
+    assert [m["bytes"] for m in longest] == sorted((m["bytes"] for m in longest), reverse=True)
+    used = [m["count"] for m in report["most_used_merges"]]
+    assert used == sorted(used, reverse=True) and used[0] > 100
+    assert [o["path"] for o in manifest["outputs"]] == ["kiln_tokenizer.json", "report.json", "tokenizer.json"]
     assert set(manifest["upstream"]) == {"curate"}
+    summary = (run_dir / "tokenizer" / "summary.txt").read_text()
+    assert "held-out text by language:" in summary and "embedding parameters at d_model 64: 76,800" in summary
+
+
+def test_words_hand_worked():
+    assert words("Hello, world 42x  東京 is\tnaïve") == ["Hello", " world", " 42x", " 東", "京", " is", "naïve"]
 
 
 def test_tokenizer_json_is_deterministic(run_dir, curated_run, tmp_path):
@@ -77,18 +100,77 @@ def test_rerun_is_skipped_and_config_change_redoes(run_dir):
     assert KilnTokenizer.load(run_dir / "tokenizer" / "tokenizer.json").vocab_size == 700
 
 
-def test_sample_quota_is_shared_by_size(run_dir):
-    manifest = train_tokenizer(CFG.model_copy(update={"sample_mb": 0.1}), run_dir)
+def sampled(run_dir: Path, cfg: TokenizerConfig) -> dict[str, int]:
+    """Bytes per source of the documents the stage's sample takes."""
+    texts = set(training_sample(run_dir, cfg)[1])
+    out: dict[str, int] = {}
+    for d in curated_docs(run_dir):
+        if d.text in texts:
+            out[d.source] = out.get(d.source, 0) + len(d.text.encode())
+    return out
+
+
+def test_sample_shares_follow_source_size(run_dir):
     docs = [d for d in curated_docs(run_dir) if not is_heldout(d.id, CFG.heldout_fraction)]
-    # each source stops at the first document that reaches its quota, so it overshoots by at most one doc
+    size = {s: sum(len(d.text.encode()) for d in docs if d.source == s) for s in ("code", "prose")}
     largest = {s: max(len(d.text.encode()) for d in docs if d.source == s) for s in ("code", "prose")}
-    assert 100_000 <= manifest["counts"]["sample_bytes"] < 100_000 + 2 + sum(largest.values())
-    assert manifest["counts"]["sample_docs"] < len(docs)
+    got = sampled(run_dir, CFG.model_copy(update={"sample_mb": 0.1}))
+    for s in ("code", "prose"):
+        share = 100_000 * size[s] / sum(size.values())
+        # each source stops at the first document that reaches its share, so it overshoots by at most one doc
+        assert share <= got[s] < share + 1 + largest[s]
+
+
+def test_source_weights_set_the_shares(run_dir):
+    assert set(sampled(run_dir, CFG.model_copy(update={"source_weights": {"code": 1.0}}))) == {"code"}
+    got = sampled(run_dir, CFG.model_copy(update={"sample_mb": 0.1, "source_weights": {"code": 1.0, "prose": 3.0}}))
+    largest = {s: max(len(d.text.encode()) for d in curated_docs(run_dir) if d.source == s) for s in ("code", "prose")}
+    assert 25_000 <= got["code"] < 25_001 + largest["code"] and 75_000 <= got["prose"] < 75_001 + largest["prose"]
+
+
+def test_sample_is_spread_across_a_source():
+    shards = [Path(f"code-{i:05d}.jsonl.zst") for i in range(10)]
+    assert spread(shards, 1) == [shards[5]] and spread(shards, 3) == [shards[1], shards[5], shards[8]]
+    assert spread(shards, 40) == shards
+    # 10 shards of ~1 MB held-in text and a 1 MB share: four shards, each document taken at rate 1/4
+    cfg = TokenizerConfig(sample_mb=1.0, heldout_fraction=0.5)
+    plan = plan_sample(shards, {"code": 20_000_000}, cfg)["code"]
+    assert plan.shards == spread(shards, 4) and plan.rate == pytest.approx(0.25) and plan.quota == 1_000_000
+
+
+def test_unknown_weighted_source_is_fatal(run_dir):
+    with pytest.raises(FatalError, match=r"source_weights names \['web'\], which curate kept no text of; sources with text: \['code', 'prose'\]"):
+        train_tokenizer(CFG.model_copy(update={"source_weights": {"web": 1.0}}), run_dir)
 
 
 def test_too_little_text_is_fatal(run_dir):
-    with pytest.raises(FatalError, match="too little for vocab_size 500000"):
+    with pytest.raises(FatalError, match="too little for vocab_size 500,000 .*lower tokenizer.vocab_size"):
         train_tokenizer(CFG.model_copy(update={"vocab_size": 500_000}), run_dir)
+    with pytest.raises(FatalError, match="the training sample has 0 documents"):  # everything held out
+        train_tokenizer(CFG.model_copy(update={"heldout_fraction": 0.999999}), run_dir)
+
+
+def test_vocab_below_bytes_and_specials_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"tokenizer: vocab_size 300 leaves no room for merges: 256 byte tokens \+ 54 special tokens .* need at least 311; raise vocab_size or lower sentinel_tokens/reserved_tokens"):
+        load_recipe("demo", ["tokenizer.vocab_size=300"])
+    assert load_recipe("demo", ["tokenizer.vocab_size=300", "tokenizer.sentinel_tokens=0", "tokenizer.reserved_tokens=0"]).tokenizer.vocab_size == 300
+
+
+def test_sweep(run_dir):
+    manifest = sweep(CFG, run_dir, [700, 400], EmbeddingShape(d_model=32))
+    folder = run_dir / "tokenizer-sweep"
+    assert manifest["counts"]["vocab_sizes"] == [400, 700]
+    bpt = manifest["counts"]["bytes_per_token"]
+    assert bpt["400"] < bpt["700"]  # more merges, longer tokens
+    for n in (400, 700):
+        assert KilnTokenizer.load(folder / f"vocab-{n}" / "tokenizer.json").vocab_size == n
+        assert json.loads((folder / f"vocab-{n}" / "report.json").read_text())["heldout"]["embedding"]["params"] == n * 32 * 2
+    table = (folder / "summary.txt").read_text().splitlines()
+    assert table[0].split() == ["vocab", "size", "400", "700"]
+    assert any(line.split()[:3] == ["bytes/token", "all", str(bpt["400"])] for line in table)
+    assert not (run_dir / "tokenizer").exists()  # the stage's own tokenizer is not touched
+    with pytest.raises(ConfigError, match="--sweep 300: .*need at least 311"):
+        sweep(CFG, run_dir, [300, 400])
 
 
 def test_missing_curate_is_fatal(tmp_path):

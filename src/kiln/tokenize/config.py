@@ -1,26 +1,68 @@
-"""The `tokenizer` (training) and `tokenize` (encoding) recipe sections."""
+"""The `tokenizer` (training) and `tokenize` (encoding) recipe sections, and kiln's special tokens."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
 
 from kiln.core.config import Section
+from kiln.curate.executors import ExecutorConfig
 
 EOT = "<|endoftext|>"
 PAD = "<|pad|>"
-SPECIAL_TOKENS = (EOT, PAD)
+MASK = "<|mask|>"
+FIM_PREFIX = "<|fim_prefix|>"
+FIM_MIDDLE = "<|fim_middle|>"
+FIM_SUFFIX = "<|fim_suffix|>"
+FIXED_SPECIALS = (EOT, PAD, MASK, FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX)
 BYTE_ALPHABET = 256
 
 
+def sentinel(i: int) -> str:
+    """Span-corruption sentinel i (T5's <extra_id_i>)."""
+    return f"<|sentinel_{i}|>"
+
+
+def reserved(i: int) -> str:
+    return f"<|reserved_{i}|>"
+
+
+def special_tokens(n_sentinels: int, n_reserved: int) -> list[str]:
+    """Every special token in id order: they take the first ids of the vocabulary."""
+    return [*FIXED_SPECIALS, *(sentinel(i) for i in range(n_sentinels)), *(reserved(i) for i in range(n_reserved))]
+
+
 class TokenizerConfig(Section):
-    vocab_size: int = Field(default=8192, ge=BYTE_ALPHABET + len(SPECIAL_TOKENS) + 1, le=1_000_000, description="Vocabulary size including the 256 byte tokens and the special tokens.")
-    sample_mb: float = Field(default=20.0, gt=0, description="MB of curated training text (not held out) to learn merges from, split across sources by size.")
-    heldout_fraction: float = Field(default=0.02, gt=0, lt=1, description="Fraction of documents (by id hash) kept out of training and used to report bytes per token.")
-    heldout_mb: float = Field(default=2.0, gt=0, description="At most this many MB of held-out text are encoded for the report.")
+    vocab_size: int = Field(default=8192, ge=BYTE_ALPHABET + len(FIXED_SPECIALS) + 1, le=1_000_000, description="Vocabulary size including the 256 byte tokens and the special tokens.")
+    sentinel_tokens: int = Field(default=32, ge=0, le=10_000, description="Span-corruption sentinels <|sentinel_0|>... to reserve.")
+    reserved_tokens: int = Field(default=16, ge=0, le=100_000, description="Unused specials <|reserved_0|>... kept for later objectives or formats without retraining.")
+    sample_mb: float = Field(default=20.0, gt=0, description="MB of curated training text (not held out) to learn merges from, split across sources by source_weights.")
+    source_weights: dict[str, Annotated[float, Field(ge=0)]] | None = Field(default=None, description="Share of the training sample per source (normalized); None means in proportion to each source's curated bytes. A source left out is not sampled.")
+    heldout_fraction: float = Field(default=0.02, gt=0, lt=1, description="Fraction of documents (by id hash) kept out of training and used for the report.")
+    heldout_mb: float = Field(default=2.0, gt=0, description="At most this many MB of held-out text per source are encoded for the report.")
     min_frequency: int = Field(default=2, ge=1, description="A pair must occur this many times to become a merge.")
+
+    @property
+    def specials(self) -> list[str]:
+        return special_tokens(self.sentinel_tokens, self.reserved_tokens)
+
+    @model_validator(mode="after")
+    def _room_for_merges(self) -> TokenizerConfig:
+        floor = BYTE_ALPHABET + len(self.specials) + 1
+        if self.vocab_size < floor:
+            raise ValueError(
+                f"vocab_size {self.vocab_size} leaves no room for merges: 256 byte tokens + {len(self.specials)} special tokens "
+                f"({self.sentinel_tokens} sentinels, {self.reserved_tokens} reserved) need at least {floor}; raise vocab_size or lower sentinel_tokens/reserved_tokens"
+            )
+        if self.source_weights is not None and not any(w > 0 for w in self.source_weights.values()):
+            raise ValueError(f"source_weights {self.source_weights} give no source a positive weight; nothing could be sampled")
+        return self
 
 
 class TokenizeConfig(Section):
-    NOT_HASHED = frozenset({"batch_docs"})  # batching changes speed, never the ids
+    NOT_HASHED = frozenset({"batch_docs", "executor"})  # batching and workers change speed, never the ids
     val_fraction: float = Field(default=0.02, gt=0, lt=1, description="Fraction of documents (by id hash) written to the validation split instead of train.")
-    batch_docs: int = Field(default=512, ge=1, description="Documents per encode_batch call.")
+    dtype: Literal["auto", "uint16", "uint32"] = Field(default="auto", description="Token shard integer type; auto is uint16 for vocabularies up to 65,536, else uint32.")
+    batch_docs: int = Field(default=256, ge=1, description="Documents encoded per call inside a task.")
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="Where the per-shard encoding tasks run (local process pool or ray).")

@@ -1,67 +1,144 @@
 """The tokenize stage: curated shards -> per-source token shards, train and validation.
 
-Every document is encoded whole and followed by `<|endoftext|>`; a document goes to
-validation when its id hash falls under tokenize.val_fraction (the same rule the tokenizer
-used for its held-out text). Encoding uses the tokenizer's own batch encoder, which runs on
-all cores. Output: `tokenize/<source>/{train,val}.{bin,idx}` and `val_ids.txt`, the ids of
-the validation documents in shard order.
-Not handled here: a process pool or Ray across shards, per-shard resume (the tokenizer issue).
+Every document is encoded whole and followed by `<|endoftext|>`; a document goes to validation
+when its id hash falls under tokenize.val_fraction (the same rule the tokenizer used for its
+held-out text). Two phases:
+1. encode: one task per curated shard on the executor (a local process pool or Ray), each
+   writing `parts/<shard>/{train,val}.{bin,idx}`, `val_ids.txt` and, last, `stats.json`, its
+   completion marker. An interrupted run resumes: finished tasks are not redone.
+2. join: per source and split, the parts are appended in shard order into
+   `<source>/{train,val}.{bin,idx}` and `<source>/val_ids.txt` (the validation documents' ids
+   in order); then `parts/` is removed.
+Output does not depend on the worker count. Memory per worker is one batch of documents plus
+the tokenizer, whatever the corpus size; the join copies in fixed-size chunks. Disk holds the
+tokens twice while the join runs.
+Not handled here: mixing or packing into sequences (kiln.mix), other tokenizers than kiln's.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
+from kiln.core.atomic import write_atomically
 from kiln.core.document import Document
 from kiln.core.errors import FatalError
 from kiln.core.manifest import Stage, read_manifest
 from kiln.core.split import is_heldout
-from kiln.curate.shards import list_shards, read_shard, shard_source
+from kiln.curate.executors import build_executor
+from kiln.curate.shards import SUFFIX, list_shards, read_shard, shard_source
 from kiln.tokenize.config import TokenizeConfig
-from kiln.tokenize.shards import TokenShardWriter, dtype_for
-from kiln.tokenize.tokenizer import KilnTokenizer
+from kiln.tokenize.shards import TokenShard, TokenShardWriter, dtype_for
+from kiln.tokenize.tokenizer import META_NAME, KilnTokenizer
 
 log = logging.getLogger("kiln.tokenize")
 SPLITS = ("train", "val")
+DONE = "stats.json"
 
 
-class SourceEncoder:
-    """Encodes one source's documents into its train/val shard pairs and val_ids.txt."""
+@dataclass(frozen=True)
+class EncodeTask:
+    shard: str
+    out: str
+    tokenizer: str
+    val_fraction: float
+    dtype: str
+    batch_docs: int
 
-    def __init__(self, folder: Path, tokenizer: KilnTokenizer, val_fraction: float):
-        folder.mkdir()
-        self.folder, self.tokenizer, self.val_fraction = folder, tokenizer, val_fraction
-        self.writers = {split: TokenShardWriter(folder / split, tokenizer.vocab_size) for split in SPLITS}
+
+_loaded: dict[str, KilnTokenizer] = {}
+
+
+def tokenizer_for(path: str) -> KilnTokenizer:
+    """One tokenizer per worker process, loaded on its first task (about 0.2 s for 32k tokens)."""
+    if path not in _loaded:
+        _loaded[path] = KilnTokenizer.load(Path(path))
+    return _loaded[path]
+
+
+class PartWriter:
+    """The train and validation shards of one task, filled batch by batch."""
+
+    def __init__(self, out: Path, tokenizer: KilnTokenizer, val_fraction: float, dtype: np.dtype):
+        self.out, self.tokenizer, self.val_fraction = out, tokenizer, val_fraction
+        self.writers = {split: TokenShardWriter(out / split, tokenizer.vocab_size, dtype) for split in SPLITS}
         self.stats = {split: {"docs": 0, "tokens": 0, "bytes": 0} for split in SPLITS}
-        self.val_ids: list[str] = []
+        self.val_ids = open(out / "val_ids.txt", "w", encoding="utf-8")
 
-    def add(self, batch: list[Document]) -> int:
-        """Encode and append a batch; returns its UTF-8 bytes (for the progress bar)."""
-        added = 0
-        for doc, ids in zip(batch, self.tokenizer.encode_batch([d.text for d in batch]), strict=True):
-            split = "val" if is_heldout(doc.id, self.val_fraction) else "train"
+    def add(self, batch: list[Document]) -> None:
+        encoded = self.tokenizer.encode_batch([d.text for d in batch])
+        for split in SPLITS:
+            picked = [(d, ids) for d, ids in zip(batch, encoded, strict=True) if (split == "val") == is_heldout(d.id, self.val_fraction)]
+            if not picked:
+                continue
+            for _, ids in picked:
+                ids.append(self.tokenizer.eot_id)  # the document boundary, by id
+            lengths = np.fromiter((len(ids) for _, ids in picked), dtype=np.int64, count=len(picked))
+            flat = np.fromiter(chain.from_iterable(ids for _, ids in picked), dtype=np.int64, count=int(lengths.sum()))
+            self.writers[split].add_many(flat, lengths)
+            stats = self.stats[split]
+            stats["docs"] += len(picked)
+            stats["tokens"] += int(lengths.sum())
+            stats["bytes"] += sum(len(d.text.encode("utf-8")) for d, _ in picked)
             if split == "val":
-                self.val_ids.append(doc.id)
-            self.writers[split].add(ids + [self.tokenizer.eot_id])
-            self.stats[split]["docs"] += 1
-            self.stats[split]["tokens"] += len(ids) + 1
-            nbytes = len(doc.text.encode("utf-8"))
-            self.stats[split]["bytes"] += nbytes
-            added += nbytes
-        return added
+                self.val_ids.write("".join(f"{d.id}\n" for d, _ in picked))
 
-    def close(self) -> list[Path]:
-        outputs = []
+    def close(self) -> None:
         for writer in self.writers.values():
             writer.close()
-            outputs += [writer.prefix.with_suffix(".bin"), writer.prefix.with_suffix(".idx")]
-        ids_path = self.folder / "val_ids.txt"  # which whole documents validation holds, in order
-        ids_path.write_text("".join(f"{i}\n" for i in self.val_ids), encoding="utf-8")
-        return outputs + [ids_path]
+        self.val_ids.close()
+
+
+def encode_shard(task: EncodeTask) -> dict[str, Any]:
+    """Encode one curated shard into its part folder; a finished part is returned as it is."""
+    out = Path(task.out)
+    if (out / DONE).is_file():
+        return json.loads((out / DONE).read_text())
+    if out.exists():
+        shutil.rmtree(out)  # an interrupted task: start it again
+    out.mkdir(parents=True)
+    tokenizer = tokenizer_for(task.tokenizer)
+    part = PartWriter(out, tokenizer, task.val_fraction, dtype_for(tokenizer.vocab_size, task.dtype))
+    batch: list[Document] = []
+    for doc in read_shard(Path(task.shard)):
+        batch.append(doc)
+        if len(batch) >= task.batch_docs:
+            part.add(batch)
+            batch = []
+    if batch:
+        part.add(batch)
+    part.close()
+    write_atomically(out / DONE, lambda p: p.write_text(json.dumps(part.stats)))
+    return part.stats
+
+
+def join(parts: list[Path], folder: Path, vocab_size: int, dtype: np.dtype) -> dict[str, dict[str, int]]:
+    """Append one source's parts, in shard order, into its final shards; returns the summed stats."""
+    folder.mkdir(exist_ok=True)
+    stats = {split: {"docs": 0, "tokens": 0, "bytes": 0} for split in SPLITS}
+    for split in SPLITS:
+        writer = TokenShardWriter(folder / split, vocab_size, dtype)
+        for part in parts:
+            # verify=False: the part was written by this stage and sealed by its stats.json
+            writer.append(TokenShard(part / split, verify=False))
+        writer.close()
+    with open(folder / "val_ids.txt", "wb") as ids_out:
+        for part in parts:
+            with open(part / "val_ids.txt", "rb") as ids_in:
+                shutil.copyfileobj(ids_in, ids_out)
+            part_stats = json.loads((part / DONE).read_text())
+            for split in SPLITS:
+                for key in stats[split]:
+                    stats[split][key] += part_stats[split][key]
+    return stats
 
 
 def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
@@ -69,27 +146,32 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
     curated = read_manifest(run_dir / "curate")
     shards = list_shards(run_dir / "curate" / "shards")
     tok_path = run_dir / "tokenizer" / "tokenizer.json"
-    stage = Stage(run_dir, "tokenize", {"tokenize": cfg}, inputs=[*shards, tok_path], upstream=["curate", "tokenizer"])
+    stage = Stage(run_dir, "tokenize", {"tokenize": cfg}, inputs=[*shards, tok_path, tok_path.with_name(META_NAME)], upstream=["curate", "tokenizer"])
     if not force and (done := stage.current_manifest()):
         log.info("tokenize: up to date (%d train tokens); nothing to do. Use --force to redo.", done["counts"]["train_tokens"])
         return done
-    stage.begin()
+    if not shards:
+        raise FatalError(f"tokenize: {run_dir / 'curate' / 'shards'} holds no curated shards; see {run_dir / 'curate' / 'summary.txt'} for where the documents went")
+    stage.begin(resume=not force)
     tokenizer = KilnTokenizer.load(tok_path)
+    dtype = dtype_for(tokenizer.vocab_size, cfg.dtype)  # a uint16 request for a larger vocabulary stops here, before any work
+    parts_dir = stage.dir / "parts"
+    tasks = [EncodeTask(str(s), str(parts_dir / s.name.removesuffix(SUFFIX)), str(tok_path), cfg.val_fraction, cfg.dtype, cfg.batch_docs) for s in shards]
+    total_bytes = sum(t["bytes_out"] for t in curated["counts"]["per_source"].values())
+    executor = build_executor(cfg.executor)
+    try:
+        with tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"tokenize ({executor.workers} workers)", dynamic_ncols=True) as bar:
+            for stats in executor.imap_unordered(encode_shard, tasks):
+                bar.update(stats["train"]["bytes"] + stats["val"]["bytes"])
+    finally:
+        executor.close()
     per_source: dict[str, dict[str, dict[str, int]]] = {}
     outputs: list[Path] = []
-    total_bytes = sum(t["bytes_out"] for t in curated["counts"]["per_source"].values())
-    with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenize", dynamic_ncols=True) as bar:
-        for source in sorted({shard_source(s) for s in shards}):
-            encoder = SourceEncoder(stage.dir / source, tokenizer, cfg.val_fraction)
-            batch: list[Document] = []
-            for doc in (d for shard in shards if shard_source(shard) == source for d in read_shard(shard)):
-                batch.append(doc)
-                if len(batch) >= cfg.batch_docs:
-                    bar.update(encoder.add(batch))
-                    batch = []
-            bar.update(encoder.add(batch))
-            outputs += encoder.close()
-            per_source[source] = encoder.stats
+    for source in sorted({shard_source(s) for s in shards}):
+        parts = [Path(t.out) for t in tasks if shard_source(Path(t.shard)) == source]
+        per_source[source] = join(parts, stage.dir / source, tokenizer.vocab_size, dtype)
+        outputs += [stage.dir / source / f"{split}.{ext}" for split in SPLITS for ext in ("bin", "idx")] + [stage.dir / source / "val_ids.txt"]
+    shutil.rmtree(parts_dir)
     for source, stats in per_source.items():
         if not stats["val"]["docs"]:
             log.warning("tokenize: source %s has no validation documents at val_fraction %s; it will have no validation loss", source, cfg.val_fraction)
@@ -101,9 +183,9 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
         "train_docs": sum(s["train"]["docs"] for s in per_source.values()),
         "val_docs": sum(s["val"]["docs"] for s in per_source.values()),
         "vocab_size": tokenizer.vocab_size,
-        "dtype": str(dtype_for(tokenizer.vocab_size)),
+        "dtype": str(dtype),
         "per_source": per_source,
     }
-    lines = [f"{counts['train_tokens']:,} train and {counts['val_tokens']:,} validation tokens ({counts['dtype']})"]
+    lines = [f"{counts['train_tokens']:,} train and {counts['val_tokens']:,} validation tokens ({counts['dtype']}) from {len(shards)} curated shards"]
     lines += [f"  {s:<10} train {v['train']['tokens']:>12,} tokens / {v['train']['docs']:>6} docs   val {v['val']['tokens']:>10,} tokens / {v['val']['docs']:>5} docs" for s, v in per_source.items()]
     return stage.finish(outputs, counts, "\n".join(lines))

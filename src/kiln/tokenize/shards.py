@@ -3,11 +3,12 @@
 `.bin` is raw little-endian uint16 (vocab <= 65536) or uint32, read with numpy.memmap.
 `.idx` is a 48-byte header then n_docs + 1 uint64 offsets (in tokens) into the `.bin`:
 
-    magic b"KILNIDX\\0" | version u32 | itemsize u32 | n_docs u64 | n_tokens u64 | xxh64 of .bin u64 | reserved u64
+    magic b"KILNIDX\\0" | version u32 | itemsize u32 | n_docs u64 | n_tokens u64 | xxh64 of .bin u64 | xxh64 of the offsets u64
 
 Each document's span ends with its end-of-document token. Opening checks the `.bin` length
-against the header (and, with verify=True, the checksum), so a truncated or mismatched pair
-fails loudly instead of being read as garbage.
+against the header and the checksum (xxh64 reads about 10 GB/s; `verify=False` skips it for a
+pair just checked), so a truncated, mismatched or damaged pair fails loudly instead of being
+read as garbage.
 """
 
 from __future__ import annotations
@@ -22,82 +23,122 @@ import xxhash
 from kiln.core.errors import FatalError
 
 MAGIC = b"KILNIDX\x00"
-VERSION = 1
+VERSION = 2  # v2: the last header field checksums the offsets (v1 left it zero)
 HEADER = struct.Struct("<8sIIQQQQ")
 
 
-def dtype_for(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+UINT16_IDS = 2**16
+
+
+def dtype_for(vocab_size: int, requested: str = "auto") -> np.dtype:
+    """uint16 when every id fits (vocab up to 65,536) unless uint32 is asked for; FatalError if uint16 cannot hold the vocabulary."""
+    if requested == "uint16" and vocab_size > UINT16_IDS:
+        raise FatalError(f"tokenize.dtype is uint16, but the vocabulary has {vocab_size:,} ids (uint16 holds 65,536); set tokenize.dtype=uint32 (or auto)")
+    if requested == "uint32" or vocab_size > UINT16_IDS:
+        return np.dtype(np.uint32)
+    return np.dtype(np.uint16)
 
 
 class TokenShardWriter:
-    """Append documents (already ending in end-of-document) and finalize the pair atomically."""
+    """Append documents (already ending in end-of-document) and finalize the pair atomically.
 
-    def __init__(self, prefix: Path, vocab_size: int):
+    Offsets go to the index file as they come, so memory does not grow with the shard.
+    """
+
+    def __init__(self, prefix: Path, vocab_size: int, dtype: np.dtype | None = None):
         self.prefix = Path(prefix)
-        self.dtype = dtype_for(vocab_size)
+        self.dtype = np.dtype(dtype) if dtype is not None else dtype_for(vocab_size)
+        if self.dtype == np.uint16 and vocab_size > UINT16_IDS:
+            raise FatalError(f"{self.prefix}: a uint16 shard cannot hold a vocabulary of {vocab_size:,} ids; use uint32 (tokenize.dtype=auto or uint32)")
         self.vocab_size = vocab_size
-        self._bin_tmp = self.prefix.with_suffix(".bin.tmp")
+        self._bin_tmp, self._idx_tmp = self.prefix.with_suffix(".bin.tmp"), self.prefix.with_suffix(".idx.tmp")
         self._bin = open(self._bin_tmp, "wb")
-        self._hash = xxhash.xxh64()
-        self.offsets = [0]
+        self._idx = open(self._idx_tmp, "wb")
+        self._idx.write(bytes(HEADER.size))  # filled in by close()
+        self._hash, self._offsets_hash = xxhash.xxh64(), xxhash.xxh64()
+        self._write_offset_bytes(np.zeros(1, dtype=np.uint64).tobytes())
+        self.n_docs = self.n_tokens = 0
 
-    def add(self, ids: list[int]) -> None:
+    def add(self, ids: list[int] | np.ndarray) -> None:
+        """One document's ids (ending in end-of-document)."""
         arr = np.asarray(ids, dtype=np.int64)
-        if arr.size and (arr.max() >= self.vocab_size or arr.min() < 0):
-            raise FatalError(f"{self.prefix}: token id {int(arr.max())} outside vocab of {self.vocab_size}; the tokenizer and the shard disagree")
-        data = arr.astype(self.dtype).tobytes()
+        self.add_many(arr, np.asarray([arr.size], dtype=np.int64))
+
+    def add_many(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        """Several documents at once: their ids concatenated, and each one's length."""
+        if flat.size and self.dtype == np.uint16 and flat.max() >= UINT16_IDS:
+            raise FatalError(f"{self.prefix}: token id {int(flat.max()):,} does not fit a uint16 shard; the tokenizer has more ids than this shard's type: set tokenize.dtype=uint32 (or auto) and rerun `kiln tokenize --force`")
+        if flat.size and (flat.max() >= self.vocab_size or flat.min() < 0):
+            raise FatalError(f"{self.prefix}: token id {int(flat.max() if flat.max() >= self.vocab_size else flat.min())} outside vocab of {self.vocab_size}; the tokenizer and the shard disagree")
+        assert int(lengths.sum()) == flat.size, "lengths must cover the ids"
+        self._write_tokens(flat.astype(self.dtype))
+        self._write_offsets(lengths.astype(np.uint64))
+
+    def append(self, shard: TokenShard, chunk_tokens: int = 1 << 24) -> None:
+        """Every document of a finished shard of the same type, copied in chunks."""
+        if shard.dtype != self.dtype:
+            raise FatalError(f"{shard.prefix}: a {shard.dtype} shard cannot be appended to a {self.dtype} one")
+        for start in range(0, shard.n_docs, 1 << 20):
+            offsets = shard.offsets[start : min(start + (1 << 20), shard.n_docs) + 1].astype(np.uint64)
+            lo, hi = int(offsets[0]), int(offsets[-1])
+            for a in range(lo, hi, chunk_tokens):
+                self._write_tokens(np.asarray(shard.tokens[a : min(a + chunk_tokens, hi)]))
+            self._write_offsets(np.diff(offsets))
+
+    def _write_tokens(self, tokens: np.ndarray) -> None:
+        data = np.ascontiguousarray(tokens).tobytes()
         self._bin.write(data)
         self._hash.update(data)
-        self.offsets.append(self.offsets[-1] + arr.size)
+
+    def _write_offsets(self, lengths: np.ndarray) -> None:
+        ends = self.n_tokens + np.cumsum(lengths, dtype=np.uint64)
+        self._write_offset_bytes(ends.tobytes())
+        self.n_docs += len(lengths)
+        self.n_tokens = int(ends[-1]) if len(ends) else self.n_tokens
+
+    def _write_offset_bytes(self, data: bytes) -> None:
+        self._idx.write(data)
+        self._offsets_hash.update(data)
 
     def close(self) -> None:
         self._bin.close()
+        self._idx.seek(0)
+        self._idx.write(HEADER.pack(MAGIC, VERSION, self.dtype.itemsize, self.n_docs, self.n_tokens, self._hash.intdigest(), self._offsets_hash.intdigest()))
+        self._idx.close()
         os.replace(self._bin_tmp, self.prefix.with_suffix(".bin"))
-        header = HEADER.pack(MAGIC, VERSION, self.dtype.itemsize, len(self.offsets) - 1, self.offsets[-1], self._hash.intdigest(), 0)
-        tmp = self.prefix.with_suffix(".idx.tmp")
-        with open(tmp, "wb") as f:
-            f.write(header)
-            f.write(np.asarray(self.offsets, dtype=np.uint64).tobytes())
-        os.replace(tmp, self.prefix.with_suffix(".idx"))  # the .idx appears last: its presence means the pair is whole
-
-    @property
-    def n_tokens(self) -> int:
-        return self.offsets[-1]
+        os.replace(self._idx_tmp, self.prefix.with_suffix(".idx"))  # the .idx appears last: its presence means the pair is whole
 
 
 class TokenShard:
     """A read-only view: `tokens` is a memmap, `offsets[i]:offsets[i+1]` is document i."""
 
-    def __init__(self, prefix: Path, verify: bool = False):
+    def __init__(self, prefix: Path, verify: bool = True):
         self.prefix = Path(prefix)
         idx, bin_path = self.prefix.with_suffix(".idx"), self.prefix.with_suffix(".bin")
         if not idx.is_file() or not bin_path.is_file():
             raise FatalError(f"{self.prefix}: .bin/.idx pair incomplete; rerun `kiln tokenize --force`")
-        raw = idx.read_bytes()
-        if len(raw) < HEADER.size:
+        with open(idx, "rb") as f:
+            head = f.read(HEADER.size)
+        if len(head) < HEADER.size:
             raise FatalError(f"{idx}: shorter than its header; corrupt, rerun `kiln tokenize --force`")
-        magic, version, itemsize, n_docs, n_tokens, checksum, _ = HEADER.unpack_from(raw)
+        magic, version, itemsize, n_docs, n_tokens, checksum, offsets_checksum = HEADER.unpack(head)
         if magic != MAGIC or version != VERSION:
-            raise FatalError(f"{idx}: not a kiln token index v{VERSION} (magic {magic!r}, version {version})")
-        if len(raw) != HEADER.size + 8 * (n_docs + 1):
-            raise FatalError(f"{idx}: holds {len(raw)} bytes, expected {HEADER.size + 8 * (n_docs + 1)} for {n_docs} documents; corrupt")
-        if bin_path.stat().st_size != n_tokens * itemsize:
-            raise FatalError(f"{bin_path}: {bin_path.stat().st_size} bytes, but its index says {n_tokens} tokens of {itemsize} bytes; the pair does not match")
+            raise FatalError(f"{idx}: not a kiln token index v{VERSION} (magic {magic!r}, version {version}); rerun `kiln tokenize --force`")
+        if idx.stat().st_size != HEADER.size + 8 * (n_docs + 1):
+            raise FatalError(f"{idx}: holds {idx.stat().st_size} bytes, expected {HEADER.size + 8 * (n_docs + 1)} for {n_docs} documents; corrupt, rerun `kiln tokenize --force`")
+        if itemsize not in (2, 4) or bin_path.stat().st_size != n_tokens * itemsize:
+            raise FatalError(f"{bin_path}: {bin_path.stat().st_size} bytes, but its index says {n_tokens} tokens of {itemsize} bytes; the pair does not match, rerun `kiln tokenize --force`")
         self.dtype = np.dtype(np.uint16 if itemsize == 2 else np.uint32)
-        self.offsets = np.frombuffer(raw, dtype=np.uint64, offset=HEADER.size)
+        # Both files are mapped, not read: opening costs no memory whatever the shard's size.
+        self.offsets = np.memmap(idx, dtype=np.uint64, mode="r", offset=HEADER.size, shape=(n_docs + 1,))
         self.n_docs, self.n_tokens, self.checksum = n_docs, n_tokens, checksum
         # subtle: np.memmap cannot map an empty file; an empty shard is a valid zero-length array.
         self.tokens = np.memmap(bin_path, dtype=self.dtype, mode="r") if n_tokens else np.zeros(0, dtype=self.dtype)
-        if verify and self._checksum() != checksum:
-            raise FatalError(f"{bin_path}: checksum does not match its index; the file was modified or damaged")
-
-    def _checksum(self, chunk_tokens: int = 1 << 24) -> int:
-        """xxh64 of the .bin, read in chunks so memory stays flat whatever the shard's size."""
-        h = xxhash.xxh64()
-        for start in range(0, len(self.tokens), chunk_tokens):
-            h.update(np.ascontiguousarray(self.tokens[start : start + chunk_tokens]).tobytes())
-        return h.intdigest()
+        if verify:
+            if _xxh64(self.offsets) != offsets_checksum or int(self.offsets[0]) != 0 or int(self.offsets[-1]) != n_tokens:
+                raise FatalError(f"{idx}: document offsets do not match their checksum; the index was modified or damaged, rerun `kiln tokenize --force`")
+            if _xxh64(self.tokens) != checksum:
+                raise FatalError(f"{bin_path}: checksum does not match its index; the file was modified or damaged, rerun `kiln tokenize --force`")
 
     def __len__(self) -> int:
         return int(self.n_tokens)
@@ -106,7 +147,15 @@ class TokenShard:
         return self.tokens[int(self.offsets[i]) : int(self.offsets[i + 1])]
 
 
-def open_split(tokenize_dir: Path, split: str, verify: bool = False) -> dict[str, TokenShard]:
+def _xxh64(array: np.ndarray, chunk: int = 1 << 24) -> int:
+    """xxh64 of an array's bytes, read in chunks so memory stays flat whatever its size."""
+    h = xxhash.xxh64()
+    for start in range(0, len(array), chunk):
+        h.update(np.ascontiguousarray(array[start : start + chunk]).tobytes())
+    return h.intdigest()
+
+
+def open_split(tokenize_dir: Path, split: str, verify: bool = True) -> dict[str, TokenShard]:
     """{source: shard} for one split ("train" or "val") of a finished tokenize stage."""
     found = {p.parent.name: TokenShard(p.with_suffix(""), verify=verify) for p in sorted(Path(tokenize_dir).glob(f"*/{split}.idx"))}
     if not found:

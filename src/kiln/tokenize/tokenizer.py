@@ -1,81 +1,197 @@
-"""kiln's tokenizer wrapper around a Hugging Face `tokenizers` byte-level BPE.
+"""kiln's tokenizer: a byte-level BPE kept as a Hugging Face `tokenizer.json`, encoded with tiktoken.
 
-Byte-level means every string encodes (no unknown token) and decodes back exactly. The
-pre-split regex is GPT-4 style: letters with their leading space, numbers in groups of at most
-3 digits, punctuation runs, and newlines apart from other whitespace.
-Not handled here: FIM/mask/sentinel specials and vocabulary extension (the tokenizer issue).
+Byte-level means every string encodes (no unknown token) and decodes back exactly. The pre-split
+regex is GPT-4 style: contractions, letters with one leading non-letter, numbers in groups of at
+most 3 digits, punctuation runs, and newlines apart from other whitespace. Special tokens take
+the first ids (end of document, padding, mask, FIM prefix/middle/suffix, sentinels, reserved);
+text that spells one ("<|endoftext|>" in a document) is encoded as plain text, never as the id.
+
+Two encoders, one result. `tokenizer.json` is written so that Hugging Face `tokenizers` follows
+tiktoken's rule: `ignore_merges` (a pre-split piece that is a whole vocabulary entry is one
+token) and merges completed, so every split of a token into two tokens is a merge ranked by the
+token's id. kiln encodes with tiktoken built from the same vocabulary (measured several times
+faster than `encode_batch`, see benchmarks/tokenize_speed.py) and both give the same ids.
+A `kiln_tokenizer.json` beside it carries the format version, the specials and the hash of
+`tokenizer.json`, so a file from another tool, another version or edited by hand is refused.
+
+Lone surrogates (possible in a Python str, impossible in UTF-8) are replaced by U+FFFD before
+encoding, so decode(encode(x)) == x for every x without them.
+Not handled here: adding terms (extend.py), training on a corpus and reports (train.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import tiktoken
+import xxhash
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from kiln.core.errors import FatalError
-from kiln.tokenize.config import EOT, PAD, SPECIAL_TOKENS
+from kiln.tokenize.config import EOT, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, FIXED_SPECIALS, MASK, PAD
 
 SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+FORMAT, VERSION = "kiln-tokenizer", 2
+META_NAME = "kiln_tokenizer.json"
+
+
+def byte_alphabet() -> dict[int, str]:
+    """Byte -> the printable character byte-level BPE writes it as (the GPT-2 table).
+
+    Printable Latin-1 bytes stand for themselves; the other 68 (controls, space, 0x7F-0xA0,
+    0xAD) are shifted to U+0100 onwards in byte order, so every token is a printable string.
+    """
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {b: chr(b) for b in keep}
+    shifted = (b for b in range(256) if b not in table)
+    table.update({b: chr(0x100 + i) for i, b in enumerate(shifted)})
+    return table
+
+
+CHAR_TO_BYTE = {c: b for b, c in byte_alphabet().items()}
+
+
+def token_to_bytes(token: str) -> bytes | None:
+    """The bytes a byte-level token stands for; None when it holds a character outside the alphabet."""
+    try:
+        return bytes(CHAR_TO_BYTE[c] for c in token)
+    except KeyError:
+        return None
+
+
+def file_hash(path: Path) -> str:
+    return xxhash.xxh3_64_hexdigest(Path(path).read_bytes())
 
 
 class KilnTokenizer:
-    """Encode/decode plus the ids kiln needs (end of document, padding)."""
+    """Encode/decode, the special ids, and the files kiln writes (`tokenizer.json` + `kiln_tokenizer.json`)."""
 
-    def __init__(self, tok: Tokenizer, path: Path | None = None):
-        self.tok = tok
+    def __init__(self, hf: Tokenizer, specials: Sequence[str], path: Path | None = None):
+        self.hf = hf
         # subtle: a document that merely mentions "<|endoftext|>" must not get a document boundary;
         # special ids come only from kiln itself (the encoder appends end-of-document by id).
-        self.tok.encode_special_tokens = True
+        self.hf.encode_special_tokens = True
         self.path = path
-        missing = [s for s in SPECIAL_TOKENS if tok.token_to_id(s) is None]
+        where = path or "tokenizer"
+        vocab = hf.get_vocab()
+        missing = [s for s in dict.fromkeys([*FIXED_SPECIALS, *specials]) if s not in vocab]
         if missing:
-            where = path or "tokenizer"
-            raise FatalError(f"{where}: special tokens {missing} are missing; it was not made by `kiln train-tokenizer`, retrain it")
-        self.eot_id = tok.token_to_id(EOT)
-        self.pad_id = tok.token_to_id(PAD)
+            raise FatalError(f"{where}: special tokens {missing[:5]} are missing; it was not made by `kiln train-tokenizer`, retrain it")
+        self.specials = {s: vocab[s] for s in dict.fromkeys([*FIXED_SPECIALS, *specials])}
+        ranks: dict[bytes, int] = {}
+        for token, i in vocab.items():
+            if token in self.specials:
+                continue
+            raw = token_to_bytes(token)
+            if raw is None:
+                raise FatalError(f"{where}: token {token!r} (id {i}) is not byte-level BPE; kiln reads only tokenizers made by `kiln train-tokenizer`")
+            ranks[raw] = i
+        if len(ranks) + len(self.specials) != len(vocab) or any(bytes([b]) not in ranks for b in range(256)):
+            raise FatalError(f"{where}: the vocabulary lacks some of the 256 byte tokens or repeats a token; retrain it with `kiln train-tokenizer`")
+        # tiktoken builds its own regex and rank table from these; construction takes ~0.1 s per 32k tokens.
+        self.fast = tiktoken.Encoding(f"kiln-{len(vocab)}", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=self.specials)
+        self.eot_id, self.pad_id, self.mask_id = self.specials[EOT], self.specials[PAD], self.specials[MASK]
+        self.fim_ids = (self.specials[FIM_PREFIX], self.specials[FIM_MIDDLE], self.specials[FIM_SUFFIX])
+        self.sentinel_ids = [i for s, i in self.specials.items() if s.startswith("<|sentinel_")]
 
     @property
     def vocab_size(self) -> int:
-        return self.tok.get_vocab_size()
+        return self.hf.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
+        # tiktoken replaces lone surrogates by U+FFFD itself (the documented replacement).
+        return self.fast.encode_ordinary(text)
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+    def encode_batch(self, texts: list[str], threads: int = 1) -> list[list[int]]:
+        """One list of ids per text; threads > 1 runs tiktoken's encoder on that many threads (it releases the GIL)."""
+        if threads > 1:
+            return self.fast.encode_ordinary_batch(texts, num_threads=threads)
+        return [self.fast.encode_ordinary(t) for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=False)
+        """Text of the ids; a sequence cut inside a multi-byte character shows U+FFFD there."""
+        return self.fast.decode_bytes(list(ids)).decode("utf-8", errors="replace")
 
     def token_bytes(self) -> np.ndarray:
-        """UTF-8 bytes each id stands for (0 for special tokens), shape (vocab,).
-
-        Byte-level BPE writes each byte as one character of its alphabet, so a regular token's
-        byte count is the length of its string. Bits per byte sums these over scored targets.
-        """
-        special = {t.content for t in self.tok.get_added_tokens_decoder().values()}
+        """UTF-8 bytes each id stands for (0 for special tokens), shape (vocab,). Bits per byte sums these."""
         out = np.zeros(self.vocab_size, dtype=np.int64)
-        for token, i in self.tok.get_vocab().items():
-            out[i] = 0 if token in special else len(token)
+        for token, i in self.hf.get_vocab().items():
+            out[i] = 0 if token in self.specials else len(token)  # one alphabet character per byte
         return out
 
-    def save(self, path: Path) -> None:
-        self.tok.save(str(path))
+    def save(self, path: Path) -> list[Path]:
+        """Write `tokenizer.json` at path and `kiln_tokenizer.json` beside it; returns both."""
+        path = Path(path)
+        self.hf.save(str(path))
+        meta = {"format": FORMAT, "version": VERSION, "pattern": SPLIT_PATTERN, "vocab_size": self.vocab_size, "specials": self.specials, "tokenizer_json_xxh3": file_hash(path)}
+        meta_path = path.with_name(META_NAME)
+        meta_path.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+        self.path = path
+        return [path, meta_path]
 
     @classmethod
     def load(cls, path: Path) -> KilnTokenizer:
+        path = Path(path)
+        meta_path = path.with_name(META_NAME)
+        if not path.is_file():
+            raise FatalError(f"{path}: no such tokenizer; run `kiln train-tokenizer` first")
+        if not meta_path.is_file():
+            raise FatalError(f"{path}: no {META_NAME} beside it, so it was not written by `kiln train-tokenizer`; kiln needs its own pre-split and special tokens, so train one with `kiln train-tokenizer`")
+        meta = _read_meta(meta_path)
+        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+            raise FatalError(f"{meta_path}: tokenizer format {meta.get('format')!r} v{meta.get('version')}, this kiln reads {FORMAT} v{VERSION}; rerun `kiln train-tokenizer --force`")
+        if meta.get("tokenizer_json_xxh3") != file_hash(path):
+            raise FatalError(f"{path}: changed since kiln wrote it (its hash differs from {META_NAME}); rerun `kiln train-tokenizer --force`, or `kiln extend-tokenizer` to add terms")
+        if meta.get("pattern") != SPLIT_PATTERN:
+            raise FatalError(f"{meta_path}: written with another pre-split pattern; rerun `kiln train-tokenizer --force`")
         try:
-            tok = Tokenizer.from_file(str(path))
+            hf = Tokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception on malformed files
-            raise FatalError(f"{path}: cannot load as a tokenizers JSON file ({e}); rerun `kiln train-tokenizer`") from None
-        return cls(tok, Path(path))
+            raise FatalError(f"{path}: cannot load as a tokenizers JSON file ({e}); rerun `kiln train-tokenizer --force`") from None
+        tok = cls(hf, list(meta["specials"]), path)
+        if tok.specials != meta["specials"]:
+            raise FatalError(f"{path}: special token ids differ from {META_NAME}; rerun `kiln train-tokenizer --force`")
+        return tok
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> KilnTokenizer:
+def _read_meta(meta_path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise FatalError(f"{meta_path}: not valid JSON ({e}); rerun `kiln train-tokenizer --force`") from None
+    if not isinstance(meta, dict):
+        raise FatalError(f"{meta_path}: expected a JSON object; rerun `kiln train-tokenizer --force`")
+    return meta
+
+
+def tiktoken_rules(tokenizer_json: dict[str, Any]) -> dict[str, Any]:
+    """The same BPE, rewritten to follow tiktoken's rule (module docstring); returns the new JSON.
+
+    Merges are ordered by the id of the token they make (trained order for a token's first
+    merge); each token gains a merge for every other split into two vocabulary tokens.
+    """
+    model = tokenizer_json["model"]
+    vocab: dict[str, int] = model["vocab"]
+    trained: dict[str, list[tuple[str, str]]] = {}
+    for left, right in model["merges"]:
+        trained.setdefault(left + right, []).append((left, right))
+    merges = []
+    for token in sorted(trained, key=vocab.__getitem__):
+        pairs = list(trained[token])
+        pairs += [(token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in vocab and token[i:] in vocab and (token[:i], token[i:]) not in pairs]
+        merges += [list(p) for p in pairs]
+    model["merges"] = merges
+    model["ignore_merges"] = True
+    return tokenizer_json
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int, specials: Sequence[str]) -> KilnTokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
@@ -85,9 +201,10 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int) -> Kiln
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(specials),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes, so nothing is ever unknown
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    return KilnTokenizer(tok)
+    rewritten = tiktoken_rules(json.loads(tok.to_str()))
+    return KilnTokenizer(Tokenizer.from_str(json.dumps(rewritten)), specials)

@@ -1,95 +1,221 @@
-"""The train-tokenizer stage: learn BPE merges on curated text, report compression.
+"""The train-tokenizer stage: learn BPE merges on a sample of the curated shards, then report.
 
-The sample is drawn from curated shards in shard order, each source contributing in
-proportion to its curated bytes, skipping held-out documents; the held-out documents give
-bytes per token per source. Same shards and config give the same tokenizer.json.
-Not handled here: per-language fertility, sweeps (the tokenizer issue).
+The sample gives each source its share of `tokenizer.sample_mb` by `source_weights` (default:
+curated bytes). Within a source it is spread out: shards are picked evenly across the source
+(enough to hold about four times its share), and documents in them are taken by a hash of
+their id at the rate that fills the share, so the sample is not just the first files read.
+Held-out documents (`heldout_fraction`, by id hash) never train; they feed report.py.
+Same shards and config give the same tokenizer.json, byte for byte.
+`--sweep 4096,8192,...` trains one tokenizer per size on the same sample into
+`tokenizer-sweep/` and prints the reports side by side; the stage's own tokenizer is untouched.
+Not handled here: adding terms to a trained tokenizer (extend.py), encoding (encode.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Iterator
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.core.errors import FatalError
+import xxhash
+from pydantic import Field, ValidationError
+
+from kiln.core.config import Section
+from kiln.core.errors import ConfigError, FatalError
 from kiln.core.manifest import Stage, read_manifest
 from kiln.core.split import is_heldout
 from kiln.curate.shards import list_shards, read_shard, shard_source
 from kiln.tokenize.config import TokenizerConfig
+from kiln.tokenize.report import HeldoutDoc, format_report, format_sweep, heldout_doc, measure
 from kiln.tokenize.tokenizer import KilnTokenizer, train_bpe
 
 log = logging.getLogger("kiln.tokenizer")
 MB = 1_000_000
+SPREAD = 4  # a source's sample is drawn from shards holding about this many times its share
 
 
-def sample_texts(shards: list[Path], quota: dict[str, int], heldout_fraction: float, heldout: bool) -> Iterator[str]:
-    """Texts from the shards, per source until its byte quota is used; held-out docs or the rest."""
-    used = dict.fromkeys(quota, 0)
+class EmbeddingShape(Section):
+    """The model width the report prices the embedding table at (from the recipe's model section)."""
+
+    d_model: int = Field(default=256, ge=1, description="Model width.")
+    tied_embeddings: bool = Field(default=False, description="Whether input and output embeddings are one table.")
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    shards: list[Path]
+    rate: float  # probability a held-in document of these shards is taken
+    quota: int  # bytes of text to take
+    rest: list[Path]  # the source's other shards, read only if the chosen ones fall short
+
+
+def sample_score(doc_id: str) -> float:
+    """Uniform in [0, 1) per id, independent of the held-out split's hash (another seed)."""
+    return xxhash.xxh3_64_intdigest(doc_id.encode("utf-8"), seed=1) / 2.0**64
+
+
+def spread(shards: Sequence[Path], n: int) -> list[Path]:
+    """n shards evenly spaced across the list (all of them when n >= len), in shard order."""
+    if n >= len(shards):
+        return list(shards)
+    return [shards[int((j + 0.5) * len(shards) / n)] for j in range(n)]
+
+
+def plan_sample(shards: Sequence[Path], curated_bytes: dict[str, int], cfg: TokenizerConfig) -> dict[str, SourcePlan]:
+    weights = cfg.source_weights if cfg.source_weights is not None else {s: float(b) for s, b in curated_bytes.items()}
+    unknown = sorted(set(weights) - set(curated_bytes))
+    if unknown:
+        raise FatalError(f"tokenizer.source_weights names {unknown}, which curate kept no text of; sources with text: {sorted(curated_bytes)}")
+    total_weight = sum(weights.values())
+    plans = {}
+    for source, weight in sorted(weights.items()):
+        if weight <= 0:
+            continue
+        quota = math.ceil(cfg.sample_mb * MB * weight / total_weight)
+        files = [s for s in shards if shard_source(s) == source]
+        held_in = curated_bytes[source] * (1 - cfg.heldout_fraction)
+        per_shard = held_in / len(files)
+        chosen = spread(files, math.ceil(SPREAD * quota / per_shard))
+        rest = [f for f in files if f not in set(chosen)]
+        plans[source] = SourcePlan(chosen, min(1.0, quota / max(per_shard * len(chosen), 1)), quota, rest)
+    return plans
+
+
+def sample_texts(plans: dict[str, SourcePlan], heldout_fraction: float) -> Iterator[str]:
+    for source, plan in plans.items():
+        used = 0
+        # The spread-out pass; then, when chance left the share short, the documents it skipped
+        # in the same shards, then the source's other shards. All in a fixed order: deterministic.
+        passes = [(plan.shards, 0.0, plan.rate), (plan.shards, plan.rate, 1.0), (plan.rest, 0.0, 1.0)]  # sample_score ranges
+        for shards, low, high in passes:
+            for shard in shards:
+                for doc in read_shard(shard):
+                    if is_heldout(doc.id, heldout_fraction) or not low <= sample_score(doc.id) < high:
+                        continue
+                    used += len(doc.text.encode("utf-8"))
+                    yield doc.text
+                    if used >= plan.quota:
+                        break
+                if used >= plan.quota:
+                    break
+            if used >= plan.quota or plan.rate >= 1:  # at rate 1 the first pass took everything
+                break
+        if used < plan.quota:
+            log.info("tokenizer: source %s gave %.2f MB of its %.2f MB share (all it has outside the held-out split)", source, used / MB, plan.quota / MB)
+
+
+def heldout_docs(shards: Sequence[Path], cfg: TokenizerConfig) -> list[HeldoutDoc]:
+    """Up to heldout_mb of held-out documents per source, in shard order."""
+    out, used = [], {}
     for shard in shards:
         source = shard_source(shard)
-        if used.get(source, 0) >= quota.get(source, 0):
+        if used.get(source, 0) >= cfg.heldout_mb * MB:
             continue
         for doc in read_shard(shard):
-            if is_heldout(doc.id, heldout_fraction) != heldout:
-                continue
-            used[source] += len(doc.text.encode("utf-8"))
-            yield doc.text
-            if used[source] >= quota[source]:
-                break
+            if is_heldout(doc.id, cfg.heldout_fraction):
+                out.append(heldout_doc(doc))
+                used[source] = used.get(source, 0) + len(doc.text.encode("utf-8"))
+                if used[source] >= cfg.heldout_mb * MB:
+                    break
+    return out
 
 
-def source_quotas(curated_bytes: dict[str, int], total: int) -> dict[str, int]:
-    all_bytes = sum(curated_bytes.values()) or 1
-    return {s: int(total * b / all_bytes) + 1 for s, b in curated_bytes.items()}
-
-
-def bytes_per_token(tokenizer: KilnTokenizer, shards: list[Path], cfg: TokenizerConfig, curated_bytes: dict[str, int]) -> dict[str, dict[str, float]]:
-    report = {}
-    for source in sorted(curated_bytes):
-        texts = list(sample_texts([s for s in shards if shard_source(s) == source], {source: int(cfg.heldout_mb * MB)}, cfg.heldout_fraction, heldout=True))
-        if not texts:
-            continue
-        nbytes = sum(len(t.encode("utf-8")) for t in texts)
-        ntokens = sum(len(ids) for ids in tokenizer.encode_batch(texts))
-        report[source] = {"docs": len(texts), "bytes": nbytes, "tokens": ntokens, "bytes_per_token": round(nbytes / max(ntokens, 1), 4)}
-    return report
-
-
-def run(cfg: TokenizerConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
+def training_sample(run_dir: Path, cfg: TokenizerConfig) -> tuple[list[Path], list[str]]:
     curate_dir = Path(run_dir) / "curate"
     curated = read_manifest(curate_dir)
     shards = list_shards(curate_dir / "shards")
-    stage = Stage(run_dir, "tokenizer", {"tokenizer": cfg}, inputs=shards, upstream=["curate"])
+    curated_bytes = {s: t["bytes_out"] for s, t in curated["counts"]["per_source"].items() if t["bytes_out"] > 0}
+    if not curated_bytes:
+        raise FatalError(f"tokenizer: curate kept no text in {curate_dir}; see {curate_dir / 'summary.txt'} for where the documents went")
+    texts = list(sample_texts(plan_sample(shards, curated_bytes, cfg), cfg.heldout_fraction))
+    sample_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    # BPE needs enough text to find vocab_size - 256 - specials merges; far less and the vocabulary stays short.
+    if sample_bytes < 4 * cfg.vocab_size:
+        raise FatalError(
+            f"tokenizer: the training sample has {len(texts)} documents, {sample_bytes:,} bytes, too little for vocab_size {cfg.vocab_size:,} "
+            f"(needs at least {4 * cfg.vocab_size:,} bytes); curate more text, raise tokenizer.sample_mb, or lower tokenizer.vocab_size"
+        )
+    return shards, texts
+
+
+def train_and_measure(texts: list[str], vocab_size: int, cfg: TokenizerConfig, heldout: list[HeldoutDoc], shape: EmbeddingShape) -> tuple[KilnTokenizer, dict[str, Any]]:
+    t0 = time.perf_counter()
+    tokenizer = train_bpe(texts, vocab_size, cfg.min_frequency, cfg.specials)
+    seconds = time.perf_counter() - t0
+    if tokenizer.vocab_size < vocab_size:
+        log.warning("tokenizer: the sample held only %d merges; vocabulary is %d, not %d", tokenizer.vocab_size - 256 - len(cfg.specials), tokenizer.vocab_size, vocab_size)
+    report = measure(tokenizer, heldout, shape.d_model, shape.tied_embeddings) if heldout else None
+    return tokenizer, {"train_seconds": round(seconds, 2), "heldout": report}
+
+
+def run(cfg: TokenizerConfig, run_dir: Path, shape: EmbeddingShape | None = None, force: bool = False) -> dict[str, Any]:
+    shape = shape or EmbeddingShape()
+    shards = list_shards(Path(run_dir) / "curate" / "shards")
+    stage = Stage(run_dir, "tokenizer", {"tokenizer": cfg, "embedding": shape}, inputs=shards, upstream=["curate"])
     if not force and (done := stage.current_manifest()):
         log.info("tokenizer: up to date (vocab %d); nothing to do. Use --force to redo.", done["counts"]["vocab_size"])
         return done
     stage.begin()
-    curated_bytes = {s: t["bytes_out"] for s, t in curated["counts"]["per_source"].items() if t["bytes_out"] > 0}
-    quota = source_quotas(curated_bytes, int(cfg.sample_mb * MB))
-    texts = list(sample_texts(shards, quota, cfg.heldout_fraction, heldout=False))
+    shards, texts = training_sample(run_dir, cfg)
     sample_bytes = sum(len(t.encode("utf-8")) for t in texts)
-    # BPE needs enough text to find vocab_size - 258 merges; far less and the vocabulary stays short.
-    if sample_bytes < 4 * cfg.vocab_size:
-        raise FatalError(f"tokenizer: the training sample has {sample_bytes} bytes, too little for vocab_size {cfg.vocab_size}; curate more text or lower tokenizer.vocab_size")
     log.info("tokenizer: training byte-level BPE, vocab %d, on %d docs (%.1f MB)", cfg.vocab_size, len(texts), sample_bytes / MB)
-    tokenizer = train_bpe(texts, cfg.vocab_size, cfg.min_frequency)
-    out = stage.dir / "tokenizer.json"
-    tokenizer.save(out)
-    heldout = bytes_per_token(tokenizer, shards, cfg, curated_bytes)
-    total_bytes = sum(r["bytes"] for r in heldout.values())
-    total_tokens = sum(r["tokens"] for r in heldout.values())
+    heldout = heldout_docs(shards, cfg)
+    tokenizer, result = train_and_measure(texts, cfg.vocab_size, cfg, heldout, shape)
+    outputs = tokenizer.save(stage.dir / "tokenizer.json")
+    report = {"sample_docs": len(texts), "sample_bytes": sample_bytes, **result}
+    (stage.dir / "report.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    held = report["heldout"]
+    if held is None:
+        log.warning("tokenizer: no held-out documents at heldout_fraction %s; nothing measured", cfg.heldout_fraction)
     counts = {
         "vocab_size": tokenizer.vocab_size,
         "sample_docs": len(texts),
         "sample_bytes": sample_bytes,
         # None when no document fell in the held-out fraction (tiny corpora): nothing was measured.
-        "heldout_bytes_per_token": round(total_bytes / total_tokens, 4) if total_tokens else None,
-        "per_source": heldout,
+        "heldout_bytes_per_token": held["all"]["bytes_per_token"] if held else None,
+        "per_source": {s: {k: r[k] for k in ("docs", "bytes", "tokens", "bytes_per_token", "tokens_per_word")} for s, r in held["per_source"].items()} if held else {},
     }
-    if not total_tokens:
-        log.warning("tokenizer: no held-out documents at heldout_fraction %s; bytes per token not measured", cfg.heldout_fraction)
-    lines = [f"vocab {tokenizer.vocab_size}, trained on {sample_bytes / MB:.1f} MB; held-out bytes/token {counts['heldout_bytes_per_token'] or 'not measured (no held-out documents)'}"]
-    lines += [f"  {s:<10} {r['bytes_per_token']:>6.3f} bytes/token over {r['docs']} docs" for s, r in heldout.items()]
-    return stage.finish([out], counts, "\n".join(lines))
+    summary = f"trained on {sample_bytes / MB:.1f} MB ({len(texts):,} documents) in {result['train_seconds']:.1f}s\n"
+    summary += format_report(held) if held else f"vocab {tokenizer.vocab_size:,}; no held-out documents, nothing measured"
+    return stage.finish([*outputs, stage.dir / "report.json"], counts, summary)
+
+
+def sized(cfg: TokenizerConfig, vocab_size: int) -> TokenizerConfig:
+    """cfg at another vocabulary size, validated like the recipe (room for merges)."""
+    try:
+        return TokenizerConfig.model_validate({**cfg.model_dump(), "vocab_size": vocab_size})
+    except ValidationError as e:
+        raise ConfigError(f"--sweep {vocab_size}: {e.errors()[0]['msg']}") from None
+
+
+def sweep(cfg: TokenizerConfig, run_dir: Path, sizes: Sequence[int], shape: EmbeddingShape | None = None, force: bool = False) -> dict[str, Any]:
+    """One tokenizer per vocabulary size on one sample, reported side by side, in `tokenizer-sweep/`."""
+    shape = shape or EmbeddingShape()
+    configs = [sized(cfg, n) for n in sorted(set(sizes))]
+    shards = list_shards(Path(run_dir) / "curate" / "shards")
+    stage = Stage(run_dir, "tokenizer-sweep", {"tokenizer": cfg, "embedding": shape, **{f"vocab_{c.vocab_size}": c for c in configs}}, inputs=shards, upstream=["curate"])
+    if not force and (done := stage.current_manifest()):
+        log.info("tokenizer-sweep: up to date (%s); nothing to do. Use --force to redo.\n%s", ", ".join(map(str, done["counts"]["vocab_sizes"])), (stage.dir / "summary.txt").read_text())
+        return done
+    stage.begin()
+    shards, texts = training_sample(run_dir, cfg)
+    heldout = heldout_docs(shards, cfg)
+    if not heldout:
+        raise FatalError(f"tokenizer-sweep: no held-out documents at tokenizer.heldout_fraction={cfg.heldout_fraction}; a sweep has nothing to compare, raise it")
+    outputs, reports = [], []
+    for c in configs:
+        log.info("tokenizer-sweep: training vocab %d", c.vocab_size)
+        tokenizer, result = train_and_measure(texts, c.vocab_size, cfg, heldout, shape)
+        folder = stage.dir / f"vocab-{c.vocab_size}"
+        folder.mkdir()
+        outputs += tokenizer.save(folder / "tokenizer.json")
+        (folder / "report.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        outputs.append(folder / "report.json")
+        reports.append(result["heldout"])
+    counts = {"vocab_sizes": [c.vocab_size for c in configs], "bytes_per_token": {str(r["vocab_size"]): r["all"]["bytes_per_token"] for r in reports}}
+    return stage.finish(outputs, counts, format_sweep(reports))

@@ -29,6 +29,15 @@ def save_checkpoint(folder: Path, model: Transformer, train_state: dict[str, Any
     A crash while writing leaves the old checkpoint in place; a crash during the two renames
     leaves a complete one under `<folder>.old` or `<folder>.tmp`.
     """
+    return _swap_in(folder, model, train_state)
+
+
+def save_weights(folder: Path, model: Transformer) -> list[Path]:
+    """Weights and config only (no training state): a model to start another run from."""
+    return _swap_in(folder, model, None)
+
+
+def _swap_in(folder: Path, model: Transformer, train_state: dict[str, Any] | None) -> list[Path]:
     tmp, old = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
     for leftover in (tmp, old):
         if leftover.exists():
@@ -36,13 +45,14 @@ def save_checkpoint(folder: Path, model: Transformer, train_state: dict[str, Any
     tmp.mkdir(parents=True)
     save_model(model, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(json.dumps({"format": FORMAT, "model": model.cfg.model_dump(mode="json")}, indent=2) + "\n")
-    torch.save(train_state, tmp / "train_state.pt")
+    if train_state is not None:
+        torch.save(train_state, tmp / "train_state.pt")
     if folder.exists():
         folder.rename(old)
     tmp.rename(folder)
     if old.exists():
         shutil.rmtree(old)
-    return [folder / "model.safetensors", folder / "config.json", folder / "train_state.pt"]
+    return [folder / "model.safetensors", folder / "config.json"] + ([folder / "train_state.pt"] if train_state is not None else [])
 
 
 def load_trained_model(folder: Path, device: str | torch.device = "cpu") -> Transformer:

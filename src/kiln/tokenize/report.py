@@ -1,0 +1,153 @@
+"""What a tokenizer costs: compression and fertility on held-out text, per source and per language.
+
+Measures, for documents the tokenizer never trained on:
+- bytes per token (UTF-8 bytes of the text / tokens): higher is better compression;
+- tokens per word (all tokens, whitespace and punctuation included, / words): the sequence
+  length a word of this text costs;
+- fertility (tokens per word when each word is encoded alone, with its leading space if it had
+  one) and the share of words split into two or more tokens.
+A word is a run of letters, marks and digits; in scripts written without spaces (Han, kana,
+Thai, Lao, Khmer, Myanmar) each character counts as one word, so their figures stay comparable
+to spaced scripts instead of counting a whole clause as one word.
+A document's language is curate's `meta.language`, else `code` for code, else lid.176's guess.
+Also: embedding-table parameters at the model's width, and the longest and most used merges.
+Not handled here: training (train.py), or drawing the held-out documents.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import regex
+
+from kiln.core.document import Document
+from kiln.curate.steps.code import is_code
+from kiln.curate.steps.language import predict_language
+from kiln.tokenize.tokenizer import KilnTokenizer
+
+UNSPACED = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}"
+# One optional leading space is kept with the word: that is how BPE sees most words mid-sentence.
+WORD = regex.compile(rf" ?(?:[{UNSPACED}]|(?:(?![{UNSPACED}])[\p{{L}}\p{{M}}\p{{N}}])+)")
+TOP = 10
+
+
+@dataclass(frozen=True)
+class HeldoutDoc:
+    source: str
+    language: str
+    text: str
+
+
+def language_of(doc: Document) -> str:
+    if doc.meta.get("language"):
+        return str(doc.meta["language"])
+    if is_code(doc.source, doc.meta.get("record_path") or doc.meta.get("path"), None):
+        return "code"
+    return predict_language(doc.text, max_chars=2000)[0]
+
+
+def heldout_doc(doc: Document) -> HeldoutDoc:
+    return HeldoutDoc(doc.source, language_of(doc), doc.text)
+
+
+def words(text: str) -> list[str]:
+    return WORD.findall(text)
+
+
+class GroupStats:
+    """Running sums for one group of documents (a source, a language, or all)."""
+
+    def __init__(self) -> None:
+        self.docs = self.bytes = self.tokens = 0
+        self.words: Counter[str] = Counter()
+
+    def add(self, text: str, n_tokens: int) -> None:
+        self.docs += 1
+        self.bytes += len(text.encode("utf-8"))
+        self.tokens += n_tokens
+        self.words.update(words(text))
+
+    def summary(self, word_tokens: dict[str, int]) -> dict[str, Any]:
+        n_words = sum(self.words.values())
+        split = sum(c for w, c in self.words.items() if word_tokens[w] > 1)
+        fertility = sum(c * word_tokens[w] for w, c in self.words.items())
+        return {
+            "docs": self.docs,
+            "bytes": self.bytes,
+            "tokens": self.tokens,
+            "words": n_words,
+            "bytes_per_token": round(self.bytes / self.tokens, 4) if self.tokens else None,
+            "tokens_per_word": round(self.tokens / n_words, 4) if n_words else None,
+            "fertility": round(fertility / n_words, 4) if n_words else None,
+            "split_word_fraction": round(split / n_words, 4) if n_words else None,
+        }
+
+
+def measure(tokenizer: KilnTokenizer, docs: Sequence[HeldoutDoc], d_model: int, tied_embeddings: bool) -> dict[str, Any]:
+    """The report for `docs` (see the module docstring); JSON-ready."""
+    total, by_source, by_language = GroupStats(), {}, {}
+    used: Counter[int] = Counter()
+    for doc, ids in zip(docs, tokenizer.encode_batch([d.text for d in docs], threads=2), strict=True):
+        for stats in (total, by_source.setdefault(doc.source, GroupStats()), by_language.setdefault(doc.language, GroupStats())):
+            stats.add(doc.text, len(ids))
+        used.update(ids)
+    unique = list(total.words)
+    word_tokens = dict(zip(unique, map(len, tokenizer.encode_batch(unique)), strict=True))
+    token_bytes = tokenizer.token_bytes()
+    merged = [i for i in range(tokenizer.vocab_size) if token_bytes[i] > 1]
+
+    def show(i: int) -> dict[str, Any]:
+        return {"id": i, "text": tokenizer.decode([i]), "bytes": int(token_bytes[i])}
+
+    return {
+        "vocab_size": tokenizer.vocab_size,
+        "special_tokens": len(tokenizer.specials),
+        "merges": len(merged),
+        "embedding": {"d_model": d_model, "tied": tied_embeddings, "params": tokenizer.vocab_size * d_model * (1 if tied_embeddings else 2)},
+        "all": total.summary(word_tokens),
+        "per_source": {s: by_source[s].summary(word_tokens) for s in sorted(by_source)},
+        "per_language": {lang: by_language[lang].summary(word_tokens) for lang in sorted(by_language, key=lambda k: -by_language[k].bytes)},
+        # runs of indentation are the longest tokens of any code-trained vocabulary; show the others
+        "longest_merges": [show(i) for i in sorted((i for i in merged if tokenizer.decode([i]).strip()), key=lambda i: (-token_bytes[i], i))[:TOP]],
+        "most_used_merges": [{**show(i), "count": c} for i, c in sorted(((i, used[i]) for i in merged if used[i]), key=lambda x: (-x[1], x[0]))[:TOP]],
+        "first_merges": [show(i) for i in merged[:TOP]],  # learned first: the most frequent pairs of the sample
+    }
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _row(name: str, r: dict[str, Any]) -> str:
+    return f"  {name:<12} {r['docs']:>6} {r['bytes'] / 1e6:>8.2f} {_fmt(r['bytes_per_token']):>8} {_fmt(r['tokens_per_word']):>8} {_fmt(r['fertility']):>8} {_fmt(r['split_word_fraction']):>7}"
+
+
+def format_report(report: dict[str, Any]) -> str:
+    head = f"  {'':<12} {'docs':>6} {'MB':>8} {'B/token':>8} {'tok/word':>8} {'fertil.':>8} {'split':>7}"
+    emb = report["embedding"]
+    lines = [f"vocab {report['vocab_size']:,} ({report['special_tokens']} special, {report['merges']:,} merges); embedding parameters at d_model {emb['d_model']}: {emb['params']:,} ({'tied' if emb['tied'] else 'input + output'})"]
+    lines += ["held-out text by source:", head, *(_row(s, r) for s, r in report["per_source"].items()), _row("all", report["all"])]
+    lines += ["held-out text by language:", head, *(_row(lang, r) for lang, r in report["per_language"].items())]
+    lines.append("longest merges: " + ", ".join(repr(m["text"]) for m in report["longest_merges"]))
+    lines.append("most used merges: " + ", ".join(f"{m['text']!r} ({m['count']:,})" for m in report["most_used_merges"]))
+    return "\n".join(lines)
+
+
+def format_sweep(reports: Sequence[dict[str, Any]]) -> str:
+    """Several vocabulary sizes side by side: one column per size."""
+    lines = [f"  {'vocab size':<28}" + "".join(f"{r['vocab_size']:>10,}" for r in reports)]
+
+    def metric(label: str, values: list[Any]) -> None:
+        lines.append(f"  {label:<28}" + "".join(f"{'-' if v is None else v:>10}" for v in values))
+
+    metric("embedding params (M)", [round(r["embedding"]["params"] / 1e6, 2) for r in reports])
+    for key, label in (("bytes_per_token", "bytes/token"), ("tokens_per_word", "tokens/word"), ("fertility", "fertility")):
+        metric(f"{label} all", [r["all"][key] for r in reports])
+        for source in reports[0]["per_source"]:
+            metric(f"{label} {source}", [r["per_source"].get(source, {}).get(key) for r in reports])
+        for lang in reports[0]["per_language"]:
+            metric(f"{label} [{lang}]", [r["per_language"].get(lang, {}).get(key) for r in reports])
+    return "\n".join(lines)
