@@ -146,6 +146,8 @@ def main() -> None:
         f"RESULT kiln_mb_s={speed['kiln']:.2f} hf_mb_s={speed['hf']:.2f} tiktoken_mb_s={speed['tiktoken']:.2f} "
         f"ratio_vs_fastest={speed['kiln'] / fastest:.3f} ids_identical={int(identical)} stage_1w_mb_s={stage[1]:.2f} stage_2w_mb_s={stage[2]:.2f}"
     )
+    if not identical:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -196,7 +196,7 @@ def test_wrong_literal_lists_choices():
         ("train.lr=2", "train.lr", "less than or equal to 1"),
         ("tokenize.val_fraction=1.5", "tokenize.val_fraction", "less than 1"),
         ("curate.max_total_mb=0", "curate.max_total_mb", "greater than 0"),
-        ("tokenizer.vocab_size=100", "tokenizer.vocab_size", "greater than or equal to 263"),
+        ("tokenizer.vocab_size=100", "tokenizer", "vocab_size 100 leaves no room for merges"),
         ("name=has space", "name", "should match pattern"),
     ],
 )

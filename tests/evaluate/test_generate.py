@@ -80,11 +80,18 @@ def always_predicts(model: Transformer, token_id: int) -> Transformer:
     return model
 
 
-def reference_greedy(model: Transformer, ids: list[int], n: int, eot: int) -> list[int]:
+def banned(tokenizer: KilnTokenizer) -> list[int]:
+    """Ids generation never samples: every special but end-of-document."""
+    return [i for i in tokenizer.specials.values() if i != tokenizer.eot_id]
+
+
+def reference_greedy(model: Transformer, ids: list[int], n: int, eot: int, banned: list[int]) -> list[int]:
     out = []
     with torch.no_grad():
         for _ in range(n):
-            next_id = int(model(torch.tensor([ids[-model.cfg.max_seq_len :]]))[0, -1].argmax())
+            logits = model(torch.tensor([ids[-model.cfg.max_seq_len :]]))[0, -1]
+            logits[banned] = float("-inf")
+            next_id = int(logits.argmax())
             if next_id == eot:
                 break
             ids, out = ids + [next_id], out + [next_id]
@@ -95,7 +102,7 @@ def test_greedy_is_deterministic_and_matches_a_plain_argmax_loop(tokenizer: Kiln
     model = model_for(tokenizer)
     texts = {generate(model, tokenizer, GenerateConfig(prompt="def parse", max_new_tokens=12, temperature=0, seed=seed)) for seed in (0, 1, 2)}
     assert len(texts) == 1
-    expected = reference_greedy(model, tokenizer.encode("def parse"), 12, tokenizer.eot_id)
+    expected = reference_greedy(model, tokenizer.encode("def parse"), 12, tokenizer.eot_id, banned(tokenizer))
     assert texts.pop() == "def parse" + tokenizer.decode(expected)
 
 
@@ -132,7 +139,7 @@ def test_context_longer_than_max_seq_len_uses_the_last_tokens(tokenizer: KilnTok
     prompt = "def parse(value):\n    return value.strip().split(',')\n"
     assert len(tokenizer.encode(prompt)) > 8
     text = generate(model, tokenizer, GenerateConfig(prompt=prompt, max_new_tokens=20, temperature=0))
-    assert text == prompt + tokenizer.decode(reference_greedy(model, tokenizer.encode(prompt), 20, tokenizer.eot_id))
+    assert text == prompt + tokenizer.decode(reference_greedy(model, tokenizer.encode(prompt), 20, tokenizer.eot_id, banned(tokenizer)))
 
 
 def test_empty_prompt_starts_a_fresh_document(tokenizer: KilnTokenizer) -> None:
@@ -141,11 +148,12 @@ def test_empty_prompt_starts_a_fresh_document(tokenizer: KilnTokenizer) -> None:
     assert generate(model, tokenizer, GenerateConfig(prompt="", max_new_tokens=3, temperature=0)) == tokenizer.decode([token] * 3)
 
 
-def test_padding_is_never_generated(tokenizer: KilnTokenizer) -> None:
-    model = always_predicts(model_for(tokenizer), tokenizer.pad_id)
+@pytest.mark.parametrize("special", ["<|pad|>", "<|mask|>", "<|fim_middle|>"])
+def test_specials_other_than_end_of_document_are_never_generated(tokenizer: KilnTokenizer, special: str) -> None:
+    model = always_predicts(model_for(tokenizer), tokenizer.specials[special])
     fox = tokenizer.encode("fox")[0]
     with torch.no_grad():
-        model.lm_head.bias[fox] = 10.0  # second only to padding
+        model.lm_head.bias[fox] = 10.0  # second only to the special
     for cfg in (GenerateConfig(prompt="The ", max_new_tokens=6, temperature=0), GenerateConfig(prompt="The ", max_new_tokens=6, temperature=1.0, top_k=None, top_p=None, seed=3)):
         text = generate(model, tokenizer, cfg)
         assert text == "The " + tokenizer.decode([fox] * 6)

@@ -100,20 +100,21 @@ def test_batch_size_does_not_change_the_shards(run_dir, tmp_path):
 
 
 def test_rerun_is_skipped_and_upstream_change_redoes(run_dir):
-    first = encode(CFG, run_dir)
+    inline = configured(executor={"workers": 1})  # one process: a tokenizer cached from the first run must not leak into the redo
+    first = encode(inline, run_dir)
     manifest_bytes = (run_dir / "tokenize" / MANIFEST).read_bytes()
     marker = run_dir / "tokenize" / "marker"
     marker.write_text("begin() would delete me")
 
-    assert encode(CFG, run_dir) == first
+    assert encode(inline, run_dir) == first
     assert (run_dir / "tokenize" / MANIFEST).read_bytes() == manifest_bytes and marker.exists()
 
-    encode(CFG, run_dir, force=True)
+    encode(inline, run_dir, force=True)
     assert not marker.exists()
 
     marker.write_text("x")
     train_tokenizer(TOKENIZER.model_copy(update={"vocab_size": 650}), run_dir)  # the tokenizer was redone
-    redone = encode(CFG, run_dir)
+    redone = encode(inline, run_dir)
     assert not marker.exists()
     assert redone["counts"]["vocab_size"] == 650
     assert redone["counts"]["train_tokens"] < first["counts"]["train_tokens"]  # more merges, fewer tokens
@@ -144,7 +145,7 @@ def shard_bytes(run_dir: Path) -> dict[Path, bytes]:
 def test_workers_and_executors_give_identical_shards(run_dir, ray_local):
     encode(configured(executor={"workers": 1}), run_dir)
     one = shard_bytes(run_dir)
-    assert not (run_dir / "tokenize" / "parts").exists()  # the per-shard parts are joined, then removed
+    assert not (run_dir / "tokenize" / ".parts").exists()  # the per-shard parts are joined, then removed
     encode(configured(executor={"workers": 2}), run_dir, force=True)
     assert shard_bytes(run_dir) == one
     encode(configured(executor={"kind": "ray", "workers": 2}), run_dir, force=True)
@@ -168,7 +169,7 @@ def test_interrupted_run_resumes_per_shard(run_dir, tmp_path, monkeypatch):
     inline = configured(executor={"workers": 1})  # tasks run in this process, in shard order
     with pytest.raises(KeyboardInterrupt):
         encode(inline, run_dir)
-    parts = run_dir / "tokenize" / "parts"
+    parts = run_dir / "tokenize" / ".parts"
     finished = {p.parent.name: p.stat().st_mtime_ns for p in parts.glob("*/stats.json")}
     assert sorted(finished) == [s.name.removesuffix(".jsonl.zst") for s in shards[:2]]
 

@@ -52,6 +52,17 @@ def test_terms_become_one_token(tok, extended):
     assert new.hf.encode(text, add_special_tokens=False).ids == ids  # the saved HF file agrees with kiln's encoder
 
 
+def test_terms_inside_longer_words_agree_with_the_hf_file(tok, extended):
+    # A new token can also form inside a longer piece ("Kubernetesify"); both encoders must agree there.
+    new, _ = extended
+    for text in ("Kubernetesify unpretraining Kubernetes_x xpretrainingx 東京都庁舎", "formats reformat " * 3):
+        ids = new.encode(text)
+        assert new.hf.encode(text, add_special_tokens=False).ids == ids and new.decode(ids) == text
+    common, _ = extend(tok, ["format", "the", "ing"])
+    for text in ("formats unformatted reformatting", "andthes bathing singing", " defineed"):
+        assert common.hf.encode(text, add_special_tokens=False).ids == common.encode(text)
+
+
 def test_text_without_the_terms_encodes_as_before(tok, extended):
     new, _ = extended
     for text in (PLAIN, *(pydoc_data.topics.topics[name] for name in sorted(pydoc_data.topics.topics)[60:80])):
@@ -68,6 +79,20 @@ def test_a_form_already_one_token_is_left_alone(tok):
 def test_multi_piece_term_is_refused(tok):
     with pytest.raises(FatalError, match=r"term 'COVID-19': kiln's pre-split cuts it into 3 pieces \['COVID', '-', '19'\]"):
         extend(tok, ["COVID-19"])
+
+
+@pytest.mark.parametrize("term", ["'s", ".NET", "_init"])
+def test_term_whose_spaced_form_splits_adds_the_bare_form(tok, term):
+    new, added = extend(tok, [term])
+    assert [f.form for f in added] == [term] and new.encode(term) == [added[0].id if added[0].new else new.encode(term)[0]]
+    assert new.hf.encode(f"x {term} y{term}", add_special_tokens=False).ids == new.encode(f"x {term} y{term}")
+
+
+def test_checkpoint_with_fewer_rows_than_the_tokenizer_is_refused(tok, extended):
+    new, added = extended
+    small = Transformer(ModelConfig(vocab_size=tok.vocab_size - 10, d_model=16, n_layers=1, n_heads=1, max_seq_len=16))
+    with pytest.raises(FatalError, match="fewer than the tokenizer's"):
+        resize(small, added, tok.vocab_size, new.vocab_size)
 
 
 def test_terms_file(tmp_path):
@@ -89,7 +114,7 @@ def test_resized_model_keeps_its_outputs_on_text_without_terms(tok, extended, ti
     new, added = extended
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=2, max_seq_len=64, tie_embeddings=tied)).eval()
-    grown = resize(model, added, new.vocab_size)
+    grown = resize(model, added, tok.vocab_size, new.vocab_size)
     assert grown.cfg.vocab_size == new.vocab_size and grown.embed.weight.shape == (new.vocab_size, 32)
     ids = torch.tensor([new.encode(PLAIN)[:64]])
     assert ids.tolist()[0] == tok.encode(PLAIN)[:64]
@@ -128,3 +153,6 @@ def test_stage_extends_tokenizer_and_checkpoint(curated_run, tmp_path, capsys):
     assert manifest["counts"] == {"vocab_size": new.vocab_size, "added_tokens": 4, "terms": 2, "checkpoint_resized": True}
     with pytest.raises(FatalError, match="no checkpoint there"):
         extend_run(ExtendConfig(terms=str(terms), checkpoint=str(tmp_path / "nowhere")), run_dir)
+    with pytest.raises(FatalError, match="inside tokenizer-extended/, which this stage rewrites"):
+        extend_run(ExtendConfig(terms=str(terms), checkpoint=str(folder / "checkpoint")), run_dir, force=True)
+    assert (folder / "checkpoint" / "model.safetensors").is_file()  # refused before anything was removed

@@ -41,10 +41,13 @@ def generate(model: Transformer, tokenizer: KilnTokenizer, cfg: GenerateConfig) 
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     ids = tokenizer.encode(cfg.prompt) or [tokenizer.eot_id]  # an empty prompt starts a fresh document
     new: list[int] = []
+    # Specials other than end-of-document (padding, mask, FIM, sentinels, reserved) are never text;
+    # end-of-document may end the sample.
+    banned = torch.tensor([i for i in tokenizer.specials.values() if i != tokenizer.eot_id], device=device)
     for _ in range(cfg.max_new_tokens):
         context = torch.tensor([ids[-model.cfg.max_seq_len :]], device=device)
         logits_V = model(context)[0, -1]
-        logits_V[tokenizer.pad_id] = float("-inf")  # padding is never text; end-of-document may end the sample
+        logits_V[banned] = float("-inf")
         if cfg.temperature == 0:
             next_id = int(logits_V.argmax())
         else:

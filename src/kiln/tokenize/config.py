@@ -34,7 +34,8 @@ def special_tokens(n_sentinels: int, n_reserved: int) -> list[str]:
 
 
 class TokenizerConfig(Section):
-    vocab_size: int = Field(default=8192, ge=BYTE_ALPHABET + len(FIXED_SPECIALS) + 1, le=1_000_000, description="Vocabulary size including the 256 byte tokens and the special tokens.")
+    # No `ge` here: _room_for_merges gives the floor with the specials counted and the fix.
+    vocab_size: int = Field(default=8192, le=1_000_000, description="Vocabulary size including the 256 byte tokens and the special tokens.")
     sentinel_tokens: int = Field(default=32, ge=0, le=10_000, description="Span-corruption sentinels <|sentinel_0|>... to reserve.")
     reserved_tokens: int = Field(default=16, ge=0, le=100_000, description="Unused specials <|reserved_0|>... kept for later objectives or formats without retraining.")
     sample_mb: float = Field(default=20.0, gt=0, description="MB of curated training text (not held out) to learn merges from, split across sources by source_weights.")

@@ -6,9 +6,10 @@ with the next id; merges are completed over the vocabulary again (tokenizer.tikt
 the Hugging Face file and kiln's tiktoken encoder still agree. A pre-split piece equal to a form
 becomes that one token; text that never contains a term encodes exactly as before, so a model's
 outputs on it are unchanged (tested).
-A term must be a single pre-split piece: letters (any script) with nothing else, because digits
-and punctuation are cut apart before BPE ("COVID-19" is three pieces); such a term is refused
-with its pieces named. A form that is already one token is left as it is.
+A term must be a single pre-split piece, such as a word of letters in any script: letters,
+digits and punctuation are cut apart before BPE ("COVID-19" is three pieces), so such a term is
+refused with its pieces named. When only the bare form is one piece ("'s": " 's" is two), only
+it is added. A form that is already one token is left as it is.
 The checkpoint (the run's train checkpoint, or --checkpoint) gains one embedding row per new
 token, the mean of the rows of the pieces the old tokenizer cut that form into, and likewise
 one output row when the output projection is not tied. Optimizer state is not carried over.
@@ -77,7 +78,11 @@ def extend(tokenizer: KilnTokenizer, terms: list[str]) -> tuple[KilnTokenizer, l
             shown = [term[a:b] for _, (a, b) in pieces]
             raise FatalError(f"term {term!r}: kiln's pre-split cuts it into {len(pieces)} pieces {shown}; a term must be one run of letters (digits and punctuation are split off before BPE), so it cannot become one token")
         for form in (" " + term, term):
-            (piece, _), = tokenizer.hf.pre_tokenizer.pre_tokenize_str(form)
+            form_pieces = tokenizer.hf.pre_tokenizer.pre_tokenize_str(form)
+            if len(form_pieces) != 1:
+                log.info("extend-tokenizer: %r is %d pre-split pieces; only %r is added", form, len(form_pieces), term)
+                continue
+            piece = form_pieces[0][0]
             old_ids = tokenizer.encode(form)
             if len(old_ids) == 1 or piece in vocab:
                 added.append(FormAdded(term, form, vocab.get(piece) if len(old_ids) > 1 else None, False, old_ids))
@@ -88,8 +93,14 @@ def extend(tokenizer: KilnTokenizer, terms: list[str]) -> tuple[KilnTokenizer, l
     return extended, added
 
 
-def resize(model: Transformer, added: list[FormAdded], vocab_size: int) -> Transformer:
+def resize(model: Transformer, added: list[FormAdded], old_vocab: int, vocab_size: int) -> Transformer:
     """A copy of `model` with rows for the new ids: each the mean of its form's old pieces' rows."""
+    rows_before = model.cfg.vocab_size or 0
+    if rows_before < old_vocab:
+        raise FatalError(f"checkpoint: its model has {rows_before:,} embedding rows, fewer than the tokenizer's {old_vocab:,} ids; it was not trained with this run's tokenizer")
+    if rows_before > old_vocab:
+        # Padding rows, or rows of an earlier extension: the new ids take them over.
+        log.warning("extend-tokenizer: the checkpoint has %d rows for a tokenizer of %d ids; rows %d-%d are overwritten by the new terms", rows_before, old_vocab, old_vocab, vocab_size - 1)
     cfg = model.cfg.model_copy(update={"vocab_size": max(vocab_size, model.cfg.vocab_size or 0)})
     grown = Transformer(cfg)
     state = model.state_dict()
@@ -110,6 +121,8 @@ def run(cfg: ExtendConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     run_dir = Path(run_dir)
     tok_path = run_dir / "tokenizer" / "tokenizer.json"
     checkpoint = Path(cfg.checkpoint) if cfg.checkpoint else run_dir / "train" / "checkpoint"
+    if checkpoint.resolve().is_relative_to((run_dir / "tokenizer-extended").resolve()):
+        raise FatalError(f"{checkpoint}: inside tokenizer-extended/, which this stage rewrites; extend the run's own checkpoint (runs/NAME/train/checkpoint) with all the terms at once")
     if cfg.checkpoint and not (checkpoint / "config.json").is_file():
         raise FatalError(f"{checkpoint}: no checkpoint there (config.json missing); give the folder `kiln train` wrote, e.g. runs/NAME/train/checkpoint")
     has_checkpoint = (checkpoint / "config.json").is_file()
@@ -127,7 +140,7 @@ def run(cfg: ExtendConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     outputs.append(stage.dir / "terms.json")
     if has_checkpoint:
         model = load_trained_model(checkpoint)
-        outputs += save_weights(stage.dir / "checkpoint", resize(model, added, new.vocab_size))
+        outputs += save_weights(stage.dir / "checkpoint", resize(model, added, old.vocab_size, new.vocab_size))
     else:
         log.info("tokenizer-extended: no checkpoint at %s; extended the tokenizer only", checkpoint)
     new_ids = [f.id for f in added if f.new]

@@ -142,7 +142,7 @@ class KilnTokenizer:
         if not path.is_file():
             raise FatalError(f"{path}: no such tokenizer; run `kiln train-tokenizer` first")
         if not meta_path.is_file():
-            raise FatalError(f"{path}: no {META_NAME} beside it, so it was not written by `kiln train-tokenizer`; kiln needs its own pre-split and special tokens, so train one with `kiln train-tokenizer`")
+            raise FatalError(f"{path}: no {META_NAME} beside it, so it was written by another tool or by a kiln older than tokenizer format v{VERSION}; kiln needs its own pre-split and special tokens: run `kiln train-tokenizer --force`")
         meta = _read_meta(meta_path)
         if meta.get("format") != FORMAT or meta.get("version") != VERSION:
             raise FatalError(f"{meta_path}: tokenizer format {meta.get('format')!r} v{meta.get('version')}, this kiln reads {FORMAT} v{VERSION}; rerun `kiln train-tokenizer --force`")
@@ -178,12 +178,15 @@ def tiktoken_rules(tokenizer_json: dict[str, Any]) -> dict[str, Any]:
     """
     model = tokenizer_json["model"]
     vocab: dict[str, int] = model["vocab"]
+    specials = {t["content"] for t in tokenizer_json.get("added_tokens", [])}
     trained: dict[str, list[tuple[str, str]]] = {}
     for left, right in model["merges"]:
         trained.setdefault(left + right, []).append((left, right))
     merges = []
-    for token in sorted(trained, key=vocab.__getitem__):
-        pairs = list(trained[token])
+    # Every multi-byte token, not only trained ones: a token added later (extend.py) has no merge
+    # yet, and tiktoken would still build it inside a longer word. Specials are never built.
+    for token in sorted((t for t in vocab if len(t) > 1 and t not in specials), key=vocab.__getitem__):
+        pairs = list(trained.get(token, []))
         pairs += [(token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in vocab and token[i:] in vocab and (token[:i], token[i:]) not in pairs]
         merges += [list(p) for p in pairs]
     model["merges"] = merges

@@ -78,6 +78,8 @@ def plan_sample(shards: Sequence[Path], curated_bytes: dict[str, int], cfg: Toke
             continue
         quota = math.ceil(cfg.sample_mb * MB * weight / total_weight)
         files = [s for s in shards if shard_source(s) == source]
+        if not files:
+            raise FatalError(f"tokenizer: curate's manifest counts text for source {source!r} but its shards folder has none of its shards; rerun `kiln curate --force`")
         held_in = curated_bytes[source] * (1 - cfg.heldout_fraction)
         per_shard = held_in / len(files)
         chosen = spread(files, math.ceil(SPREAD * quota / per_shard))
@@ -125,7 +127,9 @@ def heldout_docs(shards: Sequence[Path], cfg: TokenizerConfig) -> list[HeldoutDo
     return out
 
 
-def training_sample(run_dir: Path, cfg: TokenizerConfig) -> tuple[list[Path], list[str]]:
+def training_sample(run_dir: Path, cfg: TokenizerConfig, largest_vocab: int | None = None) -> tuple[list[Path], list[str]]:
+    """The shards and the sample's texts; FatalError when the sample is too small for `largest_vocab` (default cfg's)."""
+    vocab_size = largest_vocab or cfg.vocab_size
     curate_dir = Path(run_dir) / "curate"
     curated = read_manifest(curate_dir)
     shards = list_shards(curate_dir / "shards")
@@ -135,10 +139,10 @@ def training_sample(run_dir: Path, cfg: TokenizerConfig) -> tuple[list[Path], li
     texts = list(sample_texts(plan_sample(shards, curated_bytes, cfg), cfg.heldout_fraction))
     sample_bytes = sum(len(t.encode("utf-8")) for t in texts)
     # BPE needs enough text to find vocab_size - 256 - specials merges; far less and the vocabulary stays short.
-    if sample_bytes < 4 * cfg.vocab_size:
+    if sample_bytes < 4 * vocab_size:
         raise FatalError(
-            f"tokenizer: the training sample has {len(texts)} documents, {sample_bytes:,} bytes, too little for vocab_size {cfg.vocab_size:,} "
-            f"(needs at least {4 * cfg.vocab_size:,} bytes); curate more text, raise tokenizer.sample_mb, or lower tokenizer.vocab_size"
+            f"tokenizer: the training sample has {len(texts)} documents, {sample_bytes:,} bytes, too little for vocab_size {vocab_size:,} "
+            f"(needs at least {4 * vocab_size:,} bytes); curate more text, raise tokenizer.sample_mb, or lower tokenizer.vocab_size"
         )
     return shards, texts
 
@@ -203,7 +207,7 @@ def sweep(cfg: TokenizerConfig, run_dir: Path, sizes: Sequence[int], shape: Embe
         log.info("tokenizer-sweep: up to date (%s); nothing to do. Use --force to redo.\n%s", ", ".join(map(str, done["counts"]["vocab_sizes"])), (stage.dir / "summary.txt").read_text())
         return done
     stage.begin()
-    shards, texts = training_sample(run_dir, cfg)
+    shards, texts = training_sample(run_dir, cfg, max(c.vocab_size for c in configs))
     heldout = heldout_docs(shards, cfg)
     if not heldout:
         raise FatalError(f"tokenizer-sweep: no held-out documents at tokenizer.heldout_fraction={cfg.heldout_fraction}; a sweep has nothing to compare, raise it")
