@@ -102,7 +102,7 @@ def test_rerun_is_skipped_and_config_change_redoes(run_dir):
 
 def sampled(run_dir: Path, cfg: TokenizerConfig) -> dict[str, int]:
     """Bytes per source of the documents the stage's sample takes."""
-    texts = set(training_sample(run_dir, cfg)[1])
+    texts = set(training_sample(run_dir, list_shards(run_dir / "curate" / "shards"), cfg)[0])
     out: dict[str, int] = {}
     for d in curated_docs(run_dir):
         if d.text in texts:

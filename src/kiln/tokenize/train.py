@@ -127,12 +127,11 @@ def heldout_docs(shards: Sequence[Path], cfg: TokenizerConfig) -> list[HeldoutDo
     return out
 
 
-def training_sample(run_dir: Path, cfg: TokenizerConfig, largest_vocab: int | None = None) -> tuple[list[Path], list[str]]:
-    """The shards and the sample's texts; FatalError when the sample is too small for `largest_vocab` (default cfg's)."""
+def training_sample(run_dir: Path, shards: list[Path], cfg: TokenizerConfig, largest_vocab: int | None = None) -> tuple[list[str], int]:
+    """The sample's texts and bytes; FatalError when it is too small for `largest_vocab` (default cfg's)."""
     vocab_size = largest_vocab or cfg.vocab_size
     curate_dir = Path(run_dir) / "curate"
     curated = read_manifest(curate_dir)
-    shards = list_shards(curate_dir / "shards")
     curated_bytes = {s: t["bytes_out"] for s, t in curated["counts"]["per_source"].items() if t["bytes_out"] > 0}
     if not curated_bytes:
         raise FatalError(f"tokenizer: curate kept no text in {curate_dir}; see {curate_dir / 'summary.txt'} for where the documents went")
@@ -144,7 +143,7 @@ def training_sample(run_dir: Path, cfg: TokenizerConfig, largest_vocab: int | No
             f"tokenizer: the training sample has {len(texts)} documents, {sample_bytes:,} bytes, too little for vocab_size {vocab_size:,} "
             f"(needs at least {4 * vocab_size:,} bytes); curate more text, raise tokenizer.sample_mb, or lower tokenizer.vocab_size"
         )
-    return shards, texts
+    return texts, sample_bytes
 
 
 def train_and_measure(texts: list[str], vocab_size: int, cfg: TokenizerConfig, heldout: list[HeldoutDoc], shape: EmbeddingShape) -> tuple[KilnTokenizer, dict[str, Any]]:
@@ -165,8 +164,7 @@ def run(cfg: TokenizerConfig, run_dir: Path, shape: EmbeddingShape | None = None
         log.info("tokenizer: up to date (vocab %d); nothing to do. Use --force to redo.", done["counts"]["vocab_size"])
         return done
     stage.begin()
-    shards, texts = training_sample(run_dir, cfg)
-    sample_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    texts, sample_bytes = training_sample(run_dir, shards, cfg)
     log.info("tokenizer: training byte-level BPE, vocab %d, on %d docs (%.1f MB)", cfg.vocab_size, len(texts), sample_bytes / MB)
     heldout = heldout_docs(shards, cfg)
     tokenizer, result = train_and_measure(texts, cfg.vocab_size, cfg, heldout, shape)
@@ -207,7 +205,7 @@ def sweep(cfg: TokenizerConfig, run_dir: Path, sizes: Sequence[int], shape: Embe
         log.info("tokenizer-sweep: up to date (%s); nothing to do. Use --force to redo.\n%s", ", ".join(map(str, done["counts"]["vocab_sizes"])), (stage.dir / "summary.txt").read_text())
         return done
     stage.begin()
-    shards, texts = training_sample(run_dir, cfg, max(c.vocab_size for c in configs))
+    texts, _ = training_sample(run_dir, shards, cfg, max(c.vocab_size for c in configs))
     heldout = heldout_docs(shards, cfg)
     if not heldout:
         raise FatalError(f"tokenizer-sweep: no held-out documents at tokenizer.heldout_fraction={cfg.heldout_fraction}; a sweep has nothing to compare, raise it")
