@@ -76,7 +76,7 @@ def extend(tokenizer: KilnTokenizer, terms: list[str]) -> tuple[KilnTokenizer, l
         pieces = tokenizer.hf.pre_tokenizer.pre_tokenize_str(term)
         if len(pieces) != 1:
             shown = [term[a:b] for _, (a, b) in pieces]
-            raise FatalError(f"term {term!r}: kiln's pre-split cuts it into {len(pieces)} pieces {shown}; a term must be one run of letters (digits and punctuation are split off before BPE), so it cannot become one token")
+            raise FatalError(f"term {term!r}: kiln's pre-split cuts it into {len(pieces)} pieces {shown}; a term must be one pre-split piece, such as a word of letters (digits and punctuation are split off before BPE), so it cannot become one token")
         for form in (" " + term, term):
             form_pieces = tokenizer.hf.pre_tokenizer.pre_tokenize_str(form)
             if len(form_pieces) != 1:
