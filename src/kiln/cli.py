@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import sys
+from typing import Any
 
 from kiln import __version__
 from kiln.core.errors import ConfigError, KilnError
@@ -26,10 +27,10 @@ STAGE_VERBS = {
     "generate": ("generate", "Sample text from the trained checkpoint (prompt and sampling settings in the recipe's generate section)."),
 }
 
-# `kiln quality` subcommands: (stage directory, help).
+# `kiln quality` subcommands: help.
 QUALITY_VERBS = {
-    "train-lm": ("quality/lm", "Train the n-gram language model of the perplexity filter on the reference text (quality.reference_source or quality.reference); score a sample of the raw corpus for its percentile cutoffs."),
-    "train-classifier": ("quality/classifier", "Train the reference-vs-corpus classifier of the quality_classifier filter (positives: reference text, negatives: a sample of the raw corpus); report held-out precision, recall and AUC."),
+    "train-lm": "Train the n-gram language model of the perplexity filter on the reference text (quality.reference_source or quality.reference); score a sample of the raw corpus for its percentile cutoffs.",
+    "train-classifier": "Train the reference-vs-corpus classifier of the quality_classifier filter (positives: reference text, negatives: a sample of the raw corpus); report held-out precision, recall and AUC.",
 }
 
 SECTIONS = {
@@ -107,11 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--sweep", metavar="N,N,...", type=vocab_sizes, help="Train one tokenizer per vocabulary size on the same sample into tokenizer-sweep/ and print their reports side by side (the stage's own tokenizer is left as it is).")
     p = add("extend-tokenizer", "Add domain terms to the run's trained tokenizer as whole tokens (printing each term's token count before and after) and give the run's train checkpoint (or --checkpoint) embedding and output rows for them; writes tokenizer-extended/.")
     _common(p)
-    p.add_argument("--terms", required=True, metavar="FILE", help="UTF-8 file, one term per line (a run of letters; it is added after a space and bare).")
+    p.add_argument("--terms", required=True, metavar="FILE", help="UTF-8 file, one term per line (one pre-split piece, such as a word; it is added after a space and bare).")
     p.add_argument("--checkpoint", metavar="DIR", help="Checkpoint folder to resize (default: the run's train/checkpoint when it exists).")
     p = add("quality", "Train the models of the model-based quality filters (subcommands); the curate steps `perplexity` and `quality_classifier` then use them. Reads the recipe's quality section and curate.inputs.")
     quality = p.add_subparsers(dest="quality_verb", required=True, metavar="SUBCOMMAND")
-    for name, (_, help_text) in QUALITY_VERBS.items():
+    for name, help_text in QUALITY_VERBS.items():
         q = quality.add_parser(name, help=help_text, description=help_text, epilog=describe_sections(SECTIONS["quality"]), formatter_class=argparse.RawDescriptionHelpFormatter)
         _common(q)
         q.add_argument("--run", metavar="NAME", help="Run name (same as --set name=NAME): writes runs/NAME/quality/.")
@@ -155,6 +156,30 @@ def recipe_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str
     return recipe, overrides
 
 
+def run_verb(args: argparse.Namespace, recipe: Recipe) -> dict[str, Any]:
+    """Run the stage a verb names; returns its manifest. The resolved recipe is saved after success."""
+    from kiln import pipeline
+
+    if args.verb == "quality":
+        from kiln.quality.run import train_classifier, train_lm
+
+        train = train_lm if args.quality_verb == "train-lm" else train_classifier
+        manifest = train(recipe.quality, recipe.curate, recipe.run_dir, args.force)
+    elif args.verb == "extend-tokenizer":
+        from kiln.tokenize.extend import ExtendConfig
+        from kiln.tokenize.extend import run as extend_tokenizer
+
+        manifest = extend_tokenizer(ExtendConfig(terms=args.terms, checkpoint=args.checkpoint), recipe.run_dir, args.force)
+    elif args.verb == "train-tokenizer" and args.sweep:
+        from kiln.tokenize.train import sweep
+
+        manifest = sweep(recipe.tokenizer, recipe.run_dir, args.sweep, pipeline.embedding_shape(recipe), args.force)
+    else:
+        return pipeline.run_stage(STAGE_VERBS[args.verb][0], recipe, args.force)  # saves the recipe itself
+    pipeline.save_resolved(recipe)
+    return manifest
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
@@ -169,34 +194,12 @@ def main(argv: list[str] | None = None) -> int:
 
             print(explain(recipe.run_dir / "curate", args.explain))
             return 0
-        from kiln import pipeline
-
-        if args.verb == "quality":
-            from kiln.quality.run import train_classifier, train_lm
-
-            stage_name = QUALITY_VERBS[args.quality_verb][0]
-            train = train_lm if args.quality_verb == "train-lm" else train_classifier
-            train(recipe.quality, recipe.curate, recipe.run_dir, args.force)
-            pipeline.save_resolved(recipe)
-            print((recipe.run_dir / stage_name / "summary.txt").read_text().rstrip())
-            return 0
-        if args.verb == "extend-tokenizer":
-            from kiln.tokenize.extend import ExtendConfig
-            from kiln.tokenize.extend import run as extend_tokenizer
-
-            manifest = extend_tokenizer(ExtendConfig(terms=args.terms, checkpoint=args.checkpoint), recipe.run_dir, args.force)
-            print((recipe.run_dir / manifest["stage"] / "summary.txt").read_text().rstrip())
-            return 0
-        if args.verb == "train-tokenizer" and args.sweep:
-            from kiln.tokenize.train import sweep
-
-            manifest = sweep(recipe.tokenizer, recipe.run_dir, args.sweep, pipeline.embedding_shape(recipe), args.force)
-            print((recipe.run_dir / manifest["stage"] / "summary.txt").read_text().rstrip())
-            return 0
         if args.verb == "demo":
+            from kiln import pipeline
+
             print(pipeline.format_summary(pipeline.run_demo(recipe, args.force)))
             return 0
-        manifest = pipeline.run_stage(STAGE_VERBS[args.verb][0], recipe, args.force)
+        manifest = run_verb(args, recipe)
         print((recipe.run_dir / manifest["stage"] / "summary.txt").read_text().rstrip())
         return 0
     except KilnError as e:

@@ -76,8 +76,9 @@ class PartWriter:
 
     def add(self, batch: list[Document]) -> None:
         encoded = self.tokenizer.encode_batch([d.text for d in batch])
+        in_val = [is_heldout(d.id, self.val_fraction) for d in batch]
         for split in SPLITS:
-            picked = [(d, ids) for d, ids in zip(batch, encoded, strict=True) if (split == "val") == is_heldout(d.id, self.val_fraction)]
+            picked = [(d, ids) for d, ids, val in zip(batch, encoded, in_val, strict=True) if val == (split == "val")]
             if not picked:
                 continue
             for _, ids in picked:

@@ -101,10 +101,10 @@ def resize(model: Transformer, added: list[FormAdded], old_vocab: int, vocab_siz
     if rows_before > old_vocab:
         # Padding rows, or rows of an earlier extension: the new ids take them over.
         log.warning("extend-tokenizer: the checkpoint has %d rows for a tokenizer of %d ids; rows %d-%d are overwritten by the new terms", rows_before, old_vocab, old_vocab, vocab_size - 1)
-    cfg = model.cfg.model_copy(update={"vocab_size": max(vocab_size, model.cfg.vocab_size or 0)})
+    cfg = model.cfg.model_copy(update={"vocab_size": max(vocab_size, rows_before)})
     grown = Transformer(cfg)
     state = model.state_dict()
-    rows = cfg.vocab_size - model.cfg.vocab_size
+    rows = cfg.vocab_size - rows_before
     with torch.no_grad():
         for key in ("embed.weight", "lm_head.weight"):
             table = state[key]

@@ -64,11 +64,11 @@ class GroupStats:
         self.docs = self.bytes = self.tokens = 0
         self.words: Counter[str] = Counter()
 
-    def add(self, text: str, n_tokens: int) -> None:
+    def add(self, n_bytes: int, n_tokens: int, doc_words: Counter[str]) -> None:
         self.docs += 1
-        self.bytes += len(text.encode("utf-8"))
+        self.bytes += n_bytes
         self.tokens += n_tokens
-        self.words.update(words(text))
+        self.words.update(doc_words)
 
     def summary(self, word_tokens: dict[str, int]) -> dict[str, Any]:
         n_words = sum(self.words.values())
@@ -91,8 +91,9 @@ def measure(tokenizer: KilnTokenizer, docs: Sequence[HeldoutDoc], d_model: int, 
     total, by_source, by_language = GroupStats(), {}, {}
     used: Counter[int] = Counter()
     for doc, ids in zip(docs, tokenizer.encode_batch([d.text for d in docs], threads=2), strict=True):
+        n_bytes, doc_words = len(doc.text.encode("utf-8")), Counter(words(doc.text))  # once per document, for its three groups
         for stats in (total, by_source.setdefault(doc.source, GroupStats()), by_language.setdefault(doc.language, GroupStats())):
-            stats.add(doc.text, len(ids))
+            stats.add(n_bytes, len(ids), doc_words)
         used.update(ids)
     unique = list(total.words)
     word_tokens = dict(zip(unique, map(len, tokenizer.encode_batch(unique)), strict=True))
