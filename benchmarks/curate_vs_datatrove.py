@@ -37,7 +37,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from dedup_corpus import read_local_file
 
-from kiln.curate.shards import read_shard
+from kiln.core.docshards import read_shard
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "benchmarks" / ".cache"
@@ -367,7 +367,7 @@ def main() -> None:
               "  the known systematic differences (unit suffixes such as '10km' stay one token, clitics split after any word,\n"
               "  a few rare spaCy exceptions, symbol-only tokens such as '©' not counted as words) move a document's measured\n"
               "  fractions by a token or two, which flips mostly documents within about 0.005 of a threshold (the values above);\n"
-              "  kiln also normalizes text first (trailing spaces, blank-line runs), which datatrove does not. See kiln.curate.segments.")
+              "  kiln also normalizes text first (trailing spaces, blank-line runs), which datatrove does not. See kiln.text.segments.")
     print(f"RESULT kiln_docs_s={n_docs / kiln_s:.1f} datatrove_docs_s={n_docs / dt_s:.1f} ratio={ratio:.2f} agreement={agreement:.4f}")
 
 

@@ -34,8 +34,8 @@ import pyarrow.parquet as pq
 
 from kiln.curate.config import CurateConfig
 from kiln.curate.dedup.minhash import MinHashConfig, jaccard
-from kiln.curate.dedup.shingles import shingle_set, words
 from kiln.curate.steps.normalize import normalize_text
+from kiln.text.shingles import shingle_set, words
 
 DEFAULTS = MinHashConfig()  # ngram, fold_digits, threshold, bands, rows: whatever kiln runs by default
 BUCKETS = [(0.5 + 0.05 * i, 0.55 + 0.05 * i) for i in range(10)]  # 0.50-0.55 ... 0.95-1.00 (the last one includes 1.0)

@@ -4,7 +4,7 @@ Builds a corpus of about 3,300 documents (benchmarks/dedup_corpus.py): 2,000 bas
 hundred words of local text (no two with Jaccard >= 0.5), word-edited variants of 40% of them
 at a measured Jaccard spread uniformly over 0.5-1.0, two variants of another 8%, identical copies
 of 8% of the bases and 5% of the variants. The true pairs come from brute force over all pairs
-with kiln's shingling (5-grams of kiln.curate.dedup.shingles.shingle_set, digits folded). Then
+with kiln's shingling (5-grams of kiln.text.shingles.shingle_set, digits folded). Then
 runs the real `kiln curate` with only exact_dedup and minhash_dedup on (default config: 14 bands
 x 8 rows, verified at 0.8), 2 workers, and compares its clusters (near-dup clusters joined with
 exact-dup removals) with the truth:

@@ -33,14 +33,14 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from kiln.core.docshards import list_shards, read_shard, shard_source
 from kiln.core.document import Document
-from kiln.core.recipe import load_recipe
 from kiln.core.split import is_heldout
 from kiln.curate.audit import Ledger
-from kiln.curate.shards import list_shards, read_shard, shard_source
+from kiln.curate.quality.sample import read_selection, reference_and_corpus, select
 from kiln.curate.steps.pipeline import groups, run_documents
 from kiln.curate.steps.quality import ClassifierFilter, ClassifierFilterConfig, PerplexityConfig, PerplexityFilter
-from kiln.quality.sample import read_selection, reference_and_corpus, select
+from kiln.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "benchmarks" / ".cache" / "quality-value"

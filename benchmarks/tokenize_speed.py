@@ -38,10 +38,10 @@ from pathlib import Path  # noqa: E402
 import tiktoken  # noqa: E402
 from curate_vs_datatrove import build_corpus  # noqa: E402
 
-from kiln.core.recipe import load_recipe  # noqa: E402
-from kiln.curate.shards import list_shards, read_shard  # noqa: E402
+from kiln.core.docshards import list_shards, read_shard  # noqa: E402
+from kiln.recipe import load_recipe  # noqa: E402
+from kiln.text.tokenizer import SPLIT_PATTERN, KilnTokenizer, token_to_bytes  # noqa: E402
 from kiln.tokenize.encode import run as tokenize  # noqa: E402
-from kiln.tokenize.tokenizer import SPLIT_PATTERN, KilnTokenizer, token_to_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "benchmarks" / ".cache"

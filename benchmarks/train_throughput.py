@@ -13,10 +13,11 @@ import time
 
 import torch
 
-from kiln.core.recipe import load_recipe
 from kiln.model.config import count_params, flops_per_token
+from kiln.model.init import build_model
 from kiln.model.transformer import lm_loss
-from kiln.train.loop import build_device, build_model
+from kiln.recipe import load_recipe
+from kiln.train.loop import build_device
 from kiln.train.monitor import device_peak_flops
 from kiln.train.optim import build_optimizer
 

@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="session")
 def ray_local():
     pytest.importorskip("ray")
-    from kiln.curate.executors.ray import RayExecutor
+    from kiln.core.executors.ray import RayExecutor
 
     executor = RayExecutor(workers=2)
     yield executor

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from kiln.cli import main
-from kiln.core.recipe import load_recipe
 from kiln.plan.flops import plan_training
+from kiln.recipe import load_recipe
 
 KILN = Path(sys.executable).with_name("kiln")
 VERBS = ["curate", "train-tokenizer", "tokenize", "train", "eval", "generate", "plan", "demo"]
@@ -107,7 +107,7 @@ def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     plan = json.loads(out)
     recipe = load_recipe("demo")
-    assert plan == plan_training(recipe.model, recipe.train, recipe.tokenizer.vocab_size)
+    assert plan == plan_training(recipe.model, recipe.train.seq_len, recipe.train.steps * recipe.train.tokens_per_step, recipe.tokenizer.vocab_size)
     assert plan["train_flops"] == plan["flops_per_token"] * plan["tokens"]
 
 
@@ -115,7 +115,7 @@ def test_plan_follows_overrides(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run_main(["plan", "--json", "--set", "model.d_model=512", "--set", "train.steps=10", "--set", "train.warmup_steps=2"], capsys)
     plan = json.loads(out)
     recipe = load_recipe("demo", ["model.d_model=512", "train.steps=10", "train.warmup_steps=2"])
-    assert plan == plan_training(recipe.model, recipe.train, recipe.tokenizer.vocab_size)
+    assert plan == plan_training(recipe.model, recipe.train.seq_len, recipe.train.steps * recipe.train.tokens_per_step, recipe.tokenizer.vocab_size)
     assert plan["tokens"] == 10 * recipe.train.tokens_per_step
     assert plan["params"] > json.loads(run_main(["plan", "--json"], capsys)[1])["params"]
 
@@ -123,7 +123,7 @@ def test_plan_follows_overrides(capsys: pytest.CaptureFixture[str]) -> None:
 def test_plan_table(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_main(["plan"], capsys)
     recipe = load_recipe("demo")
-    plan = plan_training(recipe.model, recipe.train, recipe.tokenizer.vocab_size)
+    plan = plan_training(recipe.model, recipe.train.seq_len, recipe.train.steps * recipe.train.tokens_per_step, recipe.tokenizer.vocab_size)
     assert code == 0
     assert f"{plan['params']:,}" in out and f"{plan['train_flops']:.3e}" in out
 

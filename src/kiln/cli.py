@@ -2,7 +2,7 @@
 
 Every stage verb loads the recipe (a file or a shipped name), applies `--set` overrides,
 validates all of it before any work, writes the resolved recipe into the run directory, and
-runs. `plan` subcommands and `sweep` parse their own arguments (kiln.plan.cli).
+runs. `plan` subcommands (kiln.plan.cli) and `sweep` (kiln.sweep) add their own arguments.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 
 from kiln import __version__
 from kiln.core.errors import ConfigError, KilnError
-from kiln.core.recipe import Recipe, load_recipe
+from kiln.core.layout import CURATE, RunLayout
+from kiln.recipe import Recipe, load_recipe
 
 # Verb -> (stage directory, help). The recipe sections each verb reads are listed in its --help.
 STAGE_VERBS = {
@@ -119,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("plan", "Plan before spending GPUs: FLOPs, Chinchilla and inference-aware sizes, cost, memory, parallel layout, checkpoint interval, scaling-law fits (subcommands). With no subcommand: parameters, FLOPs per token and training compute for the recipe's model and schedule.")
     _common(p, force=False)
     p.add_argument("--json", action="store_true", help="Print one JSON object instead of the table.")
-    from kiln.plan.cli import add_plan_subcommands, add_sweep_arguments
+    from kiln.plan.cli import add_plan_subcommands
+    from kiln.sweep import add_sweep_arguments
 
     add_plan_subcommands(p)
     p = add("sweep", "Train a grid of small models (sizes x steps) on the recipe's data, sharing its curate/tokenize stages, to feed `kiln plan fit`.")
@@ -161,7 +163,7 @@ def run_verb(args: argparse.Namespace, recipe: Recipe) -> dict[str, Any]:
     from kiln import pipeline
 
     if args.verb == "quality":
-        from kiln.quality.run import train_classifier, train_lm
+        from kiln.curate.quality.run import train_classifier, train_lm
 
         train = train_lm if args.quality_verb == "train-lm" else train_classifier
         manifest = train(recipe.quality, recipe.curate, recipe.run_dir, args.force)
@@ -184,15 +186,25 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     try:
-        if args.verb in ("plan", "sweep"):
+        if args.verb == "plan" and args.plan_command is not None:
             from kiln.plan.cli import run_plan
 
             return run_plan(args)
+        if args.verb == "sweep":
+            from kiln.sweep import run_verb as run_sweep
+
+            return run_sweep(args)
         recipe = load_recipe(*recipe_and_overrides(args))
+        if args.verb == "plan":
+            from kiln.plan.flops import format_plan, plan_training
+
+            plan = plan_training(recipe.model, recipe.train.seq_len, recipe.train.steps * recipe.train.tokens_per_step, recipe.model.vocab_size or recipe.tokenizer.vocab_size)
+            print(json.dumps(plan) if args.json else format_plan(plan))
+            return 0
         if args.verb == "curate" and args.explain:
             from kiln.curate.explain import explain
 
-            print(explain(recipe.run_dir / "curate", args.explain))
+            print(explain(RunLayout(recipe.run_dir).stage(CURATE), args.explain))
             return 0
         if args.verb == "demo":
             from kiln import pipeline

@@ -11,7 +11,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from kiln.core.recipe import Recipe, recipe_to_yaml
+from kiln.core.layout import RunLayout
+from kiln.recipe import Recipe, recipe_to_yaml
 
 log = logging.getLogger("kiln")
 
@@ -52,7 +53,7 @@ def embedding_shape(recipe: Recipe) -> Any:
 
 def save_resolved(recipe: Recipe) -> None:
     recipe.run_dir.mkdir(parents=True, exist_ok=True)
-    (recipe.run_dir / "recipe.yaml").write_text(recipe_to_yaml(recipe), encoding="utf-8")
+    RunLayout(recipe.run_dir).recipe_yaml.write_text(recipe_to_yaml(recipe), encoding="utf-8")
 
 
 def run_stage(stage: str, recipe: Recipe, force: bool = False) -> dict[str, Any]:
@@ -64,7 +65,7 @@ def run_stage(stage: str, recipe: Recipe, force: bool = False) -> dict[str, Any]
 def run_demo(recipe: Recipe, force: bool = False) -> dict[str, Any]:
     manifests = {stage: run_stage(stage, recipe, force) for stage in STAGES}
     summary = build_summary(manifests)
-    path = recipe.run_dir / "summary.json"
+    path = RunLayout(recipe.run_dir).summary_json
     path.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     log.info("demo: summary written to %s", path)
     return summary

@@ -16,6 +16,7 @@ import pytest
 from curate_corpus import BOILERPLATE, prose, write_corpus
 
 from kiln.cli import main
+from kiln.core.docshards import list_shards, read_shard
 from kiln.core.document import Document
 from kiln.core.errors import FatalError
 from kiln.core.manifest import MANIFEST
@@ -23,7 +24,6 @@ from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
 from kiln.curate.readers import InputConfig
 from kiln.curate.run import branch_outcomes, run
-from kiln.curate.shards import list_shards, read_shard
 from kiln.curate.steps.gopher import GopherQuality, GopherQualityConfig
 from kiln.curate.steps.normalize import LengthConfig, LengthFilter
 

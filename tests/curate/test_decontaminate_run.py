@@ -14,8 +14,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from kiln.cli import main
+from kiln.core.docshards import list_shards, read_shard
 from kiln.core.manifest import MANIFEST
-from kiln.curate.shards import list_shards, read_shard
 
 FILTERS = ("url_filter", "line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "code_quality", "pii", "length", "minhash_dedup")
 QUESTION = "which river flows through the ancient city that the traveller reached after nine long days"

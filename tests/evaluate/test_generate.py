@@ -10,8 +10,8 @@ from kiln.evaluate.config import GenerateConfig
 from kiln.evaluate.generate import filter_logits, generate
 from kiln.model.config import ModelConfig
 from kiln.model.transformer import Transformer
-from kiln.tokenize.config import FIXED_SPECIALS
-from kiln.tokenize.tokenizer import KilnTokenizer, train_bpe
+from kiln.text.specials import FIXED_SPECIALS
+from kiln.text.tokenizer import KilnTokenizer, train_bpe
 
 # Probabilities 0.1, 0.4, 0.2, 0.3 for ids 0..3; sorted: id 1 (0.4), id 3 (0.3), id 2 (0.2), id 0 (0.1).
 PROBS = torch.tensor([0.1, 0.4, 0.2, 0.3])

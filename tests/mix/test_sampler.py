@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from kiln.core.errors import FatalError
+from kiln.core.tokenshards import TokenShard, TokenShardWriter
 from kiln.mix.sampler import Sampler
-from kiln.tokenize.shards import TokenShard, TokenShardWriter
 
 SEQ_LEN = 16
 B_OFFSET = 20_000  # source b's token ids start here, so a window tells which source it came from

@@ -117,12 +117,17 @@ def test_rule20_and_the_recipe_plan_share_one_constant() -> None:
     assert chinchilla.TOKENS_PER_PARAM is flops.TOKENS_PER_PARAM is scaling.TOKENS_PER_PARAM == 20
 
 
-def test_gpu_peaks_match_the_trainers_mfu_table() -> None:
-    from kiln.train.monitor import PEAK_FLOPS
+def test_the_planner_and_the_monitor_read_one_gpu_table() -> None:
+    from kiln.core import hardware
+    from kiln.plan import hardware as plan_hardware
 
-    assert GPUS["a100"].peak_flops == PEAK_FLOPS["A100"] == 312e12
-    assert GPUS["h100"].peak_flops == PEAK_FLOPS["H100"] == 989e12
-    assert GPUS["h200"].peak_flops == PEAK_FLOPS["H200"]
+    assert plan_hardware.GPUS is hardware.GPUS
+    # Device names as torch.cuda.get_device_name reports them; L40S must not match L4.
+    assert hardware.peak_flops_of("NVIDIA A100-SXM4-80GB") == GPUS["a100"].peak_flops == 312e12
+    assert hardware.peak_flops_of("NVIDIA H100 80GB HBM3") == GPUS["h100"].peak_flops == 989e12
+    assert hardware.peak_flops_of("NVIDIA L40S") == 362e12
+    assert hardware.peak_flops_of("NVIDIA L4") == 121e12
+    assert hardware.peak_flops_of("Tesla T4") is None
     assert resolve_gpu(None).name == GPUS["h100"].name  # the default
     assert resolve_gpu(None, peak_tflops=500).peak_flops == 500e12
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from kiln.core.errors import ConfigError
-from kiln.core.recipe import load_recipe
 from kiln.model.config import ModelConfig, count_params, flops_per_token
 from kiln.model.presets import get_preset
 from kiln.plan.flops import count_flops, format_flops, format_plan, plan_training
+from kiln.recipe import load_recipe
 from kiln.train.config import TrainConfig
 
 # The shape recipes/demo.yaml trains, spelled out so the worked numbers do not move with the recipe.
@@ -17,7 +17,7 @@ DEMO_TRAIN = TrainConfig(steps=300, seq_len=256, micro_batch_size=16, grad_accum
 
 
 def test_demo_shape_plan_by_hand() -> None:
-    plan = plan_training(DEMO_MODEL, DEMO_TRAIN, vocab_size=8192)
+    plan = plan_training(DEMO_MODEL, DEMO_TRAIN.seq_len, DEMO_TRAIN.steps * DEMO_TRAIN.tokens_per_step, vocab_size=8192)
     # params 5,048,576 (2,951,424 without the embedding), see tests/model/test_model_config.py.
     # FLOPs/token: 6 * (2,949,120 block matmuls + 2,097,152 output projection) = 30,277,632
     #   plus attention 12 * 4 layers * 256 seq * 256 d_attn = 3,145,728 -> 33,423,360.
@@ -36,7 +36,7 @@ def test_demo_shape_plan_by_hand() -> None:
 @pytest.fixture(scope="module")
 def demo_plan() -> dict:
     recipe = load_recipe("demo")
-    return plan_training(recipe.model, recipe.train, recipe.tokenizer.vocab_size)
+    return plan_training(recipe.model, recipe.train.seq_len, recipe.train.steps * recipe.train.tokens_per_step, recipe.tokenizer.vocab_size)
 
 
 def test_6nd_is_within_20_percent_of_the_exact_count_for_the_demo_recipe(demo_plan: dict) -> None:
@@ -48,7 +48,7 @@ def test_6nd_is_within_20_percent_of_the_exact_count_for_the_demo_recipe(demo_pl
 def test_train_flops_is_flops_per_token_times_tokens(tied: bool) -> None:
     model = ModelConfig(d_model=64, n_layers=3, n_heads=4, n_kv_heads=1, tie_embeddings=tied)
     train = TrainConfig(steps=50, seq_len=128, micro_batch_size=4, grad_accum_steps=3, warmup_steps=5)
-    plan = plan_training(model, train, vocab_size=1000)
+    plan = plan_training(model, train.seq_len, train.steps * train.tokens_per_step, vocab_size=1000)
     resolved = model.resolved(1000)
     assert plan["tokens"] == 50 * 128 * 4 * 3
     assert plan["params"] == count_params(resolved)
@@ -58,12 +58,12 @@ def test_train_flops_is_flops_per_token_times_tokens(tied: bool) -> None:
 
 
 def test_a_fixed_model_vocab_wins_over_the_tokenizers() -> None:
-    plan = plan_training(ModelConfig(vocab_size=512, d_model=32, n_heads=2), TrainConfig(steps=2, warmup_steps=1), vocab_size=9999)
+    plan = plan_training(ModelConfig(vocab_size=512, d_model=32, n_heads=2), 256, 2 * 4096, vocab_size=9999)
     assert plan["params"] == count_params(ModelConfig(vocab_size=512, d_model=32, n_heads=2))
 
 
 def test_format_plan_shows_the_numbers() -> None:
-    text = format_plan(plan_training(DEMO_MODEL, DEMO_TRAIN, vocab_size=8192))
+    text = format_plan(plan_training(DEMO_MODEL, DEMO_TRAIN.seq_len, DEMO_TRAIN.steps * DEMO_TRAIN.tokens_per_step, vocab_size=8192))
     for needle in ("5,048,576", "2,951,424", "8,192", "1,228,800", "33,423,360", "4.107e+13", "3.722e+13", "100,971,520", "0.243"):
         assert needle in text, needle
     assert len(text.splitlines()) == 8

@@ -9,15 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kiln.core.docshards import list_shards, read_shard
 from kiln.core.errors import FatalError
 from kiln.core.manifest import MANIFEST
 from kiln.core.split import is_heldout
-from kiln.curate.shards import list_shards, read_shard
+from kiln.core.tokenshards import TokenShard, open_split
+from kiln.text.specials import EOT
+from kiln.text.tokenizer import KilnTokenizer
 from kiln.tokenize import encode as encode_module
-from kiln.tokenize.config import EOT, TokenizeConfig, TokenizerConfig
+from kiln.tokenize.config import TokenizeConfig, TokenizerConfig
 from kiln.tokenize.encode import run as encode
-from kiln.tokenize.shards import TokenShard, open_split
-from kiln.tokenize.tokenizer import KilnTokenizer
 from kiln.tokenize.train import run as train_tokenizer
 
 TOKENIZER = TokenizerConfig(vocab_size=600, sample_mb=5.0, heldout_fraction=0.2, heldout_mb=1.0)

@@ -14,12 +14,13 @@ from kiln.cli import main
 from kiln.core.errors import FatalError
 from kiln.model.config import ModelConfig
 from kiln.model.transformer import Transformer
-from kiln.tokenize.config import TokenizerConfig, special_tokens
+from kiln.model.weights import load_trained_model, save_weights
+from kiln.text.specials import special_tokens
+from kiln.text.tokenizer import KilnTokenizer, train_bpe
+from kiln.tokenize.config import TokenizerConfig
 from kiln.tokenize.extend import ExtendConfig, extend, read_terms, resize
 from kiln.tokenize.extend import run as extend_run
-from kiln.tokenize.tokenizer import KilnTokenizer, train_bpe
 from kiln.tokenize.train import run as train_tokenizer
-from kiln.train.checkpoint import load_trained_model, save_weights
 
 TERMS = ["Kubernetes", "pretraining", "東京都庁"]
 # Text that never contains a term (nor a piece whose merges could meet one).

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from kiln.core.docshards import list_shards, read_shard, shard_source
 from kiln.core.errors import ConfigError, FatalError
 from kiln.core.manifest import MANIFEST
-from kiln.core.recipe import load_recipe
 from kiln.core.split import is_heldout
-from kiln.curate.shards import list_shards, read_shard, shard_source
+from kiln.recipe import load_recipe
+from kiln.text.tokenizer import KilnTokenizer
 from kiln.tokenize.config import TokenizerConfig
 from kiln.tokenize.report import words
-from kiln.tokenize.tokenizer import KilnTokenizer
 from kiln.tokenize.train import EmbeddingShape, plan_sample, spread, sweep, training_sample
 from kiln.tokenize.train import run as train_tokenizer
 

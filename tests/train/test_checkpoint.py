@@ -12,7 +12,8 @@ from safetensors import safe_open
 from kiln.core.errors import FatalError
 from kiln.model.config import ModelConfig
 from kiln.model.transformer import Transformer
-from kiln.train.checkpoint import FORMAT, load_trained_model, save_checkpoint
+from kiln.model.weights import FORMAT, load_trained_model
+from kiln.train.checkpoint import save_checkpoint
 
 
 def make_model(tied: bool) -> Transformer:

@@ -27,24 +27,25 @@ from kiln.curate.config import CurateConfig, InputConfig
 # (curly braces, short lines) and cut license lines shared by many files. Normalization, PII,
 # length limits and exact dedup still run.
 ONLY_BASIC_STEPS = {step: {"enabled": False} for step in ("line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "code_quality")}
+from kiln.core.tokenshards import open_split
 from kiln.curate.run import run as curate
 from kiln.evaluate.config import EvalConfig, GenerateConfig
 from kiln.evaluate.generate import generate
 from kiln.evaluate.generate import run as generate_stage
-from kiln.evaluate.perplexity import evaluate_model
 from kiln.evaluate.run import run as eval_stage
 from kiln.mix.config import MixConfig
 from kiln.model.config import ModelConfig, count_params, flops_per_token
+from kiln.model.init import build_model
+from kiln.model.perplexity import evaluate_model
 from kiln.model.transformer import lm_loss
+from kiln.model.weights import load_trained_model
+from kiln.text.tokenizer import KilnTokenizer
 from kiln.tokenize.config import TokenizeConfig, TokenizerConfig
 from kiln.tokenize.encode import run as encode
-from kiln.tokenize.shards import open_split
-from kiln.tokenize.tokenizer import KilnTokenizer
 from kiln.tokenize.train import run as train_tokenizer
 from kiln.train import loop
-from kiln.train.checkpoint import load_trained_model
 from kiln.train.config import TrainConfig
-from kiln.train.loop import build_device, build_model, build_sampler, train
+from kiln.train.loop import build_device, build_sampler, train
 from kiln.train.schedule import lr_at
 
 STEPS = 40

@@ -4,7 +4,7 @@
 input (file path and line, record offset, row), never from processing order. `cache` holds
 derived values (the shared split into lines and words) for the current text; it is never
 serialized, and `with_text` starts a fresh one, so nothing derived from old text survives an edit.
-Not handled here: reading or writing documents (see kiln.curate.shards).
+Not handled here: reading or writing documents (see kiln.core.docshards).
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ from __future__ import annotations
 from pydantic import Field
 
 from kiln.core.config import Section
+from kiln.core.executors import ExecutorConfig
 from kiln.curate.dedup.exact import ExactDedupConfig
 from kiln.curate.dedup.minhash import MinHashConfig
-from kiln.curate.executors import ExecutorConfig
 from kiln.curate.readers.config import InputConfig
 from kiln.curate.steps.c4 import C4Config
 from kiln.curate.steps.code import CodeConfig

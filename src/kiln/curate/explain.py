@@ -13,8 +13,9 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from kiln.core.docshards import list_shards, read_shard
 from kiln.core.errors import FatalError
-from kiln.curate.shards import list_shards, read_shard
+from kiln.core.layout import SHARDS
 
 
 def explain(stage_dir: Path, doc_id: str) -> str:
@@ -42,7 +43,7 @@ def explain(stage_dir: Path, doc_id: str) -> str:
                 lines.append(f"{doc_id} (source {q['source']}) was quarantined{f' at {where}' if where else ''}: {q['error']}")
     if lines:
         return "\n".join(lines)
-    for shard in list_shards(stage_dir / "shards"):
+    for shard in list_shards(stage_dir / SHARDS):
         if any(doc.id == doc_id for doc in read_shard(shard)):
             return "\n".join([f"{doc_id} was kept: it is in {shard.name}", *cluster_lines(stage_dir, doc_id)])
     raise FatalError(f"{doc_id}: no such document in this run (not removed, quarantined or kept); ids look like those in {stage_dir / 'removed.parquet'}")

@@ -42,24 +42,25 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from kiln.core.atomic import save_npy, write_atomically
+from kiln.core.docshards import SUFFIX, ShardWriter, read_shard, read_shard_lines
 from kiln.core.document import Document
 from kiln.core.errors import FatalError
+from kiln.core.executors import Executor, build_executor
+from kiln.core.layout import CURATE, SHARDS
 from kiln.core.manifest import Stage
 from kiln.curate.audit import Ledger, SourceTally
 from kiln.curate.config import CurateConfig
 from kiln.curate.dedup.exact import HashTable, dedup_partition, removals_for_task
 from kiln.curate.dedup.minhash import memory_estimate
 from kiln.curate.dedup.near import Sets, assignments_for_task, bucket_task, components_task, sign_task, verify_task
-from kiln.curate.executors import Executor, build_executor
+from kiln.curate.quality.config import CLASSIFIER_DIR, LM_DIR
 from kiln.curate.readers import ReadLimits, ReadTask, plan_reads, read_task, task_paths
-from kiln.curate.shards import SUFFIX, ShardWriter, read_shard, read_shard_lines
 from kiln.curate.steps.base import Step
-from kiln.curate.steps.code import is_code
 from kiln.curate.steps.decontaminate import build_index, build_report, format_report
 from kiln.curate.steps.lines import LineCounts, document_line_keys
 from kiln.curate.steps.pipeline import BRANCHES, code_steps, early_steps, funnel_rows, groups, prose_steps, run_document, run_documents
 from kiln.curate.steps.quality import CLASSIFIER_SCORES, LM_SCORES, ClassifierFilter, PerplexityFilter, model_files, model_folder, release_models
-from kiln.quality.config import CLASSIFIER_DIR, LM_DIR
+from kiln.text.code import doc_is_code
 
 log = logging.getLogger("kiln.curate")
 MB = 1_000_000
@@ -134,12 +135,6 @@ def load_ledger(summary: dict[str, Any], sample_size: int) -> Ledger:
         for entry in entries:
             ledger.offer_sample(source, reason, entry)
     return ledger
-
-
-def doc_is_code(doc: Document, marked: bool | None) -> bool:
-    """Code or prose rules: the input's marking, else the source name or the document's own file
-    extension (a record's own path inside a JSONL or Parquet file, else the file read)."""
-    return is_code(doc.source, doc.meta.get("record_path") or doc.meta.get("path"), marked)
 
 
 # --- the phases ---------------------------------------------------------------------------------
@@ -319,7 +314,7 @@ def write_phase(job: Job) -> dict[str, Any]:
                 if near.enabled:
                     ledger.passed("minhash_dedup", doc)
                 if doc.source not in writers:
-                    writers[doc.source] = ShardWriter(job.stage_dir / "shards" / f"{doc.source}-{job.index:05d}{SUFFIX}")
+                    writers[doc.source] = ShardWriter(job.stage_dir / SHARDS / f"{doc.source}-{job.index:05d}{SUFFIX}")
                 writers[doc.source].write_line(line)  # kept as the filter phase wrote it
                 ledger.kept(doc)
         except BaseException:
@@ -384,13 +379,13 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     inputs |= eval_sets  # a changed evaluation set redoes the stage
     models, cfg_for_tasks = quality_models(cfg, run_dir)
     inputs |= models  # so does a retrained quality model
-    stage = Stage(run_dir, "curate", {"curate": cfg}, inputs=inputs)
+    stage = Stage(run_dir, CURATE, {"curate": cfg}, inputs=inputs)
     if not force and (done := stage.current_manifest()):
         log.info("curate: up to date (%s docs kept); nothing to do. Use --force to redo.", done["counts"]["docs_out"])
         return done
     check_quality_models(cfg_for_tasks)
     stage.begin(resume=not force)
-    (stage.dir / "shards").mkdir(exist_ok=True)
+    (stage.dir / SHARDS).mkdir(exist_ok=True)
     stage_dir = stage.dir.resolve()  # tasks may run on other machines (ray): no path relative to this process's cwd
     partitions = partition_count(len(tasks))
     executor = build_executor(cfg.executor)
@@ -440,7 +435,7 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
         outputs.append(stage.dir / "audit" / "decontamination.json")
     shutil.rmtree(stage.dir / "work")
     counts = {**totals(ledger), **({"minhash": near} if near else {})}
-    shards = sorted((stage.dir / "shards").glob("*" + SUFFIX))
+    shards = sorted((stage.dir / SHARDS).glob("*" + SUFFIX))
     if counts["docs_out"] == 0:
         log.warning("curate: no document was kept (%d in); see %s and %s", counts["docs_in"], stage.dir / "summary.txt", stage.dir / "quarantine.jsonl")
     # phase timings vary from run to run: beside the counts, never in them

@@ -12,11 +12,12 @@ from typing import Any
 
 import torch
 
+from kiln.core.layout import GENERATE, TRAIN, RunLayout
 from kiln.core.manifest import Stage
 from kiln.evaluate.config import GenerateConfig
 from kiln.model.transformer import Transformer
-from kiln.tokenize.tokenizer import KilnTokenizer
-from kiln.train.checkpoint import load_trained_model
+from kiln.model.weights import CONFIG, WEIGHTS, load_trained_model
+from kiln.text.tokenizer import KilnTokenizer
 
 log = logging.getLogger("kiln.generate")
 
@@ -62,8 +63,9 @@ def generate(model: Transformer, tokenizer: KilnTokenizer, cfg: GenerateConfig) 
 
 def run(cfg: GenerateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
     run_dir = Path(run_dir)
-    ckpt, tok_path = run_dir / "train" / "checkpoint", run_dir / "tokenizer" / "tokenizer.json"
-    stage = Stage(run_dir, "generate", {"generate": cfg}, [ckpt / "model.safetensors", ckpt / "config.json", tok_path], upstream=["train"])
+    layout = RunLayout(run_dir)
+    ckpt, tok_path = layout.checkpoint, layout.tokenizer_json
+    stage = Stage(run_dir, GENERATE, {"generate": cfg}, [ckpt / WEIGHTS, ckpt / CONFIG, tok_path], upstream=[TRAIN])
     if not force and (done := stage.current_manifest()):
         log.info("generate: up to date; the sample is in %s", stage.dir / "summary.txt")
         return done

@@ -14,25 +14,27 @@ from typing import Any
 import torch
 
 from kiln.core.errors import FatalError
+from kiln.core.layout import EVAL, TOKENIZE, TRAIN, RunLayout
 from kiln.core.manifest import Stage, read_manifest
 from kiln.evaluate.config import EvalConfig
-from kiln.evaluate.perplexity import format_results, validation_scorer
 from kiln.model.config import ModelConfig
-from kiln.train.checkpoint import load_trained_model
-from kiln.train.loop import build_model
+from kiln.model.init import build_model
+from kiln.model.perplexity import format_results, validation_scorer
+from kiln.model.weights import CONFIG, WEIGHTS, load_trained_model
 
 log = logging.getLogger("kiln.eval")
 
 
 def run(cfg: EvalConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
     run_dir = Path(run_dir)
-    trained = read_manifest(run_dir / "train")
+    layout = RunLayout(run_dir)
+    trained = read_manifest(layout.stage(TRAIN))
     # eval.seq_len None means the window the checkpoint was trained with (not the recipe's
     # current train.seq_len); the resolved window is what gets hashed.
     cfg = cfg.model_copy(update={"seq_len": cfg.seq_len or trained["config"]["train"]["seq_len"]})
-    ckpt, tok_path = run_dir / "train" / "checkpoint", run_dir / "tokenizer" / "tokenizer.json"
-    inputs = [ckpt / "model.safetensors", ckpt / "config.json", tok_path, *sorted((run_dir / "tokenize").glob("*/val.*"))]
-    stage = Stage(run_dir, "eval", {"eval": cfg}, inputs, upstream=["tokenize", "train"])
+    ckpt, tok_path = layout.checkpoint, layout.tokenizer_json
+    inputs = [ckpt / WEIGHTS, ckpt / CONFIG, tok_path, *sorted(layout.token_shards.glob("*/val.*"))]
+    stage = Stage(run_dir, EVAL, {"eval": cfg}, inputs, upstream=[TOKENIZE, TRAIN])
     if not force and (done := stage.current_manifest()):
         log.info("eval: up to date (val bpb %.3f); nothing to do. Use --force to redo.", done["counts"]["after"]["all"]["bpb"])
         return done

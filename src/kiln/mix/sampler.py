@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from kiln.core.errors import FatalError
-from kiln.tokenize.shards import TokenShard
+from kiln.core.tokenshards import TokenShard
 
 log = logging.getLogger("kiln.mix")
 

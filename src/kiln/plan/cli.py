@@ -1,11 +1,10 @@
-"""Argument parsing and dispatch for `kiln plan <subcommand>` and `kiln sweep` (the CLI layer).
+"""Argument parsing and dispatch for `kiln plan <subcommand>` (the CLI layer).
 
-kiln.cli creates the `plan` and `sweep` verbs and hands them here: add_plan_subcommands adds
-the subcommands to `plan`, add_sweep_arguments the options of `sweep`, and run_plan runs
-either. Each subcommand prints a table, or with --json one JSON object whose fields the
-README lists with their units (`kiln plan --json SUBCOMMAND` works too). `kiln plan` with no
-subcommand keeps its original meaning: parameters and training compute for the recipe's model
-and schedule. A subcommand's errors are reported as `kiln plan SUBCOMMAND: error: ...`, exit 2.
+kiln.cli creates the `plan` verb and hands it here: add_plan_subcommands adds the subcommands,
+and run_plan runs one. Each subcommand prints a table, or with --json one JSON object whose
+fields the README lists with their units (`kiln plan --json SUBCOMMAND` works too). `kiln plan`
+with no subcommand (the recipe's own compute) is kiln.cli's, since it reads a whole recipe.
+A subcommand's errors are reported as `kiln plan SUBCOMMAND: error: ...`, exit 2.
 Numbers accept 7e9, 7B, 1.4T, 500K or 70M, and negative ones (`--flops -1e23`) parse so that
 the module can reject them by name. Not handled here: any computation (each lives in its own
 kiln.plan module) or checks of values (the modules raise ConfigError naming the input).
@@ -187,18 +186,6 @@ def _micro(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16", help="bf16/fp16: mixed precision (2+2+12 bytes/param); fp32: 4+4+8.")
 
 
-def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
-    from kiln.plan.sweep import DEFAULT_SIZES, DEFAULT_STEPS
-
-    p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"Model sizes as d_model x n_layers, comma-separated (default {DEFAULT_SIZES}).")
-    p.add_argument("--steps", default=DEFAULT_STEPS, help=f"Training steps per size, comma-separated (default {DEFAULT_STEPS}).")
-    p.add_argument("--head-dim", type=int, default=32, help="Attention head width; heads = d_model / head_dim (default 32).")
-    p.add_argument("--dry-run", action="store_true", help="List the grid (params, tokens, FLOPs) without training.")
-    _json(p, inherit=False)
-
-
-# ---- running ----
-
 def _shape(args: argparse.Namespace) -> tuple[Any, int]:
     """The model's Shape and the default sequence length, from --preset or --params [+ shape flags]."""
     from kiln.core.errors import ConfigError
@@ -294,22 +281,12 @@ SUBCOMMANDS = {"flops": _flops, "chinchilla": _chinchilla, "inference-aware": _i
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    """Run `kiln plan [SUBCOMMAND]` or `kiln sweep`.
+    """Run `kiln plan SUBCOMMAND`.
 
     A subcommand's KilnError is reported here as `kiln plan SUBCOMMAND: error: ...` (exit 2), the
-    same prefix argparse gives its usage errors; the recipe forms' errors propagate to kiln.cli.
+    same prefix argparse gives its usage errors.
     """
-    if args.verb == "sweep":
-        return _sweep(args)
-    command = getattr(args, "plan_command", None)
-    if command is None:
-        from kiln.core.recipe import load_recipe
-        from kiln.plan.flops import format_plan, plan_training
-
-        recipe = load_recipe(args.recipe or "demo", args.overrides)
-        plan = plan_training(recipe.model, recipe.train, recipe.model.vocab_size or recipe.tokenizer.vocab_size)
-        print(json.dumps(plan) if args.json else format_plan(plan))
-        return 0
+    command = args.plan_command
     from kiln.core.errors import KilnError
 
     try:
@@ -318,26 +295,4 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"kiln plan {command}: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(result) if args.json else fmt(result))
-    return 0
-
-
-def _sweep(args: argparse.Namespace) -> int:
-    from kiln.plan.sweep import (
-        format_sweep,
-        parse_sizes,
-        parse_steps,
-        plan_sweep,
-        point_row,
-        run_sweep,
-        sweep_dir,
-    )
-
-    recipe = args.recipe or "demo"
-    base, points = plan_sweep(recipe, args.overrides, parse_sizes(args.sizes), parse_steps(args.steps), args.head_dim)
-    if args.dry_run:
-        rows = [point_row(p) for p in points]
-    else:
-        rows = run_sweep(base, recipe, args.overrides, points, args.force)
-    where = sweep_dir(base)
-    print(json.dumps({"sweep_dir": str(where), "dry_run": args.dry_run, "runs": rows}) if args.json else format_sweep(rows, where, ran=not args.dry_run))
     return 0

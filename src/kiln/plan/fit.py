@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from kiln.core.errors import ConfigError, FatalError
+from kiln.core.layout import EVAL, MANIFEST, TRAIN
 from kiln.plan.checks import require_choice, require_positive
 from kiln.plan.report import count, table
 from kiln.plan.scaling import LossLaw, extrapolation_warnings
@@ -105,10 +106,10 @@ def read_runs(paths: list[Path], param_count: str = "non_embedding") -> list[Run
     require_choice("param_count", param_count, PARAM_COUNTS)
     run_dirs: list[Path] = []
     for p in map(Path, paths):
-        if (p / "train" / "manifest.json").is_file():
+        if (p / TRAIN / MANIFEST).is_file():
             run_dirs.append(p)
         elif p.is_dir():
-            found = sorted(d for d in p.iterdir() if (d / "train" / "manifest.json").is_file())
+            found = sorted(d for d in p.iterdir() if (d / TRAIN / MANIFEST).is_file())
             if not found:
                 raise FatalError(f"{p}: neither a finished run (no train/manifest.json) nor a folder of them; train first (e.g. `kiln sweep`)")
             run_dirs.extend(found)
@@ -116,8 +117,8 @@ def read_runs(paths: list[Path], param_count: str = "non_embedding") -> list[Run
             raise FatalError(f"{p}: no such run directory")
     runs = []
     for d in run_dirs:
-        counts = json.loads((d / "train" / "manifest.json").read_text())["counts"]
-        eval_manifest = d / "eval" / "manifest.json"
+        counts = json.loads((d / TRAIN / MANIFEST).read_text())["counts"]
+        eval_manifest = d / EVAL / MANIFEST
         loss = json.loads(eval_manifest.read_text())["counts"]["after"]["all"]["loss"] if eval_manifest.is_file() else counts["val_after"]["all"]["loss"]
         params = counts["params"] if param_count == "total" else counts["params_non_embedding"]
         runs.append(_checked(Run(d.name, float(params), float(counts["tokens_trained"]), float(loss)), str(d)))

@@ -23,19 +23,18 @@ from kiln.model.presets import get_preset
 from kiln.plan.checks import require_at_least, require_positive
 from kiln.plan.report import count, sci, table
 from kiln.plan.scaling import TOKENS_PER_PARAM
-from kiln.train.config import TrainConfig
 
 
-def plan_training(model_cfg: ModelConfig, cfg: TrainConfig, vocab_size: int) -> dict[str, Any]:
+def plan_training(model_cfg: ModelConfig, seq_len: int, tokens: int, vocab_size: int) -> dict[str, Any]:
+    """Parameters and training compute of `model_cfg` trained on `tokens` in windows of `seq_len`."""
     model_cfg = model_cfg.resolved(vocab_size)
     n = count_params(model_cfg)
-    tokens = cfg.steps * cfg.tokens_per_step
-    fpt = flops_per_token(model_cfg, cfg.seq_len)
+    fpt = flops_per_token(model_cfg, seq_len)
     return {
         "params": n,
         "params_non_embedding": count_params(model_cfg, include_embeddings=False),
         "vocab_size": vocab_size,
-        "seq_len": cfg.seq_len,
+        "seq_len": seq_len,
         "tokens": tokens,
         "flops_per_token": fpt,
         "train_flops": fpt * tokens,

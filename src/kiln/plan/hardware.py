@@ -1,9 +1,7 @@
 """GPU presets (peak dense bf16 FLOP/s and memory) and turning FLOPs into GPU-hours, days and USD.
 
-Peaks equal the trainer's table (kiln.train.monitor.PEAK_FLOPS, from the vendors' datasheets,
-dense, no sparsity; a test keeps the two equal) so a planned MFU and a measured one use the same
-denominator. They are repeated rather than imported so that `kiln --help` and `kiln curate`
-never import torch (kiln.train.monitor does). A user may
+The presets are kiln.core.hardware's table, the one the trainer's monitor computes MFU with, so
+a planned MFU and a measured one use the same denominator. A user may
 override the peak (`--peak-tflops`), e.g. the round 1000 TFLOP/s often quoted for the H100.
 Not handled here: prices (always the user's input; they change too fast to ship), interconnect
 speed, or the MFU a given layout will reach (an input, typically 0.3 to 0.6).
@@ -11,29 +9,11 @@ speed, or the MFU a given layout will reach (an input, typically 0.3 to 0.6).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from kiln.core.errors import ConfigError
+from kiln.core.hardware import GPUS, Gpu
 from kiln.plan.checks import require_at_least, require_positive
 
 SECONDS_PER_HOUR = 3600.0
-
-
-@dataclass(frozen=True)
-class Gpu:
-    name: str
-    peak_flops: float  # dense bf16 FLOP/s
-    memory_gb: float  # GB = 1e9 bytes, as the datasheets count them
-
-
-# NVIDIA datasheets: A100 312 TFLOP/s dense bf16 (40 and 80 GB SXM), H100 SXM 989 TFLOP/s dense
-# bf16 (1979 with 2:4 sparsity) and 80 GB, H200 the same compute with 141 GB.
-GPUS: dict[str, Gpu] = {
-    "a100-40gb": Gpu("A100 SXM 40GB", 312e12, 40.0),
-    "a100": Gpu("A100 SXM 80GB", 312e12, 80.0),
-    "h100": Gpu("H100 SXM 80GB", 989e12, 80.0),
-    "h200": Gpu("H200 SXM 141GB", 989e12, 141.0),
-}
 
 
 def resolve_gpu(name: str | None, peak_tflops: float | None = None, memory_gb: float | None = None) -> Gpu:

@@ -1,4 +1,4 @@
-"""The `tokenizer` (training) and `tokenize` (encoding) recipe sections, and kiln's special tokens."""
+"""The `tokenizer` (training) and `tokenize` (encoding) recipe sections."""
 
 from __future__ import annotations
 
@@ -7,30 +7,8 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from kiln.core.config import Section
-from kiln.curate.executors import ExecutorConfig
-
-EOT = "<|endoftext|>"
-PAD = "<|pad|>"
-MASK = "<|mask|>"
-FIM_PREFIX = "<|fim_prefix|>"
-FIM_MIDDLE = "<|fim_middle|>"
-FIM_SUFFIX = "<|fim_suffix|>"
-FIXED_SPECIALS = (EOT, PAD, MASK, FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX)
-BYTE_ALPHABET = 256
-
-
-def sentinel(i: int) -> str:
-    """Span-corruption sentinel i (T5's <extra_id_i>)."""
-    return f"<|sentinel_{i}|>"
-
-
-def reserved(i: int) -> str:
-    return f"<|reserved_{i}|>"
-
-
-def special_tokens(n_sentinels: int, n_reserved: int) -> list[str]:
-    """Every special token in id order: they take the first ids of the vocabulary."""
-    return [*FIXED_SPECIALS, *(sentinel(i) for i in range(n_sentinels)), *(reserved(i) for i in range(n_reserved))]
+from kiln.core.executors import ExecutorConfig
+from kiln.text.specials import BYTE_ALPHABET, special_tokens
 
 
 class TokenizerConfig(Section):

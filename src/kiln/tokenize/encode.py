@@ -29,15 +29,16 @@ import numpy as np
 from tqdm import tqdm
 
 from kiln.core.atomic import write_atomically
+from kiln.core.docshards import SUFFIX, list_shards, read_shard, shard_source
 from kiln.core.document import Document
 from kiln.core.errors import FatalError
+from kiln.core.executors import build_executor
+from kiln.core.layout import CURATE, TOKENIZE, TOKENIZER, RunLayout
 from kiln.core.manifest import Stage, read_manifest
 from kiln.core.split import is_heldout
-from kiln.curate.executors import build_executor
-from kiln.curate.shards import SUFFIX, list_shards, read_shard, shard_source
+from kiln.core.tokenshards import TokenShard, TokenShardWriter, dtype_for
+from kiln.text.tokenizer import META_NAME, KilnTokenizer, file_hash
 from kiln.tokenize.config import TokenizeConfig
-from kiln.tokenize.shards import TokenShard, TokenShardWriter, dtype_for
-from kiln.tokenize.tokenizer import META_NAME, KilnTokenizer, file_hash
 
 log = logging.getLogger("kiln.tokenize")
 SPLITS = ("train", "val")
@@ -145,10 +146,11 @@ def join(parts: list[Path], folder: Path, vocab_size: int, dtype: np.dtype) -> d
 
 def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
     run_dir = Path(run_dir)
-    curated = read_manifest(run_dir / "curate")
-    shards = list_shards(run_dir / "curate" / "shards")
-    tok_path = run_dir / "tokenizer" / "tokenizer.json"
-    stage = Stage(run_dir, "tokenize", {"tokenize": cfg}, inputs=[*shards, tok_path, tok_path.with_name(META_NAME)], upstream=["curate", "tokenizer"])
+    layout = RunLayout(run_dir)
+    curated = read_manifest(layout.stage(CURATE))
+    shards = list_shards(layout.curated_shards)
+    tok_path = layout.tokenizer_json
+    stage = Stage(run_dir, TOKENIZE, {"tokenize": cfg}, inputs=[*shards, tok_path, tok_path.with_name(META_NAME)], upstream=[CURATE, TOKENIZER])
     if not force and (done := stage.current_manifest()):
         log.info("tokenize: up to date (%d train tokens); nothing to do. Use --force to redo.", done["counts"]["train_tokens"])
         return done

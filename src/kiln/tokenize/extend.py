@@ -30,10 +30,11 @@ from tokenizers import Tokenizer
 
 from kiln.core.config import Section
 from kiln.core.errors import FatalError
+from kiln.core.layout import CHECKPOINT, TOKENIZER, TOKENIZER_EXTENDED, TOKENIZER_JSON, RunLayout
 from kiln.core.manifest import Stage
 from kiln.model.transformer import Transformer
-from kiln.tokenize.tokenizer import META_NAME, KilnTokenizer, tiktoken_rules
-from kiln.train.checkpoint import load_trained_model, save_weights
+from kiln.model.weights import load_trained_model, save_weights
+from kiln.text.tokenizer import META_NAME, KilnTokenizer, tiktoken_rules
 
 log = logging.getLogger("kiln.tokenizer")
 
@@ -119,28 +120,29 @@ def resize(model: Transformer, added: list[FormAdded], old_vocab: int, vocab_siz
 
 def run(cfg: ExtendConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
     run_dir = Path(run_dir)
-    tok_path = run_dir / "tokenizer" / "tokenizer.json"
-    checkpoint = Path(cfg.checkpoint) if cfg.checkpoint else run_dir / "train" / "checkpoint"
-    if checkpoint.resolve().is_relative_to((run_dir / "tokenizer-extended").resolve()):
+    layout = RunLayout(run_dir)
+    tok_path = layout.tokenizer_json
+    checkpoint = Path(cfg.checkpoint) if cfg.checkpoint else layout.checkpoint
+    if checkpoint.resolve().is_relative_to(layout.stage(TOKENIZER_EXTENDED).resolve()):
         raise FatalError(f"{checkpoint}: inside tokenizer-extended/, which this stage rewrites; extend the run's own checkpoint (runs/NAME/train/checkpoint) with all the terms at once")
     if cfg.checkpoint and not (checkpoint / "config.json").is_file():
         raise FatalError(f"{checkpoint}: no checkpoint there (config.json missing); give the folder `kiln train` wrote, e.g. runs/NAME/train/checkpoint")
     has_checkpoint = (checkpoint / "config.json").is_file()
     inputs = [Path(cfg.terms), tok_path, tok_path.with_name(META_NAME)] + ([checkpoint / "model.safetensors", checkpoint / "config.json"] if has_checkpoint else [])
-    stage = Stage(run_dir, "tokenizer-extended", {"extend": cfg}, inputs=inputs, upstream=["tokenizer"])
+    stage = Stage(run_dir, TOKENIZER_EXTENDED, {"extend": cfg}, inputs=inputs, upstream=[TOKENIZER])
     if not force and (done := stage.current_manifest()):
         log.info("tokenizer-extended: up to date (vocab %d); nothing to do. Use --force to redo.", done["counts"]["vocab_size"])
         return done
     stage.begin()
     old = KilnTokenizer.load(tok_path)
     new, added = extend(old, read_terms(Path(cfg.terms)))
-    outputs = new.save(stage.dir / "tokenizer.json")
+    outputs = new.save(stage.dir / TOKENIZER_JSON)
     rows = [{**asdict(f), "tokens_before": len(f.pieces), "tokens_after": len(new.encode(f.form))} for f in added]
     (stage.dir / "terms.json").write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     outputs.append(stage.dir / "terms.json")
     if has_checkpoint:
         model = load_trained_model(checkpoint)
-        outputs += save_weights(stage.dir / "checkpoint", resize(model, added, old.vocab_size, new.vocab_size))
+        outputs += save_weights(stage.dir / CHECKPOINT, resize(model, added, old.vocab_size, new.vocab_size))
     else:
         log.info("tokenizer-extended: no checkpoint at %s; extended the tokenizer only", checkpoint)
     new_ids = [f.id for f in added if f.new]

@@ -24,9 +24,9 @@ from typing import Any
 import regex
 
 from kiln.core.document import Document
-from kiln.curate.steps.code import is_code
-from kiln.curate.steps.language import predict_language
-from kiln.tokenize.tokenizer import KilnTokenizer
+from kiln.text.code import is_code
+from kiln.text.language import predict_language
+from kiln.text.tokenizer import KilnTokenizer
 
 UNSPACED = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}"
 # One optional leading space is kept with the word: that is how BPE sees most words mid-sentence.

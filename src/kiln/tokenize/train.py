@@ -26,13 +26,14 @@ import xxhash
 from pydantic import Field, ValidationError
 
 from kiln.core.config import Section
+from kiln.core.docshards import list_shards, read_shard, shard_source
 from kiln.core.errors import ConfigError, FatalError
+from kiln.core.layout import CURATE, TOKENIZER, TOKENIZER_JSON, TOKENIZER_SWEEP, RunLayout
 from kiln.core.manifest import Stage, read_manifest
 from kiln.core.split import is_heldout
-from kiln.curate.shards import list_shards, read_shard, shard_source
+from kiln.text.tokenizer import KilnTokenizer, train_bpe
 from kiln.tokenize.config import TokenizerConfig
 from kiln.tokenize.report import HeldoutDoc, format_report, format_sweep, heldout_doc, measure
-from kiln.tokenize.tokenizer import KilnTokenizer, train_bpe
 
 log = logging.getLogger("kiln.tokenizer")
 MB = 1_000_000
@@ -130,7 +131,7 @@ def heldout_docs(shards: Sequence[Path], cfg: TokenizerConfig) -> list[HeldoutDo
 def training_sample(run_dir: Path, shards: list[Path], cfg: TokenizerConfig, largest_vocab: int | None = None) -> tuple[list[str], int]:
     """The sample's texts and bytes; FatalError when it is too small for `largest_vocab` (default cfg's)."""
     vocab_size = largest_vocab or cfg.vocab_size
-    curate_dir = Path(run_dir) / "curate"
+    curate_dir = RunLayout(run_dir).stage(CURATE)
     curated = read_manifest(curate_dir)
     curated_bytes = {s: t["bytes_out"] for s, t in curated["counts"]["per_source"].items() if t["bytes_out"] > 0}
     if not curated_bytes:
@@ -158,8 +159,8 @@ def train_and_measure(texts: list[str], vocab_size: int, cfg: TokenizerConfig, h
 
 def run(cfg: TokenizerConfig, run_dir: Path, shape: EmbeddingShape | None = None, force: bool = False) -> dict[str, Any]:
     shape = shape or EmbeddingShape()
-    shards = list_shards(Path(run_dir) / "curate" / "shards")
-    stage = Stage(run_dir, "tokenizer", {"tokenizer": cfg, "embedding": shape}, inputs=shards, upstream=["curate"])
+    shards = list_shards(RunLayout(run_dir).curated_shards)
+    stage = Stage(run_dir, TOKENIZER, {"tokenizer": cfg, "embedding": shape}, inputs=shards, upstream=[CURATE])
     if not force and (done := stage.current_manifest()):
         log.info("tokenizer: up to date (vocab %d); nothing to do. Use --force to redo.", done["counts"]["vocab_size"])
         return done
@@ -168,7 +169,7 @@ def run(cfg: TokenizerConfig, run_dir: Path, shape: EmbeddingShape | None = None
     log.info("tokenizer: training byte-level BPE, vocab %d, on %d docs (%.1f MB)", cfg.vocab_size, len(texts), sample_bytes / MB)
     heldout = heldout_docs(shards, cfg)
     tokenizer, result = train_and_measure(texts, cfg.vocab_size, cfg, heldout, shape)
-    outputs = tokenizer.save(stage.dir / "tokenizer.json")
+    outputs = tokenizer.save(stage.dir / TOKENIZER_JSON)
     report = {"sample_docs": len(texts), "sample_bytes": sample_bytes, **result}
     (stage.dir / "report.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     held = report["heldout"]
@@ -199,8 +200,8 @@ def sweep(cfg: TokenizerConfig, run_dir: Path, sizes: Sequence[int], shape: Embe
     """One tokenizer per vocabulary size on one sample, reported side by side, in `tokenizer-sweep/`."""
     shape = shape or EmbeddingShape()
     configs = [sized(cfg, n) for n in sorted(set(sizes))]
-    shards = list_shards(Path(run_dir) / "curate" / "shards")
-    stage = Stage(run_dir, "tokenizer-sweep", {"tokenizer": cfg, "embedding": shape, **{f"vocab_{c.vocab_size}": c for c in configs}}, inputs=shards, upstream=["curate"])
+    shards = list_shards(RunLayout(run_dir).curated_shards)
+    stage = Stage(run_dir, TOKENIZER_SWEEP, {"tokenizer": cfg, "embedding": shape, **{f"vocab_{c.vocab_size}": c for c in configs}}, inputs=shards, upstream=[CURATE])
     if not force and (done := stage.current_manifest()):
         log.info("tokenizer-sweep: up to date (%s); nothing to do. Use --force to redo.\n%s", ", ".join(map(str, done["counts"]["vocab_sizes"])), (stage.dir / "summary.txt").read_text())
         return done
@@ -215,7 +216,7 @@ def sweep(cfg: TokenizerConfig, run_dir: Path, sizes: Sequence[int], shape: Embe
         tokenizer, result = train_and_measure(texts, c.vocab_size, cfg, heldout, shape)
         folder = stage.dir / f"vocab-{c.vocab_size}"
         folder.mkdir()
-        outputs += tokenizer.save(folder / "tokenizer.json")
+        outputs += tokenizer.save(folder / TOKENIZER_JSON)
         (folder / "report.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         outputs.append(folder / "report.json")
         reports.append(result["heldout"])

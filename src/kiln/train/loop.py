@@ -19,14 +19,16 @@ from typing import Any
 import torch
 
 from kiln.core.errors import FatalError
+from kiln.core.layout import CHECKPOINT, TOKENIZE, TRAIN, RunLayout
 from kiln.core.manifest import Stage, read_manifest
+from kiln.core.tokenshards import open_split
 from kiln.evaluate.config import EvalConfig
-from kiln.evaluate.perplexity import validation_scorer
 from kiln.mix.config import MixConfig
 from kiln.mix.sampler import Sampler
 from kiln.model.config import ModelConfig, count_params, flops_per_token
-from kiln.model.transformer import Transformer, lm_loss
-from kiln.tokenize.shards import open_split
+from kiln.model.init import build_model
+from kiln.model.perplexity import validation_scorer
+from kiln.model.transformer import lm_loss
 from kiln.train.config import TrainConfig
 from kiln.train.hooks import Checkpointer, Hook, StepState
 from kiln.train.monitor import Monitor
@@ -47,11 +49,6 @@ def build_device(cfg: TrainConfig) -> tuple[torch.device, torch.dtype | None]:
     return device, (torch.bfloat16 if precision == "bf16" else None)
 
 
-def build_model(cfg: ModelConfig, seed: int, device: torch.device) -> Transformer:
-    torch.manual_seed(seed)  # same seed, same initial weights, on any device
-    return Transformer(cfg).to(device)
-
-
 def build_sampler(tokenize_dir: Path, mix: MixConfig, cfg: TrainConfig) -> Sampler:
     # verify: a damaged .bin of the right length would otherwise train silently on garbage.
     return Sampler(open_split(tokenize_dir, "train", verify=True), mix.weights, cfg.seq_len, mix.seed)
@@ -59,12 +56,13 @@ def build_sampler(tokenize_dir: Path, mix: MixConfig, cfg: TrainConfig) -> Sampl
 
 def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: EvalConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
     run_dir = Path(run_dir)
-    tokenize_dir = run_dir / "tokenize"
+    layout = RunLayout(run_dir)
+    tokenize_dir = layout.token_shards
     tokenized = read_manifest(tokenize_dir)
-    tok_path = run_dir / "tokenizer" / "tokenizer.json"
+    tok_path = layout.tokenizer_json
     inputs = [tok_path, *sorted(tokenize_dir.glob("*/*.bin")), *sorted(tokenize_dir.glob("*/*.idx"))]
     # eval settings only shape the monitoring evaluations, not the model: they are not hashed here.
-    stage = Stage(run_dir, "train", {"model": model_cfg, "train": cfg, "mix": mix}, inputs, upstream=["tokenize"])
+    stage = Stage(run_dir, TRAIN, {"model": model_cfg, "train": cfg, "mix": mix}, inputs, upstream=[TOKENIZE])
     if not force and (done := stage.current_manifest()):
         log.info("train: up to date (%d steps, val loss %.3f); nothing to do. Use --force to redo.", done["counts"]["steps"], done["counts"]["val_after"]["all"]["loss"])
         return done
@@ -79,8 +77,8 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: Ev
     evaluate = validation_scorer(run_dir, eval_cfg.seq_len or cfg.seq_len, eval_cfg.max_tokens_per_source, eval_cfg.batch_size)
     n_params = count_params(model_cfg)
     log.info("train: %s params (%s without embeddings) on %s, %d steps of %d tokens", f"{n_params:,}", f"{count_params(model_cfg, False):,}", device, cfg.steps, cfg.tokens_per_step)
-    monitor = Monitor(stage.dir / "metrics.jsonl", cfg.steps, fpt, device)
-    checkpointer = Checkpointer(stage.dir / "checkpoint", cfg.checkpoint_every)
+    monitor = Monitor(stage.dir / layout.metrics.name, cfg.steps, fpt, device)
+    checkpointer = Checkpointer(stage.dir / CHECKPOINT, cfg.checkpoint_every)
     hooks: list[Hook] = [monitor, checkpointer]
 
     val_before = None
@@ -154,4 +152,4 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: Ev
     else:
         lines.append(f"validation loss {val_after['all']['loss']:.3f} nats/token, bpb {val_after['all']['bpb']:.3f}")
     extra = {"model": model_cfg.model_dump(mode="json"), "monitoring_eval": eval_cfg.model_dump(mode="json")}
-    return stage.finish(checkpointer.paths, counts, "\n".join(lines), extra=extra, logs=[stage.dir / "metrics.jsonl"])
+    return stage.finish(checkpointer.paths, counts, "\n".join(lines), extra=extra, logs=[stage.dir / layout.metrics.name])

@@ -15,17 +15,13 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from kiln.core.hardware import peak_flops_of
 from kiln.train.hooks import StepState
-
-# Dense bf16 peak FLOP/s from the vendors' datasheets (no sparsity).
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "L4": 121e12}
 
 
 def device_peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in PEAK_FLOPS.items() if key in name), None)
+    """The device's dense bf16 peak from kiln.core.hardware (the planner's table); None for a CPU or an unknown GPU."""
+    return peak_flops_of(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
 
 
 class Monitor:

@@ -28,7 +28,7 @@ from kiln.curate.dedup.minhash import (
     s_curve,
     signatures,
 )
-from kiln.curate.dedup.shingles import shingle_set
+from kiln.text.shingles import shingle_set
 
 U64_MAX = 2**64 - 1
 

@@ -23,15 +23,15 @@ import pytest
 from test_curate_run import audit_files, kept
 
 from kiln.cli import main
+from kiln.core.docshards import list_shards, read_shard
 from kiln.core.manifest import MANIFEST
 from kiln.curate import run as curate_run
 from kiln.curate.config import CurateConfig
 from kiln.curate.dedup import minhash, near
 from kiln.curate.dedup.minhash import estimated_jaccard, permutation_params, signatures
-from kiln.curate.dedup.shingles import shingle_set
 from kiln.curate.readers import InputConfig
 from kiln.curate.run import CHAINED, key_ranges, run
-from kiln.curate.shards import list_shards, read_shard
+from kiln.text.shingles import shingle_set
 
 FILTERS = ("url_filter", "line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "code_quality", "pii", "length")
 # Letters only: digits would fold to 0 and make words collide. 5000 words, so two random texts

@@ -9,13 +9,8 @@ from hypothesis import strategies as st
 
 from kiln.core.document import Document
 from kiln.curate.audit import Ledger
-from kiln.curate.steps.code import (
-    CODE_EXTENSIONS,
-    CodeConfig,
-    CodeQuality,
-    alphanumeric_count,
-    is_code,
-)
+from kiln.curate.steps.code import CodeConfig, CodeQuality, alphanumeric_count
+from kiln.text.code import CODE_EXTENSIONS, is_code
 
 STEP = CodeQuality(CodeConfig())
 SHORT = "x = 1\n" * 20  # 20 lines of 5 characters keep the mean low

@@ -21,7 +21,6 @@ from pydantic import ValidationError
 from kiln.core.document import Document
 from kiln.core.errors import FatalError
 from kiln.curate.audit import Ledger
-from kiln.curate.dedup.shingles import words
 from kiln.curate.steps.bloom import BloomFilter
 from kiln.curate.steps.decontaminate import (
     Decontaminate,
@@ -34,6 +33,7 @@ from kiln.curate.steps.decontaminate import (
     load_index,
     set_name,
 )
+from kiln.text.shingles import words
 
 # 19 words; its first 13 are the planted n-gram.
 QUESTION = "Which of the following best describes the role of the mitochondria in a eukaryotic cell during aerobic respiration today?"

@@ -13,12 +13,9 @@ from kiln.core.document import Document
 from kiln.core.errors import ConfigError
 from kiln.curate.audit import Ledger
 from kiln.curate.steps import language
-from kiln.curate.steps.language import (
-    LanguageConfig,
-    LanguageID,
-    load_model,
-    predict_language,
-)
+from kiln.curate.steps.language import LanguageConfig, LanguageID
+from kiln.text import language as text_language
+from kiln.text.language import load_model, predict_language
 
 ENGLISH = "The kiln was fired slowly over three days, and the potters watched the colour of the flame\nchange from orange to a bright, steady yellow."
 FRENCH = "Le four a été chauffé lentement pendant trois jours, et les potiers ont regardé la couleur de la flamme changer."
@@ -35,7 +32,7 @@ def run(d: Document, **config: object) -> tuple[list[Document], Ledger]:
 
 def test_model_is_loaded_once_from_the_package():
     assert load_model() is load_model()
-    assert language.model_path().name == "lid.176.ftz"
+    assert text_language.model_path().name == "lid.176.ftz"
 
 
 def test_english_kept_and_annotated():

@@ -27,7 +27,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from kiln.core.config import Section
-from kiln.curate.dedup.shingles import MAX_N, MULTIPLIERS, mix64
+from kiln.text.shingles import MAX_N, MULTIPLIERS, mix64
 
 PROCESS_BASE_MB = 120  # a worker before any data: Python, numpy, pyarrow (measured: 100-110 MB RSS)
 BATCH_ROWS = 8192  # shingles per (permutations x shingles) product: 112 x 8192 x 8 B = 7 MB

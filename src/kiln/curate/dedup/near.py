@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.core.atomic import save_npy, write_atomically
+from kiln.core.docshards import read_shard
 from kiln.core.document import Document
 from kiln.core.errors import FatalError
 from kiln.curate.dedup.exact import source_rank
@@ -48,8 +49,7 @@ from kiln.curate.dedup.minhash import (
     preference_value,
     signatures_flat,
 )
-from kiln.curate.dedup.shingles import shingle_sets
-from kiln.curate.shards import read_shard
+from kiln.text.shingles import shingle_sets
 
 DOCS_SCHEMA = pa.schema([("local", pa.int32()), ("ordinal", pa.int64()), ("id", pa.string()), ("source", pa.string()), ("rank", pa.int32()), ("preference", pa.float64())])
 EDGE_SCHEMA = pa.schema([("a", pa.uint64()), ("b", pa.uint64()), ("jaccard", pa.float64())])

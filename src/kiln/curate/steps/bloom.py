@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kiln.core.errors import FatalError
-from kiln.curate.dedup.shingles import mix64
+from kiln.text.shingles import mix64
 
 MAX_BLOOM_BITS = 1 << 32  # _reduce maps onto at most 2^32 bits (512 MB per filter)
 _BLOOM_SALT = np.uint64(0x9E37_79B9_7F4A_7C15)  # the second hash's salt: part of the decontamination index format

@@ -22,8 +22,8 @@ from pydantic import Field
 from kiln.core.config import Section
 from kiln.core.document import Document
 from kiln.curate.audit import Ledger
-from kiln.curate.segments import segments
 from kiln.curate.steps.base import Drop
+from kiln.text.segments import segments
 
 _CITATION = re.compile(r"\[\d*\]|\[edit\]|\[citation needed\]")
 # Cookie and legal boilerplate phrases the C4 builder drops lines for (c4_utils.py, _POLICY_SUBSTRINGS).

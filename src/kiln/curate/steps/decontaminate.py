@@ -13,7 +13,7 @@ the item) and is wrong with the filter's false-positive rate per n-gram looked u
 Not handled here: GPT-3's cutting of the matched span (plus 200 characters) out of the document,
 since a document is removed or flagged whole; n-grams common in ordinary prose that happen to
 occur in a benchmark (licences, boilerplate) also match; scripts written without spaces (see
-kiln.curate.dedup.shingles).
+kiln.text.shingles).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from kiln.core.config import Section
 from kiln.core.document import Document
 from kiln.core.errors import FatalError
 from kiln.curate.audit import Ledger
-from kiln.curate.dedup.shingles import MAX_N, SHINGLE_VERSION, ngram_hashes, text_hashes, word_hashes, words
 from kiln.curate.readers.streams import STREAM_ERRORS, open_decompressed
 from kiln.curate.steps.bloom import BloomFilter
+from kiln.text.shingles import MAX_N, SHINGLE_VERSION, ngram_hashes, text_hashes, word_hashes, words
 
 INDEX_FORMAT = "kiln-decontamination-index v1"
 REPORT_FORMAT = "kiln-decontamination-report v1"
@@ -333,7 +333,7 @@ class Index:
     def _words(self, text: str, count: int) -> list[str]:
         doc_words = words(text, self.fold_digits)
         # subtle: hit positions index these words, so text_hashes must split exactly as words() does.
-        assert len(doc_words) == count, "kiln.curate.dedup.shingles: text_hashes and words disagree"
+        assert len(doc_words) == count, "kiln.text.shingles: text_hashes and words disagree"
         return doc_words
 
 

@@ -14,9 +14,9 @@ from pydantic import Field
 
 from kiln.core.config import Section
 from kiln.core.document import Document
-from kiln.curate.segments import segments
 from kiln.curate.steps.base import Drop, Filter
 from kiln.curate.steps.gopher import duplicates
+from kiln.text.segments import segments
 
 # A line "ends in punctuation" when its last character is a sentence terminal: Unicode's
 # Sentence_Terminal property (PropList.txt, Unicode 16), which is what FineWeb's list holds.

@@ -5,7 +5,7 @@ GopherQuality drops documents that do not look like prose: too few or too many w
 word length, many `#` or ellipses, mostly bullet lines or lines trailing off, few words with
 letters, fewer than two common English stop words. GopherRepetition drops documents that repeat
 themselves: duplicated lines and paragraphs, one n-gram taking a large share of the text, many
-characters inside repeated n-grams. Both read the shared split (kiln.curate.segments); counts
+characters inside repeated n-grams. Both read the shared split (kiln.text.segments); counts
 follow datatrove's implementation of the paper (its GopherQualityFilter and
 GopherRepetitionFilter) so that the two agree document for document.
 Not handled here: languages other than English (stop words and word splitting are English),
@@ -22,8 +22,8 @@ from pydantic import Field
 
 from kiln.core.config import Section
 from kiln.core.document import Document
-from kiln.curate.segments import Segments, segments
 from kiln.curate.steps.base import Drop, Filter
+from kiln.text.segments import Segments, segments
 
 # Gopher's stop words (the paper, A.1.1): a document needs at least two of them.
 GOPHER_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")

@@ -22,8 +22,8 @@ from pydantic import Field
 from kiln.core.config import Section
 from kiln.core.document import Document
 from kiln.curate.audit import Ledger
-from kiln.curate.segments import segments
 from kiln.curate.steps.normalize import BLANK_RUNS
+from kiln.text.segments import segments
 
 _DIGITS = re.compile(r"\d")
 _SPACES = re.compile(r"\s+")

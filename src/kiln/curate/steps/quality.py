@@ -7,7 +7,7 @@ document's meta, and keep by a cutoff taken from that sample: perplexity buckets
 tail at two percentiles (CCNet: 30 and 60), or the classifier's top fraction (DCLM: 10%);
 or by an absolute threshold instead. A worker loads each model once (cached by path), and curate
 scores a group of documents in one call (`prepare`, kiln.curate.steps.pipeline.run_documents).
-Not handled here: training the models (kiln.quality), code documents (these filters run in the
+Not handled here: training the models (kiln.curate.quality), code documents (these filters run in the
 prose branch only).
 """
 
@@ -28,8 +28,8 @@ from kiln.core.errors import FatalError
 from kiln.curate.audit import Ledger
 
 if TYPE_CHECKING:
-    from kiln.quality.classifier import HashedClassifier
-    from kiln.quality.ngram import NGramLM
+    from kiln.curate.quality.classifier import HashedClassifier
+    from kiln.curate.quality.ngram import NGramLM
 
 Bucket = Literal["head", "middle", "tail"]
 BUCKETS: tuple[Bucket, ...] = ("head", "middle", "tail")
@@ -75,14 +75,14 @@ def model_files(folder: Path, scores: str) -> list[Path]:
 
 @functools.lru_cache(maxsize=4)
 def _load_lm(path: Path, mtime: float) -> NGramLM:
-    from kiln.quality.ngram import NGramLM  # the config imports this module; the models only when a filter runs
+    from kiln.curate.quality.ngram import NGramLM  # the config imports this module; the models only when a filter runs
 
     return NGramLM.load(path)
 
 
 @functools.lru_cache(maxsize=4)
 def _load_classifier(path: Path, mtime: float) -> HashedClassifier:
-    from kiln.quality.classifier import HashedClassifier
+    from kiln.curate.quality.classifier import HashedClassifier
 
     return HashedClassifier.load(path)
 

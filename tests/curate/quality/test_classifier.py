@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.core.errors import FatalError
-from kiln.curate.dedup.shingles import text_hashes
-from kiln.quality import classifier as clf_module
-from kiln.quality.classifier import FORMAT, HashedClassifier, _featurize, _gram_hashes, evaluate
-from kiln.quality.config import ClassifierConfig
+from kiln.curate.quality import classifier as clf_module
+from kiln.curate.quality.classifier import FORMAT, HashedClassifier, _featurize, _gram_hashes, evaluate
+from kiln.curate.quality.config import ClassifierConfig
+from kiln.text.shingles import text_hashes
 
 CFG = ClassifierConfig()
 

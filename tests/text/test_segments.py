@@ -7,7 +7,7 @@ import time
 import pytest
 
 from kiln.core.document import Document
-from kiln.curate.segments import Segments, segments
+from kiln.text.segments import Segments, segments
 
 
 def test_lines_and_paragraphs() -> None:

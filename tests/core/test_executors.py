@@ -1,4 +1,4 @@
-"""kiln.curate.executors: local (inline and process pool) and Ray give the same results for the same tasks."""
+"""kiln.core.executors: local (inline and process pool) and Ray give the same results for the same tasks."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kiln.curate.executors import ExecutorConfig, build_executor
+from kiln.core.executors import ExecutorConfig, build_executor
 
 
 def square(x: int) -> tuple[int, int]:

@@ -3,7 +3,7 @@
 `kiln quality train-lm` trains an n-gram language model on the reference text; `kiln quality
 train-classifier` trains a linear classifier telling reference text from the raw corpus. Both
 are later used by the curate steps `perplexity` and `quality_classifier`.
-Not handled here: the models (kiln.quality.ngram, kiln.quality.classifier) and the steps.
+Not handled here: the models (kiln.curate.quality.ngram, kiln.curate.quality.classifier) and the steps.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from __future__ import annotations
 from pydantic import Field
 
 from kiln.core.config import Section
+from kiln.core.layout import QUALITY
 from kiln.curate.readers.config import InputConfig
 
-LM_DIR, CLASSIFIER_DIR = "quality/lm", "quality/classifier"  # stage folders under the run directory
+LM_DIR, CLASSIFIER_DIR = f"{QUALITY}/lm", f"{QUALITY}/classifier"  # stage folders under the run directory
 
 
 class NGramConfig(Section):

@@ -2,7 +2,7 @@
 
 GPT-3, LLaMA and DCLM keep the web documents a linear model over word n-grams finds reference-like.
 This is that model in numpy (the `fasttext` package cannot be installed beside `fasttext-predict`):
-hashed word n-grams up to `ngrams` (normalized words of kiln.curate.dedup.shingles), log-scaled and
+hashed word n-grams up to `ngrams` (normalized words of kiln.text.shingles), log-scaled and
 L2-normalized per document, logistic regression trained with sparse Adagrad on class-balanced
 mini-batches. Deterministic: same texts, settings and seed give the same weights, bit for bit, on
 one machine (numpy's SIMD log and tanh may round differently on another CPU).
@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from kiln.core.errors import FatalError
-from kiln.curate.dedup.shingles import MULTIPLIERS, mix64, text_hashes
-from kiln.quality.config import ClassifierConfig
-from kiln.quality.store import load_arrays, save_arrays
+from kiln.curate.quality.config import ClassifierConfig
+from kiln.curate.quality.store import load_arrays, save_arrays
+from kiln.text.shingles import MULTIPLIERS, mix64, text_hashes
 
 FORMAT = "kiln-quality-classifier v1"
 BATCH_DOCUMENTS = 32  # documents per Adagrad step
@@ -186,7 +186,7 @@ class HashedClassifier:
         return _sigmoid(_logits(feats, self.weights, self.bias))
 
     def save(self, path: Path) -> None:
-        """One .npz (kiln.quality.store) holding the settings, weights and bias; atomic, repeatable."""
+        """One .npz (kiln.curate.quality.store) holding the settings, weights and bias; atomic, repeatable."""
         arrays = {"ngrams": np.array(self.ngrams), "buckets": np.array(self.buckets), "fold_digits": np.array(self.fold_digits),
                   "weights": self.weights, "bias": np.array(self.bias)}
         save_arrays(path, FORMAT, arrays)

@@ -1,4 +1,4 @@
-"""kiln.plan.sweep: grid planning, the shared-stage links, and one real miniature sweep.
+"""kiln.sweep: grid planning, the shared-stage links, and one real miniature sweep.
 
 The default grid trains for about 20 minutes on 2 CPU cores, so it is checked by hand:
     kiln sweep --recipe demo --sizes 64x2,128x2 --steps 40,80,160
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from kiln.core.errors import ConfigError
-from kiln.core.recipe import load_recipe
 from kiln.model.config import count_params, flops_per_token
-from kiln.plan.sweep import (
+from kiln.recipe import load_recipe
+from kiln.sweep import (
     format_sweep,
     link_shared_stages,
     parse_sizes,

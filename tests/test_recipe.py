@@ -1,4 +1,4 @@
-"""kiln.core.recipe: loading, --set overrides, and ConfigError messages that name key, value and rule."""
+"""kiln.recipe: loading, --set overrides, and ConfigError messages that name key, value and rule."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from kiln.core.errors import ConfigError
-from kiln.core.recipe import RECIPES_DIR, apply_override, load_recipe, validate_recipe
+from kiln.recipe import RECIPES_DIR, apply_override, load_recipe, validate_recipe
 from kiln.train.config import TrainConfig
 
 

@@ -27,12 +27,12 @@ from kiln.core.document import Document
 from kiln.core.errors import ConfigError
 from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
+from kiln.curate.quality.config import QualityConfig
 from kiln.curate.readers import InputConfig, ReadLimits, ReadTask, plan_reads, read_task, task_paths
-from kiln.curate.run import doc_is_code
 from kiln.curate.steps.normalize import Normalize
-from kiln.quality.config import QualityConfig
+from kiln.text.code import doc_is_code
 
-log = logging.getLogger("kiln.quality")
+log = logging.getLogger("kiln.curate.quality")
 
 MB = 1_000_000
 PIECE_MB = 4.0  # read-task size for sampling: a budget of 32 MB draws from at least 8 places

@@ -41,9 +41,9 @@ class Executor(Protocol):
 
 def build_executor(cfg: ExecutorConfig) -> Executor:
     if cfg.kind == "ray":
-        from kiln.curate.executors.ray import RayExecutor
+        from kiln.core.executors.ray import RayExecutor
 
         return RayExecutor(cfg.workers, cfg.ray_address)
-    from kiln.curate.executors.local import LocalExecutor
+    from kiln.core.executors.local import LocalExecutor
 
     return LocalExecutor(cfg.workers)

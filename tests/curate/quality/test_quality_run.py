@@ -19,15 +19,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from kiln.cli import main
+from kiln.core.docshards import list_shards, read_shard
 from kiln.core.document import Document
 from kiln.core.manifest import MANIFEST
 from kiln.curate.audit import Ledger
-from kiln.curate.shards import list_shards, read_shard
+from kiln.curate.quality.classifier import HashedClassifier
+from kiln.curate.quality.ngram import NGramLM
 from kiln.curate.steps import pipeline
 from kiln.curate.steps.normalize import normalize_text
 from kiln.curate.steps.quality import ClassifierFilter, ClassifierFilterConfig, PerplexityConfig, PerplexityFilter
-from kiln.quality.classifier import HashedClassifier
-from kiln.quality.ngram import NGramLM
 
 FILTERS = ("url_filter", "line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "code_quality", "pii", "length", "exact_dedup", "minhash_dedup")
 

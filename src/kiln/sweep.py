@@ -17,6 +17,7 @@ launching on a cluster, or running points in parallel.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -25,16 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from kiln.core.errors import ConfigError
-from kiln.core.recipe import Recipe, load_recipe
+from kiln.core.layout import CURATE, TOKENIZE, TOKENIZER, TRAIN, RunLayout
 from kiln.model.config import count_params, flops_per_token
 from kiln.plan.report import count, sci
+from kiln.recipe import Recipe, load_recipe
 
-log = logging.getLogger("kiln.plan")
+log = logging.getLogger("kiln.sweep")
 
 DEFAULT_SIZES = "64x2,128x2,192x3,256x4"  # d_model x n_layers
 DEFAULT_STEPS = "100,200,400"
-SHARED_STAGES = ("tokenizer", "tokenize")  # what the train stage reads from a run directory
-DATA_STAGES = ("curate", "tokenizer", "tokenize")
+SHARED_STAGES = (TOKENIZER, TOKENIZE)  # what the train stage reads from a run directory
+DATA_STAGES = (CURATE, TOKENIZER, TOKENIZE)
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ def plan_sweep(recipe: str, overrides: list[str], sizes: list[tuple[int, int]], 
 
 
 def sweep_dir(base: Recipe) -> Path:
-    return base.run_dir / "sweep"
+    return RunLayout(base.run_dir).sweep
 
 
 def link_shared_stages(base_run: Path, point_run: Path) -> None:
@@ -128,7 +130,7 @@ def run_sweep(base: Recipe, recipe: str, overrides: list[str], points: list[Swee
         r = load_recipe(recipe, [*overrides, *p.overrides, f"name={p.name}", f"runs_dir={json.dumps(str(sweep_dir(base)))}"])
         link_shared_stages(base.run_dir, r.run_dir)
         log.info("sweep: point %d/%d %s (%s params, %s tokens)", i, len(points), p.name, f"{p.params:,}", f"{p.tokens:,}")
-        manifest = pipeline.run_stage("train", r, force)
+        manifest = pipeline.run_stage(TRAIN, r, force)
         rows.append({**point_row(p), "run_dir": str(r.run_dir), "val_loss": manifest["counts"]["val_after"]["all"]["loss"]})
     return rows
 
@@ -153,3 +155,27 @@ def format_sweep(rows: list[dict[str, Any]], where: Path, ran: bool) -> str:
     lines.append(f"note: embeddings are up to {share:.0%} of all parameters here; `kiln plan fit` counts N without them unless --param-count total")
     lines.append(f"fit with: kiln plan fit --runs {where} --plot {where / 'fit.png'}" if ran else "dry run: nothing trained; drop --dry-run to train these")
     return "\n".join(lines)
+
+
+def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"Model sizes as d_model x n_layers, comma-separated (default {DEFAULT_SIZES}).")
+    p.add_argument("--steps", default=DEFAULT_STEPS, help=f"Training steps per size, comma-separated (default {DEFAULT_STEPS}).")
+    p.add_argument("--head-dim", type=int, default=32, help="Attention head width; heads = d_model / head_dim (default 32).")
+    p.add_argument("--dry-run", action="store_true", help="List the grid (params, tokens, FLOPs) without training.")
+    p.add_argument("--json", action="store_true", help="Print one JSON object instead of the table.")
+
+
+# ---- running ----
+
+
+def run_verb(args: argparse.Namespace) -> int:
+    """`kiln sweep`: list the grid (--dry-run) or train it, then print the table or JSON."""
+    recipe = args.recipe or "demo"
+    base, points = plan_sweep(recipe, args.overrides, parse_sizes(args.sizes), parse_steps(args.steps), args.head_dim)
+    if args.dry_run:
+        rows = [point_row(p) for p in points]
+    else:
+        rows = run_sweep(base, recipe, args.overrides, points, args.force)
+    where = sweep_dir(base)
+    print(json.dumps({"sweep_dir": str(where), "dry_run": args.dry_run, "runs": rows}) if args.json else format_sweep(rows, where, ran=not args.dry_run))
+    return 0

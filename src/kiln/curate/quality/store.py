@@ -1,10 +1,10 @@
 """The quality models' file format: one .npz of named arrays, led by the model's format and the
-version of the word hashing it was trained with (kiln.curate.dedup.shingles).
+version of the word hashing it was trained with (kiln.text.shingles).
 
 Saves are atomic and repeatable (identical arrays give identical bytes: np.savez would stamp each
 entry with the current time); loads read every array eagerly, so a truncated or corrupt file
 fails here, as one FatalError naming the file and the command that retrains it, never later in
-a worker. Not handled here: what the arrays mean (kiln.quality.ngram, kiln.quality.classifier).
+a worker. Not handled here: what the arrays mean (kiln.curate.quality.ngram, kiln.curate.quality.classifier).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from kiln.core.atomic import write_atomically
 from kiln.core.errors import FatalError
-from kiln.curate.dedup.shingles import SHINGLE_VERSION
+from kiln.text.shingles import SHINGLE_VERSION
 
 
 class ModelArrays(dict[str, np.ndarray]):

@@ -1,4 +1,4 @@
-"""kiln.evaluate.perplexity: loss, perplexity and bits per byte worked by hand on constructed shards."""
+"""kiln.model.perplexity: loss, perplexity and bits per byte worked by hand on constructed shards."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from kiln.core.errors import FatalError
-from kiln.evaluate.perplexity import evaluate_model
+from kiln.core.tokenshards import TokenShard, TokenShardWriter
 from kiln.model.config import ModelConfig
+from kiln.model.perplexity import evaluate_model
 from kiln.model.transformer import Transformer
-from kiln.tokenize.shards import TokenShard, TokenShardWriter
 
 # A 4-token model whose next-token distribution is fixed: p = [1/2, 1/4, 1/8, 1/8] at every
 # position, so the loss of a target is exactly 1, 2, 3 or 3 bits.

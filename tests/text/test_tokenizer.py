@@ -1,4 +1,4 @@
-"""kiln.tokenize.tokenizer: byte-level BPE that round-trips any text, encodes like its HF twin, refuses foreign files."""
+"""kiln.text.tokenizer: byte-level BPE that round-trips any text, encodes like its HF twin, refuses foreign files."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from kiln.core.errors import FatalError
-from kiln.tokenize.config import EOT, FIXED_SPECIALS, PAD, special_tokens
-from kiln.tokenize.tokenizer import META_NAME, KilnTokenizer, byte_alphabet, tiktoken_rules, train_bpe
+from kiln.text.specials import EOT, FIXED_SPECIALS, PAD, special_tokens
+from kiln.text.tokenizer import META_NAME, KilnTokenizer, byte_alphabet, tiktoken_rules, train_bpe
 
 VOCAB = 600
 SPECIALS = special_tokens(n_sentinels=4, n_reserved=2)

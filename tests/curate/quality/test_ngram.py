@@ -1,4 +1,4 @@
-"""kiln.quality.ngram: interpolated modified Kneser-Ney checked by hand, against a plain-Python
+"""kiln.curate.quality.ngram: interpolated modified Kneser-Ney checked by hand, against a plain-Python
 reference of the definition (not the ARPA backoff form the model stores), for normalization per
 context, and on real text (held-out prose beats the same words shuffled)."""
 
@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.core.errors import FatalError
-from kiln.curate.dedup.shingles import text_hashes
-from kiln.quality import ngram
-from kiln.quality.ngram import _BOS, _EOS, FORMAT, NGramLM, _discounts, _text_lines
+from kiln.curate.quality import ngram
+from kiln.curate.quality.ngram import _BOS, _EOS, FORMAT, NGramLM, _discounts, _text_lines
+from kiln.text.shingles import text_hashes
 
 BOS, EOS = "<s>", "</s>"
 

@@ -1,4 +1,4 @@
-"""kiln.curate.shards: documents round-trip through a shard exactly, lines copy verbatim, and a
+"""kiln.core.docshards: documents round-trip through a shard exactly, lines copy verbatim, and a
 corrupt line stops with its file and line number."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kiln.core.docshards import ShardWriter, encode_line, read_shard, read_shard_lines
 from kiln.core.document import Document
 from kiln.core.errors import FatalError
-from kiln.curate.shards import ShardWriter, encode_line, read_shard, read_shard_lines
 
 # Shard text never holds lone surrogates: readers replace them before a document exists.
 TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=200)

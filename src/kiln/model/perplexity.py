@@ -19,9 +19,10 @@ import numpy as np
 import torch
 
 from kiln.core.errors import FatalError
+from kiln.core.layout import RunLayout
+from kiln.core.tokenshards import TokenShard, open_split
 from kiln.model.transformer import Transformer, lm_loss
-from kiln.tokenize.shards import TokenShard, open_split
-from kiln.tokenize.tokenizer import KilnTokenizer
+from kiln.text.tokenizer import KilnTokenizer
 
 
 def _scores(nats: float, tokens: int, nbytes: int) -> dict[str, float]:
@@ -69,8 +70,8 @@ def validation_scorer(run_dir: Path, seq_len: int, max_tokens_per_source: int, b
     """
     return partial(
         evaluate_model,
-        shards=open_split(run_dir / "tokenize", "val", verify=True),
-        token_bytes=KilnTokenizer.load(run_dir / "tokenizer" / "tokenizer.json").token_bytes(),
+        shards=open_split(RunLayout(run_dir).token_shards, "val", verify=True),
+        token_bytes=KilnTokenizer.load(RunLayout(run_dir).tokenizer_json).token_bytes(),
         seq_len=seq_len,
         max_tokens_per_source=max_tokens_per_source,
         batch_size=batch_size,

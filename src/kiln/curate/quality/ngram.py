@@ -9,7 +9,7 @@ count-of-counts; the unigram level interpolates with a uniform distribution over
 being every unseen word (<unk>). Stored as lmplz writes ARPA: per order, the sorted 64-bit keys of
 the seen n-grams, their interpolated log10 p, and the log10 backoff (interpolation weight) of each
 n-gram as a context, so that scoring is a few table lookups per word.
-Words are the normalized words of kiln.curate.dedup.shingles (xxh3-64 hashes), and an n-gram's key
+Words are the normalized words of kiln.text.shingles (xxh3-64 hashes), and an n-gram's key
 hashes its word hashes with its order: two different words or n-grams that share a 64-bit hash are
 one to the model (about 2^-64 per pair; the model never sees words as strings).
 Not handled here: pruning (every seen n-gram is kept: 22 bytes each on disk, 159 MB for the 7.4M
@@ -28,12 +28,12 @@ import numpy as np
 import xxhash
 
 from kiln.core.errors import FatalError
-from kiln.curate.dedup.shingles import MULTIPLIERS, mix64, text_hashes, words
-from kiln.quality.store import load_arrays, save_arrays
+from kiln.curate.quality.store import load_arrays, save_arrays
+from kiln.text.shingles import MULTIPLIERS, mix64, text_hashes, words
 
 FORMAT = "kiln-ngram v1"
 MAX_ORDER = 16
-log = logging.getLogger("kiln.quality")
+log = logging.getLogger("kiln.curate.quality")
 
 # Reserved word hashes: a normalized word never holds "<" or "/", so these are hashes of no word.
 _BOS = np.uint64(xxhash.xxh3_64_intdigest(b"<s>"))
@@ -62,7 +62,7 @@ def _text_lines(text: str, fold_digits: bool) -> tuple[np.ndarray, np.ndarray]:
         counts = [len(raw.split()) if raw.isascii() else len(words(line, fold_digits)) for raw, line in zip(raw_lines, text.split("\n"))]
     lengths = np.array(counts, dtype=np.int64)
     lengths = lengths[lengths > 0]
-    assert lengths.sum() == len(hashes), "line word counts disagree with kiln.curate.dedup.shingles.text_hashes"
+    assert lengths.sum() == len(hashes), "line word counts disagree with kiln.text.shingles.text_hashes"
     return hashes, lengths
 
 
@@ -254,7 +254,7 @@ class NGramLM:
     # files
 
     def save(self, path: Path) -> None:
-        """One .npz (kiln.quality.store) holding the settings and the tables; atomic, and identical
+        """One .npz (kiln.curate.quality.store) holding the settings and the tables; atomic, and identical
         models give identical bytes."""
         arrays: dict[str, np.ndarray] = {
             "order": np.array(self.order),

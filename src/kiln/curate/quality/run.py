@@ -1,8 +1,8 @@
 """The quality stages: `kiln quality train-lm` and `kiln quality train-classifier`.
 
 Each trains one model and writes it with what the curate filters need beside it:
-  quality/lm/          model.npz (kiln.quality.ngram), corpus_perplexity.npy, report.json
-  quality/classifier/  model.npz (kiln.quality.classifier), corpus_scores.npy, report.json
+  quality/lm/          model.npz (kiln.curate.quality.ngram), corpus_perplexity.npy, report.json
+  quality/classifier/  model.npz (kiln.curate.quality.classifier), corpus_scores.npy, report.json
 `corpus_*.npy` holds the model's scores of a sample of the raw corpus (prose documents; for the
 classifier, those it was not trained on), sorted: the filters turn percentiles (perplexity
 head/middle/tail, classifier top fraction) into cutoffs from it. The
@@ -31,14 +31,14 @@ from kiln.core.errors import FatalError
 from kiln.core.manifest import Stage
 from kiln.core.split import is_heldout
 from kiln.curate.config import CurateConfig
+from kiln.curate.quality.classifier import HashedClassifier, evaluate
+from kiln.curate.quality.config import CLASSIFIER_DIR, LM_DIR, ClassifierConfig, NGramConfig, QualityConfig
+from kiln.curate.quality.ngram import NGramLM
+from kiln.curate.quality.sample import read_selection, reference_and_corpus, select
 from kiln.curate.readers import InputConfig
 from kiln.curate.steps.quality import CLASSIFIER_SCORES, LM_SCORES, MODEL
-from kiln.quality.classifier import HashedClassifier, evaluate
-from kiln.quality.config import CLASSIFIER_DIR, LM_DIR, ClassifierConfig, NGramConfig, QualityConfig
-from kiln.quality.ngram import NGramLM
-from kiln.quality.sample import read_selection, reference_and_corpus, select
 
-log = logging.getLogger("kiln.quality")
+log = logging.getLogger("kiln.curate.quality")
 
 MIN_REFERENCE_WORDS = 100  # below this an n-gram model or a classifier learns nothing worth filtering with
 

@@ -1,4 +1,4 @@
-"""kiln.tokenize.shards: the .bin/.idx pair, written and read back, and every way it can be damaged."""
+"""kiln.core.tokenshards: the .bin/.idx pair, written and read back, and every way it can be damaged."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.core.errors import FatalError
-from kiln.tokenize.shards import HEADER, TokenShard, TokenShardWriter, dtype_for, open_split
+from kiln.core.tokenshards import HEADER, TokenShard, TokenShardWriter, dtype_for, open_split
 
 
 def write(prefix, docs, vocab_size):

@@ -1,4 +1,4 @@
-"""kiln.curate.dedup.shingles: normalization into words, and word n-gram hashes checked against a
+"""kiln.text.shingles: normalization into words, and word n-gram hashes checked against a
 plain-Python reference of the documented formula."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln.curate.dedup.shingles import MAX_N, MULTIPLIERS, ngram_hashes, shingle_set, shingle_sets, text_hashes, word_hashes, words
+from kiln.text.shingles import MAX_N, MULTIPLIERS, ngram_hashes, shingle_set, shingle_sets, text_hashes, word_hashes, words
 
 M64 = 2**64 - 1
 

@@ -18,14 +18,14 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError
 from kiln.curate.config import CurateConfig
+from kiln.curate.quality.config import QualityConfig
 from kiln.evaluate.config import EvalConfig, GenerateConfig
 from kiln.mix.config import MixConfig
 from kiln.model.config import ModelConfig
-from kiln.quality.config import QualityConfig
 from kiln.tokenize.config import TokenizeConfig, TokenizerConfig
 from kiln.train.config import TrainConfig
 
-RECIPES_DIR = Path(__file__).resolve().parents[3] / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 
 
 class Recipe(Section):

@@ -1,0 +1,48 @@
+"""A model's weights on disk: `model.safetensors` (tied embeddings stored once) and `config.json`
+(the resolved ModelConfig with its format version).
+
+Every stage that reads or writes a model goes through here: the trainer's checkpoints, evaluation,
+generation and the tokenizer extension. Not handled here: training state (optimizer, sampler,
+RNG; kiln.train.checkpoint) or sharded checkpoints across processes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model, save_model
+
+from kiln.core.atomic import replace_dir
+from kiln.core.errors import FatalError
+from kiln.model.config import ModelConfig
+from kiln.model.transformer import Transformer
+
+FORMAT = "kiln-checkpoint v1"
+WEIGHTS, CONFIG = "model.safetensors", "config.json"
+
+
+def write_weights(folder: Path, model: Transformer) -> list[Path]:
+    """Write the weights and config into an existing folder; returns the two paths."""
+    save_model(model, str(folder / WEIGHTS))
+    (folder / CONFIG).write_text(json.dumps({"format": FORMAT, "model": model.cfg.model_dump(mode="json")}, indent=2) + "\n")
+    return [folder / WEIGHTS, folder / CONFIG]
+
+
+def save_weights(folder: Path, model: Transformer) -> list[Path]:
+    """Weights and config only (no training state), swapped in whole: a model to start another run from."""
+    replace_dir(folder, lambda tmp: write_weights(tmp, model))
+    return [folder / WEIGHTS, folder / CONFIG]
+
+
+def load_trained_model(folder: Path, device: str | torch.device = "cpu") -> Transformer:
+    config_path = folder / CONFIG
+    if not config_path.is_file():
+        raise FatalError(f"{folder}: no checkpoint (config.json missing); run `kiln train` first")
+    meta = json.loads(config_path.read_text())
+    if meta.get("format") != FORMAT:
+        raise FatalError(f"{config_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    model = Transformer(ModelConfig.model_validate(meta["model"]))
+    load_model(model, str(folder / WEIGHTS), device=str(device))
+    return model.to(device).eval()
