@@ -388,7 +388,7 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     (stage.dir / SHARDS).mkdir(exist_ok=True)
     stage_dir = stage.dir.resolve()  # tasks may run on other machines (ray): no path relative to this process's cwd
     partitions = partition_count(len(tasks))
-    executor = build_executor(cfg.executor)
+    executor = build_executor(cfg.executor, "curate.executor")
     total_bytes = sum(t.size for t in tasks)
     log.info("curate: %d read tasks (%.1f MB) from %d inputs, %d partitions, %s executor with %d workers",
              len(tasks), total_bytes / MB, len(cfg.inputs), partitions, cfg.executor.kind, executor.workers)

@@ -162,7 +162,7 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
     parts_dir = stage.dir / ".parts"  # a dot: no source's folder can take its name
     tasks = [EncodeTask(str(s), str(parts_dir / s.name.removesuffix(SUFFIX)), str(tok_path), file_hash(tok_path), cfg.val_fraction, cfg.dtype, cfg.batch_docs) for s in shards]
     total_bytes = sum(t["bytes_out"] for t in curated["counts"]["per_source"].values())
-    executor = build_executor(cfg.executor)
+    executor = build_executor(cfg.executor, "tokenize.executor")
     val_docs = train_docs = 0
     try:
         # The bar advances per finished curated shard (each task is one).

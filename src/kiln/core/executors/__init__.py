@@ -6,6 +6,7 @@ tasks finish, in any order: callers key results by task, so outputs never depend
 executor, the worker count or the finishing order.
 Not handled here: retries (a failed task fails the phase; the re-run resumes from the
 completion markers) and data transfer (tasks read and write files).
+Logs go to `kiln.executors`.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
-def build_executor(cfg: ExecutorConfig) -> Executor:
+def build_executor(cfg: ExecutorConfig, section: str) -> Executor:
+    """The executor `cfg` describes; `section` is the recipe key that configured it (e.g.
+    `tokenize.executor`), named in its log lines and error messages."""
     if cfg.kind == "ray":
         from kiln.core.executors.ray import RayExecutor
 
-        return RayExecutor(cfg.workers, cfg.ray_address)
+        return RayExecutor(cfg.workers, cfg.ray_address, section)
     from kiln.core.executors.local import LocalExecutor
 
     return LocalExecutor(cfg.workers)

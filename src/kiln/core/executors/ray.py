@@ -19,21 +19,21 @@ from kiln.core.errors import FatalError
 
 T = TypeVar("T")
 R = TypeVar("R")
-log = logging.getLogger("kiln.curate")
+log = logging.getLogger("kiln.executors")
 
 
 class RayExecutor:
     """Shard tasks as Ray tasks of one CPU each, at most `workers` in flight."""
 
-    def __init__(self, workers: int | None = None, address: str | None = None):
+    def __init__(self, workers: int | None = None, address: str | None = None, section: str = "executor"):
         try:
             import ray
         except ImportError:
-            raise FatalError("curate.executor.kind=ray needs the `ray` package: pip install 'ray>=2.9'") from None
+            raise FatalError(f"{section}.kind=ray needs the `ray` package: pip install 'ray>=2.9'") from None
         self._ray = ray
         self._started = False
         if ray.is_initialized() and address:
-            log.warning("curate: ray is already initialized in this process; using that cluster, not ray_address=%s", address)
+            log.warning("%s: ray is already initialized in this process; using that cluster, not ray_address=%s", section, address)
         if not ray.is_initialized():
             if address:
                 ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
@@ -42,7 +42,7 @@ class RayExecutor:
                 self._started = True
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = min(workers, cpus) if workers else cpus
-        log.info("curate: ray executor on %s with %d CPUs", "a local instance" if self._started else address or "the current cluster", cpus)
+        log.info("%s: ray executor on %s with %d CPUs", section, "a local instance" if self._started else address or "the current cluster", cpus)
 
     def imap_unordered(self, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[R]:
         ray = self._ray
