@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from kiln import __version__
 from kiln.core.errors import FatalError
-from kiln.core.manifest import IDENTITY, MANIFEST, Stage, config_hash, fingerprint, read_manifest
+from kiln.core.manifest import IDENTITY, MANIFEST, Stage, config_hash, fingerprint, read_manifest, recorded_outputs
 from kiln.tokenize.config import TokenizeConfig, TokenizerConfig
 
 
@@ -189,18 +190,79 @@ def test_half_written_stage_is_not_current(tmp_path, inputs):
     assert Stage(run_dir, "stage", CFG, inputs).current_manifest() is None
 
 
-def test_begin_clears_the_stage_dir(tmp_path, inputs):
+def test_begin_builds_beside_the_finished_outputs_and_finish_swaps_them_in(tmp_path, inputs):
     run_dir = tmp_path / "run"
-    stage, _ = finish_stage(run_dir, inputs)
-    (stage.dir / "stale.txt").write_text("left over")
+    stage, first = finish_stage(run_dir, inputs)
     sibling = run_dir / "other"
     sibling.mkdir()
     (sibling / "keep.txt").write_text("not this stage's")
 
-    Stage(run_dir, "stage", CFG, inputs).begin()
-    assert stage.dir.is_dir()
-    assert [p.name for p in stage.dir.iterdir()] == ["in_progress.json"]
+    again = Stage(run_dir, "stage", CFG, inputs)
+    again.begin()
+    assert again.dir == run_dir / "stage.partial"
+    assert [p.name for p in again.dir.iterdir()] == ["in_progress.json"]
+    assert read_manifest(run_dir / "stage") == first  # the finished outputs are untouched while it builds
+    assert (run_dir / "stage" / "sub" / "out.bin").read_bytes() == b"token bytes"
+    out = again.dir / "sub" / "out.bin"
+    out.parent.mkdir()
+    out.write_bytes(b"new bytes")
+    second = again.finish([out], {}, "redone")
+    assert again.dir == run_dir / "stage" and not (run_dir / "stage.partial").exists()
+    assert (run_dir / "stage" / "sub" / "out.bin").read_bytes() == b"new bytes"
+    assert read_manifest(run_dir / "stage") == second != first
+    assert sorted(p.name for p in run_dir.iterdir()) == ["other", "stage"]  # no lock, no .old left
     assert (sibling / "keep.txt").read_text() == "not this stage's"
+
+
+def test_a_failed_rerun_leaves_the_previous_outputs_as_they_were(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    _, first = finish_stage(run_dir, inputs)
+    again = Stage(run_dir, "stage", {"tokenize": TokenizeConfig(val_fraction=0.3)}, inputs)
+    again.begin()
+    (again.dir / "half.bin").write_bytes(b"half")
+    # ... the work raises here, so finish() never runs
+    assert read_manifest(run_dir / "stage") == first
+    assert (run_dir / "stage" / "sub" / "out.bin").read_bytes() == b"token bytes"
+    assert Stage(run_dir, "stage", CFG, inputs).current_manifest() == first  # still current for its own config
+
+
+def test_a_folder_kiln_did_not_write_is_refused_untouched(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    foreign = run_dir / "stage"
+    foreign.mkdir(parents=True)
+    (foreign / "thesis.tex").write_text("months of work")
+    with pytest.raises(FatalError, match=r"exists but kiln did not write it .*choose another run name"):
+        Stage(run_dir, "stage", CFG, inputs).begin()
+    assert (foreign / "thesis.tex").read_text() == "months of work"
+    assert not (run_dir / "stage.lock").exists()
+
+
+def test_a_second_command_on_the_same_stage_is_refused_naming_the_holder(tmp_path, inputs):
+    import socket
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    # A live process on this host (our parent) holds the stage.
+    (run_dir / "stage.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid(), "since": "2026-11-25T00:00:00Z"}))
+    with pytest.raises(FatalError, match=rf"being built by pid {os.getppid()} on {socket.gethostname()} since 2026-11-25T00:00:00Z; wait for it"):
+        Stage(run_dir, "stage", CFG, inputs).begin()
+    assert not (run_dir / "stage.partial").exists()
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, inputs):
+    import socket
+    import subprocess
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (run_dir / "stage.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "since": "then"}))
+    stage = Stage(run_dir, "stage", CFG, inputs)
+    stage.begin()
+    assert json.loads((run_dir / "stage.lock").read_text())["pid"] == os.getpid()
+    stage.finish([], {}, "done")
+    assert not (run_dir / "stage.lock").exists()
 
 
 def test_resume_keeps_an_interrupted_attempt_with_the_same_identity(tmp_path, inputs):
@@ -217,23 +279,68 @@ def test_resume_keeps_an_interrupted_attempt_with_the_same_identity(tmp_path, in
 
 def test_resume_starts_over_when_config_or_inputs_changed(tmp_path, inputs):
     run_dir = tmp_path / "run"
+    partial = run_dir / "stage.partial"
     Stage(run_dir, "stage", CFG, inputs).begin(resume=True)
-    (run_dir / "stage" / "task-1.done").write_text("finished")
+    (partial / "task-1.done").write_text("finished")
     other = Stage(run_dir, "stage", {"tokenize": TokenizeConfig(val_fraction=0.2)}, inputs)
     assert other.begin(resume=True) is False
-    assert not (run_dir / "stage" / "task-1.done").exists()
-    (run_dir / "stage" / "task-1.done").write_text("finished")
+    assert not (partial / "task-1.done").exists()
+    (partial / "task-1.done").write_text("finished")
     inputs[0].write_text("changed input\n")
     assert Stage(run_dir, "stage", {"tokenize": TokenizeConfig(val_fraction=0.2)}, inputs).begin(resume=True) is False
-    assert not (run_dir / "stage" / "task-1.done").exists()
+    assert not (partial / "task-1.done").exists()
 
 
 def test_force_ignores_an_interrupted_attempt(tmp_path, inputs):
     run_dir = tmp_path / "run"
     Stage(run_dir, "stage", CFG, inputs).begin(resume=True)
-    (run_dir / "stage" / "task-1.done").write_text("finished")
+    (run_dir / "stage.partial" / "task-1.done").write_text("finished")
     assert Stage(run_dir, "stage", CFG, inputs).begin(resume=False) is False
-    assert not (run_dir / "stage" / "task-1.done").exists()
+    assert not (run_dir / "stage.partial" / "task-1.done").exists()
+
+
+def test_inputs_from_an_upstream_stage_are_checked_against_its_manifest(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    finish_stage(run_dir, inputs, name="curate", payload=b"0123456789")
+    out = recorded_outputs(run_dir / "curate")
+    assert out == [run_dir / "curate" / "sub" / "out.bin"]
+    Stage(run_dir, "tokenize", CFG, out, ["curate"])  # unchanged: accepted
+    out[0].write_bytes(b"01234")  # cut
+    with pytest.raises(FatalError, match=r"out.bin changed after the curate stage wrote it \(5 bytes now, 10 recorded\); rerun `curate` with --force"):
+        Stage(run_dir, "tokenize", CFG, out, ["curate"])
+    out[0].write_bytes(b"9876543210")  # same size, other bytes
+    with pytest.raises(FatalError, match="same size but a different sha256"):
+        Stage(run_dir, "tokenize", CFG, out, ["curate"])
+    out[0].unlink()  # deleted: still listed by the manifest, so reported missing
+    with pytest.raises(FatalError, match="input files missing: .*out.bin"):
+        Stage(run_dir, "tokenize", CFG, recorded_outputs(run_dir / "curate"), ["curate"])
+    stray = run_dir / "curate" / "stray.bin"
+    stray.write_bytes(b"x")
+    with pytest.raises(FatalError, match="stray.bin is not an output recorded in"):
+        Stage(run_dir, "tokenize", CFG, [stray], ["curate"])
+
+
+def test_refuse_to_replace_stops_or_moves_the_folder_aside(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    stage, _ = finish_stage(run_dir, inputs)
+    again = Stage(run_dir, "stage", CFG, inputs)
+    again.refuse_to_replace(["nothing-here"], "checkpoints", force=False)  # nothing held: no error
+    with pytest.raises(FatalError, match=r"holds checkpoints; pass --force to move it aside"):
+        again.refuse_to_replace(["sub/out.bin"], "checkpoints", force=False)
+    again.refuse_to_replace(["sub/out.bin"], "checkpoints", force=True)
+    assert not (run_dir / "stage").exists()
+    [aside] = [p for p in run_dir.iterdir() if p.name.startswith("stage.old-")]
+    assert (aside / "sub" / "out.bin").read_bytes() == b"token bytes"
+
+
+def test_up_to_date_is_the_one_skip_check(tmp_path, inputs, caplog):
+    run_dir = tmp_path / "run"
+    _, manifest = finish_stage(run_dir, inputs)
+    stage = Stage(run_dir, "stage", CFG, inputs)
+    with caplog.at_level("INFO", logger="kiln.stage"):
+        assert stage.up_to_date(False, lambda m: f"{m['counts']['docs']} docs") == manifest
+    assert "stage: up to date (3 docs); nothing to do. Use --force to redo." in caplog.text
+    assert stage.up_to_date(True) is None
 
 
 def test_upstream_manifest_without_fingerprint_redoes_downstream(tmp_path, inputs):

@@ -175,15 +175,16 @@ def test_killed_run_resumes_without_loss_duplication_or_redoing_finished_tasks(t
     subprocess.run([*cli, *common, "--run", "whole"], check=True, capture_output=True)
 
     stage = tmp_path / "runs" / "cut" / "curate"
+    partial = stage.with_name("curate.partial")  # where an unfinished run builds
     proc = subprocess.Popen([*cli, *common, "--run", "cut"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
-    while len(list((stage / "work" / "filter").glob("*.done"))) < 3:  # the read phase is done, the filter phase under way
+    while len(list((partial / "work" / "filter").glob("*.done"))) < 3:  # the read phase is done, the filter phase under way
         assert proc.poll() is None and time.time() < deadline, "the run ended before it could be killed"
         time.sleep(0.005)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (stage / MANIFEST).exists()
-    read_done, filter_done = (len(list((stage / "work" / phase).glob("*.done"))) for phase in ("read", "filter"))
+    read_done, filter_done = (len(list((partial / "work" / phase).glob("*.done"))) for phase in ("read", "filter"))
     tasks = read_done  # the filter phase had started, so every read task was done
     assert filter_done >= 3
 
@@ -227,17 +228,18 @@ def test_killed_during_the_write_phase_with_a_process_pool_resumes(tmp_path):
               "--set", "curate.shard_mb=0.002", "--set", "curate.executor.workers=2"]
     subprocess.run([sys.executable, "-m", "kiln", "-q", *common, "--run", "whole"], check=True, capture_output=True)
     stage = tmp_path / "runs" / "cut" / "curate"
+    partial = stage.with_name("curate.partial")  # where an unfinished run builds
     # its own session, so the kill takes the pool's workers too, as a crash of the machine would
     proc = subprocess.Popen([sys.executable, "-m", "kiln", "-q", *common, "--run", "cut"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 120
-    while len(list((stage / "work" / "write").glob("*.done"))) < 2:
+    while len(list((partial / "work" / "write").glob("*.done"))) < 2:
         assert proc.poll() is None and time.time() < deadline, "the run ended before it could be killed"
         time.sleep(0.002)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (stage / MANIFEST).exists()
-    done = {p.name.split(".")[0] for p in (stage / "work" / "write").glob("*.done")}
-    written = {p.name: p.stat().st_mtime_ns for p in list_shards(stage / "shards") if p.name.split(".")[0].rsplit("-", 1)[1] in done}
+    done = {p.name.split(".")[0] for p in (partial / "work" / "write").glob("*.done")}
+    written = {p.name: p.stat().st_mtime_ns for p in list_shards(partial / "shards") if p.name.split(".")[0].rsplit("-", 1)[1] in done}
     assert written  # finished write tasks left their shards
     subprocess.run([sys.executable, "-m", "kiln", "-q", *common, "--run", "cut"], check=True, capture_output=True)
     # the shards of finished write tasks were not rewritten, and the result equals an uninterrupted run

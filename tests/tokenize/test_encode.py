@@ -170,7 +170,7 @@ def test_interrupted_run_resumes_per_shard(run_dir, tmp_path, monkeypatch):
     inline = configured(executor={"workers": 1})  # tasks run in this process, in shard order
     with pytest.raises(KeyboardInterrupt):
         encode(inline, run_dir)
-    parts = run_dir / "tokenize" / ".parts"
+    parts = run_dir / "tokenize.partial" / ".parts"  # an interrupted stage keeps its work beside the finished one
     finished = {p.parent.name: p.stat().st_mtime_ns for p in parts.glob("*/stats.json")}
     assert sorted(finished) == [s.name.removesuffix(".jsonl.zst") for s in shards[:2]]
 
@@ -211,3 +211,15 @@ def test_tokenizer_from_another_tool_is_fatal(run_dir):
     (run_dir / "tokenizer" / "kiln_tokenizer.json").unlink()
     with pytest.raises(FatalError, match="kiln_tokenizer.json"):
         encode(CFG, run_dir)
+
+
+def test_a_cut_or_deleted_curated_shard_is_refused_before_any_work(run_dir):
+    shards = list_shards(run_dir / "curate" / "shards")
+    with open(shards[0], "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(FatalError, match=rf"{shards[0].name} changed after the curate stage wrote it \(100 bytes now"):
+        encode(configured(), run_dir)
+    shards[0].unlink()  # still listed in curate's manifest: reported, never silently left out
+    with pytest.raises(FatalError, match=rf"input files missing: .*{shards[0].name}"):
+        encode(configured(), run_dir)
+    assert not (run_dir / "tokenize.partial").exists() and not (run_dir / "tokenize").exists()

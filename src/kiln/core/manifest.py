@@ -1,10 +1,18 @@
-"""Stage bookkeeping: skip-or-redo, and the manifest.json every stage finishes with.
+"""Stage bookkeeping: skip-or-redo, a safe life cycle, and the manifest.json every stage finishes with.
 
 A stage is current when its manifest records the same config hash, the same inputs (size and
 sha256), the same upstream fingerprints, and its outputs are still there with their recorded
-sizes. Then running it again does nothing; `force` or any change redoes it from an empty stage
-directory. The config hash covers the kiln version and every field that can change results
-(not a section's NOT_HASHED speed settings).
+sizes. Then running it again does nothing; `force` or any change redoes it. The config hash
+covers the kiln version and every field that can change results (not a section's NOT_HASHED
+speed settings).
+
+A stage's life never destroys what it has not replaced. It builds its outputs in
+`<stage>.partial/` beside the finished `<stage>/` and swaps them in only when it succeeds, so a
+failed re-run leaves the previous outputs as they were. It refuses a directory that kiln did
+not write (no manifest.json, no in_progress.json), and holds `<stage>.lock` (host, pid) while it
+builds: a second command on the same stage stops with the holder's name; a lock left by a dead
+process on this host is taken over. Inputs that an upstream stage wrote are checked against the
+sizes and sha256 that stage's manifest recorded before anything reads them.
 
 A manifest's `fingerprint` is the sha256 of what identifies its result: config hash, inputs,
 upstream fingerprints and outputs, not timings. Downstream stages record it, so a model traces
@@ -18,11 +26,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import platform
 import resource
 import shutil
+import socket
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -31,8 +41,8 @@ from kiln import __version__
 from kiln.core.atomic import write_atomically
 from kiln.core.config import Section
 from kiln.core.errors import FatalError
+from kiln.core.layout import MANIFEST, SUMMARY
 
-MANIFEST = "manifest.json"
 IN_PROGRESS = "in_progress.json"  # what an unfinished attempt was doing; resume keeps its work only if it matches
 FORMAT = "kiln-manifest v1"
 log = logging.getLogger("kiln.core")
@@ -85,33 +95,67 @@ def read_manifest(stage_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def recorded_outputs(stage_dir: Path, under: str = "") -> list[Path]:
+    """The outputs a finished stage's manifest lists (below `under`), in path order.
+
+    Downstream stages take their input list from here rather than from a directory listing, so a
+    deleted output is reported as missing instead of silently left out.
+    """
+    prefix = f"{under.rstrip('/')}/" if under else ""
+    return [Path(stage_dir) / o["path"] for o in read_manifest(Path(stage_dir))["outputs"] if o["path"].startswith(prefix)]
+
+
 def _cpu_seconds() -> float:
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 class Stage:
-    """One stage of one run: `runs/<name>/<stage>/`."""
+    """One stage of one run: `runs/<name>/<stage>/`, built in `<stage>.partial/`."""
 
     def __init__(self, run_dir: Path, name: str, config: Mapping[str, Section], inputs: Collection[Path], upstream: Iterable[str] = ()):
         self.run_dir = Path(run_dir)
         self.name = name
-        self.dir = self.run_dir / name
+        self.final_dir = self.run_dir / name
+        self.dir = self.final_dir  # where outputs are written: the partial folder between begin() and finish()
+        self.partial_dir = self.final_dir.with_name(self.final_dir.name + ".partial")
+        self.lock_path = self.final_dir.with_name(self.final_dir.name + ".lock")
         self.config = dict(config)
         # Upstream first: a missing upstream stage explains a missing input better than the input does.
         # .get: a manifest written before fingerprints existed matches nothing, so this stage redoes.
-        self.upstream = {u: read_manifest(self.run_dir / u).get("fingerprint") for u in upstream}
+        upstream_manifests = {u: read_manifest(self.run_dir / u) for u in upstream}
+        self.upstream = {u: m.get("fingerprint") for u, m in upstream_manifests.items()}
         missing = sorted(str(p) for p in inputs if not Path(p).is_file())
         if missing:
             raise FatalError(f"{name}: input files missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; rerun the stage that makes them with --force")
         self.inputs = describe_files(inputs)
+        self._check_upstream_records(upstream_manifests)
         self.config_hash = config_hash(self.config)
         self.log = logging.getLogger(f"kiln.{name}")
         self._t0 = self._cpu0 = 0.0
 
+    def _check_upstream_records(self, manifests: Mapping[str, Mapping[str, Any]]) -> None:
+        """Every input inside an upstream stage's folder must be one of its recorded outputs, unchanged."""
+        for u, manifest in manifests.items():
+            folder = self.run_dir / u
+            recorded = {o["path"]: o for o in manifest.get("outputs", [])}
+            for found in self.inputs:
+                path = Path(found["path"])
+                if not path.is_relative_to(folder):
+                    continue
+                rel = str(path.relative_to(folder))
+                want = recorded.get(rel)
+                if want is None:
+                    raise FatalError(f"{self.name}: {path} is not an output recorded in {folder / MANIFEST}; rerun `{u}` with --force")
+                if (want["bytes"], want["sha256"]) != (found["bytes"], found["sha256"]):
+                    raise FatalError(
+                        f"{self.name}: {path} changed after the {u} stage wrote it ({found['bytes']:,} bytes now, {want['bytes']:,} recorded"
+                        f"{'' if want['bytes'] != found['bytes'] else ', same size but a different sha256'}); rerun `{u}` with --force to rebuild it"
+                    )
+
     def current_manifest(self) -> dict[str, Any] | None:
         """The finished manifest if this stage is up to date, else None (with the reason logged)."""
-        path = self.dir / MANIFEST
+        path = self.final_dir / MANIFEST
         if not path.is_file():
             return None
         old = json.loads(path.read_text())
@@ -121,33 +165,61 @@ class Stage:
             reason = "an input changed"
         elif old.get("upstream") != self.upstream:
             reason = "an upstream stage was redone"
-        elif any(not (self.dir / o["path"]).is_file() or (self.dir / o["path"]).stat().st_size != o["bytes"] for o in old.get("outputs", [])):
+        elif any(not (self.final_dir / o["path"]).is_file() or (self.final_dir / o["path"]).stat().st_size != o["bytes"] for o in old.get("outputs", [])):
             reason = "an output is missing or was modified"
         else:
             return old
         self.log.info("%s: redoing because %s", self.name, reason)
         return None
 
+    def up_to_date(self, force: bool, describe: Callable[[dict[str, Any]], str] = lambda m: "") -> dict[str, Any] | None:
+        """The finished manifest when there is nothing to do (logged with `describe(manifest)`), else None."""
+        if force or (done := self.current_manifest()) is None:
+            return None
+        what = describe(done)
+        self.log.info("%s: up to date%s; nothing to do. Use --force to redo.", self.name, f" ({what})" if what else "")
+        return done
+
+    def refuse_to_replace(self, files: Iterable[str], why: str, force: bool) -> None:
+        """Stop before work when the finished or partial folder holds any of `files` (e.g. checkpoints)
+        that this run would not carry on from; with `force`, move those folders aside instead."""
+        held = [d for d in (self.final_dir, self.partial_dir) if any((d / f).exists() for f in files)]
+        if not held:
+            return
+        if not force:
+            raise FatalError(f"{self.name}: {held[0]} holds {why}; pass --force to move it aside (kept as {self.final_dir.name}.old-<time>/) and start over")
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for d in held:
+            aside = d.with_name(f"{self.final_dir.name}.old-{stamp}{'-partial' if d == self.partial_dir else ''}")
+            d.rename(aside)
+            self.log.warning("%s: moved %s aside to %s (--force)", self.name, d, aside)
+
     def begin(self, resume: bool = False) -> bool:
-        """Start from an empty stage directory, or with `resume`, keep the work of an interrupted
-        attempt with the same config, inputs and upstream (its finished tasks left completion
-        markers). Returns whether earlier work was kept."""
+        """Take the stage's lock and start building in `<stage>.partial/`: empty, or with `resume`,
+        keeping the work of an interrupted attempt with the same config, inputs and upstream (its
+        finished tasks left completion markers). Returns whether earlier work was kept."""
+        for d in (self.final_dir, self.partial_dir):
+            check_owned(d)
+        self._lock()
         identity = {"config_hash": self.config_hash, "inputs": self.inputs, "upstream": self.upstream}
-        marker = self.dir / IN_PROGRESS
-        kept = resume and marker.is_file() and not (self.dir / MANIFEST).exists() and json.loads(marker.read_text()) == identity
+        marker = self.partial_dir / IN_PROGRESS
+        kept = resume and marker.is_file() and json.loads(marker.read_text()) == identity
         if not kept:
-            if self.dir.exists():
-                shutil.rmtree(self.dir)
-            self.dir.mkdir(parents=True)
+            if self.partial_dir.exists():
+                shutil.rmtree(self.partial_dir)  # an unfinished attempt of this stage: never a finished output
+            self.partial_dir.mkdir(parents=True)
             marker.write_text(json.dumps(identity))
         else:
-            self.log.info("%s: resuming the interrupted attempt in %s", self.name, self.dir)
+            self.log.info("%s: resuming the interrupted attempt in %s", self.name, self.partial_dir)
+        self.dir = self.partial_dir
         self._t0, self._cpu0 = time.perf_counter(), _cpu_seconds()
         return kept
 
     def finish(self, outputs: Iterable[Path], counts: Mapping[str, Any], summary: str, extra: Mapping[str, Any] | None = None, logs: Iterable[Path] = ()) -> dict[str, Any]:
-        """Write manifest.json last. `logs` (e.g. per-step metrics with timings) are listed but are
-        not results: they stay out of the fingerprint, so they never force downstream redos."""
+        """Write manifest.json last, then swap the partial folder in for the finished one.
+
+        `logs` (e.g. per-step metrics with timings) are listed but are not results: they stay out
+        of the fingerprint, so they never force downstream redos."""
         manifest = {
             "format": FORMAT,
             "stage": self.name,
@@ -165,9 +237,77 @@ class Stage:
             **(extra or {}),
         }
         manifest["fingerprint"] = fingerprint(manifest)
-        (self.dir / "summary.txt").write_text(summary.rstrip() + "\n")
+        (self.dir / SUMMARY).write_text(summary.rstrip() + "\n")
+        (self.dir / IN_PROGRESS).unlink(missing_ok=True)
         # the manifest appears only once everything else is written
         write_atomically(self.dir / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2) + "\n"))
-        (self.dir / IN_PROGRESS).unlink(missing_ok=True)
+        self._swap_in()
+        self._unlock()
         self.log.info("%s: done in %.1fs\n%s", self.name, manifest["wall_seconds"], summary.rstrip())
         return manifest
+
+    def _swap_in(self) -> None:
+        """The finished folder becomes `<stage>.old`, the partial one takes its name, then the old one goes.
+        A crash between the renames leaves both complete folders on disk, never neither."""
+        old = self.final_dir.with_name(self.final_dir.name + ".old")
+        if old.exists():
+            shutil.rmtree(old)
+        if self.final_dir.exists():
+            self.final_dir.rename(old)
+        self.partial_dir.rename(self.final_dir)
+        if old.exists():
+            shutil.rmtree(old)
+        self.dir = self.final_dir
+
+    def _lock(self) -> None:
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            try:
+                fd = os.open(self.lock_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                holder = _read_lock(self.lock_path)
+                if holder is None:
+                    continue  # released (or half-written) between our two calls: try again
+                if holder.get("host") != me["host"] or (holder.get("pid") != me["pid"] and _alive(holder.get("pid"))):
+                    raise FatalError(
+                        f"{self.name}: {self.final_dir} is being built by pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}; "
+                        f"wait for it to finish, or if that process is gone, delete {self.lock_path}"
+                    ) from None
+                # A dead process on this host (or this process, after a failed attempt) left it.
+                self.log.warning("%s: taking over %s left by pid %s, which is no longer running", self.name, self.lock_path, holder.get("pid"))
+                self.lock_path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            return
+
+    def _unlock(self) -> None:
+        self.lock_path.unlink(missing_ok=True)
+
+
+def check_owned(folder: Path) -> None:
+    """Refuse to touch a non-empty folder that kiln did not write (no manifest, no in-progress marker)."""
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / MANIFEST).is_file() and not (folder / IN_PROGRESS).is_file():
+        raise FatalError(f"{folder} exists but kiln did not write it (no {MANIFEST} or {IN_PROGRESS}); move it elsewhere or choose another run name (--set name=...)")
+
+
+def _read_lock(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError:
+        return {}  # a lock whose writer died mid-write: no live holder to name
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by another user
+    return True

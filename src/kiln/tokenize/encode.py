@@ -29,12 +29,12 @@ import numpy as np
 from tqdm import tqdm
 
 from kiln.core.atomic import write_atomically
-from kiln.core.docshards import SUFFIX, list_shards, read_shard, shard_source
+from kiln.core.docshards import SUFFIX, read_shard, shard_source
 from kiln.core.document import Document
 from kiln.core.errors import FatalError
 from kiln.core.executors import build_executor
-from kiln.core.layout import CURATE, TOKENIZE, TOKENIZER, RunLayout
-from kiln.core.manifest import Stage, read_manifest
+from kiln.core.layout import CURATE, SHARDS, SUMMARY, TOKENIZE, TOKENIZER, RunLayout
+from kiln.core.manifest import Stage, read_manifest, recorded_outputs
 from kiln.core.split import is_heldout
 from kiln.core.tokenshards import TokenShard, TokenShardWriter, dtype_for
 from kiln.text.tokenizer import META_NAME, KilnTokenizer, file_hash
@@ -148,17 +148,16 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
     run_dir = Path(run_dir)
     layout = RunLayout(run_dir)
     curated = read_manifest(layout.stage(CURATE))
-    shards = list_shards(layout.curated_shards)
+    shards = recorded_outputs(layout.stage(CURATE), SHARDS)
     tok_path = layout.tokenizer_json
     stage = Stage(run_dir, TOKENIZE, {"tokenize": cfg}, inputs=[*shards, tok_path, tok_path.with_name(META_NAME)], upstream=[CURATE, TOKENIZER])
-    if not force and (done := stage.current_manifest()):
-        log.info("tokenize: up to date (%d train tokens); nothing to do. Use --force to redo.", done["counts"]["train_tokens"])
+    if done := stage.up_to_date(force, lambda m: f"{m['counts']['train_tokens']:,} train tokens"):
         return done
     if not shards:
-        raise FatalError(f"tokenize: {run_dir / 'curate' / 'shards'} holds no curated shards; see {run_dir / 'curate' / 'summary.txt'} for where the documents went")
-    stage.begin(resume=not force)
+        raise FatalError(f"tokenize: {layout.curated_shards} holds no curated shards; see {layout.stage(CURATE) / SUMMARY} for where the documents went")
     tokenizer = KilnTokenizer.load(tok_path)
     dtype = dtype_for(tokenizer.vocab_size, cfg.dtype)  # a uint16 request for a larger vocabulary stops here, before any work
+    stage.begin(resume=not force)
     parts_dir = stage.dir / ".parts"  # a dot: no source's folder can take its name
     tasks = [EncodeTask(str(s), str(parts_dir / s.name.removesuffix(SUFFIX)), str(tok_path), file_hash(tok_path), cfg.val_fraction, cfg.dtype, cfg.batch_docs) for s in shards]
     total_bytes = sum(t["bytes_out"] for t in curated["counts"]["per_source"].values())

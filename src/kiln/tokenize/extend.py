@@ -130,12 +130,11 @@ def run(cfg: ExtendConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     has_checkpoint = (checkpoint / "config.json").is_file()
     inputs = [Path(cfg.terms), tok_path, tok_path.with_name(META_NAME)] + ([checkpoint / "model.safetensors", checkpoint / "config.json"] if has_checkpoint else [])
     stage = Stage(run_dir, TOKENIZER_EXTENDED, {"extend": cfg}, inputs=inputs, upstream=[TOKENIZER])
-    if not force and (done := stage.current_manifest()):
-        log.info("tokenizer-extended: up to date (vocab %d); nothing to do. Use --force to redo.", done["counts"]["vocab_size"])
+    if done := stage.up_to_date(force, lambda m: f"vocab {m['counts']['vocab_size']}"):
         return done
-    stage.begin()
     old = KilnTokenizer.load(tok_path)
-    new, added = extend(old, read_terms(Path(cfg.terms)))
+    new, added = extend(old, read_terms(Path(cfg.terms)))  # a bad term stops here, before the stage folder is touched
+    stage.begin()
     outputs = new.save(stage.dir / TOKENIZER_JSON)
     rows = [{**asdict(f), "tokens_before": len(f.pieces), "tokens_after": len(new.encode(f.form))} for f in added]
     (stage.dir / "terms.json").write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")

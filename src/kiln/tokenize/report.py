@@ -10,7 +10,8 @@ A word is a run of letters, marks and digits; in scripts written without spaces 
 Thai, Lao, Khmer, Myanmar) each character counts as one word, so their figures stay comparable
 to spaced scripts instead of counting a whole clause as one word.
 A document's language is curate's `meta.language`, else `code` for code, else lid.176's guess.
-Also: embedding-table parameters at the model's width, and the longest and most used merges.
+Also: the longest and most used merges; the printed report adds the embedding-table parameters at
+the recipe's model width (not stored: the model's width is not the tokenizer's business).
 Not handled here: training (train.py), or drawing the held-out documents.
 """
 
@@ -86,7 +87,7 @@ class GroupStats:
         }
 
 
-def measure(tokenizer: KilnTokenizer, docs: Sequence[HeldoutDoc], d_model: int, tied_embeddings: bool) -> dict[str, Any]:
+def measure(tokenizer: KilnTokenizer, docs: Sequence[HeldoutDoc]) -> dict[str, Any]:
     """The report for `docs` (see the module docstring); JSON-ready."""
     total, by_source, by_language = GroupStats(), {}, {}
     used: Counter[int] = Counter()
@@ -107,7 +108,6 @@ def measure(tokenizer: KilnTokenizer, docs: Sequence[HeldoutDoc], d_model: int, 
         "vocab_size": tokenizer.vocab_size,
         "special_tokens": len(tokenizer.specials),
         "merges": len(merged),
-        "embedding": {"d_model": d_model, "tied": tied_embeddings, "params": tokenizer.vocab_size * d_model * (1 if tied_embeddings else 2)},
         "all": total.summary(word_tokens),
         "per_source": {s: by_source[s].summary(word_tokens) for s in sorted(by_source)},
         "per_language": {lang: by_language[lang].summary(word_tokens) for lang in sorted(by_language, key=lambda k: -by_language[k].bytes)},
@@ -126,10 +126,17 @@ def _row(name: str, r: dict[str, Any]) -> str:
     return f"  {name:<12} {r['docs']:>6} {r['bytes'] / 1e6:>8.2f} {_fmt(r['bytes_per_token']):>8} {_fmt(r['tokens_per_word']):>8} {_fmt(r['fertility']):>8} {_fmt(r['split_word_fraction']):>7}"
 
 
-def format_report(report: dict[str, Any]) -> str:
+def embedding_params(vocab_size: int, d_model: int, tied: bool) -> int:
+    """Parameters of the embedding table (and the output projection unless tied) at this width."""
+    return vocab_size * d_model * (1 if tied else 2)
+
+
+def format_report(report: dict[str, Any], d_model: int, tied: bool) -> str:
+    """The printed report. The embedding figure is priced at the recipe's model width when printed:
+    it is not part of report.json, so a new d_model never retrains the tokenizer."""
     head = f"  {'':<12} {'docs':>6} {'MB':>8} {'B/token':>8} {'tok/word':>8} {'fertil.':>8} {'split':>7}"
-    emb = report["embedding"]
-    lines = [f"vocab {report['vocab_size']:,} ({report['special_tokens']} special, {report['merges']:,} merges); embedding parameters at d_model {emb['d_model']}: {emb['params']:,} ({'tied' if emb['tied'] else 'input + output'})"]
+    params = embedding_params(report["vocab_size"], d_model, tied)
+    lines = [f"vocab {report['vocab_size']:,} ({report['special_tokens']} special, {report['merges']:,} merges); embedding parameters at d_model {d_model}: {params:,} ({'tied' if tied else 'input + output'})"]
     lines += ["held-out text by source:", head, *(_row(s, r) for s, r in report["per_source"].items()), _row("all", report["all"])]
     lines += ["held-out text by language:", head, *(_row(lang, r) for lang, r in report["per_language"].items())]
     lines.append("longest merges: " + ", ".join(repr(m["text"]) for m in report["longest_merges"]))
@@ -137,14 +144,14 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def format_sweep(reports: Sequence[dict[str, Any]]) -> str:
+def format_sweep(reports: Sequence[dict[str, Any]], d_model: int, tied: bool) -> str:
     """Several vocabulary sizes side by side: one column per size."""
     lines = [f"  {'vocab size':<28}" + "".join(f"{r['vocab_size']:>10,}" for r in reports)]
 
     def metric(label: str, values: list[Any]) -> None:
         lines.append(f"  {label:<28}" + "".join(f"{'-' if v is None else v:>10}" for v in values))
 
-    metric("embedding params (M)", [round(r["embedding"]["params"] / 1e6, 2) for r in reports])
+    metric(f"embedding params at {d_model} (M)", [round(embedding_params(r["vocab_size"], d_model, tied) / 1e6, 2) for r in reports])
     for key, label in (("bytes_per_token", "bytes/token"), ("tokens_per_word", "tokens/word"), ("fertility", "fertility")):
         metric(f"{label} all", [r["all"][key] for r in reports])
         for source in reports[0]["per_source"]:

@@ -26,10 +26,10 @@ import xxhash
 from pydantic import Field, ValidationError
 
 from kiln.core.config import Section
-from kiln.core.docshards import list_shards, read_shard, shard_source
+from kiln.core.docshards import read_shard, shard_source
 from kiln.core.errors import ConfigError, FatalError
-from kiln.core.layout import CURATE, TOKENIZER, TOKENIZER_JSON, TOKENIZER_SWEEP, RunLayout
-from kiln.core.manifest import Stage, read_manifest
+from kiln.core.layout import CURATE, SHARDS, TOKENIZER, TOKENIZER_JSON, TOKENIZER_SWEEP, RunLayout
+from kiln.core.manifest import Stage, read_manifest, recorded_outputs
 from kiln.core.split import is_heldout
 from kiln.text.tokenizer import KilnTokenizer, train_bpe
 from kiln.tokenize.config import TokenizerConfig
@@ -147,28 +147,28 @@ def training_sample(run_dir: Path, shards: list[Path], cfg: TokenizerConfig, lar
     return texts, sample_bytes
 
 
-def train_and_measure(texts: list[str], vocab_size: int, cfg: TokenizerConfig, heldout: list[HeldoutDoc], shape: EmbeddingShape) -> tuple[KilnTokenizer, dict[str, Any]]:
+def train_and_measure(texts: list[str], vocab_size: int, cfg: TokenizerConfig, heldout: list[HeldoutDoc]) -> tuple[KilnTokenizer, dict[str, Any]]:
     t0 = time.perf_counter()
     tokenizer = train_bpe(texts, vocab_size, cfg.min_frequency, cfg.specials)
     seconds = time.perf_counter() - t0
     if tokenizer.vocab_size < vocab_size:
         log.warning("tokenizer: the sample held only %d merges; vocabulary is %d, not %d", tokenizer.vocab_size - 256 - len(cfg.specials), tokenizer.vocab_size, vocab_size)
-    report = measure(tokenizer, heldout, shape.d_model, shape.tied_embeddings) if heldout else None
+    report = measure(tokenizer, heldout) if heldout else None
     return tokenizer, {"train_seconds": round(seconds, 2), "heldout": report}
 
 
 def run(cfg: TokenizerConfig, run_dir: Path, shape: EmbeddingShape | None = None, force: bool = False) -> dict[str, Any]:
     shape = shape or EmbeddingShape()
-    shards = list_shards(RunLayout(run_dir).curated_shards)
-    stage = Stage(run_dir, TOKENIZER, {"tokenizer": cfg, "embedding": shape}, inputs=shards, upstream=[CURATE])
-    if not force and (done := stage.current_manifest()):
-        log.info("tokenizer: up to date (vocab %d); nothing to do. Use --force to redo.", done["counts"]["vocab_size"])
+    shards = recorded_outputs(RunLayout(run_dir).stage(CURATE), SHARDS)
+    # The embedding shape only prices the printed report: it is not hashed (a new d_model must not retrain).
+    stage = Stage(run_dir, TOKENIZER, {"tokenizer": cfg}, inputs=shards, upstream=[CURATE])
+    if done := stage.up_to_date(force, lambda m: f"vocab {m['counts']['vocab_size']}"):
         return done
     stage.begin()
     texts, sample_bytes = training_sample(run_dir, shards, cfg)
     log.info("tokenizer: training byte-level BPE, vocab %d, on %d docs (%.1f MB)", cfg.vocab_size, len(texts), sample_bytes / MB)
     heldout = heldout_docs(shards, cfg)
-    tokenizer, result = train_and_measure(texts, cfg.vocab_size, cfg, heldout, shape)
+    tokenizer, result = train_and_measure(texts, cfg.vocab_size, cfg, heldout)
     outputs = tokenizer.save(stage.dir / TOKENIZER_JSON)
     report = {"sample_docs": len(texts), "sample_bytes": sample_bytes, **result}
     (stage.dir / "report.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -184,7 +184,7 @@ def run(cfg: TokenizerConfig, run_dir: Path, shape: EmbeddingShape | None = None
         "per_source": {s: {k: r[k] for k in ("docs", "bytes", "tokens", "bytes_per_token", "tokens_per_word")} for s, r in held["per_source"].items()} if held else {},
     }
     summary = f"trained on {sample_bytes / MB:.1f} MB ({len(texts):,} documents) in {result['train_seconds']:.1f}s\n"
-    summary += format_report(held) if held else f"vocab {tokenizer.vocab_size:,}; no held-out documents, nothing measured"
+    summary += format_report(held, shape.d_model, shape.tied_embeddings) if held else f"vocab {tokenizer.vocab_size:,}; no held-out documents, nothing measured"
     return stage.finish([*outputs, stage.dir / "report.json"], counts, summary)
 
 
@@ -200,10 +200,9 @@ def sweep(cfg: TokenizerConfig, run_dir: Path, sizes: Sequence[int], shape: Embe
     """One tokenizer per vocabulary size on one sample, reported side by side, in `tokenizer-sweep/`."""
     shape = shape or EmbeddingShape()
     configs = [sized(cfg, n) for n in sorted(set(sizes))]
-    shards = list_shards(RunLayout(run_dir).curated_shards)
-    stage = Stage(run_dir, TOKENIZER_SWEEP, {"tokenizer": cfg, "embedding": shape, **{f"vocab_{c.vocab_size}": c for c in configs}}, inputs=shards, upstream=[CURATE])
-    if not force and (done := stage.current_manifest()):
-        log.info("tokenizer-sweep: up to date (%s); nothing to do. Use --force to redo.\n%s", ", ".join(map(str, done["counts"]["vocab_sizes"])), (stage.dir / "summary.txt").read_text())
+    shards = recorded_outputs(RunLayout(run_dir).stage(CURATE), SHARDS)
+    stage = Stage(run_dir, TOKENIZER_SWEEP, {"tokenizer": cfg, **{f"vocab_{c.vocab_size}": c for c in configs}}, inputs=shards, upstream=[CURATE])
+    if done := stage.up_to_date(force, lambda m: ", ".join(map(str, m["counts"]["vocab_sizes"]))):
         return done
     stage.begin()
     texts, _ = training_sample(run_dir, shards, cfg, max(c.vocab_size for c in configs))
@@ -213,7 +212,7 @@ def sweep(cfg: TokenizerConfig, run_dir: Path, sizes: Sequence[int], shape: Embe
     outputs, reports = [], []
     for c in configs:
         log.info("tokenizer-sweep: training vocab %d", c.vocab_size)
-        tokenizer, result = train_and_measure(texts, c.vocab_size, cfg, heldout, shape)
+        tokenizer, result = train_and_measure(texts, c.vocab_size, cfg, heldout)
         folder = stage.dir / f"vocab-{c.vocab_size}"
         folder.mkdir()
         outputs += tokenizer.save(folder / TOKENIZER_JSON)
@@ -221,4 +220,4 @@ def sweep(cfg: TokenizerConfig, run_dir: Path, sizes: Sequence[int], shape: Embe
         outputs.append(folder / "report.json")
         reports.append(result["heldout"])
     counts = {"vocab_sizes": [c.vocab_size for c in configs], "bytes_per_token": {str(r["vocab_size"]): r["all"]["bytes_per_token"] for r in reports}}
-    return stage.finish(outputs, counts, format_sweep(reports))
+    return stage.finish(outputs, counts, format_sweep(reports, shape.d_model, shape.tied_embeddings))

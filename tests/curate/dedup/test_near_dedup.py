@@ -401,17 +401,18 @@ def test_killed_in_the_sign_phase_resumes_to_the_uninterrupted_result(tmp_path):
     subprocess.run([sys.executable, "-m", "kiln", "-q", *common, "--run", "whole"], check=True, capture_output=True)
 
     stage = tmp_path / "runs" / "cut" / "curate"
+    partial = stage.with_name("curate.partial")  # where an unfinished run builds
     proc = subprocess.Popen([sys.executable, "-m", "kiln", "-q", *common, "--run", "cut"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
-    while len(list((stage / "work" / "sign").glob("*.done"))) < 2:
+    while len(list((partial / "work" / "sign").glob("*.done"))) < 2:
         assert proc.poll() is None and time.time() < deadline, "the run ended before it could be killed"
         time.sleep(0.002)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (stage / MANIFEST).exists()
-    signed = len(list((stage / "work" / "sign").glob("*.done")))
+    signed = len(list((partial / "work" / "sign").glob("*.done")))
     assert 2 <= signed < tasks, f"killed after the sign phase ({signed} of {tasks} sign tasks done)"
-    assert not list((stage / "work").glob("buckets/*.done"))
+    assert not list((partial / "work").glob("buckets/*.done"))
 
     resumed = subprocess.run([sys.executable, "-m", "kiln", *common, "--run", "cut"], check=True, capture_output=True, text=True)
     for phase, done, total in (("read", tasks, tasks), ("filter", tasks, tasks), ("dedup", 4, 4), ("sign", signed, tasks)):

@@ -89,11 +89,10 @@ def _percentiles(scores: np.ndarray, points: tuple[float, ...] = (10, 30, 50, 60
 
 def train_lm(quality: QualityConfig, curate: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
     stage, reference, corpus = _stage(run_dir, LM_DIR, quality, curate, (quality.lm.max_train_mb, quality.corpus_sample_mb))
-    if not force and (done := stage.current_manifest()):
-        log.info("quality lm: up to date; nothing to do. Use --force to redo.")
+    if done := stage.up_to_date(force):
         return done
+    ref_docs = _reference_docs(reference, quality.lm.max_train_mb, curate)  # too little reference text stops here
     stage.begin()
-    ref_docs = _reference_docs(reference, quality.lm.max_train_mb, curate)
     t0 = time.perf_counter()
     model = NGramLM.train((d.text for d in ref_docs), order=quality.lm.order, fold_digits=quality.lm.fold_digits)
     train_s = time.perf_counter() - t0
@@ -123,11 +122,10 @@ def train_lm(quality: QualityConfig, curate: CurateConfig, run_dir: Path, force:
 def train_classifier(quality: QualityConfig, curate: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
     cfg = quality.classifier
     stage, reference, corpus = _stage(run_dir, CLASSIFIER_DIR, quality, curate, (cfg.max_train_mb, quality.corpus_sample_mb))
-    if not force and (done := stage.current_manifest()):
-        log.info("quality classifier: up to date; nothing to do. Use --force to redo.")
+    if done := stage.up_to_date(force):
         return done
+    positives = _reference_docs(reference, cfg.max_train_mb, curate)  # too little reference text stops here
     stage.begin()
-    positives = _reference_docs(reference, cfg.max_train_mb, curate)
     corpus_docs = read_selection(corpus, quality.corpus_sample_mb, curate, "quality: corpus sample")
     # Negatives are at most half the sample, in a seeded order; the documents not trained on (the
     # rest, and the held-out negatives) are the sample the top-fraction cutoff is taken from: the
