@@ -22,8 +22,9 @@ from kiln.core.errors import FatalError
 from kiln.core.manifest import MANIFEST
 from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
+from kiln.curate.phases import branch_outcomes
 from kiln.curate.readers import InputConfig
-from kiln.curate.run import branch_outcomes, run
+from kiln.curate.run import run
 from kiln.curate.steps.gopher import GopherQuality, GopherQualityConfig
 from kiln.curate.steps.normalize import LengthConfig, LengthFilter
 
@@ -210,9 +211,9 @@ def test_line_dedup_cuts_a_line_only_above_max_docs(tmp_path, corpus, max_docs, 
 
 
 def test_many_sources_in_one_task_are_written_in_passes(tmp_path, monkeypatch):
-    import kiln.curate.run as curate_run
+    from kiln.curate import phases
 
-    monkeypatch.setattr(curate_run, "MAX_OPEN_SHARDS", 2)  # 5 sources: three passes over the task's file
+    monkeypatch.setattr(phases, "MAX_OPEN_SHARDS", 2)  # 5 sources: three passes over the task's file
     folder = tmp_path / "in"
     folder.mkdir()
     (folder / "mixed.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": prose(i), "source": f"s{i % 5}"}) + "\n" for i in range(20)))

@@ -7,7 +7,7 @@ every removed id with its reason, measured value and threshold, every quarantine
 its file, position and error, and a sample of removed documents per reason. Ledgers from shard
 tasks merge by addition. The sample keeps, per (source, reason), the documents with the smallest
 xxh64 of their id: the same sample whatever the number of workers or the merge order.
-Not handled here: writing the audit files (kiln.curate.run does).
+Not handled here: writing the audit files (kiln.curate.report does).
 """
 
 from __future__ import annotations

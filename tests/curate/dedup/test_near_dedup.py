@@ -25,12 +25,14 @@ from test_curate_run import audit_files, kept
 from kiln.cli import main
 from kiln.core.docshards import list_shards, read_shard
 from kiln.core.manifest import MANIFEST
+from kiln.curate import phases
 from kiln.curate import run as curate_run
 from kiln.curate.config import CurateConfig
 from kiln.curate.dedup import minhash, near
 from kiln.curate.dedup.minhash import estimated_jaccard, permutation_params, signatures
+from kiln.curate.dedup.near import CHAINED, NearDecision, decide
 from kiln.curate.readers import InputConfig
-from kiln.curate.run import CHAINED, key_ranges, run
+from kiln.curate.run import key_ranges, run
 from kiln.text.shingles import shingle_set
 
 FILTERS = ("url_filter", "line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "code_quality", "pii", "length")
@@ -252,7 +254,7 @@ def test_batch_sizes_and_key_ranges_do_not_change_the_output(planted, tmp_path, 
         calls.append((band, sub, subs))
         return near.bucket_task(sign_dir, out, band, sub, subs, cfg)
 
-    monkeypatch.setattr(curate_run, "bucket_task", bucket_task)
+    monkeypatch.setattr(phases, "bucket_task", bucket_task)
     manifest = run(config(planted.folder), tmp_path / "run")
     assert sorted(calls) == [(band, sub, 4) for band in range(14) for sub in range(4)]
     stage, reference = tmp_path / "run" / "curate", planted.run_dir / "curate"
@@ -343,6 +345,17 @@ def chain(folder: Path) -> dict[str, str]:
     texts = {"a": a, "b": b, "c": c}
     write_jsonl(folder / "x.jsonl", [{"id": k, "text": v, "source": "web"} for k, v in texts.items()])
     return texts
+
+
+def test_decide_by_hand():
+    # The write phase applies these decisions as given: keeper, removal, value, threshold and note.
+    cfg = minhash.MinHashConfig(threshold=0.8)
+    assert decide(3, True, 1.0, "a", cfg) == NearDecision(3, True, 1.0, 0.8, None, "a")
+    assert decide(3, False, 0.85, "a", cfg) == NearDecision(3, False, 0.85, 0.8, "cluster 3", "a")
+    # below the threshold to the keeper: in the cluster through another member, and noted so
+    assert decide(3, False, 0.7, "a", cfg) == NearDecision(3, False, 0.7, 0.8, f"cluster 3{CHAINED}", "a")
+    # without verification every candidate is a duplicate: an estimate below the threshold is not chaining
+    assert decide(3, False, 0.7, "a", minhash.MinHashConfig(threshold=0.8, verify=False)).note == "cluster 3"
 
 
 def test_chained_cluster_keeps_one_and_notes_the_member_below_threshold(tmp_path):

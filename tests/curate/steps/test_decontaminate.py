@@ -1,6 +1,7 @@
-"""kiln.curate.steps.decontaminate: planted n-grams found and shorter overlaps ignored, normalization,
-attribution to every set and item, verification against words, flag mode, Bloom filters sized by
-hand and their measured false-positive rate, bad evaluation files, and the report worked by hand."""
+"""kiln.curate.steps.decontaminate and its index (kiln.curate.dedup.ngram_index): planted n-grams
+found and shorter overlaps ignored, normalization, attribution to every set and item, verification
+against words, flag mode, Bloom filters sized by hand and their measured false-positive rate, bad
+evaluation files, and the report worked by hand."""
 
 from __future__ import annotations
 
@@ -21,18 +22,9 @@ from pydantic import ValidationError
 from kiln.core.document import Document
 from kiln.core.errors import FatalError
 from kiln.curate.audit import Ledger
+from kiln.curate.dedup.ngram_index import build_index, item_texts, load_index, set_name
 from kiln.curate.steps.bloom import BloomFilter
-from kiln.curate.steps.decontaminate import (
-    Decontaminate,
-    DecontaminateConfig,
-    EvalSetConfig,
-    build_index,
-    build_report,
-    format_report,
-    item_texts,
-    load_index,
-    set_name,
-)
+from kiln.curate.steps.decontaminate import Decontaminate, DecontaminateConfig, EvalSetConfig, build_report, format_report
 from kiln.text.shingles import words
 
 # 19 words; its first 13 are the planted n-gram.

@@ -10,12 +10,15 @@
    in the range, drop repeats, and keep those whose exact shingle Jaccard reaches the threshold
    (or, with verification off, all of them, with the signature estimate).
 4. components (one task): connected components of the verified pairs; one keeper per cluster.
-   It writes the assignment of every clustered document, sorted by task, which the curate write
-   phase applies (kiln.curate.run), computing each removed document's Jaccard to its keeper.
+   It writes the assignment of every clustered document, sorted by task.
+Then the curate write phase asks `decisions_for_task` what to do with each clustered document of
+its task: this module alone applies the threshold and the chained-member rule (`decide`), and
+the write phase (kiln.curate.phases) applies the decisions as given.
 Memory: a sign task holds its own documents' keys (about 250 bytes a document); a bucket task
 one band's key range; a verify task its pairs and the two sets it compares; the components
 task the verified pairs only. No process holds all signatures.
-Not handled here: the MinHash math (kiln.curate.dedup.minhash) and the driver (kiln.curate.run).
+Not handled here: the MinHash math (kiln.curate.dedup.minhash), the phase functions and
+markers (kiln.curate.phases) and the driver (kiln.curate.run).
 """
 
 from __future__ import annotations
@@ -289,22 +292,44 @@ def components_task(verify_dir: Path, sign_dir: Path, out: Path) -> dict[str, An
     return {"edges": int(len(a)), "clusters": int(len(cluster_keepers)), "clustered_docs": int(len(nodes)), "largest_cluster": int(sizes.max()) if len(sizes) else 0}
 
 
-# --- applied by the write phase ---------------------------------------------------------------------
+# --- the decision the write phase applies --------------------------------------------------------
+
+CHAINED = "; below the threshold to the kept copy: joined its cluster through other members"
 
 
 @dataclass(frozen=True)
-class Assignment:
-    doc: int
+class NearDecision:
+    """What the write phase does with one clustered document: keep it, or remove it as a near
+    duplicate of `kept_id` with the ledger row's value (its Jaccard to the kept copy), threshold and note."""
+
     cluster: int
     kept: bool
-    keeper: int
+    jaccard_to_kept: float  # 1.0 for the kept copy; exact with verification on, else the signature estimate
+    threshold: float
+    note: str | None  # None for the kept copy
     kept_id: str
 
 
-def assignments_for_task(assign: Path, task: int) -> dict[int, Assignment]:
-    """{ordinal in the filtered shard: its cluster assignment} for one task."""
+def decide(cluster: int, kept: bool, similarity: float, kept_id: str, cfg: MinHashConfig) -> NearDecision:
+    """The rule for one clustered document, given its similarity to its cluster's keeper.
+
+    subtle: with verification on, a removed member may be below the threshold to the kept copy
+    when it is above it to another member (clusters are connected components): its note says so.
+    Without verification every candidate is a duplicate, so no member is noted as chained."""
+    if kept:
+        return NearDecision(cluster, True, 1.0, cfg.threshold, None, kept_id)
+    note = f"cluster {cluster}" + (CHAINED if cfg.verify and similarity < cfg.threshold else "")
+    return NearDecision(cluster, False, similarity, cfg.threshold, note, kept_id)
+
+
+def decisions_for_task(assign: Path, sign_dir: Path, task: int, cfg: MinHashConfig) -> dict[int, NearDecision]:
+    """{ordinal in the filtered shard: its decision} for every clustered document of one task,
+    each removed one's Jaccard to its keeper read from the sign files (the keeper's may be in
+    any task)."""
     table = pq.read_table(assign, filters=[("task", "=", task)], schema=ASSIGN_SCHEMA)
-    return {
-        ordinal: Assignment(int(doc), cluster, kept, int(keeper), kept_id)
-        for ordinal, doc, cluster, kept, keeper, kept_id in zip(*(table[c].to_pylist() for c in ("ordinal", "doc", "cluster", "kept", "keeper", "kept_id")))
-    }
+    decisions: dict[int, NearDecision] = {}
+    with Sets(sign_dir, cfg) as sets:
+        for ordinal, doc, cluster, kept, keeper, kept_id in zip(*(table[c].to_pylist() for c in ("ordinal", "doc", "cluster", "kept", "keeper", "kept_id"))):
+            similarity = 1.0 if kept else sets.similarity(int(doc), int(keeper))
+            decisions[ordinal] = decide(cluster, kept, similarity, kept_id, cfg)
+    return decisions

@@ -1,6 +1,6 @@
 """The curation pipeline: which steps run, in what order, on which documents.
 
-Steps run in two phases around the global line count (see kiln.curate.run):
+Steps run in two phases around the global line count (see kiln.curate.phases):
 - early (while reading): normalize, URL filter;
 - late (after the line count), one branch per kind of document:
   prose: boilerplate lines, language ID, Gopher repetition, Gopher quality, C4, FineWeb, the model
@@ -18,7 +18,7 @@ document with the error, never the run, and every step's output is counted in th
 `<branch>/<step>` (the early steps under their own names). `run_documents` does the same for a
 group of documents step by step, so that a step with a `prepare` (the model filters) scores the
 whole group in one call before its per-document decisions; the outcome is run_document's.
-Not handled here: global work (line counts, exact and near dedup; kiln.curate.run) and per-source step lists.
+Not handled here: global work (line counts, exact and near dedup; kiln.curate.phases) and per-source step lists.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def early_steps(cfg: CurateConfig) -> list[Step]:
 
 
 def prose_steps(cfg: CurateConfig, boilerplate: Iterable[int] = (), index: Path | None = None) -> list[Step]:
-    """The prose branch; `index` is the decontamination index folder (kiln.curate.steps.decontaminate.build_index).
+    """The prose branch; `index` is the decontamination index folder (kiln.curate.dedup.ngram_index.build_index).
     The quality filters' `model` folders must be set (kiln.curate.run.quality_models sets them)."""
     return [_build(cfg, name, boilerplate, index) for name in enabled(cfg, PROSE_STEPS)]
 
