@@ -1,7 +1,8 @@
 """Training throughput of a recipe's model: tokens/s and, on a known GPU, MFU.
 
 Random token batches (throughput does not depend on the data), the recipe's model, batch
-geometry and precision, AdamW with clipping as in kiln.train.loop. Warmup steps are not timed.
+geometry (train.global_batch_tokens) and precision (train.precision), AdamW with clipping, the
+loss of kiln.train.loss, as in kiln.train.loop. Warmup steps are not timed.
 Ends with: RESULT tokens_per_s=.. step_ms=.. params=.. [mfu=..] (mfu only where the device's
 peak FLOP/s is known, i.e. on listed GPUs).
 """
@@ -13,11 +14,12 @@ import time
 
 import torch
 
+from kiln.model.batch import Batch
 from kiln.model.config import count_params, flops_per_token
 from kiln.model.init import build_model
-from kiln.model.transformer import lm_loss
 from kiln.recipe import load_recipe
-from kiln.train.loop import build_device
+from kiln.train.loop import build_precision
+from kiln.train.loss import lm_loss
 from kiln.train.monitor import device_peak_flops
 from kiln.train.optim import build_optimizer
 
@@ -31,18 +33,21 @@ def main() -> None:
     args = parser.parse_args()
     recipe = load_recipe(args.recipe, args.overrides)
     cfg = recipe.train
-    device, amp_dtype = build_device(cfg)
+    precision = build_precision(cfg)
+    device = precision.device
     model_cfg = recipe.model.resolved(recipe.tokenizer.vocab_size)
     model = build_model(model_cfg, cfg.seed, device)
-    optimizer = build_optimizer(model, cfg)
-    batch = torch.randint(0, model_cfg.vocab_size, (cfg.micro_batch_size, cfg.seq_len + 1), device=device)
+    optimizer = build_optimizer(model, cfg.optim)
+    windows = torch.randint(0, model_cfg.vocab_size, (cfg.micro_batch_size, cfg.seq_len + 1), device=device)
+    B, T = cfg.micro_batch_size, cfg.seq_len
+    batch = Batch(windows[:, :-1], windows[:, 1:], torch.ones(B, T, dtype=torch.bool, device=device), None, torch.zeros(B, dtype=torch.long, device=device))
 
     def step() -> None:
         for _ in range(cfg.grad_accum_steps):
-            with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                loss = lm_loss(model(batch[:, :-1]), batch[:, 1:]) / cfg.grad_accum_steps
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
+            with precision.autocast():
+                logits_BTV = model(batch.input_ids_BT)
+            (lm_loss(logits_BTV, batch).mean / cfg.grad_accum_steps).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

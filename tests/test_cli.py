@@ -24,7 +24,7 @@ VERB_KEY = {
     "curate": "curate.max_total_mb",
     "train-tokenizer": "tokenizer.vocab_size",
     "tokenize": "tokenize.val_fraction",
-    "train": "train.lr",
+    "train": "train.optim",
     "eval": "eval.max_tokens_per_source",
     "generate": "generate.top_p",
     "plan": "model.d_model",
@@ -63,7 +63,7 @@ def test_verb_help(verb: str, capsys: pytest.CaptureFixture[str]) -> None:
 def test_verb_help_lists_only_the_sections_it_reads(capsys: pytest.CaptureFixture[str]) -> None:
     _, out, _ = run_main(["eval", "--help"], capsys)
     assert "  eval.batch_size [default: 8]" in out
-    assert "  train.lr [default" not in out and "  curate.inputs [default" not in out
+    assert "  train.optim [default" not in out and "  curate.inputs [default" not in out
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,8 +81,8 @@ def test_unknown_verb_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
     [
         ("curate.bogus_key=1", "curate.bogus_key: unknown key"),
         ("bogus_section.x=1", "bogus_section: unknown key"),
-        ("train.lr=fast", "train.lr"),
-        ("train.seq_len=512", "train.seq_len (512) exceeds model.max_seq_len (256)"),
+        ("train.optim.lr=fast", "train.optim.lr"),
+        ("model.max_seq_len=128", "train.seq_len (256) exceeds model.max_seq_len (128)"),
         ("train", "expected section.key=value"),
     ],
 )
@@ -112,11 +112,11 @@ def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_plan_follows_overrides(capsys: pytest.CaptureFixture[str]) -> None:
-    _, out, _ = run_main(["plan", "--json", "--set", "model.d_model=512", "--set", "train.steps=10", "--set", "train.warmup_steps=2"], capsys)
+    _, out, _ = run_main(["plan", "--json", "--set", "model.d_model=512", "--set", "train.steps=10", "--set", "train.schedule.warmup_steps=2"], capsys)
     plan = json.loads(out)
-    recipe = load_recipe("demo", ["model.d_model=512", "train.steps=10", "train.warmup_steps=2"])
+    recipe = load_recipe("demo", ["model.d_model=512", "train.steps=10", "train.schedule.warmup_steps=2"])
     assert plan == plan_training(recipe.model, recipe.train.seq_len, recipe.train.steps * recipe.train.tokens_per_step, recipe.tokenizer.vocab_size)
-    assert plan["tokens"] == 10 * recipe.train.tokens_per_step
+    assert plan["tokens"] == 10 * recipe.train.tokens_per_step == 10 * recipe.train.global_batch_tokens
     assert plan["params"] > json.loads(run_main(["plan", "--json"], capsys)[1])["params"]
 
 

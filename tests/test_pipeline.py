@@ -36,8 +36,9 @@ OVERRIDES = [
     "model.max_seq_len=64",
     "train.seq_len=64",
     "train.micro_batch_size=8",
+    "train.global_batch_tokens=512",
     "train.steps=60",
-    "train.warmup_steps=6",
+    "train.schedule.warmup_steps=6",
     "eval.max_tokens_per_source=4096",
     "generate.max_new_tokens=20",
 ]

@@ -32,7 +32,7 @@ model:
   max_seq_len: 128
 train:
   steps: 10
-  warmup_steps: 2
+  schedule: {{warmup_steps: 2}}
   seq_len: 128
 """
 
@@ -84,10 +84,10 @@ def test_overrides_are_yaml_typed_and_nested(tmp_path):
     recipe = load_recipe(
         path,
         [
-            "train.lr=0.001",
+            "train.optim.lr=0.001",
             "train.steps=20",
             "model.tie_embeddings=true",
-            "train.grad_clip=null",
+            "train.optim.grad_clip=null",
             "mix.weights.web=2.5",  # creates the nested mapping
             "mix.weights.books=1",
             "generate.prompt=Once upon a time",
@@ -95,10 +95,11 @@ def test_overrides_are_yaml_typed_and_nested(tmp_path):
             " curate.length.min_chars = 75 ",  # spaces around key and value are tolerated
         ],
     )
-    assert recipe.train.lr == 0.001 and isinstance(recipe.train.lr, float)
+    assert recipe.train.optim.lr == 0.001 and isinstance(recipe.train.optim.lr, float)
     assert recipe.train.steps == 20
     assert recipe.model.tie_embeddings is True
-    assert recipe.train.grad_clip is None
+    assert recipe.train.optim.grad_clip is None
+    assert recipe.train.schedule.warmup_steps == 2  # the sibling key in the file is kept
     assert recipe.mix.weights == {"web": 2.5, "books": 1.0}
     assert recipe.generate.prompt == "Once upon a time"
     assert recipe.eval.seq_len == 64
@@ -116,7 +117,7 @@ def test_override_does_not_touch_the_file(tmp_path):
 def test_scientific_notation_override_becomes_float():
     # PyYAML reads "3e-4" as a string (YAML 1.1 wants a dot); pydantic's lax float parsing accepts it,
     # which keeps the example printed in apply_override's own error message working.
-    assert load_recipe("demo", ["train.lr=3e-4"]).train.lr == pytest.approx(3e-4)
+    assert load_recipe("demo", ["train.optim.lr=3e-4"]).train.optim.lr == pytest.approx(3e-4)
 
 
 def test_apply_override_on_plain_dicts():
@@ -138,9 +139,9 @@ def test_override_without_key_or_equals_is_rejected(assignment):
 
 
 def test_override_through_a_value_is_rejected():
-    message = load_error("demo", ["train.lr.x=1"])
-    assert "'lr' is a value, not a section" in message
-    assert "train.lr.x=1" in message
+    message = load_error("demo", ["train.steps.x=1"])
+    assert "'steps' is a value, not a section" in message
+    assert "train.steps.x=1" in message
 
 
 def test_override_with_invalid_yaml_value():
@@ -157,7 +158,7 @@ def test_unknown_key_names_path_and_lists_allowed_keys():
     assert "0.1" in line
     allowed = [a.strip() for a in line.split("allowed keys here:")[1].split(", ")]
     assert allowed == sorted(TrainConfig.model_fields)  # the train section's keys, not another section's
-    assert {"lr", "steps", "seq_len", "warmup_steps"} <= set(allowed)
+    assert {"optim", "schedule", "steps", "seq_len", "global_batch_tokens"} <= set(allowed)
 
 
 def test_unknown_top_level_key_lists_sections(tmp_path):
@@ -184,16 +185,16 @@ def test_wrong_type_names_path_and_bad_value():
 
 
 def test_wrong_literal_lists_choices():
-    message = load_error("demo", ["train.device=tpu"])
-    assert "train.device:" in message and "'tpu'" in message
+    message = load_error("demo", ["train.precision.device=tpu"])
+    assert "train.precision.device:" in message and "'tpu'" in message
     assert "'auto', 'cpu' or 'cuda'" in message
 
 
 @pytest.mark.parametrize(
     ("override", "path", "rule"),
     [
-        ("train.lr=-1", "train.lr", "greater than 0"),
-        ("train.lr=2", "train.lr", "less than or equal to 1"),
+        ("train.optim.lr=-1", "train.optim.lr", "greater than 0"),
+        ("train.optim.lr=2", "train.optim.lr", "less than or equal to 1"),
         ("tokenize.val_fraction=1.5", "tokenize.val_fraction", "less than 1"),
         ("curate.max_total_mb=0", "curate.max_total_mb", "greater than 0"),
         ("tokenizer.vocab_size=100", "tokenizer", "vocab_size 100 leaves no room for merges"),
@@ -208,13 +209,28 @@ def test_out_of_range_value_names_path_and_rule(override, path, rule):
 
 
 def test_section_validator_error_names_section():
-    message = load_error("demo", ["train.steps=300", "train.warmup_steps=300"])
-    assert "train: warmup_steps (300) must be below steps (300)" in message
+    message = load_error("demo", ["train.steps=300", "train.schedule.warmup_steps=300"])
+    assert "train: schedule.warmup_steps (300) must be below steps (300)" in message
+
+
+def test_old_train_keys_name_their_new_home():
+    message = load_error("demo", ["train.lr=1e-3", "train.checkpoint_every=50"])
+    assert "train: train.lr moved to train.optim.lr; train.checkpoint_every moved to train.checkpoint.every" in message
+    assert "train.precision is a section now: use train.precision.dtype=bf16" in load_error("demo", ["train.precision=bf16"])
+    assert "train.grad_accum_steps is replaced by train.global_batch_tokens" in load_error("demo", ["train.grad_accum_steps=2"])
+
+
+def test_demo_batch_is_one_micro_batch_and_a_global_batch_must_divide():
+    train = load_recipe("demo").train
+    assert train.global_batch_tokens == 4096 == 16 * 256 and train.grad_accum_steps == 1
+    assert load_recipe("demo", ["train.seq_len=128"]).train.grad_accum_steps == 2  # same tokens per step
+    message = load_error("demo", ["train.seq_len=100"])
+    assert "train: global_batch_tokens (4096) is not a multiple of micro_batch_size * seq_len * data-parallel ranks (16 * 100 * 1 = 1600)" in message
 
 
 def test_cross_section_seq_len_exceeds_model():
-    message = load_error("demo", ["train.seq_len=512"])
-    assert "train.seq_len (512) exceeds model.max_seq_len (256)" in message
+    message = load_error("demo", ["model.max_seq_len=128"])
+    assert "train.seq_len (256) exceeds model.max_seq_len (128)" in message
 
 
 def test_cross_section_eval_seq_len_and_vocab():

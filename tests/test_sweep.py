@@ -50,7 +50,7 @@ def test_plan_sweep_on_the_demo_recipe() -> None:
     assert (p.d_model, p.n_layers, p.n_heads, p.steps) == (128, 4, 4, 100)
     # Each point is the demo recipe with its overrides: its counts are the model config's.
     r = load_recipe("demo", list(p.overrides))
-    assert r.train.warmup_steps == 10 and r.train.eval_at_start is False and r.model.n_kv_heads == 4
+    assert r.train.schedule.warmup_steps == 10 and r.train.eval_at_start is False and r.model.n_kv_heads == 4
     cfg = r.model.resolved(r.tokenizer.vocab_size)
     assert p.params == count_params(cfg)
     assert p.params_non_embedding == count_params(cfg, include_embeddings=False) < p.params
@@ -67,8 +67,8 @@ def test_bad_points_fail_before_any_work() -> None:
         plan_sweep("demo", [], [(48, 2)], [50])
     with pytest.raises(ConfigError, match="head_dim even"):
         plan_sweep("demo", [], [(63, 2)], [50], head_dim=21)
-    with pytest.raises(ConfigError, match="train.lr"):
-        plan_sweep("demo", ["train.lr=fast"], [(64, 2)], [50])
+    with pytest.raises(ConfigError, match="train.optim.lr"):
+        plan_sweep("demo", ["train.optim.lr=fast"], [(64, 2)], [50])
 
 
 def test_link_shared_stages(tmp_path: Path) -> None:
@@ -104,7 +104,7 @@ curate:
 tokenizer: {{vocab_size: 400, sample_mb: 0.2}}
 tokenize: {{val_fraction: 0.2}}
 model: {{d_model: 16, n_layers: 1, n_heads: 1, n_kv_heads: 1, max_seq_len: 32}}
-train: {{steps: 2, seq_len: 32, micro_batch_size: 4, warmup_steps: 1, device: cpu, threads: 1}}
+train: {{steps: 2, seq_len: 32, micro_batch_size: 4, schedule: {{warmup_steps: 1}}, precision: {{device: cpu}}, threads: 1}}
 eval: {{max_tokens_per_source: 512, batch_size: 8}}
 """
 

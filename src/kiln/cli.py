@@ -15,7 +15,7 @@ from typing import Any
 
 from kiln import __version__
 from kiln.core.errors import ConfigError, KilnError
-from kiln.core.layout import CURATE, RunLayout
+from kiln.core.layout import CURATE, SUMMARY, RunLayout
 from kiln.recipe import Recipe, load_recipe
 
 # Verb -> (stage directory, help). The recipe sections each verb reads are listed in its --help.
@@ -55,7 +55,7 @@ EPILOG = """examples:
   kiln curate --run web --explain 'web/part-0.jsonl:17'                      why a document was removed
   kiln curate --recipe recipes/demo.yaml --set curate.max_total_mb=10
   kiln quality train-classifier --recipe demo --set quality.reference_source=prose   then curate with --set curate.quality_classifier.enabled=true
-  kiln train --recipe demo --set train.steps=500 --set train.lr=1e-3
+  kiln train --recipe demo --set train.steps=500 --set train.optim.lr=1e-3
   kiln generate --recipe demo --set generate.prompt='import os'
   kiln plan --recipe demo --json
   kiln plan chinchilla --flops 1e23 --fit hoffmann          compute-optimal size for a budget
@@ -84,7 +84,7 @@ def _show(value: object) -> str:
 
 def _common(p: argparse.ArgumentParser, force: bool = True) -> None:
     p.add_argument("--recipe", metavar="FILE|NAME", help="Recipe YAML file, or the name of one shipped in recipes/ (default: demo; for `curate --input`, every default).")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="Override one recipe value (YAML syntax), e.g. --set train.lr=3e-4; repeatable.")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="Override one recipe value (YAML syntax), e.g. --set train.optim.lr=3e-4; repeatable.")
     if force:
         p.add_argument("--force", action="store_true", help="Redo the stage even when its manifest says it is up to date.")
 
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             print(pipeline.format_summary(pipeline.run_demo(recipe, args.force)))
             return 0
         manifest = run_verb(args, recipe)
-        print((recipe.run_dir / manifest["stage"] / "summary.txt").read_text().rstrip())
+        print((RunLayout(recipe.run_dir).stage(manifest["stage"]) / SUMMARY).read_text().rstrip())
         return 0
     except KilnError as e:
         print(f"kiln {args.verb}: error: {e}", file=sys.stderr)

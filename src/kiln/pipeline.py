@@ -1,7 +1,9 @@
 """Running stages by name, and the end-to-end demo with its summary.
 
-Each stage function receives only its own recipe sections. The demo runs every stage in
-order (each skipped when already current) and writes `<run>/summary.json`.
+Each stage function receives only its own recipe sections; where one stage needs another's
+code (train draws its batches through mix's sampler), the wiring is here, so stage packages
+never import each other. The demo runs every stage in order (each skipped when already
+current) and writes `<run>/summary.json`.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from kiln.core.layout import RunLayout
@@ -33,8 +36,16 @@ def _runner(stage: str) -> Callable[[Recipe, bool], dict[str, Any]]:
         from kiln.tokenize.encode import run as tokenize
         return lambda r, force: tokenize(r.tokenize, r.run_dir, force)
     if stage == "train":
-        from kiln.train.loop import train
-        return lambda r, force: train(r.model, r.train, r.mix, r.eval, r.run_dir, force)
+        from kiln.mix.sampler import build_sampler
+        from kiln.train.run import run as train
+
+        # The train stage knows batches only as a BatchSource: mix's sampler over this run's
+        # token shards, built once train knows its seq_len; the mix section is hashed with it.
+        def train_stage(r: Recipe, force: bool) -> dict[str, Any]:
+            make_batches = partial(build_sampler, RunLayout(r.run_dir).token_shards, r.mix)
+            return train(r.model, r.train, r.mix, make_batches, r.eval.scoring(), r.run_dir, force)
+
+        return train_stage
     if stage == "eval":
         from kiln.evaluate.run import run as evaluate
         return lambda r, force: evaluate(r.eval, r.run_dir, force)
@@ -111,5 +122,5 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"  bits/byte {source:<6} {s['val_bpb_before'][source]:.3f} -> {after:.3f}")
     lines.append(f"sample: {s['sample']!r}")
     if not s["learned"]:
-        lines.append(f"WARNING: validation loss fell less than {MIN_LOSS_DROP:.0%}; train longer or raise train.lr")
+        lines.append(f"WARNING: validation loss fell less than {MIN_LOSS_DROP:.0%}; train longer or raise train.optim.lr")
     return "\n".join(lines)

@@ -37,7 +37,7 @@ class Recipe(Section):
     tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig, description="Encoding curated text to token shards.")
     mix: MixConfig = Field(default_factory=MixConfig, description="Drawing training sequences from sources.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The decoder's shape.")
-    train: TrainConfig = Field(default_factory=TrainConfig, description="Optimization.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="Training: length, batch, seed; optim, schedule, precision and checkpoint sub-sections.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Validation loss, perplexity, bits per byte.")
     generate: GenerateConfig = Field(default_factory=GenerateConfig, description="Sampling text from the trained model.")
 
@@ -77,7 +77,7 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     """Apply one `section.key=value` to nested dicts; the value is parsed as a YAML scalar."""
     key, sep, raw = assignment.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"--set {assignment!r}: expected section.key=value, e.g. --set train.lr=3e-4")
+        raise ConfigError(f"--set {assignment!r}: expected section.key=value, e.g. --set train.optim.lr=3e-4")
     parts = key.strip().split(".")
     node = data
     for part in parts[:-1]:

@@ -11,7 +11,7 @@ A point is named d<d_model>-l<n_layers>-s<steps>; finished points are skipped un
 On the demo corpus and 2 CPU cores the default grid (4 sizes x 3 step counts) takes about
 20 minutes: `kiln sweep --recipe demo` then
 `kiln plan fit --runs runs/demo/sweep --plot runs/demo/sweep/fit.png`.
-Not handled here: learning-rate tuning per size (the recipe's lr is used for every point),
+Not handled here: learning-rate tuning per size (the recipe's train.optim.lr is used for every point),
 launching on a cluster, or running points in parallel.
 """
 
@@ -89,7 +89,7 @@ def plan_sweep(recipe: str, overrides: list[str], sizes: list[tuple[int, int]], 
         for s in steps:
             point_overrides = (
                 f"model.d_model={d}", f"model.n_layers={layers}", f"model.n_heads={heads}", f"model.n_kv_heads={heads}",
-                f"train.steps={s}", f"train.warmup_steps={max(1, s // 10)}", "train.eval_at_start=false",
+                f"train.steps={s}", f"train.schedule.warmup_steps={max(1, s // 10)}", "train.eval_at_start=false",
             )
             r = load_recipe(recipe, [*overrides, *point_overrides])  # validates the point before any work
             cfg = r.model.resolved(vocab)

@@ -9,6 +9,7 @@ from torch import nn
 from kiln.evaluate.config import GenerateConfig
 from kiln.evaluate.generate import filter_logits, generate
 from kiln.model.config import ModelConfig
+from kiln.model.init import build_model
 from kiln.model.transformer import Transformer
 from kiln.text.specials import FIXED_SPECIALS
 from kiln.text.tokenizer import KilnTokenizer, train_bpe
@@ -64,9 +65,8 @@ def tokenizer() -> KilnTokenizer:
 
 
 def model_for(tokenizer: KilnTokenizer, max_seq_len: int = 32, seed: int = 0) -> Transformer:
-    torch.manual_seed(seed)
     cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=2, max_seq_len=max_seq_len)
-    return Transformer(cfg).eval()
+    return build_model(cfg, seed, "cpu").eval()
 
 
 def always_predicts(model: Transformer, token_id: int) -> Transformer:
@@ -157,3 +157,15 @@ def test_specials_other_than_end_of_document_are_never_generated(tokenizer: Kiln
     for cfg in (GenerateConfig(prompt="The ", max_new_tokens=6, temperature=0), GenerateConfig(prompt="The ", max_new_tokens=6, temperature=1.0, top_k=None, top_p=None, seed=3)):
         text = generate(model, tokenizer, cfg)
         assert text == "The " + tokenizer.decode([fox] * 6)
+
+
+def test_autocast_dtype_is_applied_and_keeps_a_clear_choice(tokenizer: KilnTokenizer) -> None:
+    # bf16 autocast (generate.precision.dtype) changes the matmuls, not a choice this clear.
+    token = tokenizer.encode("fox")[0]
+    cfg = GenerateConfig(prompt="The", max_new_tokens=4, temperature=0)
+    model = always_predicts(model_for(tokenizer), token)
+    assert generate(model, tokenizer, cfg, torch.bfloat16) == generate(model, tokenizer, cfg) == "The" + tokenizer.decode([token] * 4)
+    seen = []
+    model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    generate(model, tokenizer, cfg.model_copy(update={"max_new_tokens": 1}), torch.bfloat16)
+    assert seen == [torch.bfloat16]  # the head ran under autocast (the logits are cast back to fp32)

@@ -1,4 +1,5 @@
-"""kiln.mix.sampler.Sampler over real token shards written with TokenShardWriter."""
+"""kiln.mix.sampler.Sampler over real token shards written with TokenShardWriter: windows, weights,
+state, and the Batch records it hands the trainer."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch
 
 from kiln.core.errors import FatalError
 from kiln.core.tokenshards import TokenShard, TokenShardWriter
-from kiln.mix.sampler import Sampler
+from kiln.mix.config import MixConfig
+from kiln.mix.sampler import Sampler, build_sampler
+from kiln.model.batch import Batch
 
 SEQ_LEN = 16
 B_OFFSET = 20_000  # source b's token ids start here, so a window tells which source it came from
@@ -23,6 +26,14 @@ def write_shard(prefix: Path, tokens: np.ndarray, doc_len: int = 50) -> TokenSha
         writer.add(tokens[start : start + doc_len].tolist())
     writer.close()
     return TokenShard(prefix)
+
+
+def draw(sampler: Sampler, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(windows (B, SEQ_LEN + 1), source index per row (B,)) of the sampler's next Batch."""
+    batch = sampler.next_batch(batch_size)
+    # Inputs and targets are the window shifted by one: its first token, then every target.
+    windows = torch.cat([batch.input_ids_BT[:, :1], batch.targets_BT], dim=1)
+    return windows.numpy(), batch.source_B.numpy()
 
 
 @pytest.fixture
@@ -38,7 +49,7 @@ def test_windows_are_contiguous_slices_of_their_source(shards: dict[str, TokenSh
     sampler = Sampler(shards, {"a": 1, "b": 1}, SEQ_LEN, seed=0)
     assert sampler.sources == ["a", "b"]
     for _ in range(20):
-        windows, which = sampler.batch(8)
+        windows, which = draw(sampler, 8)
         assert windows.shape == (8, SEQ_LEN + 1) and windows.dtype == np.int64
         assert which.shape == (8,)
         for row, s in zip(windows, which):
@@ -52,7 +63,7 @@ def test_every_window_start_is_drawn_including_the_last(tmp_path: Path) -> None:
     # SEQ_LEN + 3 tokens hold exactly three windows, starting at 0, 1 and 2.
     shard = write_shard(tmp_path / "tiny", np.arange(SEQ_LEN + 3))
     sampler = Sampler({"tiny": shard}, None, SEQ_LEN, seed=0)
-    windows, _ = sampler.batch(300)
+    windows, _ = draw(sampler, 300)
     assert set(windows[:, 0].tolist()) == {0, 1, 2}
     assert windows[:, -1].max() == SEQ_LEN + 2  # the final token is reachable as a target
 
@@ -60,7 +71,7 @@ def test_every_window_start_is_drawn_including_the_last(tmp_path: Path) -> None:
 def test_weights_are_respected(shards: dict[str, TokenShard]) -> None:
     sampler = Sampler(shards, {"a": 3.0, "b": 1.0}, SEQ_LEN, seed=1)
     np.testing.assert_allclose(sampler.probs, [0.75, 0.25])
-    which = np.concatenate([sampler.batch(100)[1] for _ in range(40)])  # 4000 draws
+    which = np.concatenate([draw(sampler, 100)[1] for _ in range(40)])  # 4000 draws
     # Expected 3000 from a; the binomial std is sqrt(4000 * 0.75 * 0.25) = 27.4, allow about 5 std.
     assert abs(int((which == 0).sum()) - 3000) < 140
     assert sampler.tokens_by_source() == {"a": int((which == 0).sum()) * SEQ_LEN, "b": int((which == 1).sum()) * SEQ_LEN}
@@ -75,23 +86,23 @@ def test_a_source_left_out_or_zero_weighted_is_never_drawn(shards: dict[str, Tok
     for weights in ({"a": 1.0}, {"a": 1.0, "b": 0.0}):
         sampler = Sampler(shards, weights, SEQ_LEN, seed=3)
         assert sampler.sources == ["a"]
-        windows, which = sampler.batch(200)
+        windows, which = draw(sampler, 200)
         assert (which == 0).all() and windows.max() < B_OFFSET
 
 
 def test_state_dict_reproduces_the_next_batches(shards: dict[str, TokenShard], tmp_path: Path) -> None:
     original = Sampler(shards, {"a": 2, "b": 1}, SEQ_LEN, seed=4)
     for _ in range(3):
-        original.batch(8)
+        draw(original, 8)
     # Through torch.save/torch.load, as train_state.pt stores it.
     torch.save({"sampler": original.state_dict()}, tmp_path / "state.pt")
-    expected = [original.batch(8) for _ in range(2)]
+    expected = [draw(original, 8) for _ in range(2)]
 
     resumed = Sampler(shards, {"a": 2, "b": 1}, SEQ_LEN, seed=999)
     resumed.load_state_dict(torch.load(tmp_path / "state.pt")["sampler"])
     assert sum(resumed.tokens_by_source().values()) == 3 * 8 * SEQ_LEN  # the counts come with the state
     for windows, which in expected:
-        got_windows, got_which = resumed.batch(8)
+        got_windows, got_which = draw(resumed, 8)
         assert np.array_equal(got_windows, windows) and np.array_equal(got_which, which)
     assert resumed.tokens_by_source() == original.tokens_by_source()
     assert sum(resumed.tokens_by_source().values()) == 5 * 8 * SEQ_LEN
@@ -99,7 +110,7 @@ def test_state_dict_reproduces_the_next_batches(shards: dict[str, TokenShard], t
 
 def test_same_seed_same_batches_other_seed_other_batches(shards: dict[str, TokenShard]) -> None:
     one, two, other = (Sampler(shards, None, SEQ_LEN, seed=s) for s in (5, 5, 6))
-    a, b, c = one.batch(16)[0], two.batch(16)[0], other.batch(16)[0]
+    a, b, c = draw(one, 16)[0], draw(two, 16)[0], draw(other, 16)[0]
     assert np.array_equal(a, b)
     assert not np.array_equal(a, c)
 
@@ -128,7 +139,7 @@ def test_empty_source_is_skipped(shards: dict[str, TokenShard], tmp_path: Path) 
 def test_a_source_of_exactly_one_window_is_usable(tmp_path: Path) -> None:
     shard = write_shard(tmp_path / "one", np.arange(SEQ_LEN + 1))
     sampler = Sampler({"one": shard}, None, SEQ_LEN, seed=0)
-    windows, _ = sampler.batch(4)
+    windows, _ = draw(sampler, 4)
     assert (windows == np.arange(SEQ_LEN + 1)).all()
 
 
@@ -149,3 +160,26 @@ def test_no_usable_source_is_fatal(tmp_path: Path) -> None:
     short = write_shard(tmp_path / "short", np.arange(10))
     with pytest.raises(FatalError, match="no source has the 17 train tokens of one window"):
         Sampler({"short": short}, None, SEQ_LEN, seed=0)
+
+
+def test_next_batch_is_a_shifted_window_with_every_target_counted(shards: dict[str, TokenShard]) -> None:
+    sampler = Sampler(shards, None, SEQ_LEN, seed=7)
+    replay = Sampler(shards, None, SEQ_LEN, seed=7)
+    batch = sampler.next_batch(5)
+    assert isinstance(batch, Batch)
+    windows, which = draw(replay, 5)
+    assert batch.input_ids_BT.shape == batch.targets_BT.shape == batch.loss_mask_BT.shape == (5, SEQ_LEN)
+    assert batch.input_ids_BT.dtype == batch.targets_BT.dtype == torch.int64
+    assert np.array_equal(batch.input_ids_BT.numpy(), windows[:, :-1]) and np.array_equal(batch.targets_BT.numpy(), windows[:, 1:])
+    assert batch.loss_mask_BT.dtype == torch.bool and batch.loss_mask_BT.all()
+    assert batch.doc_ids_BT is None  # windows attend across document boundaries
+    assert np.array_equal(batch.source_B.numpy(), which)
+
+
+def test_build_sampler_reads_the_train_split(tmp_path: Path) -> None:
+    for source, n in (("a", 300), ("b", 200)):
+        (tmp_path / source).mkdir()
+        write_shard(tmp_path / source / "train", np.arange(n))
+    sampler = build_sampler(tmp_path, MixConfig(weights={"a": 1.0}, seed=3), SEQ_LEN)
+    assert sampler.sources == ["a"] and sampler.seq_len == SEQ_LEN
+    assert sampler.state_dict()["rng"] == Sampler({"a": TokenShard(tmp_path / "a" / "train")}, None, SEQ_LEN, seed=3).state_dict()["rng"]

@@ -13,6 +13,7 @@ from torch import nn
 from kiln.core.errors import FatalError
 from kiln.core.tokenshards import TokenShard, TokenShardWriter
 from kiln.model.config import ModelConfig
+from kiln.model.init import build_model
 from kiln.model.perplexity import evaluate_model
 from kiln.model.transformer import Transformer
 
@@ -88,8 +89,7 @@ def test_source_without_a_target_is_left_out_and_none_at_all_is_fatal(tmp_path: 
 
 
 def test_batch_size_does_not_change_results_and_mode_is_restored(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=2, max_seq_len=16))
+    model = build_model(ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=2, max_seq_len=16), seed=0, device="cpu")
     model.train()
     rng = np.random.default_rng(0)
     shards = {s: write_shard(tmp_path / s, rng.integers(0, 50, size=n).tolist(), vocab_size=50) for s, n in (("a", 300), ("b", 170))}
@@ -116,3 +116,12 @@ def test_overall_loss_is_token_weighted_and_bpb_is_bits_over_bytes(tmp_path: Pat
     assert results["all"]["tokens"] == 5 and results["all"]["bytes"] == 11
     assert results["all"]["loss"] == pytest.approx(2 * math.log(2), abs=1e-5)
     assert results["all"]["bpb"] == pytest.approx(10 / 11, abs=1e-5)
+
+
+def test_autocast_dtype_is_applied(tmp_path: Path) -> None:
+    model = build_model(ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=2, max_seq_len=16), seed=0, device="cpu")
+    shards = {"a": write_shard(tmp_path / "a", np.random.default_rng(0).integers(0, 50, size=200).tolist(), vocab_size=50)}
+    kwargs = {"token_bytes": np.full(50, 2), "seq_len": 16, "max_tokens_per_source": 10_000, "batch_size": 4}
+    fp32, bf16 = evaluate_model(model, shards, **kwargs), evaluate_model(model, shards, amp_dtype=torch.bfloat16, **kwargs)
+    assert bf16["all"]["loss"] == pytest.approx(fp32["all"]["loss"], abs=0.02)  # bf16 matmuls: close ...
+    assert bf16["all"]["loss"] != fp32["all"]["loss"]  # ... but not the fp32 numbers

@@ -13,7 +13,7 @@ from kiln.train.config import TrainConfig
 
 # The shape recipes/demo.yaml trains, spelled out so the worked numbers do not move with the recipe.
 DEMO_MODEL = ModelConfig(d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=256, tie_embeddings=True)
-DEMO_TRAIN = TrainConfig(steps=300, seq_len=256, micro_batch_size=16, grad_accum_steps=1, warmup_steps=30)
+DEMO_TRAIN = TrainConfig(steps=300, seq_len=256, micro_batch_size=16, global_batch_tokens=4096, schedule={"warmup_steps": 30})
 
 
 def test_demo_shape_plan_by_hand() -> None:
@@ -47,7 +47,7 @@ def test_6nd_is_within_20_percent_of_the_exact_count_for_the_demo_recipe(demo_pl
 @pytest.mark.parametrize("tied", [True, False])
 def test_train_flops_is_flops_per_token_times_tokens(tied: bool) -> None:
     model = ModelConfig(d_model=64, n_layers=3, n_heads=4, n_kv_heads=1, tie_embeddings=tied)
-    train = TrainConfig(steps=50, seq_len=128, micro_batch_size=4, grad_accum_steps=3, warmup_steps=5)
+    train = TrainConfig(steps=50, seq_len=128, micro_batch_size=4, global_batch_tokens=3 * 4 * 128, schedule={"warmup_steps": 5})
     plan = plan_training(model, train.seq_len, train.steps * train.tokens_per_step, vocab_size=1000)
     resolved = model.resolved(1000)
     assert plan["tokens"] == 50 * 128 * 4 * 3

@@ -1,4 +1,5 @@
-"""kiln.train.loop.train on a real miniature run, then the eval and generate stages on its checkpoint.
+"""The train stage (kiln.train.run, kiln.train.loop) on a real miniature run, wired as kiln.pipeline
+wires it, then the eval and generate stages on its checkpoint.
 
 The run is built once per module: curate (stdlib email package as `code`, the system's license
 texts as `legal`), a 512-token BPE, token shards, then 40 steps of a 2-layer d_model 64 model on
@@ -12,12 +13,14 @@ import math
 import shutil
 import sysconfig
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from kiln.core.errors import FatalError
 from kiln.core.manifest import sha256_file
@@ -34,10 +37,13 @@ from kiln.evaluate.generate import generate
 from kiln.evaluate.generate import run as generate_stage
 from kiln.evaluate.run import run as eval_stage
 from kiln.mix.config import MixConfig
+from kiln.mix.sampler import build_sampler
+from kiln.model.attention import CAUSAL
+from kiln.model.batch import Batch
 from kiln.model.config import ModelConfig, count_params, flops_per_token
 from kiln.model.init import build_model
-from kiln.model.perplexity import evaluate_model
-from kiln.model.transformer import lm_loss
+from kiln.model.perplexity import ScoringConfig, evaluate_model
+from kiln.model.precision import Precision
 from kiln.model.weights import load_trained_model
 from kiln.text.tokenizer import KilnTokenizer
 from kiln.tokenize.config import TokenizeConfig, TokenizerConfig
@@ -45,15 +51,28 @@ from kiln.tokenize.encode import run as encode
 from kiln.tokenize.train import run as train_tokenizer
 from kiln.train import loop
 from kiln.train.config import TrainConfig
-from kiln.train.loop import build_device, build_sampler, train
+from kiln.train.loop import build_precision
+from kiln.train.loss import lm_loss
+from kiln.train.monitor import Monitor
+from kiln.train.run import run
 from kiln.train.schedule import lr_at
 
 STEPS = 40
 MODEL = ModelConfig(d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=64)
-TRAIN = TrainConfig(steps=STEPS, seq_len=64, micro_batch_size=8, warmup_steps=4, lr=1e-2, device="cpu")
+TRAIN = TrainConfig(steps=STEPS, seq_len=64, micro_batch_size=8, optim={"lr": 1e-2}, schedule={"warmup_steps": 4}, precision={"device": "cpu"})
 MIX = MixConfig(seed=0)
 EVAL = EvalConfig(max_tokens_per_source=4096, batch_size=8)
 UPSTREAM_STAGES = ("curate", "tokenizer", "tokenize")
+
+
+def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: EvalConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
+    """The train stage as kiln.pipeline wires it: mix's sampler over the run's train split."""
+    return run(model_cfg, cfg, mix, partial(build_sampler, Path(run_dir) / "tokenize", mix), eval_cfg.scoring(), run_dir, force)
+
+
+def train_cfg(**update: Any) -> TrainConfig:
+    """TRAIN with some keys replaced, validated (model_copy would skip the checks)."""
+    return TrainConfig.model_validate({**TRAIN.model_dump(), **update})
 
 
 def fingerprint_of(run_dir: Path, stage: str) -> str:
@@ -134,7 +153,7 @@ def test_metrics_has_one_line_per_step(trained: tuple[Path, dict]) -> None:
     for r in steps:
         assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= r.keys()
         assert math.isfinite(r["loss"]) and r["grad_norm"] > 0 and r["tokens_per_s"] > 0
-        assert r["lr"] == pytest.approx(lr_at(r["step"], TRAIN.lr, TRAIN.warmup_steps, STEPS, TRAIN.min_lr_ratio))
+        assert r["lr"] == pytest.approx(lr_at(r["step"], TRAIN.optim.lr, TRAIN.schedule.warmup_steps, STEPS, TRAIN.schedule.min_lr_ratio))
         assert r["mfu"] is None  # no peak is guessed for a CPU
         # Per-source losses average (by rows) to the step loss, so it lies between them.
         assert set(r["loss_by_source"]) <= {"code", "legal"} and r["loss_by_source"]
@@ -172,7 +191,7 @@ def test_checkpoint_is_saved_with_its_training_state(trained: tuple[Path, dict])
     state = torch.load(ckpt / "train_state.pt", weights_only=False)
     assert state["step"] == STEPS
     assert len(state["optimizer"]["state"]) == len(list(model.parameters()))
-    sampler = build_sampler(run_dir / "tokenize", MIX, TRAIN)
+    sampler = build_sampler(run_dir / "tokenize", MIX, TRAIN.seq_len)
     sampler.load_state_dict(state["sampler"])
     assert sampler.tokens_by_source() == manifest["counts"]["tokens_by_source"]
 
@@ -229,8 +248,15 @@ def test_same_seed_trains_identically_and_rerun_is_skipped_unless_forced(trained
     assert skipped == json.loads((copy / "train" / "manifest.json").read_text()) == second
     assert marker.exists()
 
+    # Another config over a folder with checkpoints: refused before any work, nothing touched.
+    with pytest.raises(FatalError, match=r"holds checkpoints of an earlier training run .*pass --force to move it aside"):
+        train(MODEL, train_cfg(seed=5), MIX, EVAL, copy)
+    assert marker.exists() and not (copy / "train.partial").exists()
+
     forced = train(MODEL, TRAIN, MIX, EVAL, copy, force=True)
-    assert not marker.exists()  # the stage directory was emptied and rebuilt
+    assert not marker.exists()  # a fresh stage directory was built ...
+    [aside] = [p for p in copy.iterdir() if p.name.startswith("train.old-")]
+    assert (aside / "marker").exists() and (aside / "checkpoint" / "model.safetensors").is_file()  # ... and the old one kept
     assert forced["counts"]["final_train_loss"] == second["counts"]["final_train_loss"]
     assert len(step_records(copy)) == STEPS  # metrics were rewritten, not appended
     # Same weights, new timings in metrics.jsonl: the fingerprint (what downstream stages check) is unchanged.
@@ -240,11 +266,11 @@ def test_same_seed_trains_identically_and_rerun_is_skipped_unless_forced(trained
 def test_other_seed_trains_differently(trained: tuple[Path, dict], tmp_path: Path) -> None:
     run_dir, first = trained
     copy = copy_tokenized(run_dir, tmp_path / "copy")
-    cfg = TRAIN.model_copy(update={"steps": 3, "warmup_steps": 1, "seed": 1, "eval_at_start": False})
-    same_data = TRAIN.model_copy(update={"steps": 3, "warmup_steps": 1, "eval_at_start": False})
+    cfg = train_cfg(steps=3, schedule={"warmup_steps": 1}, seed=1, eval_at_start=False)
+    same_data = train_cfg(steps=3, schedule={"warmup_steps": 1}, eval_at_start=False)
     train(MODEL, cfg, MIX, EVAL, copy)
     other_seed = step_records(copy)[0]
-    train(MODEL, same_data, MIX, EVAL, copy)
+    train(MODEL, same_data, MIX, EVAL, copy, force=True)  # force: the first run's checkpoint is moved aside
     assert step_records(copy)[0]["loss"] == step_records(run_dir)[0]["loss"]  # seed 0 again: same first step
     assert other_seed["loss"] != step_records(run_dir)[0]["loss"]
 
@@ -258,14 +284,16 @@ def test_gradient_accumulation_equals_one_big_batch(trained: tuple[Path, dict], 
     """
     run_dir, _ = trained
     copy = copy_tokenized(run_dir, tmp_path / "copy")
-    cfg = TRAIN.model_copy(update={"steps": 2, "warmup_steps": 1, "grad_accum_steps": 2, "eval_at_start": False})
+    cfg = train_cfg(steps=2, schedule={"warmup_steps": 1}, global_batch_tokens=2 * 8 * 64, eval_at_start=False)
+    assert cfg.grad_accum_steps == 2
     train(MODEL, cfg, MIX, EvalConfig(max_tokens_per_source=64), copy)
     logged = step_records(copy)[0]
 
     model = build_model(MODEL.resolved(512), cfg.seed, torch.device("cpu"))
-    sampler = build_sampler(copy / "tokenize", MIX, cfg)
-    windows = torch.from_numpy(np.concatenate([sampler.batch(8)[0], sampler.batch(8)[0]]))  # (16, 65)
-    loss = lm_loss(model(windows[:, :-1]), windows[:, 1:])
+    sampler = build_sampler(copy / "tokenize", MIX, cfg.seq_len)
+    first, second = sampler.next_batch(8), sampler.next_batch(8)
+    inputs, targets = torch.cat([first.input_ids_BT, second.input_ids_BT]), torch.cat([first.targets_BT, second.targets_BT])  # (16, 64)
+    loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
     assert logged["loss"] == pytest.approx(loss.item(), abs=2e-5)
@@ -288,7 +316,7 @@ def test_step_one_throughput_excludes_the_baseline_evaluation(trained: tuple[Pat
         return slow_evaluate
 
     monkeypatch.setattr(loop, "validation_scorer", slow_scorer)
-    train(MODEL, TRAIN.model_copy(update={"steps": 2, "warmup_steps": 1}), MIX, EvalConfig(max_tokens_per_source=64), copy)
+    train(MODEL, train_cfg(steps=2, schedule={"warmup_steps": 1}), MIX, EvalConfig(max_tokens_per_source=64), copy)
     first = step_records(copy)[0]
     # One step of 512 tokens on a 130k-parameter model takes milliseconds; the clock starts after
     # the step-0 evaluation, so its 1.5 s must not show up in step 1.
@@ -298,12 +326,12 @@ def test_step_one_throughput_excludes_the_baseline_evaluation(trained: tuple[Pat
 
 def test_periodic_checkpoints_do_not_change_training(trained: tuple[Path, dict], tmp_path: Path) -> None:
     run_dir, _ = trained
-    short = TRAIN.model_copy(update={"steps": 4, "warmup_steps": 1, "eval_at_start": False})
+    short = train_cfg(steps=4, schedule={"warmup_steps": 1}, eval_at_start=False)
     plain = copy_tokenized(run_dir, tmp_path / "plain")
     periodic = copy_tokenized(run_dir, tmp_path / "periodic")
     tiny_eval = EvalConfig(max_tokens_per_source=64)
     train(MODEL, short, MIX, tiny_eval, plain)
-    manifest = train(MODEL, short.model_copy(update={"checkpoint_every": 1}), MIX, tiny_eval, periodic)
+    manifest = train(MODEL, train_cfg(steps=4, schedule={"warmup_steps": 1}, eval_at_start=False, checkpoint={"every": 1}), MIX, tiny_eval, periodic)
     assert sha256_file(plain / "train" / "checkpoint" / "model.safetensors") == sha256_file(periodic / "train" / "checkpoint" / "model.safetensors")
     assert torch.load(periodic / "train" / "checkpoint" / "train_state.pt", weights_only=False)["step"] == 4
     assert sorted(p.name for p in (periodic / "train").iterdir()) == ["checkpoint", "manifest.json", "metrics.jsonl", "summary.txt"]  # no .tmp left
@@ -330,20 +358,20 @@ def test_generate_before_train_is_fatal(trained: tuple[Path, dict], tmp_path: Pa
 
 def test_mix_weights_steer_training_tokens(trained: tuple[Path, dict], tmp_path: Path) -> None:
     copy = copy_tokenized(trained[0], tmp_path / "copy")
-    cfg = TRAIN.model_copy(update={"steps": 2, "warmup_steps": 1, "eval_at_start": False})
+    cfg = train_cfg(steps=2, schedule={"warmup_steps": 1}, eval_at_start=False)
     counts = train(MODEL, cfg, MixConfig(weights={"code": 1.0}), EvalConfig(max_tokens_per_source=64), copy)["counts"]
     assert counts["tokens_by_source"] == {"code": 2 * 8 * 64}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised when no CUDA device is visible")
 def test_cuda_requested_without_a_device_is_fatal() -> None:
-    with pytest.raises(FatalError, match="no CUDA device is visible"):
-        build_device(TrainConfig(device="cuda"))
+    with pytest.raises(FatalError, match=r"train\.precision\.device is cuda but no CUDA device is visible"):
+        build_precision(TrainConfig(precision={"device": "cuda"}))
 
 
 def test_auto_precision_is_fp32_on_cpu() -> None:
-    assert build_device(TrainConfig(device="cpu")) == (torch.device("cpu"), None)
-    assert build_device(TrainConfig(device="cpu", precision="bf16")) == (torch.device("cpu"), torch.bfloat16)
+    assert build_precision(TrainConfig(precision={"device": "cpu"})) == Precision(torch.device("cpu"), None)
+    assert build_precision(TrainConfig(precision={"device": "cpu", "dtype": "bf16"})) == Precision(torch.device("cpu"), torch.bfloat16)
 
 
 @pytest.mark.gpu
@@ -351,7 +379,7 @@ def test_auto_precision_is_fp32_on_cpu() -> None:
 def test_cuda_bf16_training_learns_and_loads_on_cpu(trained: tuple[Path, dict], tmp_path: Path) -> None:
     run_dir, first = trained
     copy = copy_tokenized(run_dir, tmp_path / "copy")
-    manifest = train(MODEL, TRAIN.model_copy(update={"device": "cuda"}), MIX, EVAL, copy)
+    manifest = train(MODEL, train_cfg(precision={"device": "cuda"}), MIX, EVAL, copy)
     assert manifest["counts"]["device"].startswith("cuda")
     losses = [r["loss"] for r in step_records(copy)]
     assert np.mean(losses[-5:]) < losses[0] - 0.8
@@ -367,12 +395,80 @@ def test_damaged_train_shard_is_refused(trained: tuple[Path, dict], tmp_path: Pa
     data = bytearray(shard.read_bytes())
     data[100] ^= 0x01  # same length, one bit different: only the checksum can tell
     shard.write_bytes(bytes(data))
-    cfg = TRAIN.model_copy(update={"steps": 2, "warmup_steps": 1})
-    with pytest.raises(FatalError, match="checksum does not match"):
+    cfg = train_cfg(steps=2, schedule={"warmup_steps": 1})
+    # The stage compares its inputs with the tokenize manifest before anything is read ...
+    with pytest.raises(FatalError, match="train.bin changed after the tokenize stage wrote it"):
         train(MODEL, cfg, MIX, EVAL, copy, force=True)
+    # ... and the sampler verifies the shards' own checksums too.
+    with pytest.raises(FatalError, match="checksum does not match"):
+        build_sampler(copy / "tokenize", MIX, cfg.seq_len)
 
 
 def test_eval_window_longer_than_the_checkpoint_is_fatal(trained: tuple[Path, dict], tmp_path: Path, cpu_only: None) -> None:
     copy = Path(shutil.copytree(trained[0], tmp_path / "copy"))
     with pytest.raises(FatalError, match="exceeds the checkpoint's max_seq_len 64"):
         eval_stage(EvalConfig(seq_len=128), copy)
+
+
+class HalfMaskedDocuments:
+    """A BatchSource around mix's sampler: loss on the second half of each row only, and each
+    row cut into three documents (as if packed), attention kept inside each."""
+
+    def __init__(self, run_dir: Path, seq_len: int):
+        self.inner = build_sampler(run_dir / "tokenize", MIX, seq_len)
+        self.sources, self.batches = self.inner.sources, []
+
+    def next_batch(self, batch_size: int) -> Batch:
+        b = self.inner.next_batch(batch_size)
+        B, T = b.input_ids_BT.shape
+        mask = torch.zeros(B, T, dtype=torch.bool)
+        mask[:, T // 2 :] = True
+        position = torch.arange(T)
+        doc_ids = ((position >= T // 3).long() + (position >= 2 * T // 3).long()).expand(B, T)  # 0.. 1.. 2..
+        self.batches.append(Batch(b.input_ids_BT, b.targets_BT, mask, doc_ids, b.source_B))
+        return self.batches[-1]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)
+
+    def tokens_by_source(self) -> dict[str, int]:
+        return self.inner.tokens_by_source()
+
+
+def test_the_loop_trains_on_any_batch_source_with_its_masks_and_documents(trained: tuple[Path, dict], tmp_path: Path) -> None:
+    run_dir, _ = trained
+    source = HalfMaskedDocuments(run_dir, TRAIN.seq_len)
+    cfg = train_cfg(steps=2, schedule={"warmup_steps": 1}, eval_at_start=False)
+    (tmp_path / "out").mkdir()
+    result = loop.train(MODEL.resolved(512), cfg, source, ScoringConfig(max_tokens_per_source=64), run_dir, tmp_path / "out")
+    assert result.val_before is None and result.val_after["all"]["tokens"] > 0
+    assert [p.name for p in result.checkpoint] == ["model.safetensors", "config.json", "train_state.pt"]
+    # Step 1's logged loss is the untrained model's loss on the kept half of its batch, with
+    # attention kept inside documents: recompute it from the same weights and batch.
+    batch = source.batches[0]
+    model = build_model(MODEL.resolved(512), cfg.seed, torch.device("cpu"))
+    with torch.no_grad():
+        expected = lm_loss(model(batch.input_ids_BT, rule=CAUSAL.within_documents(batch.doc_ids_BT)), batch).row_mean_B.mean().item()
+        across = lm_loss(model(batch.input_ids_BT), batch).row_mean_B.mean().item()
+    logged = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()][0]
+    assert logged["loss"] == pytest.approx(expected, abs=2e-5)
+    assert logged["loss"] != pytest.approx(across, abs=2e-5)  # the document mask did matter
+
+
+def test_only_rank_0_writes_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    monitor = Monitor(tmp_path / "metrics.jsonl", total_steps=1, tokens_per_step=8, flops_per_token=1, device=torch.device("cpu"))
+    monitor.log_eval(0, {"all": {}})
+    monitor.start(step=0)
+    monitor.log_step(1, 2.0, {"code": 2.0}, 1e-3, 0.5)
+    monitor.close()
+    assert not (tmp_path / "metrics.jsonl").exists()
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
+    monitor = Monitor(tmp_path / "metrics.jsonl", total_steps=1, tokens_per_step=8, flops_per_token=1, device=torch.device("cpu"))
+    monitor.log_step(1, 2.0, {"code": 2.0}, 1e-3, 0.5)
+    monitor.close()
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["loss"] == 2.0

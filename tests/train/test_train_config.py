@@ -1,24 +1,69 @@
-"""kiln.train.config.TrainConfig: cross-field checks and derived sizes."""
+"""kiln.train.config.TrainConfig: sub-sections, batch geometry from global_batch_tokens, moved keys."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
+from kiln.core.manifest import config_hash
 from kiln.train.config import TrainConfig
 
 
-def test_tokens_per_step_is_the_product_of_the_batch_geometry() -> None:
-    assert TrainConfig(seq_len=64, micro_batch_size=8, grad_accum_steps=3).tokens_per_step == 64 * 8 * 3
+def test_accumulation_follows_from_global_batch_tokens() -> None:
+    cfg = TrainConfig(seq_len=64, micro_batch_size=8, global_batch_tokens=64 * 8 * 3)
+    assert cfg.grad_accum_steps == 3 and cfg.tokens_per_step == 1536
+    # None: one micro-batch per step.
+    default = TrainConfig(seq_len=64, micro_batch_size=8)
+    assert default.grad_accum_steps == 1 and default.tokens_per_step == 512
+
+
+def test_global_batch_that_does_not_divide_is_refused_with_the_numbers() -> None:
+    with pytest.raises(ValidationError, match=r"global_batch_tokens \(1000\) is not a multiple of micro_batch_size \* seq_len \* data-parallel ranks \(8 \* 64 \* 1 = 512\); use a multiple such as 1024"):
+        TrainConfig(seq_len=64, micro_batch_size=8, global_batch_tokens=1000)
+    with pytest.raises(ValidationError, match="use a multiple such as 512"):
+        TrainConfig(seq_len=64, micro_batch_size=8, global_batch_tokens=100)
 
 
 def test_warmup_must_be_below_steps() -> None:
-    with pytest.raises(ValidationError, match=r"warmup_steps \(10\) must be below steps \(10\)"):
-        TrainConfig(steps=10, warmup_steps=10)
-    assert TrainConfig(steps=10, warmup_steps=9).warmup_steps == 9
+    with pytest.raises(ValidationError, match=r"schedule.warmup_steps \(10\) must be below steps \(10\)"):
+        TrainConfig(steps=10, schedule={"warmup_steps": 10})
+    assert TrainConfig(steps=10, schedule={"warmup_steps": 9}).schedule.warmup_steps == 9
 
 
-@pytest.mark.parametrize("bad", [{"lr": 0}, {"lr": 2.0}, {"beta2": 1.0}, {"grad_clip": 0}, {"device": "tpu"}, {"micro_batch_size": 0}])
-def test_out_of_range_values_are_rejected(bad: dict) -> None:
-    with pytest.raises(ValidationError, match=next(iter(bad))):
+@pytest.mark.parametrize(
+    ("bad", "where"),
+    [({"optim": {"lr": 0}}, "lr"), ({"optim": {"lr": 2.0}}, "lr"), ({"optim": {"beta2": 1.0}}, "beta2"), ({"optim": {"grad_clip": 0}}, "grad_clip"),
+     ({"precision": {"device": "tpu"}}, "device"), ({"precision": {"dtype": "fp16"}}, "dtype"), ({"micro_batch_size": 0}, "micro_batch_size"), ({"checkpoint": {"every": 0}}, "every")],
+)
+def test_out_of_range_values_are_rejected(bad: dict, where: str) -> None:
+    with pytest.raises(ValidationError, match=where):
         TrainConfig(**bad)
+
+
+@pytest.mark.parametrize(
+    ("old", "message"),
+    [
+        ({"lr": 1e-3}, "train.lr moved to train.optim.lr"),
+        ({"weight_decay": 0.0}, "train.weight_decay moved to train.optim.weight_decay"),
+        ({"beta1": 0.8}, "train.beta1 moved to train.optim.beta1"),
+        ({"beta2": 0.99}, "train.beta2 moved to train.optim.beta2"),
+        ({"grad_clip": None}, "train.grad_clip moved to train.optim.grad_clip"),
+        ({"warmup_steps": 5}, "train.warmup_steps moved to train.schedule.warmup_steps"),
+        ({"min_lr_ratio": 0.0}, "train.min_lr_ratio moved to train.schedule.min_lr_ratio"),
+        ({"device": "cpu"}, "train.device moved to train.precision.device"),
+        ({"precision": "bf16"}, "train.precision is a section now: use train.precision.dtype=bf16"),
+        ({"checkpoint_every": 10}, "train.checkpoint_every moved to train.checkpoint.every"),
+        ({"grad_accum_steps": 2}, "train.grad_accum_steps is replaced by train.global_batch_tokens"),
+    ],
+)
+def test_keys_of_the_flat_section_name_their_new_home(old: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message.replace(".", r"\.")):
+        TrainConfig(**old)
+
+
+def test_speed_only_settings_do_not_change_the_hash() -> None:
+    base = config_hash({"train": TrainConfig()})
+    for same in ({"threads": 2}, {"eval_at_start": False}, {"checkpoint": {"every": 5}}):
+        assert config_hash({"train": TrainConfig(**same)}) == base, same
+    for other in ({"optim": {"lr": 1e-3}}, {"schedule": {"min_lr_ratio": 0.0}}, {"precision": {"dtype": "bf16"}}, {"global_batch_tokens": 8192}):
+        assert config_hash({"train": TrainConfig(**other)}) != base, other

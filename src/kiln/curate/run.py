@@ -30,7 +30,7 @@ from kiln.core.atomic import save_npy
 from kiln.core.docshards import SUFFIX
 from kiln.core.errors import FatalError
 from kiln.core.executors import Executor, build_executor
-from kiln.core.layout import CURATE, SHARDS
+from kiln.core.layout import CURATE, SHARDS, SUMMARY
 from kiln.core.manifest import Stage
 from kiln.curate.config import CurateConfig
 from kiln.curate.dedup.minhash import memory_estimate
@@ -86,8 +86,7 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     models, cfg_for_tasks = quality_models(cfg, run_dir)
     inputs |= models  # so does a retrained quality model
     stage = Stage(run_dir, CURATE, {"curate": cfg}, inputs=inputs)
-    if not force and (done := stage.current_manifest()):
-        log.info("curate: up to date (%s docs kept); nothing to do. Use --force to redo.", done["counts"]["docs_out"])
+    if done := stage.up_to_date(force, lambda m: f"{m['counts']['docs_out']} docs kept"):
         return done
     check_quality_models(cfg_for_tasks)
     stage.begin(resume=not force)
@@ -116,13 +115,14 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     near: dict[str, Any] = {}
     contamination_index = None
     try:
+        # First: a malformed evaluation set stops the run before any document is read.
+        contamination_index = build_contamination_index(cfg, stage.dir / "work" / "decontaminate") if eval_sets else None
         read = phase("read", jobs("read"), raw_bytes, "B")
         boilerplate_path = stage.dir / "work" / "lines" / "boilerplate.npy"
         if cfg.line_dedup.enabled and not boilerplate_path.is_file():
             phase("lines", jobs("lines", partitions))
             parts = [np.load(stage.dir / "work" / "lines" / f"{p:05d}.npy") for p in range(partitions)]
             save_npy(boilerplate_path, np.concatenate(parts))
-        contamination_index = build_contamination_index(cfg, stage.dir / "work" / "decontaminate") if eval_sets else None
         filtered = phase("filter", jobs("filter"), raw_bytes, "B")
         if cfg.exact_dedup.enabled:
             phase("dedup", jobs("dedup", partitions))
@@ -142,7 +142,7 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     counts = {**totals(ledger), **({"minhash": near} if near else {})}
     shards = sorted((stage.dir / SHARDS).glob("*" + SUFFIX))
     if counts["docs_out"] == 0:
-        log.warning("curate: no document was kept (%d in); see %s and %s", counts["docs_in"], stage.dir / "summary.txt", stage.dir / "quarantine.jsonl")
+        log.warning("curate: no document was kept (%d in); see %s and %s", counts["docs_in"], stage.final_dir / SUMMARY, stage.final_dir / "quarantine.jsonl")
     # phase timings vary from run to run: beside the counts, never in them
     summary = format_summary(counts, funnel_rows(cfg)) + ("\n" + format_report(report) if report is not None else "")
     return stage.finish(shards + outputs, counts, summary, extra={"phases": timings})

@@ -1,17 +1,24 @@
-"""The `eval` and `generate` recipe sections."""
+"""The `eval` and `generate` recipe sections.
+
+`eval` is the validation scorer's settings (kiln.model.perplexity.ScoringConfig, shared with the
+trainer's monitoring evaluations) plus where and in what precision the eval stage runs the model.
+"""
 
 from __future__ import annotations
 
 from pydantic import Field
 
 from kiln.core.config import Section
+from kiln.model.perplexity import ScoringConfig
+from kiln.model.precision import PrecisionConfig
 
 
-class EvalConfig(Section):
-    NOT_HASHED = frozenset({"batch_size"})
-    seq_len: int | None = Field(default=None, ge=2, description="Window length for validation loss (tokens); None means the seq_len the checkpoint was trained with.")
-    max_tokens_per_source: int = Field(default=65536, ge=1, description="Validation tokens scored per source (from the start of its split).")
-    batch_size: int = Field(default=8, ge=1, description="Windows per forward pass.")
+class EvalConfig(ScoringConfig):
+    precision: PrecisionConfig = Field(default_factory=PrecisionConfig, description="Device and matmul precision of the eval stage (auto: bf16 autocast on cuda, fp32 on cpu).")
+
+    def scoring(self) -> ScoringConfig:
+        """The scoring settings alone: what the trainer's monitoring evaluations take."""
+        return ScoringConfig.model_validate(self.model_dump(include=set(ScoringConfig.model_fields)))
 
 
 class GenerateConfig(Section):
@@ -21,3 +28,4 @@ class GenerateConfig(Section):
     top_k: int | None = Field(default=50, ge=1, description="Keep only the k most likely tokens; None disables.")
     top_p: float | None = Field(default=0.95, gt=0, le=1, description="Nucleus sampling: keep the smallest set with this much probability; None disables.")
     seed: int = Field(default=0, description="Sampling seed.")
+    precision: PrecisionConfig = Field(default_factory=PrecisionConfig, description="Device and matmul precision of sampling (auto: bf16 autocast on cuda, fp32 on cpu).")

@@ -1,7 +1,8 @@
 """Sampling text from a trained model: temperature, top-k and top-p (nucleus).
 
 Each new token reruns the model on the last max_seq_len tokens (no KV cache yet): fine for
-demo-sized models and short samples, and the logits are exactly the training forward's.
+demo-sized models and short samples, and the logits are exactly the training forward's. Device
+and autocast come from generate.precision (kiln.model.precision).
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from typing import Any
 
 import torch
 
-from kiln.core.layout import GENERATE, TRAIN, RunLayout
+from kiln.core.layout import GENERATE, SUMMARY, TRAIN, RunLayout
 from kiln.core.manifest import Stage
 from kiln.evaluate.config import GenerateConfig
+from kiln.model.precision import autocast, resolve_precision
 from kiln.model.transformer import Transformer
 from kiln.model.weights import CONFIG, WEIGHTS, load_trained_model
 from kiln.text.tokenizer import KilnTokenizer
@@ -37,7 +39,8 @@ def filter_logits(logits_V: torch.Tensor, top_k: int | None, top_p: float | None
 
 
 @torch.no_grad()
-def generate(model: Transformer, tokenizer: KilnTokenizer, cfg: GenerateConfig) -> str:
+def generate(model: Transformer, tokenizer: KilnTokenizer, cfg: GenerateConfig, amp_dtype: torch.dtype | None = None) -> str:
+    """The prompt and its continuation; amp_dtype is the autocast dtype (None: plain fp32)."""
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     ids = tokenizer.encode(cfg.prompt) or [tokenizer.eot_id]  # an empty prompt starts a fresh document
@@ -47,7 +50,8 @@ def generate(model: Transformer, tokenizer: KilnTokenizer, cfg: GenerateConfig) 
     banned = torch.tensor([i for i in tokenizer.specials.values() if i != tokenizer.eot_id], device=device)
     for _ in range(cfg.max_new_tokens):
         context = torch.tensor([ids[-model.cfg.max_seq_len :]], device=device)
-        logits_V = model(context)[0, -1]
+        with autocast(device, amp_dtype):
+            logits_V = model(context)[0, -1]  # fp32 logits of the last position
         logits_V[banned] = float("-inf")
         if cfg.temperature == 0:
             next_id = int(logits_V.argmax())
@@ -66,10 +70,10 @@ def run(cfg: GenerateConfig, run_dir: Path, force: bool = False) -> dict[str, An
     layout = RunLayout(run_dir)
     ckpt, tok_path = layout.checkpoint, layout.tokenizer_json
     stage = Stage(run_dir, GENERATE, {"generate": cfg}, [ckpt / WEIGHTS, ckpt / CONFIG, tok_path], upstream=[TRAIN])
-    if not force and (done := stage.current_manifest()):
-        log.info("generate: up to date; the sample is in %s", stage.dir / "summary.txt")
+    if done := stage.up_to_date(force, lambda m: f"the sample is in {stage.final_dir / SUMMARY}"):
         return done
     stage.begin()
-    model = load_trained_model(ckpt, "cuda" if torch.cuda.is_available() else "cpu")
-    text = generate(model, KilnTokenizer.load(tok_path), cfg)
+    precision = resolve_precision(cfg.precision, "generate")
+    model = load_trained_model(ckpt, precision.device)
+    text = generate(model, KilnTokenizer.load(tok_path), cfg, precision.amp_dtype)
     return stage.finish([], {"sample": text, "chars": len(text)}, text)

@@ -2,7 +2,8 @@
 
 "before" rebuilds the untrained model from the train stage's model config and seed (the
 trainer's own initialization), so before and after are measured on the same windows with the
-same settings whenever eval runs.
+same settings whenever eval runs. Device and autocast come from eval.precision
+(kiln.model.precision); with the defaults they match the trainer's, and so do the numbers.
 """
 
 from __future__ import annotations
@@ -11,15 +12,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from kiln.core.errors import FatalError
 from kiln.core.layout import EVAL, TOKENIZE, TRAIN, RunLayout
-from kiln.core.manifest import Stage, read_manifest
+from kiln.core.manifest import Stage, read_manifest, recorded_outputs
 from kiln.evaluate.config import EvalConfig
 from kiln.model.config import ModelConfig
 from kiln.model.init import build_model
 from kiln.model.perplexity import format_results, validation_scorer
+from kiln.model.precision import resolve_precision
 from kiln.model.weights import CONFIG, WEIGHTS, load_trained_model
 
 log = logging.getLogger("kiln.eval")
@@ -33,18 +33,17 @@ def run(cfg: EvalConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
     # current train.seq_len); the resolved window is what gets hashed.
     cfg = cfg.model_copy(update={"seq_len": cfg.seq_len or trained["config"]["train"]["seq_len"]})
     ckpt, tok_path = layout.checkpoint, layout.tokenizer_json
-    inputs = [ckpt / WEIGHTS, ckpt / CONFIG, tok_path, *sorted(layout.token_shards.glob("*/val.*"))]
+    inputs = [ckpt / WEIGHTS, ckpt / CONFIG, tok_path, *(p for p in recorded_outputs(layout.token_shards) if p.name.startswith("val."))]
     stage = Stage(run_dir, EVAL, {"eval": cfg}, inputs, upstream=[TOKENIZE, TRAIN])
-    if not force and (done := stage.current_manifest()):
-        log.info("eval: up to date (val bpb %.3f); nothing to do. Use --force to redo.", done["counts"]["after"]["all"]["bpb"])
+    if done := stage.up_to_date(force, lambda m: f"val bpb {m['counts']['after']['all']['bpb']:.3f}"):
         return done
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = load_trained_model(ckpt, device)
+    precision = resolve_precision(cfg.precision, "eval")
+    model = load_trained_model(ckpt, precision.device)
     if cfg.seq_len > model.cfg.max_seq_len:
         raise FatalError(f"eval.seq_len {cfg.seq_len} exceeds the checkpoint's max_seq_len {model.cfg.max_seq_len}; lower eval.seq_len")
     stage.begin()
-    score = validation_scorer(run_dir, cfg.seq_len, cfg.max_tokens_per_source, cfg.batch_size)
+    score = validation_scorer(run_dir, cfg, precision.amp_dtype)
     after = score(model)
-    before = score(build_model(ModelConfig.model_validate(trained["model"]), trained["config"]["train"]["seed"], torch.device(device)))
+    before = score(build_model(ModelConfig.model_validate(trained["model"]), trained["config"]["train"]["seed"], precision.device))
     summary = f"after training:\n{format_results(after)}\nbefore training (same initialization):\n{format_results(before)}"
     return stage.finish([], {"after": after, "before": before}, summary)

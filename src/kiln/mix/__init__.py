@@ -1,1 +1,1 @@
-"""Mixing: which source each training sequence comes from, and (later) schedules over steps."""
+"""Mixing: which source each training sequence comes from, as Batches for the trainer, and (later) schedules over steps."""

@@ -1,10 +1,12 @@
-"""Draws training windows from per-source token shards by weight.
+"""Draws training windows from per-source token shards by weight, as kiln.model.batch Batches.
 
 Each sequence picks a source with probability proportional to its weight, then a uniformly
-random window of seq_len + 1 tokens in that source's train split (inputs and shifted targets).
-Windows may cross document boundaries; the end-of-document token marks them. The whole state
-is the random generator's, so a resumed run draws exactly the sequences an uninterrupted one
-would have.
+random window of seq_len + 1 tokens in that source's train split: its first seq_len tokens are
+the inputs, its last seq_len the targets, and every target counts in the loss. Windows may
+cross document boundaries (no document ids: attention spans them); the end-of-document token
+marks them. The whole state is the random generator's, so a resumed run draws exactly the
+sequences an uninterrupted one would have. The Sampler is a BatchSource (kiln.model.batch); the
+pipeline builds it (`build_sampler`) and hands it to the trainer.
 Not handled here: epoch-exact passes, curricula and sequence-length schedules (the mix issue).
 """
 
@@ -12,12 +14,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from kiln.core.errors import FatalError
-from kiln.core.tokenshards import TokenShard
+from kiln.core.tokenshards import TokenShard, open_split
+from kiln.mix.config import MixConfig
+from kiln.model.batch import Batch
 
 log = logging.getLogger("kiln.mix")
 
@@ -42,16 +48,23 @@ class Sampler:
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.drawn = np.zeros(len(self.sources), dtype=np.int64)
 
-    def batch(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """(windows (B, T+1) int64, source index per row (B,))."""
+    def next_batch(self, batch_size: int) -> Batch:
+        """batch_size windows on the host: inputs and targets (B, seq_len), all targets counted."""
         which = self.rng.choice(len(self.sources), size=batch_size, p=self.probs)
-        out = np.empty((batch_size, self.seq_len + 1), dtype=np.int64)
+        windows = np.empty((batch_size, self.seq_len + 1), dtype=np.int64)
         for row, s in enumerate(which):
             tokens = self.shards[s].tokens
             start = int(self.rng.integers(0, len(tokens) - self.seq_len))  # last window ends at the final token
-            out[row] = tokens[start : start + self.seq_len + 1]
+            windows[row] = tokens[start : start + self.seq_len + 1]
         np.add.at(self.drawn, which, 1)
-        return out, which
+        windows_BT1 = torch.from_numpy(windows)  # no copy; inputs and targets are views of it
+        return Batch(
+            input_ids_BT=windows_BT1[:, :-1],
+            targets_BT=windows_BT1[:, 1:],
+            loss_mask_BT=torch.ones(batch_size, self.seq_len, dtype=torch.bool),
+            doc_ids_BT=None,
+            source_B=torch.from_numpy(which),
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": self.rng.bit_generator.state, "drawn": self.drawn.tolist(), "sources": self.sources}
@@ -64,3 +77,9 @@ class Sampler:
 
     def tokens_by_source(self) -> dict[str, int]:
         return {s: int(n) * self.seq_len for s, n in zip(self.sources, self.drawn, strict=True)}
+
+
+def build_sampler(tokenize_dir: Path, cfg: MixConfig, seq_len: int) -> Sampler:
+    """The Sampler over a run's train split (checksums verified) for windows of seq_len tokens."""
+    # verify: a damaged .bin of the right length would otherwise train silently on garbage.
+    return Sampler(open_split(tokenize_dir, "train", verify=True), cfg.weights, seq_len, cfg.seed)

@@ -1,1 +1,3 @@
-"""The Llama-style decoder, its config, and (later) size presets and objectives."""
+"""The torch-side layer every stage shares: the Llama-style decoder (math only), its config and
+presets, attention rules, initialisation, weights on disk, the precision policy, the Batch
+record and BatchSource protocol the trainer reads, and the validation scorer."""

@@ -3,7 +3,9 @@
 Each source's validation split is cut into non-overlapping windows of seq_len + 1 tokens
 (from the start, up to max_tokens_per_source scored tokens). Bits per byte counts the exact
 UTF-8 bytes of the scored target tokens (special tokens count 0 bytes), so it compares across
-tokenizers: bpb = total nats / ln 2 / total bytes.
+tokenizers: bpb = total nats / ln 2 / total bytes. `ScoringConfig` holds these settings: the
+trainer's monitoring evaluations take it as it is, and the `eval` section extends it
+(kiln.evaluate.config), so both score the same windows the same way.
 Not handled here: a fixed probe set and downstream benchmarks (the evaluation issue).
 """
 
@@ -17,12 +19,23 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from pydantic import Field
 
+from kiln.core.config import Section
 from kiln.core.errors import FatalError
 from kiln.core.layout import RunLayout
 from kiln.core.tokenshards import TokenShard, open_split
-from kiln.model.transformer import Transformer, lm_loss
+from kiln.model.precision import autocast
+from kiln.model.transformer import Transformer
 from kiln.text.tokenizer import KilnTokenizer
+
+
+class ScoringConfig(Section):
+    NOT_HASHED = frozenset({"batch_size"})
+    seq_len: int | None = Field(default=None, ge=2, description="Window length for validation loss (tokens); None means the seq_len the model was (or is being) trained with.")
+    max_tokens_per_source: int = Field(default=65536, ge=1, description="Validation tokens scored per source (from the start of its split).")
+    batch_size: int = Field(default=8, ge=1, description="Windows per forward pass.")
 
 
 def _scores(nats: float, tokens: int, nbytes: int) -> dict[str, float]:
@@ -31,8 +44,11 @@ def _scores(nats: float, tokens: int, nbytes: int) -> dict[str, float]:
 
 
 @torch.no_grad()
-def evaluate_model(model: Transformer, shards: Mapping[str, TokenShard], token_bytes: np.ndarray, seq_len: int, max_tokens_per_source: int, batch_size: int) -> dict[str, Any]:
-    """{"sources": {source: scores}, "all": scores}; scores are loss (nats/token), perplexity, bpb, tokens, bytes."""
+def evaluate_model(model: Transformer, shards: Mapping[str, TokenShard], token_bytes: np.ndarray, seq_len: int, max_tokens_per_source: int, batch_size: int, amp_dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """{"sources": {source: scores}, "all": scores}; scores are loss (nats/token), perplexity, bpb, tokens, bytes.
+
+    amp_dtype is the autocast dtype of the caller's precision policy (kiln.model.precision); None is plain fp32.
+    """
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -49,9 +65,10 @@ def evaluate_model(model: Transformer, shards: Mapping[str, TokenShard], token_b
             batch = np.array(windows[start : start + batch_size])  # a copy: the view is read-only
             n_bytes += int(token_bytes[batch[:, 1:]].sum())
             batch_BT1 = torch.from_numpy(batch).to(device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                logits = model(batch_BT1[:, :-1])
-            nats += lm_loss(logits, batch_BT1[:, 1:], reduction="sum").item()  # host sync per batch
+            with autocast(device, amp_dtype):
+                logits_BTV = model(batch_BT1[:, :-1])
+            # Every window is whole, so each target counts: a plain cross-entropy sum, in nats.
+            nats += F.cross_entropy(logits_BTV.flatten(0, 1), batch_BT1[:, 1:].flatten(), reduction="sum").item()  # host sync per batch
             n_tokens += batch.shape[0] * T
         sources[source] = _scores(nats, n_tokens, n_bytes)
         totals[0] += nats
@@ -63,18 +80,21 @@ def evaluate_model(model: Transformer, shards: Mapping[str, TokenShard], token_b
     return {"sources": sources, "all": _scores(*totals)}
 
 
-def validation_scorer(run_dir: Path, seq_len: int, max_tokens_per_source: int, batch_size: int) -> Callable[[Transformer], dict[str, Any]]:
+def validation_scorer(run_dir: Path, cfg: ScoringConfig, amp_dtype: torch.dtype | None) -> Callable[[Transformer], dict[str, Any]]:
     """`model -> results` over a run's validation split (checksums verified) with its tokenizer's byte counts.
 
     The trainer's monitoring and the eval stage both score through this, so their numbers agree.
+    cfg.seq_len must be resolved (not None) by the caller, who knows the training window.
     """
+    assert cfg.seq_len is not None, "resolve the scoring window (seq_len) first"
     return partial(
         evaluate_model,
         shards=open_split(RunLayout(run_dir).token_shards, "val", verify=True),
         token_bytes=KilnTokenizer.load(RunLayout(run_dir).tokenizer_json).token_bytes(),
-        seq_len=seq_len,
-        max_tokens_per_source=max_tokens_per_source,
-        batch_size=batch_size,
+        seq_len=cfg.seq_len,
+        max_tokens_per_source=cfg.max_tokens_per_source,
+        batch_size=cfg.batch_size,
+        amp_dtype=amp_dtype,
     )
 
 

@@ -1,24 +1,30 @@
 """A Llama-style decoder: RMSNorm, rotary position embeddings, SwiGLU, grouped-query attention.
 
 Only model math lives here: parallelism, activation checkpointing and torch.compile are applied
-from outside (kiln.train). Attention goes through PyTorch's scaled_dot_product_attention, which
-picks a flash or memory-efficient kernel where the device has one.
+from outside (kiln.train), the loss lives with the trainer (kiln.train.loss). Attention goes
+through PyTorch's scaled_dot_product_attention, which picks a flash or memory-efficient kernel
+where the device has one; which positions see which is the caller's AttentionRule
+(kiln.model.attention; causal by default). The constructor allocates (with PyTorch's per-layer
+defaults); `init_weights()` draws kiln's initial weights and fills the RoPE tables, so a model
+can be built on the meta device, materialised with `to_empty(device=...)` and initialised
+there (kiln.model.init).
 
 Shape legend:
     B batch, T sequence length, D d_model, H query heads, K key/value heads,
     E head dim (D / H), F SwiGLU hidden, V vocabulary.
-Not handled here: KV caching for generation (generation recomputes the prefix), document-
-boundary attention masks for packed sequences (the objectives issue).
+Not handled here: KV caching for generation (generation recomputes the prefix).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kiln.model.attention import CAUSAL, AttentionRule
 from kiln.model.config import ModelConfig
 
 
@@ -59,7 +65,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
 
-    def forward(self, x_BTD: torch.Tensor, cos_TE2: torch.Tensor, sin_TE2: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_BTD: torch.Tensor, cos_TE2: torch.Tensor, sin_TE2: torch.Tensor, sdpa_kwargs: dict[str, Any]) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         q_BHTE = self.wq(x_BTD).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k_BKTE = self.wk(x_BTD).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
@@ -68,7 +74,8 @@ class Attention(nn.Module):
         if self.n_kv != self.n_heads:  # grouped-query: each K/V head serves H/K query heads
             k_BKTE = k_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v_BKTE = v_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-        y_BHTE = F.scaled_dot_product_attention(q_BHTE, k_BKTE, v_BKTE, is_causal=True)
+        # sdpa_kwargs: is_causal=True (the fast path), nothing (full), or a (B, 1, T, T) bool attn_mask.
+        y_BHTE = F.scaled_dot_product_attention(q_BHTE, k_BKTE, v_BKTE, **sdpa_kwargs)
         return self.wo(y_BHTE.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
@@ -91,8 +98,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x_BTD: torch.Tensor, cos_TE2: torch.Tensor, sin_TE2: torch.Tensor) -> torch.Tensor:
-        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), cos_TE2, sin_TE2)
+    def forward(self, x_BTD: torch.Tensor, cos_TE2: torch.Tensor, sin_TE2: torch.Tensor, sdpa_kwargs: dict[str, Any]) -> torch.Tensor:
+        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), cos_TE2, sin_TE2, sdpa_kwargs)
         return x_BTD + self.mlp(self.mlp_norm(x_BTD))
 
 
@@ -108,31 +115,36 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
-        # Not parameters and not saved: rebuilt from the config on load.
+        # Not parameters and not saved: rebuilt from the config on load and by init_weights().
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.reset_parameters()
 
-    def reset_parameters(self) -> None:
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Initial weights in place: normal(0, init_std) matrices, norm gains 1, RoPE tables rebuilt.
+
+        Matrices are drawn in named_parameters() order from the default generator, so
+        `torch.manual_seed(s)`, construction on the CPU, then this, always give the same weights.
+        """
+        cos, sin = rope_tables(self.cfg.max_seq_len, self.cfg.head_dim, self.cfg.rope_theta)
+        self.rope_cos.copy_(cos)  # after to_empty() the buffers hold garbage
+        self.rope_sin.copy_(sin)
         std = self.cfg.init_std
-        for name, p in self.named_parameters():
+        for name, p in self.named_parameters():  # a tied weight comes once
             if p.dim() < 2:
-                continue  # norm gains stay at 1
+                nn.init.ones_(p)  # norm gains: draws nothing from the generator
+                continue
             # GPT-2 style: residual-branch outputs scaled down so the stream's variance stays O(1) with depth.
             scale = 1 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("wo.weight", "w_down.weight")) else 1.0
             nn.init.normal_(p, mean=0.0, std=std * scale)
 
-    def forward(self, idx_BT: torch.Tensor) -> torch.Tensor:
-        """Logits (B, T, V) in fp32 for a batch of token ids."""
+    def forward(self, idx_BT: torch.Tensor, rule: AttentionRule = CAUSAL) -> torch.Tensor:
+        """Logits (B, T, V) in fp32 for a batch of token ids, attending as `rule` allows."""
         T = idx_BT.shape[1]
         assert T <= self.cfg.max_seq_len, f"sequence of {T} tokens exceeds max_seq_len {self.cfg.max_seq_len}"
         cos_TE2, sin_TE2 = self.rope_cos[:T], self.rope_sin[:T]
+        sdpa_kwargs = rule.sdpa_kwargs(T, idx_BT.device)  # any mask is built once, shared by every layer
         x_BTD = self.embed(idx_BT)
         for block in self.blocks:
-            x_BTD = block(x_BTD, cos_TE2, sin_TE2)
+            x_BTD = block(x_BTD, cos_TE2, sin_TE2, sdpa_kwargs)
         return self.lm_head(self.norm(x_BTD)).float()
-
-
-def lm_loss(logits_BTV: torch.Tensor, targets_BT: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Next-token cross-entropy in nats per token."""
-    return F.cross_entropy(logits_BTV.flatten(0, 1), targets_BT.flatten(), reduction=reduction)

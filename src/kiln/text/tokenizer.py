@@ -32,13 +32,14 @@ import xxhash
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from kiln.core.errors import FatalError
+from kiln.core.layout import TOKENIZER_META
 from kiln.text.specials import EOT, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, FIXED_SPECIALS, MASK, PAD
 
 SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 FORMAT, VERSION = "kiln-tokenizer", 2
-META_NAME = "kiln_tokenizer.json"
+META_NAME = TOKENIZER_META  # beside tokenizer.json
 
 
 def byte_alphabet() -> dict[int, str]:

@@ -33,7 +33,7 @@ from kiln.core.errors import FatalError
 from kiln.core.layout import CHECKPOINT, TOKENIZER, TOKENIZER_EXTENDED, TOKENIZER_JSON, RunLayout
 from kiln.core.manifest import Stage
 from kiln.model.transformer import Transformer
-from kiln.model.weights import load_trained_model, save_weights
+from kiln.model.weights import CONFIG, WEIGHTS, load_trained_model, save_weights
 from kiln.text.tokenizer import META_NAME, KilnTokenizer, tiktoken_rules
 
 log = logging.getLogger("kiln.tokenizer")
@@ -125,10 +125,10 @@ def run(cfg: ExtendConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     checkpoint = Path(cfg.checkpoint) if cfg.checkpoint else layout.checkpoint
     if checkpoint.resolve().is_relative_to(layout.stage(TOKENIZER_EXTENDED).resolve()):
         raise FatalError(f"{checkpoint}: inside tokenizer-extended/, which this stage rewrites; extend the run's own checkpoint (runs/NAME/train/checkpoint) with all the terms at once")
-    if cfg.checkpoint and not (checkpoint / "config.json").is_file():
+    if cfg.checkpoint and not (checkpoint / CONFIG).is_file():
         raise FatalError(f"{checkpoint}: no checkpoint there (config.json missing); give the folder `kiln train` wrote, e.g. runs/NAME/train/checkpoint")
-    has_checkpoint = (checkpoint / "config.json").is_file()
-    inputs = [Path(cfg.terms), tok_path, tok_path.with_name(META_NAME)] + ([checkpoint / "model.safetensors", checkpoint / "config.json"] if has_checkpoint else [])
+    has_checkpoint = (checkpoint / CONFIG).is_file()
+    inputs = [Path(cfg.terms), tok_path, tok_path.with_name(META_NAME)] + ([checkpoint / WEIGHTS, checkpoint / CONFIG] if has_checkpoint else [])
     stage = Stage(run_dir, TOKENIZER_EXTENDED, {"extend": cfg}, inputs=inputs, upstream=[TOKENIZER])
     if done := stage.up_to_date(force, lambda m: f"vocab {m['counts']['vocab_size']}"):
         return done

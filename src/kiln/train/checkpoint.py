@@ -1,7 +1,11 @@
-"""Training checkpoints: the model's weights (kiln.model.weights) plus `train_state.pt` (optimizer,
-step, sampler and torch RNG state, enough to continue the exact run), swapped in whole.
+"""The `train.checkpoint` section and training checkpoints: the model's weights
+(kiln.model.weights) plus `train_state.pt` (optimizer, step, data-stream and torch RNG state,
+enough to continue the exact run), swapped in whole.
 
-Not handled here: sharded or async checkpoints across processes (the trainer-at-scale issue).
+`maybe_checkpoint` is what the loop calls after every step: it saves every `every` steps (the
+latest kept) and always after the last step.
+Not handled here: resuming from a checkpoint, sharded or async checkpoints across processes
+(the trainer-at-scale issue).
 """
 
 from __future__ import annotations
@@ -10,12 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import Field
 
 from kiln.core.atomic import replace_dir
+from kiln.core.config import Section
+from kiln.model.batch import BatchSource
 from kiln.model.transformer import Transformer
-from kiln.model.weights import write_weights
+from kiln.model.weights import CONFIG, WEIGHTS, write_weights
 
 TRAIN_STATE = "train_state.pt"
+
+
+class CheckpointConfig(Section):
+    every: int | None = Field(default=None, ge=1, description="Also save the checkpoint every this many steps (latest kept); None saves only after the last step.")
 
 
 def save_checkpoint(folder: Path, model: Transformer, train_state: dict[str, Any]) -> list[Path]:
@@ -26,4 +37,12 @@ def save_checkpoint(folder: Path, model: Transformer, train_state: dict[str, Any
         torch.save(train_state, tmp / TRAIN_STATE)
 
     replace_dir(folder, write)
-    return [folder / "model.safetensors", folder / "config.json", folder / TRAIN_STATE]
+    return [folder / WEIGHTS, folder / CONFIG, folder / TRAIN_STATE]
+
+
+def maybe_checkpoint(folder: Path, cfg: CheckpointConfig, step: int, last_step: int, model: Transformer, optimizer: torch.optim.Optimizer, batches: BatchSource) -> list[Path] | None:
+    """Save after `step` when it is a multiple of cfg.every or the last; the paths written, else None."""
+    if step != last_step and not (cfg.every and step % cfg.every == 0):
+        return None
+    train_state = {"step": step, "optimizer": optimizer.state_dict(), "sampler": batches.state_dict(), "torch_rng": torch.get_rng_state()}
+    return save_checkpoint(folder, model, train_state)

@@ -1,41 +1,91 @@
-"""The `train` recipe section: optimizer, schedule, batch geometry, precision."""
+"""The `train` recipe section: length, batch geometry and seed at the top, one sub-section per concern.
+
+Sub-sections live with the code that reads them: `optim` (kiln.train.optim), `schedule`
+(kiln.train.schedule), `checkpoint` (kiln.train.checkpoint) and `precision`
+(kiln.model.precision, the policy eval and generate share). The batch is given in tokens per
+optimizer step (`global_batch_tokens`); gradient-accumulation steps follow from it. Keys of
+the flat section this replaced fail with the name of their new home.
+Not handled here: the data-parallel layout (one process for now; kiln.train.distributed later).
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
 from pydantic import Field, model_validator
 
 from kiln.core.config import Section
+from kiln.model.precision import PrecisionConfig
+from kiln.train.checkpoint import CheckpointConfig
+from kiln.train.optim import OptimConfig
+from kiln.train.schedule import ScheduleConfig
+
+# Model replicas that each take micro_batch_size sequences per micro-step. One process for now;
+# the mesh's data-parallel size once kiln.train.distributed exists.
+DATA_PARALLEL_SIZE = 1
+
+# Keys of the flat train section (kiln before sub-sections) -> where they live now.
+MOVED = {
+    "lr": "train.optim.lr",
+    "weight_decay": "train.optim.weight_decay",
+    "beta1": "train.optim.beta1",
+    "beta2": "train.optim.beta2",
+    "grad_clip": "train.optim.grad_clip",
+    "warmup_steps": "train.schedule.warmup_steps",
+    "min_lr_ratio": "train.schedule.min_lr_ratio",
+    "device": "train.precision.device",
+    "checkpoint_every": "train.checkpoint.every",
+}
 
 
 class TrainConfig(Section):
-    # None of these changes the trained weights.
-    NOT_HASHED = frozenset({"threads", "checkpoint_every", "eval_at_start"})
+    # None of these changes the trained weights (checkpoint: only when and where they are saved).
+    NOT_HASHED = frozenset({"threads", "checkpoint", "eval_at_start"})
     steps: int = Field(default=300, ge=1, description="Optimizer steps.")
     seq_len: int = Field(default=256, ge=2, description="Tokens per training sequence; at most model.max_seq_len.")
-    micro_batch_size: int = Field(default=16, ge=1, description="Sequences per forward/backward pass.")
-    grad_accum_steps: int = Field(default=1, ge=1, description="Micro-batches accumulated per optimizer step.")
-    lr: float = Field(default=3e-3, gt=0, le=1, description="Peak learning rate after warmup.")
-    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="Cosine decay floor as a fraction of lr.")
-    warmup_steps: int = Field(default=30, ge=0, description="Linear warmup steps from 0 to lr.")
-    weight_decay: float = Field(default=0.1, ge=0, description="AdamW decoupled weight decay on matrices (not on norms).")
-    beta1: float = Field(default=0.9, ge=0, lt=1, description="AdamW first-moment decay.")
-    beta2: float = Field(default=0.95, ge=0, lt=1, description="AdamW second-moment decay.")
-    grad_clip: float | None = Field(default=1.0, gt=0, description="Global gradient-norm clip; None disables it.")
+    micro_batch_size: int = Field(default=16, ge=1, description="Sequences per forward/backward pass on each data-parallel rank.")
+    global_batch_tokens: int | None = Field(default=None, ge=1, description="Tokens per optimizer step over all ranks, a multiple of micro_batch_size * seq_len * ranks (the quotient is the gradient-accumulation steps); None means one micro-batch per rank.")
     seed: int = Field(default=0, description="Seed for initialization.")
-    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto picks cuda when available.")
-    precision: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="auto: bf16 autocast on cuda, fp32 on cpu.")
     threads: int | None = Field(default=None, ge=1, description="CPU threads for torch; None leaves torch's default.")
-    checkpoint_every: int | None = Field(default=None, ge=1, description="Also save the checkpoint every this many steps (latest kept); None saves only after the last step.")
     eval_at_start: bool = Field(default=True, description="Evaluate the untrained model on validation data before step 1 (the 'before' numbers).")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="AdamW: peak learning rate, weight decay, betas, gradient clipping.")
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Learning-rate warmup and cosine decay.")
+    precision: PrecisionConfig = Field(default_factory=PrecisionConfig, description="Device and matmul precision (auto: bf16 autocast on cuda, fp32 on cpu).")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="When checkpoints are saved besides after the last step.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        moved = [f"train.{key} moved to {MOVED[key]}" for key in MOVED if key in data]
+        if isinstance(data.get("precision"), str):
+            moved.append(f"train.precision is a section now: use train.precision.dtype={data['precision']}")
+        if "grad_accum_steps" in data:
+            moved.append("train.grad_accum_steps is replaced by train.global_batch_tokens, the tokens per optimizer step (micro_batch_size * seq_len * grad_accum_steps)")
+        if moved:
+            raise ValueError("; ".join(moved))
+        return data
 
     @model_validator(mode="after")
-    def _warmup(self) -> TrainConfig:
-        if self.warmup_steps >= self.steps:
-            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})")
+    def _geometry(self) -> TrainConfig:
+        if self.schedule.warmup_steps >= self.steps:
+            raise ValueError(f"schedule.warmup_steps ({self.schedule.warmup_steps}) must be below steps ({self.steps})")
+        per_micro_step = self.micro_batch_size * self.seq_len * DATA_PARALLEL_SIZE
+        if self.global_batch_tokens is not None and self.global_batch_tokens % per_micro_step:
+            raise ValueError(
+                f"global_batch_tokens ({self.global_batch_tokens}) is not a multiple of micro_batch_size * seq_len * data-parallel ranks"
+                f" ({self.micro_batch_size} * {self.seq_len} * {DATA_PARALLEL_SIZE} = {per_micro_step}); use a multiple such as"
+                f" {max(1, round(self.global_batch_tokens / per_micro_step)) * per_micro_step}"
+            )
         return self
 
     @property
+    def grad_accum_steps(self) -> int:
+        """Micro-batches each rank accumulates per optimizer step."""
+        return (self.global_batch_tokens or self.micro_batch_size * self.seq_len * DATA_PARALLEL_SIZE) // (self.micro_batch_size * self.seq_len * DATA_PARALLEL_SIZE)
+
+    @property
     def tokens_per_step(self) -> int:
-        return self.seq_len * self.micro_batch_size * self.grad_accum_steps
+        """Tokens per optimizer step over all ranks."""
+        return self.micro_batch_size * self.seq_len * DATA_PARALLEL_SIZE * self.grad_accum_steps

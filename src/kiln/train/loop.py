@@ -1,10 +1,13 @@
 """The training loop: one `train()` that reads top to bottom, its setup in `build_*` functions.
 
-Per optimizer step: grad_accum_steps micro-batches of micro_batch_size windows of seq_len
-tokens (tokens per step = their product), loss scaled by 1/grad_accum_steps so gradients
-average, global-norm clipping, AdamW, lr from warmup + cosine. Validation runs before step 1
-(the untrained baseline, loss near ln(vocab)) and after the last step.
-Monitoring and checkpointing are hooks (kiln.train.hooks) called around each step.
+Per optimizer step: grad_accum_steps micro-batches of micro_batch_size sequences of seq_len
+tokens (tokens per step = train.global_batch_tokens), each a Batch from the BatchSource the
+caller hands in (kiln.model.batch; kiln.mix's sampler in a kiln run); loss over the batch's
+loss mask scaled by 1/grad_accum_steps so gradients average; global-norm clipping; AdamW; lr
+from warmup + cosine. What follows a step is called by name in the loop: `monitor.log_step`,
+`maybe_checkpoint`, `maybe_eval` (validation before step 1, the untrained baseline near
+ln(vocab), and after the last step).
+Stage bookkeeping (manifest, skip-or-redo, counts) is kiln.train.run's.
 Not handled here: DDP/FSDP (kiln.train.distributed, later), resume from a checkpoint, NaN and
 loss-spike rollback (the trainer-at-scale issue).
 """
@@ -13,143 +16,122 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from kiln.core.errors import FatalError
-from kiln.core.layout import CHECKPOINT, TOKENIZE, TRAIN, RunLayout
-from kiln.core.manifest import Stage, read_manifest
-from kiln.core.tokenshards import open_split
-from kiln.evaluate.config import EvalConfig
-from kiln.mix.config import MixConfig
-from kiln.mix.sampler import Sampler
+from kiln.core.layout import CHECKPOINT, RunLayout
+from kiln.model.attention import CAUSAL
+from kiln.model.batch import BatchSource
 from kiln.model.config import ModelConfig, count_params, flops_per_token
 from kiln.model.init import build_model
-from kiln.model.perplexity import validation_scorer
-from kiln.model.transformer import lm_loss
+from kiln.model.perplexity import ScoringConfig, validation_scorer
+from kiln.model.precision import Precision, resolve_precision
+from kiln.model.transformer import Transformer
+from kiln.train.checkpoint import maybe_checkpoint
 from kiln.train.config import TrainConfig
-from kiln.train.hooks import Checkpointer, Hook, StepState
+from kiln.train.loss import lm_loss
 from kiln.train.monitor import Monitor
 from kiln.train.optim import build_optimizer
 from kiln.train.schedule import lr_at
 
 log = logging.getLogger("kiln.train")
 
+Scorer = Callable[[Transformer], dict[str, Any]]
 
-def build_device(cfg: TrainConfig) -> tuple[torch.device, torch.dtype | None]:
-    """The device and the autocast dtype (None = plain fp32)."""
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise FatalError("train.device is cuda but no CUDA device is visible; use train.device=auto or cpu")
-    device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu")
+
+@dataclass(frozen=True)
+class TrainResult:
+    device: torch.device
+    final_loss: float  # the last step's training loss (nats/token)
+    val_before: dict[str, Any] | None  # None when train.eval_at_start is off
+    val_after: dict[str, Any]
+    checkpoint: list[Path]  # the files of the final checkpoint
+
+
+def build_precision(cfg: TrainConfig) -> Precision:
+    """The device and autocast dtype; also sets torch's CPU threads (train.threads)."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    precision = cfg.precision if cfg.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32")
-    return device, (torch.bfloat16 if precision == "bf16" else None)
+    return resolve_precision(cfg.precision, "train")
 
 
-def build_sampler(tokenize_dir: Path, mix: MixConfig, cfg: TrainConfig) -> Sampler:
-    # verify: a damaged .bin of the right length would otherwise train silently on garbage.
-    return Sampler(open_split(tokenize_dir, "train", verify=True), mix.weights, cfg.seq_len, mix.seed)
+def build_scorer(run_dir: Path, scoring: ScoringConfig, cfg: TrainConfig, precision: Precision) -> Scorer:
+    """Validation in the training precision, on windows of the training length unless scoring.seq_len says otherwise."""
+    return validation_scorer(run_dir, scoring.model_copy(update={"seq_len": scoring.seq_len or cfg.seq_len}), precision.amp_dtype)
 
 
-def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: EvalConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
-    run_dir = Path(run_dir)
-    layout = RunLayout(run_dir)
-    tokenize_dir = layout.token_shards
-    tokenized = read_manifest(tokenize_dir)
-    tok_path = layout.tokenizer_json
-    inputs = [tok_path, *sorted(tokenize_dir.glob("*/*.bin")), *sorted(tokenize_dir.glob("*/*.idx"))]
-    # eval settings only shape the monitoring evaluations, not the model: they are not hashed here.
-    stage = Stage(run_dir, TRAIN, {"model": model_cfg, "train": cfg, "mix": mix}, inputs, upstream=[TOKENIZE])
-    if not force and (done := stage.current_manifest()):
-        log.info("train: up to date (%d steps, val loss %.3f); nothing to do. Use --force to redo.", done["counts"]["steps"], done["counts"]["val_after"]["all"]["loss"])
-        return done
-    stage.begin()
+def build_monitor(path: Path, model_cfg: ModelConfig, cfg: TrainConfig, device: torch.device) -> Monitor:
+    return Monitor(path, cfg.steps, cfg.tokens_per_step, flops_per_token(model_cfg, cfg.seq_len), device)
 
-    device, amp_dtype = build_device(cfg)
-    model_cfg = model_cfg.resolved(tokenized["counts"]["vocab_size"])
+
+def maybe_eval(evaluate: Scorer, model: Transformer, monitor: Monitor, step: int, cfg: TrainConfig) -> dict[str, Any] | None:
+    """Validate before step 1 (if train.eval_at_start) and after the last step; None at other steps."""
+    if not (step == cfg.steps or (step == 0 and cfg.eval_at_start)):
+        return None
+    results = evaluate(model)  # switches to eval mode and back; one host sync per validation batch
+    monitor.log_eval(step, results)
+    if step == 0:
+        log.info("train: step 0 validation loss %.3f (ln V = %.3f)", results["all"]["loss"], math.log(model.cfg.vocab_size or 1))
+    return results
+
+
+def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path) -> TrainResult:
+    """Train a fresh model (model_cfg with its vocab_size resolved) on `batches`; metrics and checkpoint go to out_dir."""
+    precision = build_precision(cfg)
+    device = precision.device
     model = build_model(model_cfg, cfg.seed, device)
-    optimizer = build_optimizer(model, cfg)
-    sampler = build_sampler(tokenize_dir, mix, cfg)
-    fpt = flops_per_token(model_cfg, cfg.seq_len)
-    evaluate = validation_scorer(run_dir, eval_cfg.seq_len or cfg.seq_len, eval_cfg.max_tokens_per_source, eval_cfg.batch_size)
-    n_params = count_params(model_cfg)
-    log.info("train: %s params (%s without embeddings) on %s, %d steps of %d tokens", f"{n_params:,}", f"{count_params(model_cfg, False):,}", device, cfg.steps, cfg.tokens_per_step)
-    monitor = Monitor(stage.dir / layout.metrics.name, cfg.steps, fpt, device)
-    checkpointer = Checkpointer(stage.dir / CHECKPOINT, cfg.checkpoint_every)
-    hooks: list[Hook] = [monitor, checkpointer]
+    optimizer = build_optimizer(model, cfg.optim)
+    evaluate = build_scorer(run_dir, scoring, cfg, precision)
+    monitor = build_monitor(out_dir / RunLayout(run_dir).metrics.name, model_cfg, cfg, device)
+    log.info("train: %s params (%s without embeddings) on %s, %d steps of %d tokens (%d micro-batches of %d x %d)", f"{count_params(model_cfg):,}", f"{count_params(model_cfg, False):,}", device, cfg.steps, cfg.tokens_per_step, cfg.grad_accum_steps, cfg.micro_batch_size, cfg.seq_len)
 
-    val_before = None
-    if cfg.eval_at_start:
-        val_before = evaluate(model)
-        monitor.write({"step": 0, "eval": val_before})
-        log.info("train: step 0 validation loss %.3f (ln V = %.3f)", val_before["all"]["loss"], math.log(model_cfg.vocab_size))
-
+    val_before = maybe_eval(evaluate, model, monitor, 0, cfg)
     model.train()
-    state = StepState(step=0, model=model, optimizer=optimizer, sampler=sampler, tokens=cfg.tokens_per_step)
-    for hook in hooks:
-        hook.on_start(state)
-    n_sources = len(sampler.sources)
+    monitor.start(step=0)
+    n_sources = len(batches.sources)
+    checkpoint: list[Path] = []
+    val_after = None
+    step_loss = float("nan")
     for step in range(1, cfg.steps + 1):
-        lr = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
+        lr = lr_at(step, cfg.optim.lr, cfg.schedule.warmup_steps, cfg.steps, cfg.schedule.min_lr_ratio)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        # Per-source sums of per-sequence mean losses and sequence counts, kept on device.
+        # Per-source sums of per-row mean losses and row counts, kept on the device: no sync per micro-batch.
         source_loss = torch.zeros(n_sources, device=device)
         source_rows = torch.zeros(n_sources, device=device)
         for _ in range(cfg.grad_accum_steps):
-            windows, which = sampler.batch(cfg.micro_batch_size)  # (B, T+1) int64 and (B,) on host
-            batch_BT1 = torch.from_numpy(windows).to(device, non_blocking=True)
-            with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-                logits_BTV = model(batch_BT1[:, :-1])
-            loss_BT = lm_loss(logits_BTV, batch_BT1[:, 1:], reduction="none").view_as(batch_BT1[:, 1:])
-            # Every row has T targets, so the mean over rows of row means is the token mean.
-            loss = loss_BT.mean() / cfg.grad_accum_steps
-            loss.backward()
-            which_B = torch.from_numpy(which).to(device)
-            source_loss.index_add_(0, which_B, loss_BT.detach().mean(dim=1))
-            source_rows.index_add_(0, which_B, torch.ones_like(which_B, dtype=source_rows.dtype))
+            # Drawn on the host: ids, targets and loss mask (B, T), source per row (B,); then to the device.
+            batch = batches.next_batch(cfg.micro_batch_size).to(device)
+            # Causal (SDPA's is_causal fast path) unless the batch carries document ids.
+            with precision.autocast():
+                logits_BTV = model(batch.input_ids_BT, rule=CAUSAL.within_documents(batch.doc_ids_BT))  # (B, T, V) fp32
+            loss = lm_loss(logits_BTV, batch)  # outside autocast: the cross-entropy runs in fp32
+            # Scaled so the accumulated gradient is that of the mean over the step's micro-batches.
+            # Expected: about ln V at step 1 (9.01 nats for the demo's 8192 tokens).
+            (loss.mean / cfg.grad_accum_steps).backward()
+            source_loss.index_add_(0, batch.source_B, loss.row_mean_B)
+            source_rows.index_add_(0, batch.source_B, (loss.row_tokens_B > 0).to(source_rows.dtype))
         # clip_grad_norm_ returns the pre-clip norm; with grad_clip None we still measure it (max_norm=inf).
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        # host sync: once per step, for the log line and the NaN check.
-        per_source = (source_loss / source_rows.clamp(min=1)).tolist()
-        rows = source_rows.tolist()
-        state.step, state.lr, state.grad_norm = step, lr, grad_norm.item()
-        state.loss = float(source_loss.sum().item() / max(sum(rows), 1))
-        state.loss_by_source = {s: per_source[i] for i, s in enumerate(sampler.sources) if rows[i]}
-        if not math.isfinite(state.loss):
-            raise FatalError(f"train: loss became {state.loss} at step {step}; lower train.lr or raise warmup_steps")
-        for hook in hooks:
-            hook.after_step(state)
 
-    for hook in hooks:  # the checkpoint is on disk before anything else can fail
-        hook.on_end(state)
-    val_after = evaluate(model)
-    monitor.write({"step": cfg.steps, "eval": val_after})
+        # host sync: once per step, for the log line and the NaN check. The step loss weights
+        # every row alike: the token mean when every row keeps all T targets (next-token).
+        per_source, rows = (source_loss / source_rows.clamp(min=1)).tolist(), source_rows.tolist()
+        step_loss = float(source_loss.sum().item() / max(sum(rows), 1))
+        if not math.isfinite(step_loss):
+            raise FatalError(f"train: loss became {step_loss} at step {step}; lower train.optim.lr or raise train.schedule.warmup_steps")
+        monitor.log_step(step, step_loss, {s: per_source[i] for i, s in enumerate(batches.sources) if rows[i]}, lr, grad_norm.item())
+        # The checkpoint is on disk before the final validation, which could still fail.
+        checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, cfg.checkpoint, step, cfg.steps, model, optimizer, batches) or checkpoint
+        val_after = maybe_eval(evaluate, model, monitor, step, cfg)  # None until the last step
+
     monitor.close()
-
-    tokens_trained = cfg.steps * cfg.tokens_per_step
-    counts = {
-        "params": n_params,
-        "params_non_embedding": count_params(model_cfg, include_embeddings=False),
-        "steps": cfg.steps,
-        "tokens_trained": tokens_trained,
-        "tokens_by_source": sampler.tokens_by_source(),
-        "flops_per_token": fpt,
-        "train_flops": fpt * tokens_trained,
-        "final_train_loss": round(state.loss, 5),
-        "val_before": val_before,
-        "val_after": val_after,
-        "device": str(device),
-    }
-    lines = [f"{n_params:,} params, {cfg.steps} steps, {tokens_trained:,} tokens on {device}"]
-    if val_before:
-        lines.append(f"validation loss {val_before['all']['loss']:.3f} -> {val_after['all']['loss']:.3f} nats/token, bpb {val_before['all']['bpb']:.3f} -> {val_after['all']['bpb']:.3f}")
-    else:
-        lines.append(f"validation loss {val_after['all']['loss']:.3f} nats/token, bpb {val_after['all']['bpb']:.3f}")
-    extra = {"model": model_cfg.model_dump(mode="json"), "monitoring_eval": eval_cfg.model_dump(mode="json")}
-    return stage.finish(checkpointer.paths, counts, "\n".join(lines), extra=extra, logs=[stage.dir / layout.metrics.name])
+    assert val_after is not None and checkpoint, "the last step validates and saves"
+    return TrainResult(device, step_loss, val_before, val_after, checkpoint)

@@ -1,12 +1,22 @@
-"""Learning-rate schedule: linear warmup, then cosine decay to a floor.
+"""The `train.schedule` section and the learning rate it gives: linear warmup, then cosine decay to a floor.
 
-lr(step) for step = 1..steps: warmup reaches the peak at step warmup_steps; cosine falls from
-the peak to min_lr_ratio * peak at the last step. Not handled here: WSD (the trainer issue).
+lr(step) for step = 1..steps: warmup reaches the peak (train.optim.lr) at step warmup_steps;
+cosine falls from the peak to min_lr_ratio * peak at the last step.
+Not handled here: WSD (the trainer issue).
 """
 
 from __future__ import annotations
 
 import math
+
+from pydantic import Field
+
+from kiln.core.config import Section
+
+
+class ScheduleConfig(Section):
+    warmup_steps: int = Field(default=30, ge=0, description="Linear warmup steps from 0 to train.optim.lr; below train.steps.")
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="Cosine decay floor as a fraction of train.optim.lr.")
 
 
 def lr_at(step: int, peak: float, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:

@@ -1,0 +1,68 @@
+"""Attention rules: which key positions each query position may see.
+
+A rule is a small frozen record the model takes per forward pass: causal (a decoder), full
+(bidirectional, an encoder), or prefix-LM (bidirectional inside each row's prefix, causal
+after it), each optionally restricted to one document per position (block-diagonal masking of
+packed sequences). Plain causal without document ids takes SDPA's `is_causal=True` fast path
+(no mask tensor; flash kernels where the device has them); every other rule builds a boolean
+(B, 1, T, T) mask, True where a query may attend to a key. Every rule lets a position see
+itself, so no row of the mask is empty (an empty row would give NaN).
+Shape legend: B batch, T sequence length.
+Not handled here: sliding windows, or building the document ids and prefix lengths (the data side).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: tensor fields have no single truth value
+class AttentionRule:
+    kind: Literal["causal", "full", "prefix"]
+    prefix_len_B: torch.Tensor | None = None  # prefix rule: positions < prefix_len_B[b] see each other both ways
+    doc_ids_BT: torch.Tensor | None = None  # a query sees only keys with the same document id
+
+    def __post_init__(self) -> None:
+        assert (self.kind == "prefix") == (self.prefix_len_B is not None), "prefix_len_B goes with kind='prefix' only"
+
+    def within_documents(self, doc_ids_BT: torch.Tensor | None) -> AttentionRule:
+        """This rule restricted to each position's own document; None leaves it as it is."""
+        return self if doc_ids_BT is None else dataclasses.replace(self, doc_ids_BT=doc_ids_BT)
+
+    def mask_BTT(self, T: int, device: torch.device) -> torch.Tensor:
+        """Boolean (B or 1, T, T): [b, i, j] is True where query i may attend to key j."""
+        i_T1 = torch.arange(T, device=device)[:, None]
+        j_1T = torch.arange(T, device=device)[None, :]
+        if self.kind == "full":
+            allowed = torch.ones(1, T, T, dtype=torch.bool, device=device)
+        else:
+            allowed = (j_1T <= i_T1)[None]  # causal: (1, T, T)
+        if self.prefix_len_B is not None:
+            # Keys inside the prefix are visible to every query (the queries after the prefix see
+            # them causally anyway), so the prefix block is bidirectional.
+            allowed = allowed | (j_1T[None] < self.prefix_len_B.to(device)[:, None, None])
+        if self.doc_ids_BT is not None:
+            doc_BT = self.doc_ids_BT.to(device)
+            allowed = allowed & (doc_BT[:, :, None] == doc_BT[:, None, :])
+        return allowed
+
+    def sdpa_kwargs(self, T: int, device: torch.device) -> dict[str, Any]:
+        """Keyword arguments for F.scaled_dot_product_attention that apply this rule to T positions."""
+        if self.doc_ids_BT is None and self.kind == "causal":
+            return {"is_causal": True}  # the fast path: no mask tensor is built
+        if self.doc_ids_BT is None and self.kind == "full":
+            return {}
+        return {"attn_mask": self.mask_BTT(T, device)[:, None]}  # (B, 1, T, T): the same for every head
+
+
+CAUSAL = AttentionRule("causal")
+FULL = AttentionRule("full")
+
+
+def prefix_lm(prefix_len_B: torch.Tensor) -> AttentionRule:
+    """Bidirectional over the first prefix_len_B[b] positions of row b, causal after them."""
+    return AttentionRule("prefix", prefix_len_B=prefix_len_B)

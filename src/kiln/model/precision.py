@@ -1,0 +1,48 @@
+"""One device and precision policy for every stage that runs the model: train, eval, generate.
+
+Each of those sections has a `precision` sub-section of this type. `auto` device means cuda when
+one is visible; `auto` dtype means bf16 autocast on cuda and plain fp32 on the CPU (bf16 matmuls
+on a CPU are slow and gain nothing). Weights stay fp32 and the model's logits come out fp32 in
+every case; autocast changes only the dtype matmuls run in.
+Not handled here: fp16 with loss scaling, fp8, or sharding across devices (kiln.train).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from kiln.core.config import Section
+from kiln.core.errors import FatalError
+
+
+class PrecisionConfig(Section):
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Where the model runs; auto picks cuda when one is visible.")
+    dtype: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="Matmul precision: bf16 autocast or plain fp32; auto means bf16 on cuda, fp32 on cpu.")
+
+
+def autocast(device: torch.device, amp_dtype: torch.dtype | None) -> AbstractContextManager[None]:
+    """The context a model's forward runs in on `device`: autocast to amp_dtype, or nothing for None (fp32)."""
+    return torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None)
+
+
+@dataclass(frozen=True)
+class Precision:
+    device: torch.device
+    amp_dtype: torch.dtype | None  # the autocast dtype; None: plain fp32
+
+    def autocast(self) -> AbstractContextManager[None]:
+        return autocast(self.device, self.amp_dtype)
+
+
+def resolve_precision(cfg: PrecisionConfig, section: str) -> Precision:
+    """The device and autocast dtype `cfg` asks for; `section` (e.g. "train") names it in errors."""
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise FatalError(f"{section}.precision.device is cuda but no CUDA device is visible; use {section}.precision.device=auto or cpu")
+    device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu")
+    dtype = cfg.dtype if cfg.dtype != "auto" else ("bf16" if device.type == "cuda" else "fp32")
+    return Precision(device, torch.bfloat16 if dtype == "bf16" else None)

@@ -1,0 +1,65 @@
+"""kiln.train.loss.lm_loss: the masked mean by hand, and bit-identity with the plain mean for CLM."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kiln.model.batch import Batch
+from kiln.train.loss import lm_loss
+
+
+def batch(targets: list[list[int]], mask: list[list[bool]] | None = None) -> Batch:
+    targets_BT = torch.tensor(targets)
+    B, T = targets_BT.shape
+    mask_BT = torch.ones(B, T, dtype=torch.bool) if mask is None else torch.tensor(mask)
+    return Batch(torch.zeros(B, T, dtype=torch.long), targets_BT, mask_BT, None, torch.zeros(B, dtype=torch.long))
+
+
+def test_by_hand() -> None:
+    # Logits over 4 tokens favour token 0 at every position: p(0) = e^2 / (e^2 + 3), p(other) = 1 / (e^2 + 3).
+    logits = torch.tensor([2.0, 0.0, 0.0, 0.0]).expand(2, 3, 4)
+    z = math.log(math.exp(2) + 3)
+    hit, miss = z - 2, z  # nats of target 0 and of any other target
+    # Row 0 keeps targets 0, 1 (drops 3); row 1 keeps only target 0.
+    loss = lm_loss(logits, batch([[0, 1, 3], [0, 2, 2]], [[True, True, False], [True, False, False]]))
+    assert loss.mean.item() == pytest.approx((hit + miss + hit) / 3)
+    assert loss.row_mean_B.tolist() == pytest.approx([(hit + miss) / 2, hit])
+    assert loss.row_tokens_B.tolist() == [2, 1]
+
+
+def test_masked_positions_get_no_gradient() -> None:
+    logits = torch.randn(2, 5, 7, requires_grad=True, generator=torch.Generator().manual_seed(0))
+    mask = [[True, False, True, False, True], [False] * 5]
+    lm_loss(logits, batch([[1, 2, 3, 4, 5], [6, 0, 1, 2, 3]], mask)).mean.backward()
+    assert logits.grad is not None
+    kept = torch.tensor(mask)
+    assert (logits.grad[~kept] == 0).all() and (logits.grad[kept].abs().sum(-1) > 0).all()
+
+
+def test_a_row_with_nothing_kept_counts_zero_and_nothing_kept_at_all_is_finite() -> None:
+    loss = lm_loss(torch.zeros(2, 2, 3), batch([[0, 1], [2, 0]], [[True, True], [False, False]]))
+    assert loss.row_mean_B.tolist() == pytest.approx([math.log(3), 0.0]) and loss.row_tokens_B.tolist() == [2, 0]
+    none_kept = lm_loss(torch.zeros(1, 2, 3), batch([[0, 1]], [[False, False]]))
+    assert none_kept.mean.item() == 0.0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_every_position_kept_is_bit_identical_to_the_plain_mean(seed: int) -> None:
+    # What kiln's loop computed before loss masks: loss_BT.mean() and loss_BT.mean(dim=1).
+    gen = torch.Generator().manual_seed(seed)
+    logits = (3 * torch.randn(16, 64, 257, generator=gen)).requires_grad_()
+    targets = torch.randint(0, 257, (16, 64), generator=gen)
+    loss_BT = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
+    reference = loss_BT.mean()
+    (reference_grad,) = torch.autograd.grad(reference, logits)
+    ours = lm_loss(logits, batch(targets.tolist()))
+    (ours_grad,) = torch.autograd.grad(ours.mean, logits)
+    assert torch.equal(ours.mean, reference) and torch.equal(ours_grad, reference_grad)
+    assert torch.equal(ours.row_mean_B, loss_BT.detach().mean(dim=1))
+    # On the CPU the sum over the count matches too (mean is sum-then-divide here); the loss
+    # keeps the mean-times-factor form because CUDA's mean multiplies by 1/n instead.
+    assert torch.equal(loss_BT.sum() / loss_BT.numel(), reference)
