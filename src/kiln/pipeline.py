@@ -39,11 +39,11 @@ def _runner(stage: str) -> Callable[[Recipe, bool], dict[str, Any]]:
         from kiln.mix.sampler import build_sampler
         from kiln.train.run import run as train
 
-        # The train stage knows batches only as a BatchSource: mix's sampler over this run's
+        # The train stage knows its data only as a RowSource: mix's sampler over this run's
         # token shards, built once train knows its seq_len; the mix section is hashed with it.
         def train_stage(r: Recipe, force: bool) -> dict[str, Any]:
-            make_batches = partial(build_sampler, RunLayout(r.run_dir).token_shards, r.mix)
-            return train(r.model, r.train, r.mix, make_batches, r.eval.scoring(), r.run_dir, force)
+            make_rows = partial(build_sampler, RunLayout(r.run_dir).token_shards, r.mix)
+            return train(r.model, r.train, r.mix, make_rows, r.eval.scoring(), r.run_dir, force)
 
         return train_stage
     if stage == "eval":

@@ -1,5 +1,5 @@
 """kiln.mix.sampler.Sampler over real token shards written with TokenShardWriter: windows, weights,
-state, and the Batch records it hands the trainer."""
+state, and the Rows it hands the trainer's objective."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from kiln.core.errors import FatalError
 from kiln.core.tokenshards import TokenShard, TokenShardWriter
 from kiln.mix.config import MixConfig
 from kiln.mix.sampler import Sampler, build_sampler
-from kiln.model.batch import Batch
+from kiln.model.batch import Rows
 
 SEQ_LEN = 16
 B_OFFSET = 20_000  # source b's token ids start here, so a window tells which source it came from
@@ -29,11 +29,9 @@ def write_shard(prefix: Path, tokens: np.ndarray, doc_len: int = 50) -> TokenSha
 
 
 def draw(sampler: Sampler, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(windows (B, SEQ_LEN + 1), source index per row (B,)) of the sampler's next Batch."""
-    batch = sampler.next_batch(batch_size)
-    # Inputs and targets are the window shifted by one: its first token, then every target.
-    windows = torch.cat([batch.input_ids_BT[:, :1], batch.targets_BT], dim=1)
-    return windows.numpy(), batch.source_B.numpy()
+    """(windows (B, SEQ_LEN + 1), source index per row (B,)) of the sampler's next rows."""
+    rows = sampler.next_rows([SEQ_LEN + 1] * batch_size)
+    return np.stack(rows.tokens), rows.source_B
 
 
 @pytest.fixture
@@ -74,7 +72,7 @@ def test_weights_are_respected(shards: dict[str, TokenShard]) -> None:
     which = np.concatenate([draw(sampler, 100)[1] for _ in range(40)])  # 4000 draws
     # Expected 3000 from a; the binomial std is sqrt(4000 * 0.75 * 0.25) = 27.4, allow about 5 std.
     assert abs(int((which == 0).sum()) - 3000) < 140
-    assert sampler.tokens_by_source() == {"a": int((which == 0).sum()) * SEQ_LEN, "b": int((which == 1).sum()) * SEQ_LEN}
+    assert sampler.drawn.tolist() == [int((which == 0).sum()), int((which == 1).sum())]
 
 
 def test_default_weights_are_proportional_to_train_tokens(shards: dict[str, TokenShard]) -> None:
@@ -100,12 +98,11 @@ def test_state_dict_reproduces_the_next_batches(shards: dict[str, TokenShard], t
 
     resumed = Sampler(shards, {"a": 2, "b": 1}, SEQ_LEN, seed=999)
     resumed.load_state_dict(torch.load(tmp_path / "state.pt")["sampler"])
-    assert sum(resumed.tokens_by_source().values()) == 3 * 8 * SEQ_LEN  # the counts come with the state
+    assert resumed.rows_drawn == 3 * 8  # the counts come with the state
     for windows, which in expected:
         got_windows, got_which = draw(resumed, 8)
         assert np.array_equal(got_windows, windows) and np.array_equal(got_which, which)
-    assert resumed.tokens_by_source() == original.tokens_by_source()
-    assert sum(resumed.tokens_by_source().values()) == 5 * 8 * SEQ_LEN
+    assert resumed.drawn.tolist() == original.drawn.tolist() and resumed.rows_drawn == 5 * 8
 
 
 def test_same_seed_same_batches_other_seed_other_batches(shards: dict[str, TokenShard]) -> None:
@@ -162,18 +159,17 @@ def test_no_usable_source_is_fatal(tmp_path: Path) -> None:
         Sampler({"short": short}, None, SEQ_LEN, seed=0)
 
 
-def test_next_batch_is_a_shifted_window_with_every_target_counted(shards: dict[str, TokenShard]) -> None:
+def test_rows_have_the_asked_lengths_and_global_indices(shards: dict[str, TokenShard]) -> None:
     sampler = Sampler(shards, None, SEQ_LEN, seed=7)
-    replay = Sampler(shards, None, SEQ_LEN, seed=7)
-    batch = sampler.next_batch(5)
-    assert isinstance(batch, Batch)
-    windows, which = draw(replay, 5)
-    assert batch.input_ids_BT.shape == batch.targets_BT.shape == batch.loss_mask_BT.shape == (5, SEQ_LEN)
-    assert batch.input_ids_BT.dtype == batch.targets_BT.dtype == torch.int64
-    assert np.array_equal(batch.input_ids_BT.numpy(), windows[:, :-1]) and np.array_equal(batch.targets_BT.numpy(), windows[:, 1:])
-    assert batch.loss_mask_BT.dtype == torch.bool and batch.loss_mask_BT.all()
-    assert batch.doc_ids_BT is None  # windows attend across document boundaries
-    assert np.array_equal(batch.source_B.numpy(), which)
+    first = sampler.next_rows([SEQ_LEN + 1, 5, SEQ_LEN])
+    assert isinstance(first, Rows)
+    assert [len(w) for w in first.tokens] == [SEQ_LEN + 1, 5, SEQ_LEN] and all(w.dtype == np.int64 for w in first.tokens)
+    assert first.index_B.tolist() == [0, 1, 2]
+    assert sampler.next_rows([4, 4]).index_B.tolist() == [3, 4] and sampler.rows_drawn == 5
+    for window, source in zip(first.tokens, first.source_B, strict=True):  # contiguous ids of their source
+        assert (np.diff(window) == 1).all() and (window[0] >= B_OFFSET) == (source == 1)
+    with pytest.raises(AssertionError, match="windows of 18 tokens"):
+        sampler.next_rows([SEQ_LEN + 2])
 
 
 def test_build_sampler_reads_the_train_split(tmp_path: Path) -> None:
@@ -181,5 +177,5 @@ def test_build_sampler_reads_the_train_split(tmp_path: Path) -> None:
         (tmp_path / source).mkdir()
         write_shard(tmp_path / source / "train", np.arange(n))
     sampler = build_sampler(tmp_path, MixConfig(weights={"a": 1.0}, seed=3), SEQ_LEN)
-    assert sampler.sources == ["a"] and sampler.seq_len == SEQ_LEN
+    assert sampler.sources == ["a"] and sampler.max_window == SEQ_LEN + 1
     assert sampler.state_dict()["rng"] == Sampler({"a": TokenShard(tmp_path / "a" / "train")}, None, SEQ_LEN, seed=3).state_dict()["rng"]

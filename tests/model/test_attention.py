@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.model.attention import CAUSAL, FULL, AttentionRule, prefix_lm
+from kiln.model.attention import CAUSAL, FULL, AttentionRule, leading, prefix_lm
 from kiln.model.config import ModelConfig
 from kiln.model.init import build_model
 from kiln.model.transformer import Transformer, apply_rope
@@ -45,7 +45,7 @@ def test_masks_by_hand() -> None:
     assert FULL.mask_BTT(4, CPU).int().tolist() == [[[1] * 4] * 4]
     # Row 0 has a prefix of 2 (positions 0-1 see each other), row 1 a prefix of 0 (plain causal).
     prefix_row0 = [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
-    assert prefix_lm(torch.tensor([2, 0])).mask_BTT(4, CPU).int().tolist() == [prefix_row0, causal]
+    assert prefix_lm(leading(torch.tensor([2, 0]), 4)).mask_BTT(4, CPU).int().tolist() == [prefix_row0, causal]
     # Documents 0,0,1,1: causal inside each, nothing across.
     docs = torch.tensor([[0, 0, 1, 1]])
     assert CAUSAL.within_documents(docs).mask_BTT(4, CPU).int().tolist() == [[[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]]
@@ -100,7 +100,7 @@ def test_causal_does_not_see_the_future_and_full_does(position: int) -> None:
 
 
 def test_prefix_lm_is_bidirectional_inside_the_prefix_and_causal_after() -> None:
-    rule = prefix_lm(torch.tensor([5, 5]))
+    rule = prefix_lm(leading(torch.tensor([5, 5]), T))
     a, b = logits_after_change(rule, 4)  # last prefix token: the whole prefix sees it
     assert moved(a, b).all()
     a, b = logits_after_change(rule, 8)  # after the prefix: causal
@@ -122,7 +122,7 @@ def test_documents_do_not_see_each_other() -> None:
 def test_rule_matches_a_hand_built_mask_in_the_model() -> None:
     # The model under a rule equals SDPA with the mask written out by hand, layer by layer.
     doc_ids = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2]] * 2)
-    rule = prefix_lm(torch.tensor([2, 4])).within_documents(doc_ids)
+    rule = prefix_lm(leading(torch.tensor([2, 4]), T)).within_documents(doc_ids)
     hand = torch.zeros(2, T, T, dtype=torch.bool)
     for row, prefix in enumerate((2, 4)):
         for i in range(T):

@@ -235,3 +235,51 @@ def test_logits_match_hugging_face_llama(tied: bool) -> None:
     idx = torch.randint(0, cfg.vocab_size, (2, 20), generator=torch.Generator().manual_seed(8))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx), hf(idx).logits.float(), rtol=1e-4, atol=1e-4)
+
+
+def test_depth_scaled_init_shrinks_each_blocks_residual_outputs_by_its_depth() -> None:
+    cfg = ModelConfig(vocab_size=97, d_model=256, n_layers=8, n_heads=4, init_depth_scale="layer")
+    model = build_model(cfg, seed=0, device="cpu")
+    for layer in (0, 3, 7):  # 0.02 / sqrt(2 * (layer + 1))
+        expected = 0.02 / math.sqrt(2 * (layer + 1))
+        assert model.blocks[layer].attn.wo.weight.std().item() == pytest.approx(expected, rel=0.03)
+        assert model.blocks[layer].mlp.w_down.weight.std().item() == pytest.approx(expected, rel=0.03)
+    assert model.blocks[5].attn.wq.weight.std().item() == pytest.approx(0.02, rel=0.03)
+
+
+def test_softcap_bounds_the_logits_and_is_tanh_of_the_uncapped_ones() -> None:
+    capped = build_model(small_cfg(logit_softcap=2.0, init_std=1.0), seed=0, device="cpu")
+    plain = build_model(small_cfg(init_std=1.0), seed=0, device="cpu")
+    idx = torch.randint(0, 97, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        raw, out = plain(idx), capped(idx)
+    assert raw.abs().max() > 4.0 and out.abs().max() <= 2.0  # tanh rounds to exactly 1 in fp32 far out
+    assert torch.allclose(out, 2.0 * torch.tanh(raw / 2.0), atol=1e-5)
+
+
+@pytest.mark.parametrize("options", [{"activation": "relu2"}, {"activation": "gelu"}, {"qk_norm": True}, {"n_kv_heads": 1}])
+def test_every_option_runs_forward_and_backward_and_is_causal(options: dict) -> None:
+    model = build_model(small_cfg(**options), seed=0, device="cpu")
+    idx = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
+    logits = model(idx)
+    F.cross_entropy(logits.flatten(0, 1), idx.flatten()).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    changed = idx.clone()
+    changed[:, 6] = (changed[:, 6] + 1) % 97
+    with torch.no_grad():
+        assert torch.equal(model(changed)[:, :6], logits.detach()[:, :6])
+
+
+def test_restarted_positions_equal_a_sequence_on_its_own() -> None:
+    # Rotary attention depends on relative positions, but not exactly in floating point: with
+    # positions restarting at 7, the second part's logits equal the same tokens run alone.
+    from kiln.model.attention import CAUSAL
+
+    model = build_model(small_cfg(), seed=0, device="cpu").eval()
+    idx = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(2))
+    docs = torch.tensor([[0] * 7 + [1] * 5])
+    positions = torch.tensor([list(range(7)) + list(range(5))])
+    with torch.no_grad():
+        packed = model(idx, rule=CAUSAL.within_documents(docs), positions_BT=positions)
+        alone = model(idx[:, 7:])
+    assert torch.allclose(packed[:, 7:], alone, atol=1e-6)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kiln.core.errors import ConfigError
-from kiln.model.config import ModelConfig, count_params, flops_per_token
-from kiln.model.presets import get_preset
+from kiln.model.config import ModelConfig, count_params, flops_per_token, get_preset
 from kiln.plan.flops import count_flops, format_flops, format_plan, plan_training
 from kiln.recipe import load_recipe
 from kiln.train.config import TrainConfig

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from kiln.core.errors import ConfigError
-from kiln.model.presets import PRESETS
+from kiln.model.config import get_preset
 from kiln.plan.layout import bubble_fraction, dp_traffic, format_layout, propose_layout
 from kiln.plan.memory import Shape, plan_memory
 
-LLAMA_7B = Shape.from_config(PRESETS["llama-7b"])
-LLAMA_70B = Shape.from_config(PRESETS["llama-70b"])
+LLAMA_7B = Shape.from_config(get_preset("llama-7b"))
+LLAMA_70B = Shape.from_config(get_preset("llama-70b"))
 
 
 def test_7b_on_64_gpus_is_pure_data_parallel() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kiln.core.errors import ConfigError
-from kiln.model.presets import PRESETS
+from kiln.model.config import get_preset
 from kiln.plan.memory import (
     Shape,
     activation_bytes_per_layer,
@@ -61,7 +61,7 @@ def test_flash_attention_stores_no_scores(tp: int, sp: bool) -> None:
 
 
 def test_activations_for_a_preset() -> None:
-    shape = Shape.from_config(PRESETS["llama-7b"])
+    shape = Shape.from_config(get_preset("llama-7b"))
     r = plan_memory(shape, dp=8, zero=1, seq_len=4096, checkpointing="selective")
     # 32 layers * 34 * 4096 * 4096 bytes = 18.25 GB; states (2 + 2 + 12/8) * 6.738e9 = 37.06 GB
     assert r["activations_gb"] == pytest.approx(32 * 34 * 4096 * 4096 / 1e9)
@@ -93,7 +93,7 @@ def test_activations_for_a_preset() -> None:
 def test_the_reviewers_full_recompute_case() -> None:
     # kiln plan memory --preset llama-7b --dp 8 --zero 3 --activation-checkpointing full --micro-batch 4:
     # checkpoints 32 * 2 sbh = 4.29 GB plus one recomputed layer 34 sbh = 2.28 GB, s*b*h = 4096*4*4096.
-    shape = Shape.from_config(PRESETS["llama-7b"])
+    shape = Shape.from_config(get_preset("llama-7b"))
     r = plan_memory(shape, dp=8, zero=3, micro_batch=4, seq_len=4096, checkpointing="full")
     assert r["activations_gb"] == pytest.approx(6.576, abs=1e-3)
     # Eager attention keeps the recomputed layer's 160 sbh of scores: 10.7 GB more.
@@ -113,8 +113,8 @@ def test_warnings() -> None:
     # params far from what the shape implies: 2 layers of width 64 hold about 1e5 parameters, not 7e9.
     r = plan_memory(Shape(7e9, 2, 64, 2))
     assert len(r["warnings"]) == 1 and "params = 7e+09 is 7.12e+04x the 9.83e+04" in r["warnings"][0]
-    assert plan_memory(Shape.from_config(PRESETS["llama-70b"]), dp=8, zero=1)["warnings"] == []
-    assert plan_memory(Shape.from_config(PRESETS["gpt2-124m"]))["warnings"] == []  # embeddings are 31% of it
+    assert plan_memory(Shape.from_config(get_preset("llama-70b")), dp=8, zero=1)["warnings"] == []
+    assert plan_memory(Shape.from_config(get_preset("gpt2-124m")))["warnings"] == []  # embeddings are 31% of it
     # ZeRO-2/3 with a pipeline: DeepSpeed refuses it, Megatron offers only ZeRO-1.
     w = plan_memory(Shape(8e9), dp=4, pp=2, zero=2)["warnings"]
     assert len(w) == 1 and w[0].startswith("ZeRO-2 with pp = 2: DeepSpeed refuses") and "warning: ZeRO-2" in format_memory(plan_memory(Shape(8e9), dp=4, pp=2, zero=2))
@@ -138,7 +138,7 @@ def test_warnings() -> None:
 )
 def test_bad_layouts_name_the_input(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        plan_memory(Shape.from_config(PRESETS["llama-7b"]), **kwargs)
+        plan_memory(Shape.from_config(get_preset("llama-7b")), **kwargs)
 
 
 def test_zero_params_and_partial_shapes_rejected() -> None:

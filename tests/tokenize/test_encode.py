@@ -74,7 +74,7 @@ def test_encode(run_dir):
                 assert tok.eot_id not in ids[:-1]
                 assert tok.decode(ids[:-1]) == d.text  # the curated text comes back exactly
             stats = counts["per_source"][source][split]
-            assert stats == {"docs": len(expected), "tokens": len(shard), "bytes": sum(len(d.text.encode()) for d in expected)}
+            assert stats == {"docs": len(expected), "tokens": len(shard), "bytes": sum(len(d.text.encode()) for d in expected), "fim_docs": 0}
 
     per = counts["per_source"].values()
     assert counts["train_tokens"] == sum(s["train"]["tokens"] for s in per)

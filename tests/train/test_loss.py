@@ -26,7 +26,7 @@ def test_by_hand() -> None:
     hit, miss = z - 2, z  # nats of target 0 and of any other target
     # Row 0 keeps targets 0, 1 (drops 3); row 1 keeps only target 0.
     loss = lm_loss(logits, batch([[0, 1, 3], [0, 2, 2]], [[True, True, False], [True, False, False]]))
-    assert loss.mean.item() == pytest.approx((hit + miss + hit) / 3)
+    assert loss.value.item() == pytest.approx((hit + miss + hit) / 3)
     assert loss.row_mean_B.tolist() == pytest.approx([(hit + miss) / 2, hit])
     assert loss.row_tokens_B.tolist() == [2, 1]
 
@@ -34,7 +34,7 @@ def test_by_hand() -> None:
 def test_masked_positions_get_no_gradient() -> None:
     logits = torch.randn(2, 5, 7, requires_grad=True, generator=torch.Generator().manual_seed(0))
     mask = [[True, False, True, False, True], [False] * 5]
-    lm_loss(logits, batch([[1, 2, 3, 4, 5], [6, 0, 1, 2, 3]], mask)).mean.backward()
+    lm_loss(logits, batch([[1, 2, 3, 4, 5], [6, 0, 1, 2, 3]], mask)).value.backward()
     assert logits.grad is not None
     kept = torch.tensor(mask)
     assert (logits.grad[~kept] == 0).all() and (logits.grad[kept].abs().sum(-1) > 0).all()
@@ -44,7 +44,7 @@ def test_a_row_with_nothing_kept_counts_zero_and_nothing_kept_at_all_is_finite()
     loss = lm_loss(torch.zeros(2, 2, 3), batch([[0, 1], [2, 0]], [[True, True], [False, False]]))
     assert loss.row_mean_B.tolist() == pytest.approx([math.log(3), 0.0]) and loss.row_tokens_B.tolist() == [2, 0]
     none_kept = lm_loss(torch.zeros(1, 2, 3), batch([[0, 1]], [[False, False]]))
-    assert none_kept.mean.item() == 0.0
+    assert none_kept.value.item() == 0.0
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -57,9 +57,31 @@ def test_every_position_kept_is_bit_identical_to_the_plain_mean(seed: int) -> No
     reference = loss_BT.mean()
     (reference_grad,) = torch.autograd.grad(reference, logits)
     ours = lm_loss(logits, batch(targets.tolist()))
-    (ours_grad,) = torch.autograd.grad(ours.mean, logits)
-    assert torch.equal(ours.mean, reference) and torch.equal(ours_grad, reference_grad)
+    (ours_grad,) = torch.autograd.grad(ours.value, logits)
+    assert torch.equal(ours.value, reference) and torch.equal(ours_grad, reference_grad)
     assert torch.equal(ours.row_mean_B, loss_BT.detach().mean(dim=1))
     # On the CPU the sum over the count matches too (mean is sum-then-divide here); the loss
     # keeps the mean-times-factor form because CUDA's mean multiplies by 1/n instead.
     assert torch.equal(loss_BT.sum() / loss_BT.numel(), reference)
+
+
+def test_z_loss_adds_the_squared_log_normaliser_of_kept_positions() -> None:
+    logits = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(1))
+    b = batch([[0, 1, 2], [3, 4, 0]], [[True, False, True], [True, True, True]])
+    plain, with_z = lm_loss(logits, b), lm_loss(logits, b, z_loss=1e-2)
+    lse = torch.logsumexp(logits, dim=-1)[b.loss_mask_BT]
+    assert with_z.value.item() == pytest.approx(plain.value.item() + 1e-2 * lse.square().mean().item(), rel=1e-6)
+    assert torch.equal(with_z.row_mean_B, plain.row_mean_B)  # logged cross-entropy is the plain one
+
+
+def test_micro_batches_divide_by_the_kept_positions_of_the_whole_step() -> None:
+    # Masks keep 1 position of one micro-batch and 5 of the other: the step's value is the mean
+    # over all 6 kept tokens, not the mean of two per-batch means.
+    logits = torch.randn(2, 1, 3, 7, generator=torch.Generator().manual_seed(2))
+    targets = [[[1, 2, 3]], [[4, 5, 6]]]
+    masks = [[[True, False, False]], [[True, True, True]]]
+    one = batch(targets[0], masks[0])
+    two = batch(targets[1], masks[1])
+    step = lm_loss(logits[0], one, step_tokens=4).value + lm_loss(logits[1], two, step_tokens=4).value
+    all_tokens = F.cross_entropy(torch.cat([logits[0, 0, :1], logits[1, 0]]), torch.tensor([1, 4, 5, 6]))
+    assert step.item() == pytest.approx(all_tokens.item(), rel=1e-6)

@@ -1,29 +1,28 @@
-"""Draws training windows from per-source token shards by weight, as kiln.model.batch Batches.
+"""Draws training windows from per-source token shards by weight, as kiln.model.batch Rows.
 
-Each sequence picks a source with probability proportional to its weight, then a uniformly
-random window of seq_len + 1 tokens in that source's train split: its first seq_len tokens are
-the inputs, its last seq_len the targets, and every target counts in the loss. Windows may
-cross document boundaries (no document ids: attention spans them); the end-of-document token
-marks them. The whole state is the random generator's, so a resumed run draws exactly the
-sequences an uninterrupted one would have. The Sampler is a BatchSource (kiln.model.batch); the
-pipeline builds it (`build_sampler`) and hands it to the trainer.
+Each row picks a source with probability proportional to its weight, then a uniformly random
+window of the length the objective asks for (at most seq_len + 1 tokens) in that source's train
+split. Windows may cross document boundaries; the end-of-document token marks them, and the
+objective decides whether attention may cross them. The whole state is the random generator's
+and the row counter, so a resumed run draws exactly the windows an uninterrupted one would
+have. The Sampler is a RowSource (kiln.model.batch); the pipeline builds it (`build_sampler`)
+and the train stage puts its objective on top.
 Not handled here: epoch-exact passes, curricula and sequence-length schedules (the mix issue).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from kiln.core.errors import FatalError
 from kiln.core.tokenshards import TokenShard, open_split
 from kiln.mix.config import MixConfig
-from kiln.model.batch import Batch
+from kiln.model.batch import Rows
 
 log = logging.getLogger("kiln.mix")
 
@@ -44,27 +43,26 @@ class Sampler:
         w = np.array([weights[s] for s in self.sources], dtype=np.float64)
         self.probs = w / w.sum()
         self.shards = [usable[s] for s in self.sources]
-        self.seq_len = seq_len
+        self.max_window = seq_len + 1
         self.rng = np.random.Generator(np.random.PCG64(seed))
-        self.drawn = np.zeros(len(self.sources), dtype=np.int64)
+        self.drawn = np.zeros(len(self.sources), dtype=np.int64)  # rows per source
 
-    def next_batch(self, batch_size: int) -> Batch:
-        """batch_size windows on the host: inputs and targets (B, seq_len), all targets counted."""
-        which = self.rng.choice(len(self.sources), size=batch_size, p=self.probs)
-        windows = np.empty((batch_size, self.seq_len + 1), dtype=np.int64)
-        for row, s in enumerate(which):
+    @property
+    def rows_drawn(self) -> int:
+        return int(self.drawn.sum())
+
+    def next_rows(self, lengths: Sequence[int]) -> Rows:
+        """One window per entry of `lengths`, each that many tokens, on the host."""
+        assert max(lengths) <= self.max_window, f"windows of {max(lengths)} tokens, sampler built for {self.max_window}"
+        first = self.rows_drawn
+        which = self.rng.choice(len(self.sources), size=len(lengths), p=self.probs)
+        windows = []
+        for s, length in zip(which, lengths, strict=True):
             tokens = self.shards[s].tokens
-            start = int(self.rng.integers(0, len(tokens) - self.seq_len))  # last window ends at the final token
-            windows[row] = tokens[start : start + self.seq_len + 1]
+            start = int(self.rng.integers(0, len(tokens) - length + 1))  # the last window ends at the final token
+            windows.append(tokens[start : start + length].astype(np.int64))
         np.add.at(self.drawn, which, 1)
-        windows_BT1 = torch.from_numpy(windows)  # no copy; inputs and targets are views of it
-        return Batch(
-            input_ids_BT=windows_BT1[:, :-1],
-            targets_BT=windows_BT1[:, 1:],
-            loss_mask_BT=torch.ones(batch_size, self.seq_len, dtype=torch.bool),
-            doc_ids_BT=None,
-            source_B=torch.from_numpy(which),
-        )
+        return Rows(windows, which.astype(np.int64), np.arange(first, first + len(lengths), dtype=np.int64))
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": self.rng.bit_generator.state, "drawn": self.drawn.tolist(), "sources": self.sources}
@@ -75,11 +73,12 @@ class Sampler:
         self.rng.bit_generator.state = state["rng"]
         self.drawn = np.array(state["drawn"], dtype=np.int64)
 
-    def tokens_by_source(self) -> dict[str, int]:
-        return {s: int(n) * self.seq_len for s, n in zip(self.sources, self.drawn, strict=True)}
 
+def build_sampler(tokenize_dir: Path, cfg: MixConfig, seq_len: int, split: str = "train") -> Sampler:
+    """The Sampler over a run's split (checksums verified) for windows of up to seq_len + 1 tokens.
 
-def build_sampler(tokenize_dir: Path, cfg: MixConfig, seq_len: int) -> Sampler:
-    """The Sampler over a run's train split (checksums verified) for windows of seq_len tokens."""
+    The train split is drawn by mix.weights; the validation split (held-out rows for the
+    objective's validation loss) in proportion to each source's tokens.
+    """
     # verify: a damaged .bin of the right length would otherwise train silently on garbage.
-    return Sampler(open_split(tokenize_dir, "train", verify=True), cfg.weights, seq_len, cfg.seed)
+    return Sampler(open_split(tokenize_dir, split, verify=True), cfg.weights if split == "train" else None, seq_len, cfg.seed)

@@ -1,9 +1,10 @@
 """Attention rules: which key positions each query position may see.
 
 A rule is a small frozen record the model takes per forward pass: causal (a decoder), full
-(bidirectional, an encoder), or prefix-LM (bidirectional inside each row's prefix, causal
-after it), each optionally restricted to one document per position (block-diagonal masking of
-packed sequences). Plain causal without document ids takes SDPA's `is_causal=True` fast path
+(bidirectional, an encoder), or prefix-LM (bidirectional inside the positions marked as prefix,
+causal after them), each optionally restricted to one document per position (block-diagonal
+masking of packed sequences). With documents, each document has its own prefix: a prefix key is
+visible to every query of its document and, through the document mask, to no other. Plain causal without document ids takes SDPA's `is_causal=True` fast path
 (no mask tensor; flash kernels where the device has them); every other rule builds a boolean
 (B, 1, T, T) mask, True where a query may attend to a key. Every rule lets a position see
 itself, so no row of the mask is empty (an empty row would give NaN).
@@ -23,11 +24,11 @@ import torch
 @dataclass(frozen=True, eq=False)  # eq=False: tensor fields have no single truth value
 class AttentionRule:
     kind: Literal["causal", "full", "prefix"]
-    prefix_len_B: torch.Tensor | None = None  # prefix rule: positions < prefix_len_B[b] see each other both ways
+    prefix_BT: torch.Tensor | None = None  # prefix rule, bool: keys every query (of the same document) may see
     doc_ids_BT: torch.Tensor | None = None  # a query sees only keys with the same document id
 
     def __post_init__(self) -> None:
-        assert (self.kind == "prefix") == (self.prefix_len_B is not None), "prefix_len_B goes with kind='prefix' only"
+        assert (self.kind == "prefix") == (self.prefix_BT is not None), "prefix_BT goes with kind='prefix' only"
 
     def within_documents(self, doc_ids_BT: torch.Tensor | None) -> AttentionRule:
         """This rule restricted to each position's own document; None leaves it as it is."""
@@ -41,10 +42,11 @@ class AttentionRule:
             allowed = torch.ones(1, T, T, dtype=torch.bool, device=device)
         else:
             allowed = (j_1T <= i_T1)[None]  # causal: (1, T, T)
-        if self.prefix_len_B is not None:
-            # Keys inside the prefix are visible to every query (the queries after the prefix see
-            # them causally anyway), so the prefix block is bidirectional.
-            allowed = allowed | (j_1T[None] < self.prefix_len_B.to(device)[:, None, None])
+        if self.prefix_BT is not None:
+            # Keys inside a prefix are visible to every query (the queries after it see them
+            # causally anyway), so the prefix block is bidirectional; the document mask below
+            # keeps one document's prefix from the queries of an earlier document.
+            allowed = allowed | self.prefix_BT.to(device)[:, None, :]
         if self.doc_ids_BT is not None:
             doc_BT = self.doc_ids_BT.to(device)
             allowed = allowed & (doc_BT[:, :, None] == doc_BT[:, None, :])
@@ -63,6 +65,11 @@ CAUSAL = AttentionRule("causal")
 FULL = AttentionRule("full")
 
 
-def prefix_lm(prefix_len_B: torch.Tensor) -> AttentionRule:
-    """Bidirectional over the first prefix_len_B[b] positions of row b, causal after them."""
-    return AttentionRule("prefix", prefix_len_B=prefix_len_B)
+def prefix_lm(prefix_BT: torch.Tensor) -> AttentionRule:
+    """Bidirectional over the positions where prefix_BT is True, causal elsewhere."""
+    return AttentionRule("prefix", prefix_BT=prefix_BT)
+
+
+def leading(prefix_len_B: torch.Tensor, T: int) -> torch.Tensor:
+    """(B, T) bool marking the first prefix_len_B[b] positions of each row: one prefix per row."""
+    return torch.arange(T, device=prefix_len_B.device)[None, :] < prefix_len_B[:, None]

@@ -1,21 +1,35 @@
-"""What the trainer takes from a data stream: `Batch` records from a `BatchSource`.
+"""What the trainer takes from a data stream: `Rows` of raw tokens, turned into `Batch` records.
 
-A Batch is one micro-batch, already split into model inputs and next-token targets (the data
-side does the shift, the loop never slices): the loss counts the positions where `loss_mask_BT`
-is True, and `doc_ids_BT`, when given, keeps attention inside each document. `source_B` says
-which source each row came from, for the per-source loss. kiln.mix's Sampler is the source the
-pipeline wires in; the trainer knows only this protocol, so a stage never imports another.
+The data side (kiln.mix's sampler, a `RowSource`) draws windows of token ids from named sources;
+the objective (kiln.train.objectives) turns each window into one training row: the ids the model
+reads, the ids it should predict at each position, which positions count in the loss, and the
+attention rule (causal, full, or a bidirectional prefix), optionally restricted to each packed
+document with RoPE positions restarting there. A `BatchSource` yields those Batches; the loop
+never slices or shifts ids itself. The trainer knows only these protocols, so a stage never
+imports another.
 Shape legend: B rows, T positions.
-Not handled here: how rows are drawn (kiln.mix), objectives other than next-token prediction.
+Not handled here: how windows are drawn (kiln.mix), how objectives build rows (kiln.train.objectives).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
+import numpy as np
 import torch
+
+from kiln.model.attention import AttentionRule
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: array fields have no single truth value
+class Rows:
+    """Windows of token ids as drawn, one per row, with where they came from."""
+
+    tokens: list[np.ndarray]  # int64 ids of each window, of the lengths asked for
+    source_B: np.ndarray  # int64 index into the RowSource's `sources`
+    index_B: np.ndarray  # int64 position of each row in the global stream (0, 1, 2, ... since step 1)
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensor fields have no single truth value
@@ -25,17 +39,45 @@ class Batch:
     loss_mask_BT: torch.Tensor  # bool: True where the target counts in the loss
     doc_ids_BT: torch.Tensor | None  # int64 document index per position; None: attend across documents
     source_B: torch.Tensor  # int64 index into the BatchSource's `sources`
+    attention: Literal["causal", "full", "prefix"] = "causal"
+    prefix_BT: torch.Tensor | None = None  # bool, with attention="prefix": positions every query of the document sees
+    positions_BT: torch.Tensor | None = None  # int64 RoPE position per token; None means 0..T-1 in every row
+
+    def rule(self) -> AttentionRule:
+        """The attention rule the model applies to this batch."""
+        return AttentionRule(self.attention, prefix_BT=self.prefix_BT, doc_ids_BT=self.doc_ids_BT)
 
     def to(self, device: torch.device) -> Batch:
         """The same batch on `device` (copies start without waiting where the device allows)."""
-        def move(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device, non_blocking=True)  # on the same device: the tensor itself
+        def move(t: torch.Tensor | None) -> Any:
+            return None if t is None else t.to(device, non_blocking=True)  # on the same device: the tensor itself
 
-        return Batch(move(self.input_ids_BT), move(self.targets_BT), move(self.loss_mask_BT), None if self.doc_ids_BT is None else move(self.doc_ids_BT), move(self.source_B))
+        return Batch(
+            move(self.input_ids_BT), move(self.targets_BT), move(self.loss_mask_BT), move(self.doc_ids_BT), move(self.source_B),
+            self.attention, move(self.prefix_BT), move(self.positions_BT),
+        )
+
+
+class RowSource(Protocol):
+    """A resumable stream of token windows drawn from named sources."""
+
+    @property
+    def sources(self) -> Sequence[str]: ...
+
+    @property
+    def rows_drawn(self) -> int:
+        """Rows drawn so far: the global index the next row gets."""
+        ...
+
+    def next_rows(self, lengths: Sequence[int]) -> Rows: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class BatchSource(Protocol):
-    """A resumable stream of batches drawn from named sources."""
+    """A resumable stream of training batches drawn from named sources."""
 
     @property
     def sources(self) -> Sequence[str]: ...
@@ -47,5 +89,5 @@ class BatchSource(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def tokens_by_source(self) -> dict[str, int]:
-        """Tokens drawn so far per source (the train manifest's tokens_by_source)."""
+        """Data tokens the model has read so far per source (the train manifest's tokens_by_source)."""
         ...

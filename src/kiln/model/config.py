@@ -1,28 +1,61 @@
 """The `model` recipe section and the parameter and FLOP counts derived from it.
 
-These counts are the single source for the trainer's MFU and the planner; presets added later
-must go through the same functions.
+A recipe names a shape (`model.preset: tiny`, kiln.model.presets) and overrides any field of
+it; the vocabulary comes from the run's tokenizer unless `model.vocab_size` is given. These
+counts are the single source for the trainer's MFU and the planner; tests/model checks them
+against `sum(p.numel())` and torch's FLOP counter for every preset.
+Not handled here: mixture-of-experts layers, biases, learned position embeddings.
 """
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 from pydantic import Field, model_validator
 
 from kiln.core.config import Section
+from kiln.core.errors import ConfigError
+from kiln.model.presets import PRESETS
+
+# Activations of the feed-forward block. SwiGLU is gated (three matrices); ReLU squared
+# (Primer, So et al. 2021) and GELU are plain two-matrix MLPs.
+GATED = {"swiglu": True, "relu2": False, "gelu": False}
+# Hidden width / d_model when neither ffn_hidden nor ffn_multiplier is given: 8/3 keeps a gated
+# MLP at the 8*d^2 weights of a 4*d plain one (Llama), 4 is the plain MLP's usual width.
+DEFAULT_MULTIPLIER = {"swiglu": 8 / 3, "relu2": 4.0, "gelu": 4.0}
+FFN_ROUND_TO = 64
 
 
 class ModelConfig(Section):
+    preset: str | None = Field(default=None, description="A named shape from kiln.model.presets (tiny, demo-5m, gpt2-124m, gpt2-350m, llama-1b, llama-7b, llama-13b, llama-70b); the other keys override it. Its vocabulary is not taken: that comes from the tokenizer.")
     vocab_size: int | None = Field(default=None, ge=1, description="Embedding rows; None means the trained tokenizer's vocabulary size.")
     d_model: int = Field(default=256, ge=8, description="Residual stream width.")
     n_layers: int = Field(default=4, ge=1, description="Transformer blocks.")
     n_heads: int = Field(default=4, ge=1, description="Query heads; d_model must be a multiple.")
-    n_kv_heads: int | None = Field(default=None, ge=1, description="Key/value heads for grouped-query attention; None means n_heads (plain multi-head).")
-    ffn_hidden: int | None = Field(default=None, ge=1, description="SwiGLU hidden width; None means 8/3 * d_model rounded up to a multiple of 64 (Llama).")
+    n_kv_heads: int | None = Field(default=None, ge=1, description="Key/value heads: None means n_heads (multi-head), 1 is multi-query, anything between grouped-query; must divide n_heads.")
+    activation: Literal["swiglu", "relu2", "gelu"] = Field(default="swiglu", description="Feed-forward activation: swiglu (gated, three matrices), relu2 (ReLU squared) or gelu (two matrices each).")
+    ffn_multiplier: float | None = Field(default=None, gt=0, description="Feed-forward hidden width as a multiple of d_model, rounded up to a multiple of 64; None means 8/3 for swiglu and 4 otherwise.")
+    ffn_hidden: int | None = Field(default=None, ge=1, description="Feed-forward hidden width exactly (overrides ffn_multiplier).")
     max_seq_len: int = Field(default=256, ge=2, description="Longest sequence the RoPE tables cover (tokens).")
     rope_theta: float = Field(default=10000.0, gt=0, description="RoPE base frequency.")
     norm_eps: float = Field(default=1e-5, gt=0, description="RMSNorm epsilon.")
     tie_embeddings: bool = Field(default=False, description="Share the input embedding with the output projection.")
-    init_std: float = Field(default=0.02, gt=0, description="Std of the normal init; output projections of each block are scaled by 1/sqrt(2 * n_layers).")
+    qk_norm: bool = Field(default=False, description="RMSNorm on each head's queries and keys before RoPE (one gain vector of head_dim each per block); steadies attention logits at high learning rates.")
+    z_loss: float = Field(default=0.0, ge=0, description="Coefficient of the z-loss, z_loss * mean(logsumexp(logits)^2), which keeps the softmax normaliser near 1 (PaLM uses 1e-4); 0 turns it off.")
+    logit_softcap: float | None = Field(default=None, gt=0, description="Output logits pass through cap * tanh(logits / cap) (Gemma 2 uses 30); None leaves them as they are.")
+    init_std: float = Field(default=0.02, gt=0, description="Std of the normal init of every matrix.")
+    init_depth_scale: Literal["total", "layer"] = Field(default="total", description="Residual-branch output projections scaled by 1/sqrt(2 * n_layers) (total, GPT-2) or by 1/sqrt(2 * (layer + 1)) for each block (layer, depth-scaled).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("preset") is None:
+            return data
+        name = data["preset"]
+        if name not in PRESETS:
+            raise ValueError(f"preset {name!r} is unknown; choose one of {', '.join(PRESETS)}")
+        shape = {k: v for k, v in PRESETS[name].items() if k != "vocab_size"}
+        return {**shape, **data}  # the recipe's own keys win
 
     @model_validator(mode="after")
     def _heads(self) -> ModelConfig:
@@ -32,6 +65,8 @@ class ModelConfig(Section):
             raise ValueError(f"head_dim d_model/n_heads = {self.head_dim} must be even for RoPE")
         if self.n_heads % self.kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.kv_heads})")
+        if self.ffn_hidden is not None and self.ffn_multiplier is not None:
+            raise ValueError(f"give ffn_hidden ({self.ffn_hidden}) or ffn_multiplier ({self.ffn_multiplier}), not both")
         return self
 
     @property
@@ -43,10 +78,17 @@ class ModelConfig(Section):
         return self.n_kv_heads or self.n_heads
 
     @property
+    def gated(self) -> bool:
+        return GATED[self.activation]
+
+    @property
     def hidden(self) -> int:
         if self.ffn_hidden is not None:
             return self.ffn_hidden
-        return -(-(8 * self.d_model // 3) // 64) * 64
+        multiplier = self.ffn_multiplier or DEFAULT_MULTIPLIER[self.activation]
+        # 8/3 * d computed as 8 * d // 3 so the default is exact integer arithmetic (Llama's rule).
+        width = 8 * self.d_model // 3 if multiplier == DEFAULT_MULTIPLIER["swiglu"] else int(multiplier * self.d_model)
+        return -(-width // FFN_ROUND_TO) * FFN_ROUND_TO
 
     def resolved(self, vocab_size: int) -> ModelConfig:
         """This config with vocab_size filled in from the tokenizer."""
@@ -58,13 +100,20 @@ def count_params(cfg: ModelConfig, include_embeddings: bool = True) -> int:
     assert cfg.vocab_size is not None, "resolve vocab_size first"
     d, hd = cfg.d_model, cfg.head_dim
     attn = d * (cfg.n_heads * hd) + 2 * d * (cfg.kv_heads * hd) + (cfg.n_heads * hd) * d
-    mlp = 3 * d * cfg.hidden
-    block = attn + mlp + 2 * d  # two RMSNorm gains
-    body = cfg.n_layers * block + d  # final norm
+    mlp = (3 if cfg.gated else 2) * d * cfg.hidden
+    norms = 2 * d + (2 * hd if cfg.qk_norm else 0)  # two RMSNorm gains, and the q/k norms
+    body = cfg.n_layers * (attn + mlp + norms) + d  # final norm
     if not include_embeddings:
         return body
     emb = cfg.vocab_size * d
     return body + emb + (0 if cfg.tie_embeddings else emb)
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """Weights that take part in a matrix product per token: every block matrix and the output projection."""
+    assert cfg.vocab_size is not None, "resolve vocab_size first"
+    norms = cfg.n_layers * (2 * cfg.d_model + (2 * cfg.head_dim if cfg.qk_norm else 0)) + cfg.d_model
+    return count_params(cfg, include_embeddings=False) - norms + cfg.vocab_size * cfg.d_model  # output projection, tied or not
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
@@ -72,10 +121,15 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
 
     6 * N (N = non-embedding matmul params plus the output projection) plus the attention
     score and value products, 6 * n_layers * seq_len * d_attn counted for the full (unmasked)
-    square as in PaLM (Appendix B). The input embedding is a lookup and costs nothing.
+    square as in PaLM (Appendix B). The input embedding is a lookup and costs nothing; norms,
+    activations and softmax are elementwise and not counted.
     """
-    assert cfg.vocab_size is not None, "resolve vocab_size first"
-    matmul_params = count_params(cfg, include_embeddings=False) - (2 * cfg.n_layers + 1) * cfg.d_model
-    matmul_params += cfg.vocab_size * cfg.d_model  # output projection, tied or not
     attn = 6 * cfg.n_layers * seq_len * cfg.n_heads * cfg.head_dim * 2
-    return 6 * matmul_params + attn
+    return 6 * matmul_params(cfg) + attn
+
+
+def get_preset(name: str) -> ModelConfig:
+    """The named shape with its published vocabulary (what the planner counts), or a ConfigError listing the known names."""
+    if name not in PRESETS:
+        raise ConfigError(f"model preset {name!r} is unknown; choose one of {', '.join(PRESETS)}")
+    return ModelConfig(preset=name, vocab_size=PRESETS[name]["vocab_size"])

@@ -1,5 +1,11 @@
 """A Llama-style decoder: RMSNorm, rotary position embeddings, SwiGLU, grouped-query attention.
 
+Options from the config: ReLU-squared or GELU feed-forward instead of SwiGLU, RMSNorm on
+queries and keys (qk_norm), tanh soft-capping of the output logits, depth-scaled
+initialisation. Positions default to 0..T-1; a caller packing several documents in a row passes
+`positions_BT` restarting at each document (kiln.model.batch), so each sees the rotations it
+would see alone.
+
 Only model math lives here: parallelism, activation checkpointing and torch.compile are applied
 from outside (kiln.train), the loss lives with the trainer (kiln.train.loss). Attention goes
 through PyTorch's scaled_dot_product_attention, which picks a flash or memory-efficient kernel
@@ -11,8 +17,9 @@ there (kiln.model.init).
 
 Shape legend:
     B batch, T sequence length, D d_model, H query heads, K key/value heads,
-    E head dim (D / H), F SwiGLU hidden, V vocabulary.
-Not handled here: KV caching for generation (generation recomputes the prefix).
+    E head dim (D / H), F feed-forward hidden, V vocabulary.
+Not handled here: KV caching for generation (generation recomputes the prefix), the z-loss
+(a loss term: kiln.train.loss reads model.z_loss).
 """
 
 from __future__ import annotations
@@ -48,11 +55,12 @@ def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor
     return angles_TE2.cos().float(), angles_TE2.sin().float()
 
 
-def apply_rope(x_BHTE: torch.Tensor, cos_TE2: torch.Tensor, sin_TE2: torch.Tensor) -> torch.Tensor:
+def apply_rope(x_BHTE: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate by the angles in cos/sin: (T, E/2) shared by every row, or (B, 1, T, E/2) per row."""
     # Rotate (first half, second half) pairs, the "rotate_half" layout Hugging Face Llama uses,
     # so exported weights need no permutation.
     x1, x2 = x_BHTE.float().chunk(2, dim=-1)
-    out = torch.cat((x1 * cos_TE2 - x2 * sin_TE2, x2 * cos_TE2 + x1 * sin_TE2), dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     return out.type_as(x_BHTE)
 
 
@@ -64,13 +72,18 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+        # One gain vector per projection, shared by its heads (as OLMo 2 and Qwen 3 normalise per head).
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x_BTD: torch.Tensor, cos_TE2: torch.Tensor, sin_TE2: torch.Tensor, sdpa_kwargs: dict[str, Any]) -> torch.Tensor:
+    def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sdpa_kwargs: dict[str, Any]) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         q_BHTE = self.wq(x_BTD).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k_BKTE = self.wk(x_BTD).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v_BKTE = self.wv(x_BTD).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        q_BHTE, k_BKTE = apply_rope(q_BHTE, cos_TE2, sin_TE2), apply_rope(k_BKTE, cos_TE2, sin_TE2)
+        if self.q_norm is not None and self.k_norm is not None:
+            q_BHTE, k_BKTE = self.q_norm(q_BHTE), self.k_norm(k_BKTE)  # over E: bounds the q.k logits
+        q_BHTE, k_BKTE = apply_rope(q_BHTE, cos, sin), apply_rope(k_BKTE, cos, sin)
         if self.n_kv != self.n_heads:  # grouped-query: each K/V head serves H/K query heads
             k_BKTE = k_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v_BKTE = v_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
@@ -79,15 +92,23 @@ class Attention(nn.Module):
         return self.wo(y_BHTE.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
-class SwiGLU(nn.Module):
+class FeedForward(nn.Module):
+    """SwiGLU, w_down(silu(w_gate x) * w_up x), or a plain MLP, w_down(act(w_up x)) with ReLU^2 or GELU."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.w_gate = nn.Linear(cfg.d_model, cfg.hidden, bias=False)
+        self.activation = cfg.activation
+        self.w_gate = nn.Linear(cfg.d_model, cfg.hidden, bias=False) if cfg.gated else None
         self.w_up = nn.Linear(cfg.d_model, cfg.hidden, bias=False)
         self.w_down = nn.Linear(cfg.hidden, cfg.d_model, bias=False)
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        return self.w_down(F.silu(self.w_gate(x_BTD)) * self.w_up(x_BTD))
+        up_BTF = self.w_up(x_BTD)
+        if self.w_gate is not None:
+            return self.w_down(F.silu(self.w_gate(x_BTD)) * up_BTF)
+        if self.activation == "relu2":
+            return self.w_down(F.relu(up_BTF).square())
+        return self.w_down(F.gelu(up_BTF, approximate="tanh"))
 
 
 class Block(nn.Module):
@@ -96,10 +117,10 @@ class Block(nn.Module):
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = SwiGLU(cfg)
+        self.mlp = FeedForward(cfg)
 
-    def forward(self, x_BTD: torch.Tensor, cos_TE2: torch.Tensor, sin_TE2: torch.Tensor, sdpa_kwargs: dict[str, Any]) -> torch.Tensor:
-        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), cos_TE2, sin_TE2, sdpa_kwargs)
+    def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sdpa_kwargs: dict[str, Any]) -> torch.Tensor:
+        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), cos, sin, sdpa_kwargs)
         return x_BTD + self.mlp(self.mlp_norm(x_BTD))
 
 
@@ -123,6 +144,11 @@ class Transformer(nn.Module):
     def init_weights(self) -> None:
         """Initial weights in place: normal(0, init_std) matrices, norm gains 1, RoPE tables rebuilt.
 
+        Residual-branch outputs (wo, w_down) are scaled down so the stream's variance stays O(1)
+        with depth: by 1/sqrt(2 * n_layers) everywhere (init_depth_scale=total, GPT-2), or by
+        1/sqrt(2 * (layer + 1)) in block `layer` (init_depth_scale=layer), which leaves the
+        early blocks larger.
+
         Matrices are drawn in named_parameters() order from the default generator, so
         `torch.manual_seed(s)`, construction on the CPU, then this, always give the same weights.
         """
@@ -134,17 +160,29 @@ class Transformer(nn.Module):
             if p.dim() < 2:
                 nn.init.ones_(p)  # norm gains: draws nothing from the generator
                 continue
-            # GPT-2 style: residual-branch outputs scaled down so the stream's variance stays O(1) with depth.
-            scale = 1 / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("wo.weight", "w_down.weight")) else 1.0
+            scale = 1.0
+            if name.endswith(("wo.weight", "w_down.weight")):  # blocks.<layer>.attn.wo / blocks.<layer>.mlp.w_down
+                depth = self.cfg.n_layers if self.cfg.init_depth_scale == "total" else int(name.split(".")[1]) + 1
+                scale = 1 / math.sqrt(2 * depth)
             nn.init.normal_(p, mean=0.0, std=std * scale)
 
-    def forward(self, idx_BT: torch.Tensor, rule: AttentionRule = CAUSAL) -> torch.Tensor:
-        """Logits (B, T, V) in fp32 for a batch of token ids, attending as `rule` allows."""
+    def forward(self, idx_BT: torch.Tensor, rule: AttentionRule = CAUSAL, positions_BT: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, V) in fp32 for a batch of token ids, attending as `rule` allows.
+
+        positions_BT: each token's RoPE position (restarting per packed document); None means 0..T-1.
+        """
         T = idx_BT.shape[1]
         assert T <= self.cfg.max_seq_len, f"sequence of {T} tokens exceeds max_seq_len {self.cfg.max_seq_len}"
-        cos_TE2, sin_TE2 = self.rope_cos[:T], self.rope_sin[:T]
+        if positions_BT is None:
+            cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, E/2), broadcast over rows and heads
+        else:
+            cos, sin = self.rope_cos[positions_BT][:, None], self.rope_sin[positions_BT][:, None]  # (B, 1, T, E/2)
         sdpa_kwargs = rule.sdpa_kwargs(T, idx_BT.device)  # any mask is built once, shared by every layer
         x_BTD = self.embed(idx_BT)
         for block in self.blocks:
-            x_BTD = block(x_BTD, cos_TE2, sin_TE2, sdpa_kwargs)
-        return self.lm_head(self.norm(x_BTD)).float()
+            x_BTD = block(x_BTD, cos, sin, sdpa_kwargs)
+        logits_BTV = self.lm_head(self.norm(x_BTD)).float()
+        if self.cfg.logit_softcap is not None:  # smooth clamp to (-cap, cap), in fp32
+            cap = self.cfg.logit_softcap
+            logits_BTV = cap * torch.tanh(logits_BTV / cap)
+        return logits_BTV

@@ -189,7 +189,7 @@ def _micro(p: argparse.ArgumentParser) -> None:
 def _shape(args: argparse.Namespace) -> tuple[Any, int]:
     """The model's Shape and the default sequence length, from --preset or --params [+ shape flags]."""
     from kiln.core.errors import ConfigError
-    from kiln.model.presets import get_preset
+    from kiln.model.config import get_preset
     from kiln.plan.memory import Shape
 
     shape_flags = {k: getattr(args, k) for k in ("layers", "hidden", "heads") if getattr(args, k, None) is not None}

@@ -18,8 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.core.errors import ConfigError
-from kiln.model.config import ModelConfig, count_params, flops_per_token
-from kiln.model.presets import get_preset
+from kiln.model.config import ModelConfig, count_params, flops_per_token, get_preset
 from kiln.plan.checks import require_at_least, require_positive
 from kiln.plan.report import count, sci, table
 from kiln.plan.scaling import TOKENS_PER_PARAM

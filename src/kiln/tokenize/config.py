@@ -39,9 +39,17 @@ class TokenizerConfig(Section):
         return self
 
 
+class FimConfig(Section):
+    rate: float = Field(default=0.5, ge=0, le=1, description="Share of train-split documents rearranged for fill-in-the-middle (drawn per document).")
+    spm_rate: float = Field(default=0.5, ge=0, le=1, description="Share of the rearranged documents laid out suffix-prefix-middle; the rest prefix-suffix-middle.")
+    sources: list[str] | None = Field(default=None, description="Sources whose documents may be rearranged (e.g. [code]); None means every source.")
+    seed: int = Field(default=0, description="Seed of the per-document draws.")
+
+
 class TokenizeConfig(Section):
     NOT_HASHED = frozenset({"batch_docs", "executor"})  # batching and workers change speed, never the ids
     val_fraction: float = Field(default=0.02, gt=0, lt=1, description="Fraction of documents (by id hash) written to the validation split instead of train.")
     dtype: Literal["auto", "uint16", "uint32"] = Field(default="auto", description="Token shard integer type; auto is uint16 for vocabularies up to 65,536, else uint32.")
     batch_docs: int = Field(default=256, ge=1, description="Documents encoded per call inside a task.")
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="Where the per-shard encoding tasks run (local process pool or ray).")
+    fim: FimConfig | None = Field(default=None, description="Fill-in-the-middle for the train split (train.objective fim trains on it); None leaves every document as it is. Validation documents are never rearranged, so perplexity stays comparable.")

@@ -2,7 +2,8 @@
 
 Every document is encoded whole and followed by `<|endoftext|>`; a document goes to validation
 when its id hash falls under tokenize.val_fraction (the same rule the tokenizer used for its
-held-out text). Two phases:
+held-out text). With tokenize.fim, a share of the train split's documents is rearranged for
+fill-in-the-middle (kiln.text.fim) before encoding; validation documents never are. Two phases:
 1. encode: one task per curated shard on the executor (a local process pool or Ray), each
    writing `.parts/<shard>/{train,val}.{bin,idx}`, `val_ids.txt` and, last, `stats.json`, its
    completion marker. An interrupted run resumes: finished tasks are not redone.
@@ -37,8 +38,9 @@ from kiln.core.layout import CURATE, SHARDS, SUMMARY, TOKENIZE, TOKENIZER, RunLa
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs
 from kiln.core.split import is_heldout
 from kiln.core.tokenshards import TokenShard, TokenShardWriter, dtype_for
+from kiln.text.fim import FimCut, draw_cut, fim_ids
 from kiln.text.tokenizer import META_NAME, KilnTokenizer, file_hash
-from kiln.tokenize.config import TokenizeConfig
+from kiln.tokenize.config import FimConfig, TokenizeConfig
 
 log = logging.getLogger("kiln.tokenize")
 SPLITS = ("train", "val")
@@ -54,6 +56,7 @@ class EncodeTask:
     val_fraction: float
     dtype: str
     batch_docs: int
+    fim: FimConfig | None = None
 
 
 _loaded: dict[tuple[str, str], KilnTokenizer] = {}
@@ -69,15 +72,30 @@ def tokenizer_for(path: str, file_hash: str) -> KilnTokenizer:
 class PartWriter:
     """The train and validation shards of one task, filled batch by batch."""
 
-    def __init__(self, out: Path, tokenizer: KilnTokenizer, val_fraction: float, dtype: np.dtype):
-        self.out, self.tokenizer, self.val_fraction = out, tokenizer, val_fraction
+    def __init__(self, out: Path, tokenizer: KilnTokenizer, val_fraction: float, dtype: np.dtype, fim: FimConfig | None):
+        self.out, self.tokenizer, self.val_fraction, self.fim = out, tokenizer, val_fraction, fim
         self.writers = {split: TokenShardWriter(out / split, tokenizer.vocab_size, dtype) for split in SPLITS}
-        self.stats = {split: {"docs": 0, "tokens": 0, "bytes": 0} for split in SPLITS}
+        self.stats = {split: {"docs": 0, "tokens": 0, "bytes": 0, "fim_docs": 0} for split in SPLITS}
         self.val_ids = open(out / "val_ids.txt", "w", encoding="utf-8")
 
+    def fim_cut(self, doc: Document, in_val: bool) -> FimCut | None:
+        fim = self.fim
+        if fim is None or in_val or (fim.sources is not None and doc.source not in fim.sources):
+            return None
+        return draw_cut(doc.text, doc.id, fim.seed, fim.rate, fim.spm_rate)
+
+    def encode(self, doc: Document, cut: FimCut | None) -> list[int]:
+        if cut is None:
+            return self.tokenizer.encode(doc.text)
+        return fim_ids(cut, self.tokenizer.encode, *self.tokenizer.fim_ids)
+
     def add(self, batch: list[Document]) -> None:
-        encoded = self.tokenizer.encode_batch([d.text for d in batch])
         in_val = [is_heldout(d.id, self.val_fraction) for d in batch]
+        cuts = [self.fim_cut(d, val) for d, val in zip(batch, in_val, strict=True)]
+        if any(cuts):
+            encoded = [self.encode(d, cut) for d, cut in zip(batch, cuts, strict=True)]
+        else:
+            encoded = self.tokenizer.encode_batch([d.text for d in batch])
         for split in SPLITS:
             picked = [(d, ids) for d, ids, val in zip(batch, encoded, in_val, strict=True) if val == (split == "val")]
             if not picked:
@@ -91,6 +109,7 @@ class PartWriter:
             stats["docs"] += len(picked)
             stats["tokens"] += int(lengths.sum())
             stats["bytes"] += sum(len(d.text.encode("utf-8")) for d, _ in picked)
+            stats["fim_docs"] += sum(1 for d, cut, val in zip(batch, cuts, in_val, strict=True) if cut is not None and val == (split == "val"))
             if split == "val":
                 self.val_ids.write("".join(f"{d.id}\n" for d, _ in picked))
 
@@ -109,7 +128,7 @@ def encode_shard(task: EncodeTask) -> dict[str, Any]:
         shutil.rmtree(out)  # an interrupted task: start it again
     out.mkdir(parents=True)
     tokenizer = tokenizer_for(task.tokenizer, task.tokenizer_hash)
-    part = PartWriter(out, tokenizer, task.val_fraction, dtype_for(tokenizer.vocab_size, task.dtype))
+    part = PartWriter(out, tokenizer, task.val_fraction, dtype_for(tokenizer.vocab_size, task.dtype), task.fim)
     batch: list[Document] = []
     for doc in read_shard(Path(task.shard)):
         batch.append(doc)
@@ -126,7 +145,7 @@ def encode_shard(task: EncodeTask) -> dict[str, Any]:
 def join(parts: list[Path], folder: Path, vocab_size: int, dtype: np.dtype) -> dict[str, dict[str, int]]:
     """Append one source's parts, in shard order, into its final shards; returns the summed stats."""
     folder.mkdir(exist_ok=True)
-    stats = {split: {"docs": 0, "tokens": 0, "bytes": 0} for split in SPLITS}
+    stats = {split: {"docs": 0, "tokens": 0, "bytes": 0, "fim_docs": 0} for split in SPLITS}
     for split in SPLITS:
         writer = TokenShardWriter(folder / split, vocab_size, dtype)
         for part in parts:
@@ -159,7 +178,7 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
     dtype = dtype_for(tokenizer.vocab_size, cfg.dtype)  # a uint16 request for a larger vocabulary stops here, before any work
     stage.begin(resume=not force)
     parts_dir = stage.dir / ".parts"  # a dot: no source's folder can take its name
-    tasks = [EncodeTask(str(s), str(parts_dir / s.name.removesuffix(SUFFIX)), str(tok_path), file_hash(tok_path), cfg.val_fraction, cfg.dtype, cfg.batch_docs) for s in shards]
+    tasks = [EncodeTask(str(s), str(parts_dir / s.name.removesuffix(SUFFIX)), str(tok_path), file_hash(tok_path), cfg.val_fraction, cfg.dtype, cfg.batch_docs, cfg.fim) for s in shards]
     total_bytes = sum(t["bytes_out"] for t in curated["counts"]["per_source"].values())
     executor = build_executor(cfg.executor, "tokenize.executor")
     val_docs = train_docs = 0
@@ -188,6 +207,7 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
         "val_tokens": sum(s["val"]["tokens"] for s in per_source.values()),
         "train_docs": sum(s["train"]["docs"] for s in per_source.values()),
         "val_docs": sum(s["val"]["docs"] for s in per_source.values()),
+        "fim_docs": sum(s["train"]["fim_docs"] for s in per_source.values()),
         "vocab_size": tokenizer.vocab_size,
         "dtype": str(dtype),
         "per_source": per_source,

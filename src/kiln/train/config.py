@@ -1,8 +1,10 @@
 """The `train` recipe section: length, batch geometry and seed at the top, one sub-section per concern.
 
 Sub-sections live with the code that reads them: `optim` (kiln.train.optim), `schedule`
-(kiln.train.schedule), `checkpoint` (kiln.train.checkpoint) and `precision`
-(kiln.model.precision, the policy eval and generate share). The batch is given in tokens per
+(kiln.train.schedule), `checkpoint` (kiln.train.checkpoint), `precision`
+(kiln.model.precision, the policy eval and generate share), and the objective's settings `mlm`,
+`prefix_lm`, `span_corruption` (kiln.train.objectives). `objective` names one objective or
+weighs several per row. The batch is given in tokens per
 optimizer step (`global_batch_tokens`); gradient-accumulation steps follow from it. Keys of
 the flat section this replaced fail with the name of their new home.
 Not handled here: the data-parallel layout (one process for now; kiln.train.distributed later).
@@ -10,13 +12,14 @@ Not handled here: the data-parallel layout (one process for now; kiln.train.dist
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
 from kiln.core.config import Section
 from kiln.model.precision import PrecisionConfig
 from kiln.train.checkpoint import CheckpointConfig
+from kiln.train.objectives import MASKS_DOCUMENTS_BY_DEFAULT, MLMConfig, Objective, PrefixLMConfig, SpanCorruptionConfig, span_plan
 from kiln.train.optim import OptimConfig
 from kiln.train.schedule import ScheduleConfig
 
@@ -52,6 +55,11 @@ class TrainConfig(Section):
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Learning-rate warmup and cosine decay.")
     precision: PrecisionConfig = Field(default_factory=PrecisionConfig, description="Device and matmul precision (auto: bf16 autocast on cuda, fp32 on cpu).")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="When checkpoints are saved besides after the last step.")
+    objective: Objective | dict[Objective, Annotated[float, Field(ge=0)]] = Field(default="clm", description="clm, fim, mlm, prefix_lm or span_corruption; or a mapping of them to weights, one drawn per row (UL2-style mixing). fim needs tokenize.fim.")
+    document_masking: bool | None = Field(default=None, description="Keep attention inside each packed document, with RoPE positions restarting per document; None means on for fim, mlm and prefix_lm, off for clm (span corruption rows are one example each).")
+    mlm: MLMConfig = Field(default_factory=MLMConfig, description="Masked-LM selection rate and the 80/10/10 replacement split.")
+    prefix_lm: PrefixLMConfig = Field(default_factory=PrefixLMConfig, description="Prefix-LM: the range of the prefix's share of each document.")
+    span_corruption: SpanCorruptionConfig = Field(default_factory=SpanCorruptionConfig, description="T5 span corruption: noise density and mean span length.")
 
     @model_validator(mode="before")
     @classmethod
@@ -66,6 +74,27 @@ class TrainConfig(Section):
         if moved:
             raise ValueError("; ".join(moved))
         return data
+
+    @model_validator(mode="after")
+    def _objective(self) -> TrainConfig:
+        if isinstance(self.objective, dict) and not any(w > 0 for w in self.objective.values()):
+            raise ValueError(f"objective weights {self.objective} give no objective a positive weight")
+        if "span_corruption" in self.objectives:
+            try:
+                span_plan(self.seq_len, self.span_corruption)
+            except ValueError as e:
+                raise ValueError(f"objective span_corruption: {e}; raise seq_len") from None
+        return self
+
+    @property
+    def objectives(self) -> dict[str, float]:
+        """Objective -> weight per row (positive weights only)."""
+        if isinstance(self.objective, str):
+            return {self.objective: 1.0}
+        return {name: w for name, w in self.objective.items() if w > 0}
+
+    def masks_documents(self, objective: str) -> bool:
+        return MASKS_DOCUMENTS_BY_DEFAULT[objective] if self.document_masking is None else self.document_masking
 
     @model_validator(mode="after")
     def _geometry(self) -> TrainConfig:

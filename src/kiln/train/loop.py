@@ -2,11 +2,13 @@
 
 Per optimizer step: grad_accum_steps micro-batches of micro_batch_size sequences of seq_len
 tokens (tokens per step = train.global_batch_tokens), each a Batch from the BatchSource the
-caller hands in (kiln.model.batch; kiln.mix's sampler in a kiln run); loss over the batch's
-loss mask scaled by 1/grad_accum_steps so gradients average; global-norm clipping; AdamW; lr
-from warmup + cosine. What follows a step is called by name in the loop: `monitor.log_step`,
-`maybe_checkpoint`, `maybe_eval` (validation before step 1, the untrained baseline near
-ln(vocab), and after the last step).
+caller hands in (kiln.model.batch; the objective's collator over kiln.mix's sampler in a kiln
+run), with the attention rule and positions the batch carries; the loss sums each batch's kept
+positions and divides by the kept positions of the whole step, so gradients average per token;
+global-norm clipping; AdamW; lr from warmup + cosine. What follows a step is called by name in
+the loop: `monitor.log_step`, `maybe_checkpoint`, `maybe_eval` (validation before step 1, the
+untrained baseline near ln(vocab), and after the last step; with an objective other than clm
+also that objective's loss on fixed validation batches).
 Stage bookkeeping (manifest, skip-or-redo, counts) is kiln.train.run's.
 Not handled here: DDP/FSDP (kiln.train.distributed, later), resume from a checkpoint, NaN and
 loss-spike rollback (the trainer-at-scale issue).
@@ -25,8 +27,7 @@ import torch
 
 from kiln.core.errors import FatalError
 from kiln.core.layout import CHECKPOINT, RunLayout
-from kiln.model.attention import CAUSAL
-from kiln.model.batch import BatchSource
+from kiln.model.batch import Batch, BatchSource
 from kiln.model.config import ModelConfig, count_params, flops_per_token
 from kiln.model.init import build_model
 from kiln.model.perplexity import ScoringConfig, validation_scorer
@@ -60,13 +61,37 @@ def build_precision(cfg: TrainConfig) -> Precision:
     return resolve_precision(cfg.precision, "train")
 
 
-def build_scorer(run_dir: Path, scoring: ScoringConfig, cfg: TrainConfig, precision: Precision) -> Scorer:
-    """Validation in the training precision, on windows of the training length unless scoring.seq_len says otherwise."""
-    return validation_scorer(run_dir, scoring.model_copy(update={"seq_len": scoring.seq_len or cfg.seq_len}), precision.amp_dtype)
+def build_scorer(run_dir: Path, scoring: ScoringConfig, cfg: TrainConfig, precision: Precision, objective_batches: list[Batch] | None) -> Scorer:
+    """Validation in the training precision, on windows of the training length unless scoring.seq_len says otherwise.
+
+    With objective_batches (held-out rows built by the training objective), the results also
+    carry that objective's loss on them under "objective".
+    """
+    perplexity = validation_scorer(run_dir, scoring.model_copy(update={"seq_len": scoring.seq_len or cfg.seq_len}), precision.amp_dtype)
+    if not objective_batches:
+        return perplexity
+    return lambda model: {**perplexity(model), "objective": objective_loss(model, objective_batches, precision)}
 
 
 def build_monitor(path: Path, model_cfg: ModelConfig, cfg: TrainConfig, device: torch.device) -> Monitor:
     return Monitor(path, cfg.steps, cfg.tokens_per_step, flops_per_token(model_cfg, cfg.seq_len), device)
+
+
+def objective_loss(model: Transformer, batches: list[Batch], precision: Precision) -> dict[str, Any]:
+    """Mean loss per kept position of the objective over fixed batches (nats), and the positions counted."""
+    was_training = model.training
+    model.eval()
+    nats, kept = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            batch = batch.to(precision.device)
+            with precision.autocast():
+                logits_BTV = model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT)
+            loss = lm_loss(logits_BTV, batch)
+            nats += float((loss.row_mean_B * loss.row_tokens_B).sum())  # host sync per batch
+            kept += int(loss.row_tokens_B.sum())
+    model.train(was_training)
+    return {"loss": nats / max(kept, 1), "tokens": kept}
 
 
 def maybe_eval(evaluate: Scorer, model: Transformer, monitor: Monitor, step: int, cfg: TrainConfig) -> dict[str, Any] | None:
@@ -80,13 +105,16 @@ def maybe_eval(evaluate: Scorer, model: Transformer, monitor: Monitor, step: int
     return results
 
 
-def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path) -> TrainResult:
-    """Train a fresh model (model_cfg with its vocab_size resolved) on `batches`; metrics and checkpoint go to out_dir."""
+def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path, objective_batches: list[Batch] | None = None) -> TrainResult:
+    """Train a fresh model (model_cfg with its vocab_size resolved) on `batches`; metrics and checkpoint go to out_dir.
+
+    objective_batches: held-out batches built by the training objective, scored at each validation.
+    """
     precision = build_precision(cfg)
     device = precision.device
     model = build_model(model_cfg, cfg.seed, device)
     optimizer = build_optimizer(model, cfg.optim)
-    evaluate = build_scorer(run_dir, scoring, cfg, precision)
+    evaluate = build_scorer(run_dir, scoring, cfg, precision, objective_batches)
     monitor = build_monitor(out_dir / RunLayout(run_dir).metrics.name, model_cfg, cfg, device)
     log.info("train: %s params (%s without embeddings) on %s, %d steps of %d tokens (%d micro-batches of %d x %d)", f"{count_params(model_cfg):,}", f"{count_params(model_cfg, False):,}", device, cfg.steps, cfg.tokens_per_step, cfg.grad_accum_steps, cfg.micro_batch_size, cfg.seq_len)
 
@@ -104,16 +132,21 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
         # Per-source sums of per-row mean losses and row counts, kept on the device: no sync per micro-batch.
         source_loss = torch.zeros(n_sources, device=device)
         source_rows = torch.zeros(n_sources, device=device)
-        for _ in range(cfg.grad_accum_steps):
-            # Drawn on the host: ids, targets and loss mask (B, T), source per row (B,); then to the device.
-            batch = batches.next_batch(cfg.micro_batch_size).to(device)
-            # Causal (SDPA's is_causal fast path) unless the batch carries document ids.
+        # The step's micro-batches, drawn on the host: ids, targets, loss mask (B, T), source per
+        # row (B,), the attention rule's tensors. Drawn first because the loss divides by the
+        # kept positions of the whole step, which the masks (on the host, no sync) give.
+        micro_batches = [batches.next_batch(cfg.micro_batch_size) for _ in range(cfg.grad_accum_steps)]
+        step_tokens = sum(int(b.loss_mask_BT.sum()) for b in micro_batches)
+        for batch in micro_batches:
+            batch = batch.to(device)
+            # Plain causal rows without document ids take SDPA's is_causal fast path.
             with precision.autocast():
-                logits_BTV = model(batch.input_ids_BT, rule=CAUSAL.within_documents(batch.doc_ids_BT))  # (B, T, V) fp32
-            loss = lm_loss(logits_BTV, batch)  # outside autocast: the cross-entropy runs in fp32
-            # Scaled so the accumulated gradient is that of the mean over the step's micro-batches.
+                logits_BTV = model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT)  # (B, T, V) fp32
+            # Outside autocast: the cross-entropy runs in fp32. Summed over kept positions and
+            # divided by step_tokens, so the accumulated gradient is that of the step's token mean.
             # Expected: about ln V at step 1 (9.01 nats for the demo's 8192 tokens).
-            (loss.mean / cfg.grad_accum_steps).backward()
+            loss = lm_loss(logits_BTV, batch, step_tokens, model_cfg.z_loss)
+            loss.value.backward()
             source_loss.index_add_(0, batch.source_B, loss.row_mean_B)
             source_rows.index_add_(0, batch.source_B, (loss.row_tokens_B > 0).to(source_rows.dtype))
         # clip_grad_norm_ returns the pre-clip norm; with grad_clip None we still measure it (max_norm=inf).

@@ -1,10 +1,14 @@
-"""The training loss of a Batch: next-token cross-entropy over the positions its loss mask keeps.
+"""The training loss of a Batch: cross-entropy over the positions its loss mask keeps, plus z-loss.
 
-Returns the mean over kept positions (what is differentiated) and, detached, each row's mean
-and kept-token count (what the per-source log aggregates). A row with no kept position has
-mean 0 and count 0.
+The differentiated value is the sum over kept positions divided by the kept positions of the
+whole optimizer step (all micro-batches; all ranks once data-parallel), so every kept token
+weighs the same however the masks fall (MLM keeps ~15% of a row, prefix-LM a random share); a
+per-micro-batch mean would weigh a token of a sparse micro-batch more. The optional z-loss,
+z_loss * logsumexp(logits)^2 per kept position (PaLM), pulls the softmax normaliser towards 1.
+Also returned, detached: each row's mean cross-entropy and kept-token count (what the
+per-source log aggregates); a row with no kept position has mean 0 and count 0.
 Shape legend: B rows, T positions, V vocabulary.
-Not handled here: z-loss, label smoothing, chunked cross-entropy for large vocabularies.
+Not handled here: label smoothing, chunked cross-entropy for large vocabularies.
 """
 
 from __future__ import annotations
@@ -19,21 +23,26 @@ from kiln.model.batch import Batch
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensor fields have no single truth value
 class Loss:
-    mean: torch.Tensor  # scalar, nats per kept token, with grad
-    row_mean_B: torch.Tensor  # detached: nats per kept token of each row
+    value: torch.Tensor  # scalar with grad: this micro-batch's share of the step's loss
+    row_mean_B: torch.Tensor  # detached: cross-entropy nats per kept token of each row
     row_tokens_B: torch.Tensor  # detached: kept tokens per row (int64)
 
 
-def lm_loss(logits_BTV: torch.Tensor, batch: Batch) -> Loss:
+def lm_loss(logits_BTV: torch.Tensor, batch: Batch, step_tokens: int | None = None, z_loss: float = 0.0) -> Loss:
+    """step_tokens: kept positions of the whole step; None means this batch's own (its plain mean)."""
     loss_BT = F.cross_entropy(logits_BTV.flatten(0, 1), batch.targets_BT.flatten(), reduction="none").view_as(batch.targets_BT)
     kept_BT = loss_BT * batch.loss_mask_BT  # masked positions contribute exactly 0
     tokens_B = batch.loss_mask_BT.sum(dim=1)  # (B,) int64
     B, T = loss_BT.shape
     # subtle: mean() times (positions / kept) rather than sum() / kept. With every position kept
-    # (next-token prediction) the factor is exactly 1.0, so value and gradient are bit for bit
-    # those of loss_BT.mean(), what kiln computed before loss masks, on any device. On the CPU
-    # sum() / kept happens to match too (mean is sum-then-divide there; tests/train/test_loss.py),
-    # but CUDA's mean kernel multiplies by 1/n, which can round differently from a division.
-    mean = kept_BT.mean() * (B * T / tokens_B.sum().clamp(min=1))
+    # in one micro-batch (next-token prediction) the factor is exactly 1.0, so value and gradient
+    # are bit for bit those of loss_BT.mean(), what kiln computed before loss masks, on any
+    # device. On the CPU sum() / kept happens to match too (mean is sum-then-divide there), but
+    # CUDA's mean kernel multiplies by 1/n, which can round differently from a division.
+    scale = B * T / step_tokens if step_tokens else B * T / tokens_B.sum().clamp(min=1)
+    value = kept_BT.mean() * scale
+    if z_loss:
+        z_BT = torch.logsumexp(logits_BTV, dim=-1)  # log of the softmax normaliser
+        value = value + z_loss * (z_BT.square() * batch.loss_mask_BT).mean() * scale
     row_mean_B = kept_BT.detach().mean(dim=1) * (T / tokens_B.clamp(min=1))
-    return Loss(mean, row_mean_B, tokens_B)
+    return Loss(value, row_mean_B, tokens_B)

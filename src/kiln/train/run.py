@@ -1,9 +1,11 @@
 """The train stage: skip-or-redo, then kiln.train.loop.train, then counts, summary and manifest.
 
-The caller (kiln.pipeline) wires in the data: `make_batches(seq_len)` builds the BatchSource
+The caller (kiln.pipeline) wires in the data: `make_rows(seq_len, split)` builds a RowSource
 (kiln.mix's sampler in a kiln run) and `data_config` is the recipe section that configured it,
-hashed with `model` and `train` so that different data redoes the stage. The scoring settings
-shape only the monitoring evaluations, so they are not hashed.
+hashed with `model` and `train` so that different data redoes the stage. The objective's
+collator (kiln.train.collate) turns its windows into batches; for any objective but plain clm,
+fixed validation batches built the same way are scored at each validation. The scoring
+settings shape only the monitoring evaluations, so they are not hashed.
 Not handled here: resuming an interrupted run from its checkpoint (it starts over).
 """
 
@@ -15,18 +17,34 @@ from pathlib import Path
 from typing import Any
 
 from kiln.core.config import Section
+from kiln.core.errors import ConfigError
 from kiln.core.layout import CHECKPOINT, TOKENIZE, TRAIN, RunLayout
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs
-from kiln.model.batch import BatchSource
+from kiln.model.batch import Batch, RowSource
 from kiln.model.config import ModelConfig, count_params, flops_per_token
 from kiln.model.perplexity import ScoringConfig
+from kiln.text.tokenizer import KilnTokenizer
+from kiln.train.collate import build_collator
 from kiln.train.config import TrainConfig
 from kiln.train.loop import train
+from kiln.train.objectives import check_objectives, token_ids
+
+# Validation rows for an objective's own loss: at most this many micro-batches.
+MAX_OBJECTIVE_VAL_BATCHES = 32
 
 log = logging.getLogger("kiln.train")
 
 
-def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_batches: Callable[[int], BatchSource], scoring: ScoringConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
+def objective_val_batches(make_rows: Callable[[int, str], RowSource], cfg: TrainConfig, scoring: ScoringConfig, ids: Any) -> list[Batch] | None:
+    """Fixed held-out batches built by the objective (the same rows at every validation), or None for plain clm."""
+    if cfg.objectives == {"clm": 1.0} and not cfg.masks_documents("clm"):
+        return None  # the perplexity scorer already measures exactly this
+    val = build_collator(make_rows(cfg.seq_len, "val"), cfg, ids)
+    n = min(MAX_OBJECTIVE_VAL_BATCHES, max(1, scoring.max_tokens_per_source * len(val.sources) // (cfg.micro_batch_size * cfg.seq_len)))
+    return [val.next_batch(cfg.micro_batch_size) for _ in range(n)]
+
+
+def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
     run_dir = Path(run_dir)
     layout = RunLayout(run_dir)
     tokenize_dir = layout.token_shards
@@ -38,10 +56,18 @@ def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_bat
         return done
     # Until resuming exists, checkpoints of an earlier run are never overwritten: --force moves them aside.
     stage.refuse_to_replace([CHECKPOINT], "checkpoints of an earlier training run (resuming is not supported yet)", force)
-    model_cfg = model_cfg.resolved(tokenized["counts"]["vocab_size"])
-    batches = make_batches(cfg.seq_len)  # a window longer than every source's tokens stops here, before begin()
+    vocab_size = tokenized["counts"]["vocab_size"]
+    if model_cfg.vocab_size is not None and model_cfg.vocab_size < vocab_size:
+        raise ConfigError(f"model.vocab_size {model_cfg.vocab_size} is below the tokenizer's {vocab_size} ids; leave it unset to take the tokenizer's")
+    model_cfg = model_cfg.resolved(vocab_size)
+    # Everything below stops before begin(): an objective the tokenizer or shards cannot serve,
+    # a window longer than every source's tokens.
+    ids = token_ids(KilnTokenizer.load(layout.tokenizer_json))
+    check_objectives(cfg.objectives, cfg.seq_len, cfg.span_corruption, ids, tokenized["config"]["tokenize"].get("fim"))
+    batches = build_collator(make_rows(cfg.seq_len, "train"), cfg, ids)
+    val_batches = objective_val_batches(make_rows, cfg, scoring, ids)
     stage.begin()
-    result = train(model_cfg, cfg, batches, scoring, run_dir, stage.dir)
+    result = train(model_cfg, cfg, batches, scoring, run_dir, stage.dir, val_batches)
 
     n_params = count_params(model_cfg)
     fpt = flops_per_token(model_cfg, cfg.seq_len)
