@@ -257,7 +257,7 @@ def test_unknown_recipe_name_lists_shipped(tmp_path, monkeypatch):
         load_recipe("nosuch")
     message = str(info.value)
     assert "'nosuch'" in message
-    assert "shipped: demo" in message
+    assert "shipped: curriculum, demo, fim-code, span-corruption" in message
 
 
 def test_recipe_that_is_not_a_mapping(tmp_path):
@@ -290,7 +290,7 @@ def test_bad_input_item_is_one_problem(tmp_path):
     [
         ("curate.max_total_mb=.inf", "curate.max_total_mb: input should be a finite number"),
         ("generate.temperature=.nan", "generate.temperature: input should be a finite number"),
-        ("mix.weights={code: -1}", "mix.weights.code: input should be greater than or equal to 0"),
+        ("mix.weights={code: -1}", "mix: weights.code is -1.0; it must be >= 0"),
         ("mix.weights={code: 0, prose: 0}", "give no source a positive weight"),
         ("mix.weights={code: 1.0e+308, prose: 1.0e+308}", "sum to infinity"),
     ],

@@ -105,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--run", metavar="NAME", help="Run name (same as --set name=NAME): writes runs/NAME/curate/.")
             p.add_argument("--decontaminate", dest="eval_sets", action="append", default=[], metavar="EVAL.jsonl", help="Remove training documents sharing an n-gram of curate.decontaminate.ngram (13) words with any item of this evaluation set (JSONL, one item per line; every string field is checked); repeatable; replaces the recipe's curate.decontaminate.eval_sets. The report is audit/decontamination.json.")
             p.add_argument("--explain", metavar="DOC_ID", help="Print which step removed (or quarantined) this document, the measured value and the threshold, and stop.")
+        if verb == "train":
+            p.add_argument("--dry-run", action="store_true", help="Print the planned data mixture over training (a table per phase: weights, tokens and epochs per source) and stop; nothing is trained or written.")
         if verb == "train-tokenizer":
             p.add_argument("--sweep", metavar="N,N,...", type=vocab_sizes, help="Train one tokenizer per vocabulary size on the same sample into tokenizer-sweep/ and print their reports side by side (the stage's own tokenizer is left as it is).")
     p = add("extend-tokenizer", "Add domain terms to the run's trained tokenizer as whole tokens (printing each term's token count before and after) and give the run's train checkpoint (or --checkpoint) embedding and output rows for them; writes tokenizer-extended/.")
@@ -205,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
             from kiln.curate.explain import explain
 
             print(explain(RunLayout(recipe.run_dir).stage(CURATE), args.explain))
+            return 0
+        if args.verb == "train" and args.dry_run:
+            from kiln import pipeline
+
+            print(pipeline.dry_run_train(recipe))
             return 0
         if args.verb == "demo":
             from kiln import pipeline

@@ -55,6 +55,14 @@ def _runner(stage: str) -> Callable[[Recipe, bool], dict[str, Any]]:
     raise ValueError(f"unknown stage {stage!r}")
 
 
+def dry_run_train(recipe: Recipe) -> str:
+    """`kiln train --dry-run`: the planned data mixture over training, phase by phase, from the run's token shards."""
+    from kiln.mix.sampler import build_sampler
+    from kiln.train.run import dry_run
+
+    return dry_run(recipe.train, partial(build_sampler, RunLayout(recipe.run_dir).token_shards, recipe.mix), recipe.run_dir)
+
+
 def embedding_shape(recipe: Recipe) -> Any:
     """The model width the tokenizer report prices its embedding table at."""
     from kiln.tokenize.train import EmbeddingShape
@@ -106,6 +114,12 @@ def build_summary(m: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
     drop = 1 - after["all"]["loss"] / before["all"]["loss"]
     summary["val_loss_drop"] = round(drop, 4)
+    objective = train["val_after"].get("objective")
+    if objective is not None and train["val_before"]:
+        # Not next-token prediction alone: the objective's own held-out loss says whether it learned.
+        first = train["val_before"]["objective"]["loss"]
+        summary["objective"] = {"name": m["train"]["config"]["train"]["objective"], "loss_before": round(first, 5), "loss_after": round(objective["loss"], 5)}
+        drop = 1 - objective["loss"] / first
     summary["learned"] = drop >= MIN_LOSS_DROP
     return summary
 
@@ -120,7 +134,9 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"validation loss: {s['val_loss_before']:.3f} -> {s['val_loss_after']:.3f} nats/token ({100 * s['val_loss_drop']:.1f}% lower)")
     for source, after in s["val_bpb_after"].items():
         lines.append(f"  bits/byte {source:<6} {s['val_bpb_before'][source]:.3f} -> {after:.3f}")
+    if objective := s.get("objective"):
+        lines.append(f"objective {objective['name']}: held-out loss {objective['loss_before']:.3f} -> {objective['loss_after']:.3f} nats per target token ({1 - objective['loss_after'] / objective['loss_before']:.1%} lower)")
     lines.append(f"sample: {s['sample']!r}")
     if not s["learned"]:
-        lines.append(f"WARNING: validation loss fell less than {MIN_LOSS_DROP:.0%}; train longer or raise train.optim.lr")
+        lines.append(f"WARNING: the {'objective' if objective else 'validation'} loss fell less than {MIN_LOSS_DROP:.0%}; train longer or raise train.optim.lr")
     return "\n".join(lines)

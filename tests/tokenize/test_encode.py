@@ -13,7 +13,8 @@ from kiln.core.docshards import list_shards, read_shard
 from kiln.core.errors import FatalError
 from kiln.core.manifest import MANIFEST
 from kiln.core.split import is_heldout
-from kiln.core.tokenshards import TokenShard, open_split
+from kiln.core.tokenshards import DOC_SCORES, TokenShard, doc_scores, open_split, read_scores
+from kiln.text.fim import restore
 from kiln.text.specials import EOT
 from kiln.text.tokenizer import KilnTokenizer
 from kiln.tokenize import encode as encode_module
@@ -73,6 +74,10 @@ def test_encode(run_dir):
                 assert ids[-1] == tok.eot_id
                 assert tok.eot_id not in ids[:-1]
                 assert tok.decode(ids[:-1]) == d.text  # the curated text comes back exactly
+            # The curation scores a curriculum orders by, one row per document (NaN where absent).
+            scores = read_scores(stage_dir / source / split, shard.n_docs)
+            expected_scores = np.array([doc_scores(d.meta) for d in expected], dtype=np.float32)
+            assert np.array_equal(np.stack([scores[k] for k in DOC_SCORES], axis=1), expected_scores, equal_nan=True)
             stats = counts["per_source"][source][split]
             assert stats == {"docs": len(expected), "tokens": len(shard), "bytes": sum(len(d.text.encode()) for d in expected), "fim_docs": 0}
 
@@ -81,7 +86,7 @@ def test_encode(run_dir):
     assert counts["val_tokens"] == sum(s["val"]["tokens"] for s in per)
     assert counts["train_docs"] + counts["val_docs"] == sum(len(v) for v in docs.values())
     assert sorted(o["path"] for o in manifest["outputs"]) == sorted(
-        [f"{s}/{split}.{ext}" for s in ("code", "prose") for split in ("train", "val") for ext in ("bin", "idx")]
+        [f"{s}/{split}.{ext}" for s in ("code", "prose") for split in ("train", "val") for ext in ("bin", "idx", "scores.npy")]
         + ["code/val_ids.txt", "prose/val_ids.txt"]
     )
     assert set(manifest["upstream"]) == {"curate", "tokenizer"}
@@ -97,7 +102,7 @@ def test_batch_size_does_not_change_the_shards(run_dir, tmp_path):
     assert encode(CFG.model_copy(update={"batch_docs": 1000}), run_dir)["finished_at"] == json.loads((run_dir / "tokenize" / MANIFEST).read_text())["finished_at"]
     encode(CFG.model_copy(update={"batch_docs": 1000}), run_dir, force=True)
     large = {p.relative_to(run_dir / "tokenize"): p.read_bytes() for p in (run_dir / "tokenize").glob("*/*.*")}
-    assert len(small) == 10 and small == large  # 2 sources x (2 shard pairs + val_ids.txt)
+    assert len(small) == 14 and small == large  # 2 sources x (2 x (shard pair + scores) + val_ids.txt)
 
 
 def test_rerun_is_skipped_and_upstream_change_redoes(run_dir):
@@ -223,3 +228,32 @@ def test_a_cut_or_deleted_curated_shard_is_refused_before_any_work(run_dir):
     with pytest.raises(FatalError, match=rf"input files missing: .*{shards[0].name}"):
         encode(configured(), run_dir)
     assert not (run_dir / "tokenize.partial").exists() and not (run_dir / "tokenize").exists()
+
+
+def test_fim_rearranges_train_documents_of_the_chosen_sources_only(run_dir):
+    counts = encode(configured(fim={"rate": 1.0, "spm_rate": 0.5, "sources": ["code"]}), run_dir)["counts"]
+    tok = KilnTokenizer.load(run_dir / "tokenizer" / "tokenizer.json")
+    prefix_id, middle_id, suffix_id = tok.fim_ids
+    docs = curated_by_source(run_dir)
+    layouts = set()
+    for source in ("code", "prose"):
+        for split in ("train", "val"):
+            expected = [d for d in docs[source] if is_heldout(d.id, CFG.val_fraction) == (split == "val")]
+            shard = TokenShard(run_dir / "tokenize" / source / split)
+            for i, d in enumerate(expected):
+                ids = shard.document(i).tolist()[:-1]  # without end-of-document
+                if source == "code" and split == "train":
+                    layouts.add("psm" if ids[0] == prefix_id else "spm")
+                    assert tok.decode(restore(ids, prefix_id, middle_id, suffix_id)) == d.text  # exactly reversible
+                else:
+                    assert not set(ids) & {prefix_id, middle_id, suffix_id} and tok.decode(ids) == d.text
+    assert layouts == {"psm", "spm"}
+    # val_fim: every validation document of the FIM sources, rearranged; none for the others.
+    val_code = [d for d in docs["code"] if is_heldout(d.id, CFG.val_fraction)]
+    val_fim = TokenShard(run_dir / "tokenize" / "code" / "val_fim")
+    assert val_fim.n_docs == len(val_code) == counts["per_source"]["code"]["val_fim"]["fim_docs"]
+    for i, d in enumerate(val_code):
+        assert tok.decode(restore(val_fim.document(i).tolist()[:-1], prefix_id, middle_id, suffix_id)) == d.text
+    assert not (run_dir / "tokenize" / "prose" / "val_fim.bin").exists() and "val_fim" not in counts["per_source"]["prose"]
+    code_train = counts["per_source"]["code"]["train"]
+    assert counts["fim_docs"] == code_train["fim_docs"] == code_train["docs"] and counts["per_source"]["prose"]["train"]["fim_docs"] == 0

@@ -160,7 +160,14 @@ def test_metrics_has_one_line_per_step(trained: tuple[Path, dict]) -> None:
     # The validation records bracket the steps and match the manifest.
     assert records[0] == {"step": 0, "eval": manifest["counts"]["val_before"]}
     assert records[-1] == {"step": STEPS, "eval": manifest["counts"]["val_after"]}
-    assert len(records) == STEPS + 2
+    # The realized mixture: mix.report_windows (10) windows of 4 steps, tokens per source against
+    # the intended shares; together every token trained, as the manifest records them.
+    windows = [r["mixture"] for r in records if "mixture" in r]
+    assert [w["steps"] for w in windows] == [[i, i + 3] for i in range(1, STEPS + 1, 4)]
+    assert sum(sum(w["tokens"].values()) for w in windows) == STEPS * 8 * 64
+    assert all(abs(w["share"]["code"] - w["intended"]["code"]) < 0.3 for w in windows)
+    assert windows == manifest["counts"]["mixture"]["realized"]
+    assert len(records) == STEPS + 2 + len(windows)
 
 
 def test_manifest_counts(trained: tuple[Path, dict]) -> None:
@@ -172,6 +179,9 @@ def test_manifest_counts(trained: tuple[Path, dict]) -> None:
     assert counts["params_non_embedding"] == count_params(resolved, include_embeddings=False)
     assert counts["tokens_trained"] == STEPS * 8 * 64
     assert sum(counts["tokens_by_source"].values()) == STEPS * 8 * 64
+    planned = counts["mixture"]["planned"]
+    assert sum(p["tokens"] for p in planned.values()) == pytest.approx(STEPS * 8 * 64, abs=2)
+    assert all(0 < p["epochs"] < 1 for p in planned.values())
     assert set(counts["tokens_by_source"]) == {"code", "legal"} and min(counts["tokens_by_source"].values()) > 0
     assert counts["flops_per_token"] == flops_per_token(resolved, 64)
     assert counts["train_flops"] == counts["flops_per_token"] * counts["tokens_trained"]
@@ -293,7 +303,7 @@ def test_gradient_accumulation_equals_one_big_batch(trained: tuple[Path, dict], 
 
     model = build_model(MODEL.resolved(512), cfg.seed, torch.device("cpu"))
     sampler = build_sampler(copy / "tokenize", MIX, cfg.seq_len)
-    windows = torch.from_numpy(np.stack([w for _ in range(2) for w in sampler.next_rows([cfg.seq_len + 1] * 8).tokens]))  # two micro-batches of 8
+    windows = torch.from_numpy(np.stack([w for _ in range(2) for w in sampler.next_rows([cfg.seq_len + 1] * 8, 0.0).tokens]))  # two micro-batches of 8
     inputs, targets = windows[:, :-1], windows[:, 1:]  # (16, 64)
     loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
     loss.backward()
@@ -420,8 +430,8 @@ class HalfMaskedDocuments:
         self.inner = build_sampler(run_dir / "tokenize", MIX, seq_len)
         self.sources, self.batches = self.inner.sources, []
 
-    def next_batch(self, batch_size: int) -> Batch:
-        windows = torch.from_numpy(np.stack(self.inner.next_rows([TRAIN.seq_len + 1] * batch_size).tokens))
+    def next_batch(self, batch_size: int, seq_len: int, progress: float) -> Batch:
+        windows = torch.from_numpy(np.stack(self.inner.next_rows([seq_len + 1] * batch_size, progress).tokens))
         b = Batch(windows[:, :-1], windows[:, 1:], torch.ones(batch_size, TRAIN.seq_len, dtype=torch.bool), None, torch.zeros(batch_size, dtype=torch.long))
         B, T = b.input_ids_BT.shape
         mask = torch.zeros(B, T, dtype=torch.bool)
@@ -439,6 +449,12 @@ class HalfMaskedDocuments:
 
     def tokens_by_source(self) -> dict[str, int]:
         return {s: 0 for s in self.sources}
+
+    def weights_at(self, progress: float) -> np.ndarray:
+        return self.inner.weights_at(progress)
+
+    def observe(self, step: int, progress: float, val_loss: dict[str, float]) -> None:
+        return None
 
 
 def test_the_loop_trains_on_any_batch_source_with_its_masks_and_documents(trained: tuple[Path, dict], tmp_path: Path) -> None:
@@ -464,15 +480,15 @@ def test_the_loop_trains_on_any_batch_source_with_its_masks_and_documents(traine
 def test_only_rank_0_writes_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
-    monitor = Monitor(tmp_path / "metrics.jsonl", total_steps=1, tokens_per_step=8, flops_per_token=1, device=torch.device("cpu"))
+    monitor = Monitor(tmp_path / "metrics.jsonl", total_steps=1, device=torch.device("cpu"))
     monitor.log_eval(0, {"all": {}})
     monitor.start(step=0)
-    monitor.log_step(1, 2.0, {"code": 2.0}, 1e-3, 0.5)
+    monitor.log_step(1, 2.0, {"code": 2.0}, 1e-3, 0.5, tokens=8, seq_len=4, flops_per_token=1)
     monitor.close()
     assert not (tmp_path / "metrics.jsonl").exists()
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
-    monitor = Monitor(tmp_path / "metrics.jsonl", total_steps=1, tokens_per_step=8, flops_per_token=1, device=torch.device("cpu"))
-    monitor.log_step(1, 2.0, {"code": 2.0}, 1e-3, 0.5)
+    monitor = Monitor(tmp_path / "metrics.jsonl", total_steps=1, device=torch.device("cpu"))
+    monitor.log_step(1, 2.0, {"code": 2.0}, 1e-3, 0.5, tokens=8, seq_len=4, flops_per_token=1)
     monitor.close()
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["loss"] == 2.0
 
@@ -493,3 +509,95 @@ def test_every_objective_trains_the_tiny_model_to_a_lower_validation_loss(object
     assert after[key]["loss"] < before[key]["loss"] - 0.5, (before[key], after[key])
     assert before[key]["loss"] == pytest.approx(math.log(512), abs=0.3)  # untrained: about ln V
     assert sum(manifest["counts"]["tokens_by_source"].values()) <= 30 * TRAIN.micro_batch_size * TRAIN.seq_len
+
+
+def test_sequence_length_phases_batch_warmup_and_the_rope_switch(tokenized: Path, tmp_path: Path) -> None:
+    copy = copy_tokenized(tokenized, tmp_path / "copy")
+    cfg = train_cfg(
+        steps=10, schedule={"warmup_steps": 2}, eval_at_start=False,
+        seq_len_schedule=[{"start": 0.0, "seq_len": 32}, {"start": 0.8, "seq_len": 64, "rope_theta": 40000.0}],
+        batch_warmup={"start_fraction": 0.5, "steps": 4}, late_position_weight=1.0,
+    )
+    manifest = train(MODEL, cfg, MIX, EvalConfig(max_tokens_per_source=256), copy)
+    steps = step_records(copy)
+    # Tokens per step ramp over 4 steps from half of 8 x 64 = 512, then stay at 512 whatever the length.
+    assert [r["tokens"] for r in steps] == [256, 320, 384, 448, 512, 512, 512, 512, 512, 512]
+    assert [r["seq_len"] for r in steps] == [32] * 8 + [64] * 2
+    assert manifest["counts"]["tokens_trained"] == sum(r["tokens"] for r in steps) == sum(manifest["counts"]["tokens_by_source"].values())
+    flops = sum(r["tokens"] * flops_per_token(MODEL.resolved(512), r["seq_len"]) for r in steps)
+    assert manifest["counts"]["train_flops"] == flops
+    # The long phase switched the RoPE base; the checkpoint's config says so.
+    assert load_trained_model(copy / "train" / "checkpoint").cfg.rope_theta == 40000.0
+
+
+def test_adaptive_mixture_reweights_from_validation_losses_and_logs_why(tokenized: Path, tmp_path: Path) -> None:
+    copy = copy_tokenized(tokenized, tmp_path / "copy")
+    mix = MixConfig(adaptive={"every": 4, "step_size": 0.3, "floor": 0.1})
+    run(MODEL, train_cfg(steps=12, schedule={"warmup_steps": 2}, eval_at_start=False), mix, partial(build_sampler, copy / "tokenize", mix), EvalConfig(max_tokens_per_source=512).scoring(), copy)
+    records = read_metrics(copy)
+    assert [r["step"] for r in records if "eval" in r] == [4, 8, 12, 12]  # every 4 steps, and the final validation
+    changes = [r for r in records if "adaptive" in r]
+    assert [r["step"] for r in changes] == [8, 12]  # the first measurement only sets the baseline
+    for r in changes:
+        slowest = r["reason"].split()[0]
+        assert r["adaptive"][slowest]["weight_after"] > r["adaptive"][slowest]["weight_before"]
+    # The checkpoint carries the adaptive state: the factors and the last measurement.
+    state = torch.load(copy / "train" / "checkpoint" / "train_state.pt", weights_only=False)["sampler"]["rows"]
+    last_eval = next(r["eval"] for r in records if r.get("step") == 12 and "eval" in r)
+    assert state["last_val"] == {s: v["loss"] for s, v in last_eval["sources"].items()}
+    resumed = build_sampler(copy / "tokenize", mix, TRAIN.seq_len)
+    resumed.load_state_dict(state)
+    after = changes[-1]["adaptive"]
+    assert resumed.weights_at(1.0).round(5).tolist() == [after["code"]["weight_after"], after["legal"]["weight_after"]]
+
+
+def test_the_global_stream_resumes_exactly_with_another_number_of_ranks(tokenized: Path) -> None:
+    from kiln.train.collate import build_collator
+    from kiln.train.objectives import token_ids
+
+    ids = token_ids(KilnTokenizer.load(tokenized / "tokenizer" / "tokenizer.json"))
+    cfg = train_cfg(objective={"clm": 1.0, "mlm": 1.0, "span_corruption": 1.0})
+
+    def ranks(world: int, state: dict | None = None) -> list[Any]:
+        out = [build_collator(build_sampler(tokenized / "tokenize", MIX, cfg.seq_len), cfg, ids, rank, world) for rank in range(world)]
+        for c in out:
+            if state is not None:
+                c.load_state_dict(state)
+        return out
+
+    def steps(collators: list[Any], n: int) -> list[torch.Tensor]:
+        rows = 8 // len(collators)
+        return [torch.cat([c.next_batch(rows, cfg.seq_len, 0.0).input_ids_BT for c in collators]) for _ in range(n)]
+
+    uninterrupted = steps(ranks(1), 6)
+    two = ranks(2)
+    first = steps(two, 3)
+    assert two[0].state_dict() == two[1].state_dict()  # the state does not depend on the rank
+    resumed = steps(ranks(4, two[0].state_dict()), 3)  # saved on 2 ranks, resumed on 4
+    assert all(torch.equal(a, b) for a, b in zip(first + resumed, uninterrupted, strict=True))
+
+
+def test_dry_run_prints_the_planned_mixture_per_phase_and_trains_nothing(tokenized: Path, tmp_path: Path) -> None:
+    from kiln.train.run import dry_run
+
+    copy = copy_tokenized(tokenized, tmp_path / "copy")
+    mix = MixConfig(weights={"code": [[0, 1], [0.5, 1], [1.0, 0.2]], "legal": 1.0})
+    cfg = train_cfg(steps=100, seq_len_schedule=[{"start": 0.0, "seq_len": 32}, {"start": 0.8, "seq_len": 64}])
+    text = dry_run(cfg, partial(build_sampler, copy / "tokenize", mix), copy)
+    assert "planned mixture: 51,200 tokens in 3 phase(s)" in text
+    assert "steps 1-50 (progress 0%-50%), seq_len 32" in text and "steps 81-100 (progress 80%-100%), seq_len 64" in text
+    assert "0.500 -> " in text  # code's weight falls in the second half
+    assert not (copy / "train").exists()
+
+
+def test_kiln_train_dry_run_from_the_command_line(tokenized: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kiln.cli import main
+
+    copy_tokenized(tokenized, tmp_path / "copy")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: copy\nruns_dir: {tmp_path}\nmodel: {{max_seq_len: 64}}\ntrain: {{steps: 20, seq_len: 64, micro_batch_size: 8, schedule: {{warmup_steps: 2}}}}\nmix: {{weights: {{code: 3, legal: 1}}}}\n"
+        "curate: {inputs: [{source: code, format: text, path: c.py}, {source: legal, format: text, path: l.txt}]}\n")
+    assert main(["train", "--recipe", str(recipe), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "planned mixture: 10,240 tokens in 1 phase(s)" in out and "0.750" in out and "0.250" in out
+    assert not (tmp_path / "copy" / "train").exists()

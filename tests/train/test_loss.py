@@ -85,3 +85,14 @@ def test_micro_batches_divide_by_the_kept_positions_of_the_whole_step() -> None:
     step = lm_loss(logits[0], one, step_tokens=4).value + lm_loss(logits[1], two, step_tokens=4).value
     all_tokens = F.cross_entropy(torch.cat([logits[0, 0, :1], logits[1, 0]]), torch.tensor([1, 4, 5, 6]))
     assert step.item() == pytest.approx(all_tokens.item(), rel=1e-6)
+
+
+def test_late_position_weight_counts_later_positions_more_at_mean_one() -> None:
+    # T = 3, w = 1: raw weights 1, 1.5, 2 -> divided by their mean 1.5: 2/3, 1, 4/3.
+    logits = torch.randn(1, 3, 5, generator=torch.Generator().manual_seed(3))
+    b = batch([[0, 1, 2]])
+    per_position = F.cross_entropy(logits[0], torch.tensor([0, 1, 2]), reduction="none")
+    weighted = lm_loss(logits, b, late_position_weight=1.0)
+    expected = (per_position * torch.tensor([2 / 3, 1.0, 4 / 3])).mean()
+    assert weighted.value.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert torch.equal(weighted.row_mean_B, lm_loss(logits, b).row_mean_B)  # the logged loss stays unweighted

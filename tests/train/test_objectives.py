@@ -1,7 +1,8 @@
 """kiln.train.objectives and kiln.train.collate: each objective's rows by hand and by property, and
 what the model can see under the rows' attention rules.
 
-Ids below: 0 end-of-document, 1 pad, 2 mask, 6.. sentinels, ordinary tokens from 40 up.
+Ids below: 0 end-of-document, 1 pad, 2 mask, 3-5 FIM prefix/middle/suffix, 6.. sentinels,
+ordinary tokens from 40 up.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from kiln.train.collate import Collator, ObjectiveMix, restart_positions, stack
 from kiln.train.config import TrainConfig
 from kiln.train.objectives import MLMConfig, PrefixLMConfig, SpanCorruptionConfig, TokenIds
 
-IDS = TokenIds(eot=0, pad=1, mask=2, sentinels=tuple(range(6, 38)), first_ordinary=40, vocab_size=97)
+IDS = TokenIds(eot=0, pad=1, mask=2, fim_middle=4, sentinels=tuple(range(6, 38)), first_ordinary=40, vocab_size=97)
 EOT = IDS.eot
 
 
@@ -43,6 +44,14 @@ def test_clm_is_the_shifted_window_with_every_target_counted() -> None:
     assert row.inputs.tolist() == [50, 51, EOT, 60] and row.targets.tolist() == [51, EOT, 60, 61]
     assert row.loss_mask.all() and row.attention == "causal" and not row.doc_ids.any()
     assert obj.clm(window, IDS, masking=True).doc_ids.tolist() == [0, 0, 0, 1]
+
+
+def test_fim_middles_by_hand() -> None:
+    # <pre> 50 <suf> 51 <mid> 52 53 EOT | 60 61 <pre> 70 <suf> 71 <mid> 72 (cut by the window)
+    seq = np.array([[3, 50, 5, 51, 4, 52, 53, 0, 60, 61, 3, 70, 5, 71, 4, 72]])
+    mask = obj.fim_middles(seq[:, :-1], seq[:, 1:], IDS)
+    # Targets 52, 53, EOT (the first middle and its end) and 72 (the second, cut) count.
+    assert np.flatnonzero(mask[0]).tolist() == [4, 5, 6, 14]
 
 
 def test_prefix_lm_by_hand() -> None:
@@ -151,6 +160,8 @@ class Windows:
     """A RowSource over one long stream of documents of 5-12 tokens: row i starts at 37 * i."""
 
     sources = ["a", "b"]
+    adapt_every = None
+    report_windows = 1
 
     def __init__(self) -> None:
         gen = rng(3)
@@ -158,11 +169,15 @@ class Windows:
         self.stream = np.concatenate(docs)
         self.rows_drawn = 0
 
-    def next_rows(self, lengths: list[int]) -> Rows:
+    def next_rows(self, lengths: list[int], progress: float, keep: slice) -> Rows:
         first = self.rows_drawn
-        tokens = [self.stream[37 * (first + i) : 37 * (first + i) + n] for i, n in enumerate(lengths)]
+        index = np.arange(first, first + len(lengths))
+        tokens = [self.stream[37 * i : 37 * i + n] for i, n in zip(index[keep], np.array(lengths)[keep], strict=True)]
         self.rows_drawn += len(lengths)
-        return Rows(tokens, np.arange(first, first + len(lengths)) % 2, np.arange(first, first + len(lengths)))
+        return Rows(tokens, index[keep] % 2, index[keep], index % 2)
+
+    def weights_at(self, progress: float) -> np.ndarray:
+        return np.array([0.5, 0.5])
 
     def state_dict(self) -> dict[str, Any]:
         return {"rows_drawn": self.rows_drawn}
@@ -171,10 +186,20 @@ class Windows:
         self.rows_drawn = state["rows_drawn"]
 
 
-def collator(objective: Any, seq_len: int = 32, **train: Any) -> Collator:
-    cfg = TrainConfig(objective=objective, seq_len=seq_len, **train)
-    mix = ObjectiveMix(cfg.objectives, {o: cfg.masks_documents(o) for o in cfg.objectives}, cfg.mlm, cfg.prefix_lm, cfg.span_corruption)
-    return Collator(Windows(), mix, IDS, seq_len, seed=cfg.seed)
+class Batches:
+    """A collator over Windows that remembers its row length: next(rows) -> Batch."""
+
+    def __init__(self, objective: Any, seq_len: int = 32, rank: int = 0, world: int = 1, **train: Any):
+        cfg = TrainConfig(objective=objective, seq_len=seq_len, **train)
+        mix = ObjectiveMix(cfg.objectives, {o: cfg.masks_documents(o) for o in cfg.objectives}, cfg.mlm, cfg.prefix_lm, cfg.span_corruption)
+        self.collator, self.seq_len = Collator(Windows(), mix, IDS, cfg.seed, rank, world), seq_len
+
+    def next_batch(self, rows: int) -> Any:
+        return self.collator.next_batch(rows, self.seq_len, 0.0)
+
+
+def collator(objective: Any, seq_len: int = 32, **train: Any) -> Batches:
+    return Batches(objective, seq_len, **train)
 
 
 def batches_equal(a: Any, b: Any) -> bool:
@@ -187,15 +212,23 @@ MIXED = {"clm": 1.0, "mlm": 1.0, "prefix_lm": 1.0, "span_corruption": 1.0}
 
 @pytest.mark.parametrize("objective", ["clm", "mlm", "prefix_lm", "span_corruption", "fim"])
 def test_rows_do_not_depend_on_micro_batching_and_resume_exactly(objective: str) -> None:
-    whole = collator(objective).next_batch(8)
+    single = collator(objective)
+    whole = single.next_batch(8)
     halves = collator(objective)
     first, second = halves.next_batch(4), halves.next_batch(4)
     for name in ("input_ids_BT", "targets_BT", "loss_mask_BT"):
         assert torch.equal(getattr(whole, name), torch.cat([getattr(first, name), getattr(second, name)]))
     resumed = collator(objective)
-    resumed.load_state_dict(halves.state_dict())
+    resumed.collator.load_state_dict(halves.collator.state_dict())
     assert batches_equal(resumed.next_batch(4), halves.next_batch(4))
-    assert resumed.tokens_by_source() == halves.tokens_by_source()
+    assert resumed.collator.tokens_by_source() == halves.collator.tokens_by_source()
+    # Two ranks each build half of every global micro-batch: together, the same rows.
+    ranks = [Batches(objective, rank=r, world=2) for r in range(2)]
+    parts = [r.next_batch(4) for r in ranks]
+    for name in ("input_ids_BT", "targets_BT", "loss_mask_BT"):
+        assert torch.equal(getattr(whole, name), torch.cat([getattr(p, name) for p in parts]))
+    # Each rank counts the tokens of every rank's rows: the global count, whatever the world size.
+    assert ranks[0].collator.tokens_by_source() == ranks[1].collator.tokens_by_source() == single.collator.tokens_by_source()
 
 
 def test_a_weighted_mix_draws_each_objective_and_builds_one_rule_for_all() -> None:
@@ -210,7 +243,7 @@ def test_a_weighted_mix_draws_each_objective_and_builds_one_rule_for_all() -> No
     L = obj.span_plan(32, SpanCorruptionConfig())[0]
     span_rows = int(((batch.input_ids_BT >= 6) & (batch.input_ids_BT < 38)).any(dim=1).sum())
     assert 8 < span_rows < 26
-    assert sum(c.tokens_by_source().values()) == span_rows * L + (64 - span_rows) * 32
+    assert sum(c.collator.tokens_by_source().values()) == span_rows * L + (64 - span_rows) * 32
 
 
 def model() -> Any:

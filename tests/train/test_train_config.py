@@ -67,3 +67,30 @@ def test_speed_only_settings_do_not_change_the_hash() -> None:
         assert config_hash({"train": TrainConfig(**same)}) == base, same
     for other in ({"optim": {"lr": 1e-3}}, {"schedule": {"min_lr_ratio": 0.0}}, {"precision": {"dtype": "bf16"}}, {"global_batch_tokens": 8192}):
         assert config_hash({"train": TrainConfig(**other)}) != base, other
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"objective": "t5"}, "objective"),
+        ({"objective": {"clm": 0, "mlm": 0}}, "give no objective a positive weight"),
+        ({"mlm": {"replace_with_mask": 0.8, "replace_with_random": 0.3}}, "exceeds 1"),
+        ({"prefix_lm": {"min_share": 0.8, "max_share": 0.2}}, "min_share"),
+        ({"seq_len_schedule": [{"start": 0.2, "seq_len": 128}]}, "must begin at 0"),
+        ({"seq_len_schedule": [{"start": 0.0, "seq_len": 128}, {"start": 0.0, "seq_len": 256}]}, "must begin at 0 and increase"),
+        ({"seq_len_schedule": [{"start": 0.0, "seq_len": 512}]}, "seq_len 512 must be at most seq_len"),
+        ({"seq_len_schedule": [{"start": 0.0, "seq_len": 96}]}, "divide micro_batch_size"),
+    ],
+)
+def test_objective_and_schedule_settings_are_checked_before_any_work(bad: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        TrainConfig(**bad)
+
+
+def test_step_geometry_keeps_tokens_per_step_across_phases() -> None:
+    cfg = TrainConfig(steps=10, seq_len=256, micro_batch_size=16, schedule={"warmup_steps": 2}, seq_len_schedule=[{"start": 0.0, "seq_len": 64}, {"start": 0.5, "seq_len": 256, "rope_theta": 5e5}])
+    first, last = cfg.geometry(1), cfg.geometry(10)
+    assert (first.seq_len, first.rows_per_rank, first.micro_rows, first.rope_theta) == (64, 64, 64, None)
+    assert (last.seq_len, last.rows_per_rank, last.micro_rows, last.rope_theta) == (256, 16, 16, 5e5)
+    assert first.tokens(1) == last.tokens(1) == 4096
+    assert cfg.geometry(6).progress == 0.5 and cfg.geometry(6).seq_len == 256  # the phase starts at its progress

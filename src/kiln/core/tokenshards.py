@@ -5,7 +5,9 @@
 
     magic b"KILNIDX\\0" | version u32 | itemsize u32 | n_docs u64 | n_tokens u64 | xxh64 of .bin u64 | xxh64 of the offsets u64
 
-Each document's span ends with its end-of-document token. Opening checks the `.bin` length
+Each document's span ends with its end-of-document token. Beside the pair, `.scores.npy` holds
+one float32 row per document with the curation scores a curriculum can order by (DOC_SCORES,
+NaN where curation did not score the document). Opening checks the `.bin` length
 against the header and the checksum (xxh64 reads about 10 GB/s; `verify=False` skips it for a
 pair just checked), so a truncated, mismatched or damaged pair fails loudly instead of being
 read as garbage.
@@ -28,6 +30,9 @@ HEADER = struct.Struct("<8sIIQQQQ")
 
 
 UINT16_IDS = 2**16
+# Per-document scores carried from the curated documents' meta, in column order.
+DOC_SCORES = ("quality_score", "perplexity", "language_score")
+SCORES_SUFFIX = ".scores.npy"
 
 
 def dtype_for(vocab_size: int, requested: str = "auto") -> np.dtype:
@@ -145,6 +150,20 @@ class TokenShard:
 
     def document(self, i: int) -> np.ndarray:
         return self.tokens[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+
+def doc_scores(meta: dict) -> list[float]:
+    """A document's DOC_SCORES row from its meta (NaN for a score it lacks)."""
+    return [float(meta[k]) if isinstance(meta.get(k), int | float) else float("nan") for k in DOC_SCORES]
+
+
+def read_scores(prefix: Path, n_docs: int) -> dict[str, np.ndarray]:
+    """{score name: float32 per document} from `<prefix>.scores.npy`."""
+    path = Path(prefix).with_suffix(SCORES_SUFFIX)
+    table = np.load(path) if path.is_file() else None
+    if table is None or table.shape != (n_docs, len(DOC_SCORES)):
+        raise FatalError(f"{path}: missing or not {n_docs} rows of {len(DOC_SCORES)} scores; rerun `kiln tokenize --force`")
+    return {k: table[:, i] for i, k in enumerate(DOC_SCORES)}
 
 
 def _xxh64(array: np.ndarray, chunk: int = 1 << 24) -> int:

@@ -1,13 +1,17 @@
-"""Draws training windows from per-source token shards by weight, as kiln.model.batch Rows.
+"""Draws training rows from per-source token streams by (scheduled) weight, as kiln.model.batch Rows.
 
-Each row picks a source with probability proportional to its weight, then a uniformly random
-window of the length the objective asks for (at most seq_len + 1 tokens) in that source's train
-split. Windows may cross document boundaries; the end-of-document token marks them, and the
-objective decides whether attention may cross them. The whole state is the random generator's
-and the row counter, so a resumed run draws exactly the windows an uninterrupted one would
-have. The Sampler is a RowSource (kiln.model.batch); the pipeline builds it (`build_sampler`)
-and the train stage puts its objective on top.
-Not handled here: epoch-exact passes, curricula and sequence-length schedules (the mix issue).
+Row i of the global stream picks its source with a generator seeded by (mix.seed, i) from the
+weights at the current training progress (constants or piecewise-linear schedules, times the
+adaptive factors when mix.adaptive is on), then takes the next tokens of that source's stream
+(kiln.mix.streams: documents packed end to end in a seeded order per epoch, curriculum first).
+Every data-parallel rank draws the same global rows and reads only its own slice, so the state
+(stream positions, rows drawn, adaptive factors) does not depend on the number of ranks, and a
+resumed run, with any number of ranks, continues the stream without repeating or skipping a row.
+`plan` integrates the weight schedules over the run's steps: planned tokens and epochs per source,
+checked against mix.max_epochs before any training.
+The Sampler is a RowSource (kiln.model.batch); the pipeline builds it (`build_sampler`) and the
+train stage puts its objective on top.
+Not handled here: objectives and batching (kiln.train), sequence-length phases (kiln.train.geometry).
 """
 
 from __future__ import annotations
@@ -19,66 +23,158 @@ from typing import Any
 
 import numpy as np
 
-from kiln.core.errors import FatalError
+from kiln.core.errors import ConfigError, FatalError
 from kiln.core.tokenshards import TokenShard, open_split
+from kiln.mix.adaptive import reweight
 from kiln.mix.config import MixConfig
+from kiln.mix.schedule import Schedule, breakpoints, value_at
+from kiln.mix.streams import SourceStream
 from kiln.model.batch import Rows
 
 log = logging.getLogger("kiln.mix")
+# Generator streams are seeded (seed, stream id, ...): 0, 1 and 4 order documents
+# (kiln.mix.streams), 3 draws each row's source, 2 is the trainer's objectives (with train.seed).
+SOURCE_STREAM = 3
 
 
 class Sampler:
-    def __init__(self, shards: Mapping[str, TokenShard], weights: Mapping[str, float] | None, seq_len: int, seed: int):
+    def __init__(self, shards: Mapping[str, TokenShard], cfg: MixConfig, seq_len: int):
+        self.cfg = cfg
         usable = {s: shard for s, shard in sorted(shards.items()) if len(shard) >= seq_len + 1}
         for s in sorted(set(shards) - set(usable)):
             log.warning("mix: source %s has %d train tokens, fewer than one window of %d; not sampled", s, len(shards[s]), seq_len + 1)
-        if weights is None:
-            weights = {s: float(len(shard)) for s, shard in usable.items()}
-        missing = [s for s, w in weights.items() if w > 0 and s not in usable]
+        schedules: dict[str, Schedule] = dict(cfg.weights) if cfg.weights is not None else {s: float(len(shard)) for s, shard in usable.items()}
+        positive = {s for s, sched in schedules.items() if any(value_at(sched, p) > 0 for p in _probe_points(sched))}
+        missing = sorted(positive - set(usable))
         if missing:
             raise FatalError(f"mix.weights gives weight to {missing}, which have no usable train tokens; drop them from mix.weights")
-        self.sources = [s for s in usable if weights.get(s, 0) > 0]
+        self.sources = [s for s in usable if s in positive]
         if not self.sources:
             raise FatalError(f"mix: no source has the {seq_len + 1} train tokens of one window; curate more text or lower train.seq_len")
-        w = np.array([weights[s] for s in self.sources], dtype=np.float64)
-        self.probs = w / w.sum()
-        self.shards = [usable[s] for s in self.sources]
+        self.schedules = [schedules[s] for s in self.sources]
+        self.streams = [SourceStream(usable[s], i, cfg.seed, cfg.lanes, cfg.curriculum) for i, s in enumerate(self.sources)]
         self.max_window = seq_len + 1
-        self.rng = np.random.Generator(np.random.PCG64(seed))
+        self.rows_drawn = 0
         self.drawn = np.zeros(len(self.sources), dtype=np.int64)  # rows per source
+        self.factors = np.ones(len(self.sources))  # adaptive multipliers of the recipe's weights
+        self.last_val: dict[str, float] = {}
+
+    def weights_at(self, progress: float, adaptive: bool = True) -> np.ndarray:
+        """Probability of each source (in `sources` order) for a row drawn at `progress`."""
+        w = np.array([value_at(s, progress) for s in self.schedules], dtype=np.float64)
+        w = w / w.sum()
+        if adaptive and self.cfg.adaptive is not None:
+            w = w * self.factors / (w * self.factors).sum()
+            live = w > 0  # a source the schedule has switched off stays off
+            floor = min(self.cfg.adaptive.floor, 1 / live.sum())
+            # Mixed with the floor so every live source keeps at least `floor` of the rows.
+            w[live] = floor + (1 - floor * live.sum()) * w[live]
+        return w
+
+    def next_rows(self, lengths: Sequence[int], progress: float = 0.0, keep: slice = slice(None)) -> Rows:
+        """The next len(lengths) rows of the global stream; only the rows in `keep` are read and returned."""
+        assert max(lengths) <= self.max_window, f"windows of {max(lengths)} tokens, sampler built for {self.max_window}"
+        cdf = np.cumsum(self.weights_at(progress))
+        first = self.rows_drawn
+        kept = range(len(lengths))[keep]
+        tokens, sources, indices, every = [], [], [], []
+        for i, length in enumerate(lengths):
+            u = np.random.default_rng([self.cfg.seed, SOURCE_STREAM, first + i]).random()
+            s = min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), len(self.sources) - 1)
+            read = i in kept
+            window = self.streams[s].take(length, progress, read=read)
+            self.drawn[s] += 1
+            every.append(s)
+            if read:
+                tokens.append(window)
+                sources.append(s)
+                indices.append(first + i)
+        self.rows_drawn += len(lengths)
+        return Rows(tokens, np.array(sources, dtype=np.int64), np.array(indices, dtype=np.int64), np.array(every, dtype=np.int64))
+
+    def observe(self, step: int, progress: float, val_loss: Mapping[str, float]) -> dict[str, Any] | None:
+        """Adaptive mode: reweight from per-source validation losses; the log record with its reasons, or None."""
+        if self.cfg.adaptive is None:
+            return None
+        weights_before = self.weights_at(progress)
+        record = reweight(self.sources, self.factors, self.last_val, val_loss, self.cfg.adaptive)
+        self.last_val = {s: float(v) for s, v in val_loss.items() if s in self.sources}
+        if record is None:
+            return None
+        weights_after = self.weights_at(progress)  # what rows are drawn by from now on, floor included
+        for i, s in enumerate(self.sources):
+            record["adaptive"].setdefault(s, {}).update(weight_before=round(float(weights_before[i]), 5), weight_after=round(float(weights_after[i]), 5))
+        record["step"] = step
+        log.info("mix: adaptive reweighting at step %d: %s", step, record["reason"])
+        return record
 
     @property
-    def rows_drawn(self) -> int:
-        return int(self.drawn.sum())
+    def adapt_every(self) -> int | None:
+        return self.cfg.adaptive.every if self.cfg.adaptive is not None else None
 
-    def next_rows(self, lengths: Sequence[int]) -> Rows:
-        """One window per entry of `lengths`, each that many tokens, on the host."""
-        assert max(lengths) <= self.max_window, f"windows of {max(lengths)} tokens, sampler built for {self.max_window}"
-        first = self.rows_drawn
-        which = self.rng.choice(len(self.sources), size=len(lengths), p=self.probs)
-        windows = []
-        for s, length in zip(which, lengths, strict=True):
-            tokens = self.shards[s].tokens
-            start = int(self.rng.integers(0, len(tokens) - length + 1))  # the last window ends at the final token
-            windows.append(tokens[start : start + length].astype(np.int64))
-        np.add.at(self.drawn, which, 1)
-        return Rows(windows, which.astype(np.int64), np.arange(first, first + len(lengths), dtype=np.int64))
+    @property
+    def report_windows(self) -> int:
+        return self.cfg.report_windows
+
+    def breakpoints(self) -> list[float]:
+        """Progress points where the weights change slope or jump, and where a curriculum ends."""
+        points = {p for s in self.schedules for p in breakpoints(s)}
+        if self.cfg.curriculum is not None:
+            points.add(self.cfg.curriculum.until)
+        return sorted(points)
+
+    def plan(self, step_tokens: Sequence[int], step_progress: Sequence[float], check: bool = False) -> dict[str, Any]:
+        """Planned tokens and epochs per source over the given steps (the recipe's weights, before any adaptive change).
+
+        check: raise ConfigError (mix.on_overrepeat=error) or warn when a source would repeat more than mix.max_epochs times.
+        """
+        w_SP = np.stack([self.weights_at(p, adaptive=False) for p in step_progress], axis=1)  # (sources, steps)
+        tokens = w_SP @ np.asarray(step_tokens, dtype=np.float64)
+        per_source = {
+            s: {"tokens": int(round(t)), "epochs": round(float(t) / stream.tokens_per_epoch, 3), "train_tokens": stream.tokens_per_epoch}
+            for s, t, stream in zip(self.sources, tokens, self.streams, strict=True)
+        }
+        over = {s: v["epochs"] for s, v in per_source.items() if v["epochs"] > self.cfg.max_epochs}
+        if check and over:
+            message = f"mix: sources planned beyond mix.max_epochs={self.cfg.max_epochs}: " + ", ".join(f"{s} {e:.2f} epochs" for s, e in over.items())
+            if self.cfg.on_overrepeat == "error":
+                raise ConfigError(message + "; lower their weight, raise mix.max_epochs, or curate more of them")
+            log.warning("%s; repeated data is worth less with every pass", message)
+        return per_source
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.bit_generator.state, "drawn": self.drawn.tolist(), "sources": self.sources}
+        return {
+            "sources": self.sources,
+            "rows_drawn": self.rows_drawn,
+            "drawn": self.drawn.tolist(),
+            "streams": [s.state_dict() for s in self.streams],
+            "factors": self.factors.tolist(),
+            "last_val": self.last_val,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["sources"] != self.sources:
             raise FatalError(f"checkpoint sampler drew from {state['sources']}, this run has {self.sources}; the data changed")
-        self.rng.bit_generator.state = state["rng"]
+        self.rows_drawn = state["rows_drawn"]
         self.drawn = np.array(state["drawn"], dtype=np.int64)
+        for stream, s in zip(self.streams, state["streams"], strict=True):
+            stream.load_state_dict(s)
+        self.factors = np.array(state["factors"], dtype=np.float64)
+        self.last_val = dict(state["last_val"])
+
+
+def _probe_points(schedule: Schedule) -> list[float]:
+    return [0.0, 1.0] if isinstance(schedule, int | float) else [p for p, _ in schedule]
 
 
 def build_sampler(tokenize_dir: Path, cfg: MixConfig, seq_len: int, split: str = "train") -> Sampler:
     """The Sampler over a run's split (checksums verified) for windows of up to seq_len + 1 tokens.
 
-    The train split is drawn by mix.weights; the validation split (held-out rows for the
-    objective's validation loss) in proportion to each source's tokens.
+    The train split is drawn as the mix section says; the validation split (held-out rows for
+    an objective's validation loss) in proportion to each source's tokens, shuffled, fixed.
     """
+    if split != "train":
+        cfg = cfg.model_copy(update={"weights": None, "curriculum": None, "adaptive": None})
     # verify: a damaged .bin of the right length would otherwise train silently on garbage.
-    return Sampler(open_split(tokenize_dir, split, verify=True), cfg.weights if split == "train" else None, seq_len, cfg.seed)
+    return Sampler(open_split(tokenize_dir, split, verify=True), cfg, seq_len)
+

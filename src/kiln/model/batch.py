@@ -13,7 +13,7 @@ Not handled here: how windows are drawn (kiln.mix), how objectives build rows (k
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -27,9 +27,10 @@ from kiln.model.attention import AttentionRule
 class Rows:
     """Windows of token ids as drawn, one per row, with where they came from."""
 
-    tokens: list[np.ndarray]  # int64 ids of each window, of the lengths asked for
+    tokens: list[np.ndarray]  # int64 ids of each window read (this rank's), of the lengths asked for
     source_B: np.ndarray  # int64 index into the RowSource's `sources`
     index_B: np.ndarray  # int64 position of each row in the global stream (0, 1, 2, ... since step 1)
+    all_sources: np.ndarray  # int64 source of every row drawn in the call, every rank's
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensor fields have no single truth value
@@ -58,36 +59,61 @@ class Batch:
         )
 
 
-class RowSource(Protocol):
-    """A resumable stream of token windows drawn from named sources."""
+class Mixture(Protocol):
+    """What a stream drawn from weighted sources tells the trainer, and what it takes back."""
 
     @property
     def sources(self) -> Sequence[str]: ...
+
+    def weights_at(self, progress: float) -> np.ndarray:
+        """Intended share of each source (in `sources` order) at a training progress in [0, 1]."""
+        ...
+
+    def observe(self, step: int, progress: float, val_loss: Mapping[str, float]) -> dict[str, Any] | None:
+        """Per-source validation losses for an adaptive mixture; a log record when it reweighted."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class RowSource(Mixture, Protocol):
+    """A resumable global stream of token windows; each data-parallel rank reads its slice."""
 
     @property
     def rows_drawn(self) -> int:
         """Rows drawn so far: the global index the next row gets."""
         ...
 
-    def next_rows(self, lengths: Sequence[int]) -> Rows: ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-class BatchSource(Protocol):
-    """A resumable stream of training batches drawn from named sources."""
+    @property
+    def adapt_every(self) -> int | None:
+        """Steps between reweightings of an adaptive mixture; None when the weights are fixed."""
+        ...
 
     @property
-    def sources(self) -> Sequence[str]: ...
+    def report_windows(self) -> int:
+        """Windows of steps to report the realized mixture over."""
+        ...
 
-    def next_batch(self, batch_size: int) -> Batch: ...
+    def next_rows(self, lengths: Sequence[int], progress: float, keep: slice) -> Rows: ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def breakpoints(self) -> list[float]:
+        """Progress points where the mixture changes course (schedule breakpoints, curriculum end)."""
+        ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def plan(self, step_tokens: Sequence[int], step_progress: Sequence[float], check: bool = False) -> dict[str, Any]:
+        """Planned tokens and epochs per source over the given steps; check: act on over-repeated sources."""
+        ...
+
+
+class BatchSource(Mixture, Protocol):
+    """A resumable stream of training batches drawn from named sources."""
+
+    def next_batch(self, rows: int, seq_len: int, progress: float) -> Batch:
+        """This rank's next `rows` rows of seq_len positions, drawn at `progress`."""
+        ...
 
     def tokens_by_source(self) -> dict[str, int]:
-        """Data tokens the model has read so far per source (the train manifest's tokens_by_source)."""
+        """Data tokens the model has read so far per source, all ranks (the train manifest's tokens_by_source)."""
         ...

@@ -141,6 +141,14 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     @torch.no_grad()
+    def set_rope_theta(self, theta: float) -> None:
+        """Switch the RoPE base (a long-context phase); the config, and so a saved checkpoint, follows."""
+        self.cfg = self.cfg.model_copy(update={"rope_theta": theta})
+        cos, sin = rope_tables(self.cfg.max_seq_len, self.cfg.head_dim, theta)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+
+    @torch.no_grad()
     def init_weights(self) -> None:
         """Initial weights in place: normal(0, init_std) matrices, norm gains 1, RoPE tables rebuilt.
 

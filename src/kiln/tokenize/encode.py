@@ -3,12 +3,14 @@
 Every document is encoded whole and followed by `<|endoftext|>`; a document goes to validation
 when its id hash falls under tokenize.val_fraction (the same rule the tokenizer used for its
 held-out text). With tokenize.fim, a share of the train split's documents is rearranged for
-fill-in-the-middle (kiln.text.fim) before encoding; validation documents never are. Two phases:
+fill-in-the-middle (kiln.text.fim) before encoding; validation documents never are, and a third
+split, val_fim, holds every validation document of the FIM sources rearranged, for the
+trainer's fill-in-the-middle validation loss. Two phases:
 1. encode: one task per curated shard on the executor (a local process pool or Ray), each
-   writing `.parts/<shard>/{train,val}.{bin,idx}`, `val_ids.txt` and, last, `stats.json`, its
+   writing `.parts/<shard>/{train,val}.{bin,idx,scores.npy}`, `val_ids.txt` and, last, `stats.json`, its
    completion marker. An interrupted run resumes: finished tasks are not redone.
 2. join: per source and split, the parts are appended in shard order into
-   `<source>/{train,val}.{bin,idx}` and `<source>/val_ids.txt` (the validation documents' ids
+   `<source>/{train,val}.{bin,idx,scores.npy}` and `<source>/val_ids.txt` (the validation documents' ids
    in order); then `.parts/` is removed.
 Output does not depend on the worker count. Memory per worker is one batch of documents plus
 the tokenizer, whatever the corpus size; the join copies in fixed-size chunks. Disk holds the
@@ -37,7 +39,7 @@ from kiln.core.executors import build_executor
 from kiln.core.layout import CURATE, SHARDS, SUMMARY, TOKENIZE, TOKENIZER, RunLayout
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs
 from kiln.core.split import is_heldout
-from kiln.core.tokenshards import TokenShard, TokenShardWriter, dtype_for
+from kiln.core.tokenshards import DOC_SCORES, SCORES_SUFFIX, TokenShard, TokenShardWriter, doc_scores, dtype_for
 from kiln.text.fim import FimCut, draw_cut, fim_ids
 from kiln.text.tokenizer import META_NAME, KilnTokenizer, file_hash
 from kiln.tokenize.config import FimConfig, TokenizeConfig
@@ -70,19 +72,21 @@ def tokenizer_for(path: str, file_hash: str) -> KilnTokenizer:
 
 
 class PartWriter:
-    """The train and validation shards of one task, filled batch by batch."""
+    """The train and validation shards of one task (and, with FIM, val_fim), filled batch by batch."""
 
     def __init__(self, out: Path, tokenizer: KilnTokenizer, val_fraction: float, dtype: np.dtype, fim: FimConfig | None):
         self.out, self.tokenizer, self.val_fraction, self.fim = out, tokenizer, val_fraction, fim
-        self.writers = {split: TokenShardWriter(out / split, tokenizer.vocab_size, dtype) for split in SPLITS}
-        self.stats = {split: {"docs": 0, "tokens": 0, "bytes": 0, "fim_docs": 0} for split in SPLITS}
+        self.splits = splits_for(fim)
+        self.writers = {split: TokenShardWriter(out / split, tokenizer.vocab_size, dtype) for split in self.splits}
+        self.stats = {split: {"docs": 0, "tokens": 0, "bytes": 0, "fim_docs": 0} for split in self.splits}
         self.val_ids = open(out / "val_ids.txt", "w", encoding="utf-8")
+        self.scores: dict[str, list[list[float]]] = {split: [] for split in self.splits}
 
-    def fim_cut(self, doc: Document, in_val: bool) -> FimCut | None:
+    def fim_cut(self, doc: Document, rate: float) -> FimCut | None:
         fim = self.fim
-        if fim is None or in_val or (fim.sources is not None and doc.source not in fim.sources):
+        if fim is None or (fim.sources is not None and doc.source not in fim.sources):
             return None
-        return draw_cut(doc.text, doc.id, fim.seed, fim.rate, fim.spm_rate)
+        return draw_cut(doc.text, doc.id, fim.seed, rate, fim.spm_rate)
 
     def encode(self, doc: Document, cut: FimCut | None) -> list[int]:
         if cut is None:
@@ -91,32 +95,47 @@ class PartWriter:
 
     def add(self, batch: list[Document]) -> None:
         in_val = [is_heldout(d.id, self.val_fraction) for d in batch]
-        cuts = [self.fim_cut(d, val) for d, val in zip(batch, in_val, strict=True)]
+        # Train documents are rearranged at tokenize.fim.rate; validation documents never are.
+        cuts = [None if val else self.fim_cut(d, self.fim.rate if self.fim else 0.0) for d, val in zip(batch, in_val, strict=True)]
         if any(cuts):
             encoded = [self.encode(d, cut) for d, cut in zip(batch, cuts, strict=True)]
         else:
             encoded = self.tokenizer.encode_batch([d.text for d in batch])
-        for split in SPLITS:
-            picked = [(d, ids) for d, ids, val in zip(batch, encoded, in_val, strict=True) if val == (split == "val")]
-            if not picked:
-                continue
-            for _, ids in picked:
-                ids.append(self.tokenizer.eot_id)  # the document boundary, by id
-            lengths = np.fromiter((len(ids) for _, ids in picked), dtype=np.int64, count=len(picked))
-            flat = np.fromiter(chain.from_iterable(ids for _, ids in picked), dtype=np.int64, count=int(lengths.sum()))
-            self.writers[split].add_many(flat, lengths)
-            stats = self.stats[split]
-            stats["docs"] += len(picked)
-            stats["tokens"] += int(lengths.sum())
-            stats["bytes"] += sum(len(d.text.encode("utf-8")) for d, _ in picked)
-            stats["fim_docs"] += sum(1 for d, cut, val in zip(batch, cuts, in_val, strict=True) if cut is not None and val == (split == "val"))
-            if split == "val":
-                self.val_ids.write("".join(f"{d.id}\n" for d, _ in picked))
+        self.write("train", [(d, ids, cut is not None) for d, ids, cut, val in zip(batch, encoded, cuts, in_val, strict=True) if not val])
+        val = [(d, ids, False) for d, ids, v in zip(batch, encoded, in_val, strict=True) if v]
+        self.write("val", val)
+        self.val_ids.write("".join(f"{d.id}\n" for d, _, _ in val))
+        if "val_fim" in self.splits:
+            # Every validation document of a FIM source, rearranged: the trainer scores its middles.
+            rearranged = [(d, cut) for d, _, _ in val if (cut := self.fim_cut(d, 1.0)) is not None]
+            self.write("val_fim", [(d, self.encode(d, cut), True) for d, cut in rearranged])
+
+    def write(self, split: str, picked: list[tuple[Document, list[int], bool]]) -> None:
+        """Append (document, ids, rearranged) records to a split, each followed by end-of-document."""
+        if not picked:
+            return
+        for _, ids, _ in picked:
+            ids.append(self.tokenizer.eot_id)  # the document boundary, by id
+        lengths = np.fromiter((len(ids) for _, ids, _ in picked), dtype=np.int64, count=len(picked))
+        flat = np.fromiter(chain.from_iterable(ids for _, ids, _ in picked), dtype=np.int64, count=int(lengths.sum()))
+        self.writers[split].add_many(flat, lengths)
+        self.scores[split] += [doc_scores(d.meta) for d, _, _ in picked]
+        stats = self.stats[split]
+        stats["docs"] += len(picked)
+        stats["tokens"] += int(lengths.sum())
+        stats["bytes"] += sum(len(d.text.encode("utf-8")) for d, _, _ in picked)
+        stats["fim_docs"] += sum(rearranged for _, _, rearranged in picked)
 
     def close(self) -> None:
-        for writer in self.writers.values():
+        for split, writer in self.writers.items():
             writer.close()
+            np.save(self.out / (split + SCORES_SUFFIX), np.array(self.scores[split], dtype=np.float32).reshape(-1, len(DOC_SCORES)))
         self.val_ids.close()
+
+
+def splits_for(fim: FimConfig | None) -> tuple[str, ...]:
+    """Token splits the stage writes: train and val, and val_fim (validation documents rearranged) with FIM on."""
+    return (*SPLITS, "val_fim") if fim is not None else SPLITS
 
 
 def encode_shard(task: EncodeTask) -> dict[str, Any]:
@@ -142,24 +161,31 @@ def encode_shard(task: EncodeTask) -> dict[str, Any]:
     return part.stats
 
 
-def join(parts: list[Path], folder: Path, vocab_size: int, dtype: np.dtype) -> dict[str, dict[str, int]]:
-    """Append one source's parts, in shard order, into its final shards; returns the summed stats."""
+def join(parts: list[Path], folder: Path, vocab_size: int, dtype: np.dtype, splits: tuple[str, ...]) -> dict[str, dict[str, int]]:
+    """Append one source's parts, in shard order, into its final shards; returns the summed stats.
+
+    A val_fim split with no documents (a source FIM does not apply to) is not written.
+    """
     folder.mkdir(exist_ok=True)
-    stats = {split: {"docs": 0, "tokens": 0, "bytes": 0, "fim_docs": 0} for split in SPLITS}
-    for split in SPLITS:
-        writer = TokenShardWriter(folder / split, vocab_size, dtype)
-        for part in parts:
-            # verify=False: the part was written by this stage and sealed by its stats.json
-            writer.append(TokenShard(part / split, verify=False))
-        writer.close()
+    stats = {split: {"docs": 0, "tokens": 0, "bytes": 0, "fim_docs": 0} for split in splits}
     with open(folder / "val_ids.txt", "wb") as ids_out:
         for part in parts:
             with open(part / "val_ids.txt", "rb") as ids_in:
                 shutil.copyfileobj(ids_in, ids_out)
             part_stats = json.loads((part / DONE).read_text())
-            for split in SPLITS:
+            for split in splits:
                 for key in stats[split]:
                     stats[split][key] += part_stats[split][key]
+    for split in splits:
+        if split not in SPLITS and not stats[split]["docs"]:
+            del stats[split]
+            continue
+        writer = TokenShardWriter(folder / split, vocab_size, dtype)
+        for part in parts:
+            # verify=False: the part was written by this stage and sealed by its stats.json
+            writer.append(TokenShard(part / split, verify=False))
+        writer.close()
+        np.save(folder / (split + SCORES_SUFFIX), np.concatenate([np.load(part / (split + SCORES_SUFFIX)) for part in parts]))
     return stats
 
 
@@ -196,8 +222,8 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
     outputs: list[Path] = []
     for source in sorted({shard_source(s) for s in shards}):
         parts = [Path(t.out) for t in tasks if shard_source(Path(t.shard)) == source]
-        per_source[source] = join(parts, stage.dir / source, tokenizer.vocab_size, dtype)
-        outputs += [stage.dir / source / f"{split}.{ext}" for split in SPLITS for ext in ("bin", "idx")] + [stage.dir / source / "val_ids.txt"]
+        per_source[source] = join(parts, stage.dir / source, tokenizer.vocab_size, dtype, splits_for(cfg.fim))
+        outputs += [stage.dir / source / f"{split}{ext}" for split in per_source[source] for ext in (".bin", ".idx", SCORES_SUFFIX)] + [stage.dir / source / "val_ids.txt"]
     shutil.rmtree(parts_dir)
     for source, stats in per_source.items():
         if not stats["val"]["docs"]:

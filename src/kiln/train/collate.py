@@ -2,19 +2,21 @@
 
 For each row of a micro-batch the collator seeds a generator with (train.seed, the row's global
 index), picks the row's objective (one, or one of a weighted mapping), asks the row source for a
-window of the length that objective takes, and builds the row (kiln.train.objectives). Rows of
+window of the length that objective takes at the step's sequence length, and builds the row
+(kiln.train.objectives). Every data-parallel rank computes the lengths of the whole global
+micro-batch (rank-major: rank r's rows are the r-th slice) and reads and builds only its own. Rows of
 one batch may attend differently (UL2 mixing): all causal stays causal (SDPA's fast path without
 document masking), all full stays full, and any mix becomes a per-row prefix rule (a causal row
 has no prefix, a full row is all prefix). With document masking, document ids go with the batch
 and RoPE positions restart at each document.
-Tokens seen per source count the data tokens each row read (T for clm, fim, prefix_lm and mlm,
-the window L for span corruption), exactly, never as rows times length.
-Not handled here: drawing windows (kiln.mix) or sharding rows across data-parallel ranks.
+Tokens seen per source count the data tokens each row of every rank read (T for clm, fim,
+prefix_lm and mlm, the window L for span corruption), exactly, never as rows times length.
+Not handled here: drawing windows (kiln.mix), the step's shape (kiln.train.geometry).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +27,10 @@ from kiln.model.batch import Batch, RowSource
 from kiln.train import objectives as obj
 from kiln.train.config import TrainConfig
 from kiln.train.objectives import Objective, Row, TokenIds
+
+# subtle: the sampler seeds row i's source choice with (mix.seed, its stream id, i); a distinct id
+# here keeps the two draws independent when train.seed equals mix.seed (both default to 0).
+OBJECTIVE_STREAM = 2
 
 
 @dataclass(frozen=True)
@@ -46,8 +52,8 @@ def restart_positions(doc_ids_T: np.ndarray) -> np.ndarray:
 
 
 class Collator:
-    def __init__(self, rows: RowSource, mix: ObjectiveMix, ids: TokenIds, seq_len: int, seed: int):
-        self.rows, self.mix, self.ids, self.seq_len, self.seed = rows, mix, ids, seq_len, seed
+    def __init__(self, rows: RowSource, mix: ObjectiveMix, ids: TokenIds, seed: int, rank: int = 0, world: int = 1):
+        self.rows, self.mix, self.ids, self.seed, self.rank, self.world = rows, mix, ids, seed, rank, world
         self.names = list(mix.weights)
         self.probs = np.array([mix.weights[n] for n in self.names], dtype=np.float64)
         self.probs /= self.probs.sum()
@@ -58,7 +64,13 @@ class Collator:
     def sources(self) -> Sequence[str]:
         return self.rows.sources
 
-    def build_row(self, objective: Objective, window: np.ndarray, rng: np.random.Generator) -> Row:
+    def weights_at(self, progress: float) -> np.ndarray:
+        return self.rows.weights_at(progress)
+
+    def observe(self, step: int, progress: float, val_loss: Mapping[str, float]) -> dict[str, Any] | None:
+        return self.rows.observe(step, progress, val_loss)
+
+    def build_row(self, objective: Objective, window: np.ndarray, seq_len: int, rng: np.random.Generator) -> Row:
         masking = self.mix.masking[objective]
         if objective in ("clm", "fim"):
             return obj.clm(window, self.ids, masking)
@@ -66,19 +78,21 @@ class Collator:
             return obj.mlm(window, self.ids, self.mix.mlm, masking, rng)
         if objective == "prefix_lm":
             return obj.prefix_lm(window, self.ids, self.mix.prefix_lm, masking, rng)
-        return obj.span_corruption(window, self.ids, self.mix.span, self.seq_len, rng)
+        return obj.span_corruption(window, self.ids, self.mix.span, seq_len, rng)
 
-    def next_batch(self, batch_size: int) -> Batch:
+    def next_batch(self, rows: int, seq_len: int, progress: float) -> Batch:
         first = self.rows.rows_drawn
         # One generator per row, seeded by its place in the global stream: rows do not depend on
         # how they are grouped into micro-batches or ranks.
-        rngs = [np.random.default_rng([self.seed, first + r]) for r in range(batch_size)]
+        rngs = [np.random.default_rng([self.seed, OBJECTIVE_STREAM, first + r]) for r in range(rows * self.world)]
         chosen: list[Objective] = [self.names[int(rng.choice(len(self.names), p=self.probs))] if len(self.names) > 1 else self.names[0] for rng in rngs]  # type: ignore[misc]
-        drawn = self.rows.next_rows([obj.window_length(o, self.seq_len, self.mix.span) for o in chosen])
-        assert int(drawn.index_B[0]) == first, "the row source numbered its rows differently"
-        rows = [self.build_row(o, w, rng) for o, w, rng in zip(chosen, drawn.tokens, rngs, strict=True)]
-        np.add.at(self.seen, drawn.source_B, [min(len(w), self.seq_len) for w in drawn.tokens])
-        return stack(rows, drawn.source_B, self.any_masking)
+        lengths = [obj.window_length(o, seq_len, self.mix.span) for o in chosen]
+        mine = slice(self.rank * rows, (self.rank + 1) * rows)
+        drawn = self.rows.next_rows(lengths, progress, mine)
+        assert drawn.index_B.tolist() == list(range(first, first + rows * self.world))[mine], "the row source numbered its rows differently"
+        built = [self.build_row(o, w, seq_len, rng) for o, w, rng in zip(chosen[mine], drawn.tokens, rngs[mine], strict=True)]
+        np.add.at(self.seen, drawn.all_sources, [min(n, seq_len) for n in lengths])
+        return stack(built, drawn.source_B, self.any_masking)
 
     def state_dict(self) -> dict[str, Any]:
         return {"rows": self.rows.state_dict(), "seen": self.seen.tolist()}
@@ -110,7 +124,7 @@ def stack(rows: list[Row], source_B: np.ndarray, with_documents: bool) -> Batch:
     )
 
 
-def build_collator(rows: RowSource, cfg: TrainConfig, ids: TokenIds) -> Collator:
-    """The train section's objective(s) over `rows`, seeded by train.seed."""
+def build_collator(rows: RowSource, cfg: TrainConfig, ids: TokenIds, rank: int = 0, world: int = 1) -> Collator:
+    """The train section's objective(s) over `rows`, seeded by train.seed, for one data-parallel rank."""
     mix = ObjectiveMix(cfg.objectives, {o: cfg.masks_documents(o) for o in cfg.objectives}, cfg.mlm, cfg.prefix_lm, cfg.span_corruption)
-    return Collator(rows, mix, ids, cfg.seq_len, cfg.seed)
+    return Collator(rows, mix, ids, cfg.seed, rank, world)

@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 from kiln.core.config import Section
 from kiln.model.precision import PrecisionConfig
 from kiln.train.checkpoint import CheckpointConfig
+from kiln.train.geometry import BatchWarmupConfig, SeqLenPhase, StepGeometry, step_geometry
 from kiln.train.objectives import MASKS_DOCUMENTS_BY_DEFAULT, MLMConfig, Objective, PrefixLMConfig, SpanCorruptionConfig, span_plan
 from kiln.train.optim import OptimConfig
 from kiln.train.schedule import ScheduleConfig
@@ -60,6 +61,9 @@ class TrainConfig(Section):
     mlm: MLMConfig = Field(default_factory=MLMConfig, description="Masked-LM selection rate and the 80/10/10 replacement split.")
     prefix_lm: PrefixLMConfig = Field(default_factory=PrefixLMConfig, description="Prefix-LM: the range of the prefix's share of each document.")
     span_corruption: SpanCorruptionConfig = Field(default_factory=SpanCorruptionConfig, description="T5 span corruption: noise density and mean span length.")
+    seq_len_schedule: list[SeqLenPhase] | None = Field(default=None, description="Phases [{start: progress, seq_len: N, rope_theta: X}, ...] (the first starts at 0): rows of each phase's length, tokens per step unchanged; seq_len above is the longest. None: seq_len throughout.")
+    batch_warmup: BatchWarmupConfig | None = Field(default=None, description="Ramp tokens per step from a share of global_batch_tokens over the first steps (recommended after a restart); None: full batches from step 1.")
+    late_position_weight: float = Field(default=0.0, ge=0, description="Weight the loss towards later positions of each row: position t counts 1 + w * t / (T - 1), normalised to mean 1 (long-context training); 0 weighs all alike.")
 
     @model_validator(mode="before")
     @classmethod
@@ -80,11 +84,31 @@ class TrainConfig(Section):
         if isinstance(self.objective, dict) and not any(w > 0 for w in self.objective.values()):
             raise ValueError(f"objective weights {self.objective} give no objective a positive weight")
         if "span_corruption" in self.objectives:
-            try:
-                span_plan(self.seq_len, self.span_corruption)
-            except ValueError as e:
-                raise ValueError(f"objective span_corruption: {e}; raise seq_len") from None
+            for length in sorted({self.seq_len, *(p.seq_len for p in self.seq_len_schedule or [])}):
+                try:
+                    span_plan(length, self.span_corruption)
+                except ValueError as e:
+                    raise ValueError(f"objective span_corruption: {e}; raise seq_len (and the seq_len_schedule phases)") from None
         return self
+
+    @model_validator(mode="after")
+    def _phases(self) -> TrainConfig:
+        phases = self.seq_len_schedule
+        if not phases:
+            return self
+        starts = [p.start for p in phases]
+        if starts[0] != 0 or starts != sorted(set(starts)):
+            raise ValueError(f"seq_len_schedule starts {starts} must begin at 0 and increase")
+        for p in phases:
+            if p.seq_len > self.seq_len or (self.micro_batch_size * self.seq_len) % p.seq_len:
+                raise ValueError(f"seq_len_schedule phase at {p.start}: seq_len {p.seq_len} must be at most seq_len ({self.seq_len}) and divide micro_batch_size * seq_len ({self.micro_batch_size * self.seq_len})")
+            if self.tokens_per_step % (p.seq_len * DATA_PARALLEL_SIZE):
+                raise ValueError(f"seq_len_schedule phase at {p.start}: seq_len {p.seq_len} must divide the tokens per step ({self.tokens_per_step}) into whole rows on every rank")
+        return self
+
+    def geometry(self, step: int) -> StepGeometry:
+        """Sequence length, rows and RoPE base of optimizer step `step` (1-based)."""
+        return step_geometry(step, self.steps, self.seq_len, self.micro_batch_size, self.tokens_per_step, DATA_PARALLEL_SIZE, self.seq_len_schedule, self.batch_warmup)
 
     @property
     def objectives(self) -> dict[str, float]:

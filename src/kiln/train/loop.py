@@ -1,14 +1,16 @@
 """The training loop: one `train()` that reads top to bottom, its setup in `build_*` functions.
 
-Per optimizer step: grad_accum_steps micro-batches of micro_batch_size sequences of seq_len
-tokens (tokens per step = train.global_batch_tokens), each a Batch from the BatchSource the
+Per optimizer step: the step's shape (kiln.train.geometry: sequence length, rows, RoPE base;
+tokens per step = train.global_batch_tokens outside batch-size warmup) in micro-batches of
+micro_batch_size * seq_len tokens, each a Batch from the BatchSource the
 caller hands in (kiln.model.batch; the objective's collator over kiln.mix's sampler in a kiln
 run), with the attention rule and positions the batch carries; the loss sums each batch's kept
 positions and divides by the kept positions of the whole step, so gradients average per token;
 global-norm clipping; AdamW; lr from warmup + cosine. What follows a step is called by name in
 the loop: `monitor.log_step`, `maybe_checkpoint`, `maybe_eval` (validation before step 1, the
 untrained baseline near ln(vocab), and after the last step; with an objective other than clm
-also that objective's loss on fixed validation batches).
+also that objective's loss on fixed validation batches), `maybe_adapt` (an adaptive mixture's
+reweighting from per-source validation losses), and the realized mixture per window of steps.
 Stage bookkeeping (manifest, skip-or-redo, counts) is kiln.train.run's.
 Not handled here: DDP/FSDP (kiln.train.distributed, later), resume from a checkpoint, NaN and
 loss-spike rollback (the trainer-at-scale issue).
@@ -34,9 +36,9 @@ from kiln.model.perplexity import ScoringConfig, validation_scorer
 from kiln.model.precision import Precision, resolve_precision
 from kiln.model.transformer import Transformer
 from kiln.train.checkpoint import maybe_checkpoint
-from kiln.train.config import TrainConfig
+from kiln.train.config import DATA_PARALLEL_SIZE, TrainConfig
 from kiln.train.loss import lm_loss
-from kiln.train.monitor import Monitor
+from kiln.train.monitor import MixtureWindows, Monitor
 from kiln.train.optim import build_optimizer
 from kiln.train.schedule import lr_at
 
@@ -52,6 +54,9 @@ class TrainResult:
     val_before: dict[str, Any] | None  # None when train.eval_at_start is off
     val_after: dict[str, Any]
     checkpoint: list[Path]  # the files of the final checkpoint
+    tokens_trained: int  # over all steps and ranks
+    train_flops: int  # model FLOPs over all steps (each step at its own sequence length)
+    mixture: list[dict[str, Any]]  # realized mixture per window of steps (MixtureWindows)
 
 
 def build_precision(cfg: TrainConfig) -> Precision:
@@ -73,8 +78,19 @@ def build_scorer(run_dir: Path, scoring: ScoringConfig, cfg: TrainConfig, precis
     return lambda model: {**perplexity(model), "objective": objective_loss(model, objective_batches, precision)}
 
 
-def build_monitor(path: Path, model_cfg: ModelConfig, cfg: TrainConfig, device: torch.device) -> Monitor:
-    return Monitor(path, cfg.steps, cfg.tokens_per_step, flops_per_token(model_cfg, cfg.seq_len), device)
+def build_monitor(path: Path, cfg: TrainConfig, device: torch.device) -> Monitor:
+    return Monitor(path, cfg.steps, device)
+
+
+def maybe_adapt(evaluate: Scorer, model: Transformer, batches: BatchSource, monitor: Monitor, step: int, progress: float, every: int | None) -> None:
+    """Every `every` steps (an adaptive mixture), score each source's validation loss and hand it to the mixture."""
+    if not every or step % every:
+        return
+    results = evaluate(model)
+    monitor.log_eval(step, results)
+    record = batches.observe(step, progress, {s: r["loss"] for s, r in results["sources"].items()})
+    if record is not None:
+        monitor.write({"step": step, **record})
 
 
 def objective_loss(model: Transformer, batches: list[Batch], precision: Precision) -> dict[str, Any]:
@@ -105,17 +121,20 @@ def maybe_eval(evaluate: Scorer, model: Transformer, monitor: Monitor, step: int
     return results
 
 
-def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path, objective_batches: list[Batch] | None = None) -> TrainResult:
+def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path, objective_batches: list[Batch] | None = None, adapt_every: int | None = None, report_windows: int = 10) -> TrainResult:
     """Train a fresh model (model_cfg with its vocab_size resolved) on `batches`; metrics and checkpoint go to out_dir.
 
     objective_batches: held-out batches built by the training objective, scored at each validation.
+    adapt_every: steps between the adaptive mixture's reweightings (None: the mixture is fixed).
+    report_windows: windows of steps the realized mixture is reported over.
     """
     precision = build_precision(cfg)
     device = precision.device
     model = build_model(model_cfg, cfg.seed, device)
     optimizer = build_optimizer(model, cfg.optim)
     evaluate = build_scorer(run_dir, scoring, cfg, precision, objective_batches)
-    monitor = build_monitor(out_dir / RunLayout(run_dir).metrics.name, model_cfg, cfg, device)
+    monitor = build_monitor(out_dir / RunLayout(run_dir).metrics.name, cfg, device)
+    mixture = MixtureWindows(batches.sources, cfg.steps, report_windows)
     log.info("train: %s params (%s without embeddings) on %s, %d steps of %d tokens (%d micro-batches of %d x %d)", f"{count_params(model_cfg):,}", f"{count_params(model_cfg, False):,}", device, cfg.steps, cfg.tokens_per_step, cfg.grad_accum_steps, cfg.micro_batch_size, cfg.seq_len)
 
     val_before = maybe_eval(evaluate, model, monitor, 0, cfg)
@@ -125,7 +144,13 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     checkpoint: list[Path] = []
     val_after = None
     step_loss = float("nan")
+    tokens_trained = train_flops = 0
     for step in range(1, cfg.steps + 1):
+        # This step's sequence length, rows and RoPE base (phases, batch-size warmup).
+        shape = cfg.geometry(step)
+        if shape.rope_theta is not None and shape.rope_theta != model.cfg.rope_theta:
+            model.set_rope_theta(shape.rope_theta)  # a long-context phase begins
+            log.info("train: step %d: seq_len %d, RoPE base %g", step, shape.seq_len, shape.rope_theta)
         lr = lr_at(step, cfg.optim.lr, cfg.schedule.warmup_steps, cfg.steps, cfg.schedule.min_lr_ratio)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -135,7 +160,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
         # The step's micro-batches, drawn on the host: ids, targets, loss mask (B, T), source per
         # row (B,), the attention rule's tensors. Drawn first because the loss divides by the
         # kept positions of the whole step, which the masks (on the host, no sync) give.
-        micro_batches = [batches.next_batch(cfg.micro_batch_size) for _ in range(cfg.grad_accum_steps)]
+        micro_batches = [batches.next_batch(rows, shape.seq_len, shape.progress) for rows in shape.micro_batches]
         step_tokens = sum(int(b.loss_mask_BT.sum()) for b in micro_batches)
         for batch in micro_batches:
             batch = batch.to(device)
@@ -145,7 +170,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
             # Outside autocast: the cross-entropy runs in fp32. Summed over kept positions and
             # divided by step_tokens, so the accumulated gradient is that of the step's token mean.
             # Expected: about ln V at step 1 (9.01 nats for the demo's 8192 tokens).
-            loss = lm_loss(logits_BTV, batch, step_tokens, model_cfg.z_loss)
+            loss = lm_loss(logits_BTV, batch, step_tokens, model_cfg.z_loss, cfg.late_position_weight)
             loss.value.backward()
             source_loss.index_add_(0, batch.source_B, loss.row_mean_B)
             source_rows.index_add_(0, batch.source_B, (loss.row_tokens_B > 0).to(source_rows.dtype))
@@ -160,11 +185,16 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
         step_loss = float(source_loss.sum().item() / max(sum(rows), 1))
         if not math.isfinite(step_loss):
             raise FatalError(f"train: loss became {step_loss} at step {step}; lower train.optim.lr or raise train.schedule.warmup_steps")
-        monitor.log_step(step, step_loss, {s: per_source[i] for i, s in enumerate(batches.sources) if rows[i]}, lr, grad_norm.item())
+        tokens, fpt = shape.tokens(DATA_PARALLEL_SIZE), flops_per_token(model.cfg, shape.seq_len)
+        tokens_trained, train_flops = tokens_trained + tokens, train_flops + tokens * fpt
+        monitor.log_step(step, step_loss, {s: per_source[i] for i, s in enumerate(batches.sources) if rows[i]}, lr, grad_norm.item(), tokens, shape.seq_len, fpt)
+        if window := mixture.add(step, batches.tokens_by_source(), batches.weights_at(shape.progress), tokens):
+            monitor.write({"step": step, "mixture": window})
+        maybe_adapt(evaluate, model, batches, monitor, step, step / cfg.steps, adapt_every)
         # The checkpoint is on disk before the final validation, which could still fail.
         checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, cfg.checkpoint, step, cfg.steps, model, optimizer, batches) or checkpoint
         val_after = maybe_eval(evaluate, model, monitor, step, cfg)  # None until the last step
 
     monitor.close()
     assert val_after is not None and checkpoint, "the last step validates and saves"
-    return TrainResult(device, step_loss, val_before, val_after, checkpoint)
+    return TrainResult(device, step_loss, val_before, val_after, checkpoint, tokens_trained, train_flops, mixture.records)

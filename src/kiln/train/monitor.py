@@ -1,8 +1,10 @@
 """Per-step metrics: one JSON line each to metrics.jsonl, and a progress bar with tokens/s and ETA.
 
 The loop calls `log_step` after every optimizer step and `log_eval` after each validation. Each
-step line: step, loss, loss per source drawn in that step, lr, grad_norm, tokens_per_s, mfu,
-elapsed_s. MFU is achieved model FLOP/s over the device's dense bf16 peak; it is reported only
+step line: step, loss, loss per source drawn in that step, lr, grad_norm, tokens (the step's;
+batch-size warmup and sequence-length phases change it), seq_len, tokens_per_s, mfu, elapsed_s.
+`MixtureWindows` adds, per window of steps, the tokens each source actually gave against the
+intended weights (the realized mixture). MFU is achieved model FLOP/s over the device's dense bf16 peak; it is reported only
 where the peak is known (listed GPUs), never guessed for a CPU. Only rank 0 writes or draws a
 bar (the rank from torch.distributed once a process group is up, else 0).
 Not handled here: TensorBoard or other sinks.
@@ -11,10 +13,13 @@ Not handled here: TensorBoard or other sinks.
 from __future__ import annotations
 
 import json
+import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -32,12 +37,10 @@ def process_rank() -> int:
 
 
 class Monitor:
-    def __init__(self, path: Path, total_steps: int, tokens_per_step: int, flops_per_token: int, device: torch.device):
+    def __init__(self, path: Path, total_steps: int, device: torch.device):
         self.writes = process_rank() == 0
         self.file = open(path, "a", encoding="utf-8") if self.writes else None
         self.total_steps = total_steps
-        self.tokens_per_step = tokens_per_step
-        self.flops_per_token = flops_per_token
         self.peak = device_peak_flops(device)
         self.bar: tqdm | None = None
         self.t0 = self.t_last = time.perf_counter()
@@ -56,9 +59,9 @@ class Monitor:
             self.bar = tqdm(total=self.total_steps, initial=step, unit="step", desc="train", dynamic_ncols=True)
         self.t0 = self.t_last = time.perf_counter()
 
-    def log_step(self, step: int, loss: float, loss_by_source: dict[str, float], lr: float, grad_norm: float) -> None:
+    def log_step(self, step: int, loss: float, loss_by_source: dict[str, float], lr: float, grad_norm: float, tokens: int, seq_len: int, flops_per_token: int) -> None:
         now = time.perf_counter()
-        tokens_per_s = self.tokens_per_step / max(now - self.t_last, 1e-9)
+        tokens_per_s = tokens / max(now - self.t_last, 1e-9)
         self.t_last = now
         self.write({
             "step": step,
@@ -66,8 +69,10 @@ class Monitor:
             "loss_by_source": {s: round(v, 5) for s, v in loss_by_source.items()},
             "lr": lr,
             "grad_norm": round(grad_norm, 5),
+            "tokens": tokens,
+            "seq_len": seq_len,
             "tokens_per_s": round(tokens_per_s, 1),
-            "mfu": round(tokens_per_s * self.flops_per_token / self.peak, 4) if self.peak else None,
+            "mfu": round(tokens_per_s * flops_per_token / self.peak, 4) if self.peak else None,
             "elapsed_s": round(now - self.t0, 3),
         })
         if self.bar is not None:
@@ -81,3 +86,32 @@ class Monitor:
             self.bar.close()
         if self.file is not None:
             self.file.close()
+
+
+class MixtureWindows:
+    """Tokens per source against the intended weights, summed over windows of steps."""
+
+    def __init__(self, sources: Sequence[str], steps: int, windows: int):
+        self.sources, self.steps = list(sources), steps
+        self.size = max(1, math.ceil(steps / windows))
+        self.first_step = 1
+        self.start_tokens = np.zeros(len(self.sources))
+        self.intended = np.zeros(len(self.sources))
+        self.records: list[dict[str, Any]] = []
+
+    def add(self, step: int, tokens_so_far: dict[str, int], weights: np.ndarray, step_tokens: int) -> dict[str, Any] | None:
+        """Record one step; at a window's last step, the window's record (also kept in `records`)."""
+        self.intended += weights * step_tokens  # what the recipe asked of this step
+        if step % self.size and step != self.steps:
+            return None
+        now = np.array([tokens_so_far[s] for s in self.sources], dtype=np.float64)
+        tokens = now - self.start_tokens
+        record = {
+            "steps": [self.first_step, step],
+            "tokens": {s: int(t) for s, t in zip(self.sources, tokens, strict=True)},
+            "share": {s: round(float(t / max(tokens.sum(), 1)), 4) for s, t in zip(self.sources, tokens, strict=True)},
+            "intended": {s: round(float(i / max(self.intended.sum(), 1e-12)), 4) for s, i in zip(self.sources, self.intended, strict=True)},
+        }
+        self.first_step, self.start_tokens, self.intended = step + 1, now, np.zeros(len(self.sources))
+        self.records.append(record)
+        return record

@@ -79,13 +79,14 @@ class TokenIds:
     eot: int
     pad: int
     mask: int
+    fim_middle: int
     sentinels: tuple[int, ...]
     first_ordinary: int  # specials take ids 0..first_ordinary-1
     vocab_size: int
 
 
 def token_ids(tokenizer: KilnTokenizer) -> TokenIds:
-    return TokenIds(tokenizer.eot_id, tokenizer.pad_id, tokenizer.mask_id, tuple(tokenizer.sentinel_ids), max(tokenizer.specials.values()) + 1, tokenizer.vocab_size)
+    return TokenIds(tokenizer.eot_id, tokenizer.pad_id, tokenizer.mask_id, tokenizer.fim_ids[1], tuple(tokenizer.sentinel_ids), max(tokenizer.specials.values()) + 1, tokenizer.vocab_size)
 
 
 def check_objectives(objectives: dict[str, float], seq_len: int, span: SpanCorruptionConfig, ids: TokenIds, tokenize_fim: dict | None) -> None:
@@ -197,6 +198,18 @@ def span_corruption(window: np.ndarray, ids: TokenIds, cfg: SpanCorruptionConfig
     positions = np.arange(seq_len)
     loss = (positions >= P - 1) & (positions < used - 1)  # predict sentinel 0 .. end-of-document
     return Row(seq[:-1], seq[1:], loss, np.zeros(seq_len, dtype=np.int64), "prefix", positions < P)
+
+
+def fim_middles(inputs_BT: np.ndarray, targets_BT: np.ndarray, ids: TokenIds) -> np.ndarray:
+    """(B, T) bool: the positions whose target lies in a FIM middle (after <|fim_middle|>, up to and
+    including the end-of-document that closes it): what the fim objective is validated on."""
+    seq_BS = np.concatenate([inputs_BT, targets_BT[:, -1:]], axis=1)  # the row's T + 1 ids
+    marker_BS = np.where(seq_BS == ids.fim_middle, 1, np.where(seq_BS == ids.eot, -1, 0))
+    # The last marker strictly before each id: +1 inside a middle, -1 after an end, 0 not yet seen.
+    last_BS = np.zeros_like(marker_BS)
+    for j in range(1, seq_BS.shape[1]):
+        last_BS[:, j] = np.where(marker_BS[:, j - 1] != 0, marker_BS[:, j - 1], last_BS[:, j - 1])
+    return last_BS[:, 1:] == 1
 
 
 def window_length(objective: Objective, seq_len: int, span: SpanCorruptionConfig) -> int:

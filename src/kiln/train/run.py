@@ -5,7 +5,9 @@ The caller (kiln.pipeline) wires in the data: `make_rows(seq_len, split)` builds
 hashed with `model` and `train` so that different data redoes the stage. The objective's
 collator (kiln.train.collate) turns its windows into batches; for any objective but plain clm,
 fixed validation batches built the same way are scored at each validation. The scoring
-settings shape only the monitoring evaluations, so they are not hashed.
+settings shape only the monitoring evaluations, so they are not hashed. Before any compute the
+stage plans the data mixture (kiln.train.data_plan; `dry_run` prints it and stops) and stops on
+a source planned beyond mix.max_epochs when the recipe says so.
 Not handled here: resuming an interrupted run from its checkpoint (it starts over).
 """
 
@@ -13,8 +15,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError
@@ -26,8 +31,9 @@ from kiln.model.perplexity import ScoringConfig
 from kiln.text.tokenizer import KilnTokenizer
 from kiln.train.collate import build_collator
 from kiln.train.config import TrainConfig
+from kiln.train.data_plan import format_plan, plan_data
 from kiln.train.loop import train
-from kiln.train.objectives import check_objectives, token_ids
+from kiln.train.objectives import TokenIds, check_objectives, fim_middles, token_ids
 
 # Validation rows for an objective's own loss: at most this many micro-batches.
 MAX_OBJECTIVE_VAL_BATCHES = 32
@@ -35,13 +41,39 @@ MAX_OBJECTIVE_VAL_BATCHES = 32
 log = logging.getLogger("kiln.train")
 
 
-def objective_val_batches(make_rows: Callable[[int, str], RowSource], cfg: TrainConfig, scoring: ScoringConfig, ids: Any) -> list[Batch] | None:
-    """Fixed held-out batches built by the objective (the same rows at every validation), or None for plain clm."""
+def objective_val_batches(make_rows: Callable[[int, str], RowSource], cfg: TrainConfig, scoring: ScoringConfig, ids: TokenIds) -> list[Batch] | None:
+    """Fixed held-out batches built by the objective (the same rows at every validation), or None for plain clm.
+
+    fim alone is validated on the middles of rearranged validation documents (the val_fim split
+    the tokenize stage writes), the tokens infilling has to produce.
+    """
     if cfg.objectives == {"clm": 1.0} and not cfg.masks_documents("clm"):
         return None  # the perplexity scorer already measures exactly this
-    val = build_collator(make_rows(cfg.seq_len, "val"), cfg, ids)
+    fim_only = cfg.objectives.keys() == {"fim"}
+    val = build_collator(make_rows(cfg.seq_len, "val_fim" if fim_only else "val"), cfg, ids)
     n = min(MAX_OBJECTIVE_VAL_BATCHES, max(1, scoring.max_tokens_per_source * len(val.sources) // (cfg.micro_batch_size * cfg.seq_len)))
-    return [val.next_batch(cfg.micro_batch_size) for _ in range(n)]
+    if fim_only:
+        # Only middles whose <|fim_middle|> lies inside the row count (a row that starts inside a
+        # middle has lost its context): a small share of each row, so every batch allowed is used.
+        n = MAX_OBJECTIVE_VAL_BATCHES
+    batches = [val.next_batch(cfg.micro_batch_size, cfg.seq_len, 0.0) for _ in range(n)]
+    if fim_only:
+        batches = [replace(b, loss_mask_BT=torch.from_numpy(fim_middles(b.input_ids_BT.numpy(), b.targets_BT.numpy(), ids))) for b in batches]
+    return batches
+
+
+def prepare_data(cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], layout: RunLayout, tokenized: dict[str, Any]) -> tuple[RowSource, TokenIds, dict[str, Any]]:
+    """The row source, the tokenizer's special ids and the planned mixture, after every check that needs no compute."""
+    ids = token_ids(KilnTokenizer.load(layout.tokenizer_json))
+    check_objectives(cfg.objectives, cfg.seq_len, cfg.span_corruption, ids, tokenized["config"]["tokenize"].get("fim"))
+    rows = make_rows(cfg.seq_len, "train")  # a window longer than every source's tokens stops here
+    return rows, ids, plan_data(cfg, rows)
+
+
+def dry_run(cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], run_dir: Path) -> str:
+    """The planned mixture over training as a table, from the run's token shards; nothing is trained or written."""
+    layout = RunLayout(Path(run_dir))
+    return format_plan(prepare_data(cfg, make_rows, layout, read_manifest(layout.token_shards))[2])
 
 
 def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
@@ -49,7 +81,7 @@ def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_row
     layout = RunLayout(run_dir)
     tokenize_dir = layout.token_shards
     tokenized = read_manifest(tokenize_dir)
-    inputs = [layout.tokenizer_json, *(p for p in recorded_outputs(tokenize_dir) if p.suffix in (".bin", ".idx"))]
+    inputs = [layout.tokenizer_json, *(p for p in recorded_outputs(tokenize_dir) if p.suffix in (".bin", ".idx", ".npy"))]
     # data_config is recorded under "mix", the recipe section a kiln run configures its data with.
     stage = Stage(run_dir, TRAIN, {"model": model_cfg, "train": cfg, "mix": data_config}, inputs, upstream=[TOKENIZE])
     if done := stage.up_to_date(force, lambda m: f"{m['counts']['steps']} steps, val loss {m['counts']['val_after']['all']['loss']:.3f}"):
@@ -60,36 +92,38 @@ def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_row
     if model_cfg.vocab_size is not None and model_cfg.vocab_size < vocab_size:
         raise ConfigError(f"model.vocab_size {model_cfg.vocab_size} is below the tokenizer's {vocab_size} ids; leave it unset to take the tokenizer's")
     model_cfg = model_cfg.resolved(vocab_size)
-    # Everything below stops before begin(): an objective the tokenizer or shards cannot serve,
-    # a window longer than every source's tokens.
-    ids = token_ids(KilnTokenizer.load(layout.tokenizer_json))
-    check_objectives(cfg.objectives, cfg.seq_len, cfg.span_corruption, ids, tokenized["config"]["tokenize"].get("fim"))
-    batches = build_collator(make_rows(cfg.seq_len, "train"), cfg, ids)
+    # Everything up to begin() stops before any output is touched: an objective the tokenizer or
+    # shards cannot serve, a window longer than every source's tokens, an over-repeated source.
+    rows, ids, planned = prepare_data(cfg, make_rows, layout, tokenized)
+    batches = build_collator(rows, cfg, ids)
     val_batches = objective_val_batches(make_rows, cfg, scoring, ids)
     stage.begin()
-    result = train(model_cfg, cfg, batches, scoring, run_dir, stage.dir, val_batches)
+    result = train(model_cfg, cfg, batches, scoring, run_dir, stage.dir, val_batches, rows.adapt_every, rows.report_windows)
 
     n_params = count_params(model_cfg)
-    fpt = flops_per_token(model_cfg, cfg.seq_len)
-    tokens_trained = cfg.steps * cfg.tokens_per_step
     counts = {
         "params": n_params,
         "params_non_embedding": count_params(model_cfg, include_embeddings=False),
         "steps": cfg.steps,
-        "tokens_trained": tokens_trained,
+        "tokens_trained": result.tokens_trained,
         "tokens_by_source": batches.tokens_by_source(),
-        "flops_per_token": fpt,
-        "train_flops": fpt * tokens_trained,
+        "flops_per_token": flops_per_token(model_cfg, cfg.seq_len),
+        "train_flops": result.train_flops,
         "final_train_loss": round(result.final_loss, 5),
         "val_before": result.val_before,
         "val_after": result.val_after,
         "device": str(result.device),
+        "mixture": {"planned": planned["total"], "realized": result.mixture},
     }
     before, after = result.val_before, result.val_after
-    lines = [f"{n_params:,} params, {cfg.steps} steps, {tokens_trained:,} tokens on {result.device}"]
+    lines = [f"{n_params:,} params, {cfg.steps} steps, {result.tokens_trained:,} tokens on {result.device}"]
     if before:
         lines.append(f"validation loss {before['all']['loss']:.3f} -> {after['all']['loss']:.3f} nats/token, bpb {before['all']['bpb']:.3f} -> {after['all']['bpb']:.3f}")
     else:
         lines.append(f"validation loss {after['all']['loss']:.3f} nats/token, bpb {after['all']['bpb']:.3f}")
+    if "objective" in after:
+        lines.append(f"objective {cfg.objective}: validation loss " + (f"{before['objective']['loss']:.3f} -> " if before else "") + f"{after['objective']['loss']:.3f} nats per target token")
+    seen = batches.tokens_by_source()
+    lines.append("tokens per source (share, planned share): " + ", ".join(f"{s} {n:,} ({n / max(sum(seen.values()), 1):.1%}, {planned['total'][s]['tokens'] / max(planned['tokens'], 1):.1%})" for s, n in seen.items()))
     extra = {"model": model_cfg.model_dump(mode="json"), "monitoring_eval": scoring.model_dump(mode="json")}
     return stage.finish(result.checkpoint, counts, "\n".join(lines), extra=extra, logs=[stage.dir / layout.metrics.name])
