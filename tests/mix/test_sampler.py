@@ -193,6 +193,12 @@ def test_quality_curriculum_orders_by_the_score_tokenize_carried(tmp_path: Path)
     assert 7 not in order[:49]
 
 
+def test_a_curriculum_on_a_score_no_document_has_stops_before_training(tmp_path: Path) -> None:
+    shard = write_shard(tmp_path / "a", docs_of(10))  # no quality scores: all NaN
+    with pytest.raises(ConfigError, match="mix.curriculum.key=quality_score: no document of .* has that score"):
+        Sampler({"a": shard}, MixConfig(curriculum={"key": "quality_score"}), SEQ_LEN)
+
+
 def test_bucketed_curriculum_keeps_buckets_in_order_and_shuffles_inside(tmp_path: Path) -> None:
     lengths = list(range(3, 63))
     shard = write_shard(tmp_path / "a", docs_of(60, lengths=lengths))
@@ -239,6 +245,9 @@ def test_adaptive_sampler_applies_a_floor_and_keeps_its_factors_in_the_state(sha
     # The record's weights are what rows are drawn by, floor included.
     assert record["adaptive"]["b"]["weight_after"] == pytest.approx(sampler.weights_at(0.2)[1], abs=1e-5)
     assert record["adaptive"]["b"]["weight_after"] > record["adaptive"]["b"]["weight_before"]
+    # The plan (and its over-repetition check) counts b at the floored share rows are drawn at.
+    fresh = Sampler(shards, MixConfig(weights={"a": 0.97, "b": 0.03}, adaptive={"every": 5, "floor": 0.2}), SEQ_LEN)
+    assert fresh.plan([1000], [0.0])["b"]["tokens"] == round(1000 * (0.2 + 0.6 * 0.03))
     resumed = Sampler(shards, MixConfig(weights={"a": 0.97, "b": 0.03}, adaptive={"every": 5, "floor": 0.2}), SEQ_LEN)
     resumed.load_state_dict(sampler.state_dict())
     np.testing.assert_array_equal(resumed.weights_at(0.5), sampler.weights_at(0.5))

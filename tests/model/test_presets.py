@@ -81,6 +81,13 @@ def test_a_preset_is_overridden_key_by_key_and_takes_the_tokenizers_vocabulary()
     assert ModelConfig.model_validate(cfg.model_dump()) == cfg
 
 
+def test_a_recipe_that_sizes_the_feed_forward_block_replaces_the_presets_width() -> None:
+    assert ModelConfig(preset="llama-1b", ffn_multiplier=3.0).hidden == 6144  # 3 * 2048, not the preset's 8192
+    assert ModelConfig(preset="llama-7b", ffn_multiplier=3.0).hidden == 12288
+    assert ModelConfig(preset="llama-7b", activation="gelu").hidden == 4 * 4096  # a plain MLP's default width
+    assert ModelConfig(preset="llama-7b").hidden == 11008
+
+
 def test_unknown_preset_lists_the_known_ones() -> None:
     with pytest.raises(ConfigError, match="llama-8b.*llama-7b"):
         get_preset("llama-8b")

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.core.errors import FatalError
+from kiln.core.errors import ConfigError, FatalError
 from kiln.core.manifest import sha256_file
 from kiln.curate.config import CurateConfig, InputConfig
 
@@ -164,7 +164,7 @@ def test_metrics_has_one_line_per_step(trained: tuple[Path, dict]) -> None:
     # the intended shares; together every token trained, as the manifest records them.
     windows = [r["mixture"] for r in records if "mixture" in r]
     assert [w["steps"] for w in windows] == [[i, i + 3] for i in range(1, STEPS + 1, 4)]
-    assert sum(sum(w["tokens"].values()) for w in windows) == STEPS * 8 * 64
+    assert sum(sum(w["tokens"].values()) for w in windows) == STEPS * 8 * 65  # each clm row reads 65 tokens
     assert all(abs(w["share"]["code"] - w["intended"]["code"]) < 0.3 for w in windows)
     assert windows == manifest["counts"]["mixture"]["realized"]
     assert len(records) == STEPS + 2 + len(windows)
@@ -178,9 +178,9 @@ def test_manifest_counts(trained: tuple[Path, dict]) -> None:
     assert counts["params"] == count_params(resolved)
     assert counts["params_non_embedding"] == count_params(resolved, include_embeddings=False)
     assert counts["tokens_trained"] == STEPS * 8 * 64
-    assert sum(counts["tokens_by_source"].values()) == STEPS * 8 * 64
+    assert sum(counts["tokens_by_source"].values()) == STEPS * 8 * 65  # read: each row's window of seq_len + 1
     planned = counts["mixture"]["planned"]
-    assert sum(p["tokens"] for p in planned.values()) == pytest.approx(STEPS * 8 * 64, abs=2)
+    assert sum(p["tokens"] for p in planned.values()) == pytest.approx(STEPS * 8 * 65, abs=2)
     assert all(0 < p["epochs"] < 1 for p in planned.values())
     assert set(counts["tokens_by_source"]) == {"code", "legal"} and min(counts["tokens_by_source"].values()) > 0
     assert counts["flops_per_token"] == flops_per_token(resolved, 64)
@@ -203,9 +203,9 @@ def test_checkpoint_is_saved_with_its_training_state(trained: tuple[Path, dict])
     sampler = build_sampler(run_dir / "tokenize", MIX, TRAIN.seq_len)
     sampler.load_state_dict(state["sampler"]["rows"])
     assert sampler.rows_drawn == STEPS * TRAIN.micro_batch_size
-    # Each clm row reads seq_len data tokens, counted per source exactly.
+    # Each clm row reads a window of seq_len + 1 tokens, counted per source exactly.
     assert dict(zip(sampler.sources, state["sampler"]["seen"], strict=True)) == manifest["counts"]["tokens_by_source"]
-    assert sum(manifest["counts"]["tokens_by_source"].values()) == STEPS * TRAIN.micro_batch_size * TRAIN.seq_len
+    assert sum(manifest["counts"]["tokens_by_source"].values()) == STEPS * TRAIN.micro_batch_size * (TRAIN.seq_len + 1)
 
 
 def test_loaded_checkpoint_reproduces_the_in_training_validation(trained: tuple[Path, dict], cpu_only: None) -> None:
@@ -372,7 +372,7 @@ def test_mix_weights_steer_training_tokens(trained: tuple[Path, dict], tmp_path:
     copy = copy_tokenized(trained[0], tmp_path / "copy")
     cfg = train_cfg(steps=2, schedule={"warmup_steps": 1}, eval_at_start=False)
     counts = train(MODEL, cfg, MixConfig(weights={"code": 1.0}), EvalConfig(max_tokens_per_source=64), copy)["counts"]
-    assert counts["tokens_by_source"] == {"code": 2 * 8 * 64}
+    assert counts["tokens_by_source"] == {"code": 2 * 8 * 65}  # 16 rows, each a window of 65 tokens
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised when no CUDA device is visible")
@@ -508,7 +508,17 @@ def test_every_objective_trains_the_tiny_model_to_a_lower_validation_loss(object
     key = "all" if objective == "clm" else "objective"
     assert after[key]["loss"] < before[key]["loss"] - 0.5, (before[key], after[key])
     assert before[key]["loss"] == pytest.approx(math.log(512), abs=0.3)  # untrained: about ln V
-    assert sum(manifest["counts"]["tokens_by_source"].values()) <= 30 * TRAIN.micro_batch_size * TRAIN.seq_len
+    assert sum(manifest["counts"]["tokens_by_source"].values()) <= 30 * TRAIN.micro_batch_size * (TRAIN.seq_len + 1)
+
+
+def test_fim_on_sources_the_mix_does_not_draw_stops_before_training(tokenized: Path, tmp_path: Path) -> None:
+    copy = copy_tokenized(tokenized, tmp_path / "copy")
+    shutil.rmtree(copy / "tokenize")
+    encode(TokenizeConfig(val_fraction=0.2, fim=FimConfig(rate=0.5, sources=["legal"])), copy)
+    mix = MixConfig(weights={"code": 1.0})
+    with pytest.raises(ConfigError, match=r"none of the mixed sources \['code'\] has rearranged documents"):
+        train(MODEL, train_cfg(objective="fim"), mix, EVAL, copy)
+    assert not (copy / "train").exists() and not (copy / "train.partial").exists()
 
 
 def test_sequence_length_phases_batch_warmup_and_the_rope_switch(tokenized: Path, tmp_path: Path) -> None:
@@ -523,7 +533,8 @@ def test_sequence_length_phases_batch_warmup_and_the_rope_switch(tokenized: Path
     # Tokens per step ramp over 4 steps from half of 8 x 64 = 512, then stay at 512 whatever the length.
     assert [r["tokens"] for r in steps] == [256, 320, 384, 448, 512, 512, 512, 512, 512, 512]
     assert [r["seq_len"] for r in steps] == [32] * 8 + [64] * 2
-    assert manifest["counts"]["tokens_trained"] == sum(r["tokens"] for r in steps) == sum(manifest["counts"]["tokens_by_source"].values())
+    assert manifest["counts"]["tokens_trained"] == sum(r["tokens"] for r in steps)
+    assert sum(manifest["counts"]["tokens_by_source"].values()) == sum(r["tokens"] // r["seq_len"] * (r["seq_len"] + 1) for r in steps)
     flops = sum(r["tokens"] * flops_per_token(MODEL.resolved(512), r["seq_len"]) for r in steps)
     assert manifest["counts"]["train_flops"] == flops
     # The long phase switched the RoPE base; the checkpoint's config says so.
@@ -535,15 +546,15 @@ def test_adaptive_mixture_reweights_from_validation_losses_and_logs_why(tokenize
     mix = MixConfig(adaptive={"every": 4, "step_size": 0.3, "floor": 0.1})
     run(MODEL, train_cfg(steps=12, schedule={"warmup_steps": 2}, eval_at_start=False), mix, partial(build_sampler, copy / "tokenize", mix), EvalConfig(max_tokens_per_source=512).scoring(), copy)
     records = read_metrics(copy)
-    assert [r["step"] for r in records if "eval" in r] == [4, 8, 12, 12]  # every 4 steps, and the final validation
+    assert [r["step"] for r in records if "eval" in r] == [4, 8, 12]  # every 4 steps; the last is the final validation
     changes = [r for r in records if "adaptive" in r]
-    assert [r["step"] for r in changes] == [8, 12]  # the first measurement only sets the baseline
+    assert [r["step"] for r in changes] == [8]  # the first measurement only sets the baseline
     for r in changes:
         slowest = r["reason"].split()[0]
         assert r["adaptive"][slowest]["weight_after"] > r["adaptive"][slowest]["weight_before"]
     # The checkpoint carries the adaptive state: the factors and the last measurement.
     state = torch.load(copy / "train" / "checkpoint" / "train_state.pt", weights_only=False)["sampler"]["rows"]
-    last_eval = next(r["eval"] for r in records if r.get("step") == 12 and "eval" in r)
+    last_eval = next(r["eval"] for r in records if r.get("step") == 8 and "eval" in r)
     assert state["last_val"] == {s: v["loss"] for s, v in last_eval["sources"].items()}
     resumed = build_sampler(copy / "tokenize", mix, TRAIN.seq_len)
     resumed.load_state_dict(state)
@@ -584,7 +595,7 @@ def test_dry_run_prints_the_planned_mixture_per_phase_and_trains_nothing(tokeniz
     mix = MixConfig(weights={"code": [[0, 1], [0.5, 1], [1.0, 0.2]], "legal": 1.0})
     cfg = train_cfg(steps=100, seq_len_schedule=[{"start": 0.0, "seq_len": 32}, {"start": 0.8, "seq_len": 64}])
     text = dry_run(cfg, partial(build_sampler, copy / "tokenize", mix), copy)
-    assert "planned mixture: 51,200 tokens in 3 phase(s)" in text
+    assert "planned mixture: 51,200 tokens trained in 3 phase(s)" in text
     assert "steps 1-50 (progress 0%-50%), seq_len 32" in text and "steps 81-100 (progress 80%-100%), seq_len 64" in text
     assert "0.500 -> " in text  # code's weight falls in the second half
     assert not (copy / "train").exists()
@@ -599,5 +610,5 @@ def test_kiln_train_dry_run_from_the_command_line(tokenized: Path, tmp_path: Pat
         "curate: {inputs: [{source: code, format: text, path: c.py}, {source: legal, format: text, path: l.txt}]}\n")
     assert main(["train", "--recipe", str(recipe), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "planned mixture: 10,240 tokens in 1 phase(s)" in out and "0.750" in out and "0.250" in out
+    assert "planned mixture: 10,240 tokens trained in 1 phase(s)" in out and "0.750" in out and "0.250" in out
     assert not (tmp_path / "copy" / "train").exists()

@@ -43,7 +43,10 @@ def test_clm_is_the_shifted_window_with_every_target_counted() -> None:
     row = obj.clm(window, IDS, masking=False)
     assert row.inputs.tolist() == [50, 51, EOT, 60] and row.targets.tolist() == [51, EOT, 60, 61]
     assert row.loss_mask.all() and row.attention == "causal" and not row.doc_ids.any()
-    assert obj.clm(window, IDS, masking=True).doc_ids.tolist() == [0, 0, 0, 1]
+    masked = obj.clm(window, IDS, masking=True)
+    assert masked.doc_ids.tolist() == [0, 0, 0, 1]
+    # The end-of-document position cannot see the next document, so its target does not count.
+    assert masked.loss_mask.tolist() == [True, True, False, True]
 
 
 def test_fim_middles_by_hand() -> None:
@@ -238,12 +241,13 @@ def test_a_weighted_mix_draws_each_objective_and_builds_one_rule_for_all() -> No
     full_rows = batch.prefix_BT.all(dim=1)  # mlm rows see every key of their document
     no_prefix = ~batch.prefix_BT.any(dim=1)  # clm rows see nothing bidirectionally
     assert 8 < int(full_rows.sum()) < 26 and 8 < int(no_prefix.sum()) < 30  # 16 expected of each
-    # Tokens seen: clm, mlm and prefix-LM rows read 32 data tokens, span corruption rows L = 26;
-    # span rows are the ones that end in padding or hold sentinels.
+    # Tokens read: clm and prefix-LM rows a window of 33, mlm rows 32, span corruption rows L = 26;
+    # span rows are the ones that hold sentinels.
     L = obj.span_plan(32, SpanCorruptionConfig())[0]
     span_rows = int(((batch.input_ids_BT >= 6) & (batch.input_ids_BT < 38)).any(dim=1).sum())
     assert 8 < span_rows < 26
-    assert sum(c.collator.tokens_by_source().values()) == span_rows * L + (64 - span_rows) * 32
+    mlm_rows = int(full_rows.sum())
+    assert sum(c.collator.tokens_by_source().values()) == span_rows * L + mlm_rows * 32 + (64 - span_rows - mlm_rows) * 33
 
 
 def model() -> Any:

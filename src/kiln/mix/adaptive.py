@@ -3,8 +3,10 @@
 Every mix.adaptive.every steps the trainer scores each source's validation loss and hands it
 here. Against the previous measurement, each source's relative improvement r = (before - now) /
 before is ranked on [0, 1] between the slowest (1) and the fastest (0) improver; its factor is
-multiplied by (1 + step_size) ** (2 * rank - 1): the slowest source's weight grows by at most
-step_size, the fastest shrinks by as much, the others in between. The sampler applies the factors
+multiplied by (1 + step_size) ** (2 * rank - 1): the slowest source's factor grows by
+step_size, the fastest one's shrinks by as much, the others' in between. The shares move a little
+more than the factors (they are renormalised: three equal sources, step_size 0.2, the slowest
+goes from 1/3 to 0.419). The sampler applies the factors
 to the recipe's weights and a floor per source. The returned record says why, per source.
 Not handled here: scoring (kiln.train) or drawing rows (kiln.mix.sampler).
 """

@@ -30,7 +30,7 @@ class CurriculumConfig(Section):
 
 class AdaptiveConfig(Section):
     every: int = Field(default=50, ge=1, description="Steps between reweightings; each scores every source's validation loss.")
-    step_size: float = Field(default=0.2, gt=0, le=1, description="Largest relative change of one source's weight in one reweighting (0.2: at most x1.2 or /1.2).")
+    step_size: float = Field(default=0.2, gt=0, le=1, description="Largest relative change of one source's weight factor in one reweighting (0.2: x1.2 for the slowest improver, /1.2 for the fastest; shares then renormalise).")
     floor: float = Field(default=0.05, ge=0, lt=1, description="No source's share falls below this.")
 
 

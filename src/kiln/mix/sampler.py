@@ -124,11 +124,11 @@ class Sampler:
         return sorted(points)
 
     def plan(self, step_tokens: Sequence[int], step_progress: Sequence[float], check: bool = False) -> dict[str, Any]:
-        """Planned tokens and epochs per source over the given steps (the recipe's weights, before any adaptive change).
+        """Planned tokens and epochs per source over the given steps (the weights as they stand, adaptive floor included).
 
         check: raise ConfigError (mix.on_overrepeat=error) or warn when a source would repeat more than mix.max_epochs times.
         """
-        w_SP = np.stack([self.weights_at(p, adaptive=False) for p in step_progress], axis=1)  # (sources, steps)
+        w_SP = np.stack([self.weights_at(p) for p in step_progress], axis=1)  # (sources, steps), as rows are drawn now
         tokens = w_SP @ np.asarray(step_tokens, dtype=np.float64)
         per_source = {
             s: {"tokens": int(round(t)), "epochs": round(float(t) / stream.tokens_per_epoch, 3), "train_tokens": stream.tokens_per_epoch}

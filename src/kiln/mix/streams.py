@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from kiln.core.errors import ConfigError
 from kiln.core.tokenshards import TokenShard, read_scores
 from kiln.mix.config import CurriculumConfig
 
@@ -46,6 +47,8 @@ def curriculum_order(shard: TokenShard, cfg: CurriculumConfig, rng: np.random.Ge
         key = np.diff(np.asarray(shard.offsets, dtype=np.int64)).astype(np.float64)
     else:
         key = read_scores(shard.prefix, shard.n_docs)[cfg.key].astype(np.float64)
+        if not np.isfinite(key).any():
+            raise ConfigError(f"mix.curriculum.key={cfg.key}: no document of {shard.prefix} has that score (curation sets it only when its step runs); order by length or run the step")
     key = -key if cfg.descending else key
     key = np.where(np.isnan(key), np.inf, key)  # unscored documents last, in either direction
     order = np.argsort(key, kind="stable")
@@ -61,6 +64,7 @@ class SourceStream:
         self.offsets = np.asarray(shard.offsets, dtype=np.int64)
         self.state = StreamState(position=[0] * self.lanes, offset=[0] * self.lanes)
         self._cache: tuple[tuple, list[np.ndarray]] | None = None  # (state key, documents per lane)
+        self.lane_docs()  # a curriculum's scores are read (and checked) now, before any training
 
     def rng(self, stream: int, *more: int) -> np.random.Generator:
         """A generator for one purpose (ORDER, BUCKETS, SWITCH) of this source, seeded by mix.seed."""

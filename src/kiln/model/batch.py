@@ -115,5 +115,5 @@ class BatchSource(Mixture, Protocol):
         ...
 
     def tokens_by_source(self) -> dict[str, int]:
-        """Data tokens the model has read so far per source, all ranks (the train manifest's tokens_by_source)."""
+        """Tokens read so far from each source's stream, all ranks (the train manifest's tokens_by_source)."""
         ...

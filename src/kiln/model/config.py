@@ -55,6 +55,8 @@ class ModelConfig(Section):
         if name not in PRESETS:
             raise ValueError(f"preset {name!r} is unknown; choose one of {', '.join(PRESETS)}")
         shape = {k: v for k, v in PRESETS[name].items() if k != "vocab_size"}
+        if "ffn_multiplier" in data or "activation" in data:
+            shape.pop("ffn_hidden", None)  # the recipe sizes the feed-forward block itself
         return {**shape, **data}  # the recipe's own keys win
 
     @model_validator(mode="after")

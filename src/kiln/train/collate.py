@@ -9,8 +9,9 @@ one batch may attend differently (UL2 mixing): all causal stays causal (SDPA's f
 document masking), all full stays full, and any mix becomes a per-row prefix rule (a causal row
 has no prefix, a full row is all prefix). With document masking, document ids go with the batch
 and RoPE positions restart at each document.
-Tokens seen per source count the data tokens each row of every rank read (T for clm, fim,
-prefix_lm and mlm, the window L for span corruption), exactly, never as rows times length.
+Tokens per source count the tokens each row of every rank read from its source's stream (T + 1
+for clm, fim and prefix_lm, T for mlm, the window L for span corruption): what the epochs are
+made of, exactly, never as rows times length.
 Not handled here: drawing windows (kiln.mix), the step's shape (kiln.train.geometry).
 """
 
@@ -91,7 +92,7 @@ class Collator:
         drawn = self.rows.next_rows(lengths, progress, mine)
         assert drawn.index_B.tolist() == list(range(first, first + rows * self.world))[mine], "the row source numbered its rows differently"
         built = [self.build_row(o, w, seq_len, rng) for o, w, rng in zip(chosen[mine], drawn.tokens, rngs[mine], strict=True)]
-        np.add.at(self.seen, drawn.all_sources, [min(n, seq_len) for n in lengths])
+        np.add.at(self.seen, drawn.all_sources, lengths)
         return stack(built, drawn.source_B, self.any_masking)
 
     def state_dict(self) -> dict[str, Any]:

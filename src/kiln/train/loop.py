@@ -82,9 +82,9 @@ def build_monitor(path: Path, cfg: TrainConfig, device: torch.device) -> Monitor
     return Monitor(path, cfg.steps, device)
 
 
-def maybe_adapt(evaluate: Scorer, model: Transformer, batches: BatchSource, monitor: Monitor, step: int, progress: float, every: int | None) -> None:
-    """Every `every` steps (an adaptive mixture), score each source's validation loss and hand it to the mixture."""
-    if not every or step % every:
+def maybe_adapt(evaluate: Scorer, model: Transformer, batches: BatchSource, monitor: Monitor, step: int, progress: float, every: int | None, cfg: TrainConfig) -> None:
+    """Every `every` steps but the last (an adaptive mixture), score each source's validation loss and hand it to the mixture."""
+    if not every or step % every or step == cfg.steps:
         return
     results = evaluate(model)
     monitor.log_eval(step, results)
@@ -190,7 +190,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
         monitor.log_step(step, step_loss, {s: per_source[i] for i, s in enumerate(batches.sources) if rows[i]}, lr, grad_norm.item(), tokens, shape.seq_len, fpt)
         if window := mixture.add(step, batches.tokens_by_source(), batches.weights_at(shape.progress), tokens):
             monitor.write({"step": step, "mixture": window})
-        maybe_adapt(evaluate, model, batches, monitor, step, step / cfg.steps, adapt_every)
+        maybe_adapt(evaluate, model, batches, monitor, step, cfg.geometry(step + 1).progress, adapt_every, cfg)  # for the rows drawn next
         # The checkpoint is on disk before the final validation, which could still fail.
         checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, cfg.checkpoint, step, cfg.steps, model, optimizer, batches) or checkpoint
         val_after = maybe_eval(evaluate, model, monitor, step, cfg)  # None until the last step

@@ -122,8 +122,11 @@ def document_ids(inputs: np.ndarray, eot: int) -> np.ndarray:
 
 def clm(window: np.ndarray, ids: TokenIds, masking: bool) -> Row:
     inputs, targets = window[:-1], window[1:]
-    docs = document_ids(inputs, ids.eot) if masking else np.zeros(len(inputs), dtype=np.int64)
-    return Row(inputs, targets, np.ones(len(inputs), dtype=bool), docs, "causal")
+    if not masking:
+        return Row(inputs, targets, np.ones(len(inputs), dtype=bool), np.zeros(len(inputs), dtype=np.int64), "causal")
+    # Under document masking an end-of-document position cannot see the document it would
+    # predict the first token of: that target is not counted (as in prefix_lm).
+    return Row(inputs, targets, inputs != ids.eot, document_ids(inputs, ids.eot), "causal")
 
 
 def mlm(window: np.ndarray, ids: TokenIds, cfg: MLMConfig, masking: bool, rng: np.random.Generator) -> Row:

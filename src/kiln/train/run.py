@@ -47,7 +47,7 @@ def objective_val_batches(make_rows: Callable[[int, str], RowSource], cfg: Train
     fim alone is validated on the middles of rearranged validation documents (the val_fim split
     the tokenize stage writes), the tokens infilling has to produce.
     """
-    if cfg.objectives == {"clm": 1.0} and not cfg.masks_documents("clm"):
+    if cfg.objectives.keys() == {"clm"} and not cfg.masks_documents("clm"):
         return None  # the perplexity scorer already measures exactly this
     fim_only = cfg.objectives.keys() == {"fim"}
     val = build_collator(make_rows(cfg.seq_len, "val_fim" if fim_only else "val"), cfg, ids)
@@ -67,6 +67,10 @@ def prepare_data(cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], l
     ids = token_ids(KilnTokenizer.load(layout.tokenizer_json))
     check_objectives(cfg.objectives, cfg.seq_len, cfg.span_corruption, ids, tokenized["config"]["tokenize"].get("fim"))
     rows = make_rows(cfg.seq_len, "train")  # a window longer than every source's tokens stops here
+    if "fim" in cfg.objectives:
+        rearranged = {s: tokenized["counts"]["per_source"][s]["train"].get("fim_docs", 0) for s in rows.sources}
+        if not any(rearranged.values()):
+            raise ConfigError(f"train.objective fim: none of the mixed sources {list(rows.sources)} has rearranged documents; tokenize.fim.sources must include one of them")
     return rows, ids, plan_data(cfg, rows)
 
 
@@ -123,7 +127,7 @@ def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_row
         lines.append(f"validation loss {after['all']['loss']:.3f} nats/token, bpb {after['all']['bpb']:.3f}")
     if "objective" in after:
         lines.append(f"objective {cfg.objective}: validation loss " + (f"{before['objective']['loss']:.3f} -> " if before else "") + f"{after['objective']['loss']:.3f} nats per target token")
-    seen = batches.tokens_by_source()
-    lines.append("tokens per source (share, planned share): " + ", ".join(f"{s} {n:,} ({n / max(sum(seen.values()), 1):.1%}, {planned['total'][s]['tokens'] / max(planned['tokens'], 1):.1%})" for s, n in seen.items()))
+    seen, plan = batches.tokens_by_source(), planned["total"]
+    lines.append("tokens read per source (share, planned share): " + ", ".join(f"{s} {n:,} ({n / max(sum(seen.values()), 1):.1%}, {plan[s]['tokens'] / max(sum(p['tokens'] for p in plan.values()), 1):.1%})" for s, n in seen.items()))
     extra = {"model": model_cfg.model_dump(mode="json"), "monitoring_eval": scoring.model_dump(mode="json")}
     return stage.finish(result.checkpoint, counts, "\n".join(lines), extra=extra, logs=[stage.dir / layout.metrics.name])
