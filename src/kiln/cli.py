@@ -10,12 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from kiln import __version__
 from kiln.core.errors import ConfigError, KilnError
 from kiln.core.layout import CURATE, SUMMARY, RunLayout
+from kiln.core.ranks import is_main_process
 from kiln.recipe import Recipe, load_recipe
 
 # Verb -> (stage directory, help). The recipe sections each verb reads are listed in its --help.
@@ -40,7 +43,7 @@ SECTIONS = {
     "train-tokenizer": ("tokenizer", "model"),
     "extend-tokenizer": (),
     "tokenize": ("tokenize",),
-    "train": ("model", "train", "mix", "eval"),
+    "train": ("model", "train", "mix", "parallel", "eval"),
     "eval": ("eval",),
     "generate": ("generate",),
     "plan": ("model", "train"),
@@ -107,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--explain", metavar="DOC_ID", help="Print which step removed (or quarantined) this document, the measured value and the threshold, and stop.")
         if verb == "train":
             p.add_argument("--dry-run", action="store_true", help="Print the planned data mixture over training (a table per phase: weights, tokens and epochs per source) and stop; nothing is trained or written.")
+            p.add_argument("--nproc", type=int, metavar="N", help="Train with N processes on this machine: runs `torchrun --standalone --nproc-per-node N -m kiln train` with the other arguments (the parallel section lays them out).")
         if verb == "train-tokenizer":
             p.add_argument("--sweep", metavar="N,N,...", type=vocab_sizes, help="Train one tokenizer per vocabulary size on the same sample into tokenizer-sweep/ and print their reports side by side (the stage's own tokenizer is left as it is).")
     p = add("extend-tokenizer", "Add domain terms to the run's trained tokenizer as whole tokens (printing each term's token count before and after) and give the run's train checkpoint (or --checkpoint) embedding and output rows for them; writes tokenizer-extended/.")
@@ -184,9 +188,31 @@ def run_verb(args: argparse.Namespace, recipe: Recipe) -> dict[str, Any]:
     return manifest
 
 
+def exec_torchrun(argv: list[str], nproc: int) -> None:
+    """Replace this process by torchrun running the same command on `nproc` local processes."""
+    rest, skip = [], False
+    for arg in argv:  # drop --nproc N / --nproc=N
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            rest.append(arg)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    os.execv(str(torchrun), [str(torchrun), "--standalone", f"--nproc-per-node={nproc}", "-m", "kiln", *rest])
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    if getattr(args, "nproc", None):
+        if args.nproc < 1:
+            print("kiln train: error: --nproc must be at least 1", file=sys.stderr)
+            return 2
+        exec_torchrun(argv, args.nproc)
+    # Under torchrun only rank 0 tells the user what happens; the others report problems only.
+    quiet = args.quiet or not is_main_process()
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     try:
         if args.verb == "plan" and args.plan_command is not None:
             from kiln.plan.cli import run_plan
@@ -219,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             print(pipeline.format_summary(pipeline.run_demo(recipe, args.force)))
             return 0
         manifest = run_verb(args, recipe)
-        print((RunLayout(recipe.run_dir).stage(manifest["stage"]) / SUMMARY).read_text().rstrip())
+        if is_main_process():
+            print((RunLayout(recipe.run_dir).stage(manifest["stage"]) / SUMMARY).read_text().rstrip())
         return 0
     except KilnError as e:
         print(f"kiln {args.verb}: error: {e}", file=sys.stderr)

@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 from kiln.core.layout import RunLayout
+from kiln.core.ranks import is_main_process
 from kiln.recipe import Recipe, recipe_to_yaml
 
 log = logging.getLogger("kiln")
@@ -43,7 +44,7 @@ def _runner(stage: str) -> Callable[[Recipe, bool], dict[str, Any]]:
         # token shards, built once train knows its seq_len; the mix section is hashed with it.
         def train_stage(r: Recipe, force: bool) -> dict[str, Any]:
             make_rows = partial(build_sampler, RunLayout(r.run_dir).token_shards, r.mix)
-            return train(r.model, r.train, r.mix, make_rows, r.eval.scoring(), r.run_dir, force)
+            return train(r.model, r.train, r.mix, make_rows, r.eval.scoring(), r.run_dir, force, r.parallel)
 
         return train_stage
     if stage == "eval":
@@ -77,7 +78,8 @@ def save_resolved(recipe: Recipe) -> None:
 
 def run_stage(stage: str, recipe: Recipe, force: bool = False) -> dict[str, Any]:
     manifest = _runner(stage)(recipe, force)
-    save_resolved(recipe)  # after success: the run's recipe.yaml describes what its stages did
+    if is_main_process():  # under torchrun every rank runs the stage; one writes the run's files
+        save_resolved(recipe)  # after success: the run's recipe.yaml describes what its stages did
     return manifest
 
 

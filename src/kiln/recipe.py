@@ -24,6 +24,7 @@ from kiln.mix.config import MixConfig
 from kiln.model.config import ModelConfig
 from kiln.tokenize.config import TokenizeConfig, TokenizerConfig
 from kiln.train.config import TrainConfig
+from kiln.train.distributed import ParallelConfig
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -38,6 +39,7 @@ class Recipe(Section):
     mix: MixConfig = Field(default_factory=MixConfig, description="Drawing training sequences from sources.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The decoder's shape.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Training: length, batch, seed; optim, schedule, precision and checkpoint sub-sections.")
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="How the processes torchrun starts share the model: DDP replicas, FSDP2 shards or both.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Validation loss, perplexity, bits per byte.")
     generate: GenerateConfig = Field(default_factory=GenerateConfig, description="Sampling text from the trained model.")
 

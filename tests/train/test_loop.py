@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import sysconfig
 import time
 from functools import partial
 from pathlib import Path
@@ -24,14 +23,7 @@ import torch.nn.functional as F
 
 from kiln.core.errors import ConfigError, FatalError
 from kiln.core.manifest import sha256_file
-from kiln.curate.config import CurateConfig, InputConfig
-
-# These tests are about tokens, not filtering: the prose rules would drop Python docs topics
-# (curly braces, short lines) and cut license lines shared by many files. Normalization, PII,
-# length limits and exact dedup still run.
-ONLY_BASIC_STEPS = {step: {"enabled": False} for step in ("line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "code_quality")}
 from kiln.core.tokenshards import open_split
-from kiln.curate.run import run as curate
 from kiln.evaluate.config import EvalConfig, GenerateConfig
 from kiln.evaluate.generate import generate
 from kiln.evaluate.generate import run as generate_stage
@@ -45,9 +37,8 @@ from kiln.model.perplexity import ScoringConfig, evaluate_model
 from kiln.model.precision import Precision
 from kiln.model.weights import load_trained_model
 from kiln.text.tokenizer import KilnTokenizer
-from kiln.tokenize.config import FimConfig, TokenizeConfig, TokenizerConfig
+from kiln.tokenize.config import FimConfig, TokenizeConfig
 from kiln.tokenize.encode import run as encode
-from kiln.tokenize.train import run as train_tokenizer
 from kiln.train import loop
 from kiln.train.config import TrainConfig
 from kiln.train.loop import build_precision
@@ -61,7 +52,6 @@ MODEL = ModelConfig(d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len
 TRAIN = TrainConfig(steps=STEPS, seq_len=64, micro_batch_size=8, optim={"lr": 1e-2}, schedule={"warmup_steps": 4}, precision={"device": "cpu"})
 MIX = MixConfig(seed=0)
 EVAL = EvalConfig(max_tokens_per_source=4096, batch_size=8)
-UPSTREAM_STAGES = ("curate", "tokenizer", "tokenize")
 
 
 def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: EvalConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
@@ -78,32 +68,8 @@ def fingerprint_of(run_dir: Path, stage: str) -> str:
     return json.loads((run_dir / stage / "manifest.json").read_text())["fingerprint"]
 
 
-def build_tokenized_run(root: Path) -> Path:
-    """Curate, train a tokenizer and tokenize real text under root; returns the run directory."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    (root / "data" / "code").mkdir(parents=True)
-    for p in sorted((stdlib / "email").glob("*.py")):
-        shutil.copy(p, root / "data" / "code" / p.name)
-    (root / "data" / "legal").mkdir()
-    licenses = Path("/usr/share/common-licenses")
-    legal = sorted(p for p in licenses.iterdir() if p.is_file()) if licenses.is_dir() else sorted((stdlib / "http").glob("*.py"))
-    for p in legal:
-        shutil.copy(p, root / "data" / "legal" / p.name)
-    inputs = (
-        InputConfig(source="code", format="text", path=str(root / "data" / "code" / "*.py")),
-        InputConfig(source="legal", format="text", path=str(root / "data" / "legal" / "*")),
-    )
-    run_dir = root / "run"
-    curate(CurateConfig(inputs=inputs, executor={"workers": 1}, **ONLY_BASIC_STEPS), run_dir)
-    train_tokenizer(TokenizerConfig(vocab_size=512, sample_mb=0.3), run_dir)
-    counts = encode(TokenizeConfig(val_fraction=0.2), run_dir)["counts"]
-    for source, splits in counts["per_source"].items():
-        assert splits["train"]["tokens"] > 10_000 and splits["val"]["tokens"] > 1_000, (source, splits)
-    return run_dir
-
-
 def copy_tokenized(run_dir: Path, dest: Path) -> Path:
-    for stage in UPSTREAM_STAGES:
+    for stage in ("curate", "tokenizer", "tokenize"):
         shutil.copytree(run_dir / stage, dest / stage)
     return dest
 
@@ -117,8 +83,8 @@ def step_records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def tokenized(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tokenized_run(tmp_path_factory.mktemp("kiln_loop"))
+def tokenized(tokenized_run: Path) -> Path:
+    return tokenized_run
 
 
 @pytest.fixture(scope="module")

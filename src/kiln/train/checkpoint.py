@@ -15,12 +15,14 @@ from typing import Any
 
 import torch
 from pydantic import Field
+from torch import nn
 
 from kiln.core.atomic import replace_dir
 from kiln.core.config import Section
 from kiln.model.batch import BatchSource
 from kiln.model.transformer import Transformer
 from kiln.model.weights import CONFIG, WEIGHTS, write_weights
+from kiln.train.distributed import DataParallel, full_state
 
 TRAIN_STATE = "train_state.pt"
 
@@ -40,9 +42,22 @@ def save_checkpoint(folder: Path, model: Transformer, train_state: dict[str, Any
     return [folder / WEIGHTS, folder / CONFIG, folder / TRAIN_STATE]
 
 
-def maybe_checkpoint(folder: Path, cfg: CheckpointConfig, step: int, last_step: int, model: Transformer, optimizer: torch.optim.Optimizer, batches: BatchSource) -> list[Path] | None:
-    """Save after `step` when it is a multiple of cfg.every or the last; the paths written, else None."""
+def maybe_checkpoint(folder: Path, cfg: CheckpointConfig, step: int, last_step: int, model: nn.Module, core: Transformer, optimizer: torch.optim.Optimizer, batches: BatchSource, dp: DataParallel) -> list[Path] | None:
+    """Save after `step` when it is a multiple of cfg.every or the last; the paths written (on rank 0), else None.
+
+    With several ranks the full model and optimizer states are gathered to rank 0 (a collective)
+    and written from there; the optimizer state is then keyed by parameter name.
+    """
     if step != last_step and not (cfg.every and step % cfg.every == 0):
         return None
-    train_state = {"step": step, "optimizer": optimizer.state_dict(), "sampler": batches.state_dict(), "torch_rng": torch.get_rng_state()}
-    return save_checkpoint(folder, model, train_state)
+    if dp.world == 1:
+        optimizer_state, weights_of = optimizer.state_dict(), core
+    else:
+        model_state, optimizer_state = full_state(model, optimizer, dp)
+        if not dp.is_main:
+            return None
+        with torch.random.fork_rng():  # the copy's throwaway initialisation must not move the run's RNG
+            weights_of = Transformer(core.cfg)  # a CPU copy holding the gathered weights, for the one writer
+        weights_of.load_state_dict(model_state)
+    train_state = {"step": step, "optimizer": optimizer_state, "sampler": batches.state_dict(), "torch_rng": torch.get_rng_state()}
+    return save_checkpoint(folder, weights_of, train_state)

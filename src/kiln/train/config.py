@@ -7,7 +7,9 @@ Sub-sections live with the code that reads them: `optim` (kiln.train.optim), `sc
 weighs several per row. The batch is given in tokens per
 optimizer step (`global_batch_tokens`); gradient-accumulation steps follow from it. Keys of
 the flat section this replaced fail with the name of their new home.
-Not handled here: the data-parallel layout (one process for now; kiln.train.distributed later).
+The data-parallel size in the batch arithmetic is the number of processes torchrun started
+(kiln.train.distributed.world_size; 1 without torchrun), so a recipe is checked against the
+layout it runs on. Not handled here: the layout itself (the `parallel` section).
 """
 
 from __future__ import annotations
@@ -17,16 +19,13 @@ from typing import Annotated, Any
 from pydantic import Field, model_validator
 
 from kiln.core.config import Section
+from kiln.core.ranks import world_size
 from kiln.model.precision import PrecisionConfig
 from kiln.train.checkpoint import CheckpointConfig
 from kiln.train.geometry import BatchWarmupConfig, SeqLenPhase, StepGeometry, step_geometry
 from kiln.train.objectives import MASKS_DOCUMENTS_BY_DEFAULT, MLMConfig, Objective, PrefixLMConfig, SpanCorruptionConfig, span_plan
 from kiln.train.optim import OptimConfig
 from kiln.train.schedule import ScheduleConfig
-
-# Model replicas that each take micro_batch_size sequences per micro-step. One process for now;
-# the mesh's data-parallel size once kiln.train.distributed exists.
-DATA_PARALLEL_SIZE = 1
 
 # Keys of the flat train section (kiln before sub-sections) -> where they live now.
 MOVED = {
@@ -102,13 +101,13 @@ class TrainConfig(Section):
         for p in phases:
             if p.seq_len > self.seq_len or (self.micro_batch_size * self.seq_len) % p.seq_len:
                 raise ValueError(f"seq_len_schedule phase at {p.start}: seq_len {p.seq_len} must be at most seq_len ({self.seq_len}) and divide micro_batch_size * seq_len ({self.micro_batch_size * self.seq_len})")
-            if self.tokens_per_step % (p.seq_len * DATA_PARALLEL_SIZE):
+            if self.tokens_per_step % (p.seq_len * world_size()):
                 raise ValueError(f"seq_len_schedule phase at {p.start}: seq_len {p.seq_len} must divide the tokens per step ({self.tokens_per_step}) into whole rows on every rank")
         return self
 
     def geometry(self, step: int) -> StepGeometry:
         """Sequence length, rows and RoPE base of optimizer step `step` (1-based)."""
-        return step_geometry(step, self.steps, self.seq_len, self.micro_batch_size, self.tokens_per_step, DATA_PARALLEL_SIZE, self.seq_len_schedule, self.batch_warmup)
+        return step_geometry(step, self.steps, self.seq_len, self.micro_batch_size, self.tokens_per_step, world_size(), self.seq_len_schedule, self.batch_warmup)
 
     @property
     def objectives(self) -> dict[str, float]:
@@ -124,11 +123,11 @@ class TrainConfig(Section):
     def _geometry(self) -> TrainConfig:
         if self.schedule.warmup_steps >= self.steps:
             raise ValueError(f"schedule.warmup_steps ({self.schedule.warmup_steps}) must be below steps ({self.steps})")
-        per_micro_step = self.micro_batch_size * self.seq_len * DATA_PARALLEL_SIZE
+        per_micro_step = self.micro_batch_size * self.seq_len * world_size()
         if self.global_batch_tokens is not None and self.global_batch_tokens % per_micro_step:
             raise ValueError(
                 f"global_batch_tokens ({self.global_batch_tokens}) is not a multiple of micro_batch_size * seq_len * data-parallel ranks"
-                f" ({self.micro_batch_size} * {self.seq_len} * {DATA_PARALLEL_SIZE} = {per_micro_step}); use a multiple such as"
+                f" ({self.micro_batch_size} * {self.seq_len} * {world_size()} = {per_micro_step}); use a multiple such as"
                 f" {max(1, round(self.global_batch_tokens / per_micro_step)) * per_micro_step}"
             )
         return self
@@ -136,9 +135,9 @@ class TrainConfig(Section):
     @property
     def grad_accum_steps(self) -> int:
         """Micro-batches each rank accumulates per optimizer step."""
-        return (self.global_batch_tokens or self.micro_batch_size * self.seq_len * DATA_PARALLEL_SIZE) // (self.micro_batch_size * self.seq_len * DATA_PARALLEL_SIZE)
+        return (self.global_batch_tokens or self.micro_batch_size * self.seq_len * world_size()) // (self.micro_batch_size * self.seq_len * world_size())
 
     @property
     def tokens_per_step(self) -> int:
         """Tokens per optimizer step over all ranks."""
-        return self.micro_batch_size * self.seq_len * DATA_PARALLEL_SIZE * self.grad_accum_steps
+        return self.micro_batch_size * self.seq_len * world_size() * self.grad_accum_steps

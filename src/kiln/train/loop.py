@@ -21,11 +21,15 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 from kiln.core.errors import FatalError
 from kiln.core.layout import CHECKPOINT, RunLayout
@@ -36,7 +40,8 @@ from kiln.model.perplexity import ScoringConfig, validation_scorer
 from kiln.model.precision import Precision, resolve_precision
 from kiln.model.transformer import Transformer
 from kiln.train.checkpoint import maybe_checkpoint
-from kiln.train.config import DATA_PARALLEL_SIZE, TrainConfig
+from kiln.train.config import TrainConfig
+from kiln.train.distributed import DataParallel, ParallelConfig, parallelize, unwrap
 from kiln.train.loss import lm_loss
 from kiln.train.monitor import MixtureWindows, Monitor
 from kiln.train.optim import build_optimizer
@@ -121,23 +126,32 @@ def maybe_eval(evaluate: Scorer, model: Transformer, monitor: Monitor, step: int
     return results
 
 
-def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path, objective_batches: list[Batch] | None = None, adapt_every: int | None = None, report_windows: int = 10) -> TrainResult:
+def build_parallel_model(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision, dp: DataParallel, parallel: ParallelConfig) -> tuple[nn.Module, Transformer]:
+    """(the model the loop steps: wrapped for data parallelism, the Transformer inside it)."""
+    core = build_model(model_cfg, cfg.seed, dp.device)  # the same seed on every rank: the same initial weights
+    model = parallelize(core, dp, parallel, precision.amp_dtype)
+    return model, unwrap(model)  # type: ignore[return-value]
+
+
+def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path, objective_batches: list[Batch] | None = None, adapt_every: int | None = None, report_windows: int = 10, dp: DataParallel | None = None, parallel: ParallelConfig | None = None) -> TrainResult:
     """Train a fresh model (model_cfg with its vocab_size resolved) on `batches`; metrics and checkpoint go to out_dir.
 
     objective_batches: held-out batches built by the training objective, scored at each validation.
     adapt_every: steps between the adaptive mixture's reweightings (None: the mixture is fixed).
     report_windows: windows of steps the realized mixture is reported over.
+    dp, parallel: this process's place among the data-parallel ranks (None: one process).
     """
     precision = build_precision(cfg)
-    device = precision.device
-    model = build_model(model_cfg, cfg.seed, device)
+    dp = dp or DataParallel(0, 1, 1, 1, precision.device)
+    device = dp.device
+    model, core = build_parallel_model(model_cfg, cfg, precision, dp, parallel or ParallelConfig())
     optimizer = build_optimizer(model, cfg.optim)
     evaluate = build_scorer(run_dir, scoring, cfg, precision, objective_batches)
     monitor = build_monitor(out_dir / RunLayout(run_dir).metrics.name, cfg, device)
     mixture = MixtureWindows(batches.sources, cfg.steps, report_windows)
-    log.info("train: %s params (%s without embeddings) on %s, %d steps of %d tokens (%d micro-batches of %d x %d)", f"{count_params(model_cfg):,}", f"{count_params(model_cfg, False):,}", device, cfg.steps, cfg.tokens_per_step, cfg.grad_accum_steps, cfg.micro_batch_size, cfg.seq_len)
+    log.info("train: %s params (%s without embeddings) on %s x %d (%d replicas x %d shards), %d steps of %d tokens (%d micro-batches of %d x %d per rank)", f"{count_params(model_cfg):,}", f"{count_params(model_cfg, False):,}", device.type, dp.world, dp.replicate, dp.shard, cfg.steps, cfg.tokens_per_step, cfg.grad_accum_steps, cfg.micro_batch_size, cfg.seq_len)
 
-    val_before = maybe_eval(evaluate, model, monitor, 0, cfg)
+    val_before = maybe_eval(evaluate, core, monitor, 0, cfg)  # every rank scores (FSDP2 gathers shards); rank 0 logs
     model.train()
     monitor.start(step=0)
     n_sources = len(batches.sources)
@@ -148,8 +162,8 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     for step in range(1, cfg.steps + 1):
         # This step's sequence length, rows and RoPE base (phases, batch-size warmup).
         shape = cfg.geometry(step)
-        if shape.rope_theta is not None and shape.rope_theta != model.cfg.rope_theta:
-            model.set_rope_theta(shape.rope_theta)  # a long-context phase begins
+        if shape.rope_theta is not None and shape.rope_theta != core.cfg.rope_theta:
+            core.set_rope_theta(shape.rope_theta)  # a long-context phase begins
             log.info("train: step %d: seq_len %d, RoPE base %g", step, shape.seq_len, shape.rope_theta)
         lr = lr_at(step, cfg.optim.lr, cfg.schedule.warmup_steps, cfg.steps, cfg.schedule.min_lr_ratio)
         for group in optimizer.param_groups:
@@ -161,40 +175,49 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
         # row (B,), the attention rule's tensors. Drawn first because the loss divides by the
         # kept positions of the whole step, which the masks (on the host, no sync) give.
         micro_batches = [batches.next_batch(rows, shape.seq_len, shape.progress) for rows in shape.micro_batches]
-        step_tokens = sum(int(b.loss_mask_BT.sum()) for b in micro_batches)
-        for batch in micro_batches:
+        # sync point with several ranks: the kept positions of the step over all of them.
+        step_tokens = int(dp.all_sum(torch.tensor([sum(int(b.loss_mask_BT.sum()) for b in micro_batches)], device=device)).item())
+        for i, batch in enumerate(micro_batches):
             batch = batch.to(device)
-            # Plain causal rows without document ids take SDPA's is_causal fast path.
-            with precision.autocast():
-                logits_BTV = model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT)  # (B, T, V) fp32
-            # Outside autocast: the cross-entropy runs in fp32. Summed over kept positions and
-            # divided by step_tokens, so the accumulated gradient is that of the step's token mean.
-            # Expected: about ln V at step 1 (9.01 nats for the demo's 8192 tokens).
-            loss = lm_loss(logits_BTV, batch, step_tokens, model_cfg.z_loss, cfg.late_position_weight)
-            loss.value.backward()
+            last = i == len(micro_batches) - 1
+            # DDP all-reduces gradients only after the step's last micro-batch.
+            sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else nullcontext()
+            with sync:  # forward and backward both inside DDP's no_sync
+                # Plain causal rows without document ids take SDPA's is_causal fast path.
+                with precision.autocast():
+                    logits_BTV = model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT)  # (B, T, V) fp32
+                # Outside autocast: the cross-entropy runs in fp32. Summed over kept positions and
+                # divided by step_tokens, so the accumulated gradient is that of the step's token mean.
+                # Expected: about ln V at step 1 (9.01 nats for the demo's 8192 tokens).
+                loss = lm_loss(logits_BTV, batch, step_tokens, model_cfg.z_loss, cfg.late_position_weight)
+                # grad_scale: DDP and FSDP2 average over ranks; the step's gradient is the sum of the ranks' shares.
+                (loss.value * dp.grad_scale).backward()
             source_loss.index_add_(0, batch.source_B, loss.row_mean_B)
             source_rows.index_add_(0, batch.source_B, (loss.row_tokens_B > 0).to(source_rows.dtype))
         # clip_grad_norm_ returns the pre-clip norm; with grad_clip None we still measure it (max_norm=inf).
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
+        if isinstance(grad_norm, DTensor):  # FSDP2: the norm over every shard
+            grad_norm = grad_norm.full_tensor()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
         # host sync: once per step, for the log line and the NaN check. The step loss weights
         # every row alike: the token mean when every row keeps all T targets (next-token).
+        dp.all_sum(source_loss), dp.all_sum(source_rows)  # every rank's rows (a collective)
         per_source, rows = (source_loss / source_rows.clamp(min=1)).tolist(), source_rows.tolist()
         step_loss = float(source_loss.sum().item() / max(sum(rows), 1))
         if not math.isfinite(step_loss):
             raise FatalError(f"train: loss became {step_loss} at step {step}; lower train.optim.lr or raise train.schedule.warmup_steps")
-        tokens, fpt = shape.tokens(DATA_PARALLEL_SIZE), flops_per_token(model.cfg, shape.seq_len)
+        tokens, fpt = shape.tokens(dp.world), flops_per_token(core.cfg, shape.seq_len)
         tokens_trained, train_flops = tokens_trained + tokens, train_flops + tokens * fpt
         monitor.log_step(step, step_loss, {s: per_source[i] for i, s in enumerate(batches.sources) if rows[i]}, lr, grad_norm.item(), tokens, shape.seq_len, fpt)
         if window := mixture.add(step, batches.tokens_by_source(), batches.weights_at(shape.progress), tokens):
             monitor.write({"step": step, "mixture": window})
-        maybe_adapt(evaluate, model, batches, monitor, step, cfg.geometry(step + 1).progress, adapt_every, cfg)  # for the rows drawn next
+        maybe_adapt(evaluate, core, batches, monitor, step, cfg.geometry(step + 1).progress, adapt_every, cfg)  # for the rows drawn next
         # The checkpoint is on disk before the final validation, which could still fail.
-        checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, cfg.checkpoint, step, cfg.steps, model, optimizer, batches) or checkpoint
-        val_after = maybe_eval(evaluate, model, monitor, step, cfg)  # None until the last step
+        checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, cfg.checkpoint, step, cfg.steps, model, core, optimizer, batches, dp) or checkpoint
+        val_after = maybe_eval(evaluate, core, monitor, step, cfg)  # None until the last step
 
     monitor.close()
-    assert val_after is not None and checkpoint, "the last step validates and saves"
+    assert val_after is not None and (checkpoint or not dp.is_main), "the last step validates and saves"
     return TrainResult(device, step_loss, val_before, val_after, checkpoint, tokens_trained, train_flops, mixture.records)

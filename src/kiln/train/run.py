@@ -32,7 +32,8 @@ from kiln.text.tokenizer import KilnTokenizer
 from kiln.train.collate import build_collator
 from kiln.train.config import TrainConfig
 from kiln.train.data_plan import format_plan, plan_data
-from kiln.train.loop import train
+from kiln.train.distributed import ParallelConfig, init_data_parallel
+from kiln.train.loop import build_precision, train
 from kiln.train.objectives import TokenIds, check_objectives, fim_middles, token_ids
 
 # Validation rows for an objective's own loss: at most this many micro-batches.
@@ -80,18 +81,27 @@ def dry_run(cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], run_di
     return format_plan(prepare_data(cfg, make_rows, layout, read_manifest(layout.token_shards))[2])
 
 
-def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
+def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool = False, parallel: ParallelConfig | None = None) -> dict[str, Any]:
+    """The train stage; under torchrun every rank calls it, rank 0 keeps the books (lock, partial
+    folder, manifest) and the others train and return rank 0's manifest."""
     run_dir = Path(run_dir)
     layout = RunLayout(run_dir)
     tokenize_dir = layout.token_shards
     tokenized = read_manifest(tokenize_dir)
-    inputs = [layout.tokenizer_json, *(p for p in recorded_outputs(tokenize_dir) if p.suffix in (".bin", ".idx", ".npy"))]
-    # data_config is recorded under "mix", the recipe section a kiln run configures its data with.
-    stage = Stage(run_dir, TRAIN, {"model": model_cfg, "train": cfg, "mix": data_config}, inputs, upstream=[TOKENIZE])
-    if done := stage.up_to_date(force, lambda m: f"{m['counts']['steps']} steps, val loss {m['counts']['val_after']['all']['loss']:.3f}"):
+    parallel = parallel or ParallelConfig()
+    precision = build_precision(cfg)
+    dp = init_data_parallel(parallel, precision.device)
+    stage = None
+    if dp.is_main:  # inputs are hashed and checked once, here
+        inputs = [layout.tokenizer_json, *(p for p in recorded_outputs(tokenize_dir) if p.suffix in (".bin", ".idx", ".npy"))]
+        # data_config is recorded under "mix", the recipe section a kiln run configures its data with.
+        stage = Stage(run_dir, TRAIN, {"model": model_cfg, "train": cfg, "mix": data_config}, inputs, upstream=[TOKENIZE])
+    done = dp.broadcast(stage.up_to_date(force, lambda m: f"{m['counts']['steps']} steps, val loss {m['counts']['val_after']['all']['loss']:.3f}") if stage else None)
+    if done:
         return done
-    # Until resuming exists, checkpoints of an earlier run are never overwritten: --force moves them aside.
-    stage.refuse_to_replace([CHECKPOINT], "checkpoints of an earlier training run (resuming is not supported yet)", force)
+    if stage is not None:
+        # Until resuming exists, checkpoints of an earlier run are never overwritten: --force moves them aside.
+        stage.refuse_to_replace([CHECKPOINT], "checkpoints of an earlier training run (resuming is not supported yet)", force)
     vocab_size = tokenized["counts"]["vocab_size"]
     if model_cfg.vocab_size is not None and model_cfg.vocab_size < vocab_size:
         raise ConfigError(f"model.vocab_size {model_cfg.vocab_size} is below the tokenizer's {vocab_size} ids; leave it unset to take the tokenizer's")
@@ -99,10 +109,14 @@ def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_row
     # Everything up to begin() stops before any output is touched: an objective the tokenizer or
     # shards cannot serve, a window longer than every source's tokens, an over-repeated source.
     rows, ids, planned = prepare_data(cfg, make_rows, layout, tokenized)
-    batches = build_collator(rows, cfg, ids)
+    batches = build_collator(rows, cfg, ids, dp.rank, dp.world)
     val_batches = objective_val_batches(make_rows, cfg, scoring, ids)
-    stage.begin()
-    result = train(model_cfg, cfg, batches, scoring, run_dir, stage.dir, val_batches, rows.adapt_every, rows.report_windows)
+    if stage is not None:
+        stage.begin()
+    out_dir = Path(dp.broadcast(str(stage.dir) if stage else None))  # only rank 0 writes into it
+    result = train(model_cfg, cfg, batches, scoring, run_dir, out_dir, val_batches, rows.adapt_every, rows.report_windows, dp, parallel)
+    if stage is None:
+        return dp.broadcast(None)  # rank 0's manifest, once it is written
 
     n_params = count_params(model_cfg)
     counts = {
@@ -117,10 +131,11 @@ def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_row
         "val_before": result.val_before,
         "val_after": result.val_after,
         "device": str(result.device),
+        "processes": dp.world,
         "mixture": {"planned": planned["total"], "realized": result.mixture},
     }
     before, after = result.val_before, result.val_after
-    lines = [f"{n_params:,} params, {cfg.steps} steps, {result.tokens_trained:,} tokens on {result.device}"]
+    lines = [f"{n_params:,} params, {cfg.steps} steps, {result.tokens_trained:,} tokens on {result.device}" + (f" x {dp.world} processes ({dp.replicate} replicas x {dp.shard} shards)" if dp.world > 1 else "")]
     if before:
         lines.append(f"validation loss {before['all']['loss']:.3f} -> {after['all']['loss']:.3f} nats/token, bpb {before['all']['bpb']:.3f} -> {after['all']['bpb']:.3f}")
     else:
@@ -130,4 +145,4 @@ def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_row
     seen, plan = batches.tokens_by_source(), planned["total"]
     lines.append("tokens read per source (share, planned share): " + ", ".join(f"{s} {n:,} ({n / max(sum(seen.values()), 1):.1%}, {plan[s]['tokens'] / max(sum(p['tokens'] for p in plan.values()), 1):.1%})" for s, n in seen.items()))
     extra = {"model": model_cfg.model_dump(mode="json"), "monitoring_eval": scoring.model_dump(mode="json")}
-    return stage.finish(result.checkpoint, counts, "\n".join(lines), extra=extra, logs=[stage.dir / layout.metrics.name])
+    return dp.broadcast(stage.finish(result.checkpoint, counts, "\n".join(lines), extra=extra, logs=[stage.dir / layout.metrics.name]))
