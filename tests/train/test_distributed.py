@@ -61,7 +61,8 @@ def launch(tokenized_run: Path, root: Path, nproc: int, *overrides: str, micro: 
     else:
         command = [str(TORCHRUN), "--standalone", f"--nproc-per-node={nproc}", "-m", "kiln", *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-4000:]
+    # The progress bars fill stderr: show the lines that say what failed.
+    assert done.returncode == 0, "\n".join(line for line in done.stderr.splitlines() if "train:" not in line)[-4000:]
     lines = [json.loads(line) for line in (runs_dir / "run" / "train" / "metrics.jsonl").read_text().splitlines()]
     return [r for r in lines if "loss" in r]
 

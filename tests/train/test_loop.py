@@ -578,3 +578,13 @@ def test_kiln_train_dry_run_from_the_command_line(tokenized: Path, tmp_path: Pat
     out = capsys.readouterr().out
     assert "planned mixture: 10,240 tokens trained in 1 phase(s)" in out and "0.750" in out and "0.250" in out
     assert not (tmp_path / "copy" / "train").exists()
+
+
+def test_fp16_trains_with_dynamic_loss_scaling(tokenized: Path, tmp_path: Path) -> None:
+    copy = copy_tokenized(tokenized, tmp_path / "copy")
+    cfg = train_cfg(steps=12, schedule={"warmup_steps": 2}, eval_at_start=False, precision={"device": "cpu", "dtype": "fp16"}, optim={"lr": 1e-2, "name": "muon"})
+    manifest = train(MODEL, cfg, MIX, EvalConfig(max_tokens_per_source=256), copy)
+    losses = [r["loss"] for r in step_records(copy)]
+    assert len(losses) == 12 and all(math.isfinite(x) for x in losses)
+    assert losses[-1] < losses[0] - 0.5, losses  # fp16 autocast, loss scaling and Muon together still train
+    assert manifest["counts"]["val_after"]["all"]["loss"] < math.log(512)

@@ -40,3 +40,16 @@ def test_no_warmup_starts_at_peak_and_zero_floor_reaches_zero() -> None:
     assert lr_at(1, 3e-3, 0, 100, 0.0) == pytest.approx(3e-3 * 0.5 * (1 + math.cos(math.pi / 100)))
     assert lr_at(100, 3e-3, 0, 100, 0.0) == pytest.approx(0.0, abs=1e-15)
     assert lr_at(100, 3e-3, 0, 100, 1.0) == pytest.approx(3e-3)  # ratio 1: constant after warmup
+
+
+def test_linear_and_wsd_by_hand() -> None:
+    # peak 1, 10 warmup steps, 110 steps, floor 0.1.
+    linear = {"kind": "linear", **SCHEDULE}
+    assert lr_at(10, **linear) == pytest.approx(1.0)
+    assert lr_at(60, **linear) == pytest.approx(0.55)  # halfway down the straight line
+    assert lr_at(110, **linear) == pytest.approx(0.1)
+    # wsd with 20% decay: stable at the peak until step 88 (110 - 22), then linear to 0.1 at 110.
+    wsd = {"kind": "wsd", "decay_fraction": 0.2, **SCHEDULE}
+    assert [lr_at(s, **wsd) for s in (5, 10, 50, 88)] == pytest.approx([0.5, 1.0, 1.0, 1.0])
+    assert lr_at(99, **wsd) == pytest.approx(1.0 - 0.9 * 11 / 22)  # halfway through the decay: 0.55
+    assert lr_at(110, **wsd) == pytest.approx(0.1)

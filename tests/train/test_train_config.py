@@ -33,7 +33,7 @@ def test_warmup_must_be_below_steps() -> None:
 @pytest.mark.parametrize(
     ("bad", "where"),
     [({"optim": {"lr": 0}}, "lr"), ({"optim": {"lr": 2.0}}, "lr"), ({"optim": {"beta2": 1.0}}, "beta2"), ({"optim": {"grad_clip": 0}}, "grad_clip"),
-     ({"precision": {"device": "tpu"}}, "device"), ({"precision": {"dtype": "fp16"}}, "dtype"), ({"micro_batch_size": 0}, "micro_batch_size"), ({"checkpoint": {"every": 0}}, "every")],
+     ({"precision": {"device": "tpu"}}, "device"), ({"precision": {"dtype": "fp8"}}, "dtype"), ({"micro_batch_size": 0}, "micro_batch_size"), ({"checkpoint": {"every": 0}}, "every")],
 )
 def test_out_of_range_values_are_rejected(bad: dict, where: str) -> None:
     with pytest.raises(ValidationError, match=where):

@@ -4,7 +4,7 @@ Each of those sections has a `precision` sub-section of this type. `auto` device
 one is visible; `auto` dtype means bf16 autocast on cuda and plain fp32 on the CPU (bf16 matmuls
 on a CPU are slow and gain nothing). Weights stay fp32 and the model's logits come out fp32 in
 every case; autocast changes only the dtype matmuls run in.
-Not handled here: fp16 with loss scaling, fp8, or sharding across devices (kiln.train).
+Not handled here: the loss scaling fp16 training needs (kiln.train.loop), fp8, sharding (kiln.train).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from kiln.core.errors import FatalError
 
 class PrecisionConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Where the model runs; auto picks cuda when one is visible.")
-    dtype: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="Matmul precision: bf16 autocast or plain fp32; auto means bf16 on cuda, fp32 on cpu.")
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(default="auto", description="Matmul precision: bf16 or fp16 autocast (fp16 training adds dynamic loss scaling), or plain fp32; auto means bf16 on cuda, fp32 on cpu.")
 
 
 def autocast(device: torch.device, amp_dtype: torch.dtype | None) -> AbstractContextManager[None]:
@@ -45,4 +45,4 @@ def resolve_precision(cfg: PrecisionConfig, section: str) -> Precision:
         raise FatalError(f"{section}.precision.device is cuda but no CUDA device is visible; use {section}.precision.device=auto or cpu")
     device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu")
     dtype = cfg.dtype if cfg.dtype != "auto" else ("bf16" if device.type == "cuda" else "fp32")
-    return Precision(device, torch.bfloat16 if dtype == "bf16" else None)
+    return Precision(device, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype))

@@ -14,7 +14,7 @@ layout it runs on. Not handled here: the layout itself (the `parallel` section).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -43,7 +43,7 @@ MOVED = {
 
 class TrainConfig(Section):
     # None of these changes the trained weights (checkpoint: only when and where they are saved).
-    NOT_HASHED = frozenset({"threads", "checkpoint", "eval_at_start"})
+    NOT_HASHED = frozenset({"threads", "checkpoint", "eval_at_start", "activation_checkpointing", "checkpoint_every_k_blocks"})
     steps: int = Field(default=300, ge=1, description="Optimizer steps.")
     seq_len: int = Field(default=256, ge=2, description="Tokens per training sequence; at most model.max_seq_len.")
     micro_batch_size: int = Field(default=16, ge=1, description="Sequences per forward/backward pass on each data-parallel rank.")
@@ -62,6 +62,9 @@ class TrainConfig(Section):
     span_corruption: SpanCorruptionConfig = Field(default_factory=SpanCorruptionConfig, description="T5 span corruption: noise density and mean span length.")
     seq_len_schedule: list[SeqLenPhase] | None = Field(default=None, description="Phases [{start: progress, seq_len: N, rope_theta: X}, ...] (the first starts at 0): rows of each phase's length, tokens per step unchanged; seq_len above is the longest. None: seq_len throughout.")
     batch_warmup: BatchWarmupConfig | None = Field(default=None, description="Ramp tokens per step from a share of global_batch_tokens over the first steps (recommended after a restart); None: full batches from step 1.")
+    activation_checkpointing: Literal["none", "selective", "full"] = Field(default="none", description="Recompute activations in the backward pass to save memory: full (each checkpointed block keeps only its input), selective (keeps matmul and attention outputs, recomputes the cheap element-wise ops), or none.")
+    checkpoint_every_k_blocks: int = Field(default=1, ge=1, description="With activation checkpointing: checkpoint every k-th block (1: all).")
+    compile: bool | None = Field(default=None, description="torch.compile each block; None means on for cuda, off on cpu (compiling takes longer than a short CPU run).")
     late_position_weight: float = Field(default=0.0, ge=0, description="Weight the loss towards later positions of each row: position t counts 1 + w * t / (T - 1), normalised to mean 1 (long-context training); 0 weighs all alike.")
 
     @model_validator(mode="before")

@@ -1,4 +1,5 @@
-"""Data parallelism through torchrun: the `parallel` section, the process group, DDP or FSDP2.
+"""What is applied to the model from outside: activation checkpointing, torch.compile, and data
+parallelism through torchrun (the `parallel` section, the process group, DDP or FSDP2).
 
 `torchrun --nproc-per-node N -m kiln train ...` (or `kiln train --nproc N`, which execs it) starts
 N processes with RANK, WORLD_SIZE and LOCAL_RANK set; each joins one process group (gloo on the
@@ -9,6 +10,7 @@ compute dtype and reductions in fp32, optional CPU offload) over dp_shard, both 
 exceed 1. Every rank builds the same initial weights from the seed before wrapping.
 DDP and FSDP2 average gradients over the ranks; the loop's loss is each rank's share of the
 global token sum, so it is multiplied by the world size before backward (`grad_scale`).
+Order, as torchtitan applies them: activation checkpointing, then compile, then FSDP2 or DDP.
 Not handled here: tensor, pipeline or context parallelism (the 3D-parallelism issue), sharded
 checkpoints (they gather full states on rank 0 for now).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -80,6 +83,12 @@ class DataParallel:
         if self.world > 1:
             dist.barrier()
 
+    def close(self) -> None:
+        """Leave the process group (before the interpreter exits: gloo's threads abort the process otherwise)."""
+        if self.world > 1 and dist.is_initialized():
+            dist.barrier()  # no rank tears its connections down while another still uses them
+            dist.destroy_process_group()
+
     @property
     def grad_scale(self) -> float:
         """What the loss is multiplied by so that DDP's and FSDP2's mean over ranks is the sum."""
@@ -120,6 +129,42 @@ def parallelize(model: nn.Module, dp: DataParallel, cfg: ParallelConfig, compute
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(model, device_ids=[dp.device.index] if dp.device.type == "cuda" else None)
+
+
+# Selective activation checkpointing keeps what is expensive to recompute (matrix products and
+# attention) and recomputes the rest (norms, activations, RoPE, residual adds).
+SAVED_OPS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+}
+
+
+def _save_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str, every: int) -> None:
+    """Wrap every `every`-th block's forward in torch.utils.checkpoint (in place: parameter names stay)."""
+    if mode == "none":
+        return
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    extra = {"context_fn": partial(create_selective_checkpoint_contexts, _save_matmuls)} if mode == "selective" else {}
+    for i, block in enumerate(model.blocks):  # type: ignore[union-attr, arg-type]
+        if i % every == 0:
+            block.forward = partial(checkpoint, block.forward, use_reentrant=False, **extra)
+
+
+def apply_compile(model: nn.Module) -> None:
+    """torch.compile each block in place (Module.compile keeps parameter names, so checkpoints do not change)."""
+    for block in model.blocks:  # type: ignore[union-attr]
+        block.compile()
 
 
 def unwrap(model: nn.Module) -> nn.Module:

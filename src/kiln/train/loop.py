@@ -41,7 +41,7 @@ from kiln.model.precision import Precision, resolve_precision
 from kiln.model.transformer import Transformer
 from kiln.train.checkpoint import maybe_checkpoint
 from kiln.train.config import TrainConfig
-from kiln.train.distributed import DataParallel, ParallelConfig, parallelize, unwrap
+from kiln.train.distributed import DataParallel, ParallelConfig, apply_activation_checkpointing, apply_compile, parallelize, unwrap
 from kiln.train.loss import lm_loss
 from kiln.train.monitor import MixtureWindows, Monitor
 from kiln.train.optim import build_optimizer
@@ -129,6 +129,9 @@ def maybe_eval(evaluate: Scorer, model: Transformer, monitor: Monitor, step: int
 def build_parallel_model(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision, dp: DataParallel, parallel: ParallelConfig) -> tuple[nn.Module, Transformer]:
     """(the model the loop steps: wrapped for data parallelism, the Transformer inside it)."""
     core = build_model(model_cfg, cfg.seed, dp.device)  # the same seed on every rank: the same initial weights
+    apply_activation_checkpointing(core, cfg.activation_checkpointing, cfg.checkpoint_every_k_blocks)
+    if cfg.compile if cfg.compile is not None else dp.device.type == "cuda":
+        apply_compile(core)
     model = parallelize(core, dp, parallel, precision.amp_dtype)
     return model, unwrap(model)  # type: ignore[return-value]
 
@@ -146,6 +149,8 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     device = dp.device
     model, core = build_parallel_model(model_cfg, cfg, precision, dp, parallel or ParallelConfig())
     optimizer = build_optimizer(model, cfg.optim)
+    # fp16 autocast needs dynamic loss scaling (bf16 has fp32's exponent range and does not).
+    scaler = torch.amp.GradScaler(device.type, enabled=precision.amp_dtype == torch.float16)
     evaluate = build_scorer(run_dir, scoring, cfg, precision, objective_batches)
     monitor = build_monitor(out_dir / RunLayout(run_dir).metrics.name, cfg, device)
     mixture = MixtureWindows(batches.sources, cfg.steps, report_windows)
@@ -165,9 +170,9 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
         if shape.rope_theta is not None and shape.rope_theta != core.cfg.rope_theta:
             core.set_rope_theta(shape.rope_theta)  # a long-context phase begins
             log.info("train: step %d: seq_len %d, RoPE base %g", step, shape.seq_len, shape.rope_theta)
-        lr = lr_at(step, cfg.optim.lr, cfg.schedule.warmup_steps, cfg.steps, cfg.schedule.min_lr_ratio)
+        lr = lr_at(step, cfg.optim.lr, cfg.schedule.warmup_steps, cfg.steps, cfg.schedule.min_lr_ratio, cfg.schedule.kind, cfg.schedule.decay_fraction)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_scale"]  # Muon's matrices have their own peak
         # Per-source sums of per-row mean losses and row counts, kept on the device: no sync per micro-batch.
         source_loss = torch.zeros(n_sources, device=device)
         source_rows = torch.zeros(n_sources, device=device)
@@ -191,14 +196,16 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                 # Expected: about ln V at step 1 (9.01 nats for the demo's 8192 tokens).
                 loss = lm_loss(logits_BTV, batch, step_tokens, model_cfg.z_loss, cfg.late_position_weight)
                 # grad_scale: DDP and FSDP2 average over ranks; the step's gradient is the sum of the ranks' shares.
-                (loss.value * dp.grad_scale).backward()
+                scaler.scale(loss.value * dp.grad_scale).backward()
             source_loss.index_add_(0, batch.source_B, loss.row_mean_B)
             source_rows.index_add_(0, batch.source_B, (loss.row_tokens_B > 0).to(source_rows.dtype))
+        scaler.unscale_(optimizer)  # fp16: gradients back to their true scale before the norm (no-op otherwise)
         # clip_grad_norm_ returns the pre-clip norm; with grad_clip None we still measure it (max_norm=inf).
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
         if isinstance(grad_norm, DTensor):  # FSDP2: the norm over every shard
             grad_norm = grad_norm.full_tensor()
-        optimizer.step()
+        scaler.step(optimizer)  # fp16: skipped when a gradient overflowed, and the scale shrinks
+        scaler.update()
         optimizer.zero_grad(set_to_none=True)
 
         # host sync: once per step, for the log line and the NaN check. The step loss weights

@@ -1,31 +1,67 @@
-"""The `train.optim` section and its optimizer: AdamW with weight decay on matrices only.
+"""The `train.optim` section and its optimizer: AdamW, or Muon for the hidden matrices.
 
-Norm gains (1-D) are not decayed: pulling them toward 0 only fights the normalization. The
-embedding is a matrix and is decayed, as in Llama and nanoGPT. Fused kernels are used on CUDA.
-Not handled here: the learning-rate schedule (kiln.train.schedule), other optimizers (Muon).
+Weight decay falls on matrices; norm gains (1-D) are not decayed unless `decay_norms` (pulling
+them toward 0 only fights the normalisation), the embedding is decayed unless
+`decay_embeddings` is off (Llama and nanoGPT decay it). Fused AdamW kernels are used on CUDA.
+With `name: muon`, the 2-D weights inside the blocks take Muon (kiln.train.muon) at `muon_lr`;
+embeddings, the output projection and norms take AdamW at `lr`. Every group carries `lr_scale`,
+its peak over train.optim.lr, so the loop's one schedule drives both.
+Not handled here: the learning-rate schedule (kiln.train.schedule).
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from pydantic import Field
 from torch import nn
 
 from kiln.core.config import Section
+from kiln.train.muon import Muon
 
 
 class OptimConfig(Section):
-    lr: float = Field(default=3e-3, gt=0, le=1, description="Peak learning rate after warmup.")
-    weight_decay: float = Field(default=0.1, ge=0, description="AdamW decoupled weight decay on matrices (not on norms).")
+    name: Literal["adamw", "muon"] = Field(default="adamw", description="adamw for every parameter, or muon for the blocks' matrices with AdamW for the rest.")
+    lr: float = Field(default=3e-3, gt=0, le=1, description="Peak learning rate after warmup (AdamW's; with muon, of the embeddings, output projection and norms).")
+    weight_decay: float = Field(default=0.1, ge=0, description="Decoupled weight decay on matrices.")
+    decay_embeddings: bool = Field(default=True, description="Decay the embedding (and an untied output projection) too.")
+    decay_norms: bool = Field(default=False, description="Decay norm gains too.")
     beta1: float = Field(default=0.9, ge=0, lt=1, description="AdamW first-moment decay.")
     beta2: float = Field(default=0.95, ge=0, lt=1, description="AdamW second-moment decay.")
     grad_clip: float | None = Field(default=1.0, gt=0, description="Global gradient-norm clip; None disables it.")
+    muon_lr: float = Field(default=0.02, gt=0, le=1, description="Muon's peak learning rate for the blocks' matrices.")
+    muon_momentum: float = Field(default=0.95, ge=0, lt=1, description="Muon's (Nesterov) momentum.")
+    newton_schulz_steps: int = Field(default=5, ge=1, description="Newton-Schulz iterations per Muon update.")
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+def parameter_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
+    """Named groups: block matrices, embedding/output, norms; each with its weight decay and lr_scale."""
     # named_parameters() yields a tied weight once, so the embedding is not stepped twice.
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    blocks, embeddings, norms = [], [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p.dim() < 2:
+            norms.append(p)
+        elif name.startswith(("embed.", "lm_head.")) or ".embed." in name or ".lm_head." in name:
+            embeddings.append(p)
+        else:
+            blocks.append(p)
+    muon = cfg.name == "muon"
+    groups = [
+        {"params": blocks, "weight_decay": cfg.weight_decay, "muon": muon, "lr_scale": cfg.muon_lr / cfg.lr if muon else 1.0},
+        {"params": embeddings, "weight_decay": cfg.weight_decay if cfg.decay_embeddings else 0.0, "muon": False, "lr_scale": 1.0},
+        {"params": norms, "weight_decay": cfg.weight_decay if cfg.decay_norms else 0.0, "muon": False, "lr_scale": 1.0},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    groups = parameter_groups(model, cfg)
+    if cfg.name == "muon":
+        return Muon(groups, lr=cfg.lr, momentum=cfg.muon_momentum, ns_steps=cfg.newton_schulz_steps, betas=(cfg.beta1, cfg.beta2))
+    for g in groups:
+        del g["muon"]  # not an AdamW option
     fused = next(model.parameters()).device.type == "cuda"
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, fused=fused)

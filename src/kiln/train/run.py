@@ -28,11 +28,12 @@ from kiln.core.manifest import Stage, read_manifest, recorded_outputs
 from kiln.model.batch import Batch, RowSource
 from kiln.model.config import ModelConfig, count_params, flops_per_token
 from kiln.model.perplexity import ScoringConfig
+from kiln.model.precision import Precision
 from kiln.text.tokenizer import KilnTokenizer
 from kiln.train.collate import build_collator
 from kiln.train.config import TrainConfig
 from kiln.train.data_plan import format_plan, plan_data
-from kiln.train.distributed import ParallelConfig, init_data_parallel
+from kiln.train.distributed import DataParallel, ParallelConfig, init_data_parallel
 from kiln.train.loop import build_precision, train
 from kiln.train.objectives import TokenIds, check_objectives, fim_middles, token_ids
 
@@ -84,13 +85,24 @@ def dry_run(cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], run_di
 def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool = False, parallel: ParallelConfig | None = None) -> dict[str, Any]:
     """The train stage; under torchrun every rank calls it, rank 0 keeps the books (lock, partial
     folder, manifest) and the others train and return rank 0's manifest."""
-    run_dir = Path(run_dir)
-    layout = RunLayout(run_dir)
-    tokenize_dir = layout.token_shards
-    tokenized = read_manifest(tokenize_dir)
     parallel = parallel or ParallelConfig()
     precision = build_precision(cfg)
     dp = init_data_parallel(parallel, precision.device)
+    # Not in a `finally`: after a failure the other ranks may be inside a collective, and
+    # torchrun stops them when this process exits with the error.
+    manifest = train_stage(model_cfg, cfg, data_config, make_rows, scoring, Path(run_dir), force, parallel, precision, dp)
+    dp.close()
+    return manifest
+
+
+def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool, parallel: ParallelConfig, precision: Precision, dp: DataParallel) -> dict[str, Any]:
+    layout = RunLayout(run_dir)
+    tokenize_dir = layout.token_shards
+    tokenized = read_manifest(tokenize_dir)
+    if precision.amp_dtype == torch.float16 and dp.shard > 1:
+        raise ConfigError("train.precision.dtype=fp16 skips a step when any gradient overflows, which sharded gradients cannot agree on across ranks; use bf16 with FSDP2, or DDP (parallel.dp_shard=1)")
+    if cfg.optim.name == "muon" and dp.shard > 1:
+        raise ConfigError(f"train.optim.name=muon orthogonalises whole matrices, and parallel.dp_shard={parallel.dp_shard} shards them over {dp.shard} ranks; use DDP (parallel.dp_replicate={dp.world}, parallel.dp_shard=1) or adamw")
     stage = None
     if dp.is_main:  # inputs are hashed and checked once, here
         inputs = [layout.tokenizer_json, *(p for p in recorded_outputs(tokenize_dir) if p.suffix in (".bin", ".idx", ".npy"))]
