@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from kiln.core.errors import FatalError
 from kiln.core.layout import CHECKPOINT, RunLayout
 from kiln.model.batch import Batch, BatchSource
-from kiln.model.config import ModelConfig, count_params, flops_per_token
+from kiln.model.config import ModelConfig, count_params, flops_per_token, matmul_params
 from kiln.model.init import build_model
 from kiln.model.perplexity import ScoringConfig, validation_scorer
 from kiln.model.precision import Precision, resolve_precision
@@ -83,8 +84,12 @@ def build_scorer(run_dir: Path, scoring: ScoringConfig, cfg: TrainConfig, precis
     return lambda model: {**perplexity(model), "objective": objective_loss(model, objective_batches, precision)}
 
 
-def build_monitor(path: Path, cfg: TrainConfig, device: torch.device) -> Monitor:
-    return Monitor(path, cfg.steps, device)
+def build_monitor(path: Path, cfg: TrainConfig, device: torch.device, model_cfg: ModelConfig, world: int) -> Monitor:
+    monitor = Monitor(path, cfg.steps, device, world)
+    # Printed so that MFU can be compared with other tools' accounting.
+    peak = f"{monitor.peak:.3g} FLOP/s ({world} x the device's dense bf16 peak)" if monitor.peak else "unknown for this device (MFU not reported)"
+    log.info("train: MFU = tokens/s x FLOPs per token / peak; FLOPs per token = 6 x %s matmul weights + 12 x layers x seq_len x d_attn = %s at seq_len %d (PaLM appendix B, kiln.model.config); peak %s", f"{matmul_params(model_cfg):,}", f"{flops_per_token(model_cfg, cfg.seq_len):,}", cfg.seq_len, peak)
+    return monitor
 
 
 def maybe_adapt(evaluate: Scorer, model: Transformer, batches: BatchSource, monitor: Monitor, step: int, progress: float, every: int | None, cfg: TrainConfig) -> None:
@@ -152,7 +157,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     # fp16 autocast needs dynamic loss scaling (bf16 has fp32's exponent range and does not).
     scaler = torch.amp.GradScaler(device.type, enabled=precision.amp_dtype == torch.float16)
     evaluate = build_scorer(run_dir, scoring, cfg, precision, objective_batches)
-    monitor = build_monitor(out_dir / RunLayout(run_dir).metrics.name, cfg, device)
+    monitor = build_monitor(out_dir / RunLayout(run_dir).metrics.name, cfg, device, model_cfg, dp.world)
     mixture = MixtureWindows(batches.sources, cfg.steps, report_windows)
     log.info("train: %s params (%s without embeddings) on %s x %d (%d replicas x %d shards), %d steps of %d tokens (%d micro-batches of %d x %d per rank)", f"{count_params(model_cfg):,}", f"{count_params(model_cfg, False):,}", device.type, dp.world, dp.replicate, dp.shard, cfg.steps, cfg.tokens_per_step, cfg.grad_accum_steps, cfg.micro_batch_size, cfg.seq_len)
 
@@ -179,7 +184,9 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
         # The step's micro-batches, drawn on the host: ids, targets, loss mask (B, T), source per
         # row (B,), the attention rule's tensors. Drawn first because the loss divides by the
         # kept positions of the whole step, which the masks (on the host, no sync) give.
+        t_data = time.perf_counter()
         micro_batches = [batches.next_batch(rows, shape.seq_len, shape.progress) for rows in shape.micro_batches]
+        data_wait_s = time.perf_counter() - t_data
         # sync point with several ranks: the kept positions of the step over all of them.
         step_tokens = int(dp.all_sum(torch.tensor([sum(int(b.loss_mask_BT.sum()) for b in micro_batches)], device=device)).item())
         for i, batch in enumerate(micro_batches):
@@ -217,7 +224,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
             raise FatalError(f"train: loss became {step_loss} at step {step}; lower train.optim.lr or raise train.schedule.warmup_steps")
         tokens, fpt = shape.tokens(dp.world), flops_per_token(core.cfg, shape.seq_len)
         tokens_trained, train_flops = tokens_trained + tokens, train_flops + tokens * fpt
-        monitor.log_step(step, step_loss, {s: per_source[i] for i, s in enumerate(batches.sources) if rows[i]}, lr, grad_norm.item(), tokens, shape.seq_len, fpt)
+        monitor.log_step(step, step_loss, {s: per_source[i] for i, s in enumerate(batches.sources) if rows[i]}, lr, grad_norm.item(), tokens, shape.seq_len, fpt, data_wait_s)
         if window := mixture.add(step, batches.tokens_by_source(), batches.weights_at(shape.progress), tokens):
             monitor.write({"step": step, "mixture": window})
         maybe_adapt(evaluate, core, batches, monitor, step, cfg.geometry(step + 1).progress, adapt_every, cfg)  # for the rows drawn next

@@ -2,7 +2,9 @@
 
 The loop calls `log_step` after every optimizer step and `log_eval` after each validation. Each
 step line: step, loss, loss per source drawn in that step, lr, grad_norm, tokens (the step's;
-batch-size warmup and sequence-length phases change it), seq_len, tokens_per_s, mfu, elapsed_s.
+batch-size warmup and sequence-length phases change it), seq_len, tokens_per_s, mfu, data_wait_s
+(host time drawing the step's batches), peak_memory_mb (CUDA's high-water mark in the step; None
+on a CPU), elapsed_s.
 `MixtureWindows` adds, per window of steps, the tokens each source actually gave against the
 intended weights (the realized mixture). MFU is achieved model FLOP/s over the device's dense bf16 peak; it is reported only
 where the peak is known (listed GPUs), never guessed for a CPU. Only rank 0 writes or draws a
@@ -37,11 +39,13 @@ def process_rank() -> int:
 
 
 class Monitor:
-    def __init__(self, path: Path, total_steps: int, device: torch.device):
+    def __init__(self, path: Path, total_steps: int, device: torch.device, world: int = 1):
         self.writes = process_rank() == 0
         self.file = open(path, "a", encoding="utf-8") if self.writes else None
         self.total_steps = total_steps
-        self.peak = device_peak_flops(device)
+        self.device = device
+        # Tokens/s are counted over every rank, so the peak is too (one device per rank).
+        self.peak = None if (one := device_peak_flops(device)) is None else one * world
         self.bar: tqdm | None = None
         self.t0 = self.t_last = time.perf_counter()
 
@@ -59,9 +63,13 @@ class Monitor:
             self.bar = tqdm(total=self.total_steps, initial=step, unit="step", desc="train", dynamic_ncols=True)
         self.t0 = self.t_last = time.perf_counter()
 
-    def log_step(self, step: int, loss: float, loss_by_source: dict[str, float], lr: float, grad_norm: float, tokens: int, seq_len: int, flops_per_token: int) -> None:
+    def log_step(self, step: int, loss: float, loss_by_source: dict[str, float], lr: float, grad_norm: float, tokens: int, seq_len: int, flops_per_token: int, data_wait_s: float = 0.0) -> None:
         now = time.perf_counter()
         tokens_per_s = tokens / max(now - self.t_last, 1e-9)
+        peak_memory = None
+        if self.device.type == "cuda":  # the step's high-water mark of allocated memory, then reset
+            peak_memory = round(torch.cuda.max_memory_allocated(self.device) / 2**20, 1)
+            torch.cuda.reset_peak_memory_stats(self.device)
         self.t_last = now
         self.write({
             "step": step,
@@ -73,6 +81,8 @@ class Monitor:
             "seq_len": seq_len,
             "tokens_per_s": round(tokens_per_s, 1),
             "mfu": round(tokens_per_s * flops_per_token / self.peak, 4) if self.peak else None,
+            "data_wait_s": round(data_wait_s, 4),
+            "peak_memory_mb": peak_memory,
             "elapsed_s": round(now - self.t0, 3),
         })
         if self.bar is not None:
