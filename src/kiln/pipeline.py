@@ -57,11 +57,26 @@ def _runner(stage: str) -> Callable[[Recipe, bool], dict[str, Any]]:
 
 
 def dry_run_train(recipe: Recipe) -> str:
-    """`kiln train --dry-run`: the planned data mixture over training, phase by phase, from the run's token shards."""
-    from kiln.mix.sampler import build_sampler
-    from kiln.train.run import dry_run
+    """`kiln train --dry-run`: size, FLOPs, batch, the planner's memory per device, the time to
+    finish at a measured throughput, and the planned data mixture phase by phase. Trains nothing."""
+    import torch
 
-    return dry_run(recipe.train, partial(build_sampler, RunLayout(recipe.run_dir).token_shards, recipe.mix), recipe.run_dir)
+    from kiln.core.ranks import world_size
+    from kiln.mix.sampler import build_sampler
+    from kiln.model.precision import resolve_precision
+    from kiln.plan.memory import Shape, format_memory, plan_memory
+    from kiln.train.run import dry_run, format_dry_run
+
+    t = recipe.train
+    d = dry_run(recipe.model, t, partial(build_sampler, RunLayout(recipe.run_dir).token_shards, recipe.mix), recipe.run_dir)
+    sharded = recipe.parallel.layout(world_size())[1] > 1
+    amp = resolve_precision(t.precision, "train").amp_dtype
+    # The planner's memory model per device for this layout (FSDP2 shards like ZeRO-3).
+    memory = plan_memory(
+        Shape.from_config(d["model"]), dp=world_size(), zero=3 if sharded else 0, micro_batch=t.micro_batch_size, seq_len=t.seq_len,
+        precision={None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp], checkpointing=t.activation_checkpointing,
+    )
+    return format_dry_run(d) + "\n\nmemory per device (kiln plan memory):\n" + format_memory(memory)
 
 
 def embedding_shape(recipe: Recipe) -> Any:

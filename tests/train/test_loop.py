@@ -561,7 +561,10 @@ def test_dry_run_prints_the_planned_mixture_per_phase_and_trains_nothing(tokeniz
     copy = copy_tokenized(tokenized, tmp_path / "copy")
     mix = MixConfig(weights={"code": [[0, 1], [0.5, 1], [1.0, 0.2]], "legal": 1.0})
     cfg = train_cfg(steps=100, seq_len_schedule=[{"start": 0.0, "seq_len": 32}, {"start": 0.8, "seq_len": 64}])
-    text = dry_run(cfg, partial(build_sampler, copy / "tokenize", mix), copy)
+    d = dry_run(MODEL, cfg, partial(build_sampler, copy / "tokenize", mix), copy)
+    text = d["mixture"]
+    assert (d["params"], d["tokens"], d["tokens_per_step"]) == (count_params(MODEL.resolved(512)), 51_200, 512)
+    assert d["measured_tokens_per_s"] > 0 and d["estimated_seconds"] == pytest.approx(51_200 / d["measured_tokens_per_s"], abs=0.1)
     assert "planned mixture: 51,200 tokens trained in 3 phase(s)" in text
     assert "steps 1-50 (progress 0%-50%), seq_len 32" in text and "steps 81-100 (progress 80%-100%), seq_len 64" in text
     assert "0.500 -> " in text  # code's weight falls in the second half
@@ -578,6 +581,7 @@ def test_kiln_train_dry_run_from_the_command_line(tokenized: Path, tmp_path: Pat
     assert main(["train", "--recipe", str(recipe), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "planned mixture: 10,240 tokens trained in 1 phase(s)" in out and "0.750" in out and "0.250" in out
+    assert "model: 3,475,712 params" in out and "tokens/s over 3 measured steps" in out and "memory per device (kiln plan memory)" in out
     assert not (tmp_path / "copy" / "train").exists()
 
 

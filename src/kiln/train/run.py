@@ -13,18 +13,22 @@ Not handled here: resuming an interrupted run from its checkpoint (it starts ove
 
 from __future__ import annotations
 
+import json
 import logging
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError
 from kiln.core.layout import CHECKPOINT, TOKENIZE, TRAIN, RunLayout
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs
+from kiln.core.ranks import world_size
 from kiln.model.batch import Batch, RowSource
 from kiln.model.config import ModelConfig, count_params, flops_per_token
 from kiln.model.perplexity import ScoringConfig
@@ -76,10 +80,52 @@ def prepare_data(cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], l
     return rows, ids, plan_data(cfg, rows)
 
 
-def dry_run(cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], run_dir: Path) -> str:
-    """The planned mixture over training as a table, from the run's token shards; nothing is trained or written."""
+# Optimizer steps the dry run times to estimate the run's duration (the first is left out: warm-up).
+PROBE_STEPS = 4
+
+
+def measure_tokens_per_s(model_cfg: ModelConfig, cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], ids: TokenIds, run_dir: Path) -> float:
+    """Tokens per second of a few real optimizer steps of this model and batch, in a throwaway folder."""
+    probe = cfg.model_copy(update={"steps": PROBE_STEPS, "eval_at_start": False, "schedule": cfg.schedule.model_copy(update={"warmup_steps": 1}), "checkpoint": cfg.checkpoint.model_copy(update={"every": None})})
+    with tempfile.TemporaryDirectory() as tmp:
+        train(model_cfg, probe, build_collator(make_rows(cfg.seq_len, "train"), probe, ids), ScoringConfig(max_tokens_per_source=cfg.seq_len + 1, batch_size=1), run_dir, Path(tmp))
+        records = [json.loads(line) for line in (Path(tmp) / RunLayout(run_dir).metrics.name).read_text().splitlines()]
+    steps = [r for r in records if "tokens_per_s" in r]
+    return float(np.median([r["tokens_per_s"] for r in steps[1:]]))
+
+
+def dry_run(model_cfg: ModelConfig, cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], run_dir: Path) -> dict[str, Any]:
+    """What `kiln train --dry-run` prints, as data: the model's size and FLOPs, the batch, the planned
+    mixture (text), and the time to finish at the throughput of a few real steps. Nothing is kept."""
     layout = RunLayout(Path(run_dir))
-    return format_plan(prepare_data(cfg, make_rows, layout, read_manifest(layout.token_shards))[2])
+    tokenized = read_manifest(layout.token_shards)
+    model_cfg = model_cfg.resolved(tokenized["counts"]["vocab_size"])
+    rows, ids, planned = prepare_data(cfg, make_rows, layout, tokenized)
+    tokens = sum(cfg.geometry(step).tokens(world_size()) for step in range(1, cfg.steps + 1))
+    tokens_per_s = measure_tokens_per_s(model_cfg, cfg, make_rows, ids, Path(run_dir))
+    return {
+        "params": count_params(model_cfg),
+        "flops_per_token": flops_per_token(model_cfg, cfg.seq_len),
+        "tokens_per_step": cfg.tokens_per_step,
+        "micro_batches_per_rank": cfg.grad_accum_steps,
+        "processes": world_size(),
+        "tokens": tokens,
+        "measured_tokens_per_s": round(tokens_per_s, 1),
+        "estimated_seconds": round(tokens / tokens_per_s, 1),
+        "mixture": format_plan(planned),
+        "model": model_cfg,
+    }
+
+
+def format_dry_run(d: dict[str, Any]) -> str:
+    hours = d["estimated_seconds"] / 3600
+    return "\n".join([
+        f"model: {d['params']:,} params, {d['flops_per_token']:,} FLOPs per token (training, with attention)",
+        f"batch: {d['tokens_per_step']:,} tokens per step on {d['processes']} process(es), {d['micro_batches_per_rank']} micro-batch(es) per rank; {d['tokens']:,} tokens in all",
+        f"time: {d['measured_tokens_per_s']:,.0f} tokens/s over {PROBE_STEPS - 1} measured steps here, so about {d['estimated_seconds']:,.0f} s ({hours:.2f} h) to finish",
+        "",
+        d["mixture"],
+    ])
 
 
 def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool = False, parallel: ParallelConfig | None = None) -> dict[str, Any]:
