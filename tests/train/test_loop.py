@@ -125,8 +125,8 @@ def test_metrics_has_one_line_per_step(trained: tuple[Path, dict]) -> None:
         assert set(r["loss_by_source"]) <= {"code", "legal"} and r["loss_by_source"]
         assert min(r["loss_by_source"].values()) - 1e-4 <= r["loss"] <= max(r["loss_by_source"].values()) + 1e-4
     # The validation records bracket the steps and match the manifest.
-    assert records[0] == {"step": 0, "eval": manifest["counts"]["val_before"]}
-    assert records[-1] == {"step": STEPS, "eval": manifest["counts"]["val_after"]}
+    assert records[0] == {"step": 0, "kind": "start", "eval": manifest["counts"]["val_before"]}
+    assert records[-1] == {"step": STEPS, "kind": "final", "eval": manifest["counts"]["val_after"]}
     # The realized mixture: mix.report_windows (10) windows of 4 steps, tokens per source against
     # the intended shares; together every token trained, as the manifest records them.
     windows = [r["mixture"] for r in records if "mixture" in r]
@@ -155,7 +155,8 @@ def test_manifest_counts(trained: tuple[Path, dict]) -> None:
     assert counts["device"] == "cpu"
     assert manifest["upstream"] == {"tokenize": fingerprint_of(run_dir, "tokenize")}
     assert {o["path"] for o in manifest["outputs"]} == {"checkpoint/model.safetensors", "checkpoint/config.json", "checkpoint/train_state.pt"}
-    assert [o["path"] for o in manifest["logs"]] == ["metrics.jsonl"]  # timings: listed, not part of the fingerprint
+    logs = [o["path"] for o in manifest["logs"]]  # timings: listed, not part of the fingerprint
+    assert logs[0] == "metrics.jsonl" and len(logs) == 2 and logs[1].startswith("tensorboard/events.out.tfevents.")
 
 
 def test_checkpoint_is_saved_with_its_training_state(trained: tuple[Path, dict]) -> None:
@@ -313,7 +314,7 @@ def test_periodic_checkpoints_do_not_change_training(trained: tuple[Path, dict],
     manifest = train(MODEL, train_cfg(steps=4, schedule={"warmup_steps": 1}, eval_at_start=False, checkpoint={"every": 1}), MIX, tiny_eval, periodic)
     assert sha256_file(plain / "train" / "checkpoint" / "model.safetensors") == sha256_file(periodic / "train" / "checkpoint" / "model.safetensors")
     assert torch.load(periodic / "train" / "checkpoint" / "train_state.pt", weights_only=False)["step"] == 4
-    assert sorted(p.name for p in (periodic / "train").iterdir()) == ["checkpoint", "manifest.json", "metrics.jsonl", "summary.txt"]  # no .tmp left
+    assert sorted(p.name for p in (periodic / "train").iterdir()) == ["checkpoint", "manifest.json", "metrics.jsonl", "summary.txt", "tensorboard"]  # no .tmp left
     assert {o["path"] for o in manifest["outputs"]} >= {"checkpoint/model.safetensors", "checkpoint/train_state.pt"}
 
 
@@ -448,7 +449,7 @@ def test_only_rank_0_writes_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
     monitor = Monitor(tmp_path / "metrics.jsonl", total_steps=1, device=torch.device("cpu"))
-    monitor.log_eval(0, {"all": {}})
+    monitor.log_eval(0, {"sources": {}, "all": {"loss": 1.0}}, "start")
     monitor.start(step=0)
     monitor.log_step(1, 2.0, {"code": 2.0}, 1e-3, 0.5, tokens=8, seq_len=4, flops_per_token=1)
     monitor.close()
@@ -593,3 +594,19 @@ def test_fp16_trains_with_dynamic_loss_scaling(tokenized: Path, tmp_path: Path) 
     assert len(losses) == 12 and all(math.isfinite(x) for x in losses)
     assert losses[-1] < losses[0] - 0.5, losses  # fp16 autocast, loss scaling and Muon together still train
     assert manifest["counts"]["val_after"]["all"]["loss"] < math.log(512)
+
+
+def test_periodic_validation_and_tensorboard_curves(tokenized: Path, tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    copy = copy_tokenized(tokenized, tmp_path / "copy")
+    manifest = train(MODEL, train_cfg(steps=10, schedule={"warmup_steps": 2}, eval_every=4), MIX, EvalConfig(max_tokens_per_source=256), copy)
+    evals = [(r["step"], r["kind"]) for r in read_metrics(copy) if "eval" in r]
+    assert evals == [(0, "start"), (4, "periodic"), (8, "periodic"), (10, "final")]
+    board = EventAccumulator(str(copy / "train" / "tensorboard"))
+    board.Reload()
+    loss = board.Scalars("train/loss")
+    assert [e.step for e in loss] == list(range(1, 11))
+    assert [e.value for e in loss] == pytest.approx([r["loss"] for r in step_records(copy)], abs=1e-5)
+    assert [e.step for e in board.Scalars("val_loss/all")] == [0, 4, 8, 10]
+    assert board.Scalars("val_loss/all")[-1].value == pytest.approx(manifest["counts"]["val_after"]["all"]["loss"], rel=1e-6)

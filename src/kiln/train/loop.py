@@ -97,7 +97,7 @@ def maybe_adapt(evaluate: Scorer, model: Transformer, batches: BatchSource, moni
     if not every or step % every or step == cfg.steps:
         return
     results = evaluate(model)
-    monitor.log_eval(step, results)
+    monitor.log_eval(step, results, "adaptive")
     record = batches.observe(step, progress, {s: r["loss"] for s, r in results["sources"].items()})
     if record is not None:
         monitor.write({"step": step, **record})
@@ -121,14 +121,17 @@ def objective_loss(model: Transformer, batches: list[Batch], precision: Precisio
 
 
 def maybe_eval(evaluate: Scorer, model: Transformer, monitor: Monitor, step: int, cfg: TrainConfig) -> dict[str, Any] | None:
-    """Validate before step 1 (if train.eval_at_start) and after the last step; None at other steps."""
-    if not (step == cfg.steps or (step == 0 and cfg.eval_at_start)):
+    """Validate before step 1 (if train.eval_at_start), every train.eval_every steps, and after the
+    last step; the results of the first and the last (the manifest's before and after), else None."""
+    periodic = bool(cfg.eval_every) and 0 < step < cfg.steps and step % cfg.eval_every == 0  # type: ignore[operator]
+    kind = "final" if step == cfg.steps else "start" if step == 0 and cfg.eval_at_start else "periodic" if periodic else None
+    if kind is None:
         return None
     results = evaluate(model)  # switches to eval mode and back; one host sync per validation batch
-    monitor.log_eval(step, results)
+    monitor.log_eval(step, results, kind)
     if step == 0:
         log.info("train: step 0 validation loss %.3f (ln V = %.3f)", results["all"]["loss"], math.log(model.cfg.vocab_size or 1))
-    return results
+    return None if kind == "periodic" else results
 
 
 def build_parallel_model(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision, dp: DataParallel, parallel: ParallelConfig) -> tuple[nn.Module, Transformer]:
@@ -230,7 +233,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
         maybe_adapt(evaluate, core, batches, monitor, step, cfg.geometry(step + 1).progress, adapt_every, cfg)  # for the rows drawn next
         # The checkpoint is on disk before the final validation, which could still fail.
         checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, cfg.checkpoint, step, cfg.steps, model, core, optimizer, batches, dp) or checkpoint
-        val_after = maybe_eval(evaluate, core, monitor, step, cfg)  # None until the last step
+        val_after = maybe_eval(evaluate, core, monitor, step, cfg) or val_after  # None until the last step
 
     monitor.close()
     assert val_after is not None and (checkpoint or not dp.is_main), "the last step validates and saves"

@@ -5,7 +5,8 @@ step line: step, loss, loss per source drawn in that step, lr, grad_norm, tokens
 batch-size warmup and sequence-length phases change it), seq_len, tokens_per_s, mfu, data_wait_s
 (host time drawing the step's batches), peak_memory_mb (CUDA's high-water mark in the step; None
 on a CPU), elapsed_s.
-`MixtureWindows` adds, per window of steps, the tokens each source actually gave against the
+The same curves go to TensorBoard event files in `tensorboard/` beside it (`tensorboard --logdir
+runs/<name>/train`). `MixtureWindows` adds, per window of steps, the tokens each source actually gave against the
 intended weights (the realized mixture). MFU is achieved model FLOP/s over the device's dense bf16 peak; it is reported only
 where the peak is known (listed GPUs), never guessed for a CPU. Only rank 0 writes or draws a
 bar (the rank from torch.distributed once a process group is up, else 0).
@@ -27,6 +28,8 @@ from tqdm import tqdm
 
 from kiln.core.hardware import peak_flops_of
 
+TENSORBOARD = "tensorboard"  # the event files' folder beside metrics.jsonl
+
 
 def device_peak_flops(device: torch.device) -> float | None:
     """The device's dense bf16 peak from kiln.core.hardware (the planner's table); None for a CPU or an unknown GPU."""
@@ -42,6 +45,11 @@ class Monitor:
     def __init__(self, path: Path, total_steps: int, device: torch.device, world: int = 1):
         self.writes = process_rank() == 0
         self.file = open(path, "a", encoding="utf-8") if self.writes else None
+        self.board = None
+        if self.writes:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.board = SummaryWriter(str(path.parent / TENSORBOARD))
         self.total_steps = total_steps
         self.device = device
         # Tokens/s are counted over every rank, so the peak is too (one device per rank).
@@ -54,8 +62,14 @@ class Monitor:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
 
-    def log_eval(self, step: int, results: dict[str, Any]) -> None:
-        self.write({"step": step, "eval": results})
+    def log_eval(self, step: int, results: dict[str, Any], kind: str) -> None:
+        """kind: start (before step 1), periodic (every train.eval_every steps), adaptive (for the mixture) or final."""
+        self.write({"step": step, "kind": kind, "eval": results})
+        if self.board is not None:
+            for source, r in {**results["sources"], "all": results["all"]}.items():
+                self.board.add_scalar(f"val_loss/{source}", r["loss"], step)
+            if "objective" in results:
+                self.board.add_scalar("val_loss/objective", results["objective"]["loss"], step)
 
     def start(self, step: int) -> None:
         # The clock starts here, so the step-0 evaluation does not count against step 1's tokens/s.
@@ -85,6 +99,11 @@ class Monitor:
             "peak_memory_mb": peak_memory,
             "elapsed_s": round(now - self.t0, 3),
         })
+        if self.board is not None:
+            for name, value in (("loss", loss), ("lr", lr), ("grad_norm", grad_norm), ("tokens_per_s", tokens_per_s), ("data_wait_s", data_wait_s)):
+                self.board.add_scalar(f"train/{name}", value, step)
+            for source, value in loss_by_source.items():
+                self.board.add_scalar(f"train_loss/{source}", value, step)
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
             self.bar.update(1)
@@ -92,6 +111,8 @@ class Monitor:
                 self.bar.close()
 
     def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
         if self.bar is not None:
             self.bar.close()
         if self.file is not None:

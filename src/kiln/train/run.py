@@ -39,6 +39,7 @@ from kiln.train.config import TrainConfig
 from kiln.train.data_plan import format_plan, plan_data
 from kiln.train.distributed import DataParallel, ParallelConfig, init_data_parallel
 from kiln.train.loop import build_precision, train
+from kiln.train.monitor import TENSORBOARD
 from kiln.train.objectives import TokenIds, check_objectives, fim_middles, token_ids
 
 # Validation rows for an objective's own loss: at most this many micro-batches.
@@ -203,4 +204,5 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
     seen, plan = batches.tokens_by_source(), planned["total"]
     lines.append("tokens read per source (share, planned share): " + ", ".join(f"{s} {n:,} ({n / max(sum(seen.values()), 1):.1%}, {plan[s]['tokens'] / max(sum(p['tokens'] for p in plan.values()), 1):.1%})" for s, n in seen.items()))
     extra = {"model": model_cfg.model_dump(mode="json"), "monitoring_eval": scoring.model_dump(mode="json")}
-    return dp.broadcast(stage.finish(result.checkpoint, counts, "\n".join(lines), extra=extra, logs=[stage.dir / layout.metrics.name]))
+    logs = [stage.dir / layout.metrics.name, *sorted((stage.dir / TENSORBOARD).glob("*"))]
+    return dp.broadcast(stage.finish(result.checkpoint, counts, "\n".join(lines), extra=extra, logs=logs))
