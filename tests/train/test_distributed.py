@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +108,67 @@ def test_a_layout_that_does_not_fit_the_processes_is_refused() -> None:
         ParallelConfig(dp_replicate=3).layout(2)
     assert ParallelConfig(dp_replicate=2).layout(8) == (2, 4)  # HSDP: 2 replicas of 4 shards
     assert ParallelConfig().layout(4) == (1, 4)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid, from /proc (torchrun's workers run in their own process groups)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_after(command: list[str], metrics: Path, step: int) -> None:
+    """Run a training command and SIGKILL it as soon as metrics.jsonl has logged `step`."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and process.poll() is None:
+        if metrics.is_file() and any(json.loads(line).get("step", 0) >= step and "loss" in json.loads(line) for line in metrics.read_text().splitlines() if line.strip()):
+            for pid in [*descendants(process.pid), process.pid]:  # the workers first: torchrun would restart them
+                os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    process.wait()
+    assert process.returncode != 0, "the run finished before it could be killed"
+
+
+@pytest.mark.parametrize(("first", "second"), [(1, 1), (2, 2), (2, 1)])
+def test_killed_run_resumes_bit_identically(first: int, second: int, single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
+    # Resumable states every 5 steps; killed after step 12 is logged, the run resumes from step 10
+    # and its losses from step 11 on are exactly those of the uninterrupted run (1 process),
+    # whether the state was written by 1 or 2 processes and resumed by as many or by 1.
+    overrides = ["train.checkpoint.every=5", "parallel.dp_replicate=2", "parallel.dp_shard=1"]
+    runs_dir = tmp_path / "runs"
+    for stage in ("curate", "tokenizer", "tokenize"):
+        shutil.copytree(tokenized_run / stage, runs_dir / "run" / stage)
+    recipe = tmp_path / "recipe.yaml"
+
+    def command(nproc: int) -> list[str]:
+        # micro-batches of 2 rows on either layout: the recipe (and so the stage's identity) stays the same.
+        recipe.write_text(RECIPE.format(runs_dir=runs_dir, steps=STEPS, micro=2 if first != second else 4 // nproc))
+        args = ["train", "--recipe", str(recipe), *(a for o in overrides for a in ("--set", o))]
+        return [str(KILN), *args] if nproc == 1 else [str(TORCHRUN), "--standalone", f"--nproc-per-node={nproc}", "-m", "kiln", *args]
+
+    metrics = runs_dir / "run" / "train.partial" / "metrics.jsonl"
+    kill_after(command(first), metrics, 12)
+    assert sorted(p.name for p in (runs_dir / "run" / "train.partial" / "checkpoints").iterdir())[-1] == "step-0000010"
+    done = subprocess.run(command(second), capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, "\n".join(line for line in done.stderr.splitlines() if "train:" not in line)[-4000:]
+    assert "resuming after step 10" in done.stderr
+    resumed = [json.loads(line) for line in (runs_dir / "run" / "train" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in resumed if "loss" in r]
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))  # the killed run's steps 11-12 were cut back
+    uninterrupted = {r["step"]: r["loss"] for r in single[0]}
+    if first == second == 1:
+        assert [r["loss"] for r in steps[10:]] == [uninterrupted[s] for s in range(11, STEPS + 1)]  # bit for bit
+    else:
+        assert [r["loss"] for r in steps[10:]] == pytest.approx([uninterrupted[s] for s in range(11, STEPS + 1)], rel=1e-4)

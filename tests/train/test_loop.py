@@ -229,7 +229,7 @@ def test_same_seed_trains_identically_and_rerun_is_skipped_unless_forced(trained
     assert marker.exists()
 
     # Another config over a folder with checkpoints: refused before any work, nothing touched.
-    with pytest.raises(FatalError, match=r"holds checkpoints of an earlier training run .*pass --force to move it aside"):
+    with pytest.raises(FatalError, match=r"holds checkpoints of another training run .*pass --force to move it aside"):
         train(MODEL, train_cfg(seed=5), MIX, EVAL, copy)
     assert marker.exists() and not (copy / "train.partial").exists()
 
@@ -314,7 +314,9 @@ def test_periodic_checkpoints_do_not_change_training(trained: tuple[Path, dict],
     manifest = train(MODEL, train_cfg(steps=4, schedule={"warmup_steps": 1}, eval_at_start=False, checkpoint={"every": 1}), MIX, tiny_eval, periodic)
     assert sha256_file(plain / "train" / "checkpoint" / "model.safetensors") == sha256_file(periodic / "train" / "checkpoint" / "model.safetensors")
     assert torch.load(periodic / "train" / "checkpoint" / "train_state.pt", weights_only=False)["step"] == 4
-    assert sorted(p.name for p in (periodic / "train").iterdir()) == ["checkpoint", "manifest.json", "metrics.jsonl", "summary.txt", "tensorboard"]  # no .tmp left
+    assert sorted(p.name for p in (periodic / "train").iterdir()) == ["checkpoint", "checkpoints", "manifest.json", "metrics.jsonl", "summary.txt", "tensorboard"]  # no .tmp left
+    # Resumable states every step, the last 2 kept (keep_last); the last step writes the final checkpoint instead.
+    assert sorted(p.name for p in (periodic / "train" / "checkpoints").iterdir()) == ["step-0000002", "step-0000003"]
     assert {o["path"] for o in manifest["outputs"]} >= {"checkpoint/model.safetensors", "checkpoint/train_state.pt"}
 
 

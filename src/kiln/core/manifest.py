@@ -194,6 +194,11 @@ class Stage:
             d.rename(aside)
             self.log.warning("%s: moved %s aside to %s (--force)", self.name, d, aside)
 
+    def partial_matches(self) -> bool:
+        """Whether `<stage>.partial/` holds an interrupted attempt with this config, inputs and upstream."""
+        marker = self.partial_dir / IN_PROGRESS
+        return marker.is_file() and json.loads(marker.read_text()) == {"config_hash": self.config_hash, "inputs": self.inputs, "upstream": self.upstream}
+
     def begin(self, resume: bool = False) -> bool:
         """Take the stage's lock and start building in `<stage>.partial/`: empty, or with `resume`,
         keeping the work of an interrupted attempt with the same config, inputs and upstream (its
@@ -203,7 +208,7 @@ class Stage:
         self._lock()
         identity = {"config_hash": self.config_hash, "inputs": self.inputs, "upstream": self.upstream}
         marker = self.partial_dir / IN_PROGRESS
-        kept = resume and marker.is_file() and json.loads(marker.read_text()) == identity
+        kept = resume and self.partial_matches()
         if not kept:
             if self.partial_dir.exists():
                 shutil.rmtree(self.partial_dir)  # an unfinished attempt of this stage: never a finished output
@@ -310,4 +315,9 @@ def _alive(pid: Any) -> bool:
         return False
     except PermissionError:
         return True  # exists, owned by another user
-    return True
+    # A killed process nobody has reaped yet (a zombie) still answers signal 0, but holds nothing.
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True

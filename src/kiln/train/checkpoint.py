@@ -2,14 +2,15 @@
 (kiln.model.weights) plus `train_state.pt` (optimizer, step, data-stream and torch RNG state,
 enough to continue the exact run), swapped in whole.
 
-`maybe_checkpoint` is what the loop calls after every step: it saves every `every` steps (the
-latest kept) and always after the last step.
-Not handled here: resuming from a checkpoint, sharded or async checkpoints across processes
-(the trainer-at-scale issue).
+`maybe_checkpoint` is what the loop calls after every step: a resumable sharded state every
+`every` steps (kiln.train.resume) and the consolidated checkpoint, the stage's output, after the
+last step.
+Not handled here: asynchronous saves.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,15 @@ from kiln.model.batch import BatchSource
 from kiln.model.transformer import Transformer
 from kiln.model.weights import CONFIG, WEIGHTS, write_weights
 from kiln.train.distributed import DataParallel, full_state
+from kiln.train.resume import STATES, save_state
 
 TRAIN_STATE = "train_state.pt"
 
 
 class CheckpointConfig(Section):
-    every: int | None = Field(default=None, ge=1, description="Also save the checkpoint every this many steps (latest kept); None saves only after the last step.")
+    every: int | None = Field(default=None, ge=1, description="Save a resumable state (sharded, kiln.train.resume) every this many steps; None saves only the final checkpoint.")
+    keep_last: int = Field(default=2, ge=1, description="Resumable states kept: the newest this many ...")
+    keep_every: int | None = Field(default=None, ge=1, description="... and every state whose step is a multiple of this.")
 
 
 def save_checkpoint(folder: Path, model: Transformer, train_state: dict[str, Any]) -> list[Path]:
@@ -42,13 +46,17 @@ def save_checkpoint(folder: Path, model: Transformer, train_state: dict[str, Any
     return [folder / WEIGHTS, folder / CONFIG, folder / TRAIN_STATE]
 
 
-def maybe_checkpoint(folder: Path, cfg: CheckpointConfig, step: int, last_step: int, model: nn.Module, core: Transformer, optimizer: torch.optim.Optimizer, batches: BatchSource, dp: DataParallel) -> list[Path] | None:
-    """Save after `step` when it is a multiple of cfg.every or the last; the paths written (on rank 0), else None.
+def maybe_checkpoint(folder: Path, cfg: CheckpointConfig, step: int, last_step: int, model: nn.Module, core: Transformer, optimizer: torch.optim.Optimizer, batches: BatchSource, dp: DataParallel, resumable: Callable[[], dict[str, Any]]) -> list[Path] | None:
+    """After `step`: a resumable state every cfg.every steps (kiln.train.resume; `resumable()` gives
+    its JSON part), and after the last step the consolidated checkpoint; the consolidated paths
+    written (on rank 0), else None.
 
     With several ranks the full model and optimizer states are gathered to rank 0 (a collective)
     and written from there; the optimizer state is then keyed by parameter name.
     """
-    if step != last_step and not (cfg.every and step % cfg.every == 0):
+    if step != last_step:
+        if cfg.every and step % cfg.every == 0:
+            save_state(folder.parent / STATES, step, model, optimizer, dp, resumable(), cfg.keep_last, cfg.keep_every)
         return None
     if dp.world == 1:
         optimizer_state, weights_of = optimizer.state_dict(), core

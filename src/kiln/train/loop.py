@@ -44,8 +44,9 @@ from kiln.train.checkpoint import maybe_checkpoint
 from kiln.train.config import TrainConfig
 from kiln.train.distributed import DataParallel, ParallelConfig, apply_activation_checkpointing, apply_compile, parallelize, unwrap
 from kiln.train.loss import lm_loss
-from kiln.train.monitor import MixtureWindows, Monitor
+from kiln.train.monitor import MixtureWindows, Monitor, truncate_metrics
 from kiln.train.optim import build_optimizer
+from kiln.train.resume import STATES, complete_states, load_state
 from kiln.train.schedule import lr_at
 
 log = logging.getLogger("kiln.train")
@@ -144,13 +145,14 @@ def build_parallel_model(model_cfg: ModelConfig, cfg: TrainConfig, precision: Pr
     return model, unwrap(model)  # type: ignore[return-value]
 
 
-def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path, objective_batches: list[Batch] | None = None, adapt_every: int | None = None, report_windows: int = 10, dp: DataParallel | None = None, parallel: ParallelConfig | None = None) -> TrainResult:
+def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path, objective_batches: list[Batch] | None = None, adapt_every: int | None = None, report_windows: int = 10, dp: DataParallel | None = None, parallel: ParallelConfig | None = None, resume: bool = False) -> TrainResult:
     """Train a fresh model (model_cfg with its vocab_size resolved) on `batches`; metrics and checkpoint go to out_dir.
 
     objective_batches: held-out batches built by the training objective, scored at each validation.
     adapt_every: steps between the adaptive mixture's reweightings (None: the mixture is fixed).
     report_windows: windows of steps the realized mixture is reported over.
     dp, parallel: this process's place among the data-parallel ranks (None: one process).
+    resume: continue from the newest complete resumable state under out_dir (kiln.train.resume), if any.
     """
     precision = build_precision(cfg)
     dp = dp or DataParallel(0, 1, 1, 1, precision.device)
@@ -160,19 +162,35 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     # fp16 autocast needs dynamic loss scaling (bf16 has fp32's exponent range and does not).
     scaler = torch.amp.GradScaler(device.type, enabled=precision.amp_dtype == torch.float16)
     evaluate = build_scorer(run_dir, scoring, cfg, precision, objective_batches)
-    monitor = build_monitor(out_dir / RunLayout(run_dir).metrics.name, cfg, device, model_cfg, dp.world)
     mixture = MixtureWindows(batches.sources, cfg.steps, report_windows)
+    # Resume: the newest complete state (rank 0 picks it, every rank loads its part).
+    latest = dp.broadcast(str(states[-1]) if resume and dp.is_main and (states := complete_states(out_dir / STATES)) else None)
+    saved = load_state(Path(latest), model, optimizer, dp) if latest else None
+    start = saved["step"] if saved else 0
+    if saved:
+        batches.load_state_dict(saved["batches"])
+        mixture.load_state_dict(saved["mixture"])
+        log.info("train: resuming after step %d from %s", start, latest)
+    if dp.is_main:
+        truncate_metrics(out_dir / RunLayout(run_dir).metrics.name, start)
+    monitor = build_monitor(out_dir / RunLayout(run_dir).metrics.name, cfg, device, model_cfg, dp.world)
     log.info("train: %s params (%s without embeddings) on %s x %d (%d replicas x %d shards), %d steps of %d tokens (%d micro-batches of %d x %d per rank)", f"{count_params(model_cfg):,}", f"{count_params(model_cfg, False):,}", device.type, dp.world, dp.replicate, dp.shard, cfg.steps, cfg.tokens_per_step, cfg.grad_accum_steps, cfg.micro_batch_size, cfg.seq_len)
 
-    val_before = maybe_eval(evaluate, core, monitor, 0, cfg)  # every rank scores (FSDP2 gathers shards); rank 0 logs
+    # every rank scores (FSDP2 gathers shards); rank 0 logs
+    val_before = saved["val_before"] if saved else maybe_eval(evaluate, core, monitor, 0, cfg)
     model.train()
-    monitor.start(step=0)
+    monitor.start(step=start)
     n_sources = len(batches.sources)
     checkpoint: list[Path] = []
     val_after = None
     step_loss = float("nan")
-    tokens_trained = train_flops = 0
-    for step in range(1, cfg.steps + 1):
+    tokens_trained, train_flops = (saved["tokens_trained"], saved["train_flops"]) if saved else (0, 0)
+
+    def resumable() -> dict[str, Any]:
+        """What a resumable state holds besides model, optimizer and RNGs (JSON)."""
+        return {"batches": batches.state_dict(), "mixture": mixture.state_dict(), "tokens_trained": tokens_trained, "train_flops": train_flops, "val_before": val_before}
+
+    for step in range(start + 1, cfg.steps + 1):
         # This step's sequence length, rows and RoPE base (phases, batch-size warmup).
         shape = cfg.geometry(step)
         if shape.rope_theta is not None and shape.rope_theta != core.cfg.rope_theta:
@@ -232,7 +250,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
             monitor.write({"step": step, "mixture": window})
         maybe_adapt(evaluate, core, batches, monitor, step, cfg.geometry(step + 1).progress, adapt_every, cfg)  # for the rows drawn next
         # The checkpoint is on disk before the final validation, which could still fail.
-        checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, cfg.checkpoint, step, cfg.steps, model, core, optimizer, batches, dp) or checkpoint
+        checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, cfg.checkpoint, step, cfg.steps, model, core, optimizer, batches, dp, resumable) or checkpoint
         val_after = maybe_eval(evaluate, core, monitor, step, cfg) or val_after  # None until the last step
 
     monitor.close()

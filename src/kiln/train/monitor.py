@@ -41,6 +41,13 @@ def process_rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
 
 
+def truncate_metrics(path: Path, step: int) -> None:
+    """Keep the records of steps up to `step` (a resumed run writes the later ones again)."""
+    if path.is_file():
+        kept = [line for line in path.read_text(encoding="utf-8").splitlines() if json.loads(line)["step"] <= step]
+        path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+
+
 class Monitor:
     def __init__(self, path: Path, total_steps: int, device: torch.device, world: int = 1):
         self.writes = process_rank() == 0
@@ -146,3 +153,10 @@ class MixtureWindows:
         self.first_step, self.start_tokens, self.intended = step + 1, now, np.zeros(len(self.sources))
         self.records.append(record)
         return record
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"first_step": self.first_step, "start_tokens": self.start_tokens.tolist(), "intended": self.intended.tolist(), "records": self.records}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.first_step, self.records = state["first_step"], list(state["records"])
+        self.start_tokens, self.intended = np.array(state["start_tokens"]), np.array(state["intended"])

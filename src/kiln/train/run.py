@@ -13,6 +13,7 @@ Not handled here: resuming an interrupted run from its checkpoint (it starts ove
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import tempfile
@@ -41,6 +42,7 @@ from kiln.train.distributed import DataParallel, ParallelConfig, init_data_paral
 from kiln.train.loop import build_precision, train
 from kiln.train.monitor import TENSORBOARD
 from kiln.train.objectives import TokenIds, check_objectives, fim_middles, token_ids
+from kiln.train.resume import STATES, complete_states
 
 # Validation rows for an objective's own loss: at most this many micro-batches.
 MAX_OBJECTIVE_VAL_BATCHES = 32
@@ -138,6 +140,9 @@ def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_row
     # Not in a `finally`: after a failure the other ranks may be inside a collective, and
     # torchrun stops them when this process exits with the error.
     manifest = train_stage(model_cfg, cfg, data_config, make_rows, scoring, Path(run_dir), force, parallel, precision, dp)
+    # subtle: free the wrapped model (FSDP2 keeps reference cycles) while its process groups still
+    # exist; left to interpreter shutdown, gloo's threads sometimes abort the process (exit -6).
+    gc.collect()
     dp.close()
     return manifest
 
@@ -159,8 +164,11 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
     if done:
         return done
     if stage is not None:
-        # Until resuming exists, checkpoints of an earlier run are never overwritten: --force moves them aside.
-        stage.refuse_to_replace([CHECKPOINT], "checkpoints of an earlier training run (resuming is not supported yet)", force)
+        # An interrupted run with the same config, inputs and upstream resumes from its newest
+        # complete state; checkpoints of any other run are never overwritten (--force moves them aside).
+        resumable = stage.partial_matches() and bool(complete_states(stage.partial_dir / STATES)) and not force
+        if (stage.final_dir / CHECKPOINT).exists() or not resumable:
+            stage.refuse_to_replace([CHECKPOINT, STATES], "checkpoints of another training run (a different config, data, or a finished run)", force)
     vocab_size = tokenized["counts"]["vocab_size"]
     if model_cfg.vocab_size is not None and model_cfg.vocab_size < vocab_size:
         raise ConfigError(f"model.vocab_size {model_cfg.vocab_size} is below the tokenizer's {vocab_size} ids; leave it unset to take the tokenizer's")
@@ -170,10 +178,9 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
     rows, ids, planned = prepare_data(cfg, make_rows, layout, tokenized)
     batches = build_collator(rows, cfg, ids, dp.rank, dp.world)
     val_batches = objective_val_batches(make_rows, cfg, scoring, ids)
-    if stage is not None:
-        stage.begin()
-    out_dir = Path(dp.broadcast(str(stage.dir) if stage else None))  # only rank 0 writes into it
-    result = train(model_cfg, cfg, batches, scoring, run_dir, out_dir, val_batches, rows.adapt_every, rows.report_windows, dp, parallel)
+    kept = stage.begin(resume=True) if stage is not None else False
+    out_dir, kept = dp.broadcast((str(stage.dir), kept) if stage else None)  # only rank 0 writes into it
+    result = train(model_cfg, cfg, batches, scoring, run_dir, Path(out_dir), val_batches, rows.adapt_every, rows.report_windows, dp, parallel, resume=kept)
     if stage is None:
         return dp.broadcast(None)  # rank 0's manifest, once it is written
 
