@@ -172,3 +172,31 @@ def test_killed_run_resumes_bit_identically(first: int, second: int, single: tup
         assert [r["loss"] for r in steps[10:]] == [uninterrupted[s] for s in range(11, STEPS + 1)]  # bit for bit
     else:
         assert [r["loss"] for r in steps[10:]] == pytest.approx([uninterrupted[s] for s in range(11, STEPS + 1)], rel=1e-4)
+
+
+def test_sigterm_saves_a_resumable_state_and_the_run_continues_exactly(single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
+    # A scheduler's preemption notice: SIGTERM after step 8 is logged. The step in flight finishes,
+    # a resumable state is written for it, the command exits 130; running it again resumes there.
+    runs_dir = tmp_path / "runs"
+    for stage in ("curate", "tokenizer", "tokenize"):
+        shutil.copytree(tokenized_run / stage, runs_dir / "run" / stage)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE.format(runs_dir=runs_dir, steps=STEPS, micro=4))
+    command = [str(KILN), "train", "--recipe", str(recipe)]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    metrics = runs_dir / "run" / "train.partial" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (metrics.is_file() and '"step": 8, "loss"' in metrics.read_text()):
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-2000:]
+    assert "SIGTERM received" in stderr and "run the same command again to resume" in stderr
+    saved = sorted(p.name for p in (runs_dir / "run" / "train.partial" / "checkpoints").iterdir())
+    assert len(saved) == 1 and 8 <= int(saved[0].split("-")[1]) < STEPS
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [json.loads(line) for line in (runs_dir / "run" / "train" / "metrics.jsonl").read_text().splitlines() if '"loss"' in line and '"eval"' not in line]
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    assert [r["loss"] for r in steps] == [r["loss"] for r in single[0]]  # bit for bit, one process both times

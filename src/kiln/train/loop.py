@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -46,7 +48,7 @@ from kiln.train.distributed import DataParallel, ParallelConfig, apply_activatio
 from kiln.train.loss import lm_loss
 from kiln.train.monitor import MixtureWindows, Monitor, truncate_metrics
 from kiln.train.optim import build_optimizer
-from kiln.train.resume import STATES, complete_states, load_state
+from kiln.train.resume import STATES, complete_states, load_state, save_state
 from kiln.train.schedule import lr_at
 
 log = logging.getLogger("kiln.train")
@@ -135,6 +137,35 @@ def maybe_eval(evaluate: Scorer, model: Transformer, monitor: Monitor, step: int
     return None if kind == "periodic" else results
 
 
+class StopRequest:
+    """Turns SIGTERM and SIGINT into a request the loop honours between steps (a schedulers' preemption
+    notice, Ctrl-C): the step finishes, a resumable state is written, and the run stops."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():  # signal handlers live on the main thread
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self.request)
+
+    def request(self, signum: int, frame: Any) -> None:
+        log.warning("train: %s received; saving a resumable state after this step", signal.Signals(signum).name)
+        self.requested = True
+
+    def agreed(self, dp: DataParallel) -> bool:
+        """Whether any rank was asked to stop (a collective with several ranks: every rank stops together)."""
+        if dp.world == 1:
+            return self.requested
+        return bool(dp.all_sum(torch.tensor([float(self.requested)], device=dp.device)).item())
+
+    def __enter__(self) -> StopRequest:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():  # the caller's handlers again, however the loop ended
+            signal.signal(sig, handler)
+
+
 def build_parallel_model(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision, dp: DataParallel, parallel: ParallelConfig) -> tuple[nn.Module, Transformer]:
     """(the model the loop steps: wrapped for data parallelism, the Transformer inside it)."""
     core = build_model(model_cfg, cfg.seed, dp.device)  # the same seed on every rank: the same initial weights
@@ -190,68 +221,73 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
         """What a resumable state holds besides model, optimizer and RNGs (JSON)."""
         return {"batches": batches.state_dict(), "mixture": mixture.state_dict(), "tokens_trained": tokens_trained, "train_flops": train_flops, "val_before": val_before}
 
-    for step in range(start + 1, cfg.steps + 1):
-        # This step's sequence length, rows and RoPE base (phases, batch-size warmup).
-        shape = cfg.geometry(step)
-        if shape.rope_theta is not None and shape.rope_theta != core.cfg.rope_theta:
-            core.set_rope_theta(shape.rope_theta)  # a long-context phase begins
-            log.info("train: step %d: seq_len %d, RoPE base %g", step, shape.seq_len, shape.rope_theta)
-        lr = lr_at(step, cfg.optim.lr, cfg.schedule.warmup_steps, cfg.steps, cfg.schedule.min_lr_ratio, cfg.schedule.kind, cfg.schedule.decay_fraction)
-        for group in optimizer.param_groups:
-            group["lr"] = lr * group["lr_scale"]  # Muon's matrices have their own peak
-        # Per-source sums of per-row mean losses and row counts, kept on the device: no sync per micro-batch.
-        source_loss = torch.zeros(n_sources, device=device)
-        source_rows = torch.zeros(n_sources, device=device)
-        # The step's micro-batches, drawn on the host: ids, targets, loss mask (B, T), source per
-        # row (B,), the attention rule's tensors. Drawn first because the loss divides by the
-        # kept positions of the whole step, which the masks (on the host, no sync) give.
-        t_data = time.perf_counter()
-        micro_batches = [batches.next_batch(rows, shape.seq_len, shape.progress) for rows in shape.micro_batches]
-        data_wait_s = time.perf_counter() - t_data
-        # sync point with several ranks: the kept positions of the step over all of them.
-        step_tokens = int(dp.all_sum(torch.tensor([sum(int(b.loss_mask_BT.sum()) for b in micro_batches)], device=device)).item())
-        for i, batch in enumerate(micro_batches):
-            batch = batch.to(device)
-            last = i == len(micro_batches) - 1
-            # DDP all-reduces gradients only after the step's last micro-batch.
-            sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else nullcontext()
-            with sync:  # forward and backward both inside DDP's no_sync
-                # Plain causal rows without document ids take SDPA's is_causal fast path.
-                with precision.autocast():
-                    logits_BTV = model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT)  # (B, T, V) fp32
-                # Outside autocast: the cross-entropy runs in fp32. Summed over kept positions and
-                # divided by step_tokens, so the accumulated gradient is that of the step's token mean.
-                # Expected: about ln V at step 1 (9.01 nats for the demo's 8192 tokens).
-                loss = lm_loss(logits_BTV, batch, step_tokens, model_cfg.z_loss, cfg.late_position_weight)
-                # grad_scale: DDP and FSDP2 average over ranks; the step's gradient is the sum of the ranks' shares.
-                scaler.scale(loss.value * dp.grad_scale).backward()
-            source_loss.index_add_(0, batch.source_B, loss.row_mean_B)
-            source_rows.index_add_(0, batch.source_B, (loss.row_tokens_B > 0).to(source_rows.dtype))
-        scaler.unscale_(optimizer)  # fp16: gradients back to their true scale before the norm (no-op otherwise)
-        # clip_grad_norm_ returns the pre-clip norm; with grad_clip None we still measure it (max_norm=inf).
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
-        if isinstance(grad_norm, DTensor):  # FSDP2: the norm over every shard
-            grad_norm = grad_norm.full_tensor()
-        scaler.step(optimizer)  # fp16: skipped when a gradient overflowed, and the scale shrinks
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+    with StopRequest() as stop:  # SIGTERM / SIGINT: finish the step, save a resumable state, stop
+        for step in range(start + 1, cfg.steps + 1):
+            # This step's sequence length, rows and RoPE base (phases, batch-size warmup).
+            shape = cfg.geometry(step)
+            if shape.rope_theta is not None and shape.rope_theta != core.cfg.rope_theta:
+                core.set_rope_theta(shape.rope_theta)  # a long-context phase begins
+                log.info("train: step %d: seq_len %d, RoPE base %g", step, shape.seq_len, shape.rope_theta)
+            lr = lr_at(step, cfg.optim.lr, cfg.schedule.warmup_steps, cfg.steps, cfg.schedule.min_lr_ratio, cfg.schedule.kind, cfg.schedule.decay_fraction)
+            for group in optimizer.param_groups:
+                group["lr"] = lr * group["lr_scale"]  # Muon's matrices have their own peak
+            # Per-source sums of per-row mean losses and row counts, kept on the device: no sync per micro-batch.
+            source_loss = torch.zeros(n_sources, device=device)
+            source_rows = torch.zeros(n_sources, device=device)
+            # The step's micro-batches, drawn on the host: ids, targets, loss mask (B, T), source per
+            # row (B,), the attention rule's tensors. Drawn first because the loss divides by the
+            # kept positions of the whole step, which the masks (on the host, no sync) give.
+            t_data = time.perf_counter()
+            micro_batches = [batches.next_batch(rows, shape.seq_len, shape.progress) for rows in shape.micro_batches]
+            data_wait_s = time.perf_counter() - t_data
+            # sync point with several ranks: the kept positions of the step over all of them.
+            step_tokens = int(dp.all_sum(torch.tensor([sum(int(b.loss_mask_BT.sum()) for b in micro_batches)], device=device)).item())
+            for i, batch in enumerate(micro_batches):
+                batch = batch.to(device)
+                last = i == len(micro_batches) - 1
+                # DDP all-reduces gradients only after the step's last micro-batch.
+                sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else nullcontext()
+                with sync:  # forward and backward both inside DDP's no_sync
+                    # Plain causal rows without document ids take SDPA's is_causal fast path.
+                    with precision.autocast():
+                        logits_BTV = model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT)  # (B, T, V) fp32
+                    # Outside autocast: the cross-entropy runs in fp32. Summed over kept positions and
+                    # divided by step_tokens, so the accumulated gradient is that of the step's token mean.
+                    # Expected: about ln V at step 1 (9.01 nats for the demo's 8192 tokens).
+                    loss = lm_loss(logits_BTV, batch, step_tokens, model_cfg.z_loss, cfg.late_position_weight)
+                    # grad_scale: DDP and FSDP2 average over ranks; the step's gradient is the sum of the ranks' shares.
+                    scaler.scale(loss.value * dp.grad_scale).backward()
+                source_loss.index_add_(0, batch.source_B, loss.row_mean_B)
+                source_rows.index_add_(0, batch.source_B, (loss.row_tokens_B > 0).to(source_rows.dtype))
+            scaler.unscale_(optimizer)  # fp16: gradients back to their true scale before the norm (no-op otherwise)
+            # clip_grad_norm_ returns the pre-clip norm; with grad_clip None we still measure it (max_norm=inf).
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
+            if isinstance(grad_norm, DTensor):  # FSDP2: the norm over every shard
+                grad_norm = grad_norm.full_tensor()
+            scaler.step(optimizer)  # fp16: skipped when a gradient overflowed, and the scale shrinks
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
 
-        # host sync: once per step, for the log line and the NaN check. The step loss weights
-        # every row alike: the token mean when every row keeps all T targets (next-token).
-        dp.all_sum(source_loss), dp.all_sum(source_rows)  # every rank's rows (a collective)
-        per_source, rows = (source_loss / source_rows.clamp(min=1)).tolist(), source_rows.tolist()
-        step_loss = float(source_loss.sum().item() / max(sum(rows), 1))
-        if not math.isfinite(step_loss):
-            raise FatalError(f"train: loss became {step_loss} at step {step}; lower train.optim.lr or raise train.schedule.warmup_steps")
-        tokens, fpt = shape.tokens(dp.world), flops_per_token(core.cfg, shape.seq_len)
-        tokens_trained, train_flops = tokens_trained + tokens, train_flops + tokens * fpt
-        monitor.log_step(step, step_loss, {s: per_source[i] for i, s in enumerate(batches.sources) if rows[i]}, lr, grad_norm.item(), tokens, shape.seq_len, fpt, data_wait_s)
-        if window := mixture.add(step, batches.tokens_by_source(), batches.weights_at(shape.progress), tokens):
-            monitor.write({"step": step, "mixture": window})
-        maybe_adapt(evaluate, core, batches, monitor, step, cfg.geometry(step + 1).progress, adapt_every, cfg)  # for the rows drawn next
-        # The checkpoint is on disk before the final validation, which could still fail.
-        checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, cfg.checkpoint, step, cfg.steps, model, core, optimizer, batches, dp, resumable) or checkpoint
-        val_after = maybe_eval(evaluate, core, monitor, step, cfg) or val_after  # None until the last step
+            # host sync: once per step, for the log line and the NaN check. The step loss weights
+            # every row alike: the token mean when every row keeps all T targets (next-token).
+            dp.all_sum(source_loss), dp.all_sum(source_rows)  # every rank's rows (a collective)
+            per_source, rows = (source_loss / source_rows.clamp(min=1)).tolist(), source_rows.tolist()
+            step_loss = float(source_loss.sum().item() / max(sum(rows), 1))
+            if not math.isfinite(step_loss):
+                raise FatalError(f"train: loss became {step_loss} at step {step}; lower train.optim.lr or raise train.schedule.warmup_steps")
+            tokens, fpt = shape.tokens(dp.world), flops_per_token(core.cfg, shape.seq_len)
+            tokens_trained, train_flops = tokens_trained + tokens, train_flops + tokens * fpt
+            monitor.log_step(step, step_loss, {s: per_source[i] for i, s in enumerate(batches.sources) if rows[i]}, lr, grad_norm.item(), tokens, shape.seq_len, fpt, data_wait_s)
+            if window := mixture.add(step, batches.tokens_by_source(), batches.weights_at(shape.progress), tokens):
+                monitor.write({"step": step, "mixture": window})
+            maybe_adapt(evaluate, core, batches, monitor, step, cfg.geometry(step + 1).progress, adapt_every, cfg)  # for the rows drawn next
+            # The checkpoint is on disk before the final validation, which could still fail.
+            checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, cfg.checkpoint, step, cfg.steps, model, core, optimizer, batches, dp, resumable) or checkpoint
+            val_after = maybe_eval(evaluate, core, monitor, step, cfg) or val_after  # None until the last step
+            if step < cfg.steps and stop.agreed(dp):  # sync point with several ranks: all stop at the same step
+                save_state(out_dir / STATES, step, model, optimizer, dp, resumable(), cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
+                monitor.close()
+                raise KeyboardInterrupt(f"stopped by signal after step {step}")
 
     monitor.close()
     assert val_after is not None and (checkpoint or not dp.is_main), "the last step validates and saves"
