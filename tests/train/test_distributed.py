@@ -48,11 +48,16 @@ eval: {{max_tokens_per_source: 512}}
 """
 
 
+def copy_run(tokenized_run: Path, runs_dir: Path) -> None:
+    """The shared run's upstream stages (curate, tokenizer, tokenize) as runs_dir/run, ready to train."""
+    for stage in ("curate", "tokenizer", "tokenize"):
+        shutil.copytree(tokenized_run / stage, runs_dir / "run" / stage)
+
+
 def launch(tokenized_run: Path, root: Path, nproc: int, *overrides: str, micro: int = 4, steps: int = STEPS, via_kiln: bool = False) -> list[dict[str, Any]]:
     """Train on a fresh copy of the run with nproc processes; the step records of metrics.jsonl."""
     runs_dir = root / "runs"
-    for stage in ("curate", "tokenizer", "tokenize"):
-        shutil.copytree(tokenized_run / stage, runs_dir / "run" / stage)
+    copy_run(tokenized_run, runs_dir)
     recipe = root / "recipe.yaml"
     recipe.write_text(RECIPE.format(runs_dir=runs_dir, steps=steps, micro=micro))
     args = ["train", "--recipe", str(recipe), *(a for o in overrides for a in ("--set", o))]
@@ -148,8 +153,7 @@ def test_killed_run_resumes_bit_identically(first: int, second: int, single: tup
     # whether the state was written by 1 or 2 processes and resumed by as many or by 1.
     overrides = ["train.checkpoint.every=5", "parallel.dp_replicate=2", "parallel.dp_shard=1"]
     runs_dir = tmp_path / "runs"
-    for stage in ("curate", "tokenizer", "tokenize"):
-        shutil.copytree(tokenized_run / stage, runs_dir / "run" / stage)
+    copy_run(tokenized_run, runs_dir)
     recipe = tmp_path / "recipe.yaml"
 
     def command(nproc: int) -> list[str]:
@@ -178,8 +182,7 @@ def test_sigterm_saves_a_resumable_state_and_the_run_continues_exactly(single: t
     # A scheduler's preemption notice: SIGTERM after step 8 is logged. The step in flight finishes,
     # a resumable state is written for it, the command exits 130; running it again resumes there.
     runs_dir = tmp_path / "runs"
-    for stage in ("curate", "tokenizer", "tokenize"):
-        shutil.copytree(tokenized_run / stage, runs_dir / "run" / stage)
+    copy_run(tokenized_run, runs_dir)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(RECIPE.format(runs_dir=runs_dir, steps=STEPS, micro=4))
     command = [str(KILN), "train", "--recipe", str(recipe)]

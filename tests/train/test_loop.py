@@ -448,15 +448,14 @@ def test_the_loop_trains_on_any_batch_source_with_its_masks_and_documents(traine
 
 
 def test_only_rank_0_writes_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    monkeypatch.setenv("RANK", "1")  # as torchrun sets it for the second process
     monitor = Monitor(tmp_path / "metrics.jsonl", total_steps=1, device=torch.device("cpu"))
     monitor.log_eval(0, {"sources": {}, "all": {"loss": 1.0}}, "start")
     monitor.start(step=0)
     monitor.log_step(1, 2.0, {"code": 2.0}, 1e-3, 0.5, tokens=8, seq_len=4, flops_per_token=1)
     monitor.close()
-    assert not (tmp_path / "metrics.jsonl").exists()
-    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
+    assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "tensorboard").exists()
+    monkeypatch.setenv("RANK", "0")
     monitor = Monitor(tmp_path / "metrics.jsonl", total_steps=1, device=torch.device("cpu"))
     monitor.log_step(1, 2.0, {"code": 2.0}, 1e-3, 0.5, tokens=8, seq_len=4, flops_per_token=1)
     monitor.close()

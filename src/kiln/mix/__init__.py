@@ -1,1 +1,1 @@
-"""Mixing: which source each training sequence comes from, as Batches for the trainer, and (later) schedules over steps."""
+"""Mixing: which source each training row comes from, in what order and how often, over training."""

@@ -11,8 +11,8 @@ exceed 1. Every rank builds the same initial weights from the seed before wrappi
 DDP and FSDP2 average gradients over the ranks; the loop's loss is each rank's share of the
 global token sum, so it is multiplied by the world size before backward (`grad_scale`).
 Order, as torchtitan applies them: activation checkpointing, then compile, then FSDP2 or DDP.
-Not handled here: tensor, pipeline or context parallelism (the 3D-parallelism issue), sharded
-checkpoints (they gather full states on rank 0 for now).
+Not handled here: tensor, pipeline or context parallelism (the 3D-parallelism issue), saving
+states (kiln.train.resume writes them sharded; the consolidated checkpoint gathers to rank 0).
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ the loop: `monitor.log_step`, `maybe_checkpoint`, `maybe_eval` (validation befor
 untrained baseline near ln(vocab), and after the last step; with an objective other than clm
 also that objective's loss on fixed validation batches), `maybe_adapt` (an adaptive mixture's
 reweighting from per-source validation losses), and the realized mixture per window of steps.
-Stage bookkeeping (manifest, skip-or-redo, counts) is kiln.train.run's.
-Not handled here: DDP/FSDP (kiln.train.distributed, later), resume from a checkpoint, NaN and
-loss-spike rollback (the trainer-at-scale issue).
+Stage bookkeeping (manifest, skip-or-redo, counts) is kiln.train.run's; wrapping the model for
+data parallelism is kiln.train.distributed's, the resumable states kiln.train.resume's.
+Not handled here: NaN and loss-spike rollback (the trainer-at-scale issue).
 """
 
 from __future__ import annotations

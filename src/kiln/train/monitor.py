@@ -9,8 +9,8 @@ The same curves go to TensorBoard event files in `tensorboard/` beside it (`tens
 runs/<name>/train`). `MixtureWindows` adds, per window of steps, the tokens each source actually gave against the
 intended weights (the realized mixture). MFU is achieved model FLOP/s over the device's dense bf16 peak; it is reported only
 where the peak is known (listed GPUs), never guessed for a CPU. Only rank 0 writes or draws a
-bar (the rank from torch.distributed once a process group is up, else 0).
-Not handled here: TensorBoard or other sinks.
+bar (kiln.core.ranks).
+Not handled here: sinks other than metrics.jsonl and TensorBoard.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from kiln.core.hardware import peak_flops_of
+from kiln.core.ranks import is_main_process
 
 TENSORBOARD = "tensorboard"  # the event files' folder beside metrics.jsonl
 
@@ -34,11 +35,6 @@ TENSORBOARD = "tensorboard"  # the event files' folder beside metrics.jsonl
 def device_peak_flops(device: torch.device) -> float | None:
     """The device's dense bf16 peak from kiln.core.hardware (the planner's table); None for a CPU or an unknown GPU."""
     return peak_flops_of(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
-
-
-def process_rank() -> int:
-    """This process's rank in the default process group; 0 when there is none."""
-    return torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
 
 
 def truncate_metrics(path: Path, step: int) -> None:
@@ -50,7 +46,7 @@ def truncate_metrics(path: Path, step: int) -> None:
 
 class Monitor:
     def __init__(self, path: Path, total_steps: int, device: torch.device, world: int = 1):
-        self.writes = process_rank() == 0
+        self.writes = is_main_process()
         self.file = open(path, "a", encoding="utf-8") if self.writes else None
         self.board = None
         if self.writes:

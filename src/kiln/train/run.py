@@ -7,8 +7,9 @@ collator (kiln.train.collate) turns its windows into batches; for any objective 
 fixed validation batches built the same way are scored at each validation. The scoring
 settings shape only the monitoring evaluations, so they are not hashed. Before any compute the
 stage plans the data mixture (kiln.train.data_plan; `dry_run` prints it and stops) and stops on
-a source planned beyond mix.max_epochs when the recipe says so.
-Not handled here: resuming an interrupted run from its checkpoint (it starts over).
+a source planned beyond mix.max_epochs when the recipe says so. An interrupted run with the
+same config, inputs and upstream resumes from its newest complete state (kiln.train.resume).
+Not handled here: the steps themselves (kiln.train.loop).
 """
 
 from __future__ import annotations
@@ -60,11 +61,9 @@ def objective_val_batches(make_rows: Callable[[int, str], RowSource], cfg: Train
         return None  # the perplexity scorer already measures exactly this
     fim_only = cfg.objectives.keys() == {"fim"}
     val = build_collator(make_rows(cfg.seq_len, "val_fim" if fim_only else "val"), cfg, ids)
-    n = min(MAX_OBJECTIVE_VAL_BATCHES, max(1, scoring.max_tokens_per_source * len(val.sources) // (cfg.micro_batch_size * cfg.seq_len)))
-    if fim_only:
-        # Only middles whose <|fim_middle|> lies inside the row count (a row that starts inside a
-        # middle has lost its context): a small share of each row, so every batch allowed is used.
-        n = MAX_OBJECTIVE_VAL_BATCHES
+    # fim: only middles whose <|fim_middle|> lies inside the row count (a row that starts inside a
+    # middle has lost its context), a small share of each row, so every batch allowed is used.
+    n = MAX_OBJECTIVE_VAL_BATCHES if fim_only else min(MAX_OBJECTIVE_VAL_BATCHES, max(1, scoring.max_tokens_per_source * len(val.sources) // (cfg.micro_batch_size * cfg.seq_len)))
     batches = [val.next_batch(cfg.micro_batch_size, cfg.seq_len, 0.0) for _ in range(n)]
     if fim_only:
         batches = [replace(b, loss_mask_BT=torch.from_numpy(fim_middles(b.input_ids_BT.numpy(), b.targets_BT.numpy(), ids))) for b in batches]
