@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--explain", metavar="DOC_ID", help="Print which step removed (or quarantined) this document, the measured value and the threshold, and stop.")
         if verb == "train":
             p.add_argument("--dry-run", action="store_true", help="Print the planned data mixture over training (a table per phase: weights, tokens and epochs per source) and stop; nothing is trained or written.")
+            p.add_argument("--from", dest="from_step", type=int, metavar="STEP", help="Resume the interrupted run from its resumable state after STEP instead of the newest (later states are moved aside into checkpoints/superseded-<time>/).")
             p.add_argument("--nproc", type=int, metavar="N", help="Train with N processes on this machine: runs `torchrun --standalone --nproc-per-node N -m kiln train` with the other arguments (the parallel section lays them out).")
         if verb == "train-tokenizer":
             p.add_argument("--sweep", metavar="N,N,...", type=vocab_sizes, help="Train one tokenizer per vocabulary size on the same sample into tokenizer-sweep/ and print their reports side by side (the stage's own tokenizer is left as it is).")
@@ -182,8 +183,10 @@ def run_verb(args: argparse.Namespace, recipe: Recipe) -> dict[str, Any]:
         from kiln.tokenize.train import sweep
 
         manifest = sweep(recipe.tokenizer, recipe.run_dir, args.sweep, pipeline.embedding_shape(recipe), args.force)
+    elif args.verb == "train":
+        return pipeline.run_stage("train", recipe, args.force, from_step=args.from_step)  # saves the recipe itself
     else:
-        return pipeline.run_stage(STAGE_VERBS[args.verb][0], recipe, args.force)  # saves the recipe itself
+        return pipeline.run_stage(STAGE_VERBS[args.verb][0], recipe, args.force)
     pipeline.save_resolved(recipe)
     return manifest
 

@@ -25,7 +25,7 @@ STAGES = ("curate", "tokenizer", "tokenize", "train", "eval", "generate")
 MIN_LOSS_DROP = 0.30
 
 
-def _runner(stage: str) -> Callable[[Recipe, bool], dict[str, Any]]:
+def _runner(stage: str) -> Callable[..., dict[str, Any]]:
     # Imports are deferred so `kiln curate` never pays for importing torch.
     if stage == "curate":
         from kiln.curate.run import run as curate
@@ -42,9 +42,9 @@ def _runner(stage: str) -> Callable[[Recipe, bool], dict[str, Any]]:
 
         # The train stage knows its data only as a RowSource: mix's sampler over this run's
         # token shards, built once train knows its seq_len; the mix section is hashed with it.
-        def train_stage(r: Recipe, force: bool) -> dict[str, Any]:
+        def train_stage(r: Recipe, force: bool, from_step: int | None = None) -> dict[str, Any]:
             make_rows = partial(build_sampler, RunLayout(r.run_dir).token_shards, r.mix)
-            return train(r.model, r.train, r.mix, make_rows, r.eval.scoring(), r.run_dir, force, r.parallel)
+            return train(r.model, r.train, r.mix, make_rows, r.eval.scoring(), r.run_dir, force, r.parallel, from_step)
 
         return train_stage
     if stage == "eval":
@@ -91,8 +91,9 @@ def save_resolved(recipe: Recipe) -> None:
     RunLayout(recipe.run_dir).recipe_yaml.write_text(recipe_to_yaml(recipe), encoding="utf-8")
 
 
-def run_stage(stage: str, recipe: Recipe, force: bool = False) -> dict[str, Any]:
-    manifest = _runner(stage)(recipe, force)
+def run_stage(stage: str, recipe: Recipe, force: bool = False, **options: Any) -> dict[str, Any]:
+    """Run one stage of the recipe; options go to that stage's runner (train: from_step)."""
+    manifest = _runner(stage)(recipe, force, **options)
     if is_main_process():  # under torchrun every rank runs the stage; one writes the run's files
         save_resolved(recipe)  # after success: the run's recipe.yaml describes what its stages did
     return manifest

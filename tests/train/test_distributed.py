@@ -146,12 +146,13 @@ def kill_after(command: list[str], metrics: Path, step: int) -> None:
     assert process.returncode != 0, "the run finished before it could be killed"
 
 
-@pytest.mark.parametrize(("first", "second"), [(1, 1), (2, 2), (2, 1)])
-def test_killed_run_resumes_bit_identically(first: int, second: int, single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("first", "second", "async_save"), [(1, 1, False), (2, 2, False), (2, 1, False), (2, 2, True)])
+def test_killed_run_resumes_bit_identically(first: int, second: int, async_save: bool, single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
     # Resumable states every 5 steps; killed after step 12 is logged, the run resumes from step 10
     # and its losses from step 11 on are exactly those of the uninterrupted run (1 process),
-    # whether the state was written by 1 or 2 processes and resumed by as many or by 1.
-    overrides = ["train.checkpoint.every=5", "parallel.dp_replicate=2", "parallel.dp_shard=1"]
+    # whether the state was written by 1 or 2 processes and resumed by as many or by 1, and
+    # whether it was written in the background (its own process group) or not.
+    overrides = ["train.checkpoint.every=5", "parallel.dp_replicate=2", "parallel.dp_shard=1", f"train.checkpoint.async_save={str(async_save).lower()}"]
     runs_dir = tmp_path / "runs"
     copy_run(tokenized_run, runs_dir)
     recipe = tmp_path / "recipe.yaml"

@@ -56,10 +56,21 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def hashed_settings(config: Mapping[str, Section]) -> dict[str, Any]:
+    """The settings that identify a stage's result (each section less its NOT_HASHED keys), as JSON."""
+    return {k: v.model_dump(mode="json", exclude=set(v.NOT_HASHED)) for k, v in config.items()}
+
+
 def config_hash(config: Mapping[str, Section]) -> str:
-    sections = {k: v.model_dump(mode="json", exclude=set(v.NOT_HASHED)) for k, v in config.items()}
-    canonical = json.dumps({"kiln": __version__, "sections": sections}, sort_keys=True)
+    canonical = json.dumps({"kiln": __version__, "sections": hashed_settings(config)}, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def changed_settings(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """`key: old -> new` for every dotted key whose value differs between two JSON trees."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [change for key in sorted(old.keys() | new.keys()) for change in changed_settings(old.get(key), new.get(key), f"{prefix}{key}.")]
+    return [] if old == new else [f"{prefix.rstrip('.')}: {json.dumps(old)} -> {json.dumps(new)}"]
 
 
 IDENTITY = ("config_hash", "inputs", "upstream", "outputs")
@@ -194,10 +205,31 @@ class Stage:
             d.rename(aside)
             self.log.warning("%s: moved %s aside to %s (--force)", self.name, d, aside)
 
+    def _identity(self) -> dict[str, Any]:
+        return {"config_hash": self.config_hash, "inputs": self.inputs, "upstream": self.upstream}
+
     def partial_matches(self) -> bool:
         """Whether `<stage>.partial/` holds an interrupted attempt with this config, inputs and upstream."""
+        return (self.partial_dir / IN_PROGRESS).is_file() and not self.partial_changes()
+
+    def partial_changes(self) -> list[str]:
+        """What differs between the interrupted attempt in `<stage>.partial/` and this one: each
+        changed setting (`train.optim.lr: 0.003 -> 0.001`), a changed input, a redone upstream
+        stage; empty when they match, or when there is no interrupted attempt."""
         marker = self.partial_dir / IN_PROGRESS
-        return marker.is_file() and json.loads(marker.read_text()) == {"config_hash": self.config_hash, "inputs": self.inputs, "upstream": self.upstream}
+        if not marker.is_file():
+            return []
+        old = json.loads(marker.read_text())
+        if {k: old.get(k) for k in self._identity()} == self._identity():
+            return []
+        changes = changed_settings(old["settings"], hashed_settings(self.config)) if "settings" in old else []
+        if not changes and old.get("config_hash") != self.config_hash:
+            changes.append("the settings (or the kiln version) changed")
+        old_inputs = {i["path"]: i for i in old.get("inputs", [])}
+        changes += [f"input {i['path']} changed" for i in self.inputs if old_inputs.get(i["path"]) != i]
+        changes += [f"input {path} is no longer used" for path in old_inputs.keys() - {i["path"] for i in self.inputs}]
+        changes += [f"upstream stage {u} was redone" for u, f in self.upstream.items() if old.get("upstream", {}).get(u) != f]
+        return changes
 
     def begin(self, resume: bool = False) -> bool:
         """Take the stage's lock and start building in `<stage>.partial/`: empty, or with `resume`,
@@ -206,14 +238,13 @@ class Stage:
         for d in (self.final_dir, self.partial_dir):
             check_owned(d)
         self._lock()
-        identity = {"config_hash": self.config_hash, "inputs": self.inputs, "upstream": self.upstream}
         marker = self.partial_dir / IN_PROGRESS
         kept = resume and self.partial_matches()
         if not kept:
             if self.partial_dir.exists():
                 shutil.rmtree(self.partial_dir)  # an unfinished attempt of this stage: never a finished output
             self.partial_dir.mkdir(parents=True)
-            marker.write_text(json.dumps(identity))
+            marker.write_text(json.dumps({**self._identity(), "settings": hashed_settings(self.config)}))
         else:
             self.log.info("%s: resuming the interrupted attempt in %s", self.name, self.partial_dir)
         self.dir = self.partial_dir

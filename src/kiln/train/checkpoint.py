@@ -3,9 +3,9 @@
 enough to continue the exact run), swapped in whole.
 
 `maybe_checkpoint` is what the loop calls after every step: a resumable sharded state every
-`every` steps (kiln.train.resume) and the consolidated checkpoint, the stage's output, after the
-last step.
-Not handled here: asynchronous saves.
+`every` steps (kiln.train.resume, asynchronous with `async_save`) and the consolidated
+checkpoint, the stage's output, after the last step (always synchronous: the stage is done only
+once it is on disk).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from kiln.model.batch import BatchSource
 from kiln.model.transformer import Transformer
 from kiln.model.weights import CONFIG, WEIGHTS, write_weights
 from kiln.train.distributed import DataParallel, full_state
-from kiln.train.resume import STATES, save_state
+from kiln.train.resume import States
 
 TRAIN_STATE = "train_state.pt"
 
@@ -33,6 +33,7 @@ class CheckpointConfig(Section):
     every: int | None = Field(default=None, ge=1, description="Save a resumable state (sharded, kiln.train.resume) every this many steps; None saves only the final checkpoint.")
     keep_last: int = Field(default=2, ge=1, description="Resumable states kept: the newest this many ...")
     keep_every: int | None = Field(default=None, ge=1, description="... and every state whose step is a multiple of this.")
+    async_save: bool = Field(default=False, description="Write resumable states from a background thread once they are copied to CPU memory, so training does not wait for the disk (the next save waits for the previous one).")
 
 
 def save_checkpoint(folder: Path, model: Transformer, train_state: dict[str, Any]) -> list[Path]:
@@ -46,8 +47,8 @@ def save_checkpoint(folder: Path, model: Transformer, train_state: dict[str, Any
     return [folder / WEIGHTS, folder / CONFIG, folder / TRAIN_STATE]
 
 
-def maybe_checkpoint(folder: Path, cfg: CheckpointConfig, step: int, last_step: int, model: nn.Module, core: Transformer, optimizer: torch.optim.Optimizer, batches: BatchSource, dp: DataParallel, resumable: Callable[[], dict[str, Any]]) -> list[Path] | None:
-    """After `step`: a resumable state every cfg.every steps (kiln.train.resume; `resumable()` gives
+def maybe_checkpoint(folder: Path, states: States, every: int | None, step: int, last_step: int, model: nn.Module, core: Transformer, optimizer: torch.optim.Optimizer, batches: BatchSource, dp: DataParallel, resumable: Callable[[], dict[str, Any]]) -> list[Path] | None:
+    """After `step`: a resumable state every `every` steps (into `states`; `resumable()` gives
     its JSON part), and after the last step the consolidated checkpoint; the consolidated paths
     written (on rank 0), else None.
 
@@ -55,9 +56,10 @@ def maybe_checkpoint(folder: Path, cfg: CheckpointConfig, step: int, last_step: 
     and written from there; the optimizer state is then keyed by parameter name.
     """
     if step != last_step:
-        if cfg.every and step % cfg.every == 0:
-            save_state(folder.parent / STATES, step, model, optimizer, dp, resumable(), cfg.keep_last, cfg.keep_every)
+        if every and step % every == 0:
+            states.save(step, model, optimizer, resumable())
         return None
+    states.wait()  # a pending asynchronous save completes before the stage can finish
     if dp.world == 1:
         optimizer_state, weights_of = optimizer.state_dict(), core
     else:

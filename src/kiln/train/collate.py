@@ -93,7 +93,7 @@ class Collator:
         assert drawn.index_B.tolist() == list(range(first, first + rows * self.world))[mine], "the row source numbered its rows differently"
         built = [self.build_row(o, w, seq_len, rng) for o, w, rng in zip(chosen[mine], drawn.tokens, rngs[mine], strict=True)]
         np.add.at(self.seen, drawn.all_sources, lengths)
-        return stack(built, drawn.source_B, self.any_masking)
+        return stack(built, drawn.source_B, self.any_masking, drawn.index_B)
 
     def state_dict(self) -> dict[str, Any]:
         return {"rows": self.rows.state_dict(), "seen": self.seen.tolist()}
@@ -106,7 +106,7 @@ class Collator:
         return {s: int(n) for s, n in zip(self.sources, self.seen, strict=True)}
 
 
-def stack(rows: list[Row], source_B: np.ndarray, with_documents: bool) -> Batch:
+def stack(rows: list[Row], source_B: np.ndarray, with_documents: bool, index_B: np.ndarray | None = None) -> Batch:
     """One Batch of the rows; the attention rule is the narrowest that covers them all."""
     def tensor(arrays: list[np.ndarray]) -> torch.Tensor:
         return torch.from_numpy(np.stack(arrays))
@@ -121,7 +121,7 @@ def stack(rows: list[Row], source_B: np.ndarray, with_documents: bool) -> Batch:
     positions = tensor([restart_positions(r.doc_ids) for r in rows]) if with_documents else None
     return Batch(
         tensor([r.inputs for r in rows]), tensor([r.targets for r in rows]), tensor([r.loss_mask for r in rows]),
-        doc_ids, torch.from_numpy(source_B), attention, prefix, positions,
+        doc_ids, torch.from_numpy(source_B), attention, prefix, positions, None if index_B is None else torch.from_numpy(index_B),
     )
 
 

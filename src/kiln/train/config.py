@@ -1,7 +1,7 @@
 """The `train` recipe section: length, batch geometry and seed at the top, one sub-section per concern.
 
 Sub-sections live with the code that reads them: `optim` (kiln.train.optim), `schedule`
-(kiln.train.schedule), `checkpoint` (kiln.train.checkpoint), `precision`
+(kiln.train.schedule), `checkpoint` (kiln.train.checkpoint), `rollback` (kiln.train.rollback), `precision`
 (kiln.model.precision, the policy eval and generate share), and the objective's settings `mlm`,
 `prefix_lm`, `span_corruption` (kiln.train.objectives). `objective` names one objective or
 weighs several per row. The batch is given in tokens per
@@ -25,6 +25,7 @@ from kiln.train.checkpoint import CheckpointConfig
 from kiln.train.geometry import BatchWarmupConfig, SeqLenPhase, StepGeometry, step_geometry
 from kiln.train.objectives import MASKS_DOCUMENTS_BY_DEFAULT, MLMConfig, Objective, PrefixLMConfig, SpanCorruptionConfig, span_plan
 from kiln.train.optim import OptimConfig
+from kiln.train.rollback import RollbackConfig
 from kiln.train.schedule import ScheduleConfig
 
 # Keys of the flat train section (kiln before sub-sections) -> where they live now.
@@ -43,7 +44,8 @@ MOVED = {
 
 class TrainConfig(Section):
     # None of these changes the trained weights (checkpoint: only when and where they are saved).
-    NOT_HASHED = frozenset({"threads", "checkpoint", "eval_at_start", "eval_every", "activation_checkpointing", "checkpoint_every_k_blocks"})
+    # rollback: only what happens after a fault, and raising max_rollbacks is how a stopped run goes on.
+    NOT_HASHED = frozenset({"threads", "checkpoint", "eval_at_start", "eval_every", "activation_checkpointing", "checkpoint_every_k_blocks", "rollback"})
     steps: int = Field(default=300, ge=1, description="Optimizer steps.")
     seq_len: int = Field(default=256, ge=2, description="Tokens per training sequence; at most model.max_seq_len.")
     micro_batch_size: int = Field(default=16, ge=1, description="Sequences per forward/backward pass on each data-parallel rank.")
@@ -55,7 +57,8 @@ class TrainConfig(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig, description="AdamW: peak learning rate, weight decay, betas, gradient clipping.")
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Learning-rate warmup and cosine decay.")
     precision: PrecisionConfig = Field(default_factory=PrecisionConfig, description="Device and matmul precision (auto: bf16 autocast on cuda, fp32 on cpu).")
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="When checkpoints are saved besides after the last step.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="When resumable states are saved besides the checkpoint after the last step, how many are kept, sync or async.")
+    rollback: RollbackConfig = Field(default_factory=RollbackConfig, description="On a NaN, Inf or loss spike: roll back to the newest resumable state, skip the rows that faulted, optionally lower the lr; how many times.")
     objective: Objective | dict[Objective, Annotated[float, Field(ge=0)]] = Field(default="clm", description="clm, fim, mlm, prefix_lm or span_corruption; or a mapping of them to weights, one drawn per row (UL2-style mixing). fim needs tokenize.fim.")
     document_masking: bool | None = Field(default=None, description="Keep attention inside each packed document, with RoPE positions restarting per document; None means on for fim, mlm and prefix_lm, off for clm (span corruption rows are one example each).")
     mlm: MLMConfig = Field(default_factory=MLMConfig, description="Masked-LM selection rate and the 80/10/10 replacement split.")

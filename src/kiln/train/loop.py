@@ -12,8 +12,9 @@ untrained baseline near ln(vocab), and after the last step; with an objective ot
 also that objective's loss on fixed validation batches), `maybe_adapt` (an adaptive mixture's
 reweighting from per-source validation losses), and the realized mixture per window of steps.
 Stage bookkeeping (manifest, skip-or-redo, counts) is kiln.train.run's; wrapping the model for
-data parallelism is kiln.train.distributed's, the resumable states kiln.train.resume's.
-Not handled here: NaN and loss-spike rollback (the trainer-at-scale issue).
+data parallelism is kiln.train.distributed's, the resumable states kiln.train.resume's. A NaN,
+Inf or loss spike (kiln.train.rollback's guard) rolls the run back to its newest resumable state;
+the replayed stream skips the rows that faulted.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ from kiln.train.distributed import DataParallel, ParallelConfig, apply_activatio
 from kiln.train.loss import lm_loss
 from kiln.train.monitor import MixtureWindows, Monitor, truncate_metrics
 from kiln.train.optim import build_optimizer
-from kiln.train.resume import STATES, complete_states, load_state, save_state
+from kiln.train.resume import STATES, States
+from kiln.train.rollback import Guard
 from kiln.train.schedule import lr_at
 
 log = logging.getLogger("kiln.train")
@@ -66,6 +68,7 @@ class TrainResult:
     tokens_trained: int  # over all steps and ranks
     train_flops: int  # model FLOPs over all steps (each step at its own sequence length)
     mixture: list[dict[str, Any]]  # realized mixture per window of steps (MixtureWindows)
+    rollbacks: int  # rollbacks after a NaN, Inf or loss spike (kiln.train.rollback)
 
 
 def build_precision(cfg: TrainConfig) -> Precision:
@@ -176,14 +179,36 @@ def build_parallel_model(model_cfg: ModelConfig, cfg: TrainConfig, precision: Pr
     return model, unwrap(model)  # type: ignore[return-value]
 
 
-def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path, objective_batches: list[Batch] | None = None, adapt_every: int | None = None, report_windows: int = 10, dp: DataParallel | None = None, parallel: ParallelConfig | None = None, resume: bool = False) -> TrainResult:
+def step_rows(micro_batches: list[Batch], sources: list[str], dp: DataParallel) -> list[tuple[int, str]]:
+    """(row index in the global stream, source) of every row of a step, over all ranks (a
+    collective); empty when the batches do not carry row indices."""
+    if any(b.index_B is None for b in micro_batches):
+        return []
+    index = torch.cat([b.index_B for b in micro_batches])  # type: ignore[misc]
+    source = torch.cat([b.source_B.cpu() for b in micro_batches])
+    # The step's rows are one contiguous run of the stream; rank 0 holds its first rows.
+    first = int(dp.all_sum(torch.tensor([int(index.min()) if dp.is_main else 0], device=dp.device)).item())
+    table = torch.zeros(len(index) * dp.world, dtype=torch.long)
+    table[index - first] = source + 1
+    table = dp.all_sum(table.to(dp.device)).cpu()
+    return [(first + i, sources[int(s) - 1]) for i, s in enumerate(table.tolist()) if s]
+
+
+def describe_rows(rows: list[tuple[int, str]]) -> str:
+    if not rows:
+        return "rows unknown (the batch source gives no row indices)"
+    by_source = {s: sum(1 for _, r in rows if r == s) for s in dict.fromkeys(r for _, r in rows)}
+    return f"rows {rows[0][0]}..{rows[-1][0]} of the stream (" + ", ".join(f"{n} {s}" for s, n in by_source.items()) + ")"
+
+
+def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path, objective_batches: list[Batch] | None = None, adapt_every: int | None = None, report_windows: int = 10, dp: DataParallel | None = None, parallel: ParallelConfig | None = None, resume_from: Path | None = None) -> TrainResult:
     """Train a fresh model (model_cfg with its vocab_size resolved) on `batches`; metrics and checkpoint go to out_dir.
 
     objective_batches: held-out batches built by the training objective, scored at each validation.
     adapt_every: steps between the adaptive mixture's reweightings (None: the mixture is fixed).
     report_windows: windows of steps the realized mixture is reported over.
     dp, parallel: this process's place among the data-parallel ranks (None: one process).
-    resume: continue from the newest complete resumable state under out_dir (kiln.train.resume), if any.
+    resume_from: a complete resumable state (kiln.train.resume) to continue from.
     """
     precision = build_precision(cfg)
     dp = dp or DataParallel(0, 1, 1, 1, precision.device)
@@ -194,17 +219,27 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     scaler = torch.amp.GradScaler(device.type, enabled=precision.amp_dtype == torch.float16)
     evaluate = build_scorer(run_dir, scoring, cfg, precision, objective_batches)
     mixture = MixtureWindows(batches.sources, cfg.steps, report_windows)
-    # Resume: the newest complete state (rank 0 picks it, every rank loads its part).
-    latest = dp.broadcast(str(states[-1]) if resume and dp.is_main and (states := complete_states(out_dir / STATES)) else None)
-    saved = load_state(Path(latest), model, optimizer, dp) if latest else None
-    start = saved["step"] if saved else 0
-    if saved:
+    states = States(out_dir / STATES, dp, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, cfg.checkpoint.async_save)
+    # With fp16 an overflowing gradient is the loss scaler's to handle (it skips the step).
+    guard = Guard(cfg.rollback, check_grad_norm=not scaler.is_enabled())
+    metrics_path = out_dir / RunLayout(run_dir).metrics.name
+
+    def restore(folder: Path) -> dict[str, Any]:
+        saved = states.load(folder, model, optimizer)
         batches.load_state_dict(saved["batches"])
         mixture.load_state_dict(saved["mixture"])
-        log.info("train: resuming after step %d from %s", start, latest)
-    if dp.is_main:
-        truncate_metrics(out_dir / RunLayout(run_dir).metrics.name, start)
-    monitor = build_monitor(out_dir / RunLayout(run_dir).metrics.name, cfg, device, model_cfg, dp.world)
+        if dp.is_main:
+            truncate_metrics(metrics_path, saved["step"])
+        return saved
+
+    saved = restore(resume_from) if resume_from else None
+    start = saved["step"] if saved else 0
+    if saved:
+        guard.load_state_dict(saved["guard"])
+        log.info("train: resuming after step %d from %s", start, resume_from)
+    elif dp.is_main:
+        truncate_metrics(metrics_path, 0)
+    monitor = build_monitor(metrics_path, cfg, device, model_cfg, dp.world)
     log.info("train: %s params (%s without embeddings) on %s x %d (%d replicas x %d shards), %d steps of %d tokens (%d micro-batches of %d x %d per rank)", f"{count_params(model_cfg):,}", f"{count_params(model_cfg, False):,}", device.type, dp.world, dp.replicate, dp.shard, cfg.steps, cfg.tokens_per_step, cfg.grad_accum_steps, cfg.micro_batch_size, cfg.seq_len)
 
     # every rank scores (FSDP2 gathers shards); rank 0 logs
@@ -219,76 +254,116 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
 
     def resumable() -> dict[str, Any]:
         """What a resumable state holds besides model, optimizer and RNGs (JSON)."""
-        return {"batches": batches.state_dict(), "mixture": mixture.state_dict(), "tokens_trained": tokens_trained, "train_flops": train_flops, "val_before": val_before}
+        return {"batches": batches.state_dict(), "mixture": mixture.state_dict(), "tokens_trained": tokens_trained, "train_flops": train_flops, "val_before": val_before, "guard": guard.state_dict()}
 
-    with StopRequest() as stop:  # SIGTERM / SIGINT: finish the step, save a resumable state, stop
-        for step in range(start + 1, cfg.steps + 1):
-            # This step's sequence length, rows and RoPE base (phases, batch-size warmup).
-            shape = cfg.geometry(step)
-            if shape.rope_theta is not None and shape.rope_theta != core.cfg.rope_theta:
-                core.set_rope_theta(shape.rope_theta)  # a long-context phase begins
-                log.info("train: step %d: seq_len %d, RoPE base %g", step, shape.seq_len, shape.rope_theta)
-            lr = lr_at(step, cfg.optim.lr, cfg.schedule.warmup_steps, cfg.steps, cfg.schedule.min_lr_ratio, cfg.schedule.kind, cfg.schedule.decay_fraction)
-            for group in optimizer.param_groups:
-                group["lr"] = lr * group["lr_scale"]  # Muon's matrices have their own peak
-            # Per-source sums of per-row mean losses and row counts, kept on the device: no sync per micro-batch.
-            source_loss = torch.zeros(n_sources, device=device)
-            source_rows = torch.zeros(n_sources, device=device)
-            # The step's micro-batches, drawn on the host: ids, targets, loss mask (B, T), source per
-            # row (B,), the attention rule's tensors. Drawn first because the loss divides by the
-            # kept positions of the whole step, which the masks (on the host, no sync) give.
-            t_data = time.perf_counter()
-            micro_batches = [batches.next_batch(rows, shape.seq_len, shape.progress) for rows in shape.micro_batches]
-            data_wait_s = time.perf_counter() - t_data
-            # sync point with several ranks: the kept positions of the step over all of them.
-            step_tokens = int(dp.all_sum(torch.tensor([sum(int(b.loss_mask_BT.sum()) for b in micro_batches)], device=device)).item())
-            for i, batch in enumerate(micro_batches):
-                batch = batch.to(device)
-                last = i == len(micro_batches) - 1
-                # DDP all-reduces gradients only after the step's last micro-batch.
-                sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else nullcontext()
-                with sync:  # forward and backward both inside DDP's no_sync
-                    # Plain causal rows without document ids take SDPA's is_causal fast path.
-                    with precision.autocast():
-                        logits_BTV = model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT)  # (B, T, V) fp32
-                    # Outside autocast: the cross-entropy runs in fp32. Summed over kept positions and
-                    # divided by step_tokens, so the accumulated gradient is that of the step's token mean.
-                    # Expected: about ln V at step 1 (9.01 nats for the demo's 8192 tokens).
-                    loss = lm_loss(logits_BTV, batch, step_tokens, model_cfg.z_loss, cfg.late_position_weight)
-                    # grad_scale: DDP and FSDP2 average over ranks; the step's gradient is the sum of the ranks' shares.
-                    scaler.scale(loss.value * dp.grad_scale).backward()
-                source_loss.index_add_(0, batch.source_B, loss.row_mean_B)
-                source_rows.index_add_(0, batch.source_B, (loss.row_tokens_B > 0).to(source_rows.dtype))
-            scaler.unscale_(optimizer)  # fp16: gradients back to their true scale before the norm (no-op otherwise)
-            # clip_grad_norm_ returns the pre-clip norm; with grad_clip None we still measure it (max_norm=inf).
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
-            if isinstance(grad_norm, DTensor):  # FSDP2: the norm over every shard
-                grad_norm = grad_norm.full_tensor()
-            scaler.step(optimizer)  # fp16: skipped when a gradient overflowed, and the scale shrinks
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
+    step = start
+    try:
+        with StopRequest() as stop:  # SIGTERM / SIGINT: finish the step, save a resumable state, stop
+            while step < cfg.steps:
+                step += 1
+                # This step's sequence length, rows and RoPE base (phases, batch-size warmup).
+                shape = cfg.geometry(step)
+                if shape.rope_theta is not None and shape.rope_theta != core.cfg.rope_theta:
+                    core.set_rope_theta(shape.rope_theta)  # a long-context phase begins
+                    log.info("train: step %d: seq_len %d, RoPE base %g", step, shape.seq_len, shape.rope_theta)
+                lr = lr_at(step, cfg.optim.lr, cfg.schedule.warmup_steps, cfg.steps, cfg.schedule.min_lr_ratio, cfg.schedule.kind, cfg.schedule.decay_fraction) * guard.lr_scale(step)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr * group["lr_scale"]  # Muon's matrices have their own peak
+                # Per-source sums of per-row mean losses and row counts, kept on the device: no sync per micro-batch.
+                source_loss = torch.zeros(n_sources, device=device)
+                source_rows = torch.zeros(n_sources, device=device)
+                # The step's micro-batches, drawn on the host: ids, targets, loss mask (B, T), source per
+                # row (B,), the attention rule's tensors. Drawn first because the loss divides by the
+                # kept positions of the whole step, which the masks (on the host, no sync) give.
+                t_data = time.perf_counter()
+                for _ in range(guard.skips.get(step, 0)):  # rows that made this step fault before a rollback
+                    skipped = step_rows([batches.next_batch(rows, shape.seq_len, shape.progress) for rows in shape.micro_batches], list(batches.sources), dp)
+                    if dp.is_main:
+                        log.warning("train: step %d: skipping %s, which faulted before", step, describe_rows(skipped))
+                micro_batches = [batches.next_batch(rows, shape.seq_len, shape.progress) for rows in shape.micro_batches]
+                data_wait_s = time.perf_counter() - t_data
+                # sync point with several ranks: the kept positions of the step over all of them.
+                step_tokens = int(dp.all_sum(torch.tensor([sum(int(b.loss_mask_BT.sum()) for b in micro_batches)], device=device)).item())
+                for i, batch in enumerate(micro_batches):
+                    batch = batch.to(device)
+                    last = i == len(micro_batches) - 1
+                    # DDP all-reduces gradients only after the step's last micro-batch.
+                    sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else nullcontext()
+                    with sync:  # forward and backward both inside DDP's no_sync
+                        # Plain causal rows without document ids take SDPA's is_causal fast path.
+                        with precision.autocast():
+                            logits_BTV = model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT)  # (B, T, V) fp32
+                        # Outside autocast: the cross-entropy runs in fp32. Summed over kept positions and
+                        # divided by step_tokens, so the accumulated gradient is that of the step's token mean.
+                        # Expected: about ln V at step 1 (9.01 nats for the demo's 8192 tokens).
+                        loss = lm_loss(logits_BTV, batch, step_tokens, model_cfg.z_loss, cfg.late_position_weight)
+                        # grad_scale: DDP and FSDP2 average over ranks; the step's gradient is the sum of the ranks' shares.
+                        scaler.scale(loss.value * dp.grad_scale).backward()
+                    source_loss.index_add_(0, batch.source_B, loss.row_mean_B)
+                    source_rows.index_add_(0, batch.source_B, (loss.row_tokens_B > 0).to(source_rows.dtype))
+                scaler.unscale_(optimizer)  # fp16: gradients back to their true scale before the norm (no-op otherwise)
+                # clip_grad_norm_ returns the pre-clip norm; with grad_clip None we still measure it (max_norm=inf).
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
+                if isinstance(grad_norm, DTensor):  # FSDP2: the norm over every shard
+                    grad_norm = grad_norm.full_tensor()
+                scaler.step(optimizer)  # fp16: skipped when a gradient overflowed, and the scale shrinks
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
 
-            # host sync: once per step, for the log line and the NaN check. The step loss weights
-            # every row alike: the token mean when every row keeps all T targets (next-token).
-            dp.all_sum(source_loss), dp.all_sum(source_rows)  # every rank's rows (a collective)
-            per_source, rows = (source_loss / source_rows.clamp(min=1)).tolist(), source_rows.tolist()
-            step_loss = float(source_loss.sum().item() / max(sum(rows), 1))
-            if not math.isfinite(step_loss):
-                raise FatalError(f"train: loss became {step_loss} at step {step}; lower train.optim.lr or raise train.schedule.warmup_steps")
-            tokens, fpt = shape.tokens(dp.world), flops_per_token(core.cfg, shape.seq_len)
-            tokens_trained, train_flops = tokens_trained + tokens, train_flops + tokens * fpt
-            monitor.log_step(step, step_loss, {s: per_source[i] for i, s in enumerate(batches.sources) if rows[i]}, lr, grad_norm.item(), tokens, shape.seq_len, fpt, data_wait_s)
-            if window := mixture.add(step, batches.tokens_by_source(), batches.weights_at(shape.progress), tokens):
-                monitor.write({"step": step, "mixture": window})
-            maybe_adapt(evaluate, core, batches, monitor, step, cfg.geometry(step + 1).progress, adapt_every, cfg)  # for the rows drawn next
-            # The checkpoint is on disk before the final validation, which could still fail.
-            checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, cfg.checkpoint, step, cfg.steps, model, core, optimizer, batches, dp, resumable) or checkpoint
-            val_after = maybe_eval(evaluate, core, monitor, step, cfg) or val_after  # None until the last step
-            if step < cfg.steps and stop.agreed(dp):  # sync point with several ranks: all stop at the same step
-                save_state(out_dir / STATES, step, model, optimizer, dp, resumable(), cfg.checkpoint.keep_last, cfg.checkpoint.keep_every)
-                monitor.close()
-                raise KeyboardInterrupt(f"stopped by signal after step {step}")
+                # host sync: once per step, for the log line and the fault check. The step loss weights
+                # every row alike: the token mean when every row keeps all T targets (next-token).
+                dp.all_sum(source_loss), dp.all_sum(source_rows)  # every rank's rows (a collective)
+                per_source, rows = (source_loss / source_rows.clamp(min=1)).tolist(), source_rows.tolist()
+                step_loss = float(source_loss.sum().item() / max(sum(rows), 1))
+                # Every rank sees the same reduced loss and norm, so every rank takes the same decision.
+                fault = guard.check(step_loss, grad_norm.item())
+                offending = step_rows(micro_batches, list(batches.sources), dp) if fault else []  # a collective, on every rank alike
+                if fault and (back_to := roll_back(step, fault, offending, guard, states, dp, cfg)):
+                    saved = restore(back_to)
+                    guard.load_state_dict(saved["guard"], history_only=True)
+                    tokens_trained, train_flops = saved["tokens_trained"], saved["train_flops"]
+                    monitor.write({"step": saved["step"], "kind": "rollback", "rollback": {"at_step": step, "to_step": saved["step"], "reason": fault, "rows": [i for i, _ in offending], "sources": [s for _, s in offending], "rollbacks": guard.rollbacks}})
+                    monitor.rewind(saved["step"])
+                    step = saved["step"]
+                    continue
+                tokens, fpt = shape.tokens(dp.world), flops_per_token(core.cfg, shape.seq_len)
+                tokens_trained, train_flops = tokens_trained + tokens, train_flops + tokens * fpt
+                monitor.log_step(step, step_loss, {s: per_source[i] for i, s in enumerate(batches.sources) if rows[i]}, lr, grad_norm.item(), tokens, shape.seq_len, fpt, data_wait_s, guard.rollbacks)
+                if window := mixture.add(step, batches.tokens_by_source(), batches.weights_at(shape.progress), tokens):
+                    monitor.write({"step": step, "mixture": window})
+                maybe_adapt(evaluate, core, batches, monitor, step, cfg.geometry(step + 1).progress, adapt_every, cfg)  # for the rows drawn next
+                # The checkpoint is on disk before the final validation, which could still fail.
+                checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, states, cfg.checkpoint.every, step, cfg.steps, model, core, optimizer, batches, dp, resumable) or checkpoint
+                val_after = maybe_eval(evaluate, core, monitor, step, cfg) or val_after  # None until the last step
+                if step < cfg.steps and stop.agreed(dp):  # sync point with several ranks: all stop at the same step
+                    states.save(step, model, optimizer, resumable(), wait=True)
+                    monitor.close()
+                    raise KeyboardInterrupt(f"stopped by signal after step {step}")
 
+    except BaseException:
+        states.settle()  # a state still being written when the run failed is worth completing
+        raise
     monitor.close()
     assert val_after is not None and (checkpoint or not dp.is_main), "the last step validates and saves"
-    return TrainResult(device, step_loss, val_before, val_after, checkpoint, tokens_trained, train_flops, mixture.records)
+    return TrainResult(device, step_loss, val_before, val_after, checkpoint, tokens_trained, train_flops, mixture.records, guard.rollbacks)
+
+
+def roll_back(step: int, fault: str, offending: list[tuple[int, str]], guard: Guard, states: States, dp: DataParallel, cfg: TrainConfig) -> Path | None:
+    """The state to roll back to after `fault` at `step` (the rollback counted in the guard), None
+    to go on (a spike with no state to go back to), or the FatalError that stops the run (a NaN or
+    Inf with no state to go back to; rollbacks used up)."""
+    states.wait()  # a state still being written may be the one to go back to
+    found = dp.broadcast(str(s[-1]) if dp.is_main and (s := states.complete()) else None)
+    where = f"train: step {step}: {fault} on {describe_rows(offending)}"
+    if found is None and not Guard.fatal(fault):
+        if dp.is_main:
+            log.warning("%s; no resumable state to roll back to (train.checkpoint.every), going on", where)
+        return None
+    if found is None:
+        raise FatalError(f"{where}; there is no resumable state to roll back to: set train.checkpoint.every (and lower train.optim.lr or raise train.schedule.warmup_steps if it recurs)")
+    if guard.rollbacks >= cfg.rollback.max_rollbacks:
+        raise FatalError(f"{where}; {guard.rollbacks} rollback(s) already, train.rollback.max_rollbacks is {cfg.rollback.max_rollbacks}: stopping. Resume with a lower train.optim.lr, or raise max_rollbacks")
+    guard.rolled_back(step)
+    if dp.is_main:
+        log.warning("%s; rolling back to %s (rollback %d of at most %d), and these rows will be skipped", where, found, guard.rollbacks, cfg.rollback.max_rollbacks)
+    return Path(found)

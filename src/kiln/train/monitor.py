@@ -4,7 +4,9 @@ The loop calls `log_step` after every optimizer step and `log_eval` after each v
 step line: step, loss, loss per source drawn in that step, lr, grad_norm, tokens (the step's;
 batch-size warmup and sequence-length phases change it), seq_len, tokens_per_s, mfu, data_wait_s
 (host time drawing the step's batches), peak_memory_mb (CUDA's high-water mark in the step; None
-on a CPU), elapsed_s.
+on a CPU), rollbacks (so far, kiln.train.rollback), elapsed_s. A rollback writes a line of kind
+`rollback` (the step it went back to, the faulting step, the reason, its rows and sources) after
+the file is cut back to that step.
 The same curves go to TensorBoard event files in `tensorboard/` beside it (`tensorboard --logdir
 runs/<name>/train`). `MixtureWindows` adds, per window of steps, the tokens each source actually gave against the
 intended weights (the realized mixture). MFU is achieved model FLOP/s over the device's dense bf16 peak; it is reported only
@@ -80,7 +82,14 @@ class Monitor:
             self.bar = tqdm(total=self.total_steps, initial=step, unit="step", desc="train", dynamic_ncols=True)
         self.t0 = self.t_last = time.perf_counter()
 
-    def log_step(self, step: int, loss: float, loss_by_source: dict[str, float], lr: float, grad_norm: float, tokens: int, seq_len: int, flops_per_token: int, data_wait_s: float = 0.0) -> None:
+    def rewind(self, step: int) -> None:
+        """Back to `step` (a rollback): the bar shows it, and the next step's rate starts now."""
+        if self.bar is not None:
+            self.bar.n = step
+            self.bar.refresh()
+        self.t_last = time.perf_counter()
+
+    def log_step(self, step: int, loss: float, loss_by_source: dict[str, float], lr: float, grad_norm: float, tokens: int, seq_len: int, flops_per_token: int, data_wait_s: float = 0.0, rollbacks: int = 0) -> None:
         now = time.perf_counter()
         tokens_per_s = tokens / max(now - self.t_last, 1e-9)
         peak_memory = None
@@ -100,6 +109,7 @@ class Monitor:
             "mfu": round(tokens_per_s * flops_per_token / self.peak, 4) if self.peak else None,
             "data_wait_s": round(data_wait_s, 4),
             "peak_memory_mb": peak_memory,
+            "rollbacks": rollbacks,
             "elapsed_s": round(now - self.t0, 3),
         })
         if self.board is not None:

@@ -8,21 +8,29 @@ never pickles) and every rank its RNG states (`rng-<rank>.json`). The folder is 
 half-written state is never loaded; a state is loaded only after those checksums match (DCP's
 reader unpickles its metadata). After each save the last `keep_last` states stay, and every
 `keep_every`-th step's.
-Not handled here: asynchronous saves, and the consolidated safetensors checkpoint the stage
-outputs (kiln.train.checkpoint).
+With `train.checkpoint.async_save`, DCP copies the states to CPU memory and writes them from a
+background thread while training goes on (on a process group of its own, so its collectives never
+interleave with the loop's); rank 0 completes the folder once every rank's shards are written
+(DCP's save finishes on the coordinator last). The next save, a rollback or the end of training
+waits for it.
+Not handled here: the consolidated safetensors checkpoint the stage outputs (kiln.train.checkpoint).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import random
 import shutil
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict
@@ -34,9 +42,16 @@ from kiln.train.distributed import DataParallel
 STATES = "checkpoints"  # beside metrics.jsonl in the train stage's folder
 TRAIN_STATE_JSON, COMPLETE = "train_state.json", "complete.json"
 
+log = logging.getLogger("kiln.train")
+
 
 def step_name(step: int) -> str:
     return f"step-{step:07d}"
+
+
+def state_step(folder: Path) -> int:
+    """The step of `step-NNNNNNN` (or of its `.tmp`)."""
+    return int(folder.name.removeprefix("step-").removesuffix(".tmp"))
 
 
 def rng_state() -> dict[str, Any]:
@@ -61,36 +76,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8) for s in state["cuda"]])
 
 
-def save_state(root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, dp: DataParallel, train_state: dict[str, Any], keep_last: int, keep_every: int | None) -> Path:
-    """Write the resumable state after `step` (a collective: every rank calls it); returns its folder."""
-    final, tmp = root / step_name(step), root / (step_name(step) + ".tmp")
-    if dp.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)  # a save cut short earlier
-        tmp.mkdir(parents=True)
-    dp.barrier()
-    dcp.save({"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=str(tmp))
-    (tmp / f"rng-{dp.rank}.json").write_text(json.dumps(rng_state()))
-    dp.barrier()
-    if dp.is_main:
-        (tmp / TRAIN_STATE_JSON).write_text(json.dumps({**train_state, "step": step, "processes": dp.world}))
-        (tmp / COMPLETE).write_text(json.dumps({p.name: sha256_file(p) for p in sorted(tmp.iterdir())}, indent=1))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        prune(root, keep_last, keep_every)
-    dp.barrier()
-    return final
-
-
 def complete_states(root: Path) -> list[Path]:
     """Finished state folders, oldest first (a `.tmp` folder or one without complete.json is not one)."""
     return sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp") and (p / COMPLETE).is_file()) if root.is_dir() else []
-
-
-def prune(root: Path, keep_last: int, keep_every: int | None) -> None:
-    states = complete_states(root)
-    for old in states[:-keep_last]:
-        if not (keep_every and int(old.name.split("-")[1]) % keep_every == 0):
-            shutil.rmtree(old)
 
 
 def verify(folder: Path) -> None:
@@ -100,19 +88,107 @@ def verify(folder: Path) -> None:
         raise FatalError(f"{folder}: its files do not match the checksums in {COMPLETE}; it was changed or damaged. Move it away to resume from the one before, or pass --force to start over")
 
 
-def load_state(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, dp: DataParallel) -> dict[str, Any]:
-    """Load a verified state into model and optimizer (any number of ranks); rank-local RNGs where the rank saved one.
+def set_aside_after(root: Path, step: int) -> list[Path]:
+    """Move the states newer than `step` (a run resumed from an older one abandons them) into
+    `superseded-<time>/` under root, where resuming never looks; returns their new paths."""
+    newer = [p for p in root.glob("step-*") if p.is_dir() and state_step(p) > step] if root.is_dir() else []
+    if not newer:
+        return []
+    aside = root / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside.mkdir()
+    moved = [p.rename(aside / p.name) for p in sorted(newer)]
+    log.warning("train: resuming after step %d; the %d newer state(s) moved to %s", step, len(moved), aside)
+    return moved
 
-    Returns train_state.json. A state saved by fewer ranks gives the extra ranks rank 0's RNGs:
-    kiln draws its data from seeded generators, not from these.
-    """
-    if dp.is_main:
-        verify(folder)
-    dp.barrier()
-    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
-    dcp.load(state, checkpoint_id=str(folder))
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, optimizer, state["optimizer"])
-    rng = folder / f"rng-{dp.rank}.json"
-    set_rng_state(json.loads((rng if rng.is_file() else folder / "rng-0.json").read_text()))
-    return json.loads((folder / TRAIN_STATE_JSON).read_text())
+
+class States:
+    """The run's resumable states under `root` (a collective object: every rank makes one and calls
+    its methods together)."""
+
+    def __init__(self, root: Path, dp: DataParallel, keep_last: int, keep_every: int | None, async_save: bool = False):
+        self.root, self.dp, self.keep_last, self.keep_every, self.async_save = root, dp, keep_last, keep_every, async_save
+        self.pending: threading.Thread | None = None
+        self.failure: BaseException | None = None
+        # Async saves run collectives from a thread: on a group of their own (a CPU backend, as DCP needs).
+        self.group = dist.new_group(backend="gloo") if async_save and dp.world > 1 else None
+
+    def complete(self) -> list[Path]:
+        return complete_states(self.root)
+
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, train_state: dict[str, Any], wait: bool = False) -> None:
+        """Write the state after `step`; async unless `wait` or the config says otherwise (returns once
+        the states are copied to CPU memory)."""
+        self.wait()
+        final, tmp = self.root / step_name(step), self.root / (step_name(step) + ".tmp")
+        if self.dp.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)  # a save cut short earlier
+            tmp.mkdir(parents=True)
+        self.dp.barrier()
+        (tmp / f"rng-{self.dp.rank}.json").write_text(json.dumps(rng_state()))
+        if self.dp.is_main:
+            (tmp / TRAIN_STATE_JSON).write_text(json.dumps({**train_state, "step": step, "processes": self.dp.world}))
+        state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+        if not self.async_save or wait:
+            dcp.save(state, checkpoint_id=str(tmp))
+            self.dp.barrier()  # every rank's rng file and shards are written
+            if self.dp.is_main:
+                self._finish(tmp, final)
+            self.dp.barrier()
+            return
+        upload = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.group)
+        self.pending = threading.Thread(target=self._finish_async, args=(upload, tmp, final), name=f"kiln-save-{step}", daemon=True)
+        self.pending.start()
+
+    def _finish_async(self, upload: Any, tmp: Path, final: Path) -> None:
+        try:
+            upload.result()  # on rank 0 this returns after every rank's shards are written
+            if self.dp.is_main:
+                self._finish(tmp, final)
+        except BaseException as e:  # raised on the training thread by wait()
+            self.failure = e
+
+    def _finish(self, tmp: Path, final: Path) -> None:
+        (tmp / COMPLETE).write_text(json.dumps({p.name: sha256_file(p) for p in sorted(tmp.iterdir())}, indent=1))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        self._prune()
+
+    def wait(self) -> None:
+        """Let a pending async save finish (raising its error, if it failed)."""
+        if self.pending is not None:
+            self.pending.join()
+            self.pending = None
+            self.dp.barrier()  # rank 0 has completed the folder
+            if self.failure is not None:
+                failure, self.failure = self.failure, None
+                raise FatalError(f"train: an asynchronous save under {self.root} failed: {failure}") from failure
+
+    def settle(self) -> None:
+        """After a failure: let a pending async save finish on this rank (no collective: other
+        ranks may be gone). Rank 0 completes the folder only if every rank's shards were written."""
+        if self.pending is not None:
+            self.pending.join()
+            self.pending = None
+
+    def _prune(self) -> None:
+        for old in self.complete()[:-self.keep_last]:
+            if not (self.keep_every and state_step(old) % self.keep_every == 0):
+                shutil.rmtree(old)
+
+    def load(self, folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Load a verified state into model and optimizer (any number of ranks); rank-local RNGs where the rank saved one.
+
+        Returns train_state.json. A state saved by fewer ranks gives the extra ranks rank 0's RNGs:
+        kiln draws its data from seeded generators, not from these.
+        """
+        self.wait()
+        if self.dp.is_main:
+            verify(folder)
+        self.dp.barrier()
+        state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+        dcp.load(state, checkpoint_id=str(folder))
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+        rng = folder / f"rng-{self.dp.rank}.json"
+        set_rng_state(json.loads((rng if rng.is_file() else folder / "rng-0.json").read_text()))
+        return json.loads((folder / TRAIN_STATE_JSON).read_text())

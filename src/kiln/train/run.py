@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from kiln.core.config import Section
-from kiln.core.errors import ConfigError
+from kiln.core.errors import ConfigError, FatalError
 from kiln.core.layout import CHECKPOINT, TOKENIZE, TRAIN, RunLayout
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs
 from kiln.core.ranks import world_size
@@ -43,7 +43,7 @@ from kiln.train.distributed import DataParallel, ParallelConfig, init_data_paral
 from kiln.train.loop import build_precision, train
 from kiln.train.monitor import TENSORBOARD
 from kiln.train.objectives import TokenIds, check_objectives, fim_middles, token_ids
-from kiln.train.resume import STATES, complete_states
+from kiln.train.resume import STATES, complete_states, set_aside_after, state_step
 
 # Validation rows for an objective's own loss: at most this many micro-batches.
 MAX_OBJECTIVE_VAL_BATCHES = 32
@@ -130,15 +130,16 @@ def format_dry_run(d: dict[str, Any]) -> str:
     ])
 
 
-def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool = False, parallel: ParallelConfig | None = None) -> dict[str, Any]:
+def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool = False, parallel: ParallelConfig | None = None, from_step: int | None = None) -> dict[str, Any]:
     """The train stage; under torchrun every rank calls it, rank 0 keeps the books (lock, partial
-    folder, manifest) and the others train and return rank 0's manifest."""
+    folder, manifest) and the others train and return rank 0's manifest. from_step: resume an
+    interrupted run from the state after that step instead of its newest."""
     parallel = parallel or ParallelConfig()
     precision = build_precision(cfg)
     dp = init_data_parallel(parallel, precision.device)
     # Not in a `finally`: after a failure the other ranks may be inside a collective, and
     # torchrun stops them when this process exits with the error.
-    manifest = train_stage(model_cfg, cfg, data_config, make_rows, scoring, Path(run_dir), force, parallel, precision, dp)
+    manifest = train_stage(model_cfg, cfg, data_config, make_rows, scoring, Path(run_dir), force, parallel, precision, dp, from_step)
     # subtle: free the wrapped model (FSDP2 keeps reference cycles) while its process groups still
     # exist; left to interpreter shutdown, gloo's threads sometimes abort the process (exit -6).
     gc.collect()
@@ -146,7 +147,30 @@ def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_row
     return manifest
 
 
-def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool, parallel: ParallelConfig, precision: Precision, dp: DataParallel) -> dict[str, Any]:
+def pick_state(stage: Stage, force: bool, from_step: int | None) -> Path | None:
+    """The resumable state to continue from (the newest complete one, or from_step's), or None to
+    start afresh; stops when an interrupted run's settings changed (naming them), when from_step
+    names no complete state, and before checkpoints of another run would be replaced (--force
+    moves them aside)."""
+    states = complete_states(stage.partial_dir / STATES)
+    changes = stage.partial_changes()
+    if states and changes and not force:
+        raise FatalError(f"train: {stage.partial_dir} holds an interrupted run whose settings differ from these: {'; '.join(changes)}. Resuming would not continue the same run: restore them, or pass --force to move it aside and start over")
+    resumable = bool(states) and stage.partial_matches() and not force
+    if from_step is not None and not resumable:
+        raise FatalError(f"train: --from {from_step} resumes an interrupted run, and {stage.partial_dir / STATES} holds no complete state to resume" + (" (--force starts over)" if force else ""))
+    if (stage.final_dir / CHECKPOINT).exists() or not resumable:
+        stage.refuse_to_replace([CHECKPOINT, STATES], "checkpoints of another training run (a different config, data, or a finished run)", force)
+        return None
+    if from_step is None:
+        return states[-1]
+    chosen = [s for s in states if state_step(s) == from_step]
+    if not chosen:
+        raise FatalError(f"train: --from {from_step}: no complete state for that step under {stage.partial_dir / STATES}; there are states after steps {', '.join(str(state_step(s)) for s in states)}")
+    return chosen[0]
+
+
+def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool, parallel: ParallelConfig, precision: Precision, dp: DataParallel, from_step: int | None = None) -> dict[str, Any]:
     layout = RunLayout(run_dir)
     tokenize_dir = layout.token_shards
     tokenized = read_manifest(tokenize_dir)
@@ -162,12 +186,7 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
     done = dp.broadcast(stage.up_to_date(force, lambda m: f"{m['counts']['steps']} steps, val loss {m['counts']['val_after']['all']['loss']:.3f}") if stage else None)
     if done:
         return done
-    if stage is not None:
-        # An interrupted run with the same config, inputs and upstream resumes from its newest
-        # complete state; checkpoints of any other run are never overwritten (--force moves them aside).
-        resumable = stage.partial_matches() and bool(complete_states(stage.partial_dir / STATES)) and not force
-        if (stage.final_dir / CHECKPOINT).exists() or not resumable:
-            stage.refuse_to_replace([CHECKPOINT, STATES], "checkpoints of another training run (a different config, data, or a finished run)", force)
+    resume_from = pick_state(stage, force, from_step) if stage is not None else None
     vocab_size = tokenized["counts"]["vocab_size"]
     if model_cfg.vocab_size is not None and model_cfg.vocab_size < vocab_size:
         raise ConfigError(f"model.vocab_size {model_cfg.vocab_size} is below the tokenizer's {vocab_size} ids; leave it unset to take the tokenizer's")
@@ -177,9 +196,12 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
     rows, ids, planned = prepare_data(cfg, make_rows, layout, tokenized)
     batches = build_collator(rows, cfg, ids, dp.rank, dp.world)
     val_batches = objective_val_batches(make_rows, cfg, scoring, ids)
-    kept = stage.begin(resume=True) if stage is not None else False
-    out_dir, kept = dp.broadcast((str(stage.dir), kept) if stage else None)  # only rank 0 writes into it
-    result = train(model_cfg, cfg, batches, scoring, run_dir, Path(out_dir), val_batches, rows.adapt_every, rows.report_windows, dp, parallel, resume=kept)
+    if stage is not None:
+        stage.begin(resume=resume_from is not None)
+        if resume_from is not None and from_step is not None:
+            set_aside_after(resume_from.parent, from_step)  # the abandoned later states are kept, out of the way
+    out_dir, resume_from = dp.broadcast((str(stage.dir), resume_from) if stage else None)  # only rank 0 writes into out_dir
+    result = train(model_cfg, cfg, batches, scoring, run_dir, Path(out_dir), val_batches, rows.adapt_every, rows.report_windows, dp, parallel, resume_from)
     if stage is None:
         return dp.broadcast(None)  # rank 0's manifest, once it is written
 
@@ -197,6 +219,7 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
         "val_after": result.val_after,
         "device": str(result.device),
         "processes": dp.world,
+        "rollbacks": result.rollbacks,
         "mixture": {"planned": planned["total"], "realized": result.mixture},
     }
     before, after = result.val_before, result.val_after

@@ -1,0 +1,142 @@
+"""Resuming an interrupted train stage in process (kiln.train.run.pick_state, kiln.train.resume):
+which state it continues from (`--from STEP`), what it refuses and why, and asynchronous saves.
+
+The interruption is a crash inside the data stream (a row source that raises after drawing a
+number of rows, as a failing disk would), which leaves `train.partial/` with its states.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiln.cli import main
+from kiln.core.errors import FatalError
+from kiln.mix.config import MixConfig
+from kiln.mix.sampler import build_sampler
+from kiln.model.config import ModelConfig
+from kiln.model.perplexity import ScoringConfig
+from kiln.train.config import TrainConfig
+from kiln.train.run import run
+
+MODEL = ModelConfig(d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=64)
+MIX = MixConfig(seed=0)
+SCORING = ScoringConfig(max_tokens_per_source=1024, batch_size=8)
+STEPS, ROWS = 16, 8
+
+
+def cfg(**update: Any) -> TrainConfig:
+    base = {"steps": STEPS, "seq_len": 64, "micro_batch_size": ROWS, "optim": {"lr": 1e-2}, "schedule": {"warmup_steps": 2}, "precision": {"device": "cpu"}, "eval_at_start": False, "checkpoint": {"every": 4, "keep_last": 3}}
+    return TrainConfig.model_validate({**base, **update})
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashAfter:
+    """mix's sampler that raises once `limit` rows have been drawn."""
+
+    def __init__(self, inner: Any, limit: int):
+        self.inner, self.limit = inner, limit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def next_rows(self, lengths: Any, progress: float, keep: slice) -> Any:
+        if self.inner.rows_drawn >= self.limit:
+            raise Crash(f"disk gone after {self.limit} rows")
+        return self.inner.next_rows(lengths, progress, keep)
+
+
+def make_rows(run_dir: Path, crash_after_step: int | None, seq_len: int, split: str = "train") -> Any:
+    sampler = build_sampler(run_dir / "tokenize", MIX, seq_len, split)
+    return CrashAfter(sampler, crash_after_step * ROWS) if crash_after_step and split == "train" else sampler
+
+
+def train(run_dir: Path, train_cfg: TrainConfig, crash_after_step: int | None = None, force: bool = False, from_step: int | None = None) -> dict[str, Any]:
+    return run(MODEL, train_cfg, MIX, partial(make_rows, run_dir, crash_after_step), SCORING, run_dir, force, from_step=from_step)
+
+
+def losses(run_dir: Path, folder: str = "train") -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / folder / "metrics.jsonl").read_text().splitlines()) if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def runs(tokenized_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A factory of fresh copies of the tokenized run, and the losses of one uninterrupted run."""
+    root = tmp_path_factory.mktemp("resume")
+
+    def fresh(name: str) -> Path:
+        for stage in ("curate", "tokenizer", "tokenize"):
+            shutil.copytree(tokenized_run / stage, root / name / stage)
+        return root / name
+
+    whole = fresh("whole")
+    train(whole, cfg())
+    return fresh, losses(whole)
+
+
+def crashed(fresh: Any, name: str, after_step: int = 10, **update: Any) -> Path:
+    run_dir = fresh(name)
+    with pytest.raises(Crash):
+        train(run_dir, cfg(**update), crash_after_step=after_step)
+    return run_dir
+
+
+def test_from_step_resumes_an_older_state_moves_the_newer_aside_and_continues_exactly(runs: Any) -> None:
+    fresh, whole = runs
+    run_dir = crashed(fresh, "from")
+    states = run_dir / "train.partial" / "checkpoints"
+    assert sorted(p.name for p in states.iterdir()) == ["step-0000004", "step-0000008"]
+    with pytest.raises(FatalError, match=r"--from 5: no complete state for that step .*there are states after steps 4, 8"):
+        train(run_dir, cfg(), from_step=5)
+    train(run_dir, cfg(), from_step=4)
+    assert losses(run_dir) == whole  # bit for bit: steps 5.. replayed from the state after step 4
+    superseded = list((run_dir / "train" / "checkpoints").glob("superseded-*/step-0000008"))
+    assert len(superseded) == 1 and (superseded[0] / "complete.json").is_file()  # kept, never deleted
+
+
+def test_a_changed_setting_is_named_and_a_checkpoint_setting_is_not_one(runs: Any) -> None:
+    fresh, whole = runs
+    run_dir = crashed(fresh, "changed")
+    with pytest.raises(FatalError, match=r"settings differ from these: train\.optim\.lr: 0\.01 -> 0\.005; train\.schedule\.warmup_steps: 2 -> 3\. Resuming would not continue the same run"):
+        train(run_dir, cfg(optim={"lr": 5e-3}, schedule={"warmup_steps": 3}))
+    # Where and how often states are saved, and what a fault does, do not change the math.
+    train(run_dir, cfg(checkpoint={"every": 3, "keep_last": 1, "async_save": True}, rollback={"max_rollbacks": 1}))
+    assert losses(run_dir) == whole
+    assert sorted(p.name for p in (run_dir / "train" / "checkpoints").iterdir()) == ["step-0000015"]
+
+
+def test_from_step_without_an_interrupted_run_is_refused(runs: Any) -> None:
+    fresh, _ = runs
+    with pytest.raises(FatalError, match=r"--from 4 resumes an interrupted run, and .*train\.partial/checkpoints holds no complete state"):
+        train(fresh("nothing"), cfg(), from_step=4)
+
+
+def test_async_states_are_complete_and_resume_exactly(runs: Any, caplog: pytest.LogCaptureFixture) -> None:
+    fresh, whole = runs
+    run_dir = crashed(fresh, "async", after_step=10, checkpoint={"every": 4, "keep_last": 3, "async_save": True})
+    states = run_dir / "train.partial" / "checkpoints"
+    # The crash came while training went on after step 8's save had started: the failing run let it finish.
+    assert [p.name for p in sorted(states.iterdir())] == ["step-0000004", "step-0000008"]
+    assert all((p / "complete.json").is_file() for p in states.iterdir())
+    with caplog.at_level(logging.INFO, logger="kiln.train"):
+        train(run_dir, cfg(checkpoint={"every": 4, "keep_last": 3, "async_save": True}))
+    assert any("resuming after step 8" in r.getMessage() for r in caplog.records)
+    assert losses(run_dir) == whole
+
+
+def test_kiln_train_from_on_the_command_line(runs: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fresh, _ = runs
+    run_dir = fresh("cli")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: {run_dir.name}\nruns_dir: {run_dir.parent}\nmodel: {json.dumps(MODEL.model_dump(exclude_none=True))}\ntrain: {{seq_len: 64}}\n")
+    assert main(["train", "--recipe", str(recipe), "--from", "3"]) == 2
+    assert "--from 3 resumes an interrupted run" in capsys.readouterr().err
