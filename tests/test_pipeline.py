@@ -170,3 +170,25 @@ def test_each_shipped_recipe_runs_end_to_end_and_learns_its_objective(recipe: st
         assert objective["name"] == recipe.replace("-code", "").replace("-", "_")
         assert objective["loss_after"] < objective["loss_before"] - 0.5, objective
         assert f"objective {objective['name']}: held-out loss" in done.stdout
+
+
+def test_continued_pretraining_starts_from_the_demo_model_replays_its_data_and_reports_what_changed(demo: dict[str, Any]) -> None:
+    # recipes/continued.yaml at miniature size on the module's demo run: its tokenizer and final
+    # weights, a quarter of the rows replayed from its sources.
+    runs_dir, base = demo["runs_dir"], demo["run_dir"]
+    overrides = [o for o in OVERRIDES if not o.startswith(("curate.", "tokenizer."))] + [
+        "curate.max_total_mb=1", f"tokenizer.from_run={base}", f"train.init_from={base / 'train' / 'checkpoint'}", f"mix.replay.run={base}", "train.steps=30", "train.schedule.warmup_steps=3",
+    ]
+    done, _ = kiln_demo(runs_dir, "continued", overrides)
+    run_dir = runs_dir / "continued"
+    assert sha256_file(run_dir / "tokenizer" / "tokenizer.json") == sha256_file(base / "tokenizer" / "tokenizer.json")
+    counts = json.loads((run_dir / "train" / "manifest.json").read_text())["counts"]
+    change = counts["val_change"]
+    assert set(change) == {"docs", "prose", "demo/code", "demo/docs", "demo/prose"}
+    # The starting model is the demo's: its loss on the demo's own validation code is the demo's final one.
+    assert change["demo/code"]["before"] == pytest.approx(demo["manifests"]["train"]["counts"]["val_after"]["sources"]["code"]["loss"], rel=1e-4)
+    assert change["docs"]["change"] < 0 and change["prose"]["change"] < 0  # gained on the new domain
+    replayed = sum(n for s, n in counts["tokens_by_source"].items() if s.startswith("demo/")) / sum(counts["tokens_by_source"].values())
+    assert 0.15 < replayed < 0.35  # mix.replay.fraction 0.25 of 30 steps x 8 rows
+    assert "validation loss per source, from the starting model" in done.stdout and "demo/code" in done.stdout
+    assert "WARNING" not in done.stdout  # the from-scratch 30% rule is not applied to continued pretraining

@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from kiln.core.layout import RunLayout
@@ -44,7 +45,8 @@ def _runner(stage: str) -> Callable[..., dict[str, Any]]:
         # token shards, built once train knows its seq_len; the mix section is hashed with it.
         def train_stage(r: Recipe, force: bool, from_step: int | None = None) -> dict[str, Any]:
             make_rows = partial(build_sampler, RunLayout(r.run_dir).token_shards, r.mix)
-            return train(r.model, r.train, r.mix, make_rows, r.eval.scoring(), r.run_dir, force, r.parallel, from_step)
+            replay = [Path(r.mix.replay.run)] if r.mix.replay else []
+            return train(r.model, r.train, r.mix, make_rows, r.eval.scoring(), r.run_dir, force, r.parallel, from_step, replay)
 
         return train_stage
     if stage == "eval":
@@ -139,6 +141,9 @@ def build_summary(m: dict[str, dict[str, Any]]) -> dict[str, Any]:
         summary["objective"] = {"name": m["train"]["config"]["train"]["objective"], "loss_before": round(first, 5), "loss_after": round(objective["loss"], 5)}
         drop = 1 - objective["loss"] / first
     summary["learned"] = drop >= MIN_LOSS_DROP
+    if "val_change" in train:  # continued pretraining: it learned if this run's own sources gained
+        summary["val_change"] = train["val_change"]
+        summary["learned"] = all(c["change"] < 0 for s, c in train["val_change"].items() if "/" not in s)
     return summary
 
 
@@ -154,7 +159,12 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"  bits/byte {source:<6} {s['val_bpb_before'][source]:.3f} -> {after:.3f}")
     if objective := s.get("objective"):
         lines.append(f"objective {objective['name']}: held-out loss {objective['loss_before']:.3f} -> {objective['loss_after']:.3f} nats per target token ({1 - objective['loss_after'] / objective['loss_before']:.1%} lower)")
+    if change := s.get("val_change"):
+        lines.append("validation loss per source, from the starting model (negative: gained; positive: forgotten):")
+        lines += [f"  {source:<12} {c['before']:.3f} -> {c['after']:.3f} ({c['change']:+.3f})" for source, c in change.items()]
     lines.append(f"sample: {s['sample']!r}")
-    if not s["learned"]:
+    if not s["learned"] and change:
+        lines.append("WARNING: this run's own sources did not all gain; train longer or raise train.optim.lr")
+    elif not s["learned"]:
         lines.append(f"WARNING: the {'objective' if objective else 'validation'} loss fell less than {MIN_LOSS_DROP:.0%}; train longer or raise train.optim.lr")
     return "\n".join(lines)

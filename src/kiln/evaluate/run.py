@@ -1,8 +1,9 @@
 """The eval stage: score the trained checkpoint, and the same model before training, per source.
 
 "before" rebuilds the untrained model from the train stage's model config and seed (the
-trainer's own initialization), so before and after are measured on the same windows with the
-same settings whenever eval runs. Device and autocast come from eval.precision
+trainer's own initialization), or loads the starting checkpoint of a continued run
+(train.init_from), so before and after are measured on the same windows with the same settings
+whenever eval runs. Device and autocast come from eval.precision
 (kiln.model.precision); with the defaults they match the trainer's, and so do the numbers.
 """
 
@@ -44,6 +45,7 @@ def run(cfg: EvalConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
     stage.begin()
     score = validation_scorer(run_dir, cfg, precision.amp_dtype)
     after = score(model)
-    before = score(build_model(ModelConfig.model_validate(trained["model"]), trained["config"]["train"]["seed"], precision.device))
-    summary = f"after training:\n{format_results(after)}\nbefore training (same initialization):\n{format_results(before)}"
+    start = trained["config"]["train"].get("init_from")
+    before = score(load_trained_model(Path(start), precision.device) if start else build_model(ModelConfig.model_validate(trained["model"]), trained["config"]["train"]["seed"], precision.device))
+    summary = f"after training:\n{format_results(after)}\nbefore training ({f'the starting checkpoint {start}' if start else 'same initialization'}):\n{format_results(before)}"
     return stage.finish([], {"after": after, "before": before}, summary)

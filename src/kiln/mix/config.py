@@ -2,7 +2,8 @@
 
 Weights are per source, each a constant or a piecewise-linear schedule of training progress
 (kiln.mix.schedule); `curriculum` orders each source's documents for the first share of
-training; `adaptive` moves weight towards the sources whose validation loss improves slowest.
+training; `adaptive` moves weight towards the sources whose validation loss improves slowest;
+`replay` mixes in a fixed share of another run's data (continued pretraining).
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class AdaptiveConfig(Section):
     floor: float = Field(default=0.05, ge=0, lt=1, description="No source's share falls below this.")
 
 
+class ReplayConfig(Section):
+    run: str = Field(description="Run directory whose train token shards are replayed (the run the starting model was trained on); it must use this run's tokenizer (tokenizer.from_run).")
+    fraction: float = Field(gt=0, lt=1, description="Share of the rows drawn from it, spread over its sources as its own training read them; the rest follow `weights` over this run's sources.")
+
+
 class MixConfig(Section):
     weights: dict[str, Schedule] | None = Field(default=None, description="Per source: a weight (>= 0, normalized with the others) or a schedule [[progress, weight], ...] of training progress; None means proportional to each source's train tokens. A source left out is not sampled.")
     seed: int = Field(default=0, description="Seed of the sampler: document orders per epoch and each row's source.")
@@ -43,6 +49,7 @@ class MixConfig(Section):
     curriculum: CurriculumConfig | None = Field(default=None, description="Order each source's documents (short first, or by a curation score) for the first share of training; None shuffles from the start.")
     adaptive: AdaptiveConfig | None = Field(default=None, description="Every N steps, move weight towards the sources whose validation loss improves slowest (bounded steps, a floor per source); None keeps the recipe's weights.")
     report_windows: int = Field(default=10, ge=1, description="Windows of steps the realized mixture (tokens per source against the intended weights) is reported over.")
+    replay: ReplayConfig | None = Field(default=None, description="Continued pretraining: mix in a share of another run's training data (sources named <run>/<source>) against forgetting; None draws only from this run's sources.")
 
     @model_validator(mode="after")
     def _weights(self) -> MixConfig:

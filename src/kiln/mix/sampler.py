@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from kiln.core.errors import ConfigError, FatalError
+from kiln.core.layout import TRAIN, RunLayout
+from kiln.core.manifest import read_manifest
 from kiln.core.tokenshards import TokenShard, open_split
 from kiln.mix.adaptive import reweight
 from kiln.mix.config import MixConfig
@@ -38,8 +40,10 @@ SOURCE_STREAM = 3
 
 
 class Sampler:
-    def __init__(self, shards: Mapping[str, TokenShard], cfg: MixConfig, seq_len: int):
+    def __init__(self, shards: Mapping[str, TokenShard], cfg: MixConfig, seq_len: int, replay: Mapping[str, tuple[TokenShard, float]] | None = None):
+        """replay: source -> (shard, share of the replayed rows) drawn at a fixed mix.replay.fraction of all rows."""
         self.cfg = cfg
+        self.replay_fraction = cfg.replay.fraction if replay else 0.0
         usable = {s: shard for s, shard in sorted(shards.items()) if len(shard) >= seq_len + 1}
         for s in sorted(set(shards) - set(usable)):
             log.warning("mix: source %s has %d train tokens, fewer than one window of %d; not sampled", s, len(shards[s]), seq_len + 1)
@@ -52,6 +56,13 @@ class Sampler:
         if not self.sources:
             raise FatalError(f"mix: no source has the {seq_len + 1} train tokens of one window; curate more text or lower train.seq_len")
         self.schedules = [schedules[s] for s in self.sources]
+        self.own = len(self.sources)  # the replayed sources follow this run's own
+        for s, (shard, share) in sorted((replay or {}).items()):
+            if len(shard) >= seq_len + 1 and share > 0:
+                usable[s], self.sources, self.schedules = shard, [*self.sources, s], [*self.schedules, share]
+        if replay and len(self.sources) == self.own:
+            log.warning("mix: no replayed source of %s has the %d train tokens of one window; nothing is replayed", cfg.replay.run, seq_len + 1)  # type: ignore[union-attr]
+            self.replay_fraction = 0.0
         self.streams = [SourceStream(usable[s], i, cfg.seed, cfg.lanes, cfg.curriculum) for i, s in enumerate(self.sources)]
         self.max_window = seq_len + 1
         self.rows_drawn = 0
@@ -62,7 +73,9 @@ class Sampler:
     def weights_at(self, progress: float, adaptive: bool = True) -> np.ndarray:
         """Probability of each source (in `sources` order) for a row drawn at `progress`."""
         w = np.array([value_at(s, progress) for s in self.schedules], dtype=np.float64)
-        w = w / w.sum()
+        w[: self.own] *= (1 - self.replay_fraction) / w[: self.own].sum()
+        if self.replay_fraction:
+            w[self.own :] *= self.replay_fraction / w[self.own :].sum()
         if adaptive and self.cfg.adaptive is not None:
             w = w * self.factors / (w * self.factors).sum()
             live = w > 0  # a source the schedule has switched off stays off
@@ -167,14 +180,26 @@ def _probe_points(schedule: Schedule) -> list[float]:
     return [0.0, 1.0] if isinstance(schedule, int | float) else [p for p, _ in schedule]
 
 
+def replayed(cfg: MixConfig) -> dict[str, tuple[TokenShard, float]]:
+    """mix.replay's sources as `<run>/<source>`: the run's train shards, each with its share of the
+    tokens that run's training read (its train manifest), its original mixture as realized."""
+    assert cfg.replay is not None
+    run = Path(cfg.replay.run)
+    read = read_manifest(RunLayout(run).stage(TRAIN))["counts"]["tokens_by_source"]
+    shards = open_split(RunLayout(run).token_shards, "train", verify=True)
+    total = sum(read.values())
+    return {f"{run.name}/{s}": (shards[s], n / total) for s, n in read.items() if n and s in shards}
+
+
 def build_sampler(tokenize_dir: Path, cfg: MixConfig, seq_len: int, split: str = "train") -> Sampler:
     """The Sampler over a run's split (checksums verified) for windows of up to seq_len + 1 tokens.
 
-    The train split is drawn as the mix section says; the validation split (held-out rows for
-    an objective's validation loss) in proportion to each source's tokens, shuffled, fixed.
+    The train split is drawn as the mix section says, replay included; the validation split
+    (held-out rows for an objective's validation loss) in proportion to each source's tokens,
+    shuffled, fixed.
     """
     if split != "train":
-        cfg = cfg.model_copy(update={"weights": None, "curriculum": None, "adaptive": None})
+        cfg = cfg.model_copy(update={"weights": None, "curriculum": None, "adaptive": None, "replay": None})
     # verify: a damaged .bin of the right length would otherwise train silently on garbage.
-    return Sampler(open_split(tokenize_dir, split, verify=True), cfg, seq_len)
+    return Sampler(open_split(tokenize_dir, split, verify=True), cfg, seq_len, replayed(cfg) if cfg.replay else None)
 

@@ -12,7 +12,7 @@ Not handled here: a fixed probe set and downstream benchmarks (the evaluation is
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -80,16 +80,20 @@ def evaluate_model(model: Transformer, shards: Mapping[str, TokenShard], token_b
     return {"sources": sources, "all": _scores(*totals)}
 
 
-def validation_scorer(run_dir: Path, cfg: ScoringConfig, amp_dtype: torch.dtype | None) -> Callable[[Transformer], dict[str, Any]]:
+def validation_scorer(run_dir: Path, cfg: ScoringConfig, amp_dtype: torch.dtype | None, reference_runs: Sequence[Path] = ()) -> Callable[[Transformer], dict[str, Any]]:
     """`model -> results` over a run's validation split (checksums verified) with its tokenizer's byte counts.
 
     The trainer's monitoring and the eval stage both score through this, so their numbers agree.
     cfg.seq_len must be resolved (not None) by the caller, who knows the training window.
+    reference_runs (same tokenizer): their validation splits too, as sources `<run>/<source>`.
     """
     assert cfg.seq_len is not None, "resolve the scoring window (seq_len) first"
+    shards = open_split(RunLayout(run_dir).token_shards, "val", verify=True)
+    for run in reference_runs:
+        shards |= {f"{Path(run).name}/{s}": shard for s, shard in open_split(RunLayout(Path(run)).token_shards, "val", verify=True).items()}
     return partial(
         evaluate_model,
-        shards=open_split(RunLayout(run_dir).token_shards, "val", verify=True),
+        shards=shards,
         token_bytes=KilnTokenizer.load(RunLayout(run_dir).tokenizer_json).token_bytes(),
         seq_len=cfg.seq_len,
         max_tokens_per_source=cfg.max_tokens_per_source,

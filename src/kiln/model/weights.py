@@ -36,13 +36,28 @@ def save_weights(folder: Path, model: Transformer) -> list[Path]:
     return [folder / WEIGHTS, folder / CONFIG]
 
 
-def load_trained_model(folder: Path, device: str | torch.device = "cpu") -> Transformer:
+def checkpoint_config(folder: Path) -> ModelConfig:
+    """The ModelConfig a checkpoint folder was saved with (its format checked)."""
     config_path = folder / CONFIG
     if not config_path.is_file():
         raise FatalError(f"{folder}: no checkpoint (config.json missing); run `kiln train` first")
     meta = json.loads(config_path.read_text())
     if meta.get("format") != FORMAT:
         raise FatalError(f"{config_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
-    model = Transformer(ModelConfig.model_validate(meta["model"]))
+    return ModelConfig.model_validate(meta["model"])
+
+
+def load_weights_into(model: Transformer, folder: Path) -> None:
+    """Copy a checkpoint's weights into `model` (same device and dtype as it has), which must have
+    the checkpoint's config: a difference stops with each differing key named."""
+    saved = checkpoint_config(folder).model_dump(mode="json")
+    differ = [f"model.{k}: {saved.get(k)!r} in the checkpoint, {v!r} here" for k, v in model.cfg.model_dump(mode="json").items() if saved.get(k) != v]
+    if differ:
+        raise FatalError(f"{folder}: the checkpoint is a different model: {'; '.join(differ)}. Give the model section the checkpoint's shape")
+    load_model(model, str(folder / WEIGHTS), device=str(next(model.parameters()).device))
+
+
+def load_trained_model(folder: Path, device: str | torch.device = "cpu") -> Transformer:
+    model = Transformer(checkpoint_config(folder))
     load_model(model, str(folder / WEIGHTS), device=str(device))
     return model.to(device).eval()

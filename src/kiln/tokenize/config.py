@@ -21,6 +21,7 @@ class TokenizerConfig(Section):
     heldout_fraction: float = Field(default=0.02, gt=0, lt=1, description="Fraction of documents (by id hash) kept out of training and used for the report.")
     heldout_mb: float = Field(default=2.0, gt=0, description="At most this many MB of held-out text per source are encoded for the report.")
     min_frequency: int = Field(default=2, ge=1, description="A pair must occur this many times to become a merge.")
+    from_run: str | None = Field(default=None, description="Run directory whose trained tokenizer this run uses unchanged instead of training one (continued pretraining keeps the starting model's ids); the settings above are then unused.")
 
     @property
     def specials(self) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from pydantic import Field, ValidationError
 from kiln.core.config import Section
 from kiln.core.docshards import read_shard, shard_source
 from kiln.core.errors import ConfigError, FatalError
-from kiln.core.layout import CURATE, SHARDS, TOKENIZER, TOKENIZER_JSON, TOKENIZER_SWEEP, RunLayout
+from kiln.core.layout import CURATE, SHARDS, TOKENIZER, TOKENIZER_JSON, TOKENIZER_META, TOKENIZER_SWEEP, RunLayout
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs
 from kiln.core.split import is_heldout
 from kiln.text.tokenizer import KilnTokenizer, train_bpe
@@ -157,7 +158,24 @@ def train_and_measure(texts: list[str], vocab_size: int, cfg: TokenizerConfig, h
     return tokenizer, {"train_seconds": round(seconds, 2), "heldout": report}
 
 
+def reuse(cfg: TokenizerConfig, run_dir: Path, force: bool) -> dict[str, Any]:
+    """The tokenizer stage with tokenizer.from_run: that run's tokenizer, copied and checked, as this run's."""
+    assert cfg.from_run is not None
+    source = RunLayout(Path(cfg.from_run)).tokenizer_json
+    tokenizer = KilnTokenizer.load(source)  # stops on a missing, foreign or changed tokenizer
+    stage = Stage(run_dir, TOKENIZER, {"tokenizer": cfg}, inputs=[source, source.with_name(TOKENIZER_META)])
+    if done := stage.up_to_date(force, lambda m: f"vocab {m['counts']['vocab_size']}, from {cfg.from_run}"):
+        return done
+    stage.begin()
+    outputs = [Path(shutil.copy2(p, stage.dir / p.name)) for p in (source, source.with_name(TOKENIZER_META))]
+    # The tokenizer's own measurements, taken on its run's held-out text.
+    counts = {**read_manifest(source.parent)["counts"], "vocab_size": tokenizer.vocab_size, "from_run": cfg.from_run}
+    return stage.finish(outputs, counts, f"vocab {tokenizer.vocab_size:,}, the tokenizer of {cfg.from_run} (tokenizer.from_run), unchanged")
+
+
 def run(cfg: TokenizerConfig, run_dir: Path, shape: EmbeddingShape | None = None, force: bool = False) -> dict[str, Any]:
+    if cfg.from_run:
+        return reuse(cfg, run_dir, force)
     shape = shape or EmbeddingShape()
     shards = recorded_outputs(RunLayout(run_dir).stage(CURATE), SHARDS)
     # The embedding shape only prices the printed report: it is not hashed (a new d_model must not retrain).

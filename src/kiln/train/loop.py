@@ -24,7 +24,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +43,7 @@ from kiln.model.init import build_model
 from kiln.model.perplexity import ScoringConfig, validation_scorer
 from kiln.model.precision import Precision, resolve_precision
 from kiln.model.transformer import Transformer
+from kiln.model.weights import load_weights_into
 from kiln.train.checkpoint import maybe_checkpoint
 from kiln.train.config import TrainConfig
 from kiln.train.distributed import DataParallel, ParallelConfig, apply_activation_checkpointing, apply_compile, parallelize, unwrap
@@ -78,13 +79,14 @@ def build_precision(cfg: TrainConfig) -> Precision:
     return resolve_precision(cfg.precision, "train")
 
 
-def build_scorer(run_dir: Path, scoring: ScoringConfig, cfg: TrainConfig, precision: Precision, objective_batches: list[Batch] | None) -> Scorer:
+def build_scorer(run_dir: Path, scoring: ScoringConfig, cfg: TrainConfig, precision: Precision, objective_batches: list[Batch] | None, reference_runs: Sequence[Path] = ()) -> Scorer:
     """Validation in the training precision, on windows of the training length unless scoring.seq_len says otherwise.
 
     With objective_batches (held-out rows built by the training objective), the results also
-    carry that objective's loss on them under "objective".
+    carry that objective's loss on them under "objective". reference_runs: runs whose validation
+    splits are scored too (sources `<run>/<source>`).
     """
-    perplexity = validation_scorer(run_dir, scoring.model_copy(update={"seq_len": scoring.seq_len or cfg.seq_len}), precision.amp_dtype)
+    perplexity = validation_scorer(run_dir, scoring.model_copy(update={"seq_len": scoring.seq_len or cfg.seq_len}), precision.amp_dtype, reference_runs)
     if not objective_batches:
         return perplexity
     return lambda model: {**perplexity(model), "objective": objective_loss(model, objective_batches, precision)}
@@ -172,6 +174,8 @@ class StopRequest:
 def build_parallel_model(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision, dp: DataParallel, parallel: ParallelConfig) -> tuple[nn.Module, Transformer]:
     """(the model the loop steps: wrapped for data parallelism, the Transformer inside it)."""
     core = build_model(model_cfg, cfg.seed, dp.device)  # the same seed on every rank: the same initial weights
+    if cfg.init_from:  # continued pretraining: every rank reads the same starting weights
+        load_weights_into(core, Path(cfg.init_from))
     apply_activation_checkpointing(core, cfg.activation_checkpointing, cfg.checkpoint_every_k_blocks)
     if cfg.compile if cfg.compile is not None else dp.device.type == "cuda":
         apply_compile(core)
@@ -201,7 +205,7 @@ def describe_rows(rows: list[tuple[int, str]]) -> str:
     return f"rows {rows[0][0]}..{rows[-1][0]} of the stream (" + ", ".join(f"{n} {s}" for s, n in by_source.items()) + ")"
 
 
-def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path, objective_batches: list[Batch] | None = None, adapt_every: int | None = None, report_windows: int = 10, dp: DataParallel | None = None, parallel: ParallelConfig | None = None, resume_from: Path | None = None) -> TrainResult:
+def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path, objective_batches: list[Batch] | None = None, adapt_every: int | None = None, report_windows: int = 10, dp: DataParallel | None = None, parallel: ParallelConfig | None = None, resume_from: Path | None = None, reference_runs: Sequence[Path] = ()) -> TrainResult:
     """Train a fresh model (model_cfg with its vocab_size resolved) on `batches`; metrics and checkpoint go to out_dir.
 
     objective_batches: held-out batches built by the training objective, scored at each validation.
@@ -209,6 +213,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     report_windows: windows of steps the realized mixture is reported over.
     dp, parallel: this process's place among the data-parallel ranks (None: one process).
     resume_from: a complete resumable state (kiln.train.resume) to continue from.
+    reference_runs: other runs whose validation splits are scored too (continued pretraining's replay).
     """
     precision = build_precision(cfg)
     dp = dp or DataParallel(0, 1, 1, 1, precision.device)
@@ -217,7 +222,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     optimizer = build_optimizer(model, cfg.optim)
     # fp16 autocast needs dynamic loss scaling (bf16 has fp32's exponent range and does not).
     scaler = torch.amp.GradScaler(device.type, enabled=precision.amp_dtype == torch.float16)
-    evaluate = build_scorer(run_dir, scoring, cfg, precision, objective_batches)
+    evaluate = build_scorer(run_dir, scoring, cfg, precision, objective_batches, reference_runs)
     mixture = MixtureWindows(batches.sources, cfg.steps, report_windows)
     states = States(out_dir / STATES, dp, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, cfg.checkpoint.async_save)
     # With fp16 an overflowing gradient is the loss scaler's to handle (it skips the step).

@@ -18,7 +18,7 @@ import gc
 import json
 import logging
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,12 +29,13 @@ import torch
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError, FatalError
 from kiln.core.layout import CHECKPOINT, TOKENIZE, TRAIN, RunLayout
-from kiln.core.manifest import Stage, read_manifest, recorded_outputs
+from kiln.core.manifest import Stage, read_manifest, recorded_outputs, sha256_file
 from kiln.core.ranks import world_size
 from kiln.model.batch import Batch, RowSource
 from kiln.model.config import ModelConfig, count_params, flops_per_token
 from kiln.model.perplexity import ScoringConfig
 from kiln.model.precision import Precision
+from kiln.model.weights import CONFIG, WEIGHTS
 from kiln.text.tokenizer import KilnTokenizer
 from kiln.train.collate import build_collator
 from kiln.train.config import TrainConfig
@@ -130,21 +131,30 @@ def format_dry_run(d: dict[str, Any]) -> str:
     ])
 
 
-def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool = False, parallel: ParallelConfig | None = None, from_step: int | None = None) -> dict[str, Any]:
+def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool = False, parallel: ParallelConfig | None = None, from_step: int | None = None, reference_runs: Sequence[Path] = ()) -> dict[str, Any]:
     """The train stage; under torchrun every rank calls it, rank 0 keeps the books (lock, partial
     folder, manifest) and the others train and return rank 0's manifest. from_step: resume an
-    interrupted run from the state after that step instead of its newest."""
+    interrupted run from the state after that step instead of its newest. reference_runs: runs
+    whose train shards the rows also come from (replay) and whose validation splits are scored."""
     parallel = parallel or ParallelConfig()
     precision = build_precision(cfg)
     dp = init_data_parallel(parallel, precision.device)
     # Not in a `finally`: after a failure the other ranks may be inside a collective, and
     # torchrun stops them when this process exits with the error.
-    manifest = train_stage(model_cfg, cfg, data_config, make_rows, scoring, Path(run_dir), force, parallel, precision, dp, from_step)
+    manifest = train_stage(model_cfg, cfg, data_config, make_rows, scoring, Path(run_dir), force, parallel, precision, dp, from_step, reference_runs)
     # subtle: free the wrapped model (FSDP2 keeps reference cycles) while its process groups still
     # exist; left to interpreter shutdown, gloo's threads sometimes abort the process (exit -6).
     gc.collect()
     dp.close()
     return manifest
+
+
+def format_change(change: dict[str, dict[str, float]], init_from: str) -> str:
+    """Per-source validation loss of the starting model and of the trained one: what was gained, what was forgotten."""
+    width = max(len(s) for s in change)
+    lines = [f"validation loss per source, starting from {init_from} (nats/token; a negative change was gained, a positive one forgotten):", f"  {'source':<{width}}  {'before':>7}  {'after':>7}  {'change':>7}"]
+    lines += [f"  {s:<{width}}  {c['before']:>7.3f}  {c['after']:>7.3f}  {c['change']:>+7.3f}" for s, c in change.items()]
+    return "\n".join(lines)
 
 
 def pick_state(stage: Stage, force: bool, from_step: int | None) -> Path | None:
@@ -170,7 +180,20 @@ def pick_state(stage: Stage, force: bool, from_step: int | None) -> Path | None:
     return chosen[0]
 
 
-def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool, parallel: ParallelConfig, precision: Precision, dp: DataParallel, from_step: int | None = None) -> dict[str, Any]:
+def reference_inputs(layout: RunLayout, reference_runs: Sequence[Path], init_from: str | None) -> list[Path]:
+    """The files of other runs this stage reads (hashed as inputs): a reference run's token shards
+    (with its tokenizer, which must be this run's), the starting checkpoint's weights."""
+    inputs = []
+    for run in map(RunLayout, reference_runs):
+        if sha256_file(run.tokenizer_json) != sha256_file(layout.tokenizer_json):
+            raise ConfigError(f"mix.replay.run {run.run_dir} has another tokenizer than this run; set tokenizer.from_run: {run.run_dir} so that ids mean the same tokens")
+        inputs += [p for p in recorded_outputs(run.token_shards) if p.suffix in (".bin", ".idx")]
+    if init_from:
+        inputs += [Path(init_from) / WEIGHTS, Path(init_from) / CONFIG]
+    return inputs
+
+
+def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool, parallel: ParallelConfig, precision: Precision, dp: DataParallel, from_step: int | None = None, reference_runs: Sequence[Path] = ()) -> dict[str, Any]:
     layout = RunLayout(run_dir)
     tokenize_dir = layout.token_shards
     tokenized = read_manifest(tokenize_dir)
@@ -180,7 +203,7 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
         raise ConfigError(f"train.optim.name=muon orthogonalises whole matrices, and parallel.dp_shard={parallel.dp_shard} shards them over {dp.shard} ranks; use DDP (parallel.dp_replicate={dp.world}, parallel.dp_shard=1) or adamw")
     stage = None
     if dp.is_main:  # inputs are hashed and checked once, here
-        inputs = [layout.tokenizer_json, *(p for p in recorded_outputs(tokenize_dir) if p.suffix in (".bin", ".idx", ".npy"))]
+        inputs = [layout.tokenizer_json, *(p for p in recorded_outputs(tokenize_dir) if p.suffix in (".bin", ".idx", ".npy")), *reference_inputs(layout, reference_runs, cfg.init_from)]
         # data_config is recorded under "mix", the recipe section a kiln run configures its data with.
         stage = Stage(run_dir, TRAIN, {"model": model_cfg, "train": cfg, "mix": data_config}, inputs, upstream=[TOKENIZE])
     done = dp.broadcast(stage.up_to_date(force, lambda m: f"{m['counts']['steps']} steps, val loss {m['counts']['val_after']['all']['loss']:.3f}") if stage else None)
@@ -201,7 +224,7 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
         if resume_from is not None and from_step is not None:
             set_aside_after(resume_from.parent, from_step)  # the abandoned later states are kept, out of the way
     out_dir, resume_from = dp.broadcast((str(stage.dir), resume_from) if stage else None)  # only rank 0 writes into out_dir
-    result = train(model_cfg, cfg, batches, scoring, run_dir, Path(out_dir), val_batches, rows.adapt_every, rows.report_windows, dp, parallel, resume_from)
+    result = train(model_cfg, cfg, batches, scoring, run_dir, Path(out_dir), val_batches, rows.adapt_every, rows.report_windows, dp, parallel, resume_from, reference_runs)
     if stage is None:
         return dp.broadcast(None)  # rank 0's manifest, once it is written
 
@@ -230,6 +253,9 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
         lines.append(f"validation loss {after['all']['loss']:.3f} nats/token, bpb {after['all']['bpb']:.3f}")
     if "objective" in after:
         lines.append(f"objective {cfg.objective}: validation loss " + (f"{before['objective']['loss']:.3f} -> " if before else "") + f"{after['objective']['loss']:.3f} nats per target token")
+    if cfg.init_from and before:
+        counts["val_change"] = {s: {"before": before["sources"][s]["loss"], "after": r["loss"], "change": round(r["loss"] - before["sources"][s]["loss"], 5)} for s, r in after["sources"].items()}
+        lines.append(format_change(counts["val_change"], cfg.init_from))
     seen, plan = batches.tokens_by_source(), planned["total"]
     lines.append("tokens read per source (share, planned share): " + ", ".join(f"{s} {n:,} ({n / max(sum(seen.values()), 1):.1%}, {plan[s]['tokens'] / max(sum(p['tokens'] for p in plan.values()), 1):.1%})" for s, n in seen.items()))
     extra = {"model": model_cfg.model_dump(mode="json"), "monitoring_eval": scoring.model_dump(mode="json")}
