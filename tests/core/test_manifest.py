@@ -71,8 +71,9 @@ def test_manifest_contents(tmp_path, inputs):
     assert manifest["stage"] == "stage"
     assert manifest["config"] == {"tokenize": CFG["tokenize"].model_dump(mode="json")}
     assert manifest["config"]["tokenize"]["val_fraction"] == 0.1
-    # NOT_HASHED fields (speed only) are left out of the hash; the kiln version is in it.
-    hashed = {"tokenize": {k: v for k, v in manifest["config"]["tokenize"].items() if k not in ("batch_docs", "executor")}}
+    # NOT_HASHED fields (speed only) and unset (None) ones are left out of the hash; the kiln version is in it.
+    hashed = {"tokenize": {k: v for k, v in manifest["config"]["tokenize"].items() if k not in ("batch_docs", "executor") and v is not None}}
+    assert manifest["config"]["tokenize"]["fim"] is None and "fim" not in hashed["tokenize"]
     expected_hash = hashlib.sha256(json.dumps({"kiln": __version__, "sections": hashed}, sort_keys=True).encode()).hexdigest()
     assert manifest["config_hash"] == expected_hash == config_hash(CFG)
     expected_fingerprint = hashlib.sha256(json.dumps({k: manifest[k] for k in ("config_hash", "inputs", "upstream", "outputs")}, sort_keys=True).encode()).hexdigest()

@@ -297,3 +297,18 @@ def test_build_sampler_reads_the_split_and_validation_is_proportional(tmp_path: 
     assert build_sampler(tmp_path, cfg, SEQ_LEN).sources == ["a"]
     val = build_sampler(tmp_path, cfg, SEQ_LEN, split="val")
     assert val.sources == ["a", "b"] and val.cfg.curriculum is None and val.max_window == SEQ_LEN + 1
+
+
+def test_replayed_sources_take_their_fixed_share_spread_as_their_run_read_them(shards: dict[str, TokenShard], tmp_path: Path) -> None:
+    own = shards
+    replay = {"base/x": (write_shard(tmp_path / "rx", docs_of(40, 5000)), 0.75), "base/y": (write_shard(tmp_path / "ry", docs_of(40, 9000)), 0.25)}
+    cfg = MixConfig(weights={name: [[0, 1], [1, 3]] if i == 0 else 1 for i, name in enumerate(own)}, replay={"run": "runs/base", "fraction": 0.2})
+    sampler = Sampler(own, cfg, SEQ_LEN, replay)
+    assert sampler.sources == [*own, "base/x", "base/y"]
+    for progress in (0.0, 0.5, 1.0):  # this run's schedule moves, the replayed share does not
+        w = sampler.weights_at(progress)
+        assert w[len(own):] == pytest.approx([0.15, 0.05]) and w.sum() == pytest.approx(1.0)
+    drawn = draw(sampler, 4000).source_B
+    assert np.mean(drawn >= len(own)) == pytest.approx(0.2, abs=0.02)
+    with pytest.raises(ValueError, match="mix.replay and mix.adaptive together"):
+        MixConfig(replay={"run": "runs/base", "fraction": 0.2}, adaptive={})

@@ -142,7 +142,7 @@ def test_a_fault_with_no_state_to_go_back_to_or_no_rollbacks_left_stops_with_the
     poisonous_embeddings(monkeypatch)
     corrupt = {i: "nan" for i in rows_of(6)}
     no_states = copy_tokenized(tokenized_run, tmp_path / "none")
-    with pytest.raises(FatalError, match=r"step 6: loss is nan on rows 40\.\.47 of the stream .*no resumable state to roll back to: set train\.checkpoint\.every"):
+    with pytest.raises(FatalError, match=r"step 6: loss is nan on rows 40\.\.47 of the stream .*no resumable state to roll back to \(set train\.checkpoint\.every to save them\)"):
         train_corrupted(no_states, cfg(steps=8, checkpoint={"every": None}), corrupt)
     none_left = copy_tokenized(tokenized_run, tmp_path / "max")
     with pytest.raises(FatalError, match=r"step 6: loss is nan .*0 rollback\(s\) already, train\.rollback\.max_rollbacks is 0: stopping"):

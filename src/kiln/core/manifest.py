@@ -57,8 +57,12 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def hashed_settings(config: Mapping[str, Section]) -> dict[str, Any]:
-    """The settings that identify a stage's result (each section less its NOT_HASHED keys), as JSON."""
-    return {k: v.model_dump(mode="json", exclude=set(v.NOT_HASHED)) for k, v in config.items()}
+    """The settings that identify a stage's result (each section less its NOT_HASHED keys), as JSON.
+
+    Keys set to None are left out: a new optional setting left unset does not change the identity
+    of stages that were run before it existed.
+    """
+    return {k: v.model_dump(mode="json", exclude=set(v.NOT_HASHED), exclude_none=True) for k, v in config.items()}
 
 
 def config_hash(config: Mapping[str, Section]) -> str:

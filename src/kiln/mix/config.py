@@ -52,6 +52,13 @@ class MixConfig(Section):
     replay: ReplayConfig | None = Field(default=None, description="Continued pretraining: mix in a share of another run's training data (sources named <run>/<source>) against forgetting; None draws only from this run's sources.")
 
     @model_validator(mode="after")
+    def _replay(self) -> MixConfig:
+        if self.replay is not None and self.adaptive is not None:
+            # The adaptive factors and floor act on every source drawn: the replayed share would drift from replay.fraction.
+            raise ValueError("mix.replay and mix.adaptive together would move the replayed share away from replay.fraction; use one of them")
+        return self
+
+    @model_validator(mode="after")
     def _weights(self) -> MixConfig:
         if self.weights is None:
             return self

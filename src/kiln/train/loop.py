@@ -206,7 +206,7 @@ def describe_rows(rows: list[tuple[int, str]]) -> str:
 
 
 def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path, objective_batches: list[Batch] | None = None, adapt_every: int | None = None, report_windows: int = 10, dp: DataParallel | None = None, parallel: ParallelConfig | None = None, resume_from: Path | None = None, reference_runs: Sequence[Path] = ()) -> TrainResult:
-    """Train a fresh model (model_cfg with its vocab_size resolved) on `batches`; metrics and checkpoint go to out_dir.
+    """Train a model (model_cfg with its vocab_size resolved; fresh, or train.init_from's weights) on `batches`; metrics and checkpoint go to out_dir.
 
     objective_batches: held-out batches built by the training objective, scored at each validation.
     adapt_every: steps between the adaptive mixture's reweightings (None: the mixture is fixed).
@@ -240,7 +240,9 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     saved = restore(resume_from) if resume_from else None
     start = saved["step"] if saved else 0
     if saved:
-        guard.load_state_dict(saved["guard"])
+        if "guard" in saved:  # states written before rollbacks existed have none
+            guard.load_state_dict(saved["guard"])
+        scaler.load_state_dict(saved.get("scaler", {}))
         log.info("train: resuming after step %d from %s", start, resume_from)
     elif dp.is_main:
         truncate_metrics(metrics_path, 0)
@@ -259,7 +261,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
 
     def resumable() -> dict[str, Any]:
         """What a resumable state holds besides model, optimizer and RNGs (JSON)."""
-        return {"batches": batches.state_dict(), "mixture": mixture.state_dict(), "tokens_trained": tokens_trained, "train_flops": train_flops, "val_before": val_before, "guard": guard.state_dict()}
+        return {"batches": batches.state_dict(), "mixture": mixture.state_dict(), "tokens_trained": tokens_trained, "train_flops": train_flops, "val_before": val_before, "guard": guard.state_dict(), "scaler": scaler.state_dict()}
 
     step = start
     try:
@@ -268,9 +270,10 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                 step += 1
                 # This step's sequence length, rows and RoPE base (phases, batch-size warmup).
                 shape = cfg.geometry(step)
-                if shape.rope_theta is not None and shape.rope_theta != core.cfg.rope_theta:
-                    core.set_rope_theta(shape.rope_theta)  # a long-context phase begins
-                    log.info("train: step %d: seq_len %d, RoPE base %g", step, shape.seq_len, shape.rope_theta)
+                # The phase's RoPE base, or the model's own before any phase sets one (also after a rollback to such a step).
+                if (theta := shape.rope_theta if shape.rope_theta is not None else model_cfg.rope_theta) != core.cfg.rope_theta:
+                    core.set_rope_theta(theta)  # a long-context phase begins (or, rolled back, has not yet)
+                    log.info("train: step %d: seq_len %d, RoPE base %g", step, shape.seq_len, theta)
                 lr = lr_at(step, cfg.optim.lr, cfg.schedule.warmup_steps, cfg.steps, cfg.schedule.min_lr_ratio, cfg.schedule.kind, cfg.schedule.decay_fraction) * guard.lr_scale(step)
                 for group in optimizer.param_groups:
                     group["lr"] = lr * group["lr_scale"]  # Muon's matrices have their own peak
@@ -325,7 +328,9 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                 offending = step_rows(micro_batches, list(batches.sources), dp) if fault else []  # a collective, on every rank alike
                 if fault and (back_to := roll_back(step, fault, offending, guard, states, dp, cfg)):
                     saved = restore(back_to)
-                    guard.load_state_dict(saved["guard"], history_only=True)
+                    if "guard" in saved:
+                        guard.load_state_dict(saved["guard"], history_only=True)
+                    scaler.load_state_dict(saved.get("scaler", {}))
                     tokens_trained, train_flops = saved["tokens_trained"], saved["train_flops"]
                     monitor.write({"step": saved["step"], "kind": "rollback", "rollback": {"at_step": step, "to_step": saved["step"], "reason": fault, "rows": [i for i, _ in offending], "sources": [s for _, s in offending], "rollbacks": guard.rollbacks}})
                     monitor.rewind(saved["step"])
@@ -365,9 +370,10 @@ def roll_back(step: int, fault: str, offending: list[tuple[int, str]], guard: Gu
             log.warning("%s; no resumable state to roll back to (train.checkpoint.every), going on", where)
         return None
     if found is None:
-        raise FatalError(f"{where}; there is no resumable state to roll back to: set train.checkpoint.every (and lower train.optim.lr or raise train.schedule.warmup_steps if it recurs)")
+        when = f"none is saved before step {cfg.checkpoint.every}" if cfg.checkpoint.every else "set train.checkpoint.every to save them"
+        raise FatalError(f"{where}; there is no resumable state to roll back to ({when}); if it recurs, lower train.optim.lr or raise train.schedule.warmup_steps")
     if guard.rollbacks >= cfg.rollback.max_rollbacks:
-        raise FatalError(f"{where}; {guard.rollbacks} rollback(s) already, train.rollback.max_rollbacks is {cfg.rollback.max_rollbacks}: stopping. Resume with a lower train.optim.lr, or raise max_rollbacks")
+        raise FatalError(f"{where}; {guard.rollbacks} rollback(s) already, train.rollback.max_rollbacks is {cfg.rollback.max_rollbacks}: stopping. Run the same command again to resume from the newest state, with a higher train.rollback.max_rollbacks, or train.rollback.lr_factor and lr_steps to go through this stretch at a lower lr")
     guard.rolled_back(step)
     if dp.is_main:
         log.warning("%s; rolling back to %s (rollback %d of at most %d), and these rows will be skipped", where, found, guard.rollbacks, cfg.rollback.max_rollbacks)

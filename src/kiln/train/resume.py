@@ -102,8 +102,8 @@ def set_aside_after(root: Path, step: int) -> list[Path]:
 
 
 class States:
-    """The run's resumable states under `root` (a collective object: every rank makes one and calls
-    its methods together)."""
+    """The run's resumable states under `root`. Every rank makes one; save, wait and load are
+    collectives (every rank calls them together), complete and settle are not."""
 
     def __init__(self, root: Path, dp: DataParallel, keep_last: int, keep_every: int | None, async_save: bool = False):
         self.root, self.dp, self.keep_last, self.keep_every, self.async_save = root, dp, keep_last, keep_every, async_save

@@ -8,7 +8,9 @@ replays the data stream from there, discards the offending step's rows when it r
 again (drawing the next rows instead), optionally trains at `lr_factor` x the scheduled lr until
 `lr_steps` steps past the offending one, and goes on; after `max_rollbacks` rollbacks a fault
 stops the run. With no state to go back to (train.checkpoint.every unset, or none saved yet), a
-NaN or Inf stops the run and a spike is logged and trained through. Rollbacks, skips and the lowered-lr window outlive the rollback itself (and are
+NaN or Inf stops the run and a spike is logged and trained through. Rows are skipped by their place in
+the global stream: a replay that draws differently (an adaptive mixture after a lowered lr,
+non-deterministic GPU kernels) skips the rows at the same places, which may hold other data. Rollbacks, skips and the lowered-lr window outlive the rollback itself (and are
 part of every resumable state); the loss history is the state's own.
 Not handled here: finding the state and reloading it (kiln.train.loop, kiln.train.resume).
 """

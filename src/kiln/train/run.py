@@ -28,7 +28,7 @@ import torch
 
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError, FatalError
-from kiln.core.layout import CHECKPOINT, TOKENIZE, TRAIN, RunLayout
+from kiln.core.layout import CHECKPOINT, MANIFEST, TOKENIZE, TRAIN, RunLayout
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs, sha256_file
 from kiln.core.ranks import world_size
 from kiln.model.batch import Batch, RowSource
@@ -167,8 +167,10 @@ def pick_state(stage: Stage, force: bool, from_step: int | None) -> Path | None:
     if states and changes and not force:
         raise FatalError(f"train: {stage.partial_dir} holds an interrupted run whose settings differ from these: {'; '.join(changes)}. Resuming would not continue the same run: restore them, or pass --force to move it aside and start over")
     resumable = bool(states) and stage.partial_matches() and not force
+    if from_step is not None and force:
+        raise FatalError(f"train: --from {from_step} resumes the interrupted run and --force starts over; give one of them")
     if from_step is not None and not resumable:
-        raise FatalError(f"train: --from {from_step} resumes an interrupted run, and {stage.partial_dir / STATES} holds no complete state to resume" + (" (--force starts over)" if force else ""))
+        raise FatalError(f"train: --from {from_step} resumes an interrupted run, and {stage.partial_dir / STATES} holds no complete state to resume" )
     if (stage.final_dir / CHECKPOINT).exists() or not resumable:
         stage.refuse_to_replace([CHECKPOINT, STATES], "checkpoints of another training run (a different config, data, or a finished run)", force)
         return None
@@ -185,9 +187,12 @@ def reference_inputs(layout: RunLayout, reference_runs: Sequence[Path], init_fro
     (with its tokenizer, which must be this run's), the starting checkpoint's weights."""
     inputs = []
     for run in map(RunLayout, reference_runs):
+        if not (run.stage(TRAIN) / MANIFEST).is_file():
+            raise ConfigError(f"mix.replay.run {run.run_dir}: no finished train stage there ({run.stage(TRAIN) / MANIFEST} missing)")
         if sha256_file(run.tokenizer_json) != sha256_file(layout.tokenizer_json):
             raise ConfigError(f"mix.replay.run {run.run_dir} has another tokenizer than this run; set tokenizer.from_run: {run.run_dir} so that ids mean the same tokens")
-        inputs += [p for p in recorded_outputs(run.token_shards) if p.suffix in (".bin", ".idx")]
+        # Its shards, and its train manifest: the replayed shares are what that training read.
+        inputs += [*(p for p in recorded_outputs(run.token_shards) if p.suffix in (".bin", ".idx", ".npy")), run.stage(TRAIN) / MANIFEST]
     if init_from:
         inputs += [Path(init_from) / WEIGHTS, Path(init_from) / CONFIG]
     return inputs
