@@ -81,6 +81,7 @@ def main() -> None:
             sync_s.append(time.perf_counter() - t0)
         newest = sync.complete()[-1]
         size_mb = sum(p.stat().st_size for p in newest.iterdir()) / 2**20
+        files = ", ".join(sorted(p.name for p in newest.iterdir()))
         lazy = States(Path(tmp) / "async", dp, keep_last=1, keep_every=None, async_save=True)
         blocked, total, slowdown = [], [], []
         for i in range(args.repeats):
@@ -99,7 +100,7 @@ def main() -> None:
     sync_save, async_blocked, async_total = statistics.median(sync_s), statistics.median(blocked), statistics.median(total)
     async_cost = async_blocked + sum(slowdown) / args.repeats  # per save: the copy, plus what the writer took from the steps
     train_s = args.every * step_s
-    print(f"state after a step: {size_mb:.1f} MB ({newest.name}: {', '.join(sorted(p.name for p in newest.iterdir()))})")
+    print(f"state after a step: {size_mb:.1f} MB ({newest.name}: {files})")
     print(f"sync save {sync_save:.3f} s (blocks training); async: blocked {async_blocked:.3f} s, written after {async_total:.3f} s, steps meanwhile slowed by {sum(slowdown) / args.repeats:.3f} s in all; load {statistics.median(load_s):.3f} s")
     print(f"one state every {args.every} steps: sync costs {100 * sync_save / (train_s + sync_save):.2f}% of training time, async {100 * async_cost / (train_s + async_cost):.2f}%")
     print(
