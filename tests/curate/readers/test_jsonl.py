@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import xxhash
 import zstandard
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kiln.curate.audit import Ledger
 from kiln.curate.readers import InputConfig, ReadLimits, ReadTask, ReadUnit, read_task
+from kiln.curate.readers.jsonl import JSON_BYTES_PER_TEXT_BYTE
 
 from .helpers import errors, read_inputs
 
@@ -169,10 +170,14 @@ def read_bytes_as_jsonl(tmp_path: Path, data: bytes) -> tuple[list, Ledger]:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(records, max_size=6), st.booleans())
+@example([{"text": "\U00010000" * 40, "meta": {"m": "\x1f" * 60}}, {"text": "ok"}], True)  # 160 text bytes, an 850-byte line
 def test_arbitrary_records_round_trip(tmp_path, recs, ascii_only):
-    data = b"".join(json.dumps(r, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass") + b"\n" for r in recs)
-    docs, ledger = read_bytes_as_jsonl(tmp_path, data)
-    fits = [(i, r) for i, r in enumerate(recs, 1) if len(r["text"].encode("utf-8", "surrogatepass")) <= 200]
+    encoded = [json.dumps(r, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass") for r in recs]
+    docs, ledger = read_bytes_as_jsonl(tmp_path, b"".join(line + b"\n" for line in encoded))
+    # A record is read when its line is within the line limit (escaping can take an astral
+    # character to 12 bytes, a control character to 6) and its text within the cap.
+    line_limit = JSON_BYTES_PER_TEXT_BYTE * 200
+    fits = [(i, r) for i, (r, line) in enumerate(zip(recs, encoded), 1) if len(line) <= line_limit and len(r["text"].encode("utf-8", "surrogatepass")) <= 200]
     clean = [(i, r) for i, r in fits if not any(0xD800 <= ord(c) <= 0xDFFF for c in r["text"] + str(r.get("id", "")) + json.dumps(r.get("meta", {}), ensure_ascii=False))]
     by_line = {d.meta["line"]: d for d in docs}
     for i, r in clean:

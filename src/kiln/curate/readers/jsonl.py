@@ -3,8 +3,11 @@
 Lines are read with `readline(limit)`, so a line longer than the limit is detected after
 reading only the limit, then skipped to the next newline in 1 MB pieces and quarantined
 (`read:too_large`, with its line number): a 100 MB line never exists in memory. The limit is
-4x the text cap, room for JSON escaping (`\\uXXXX` for non-ASCII text) and metadata; a line
-under it whose text is still over the cap is quarantined after parsing. Line numbers start at
+4x the text cap, room for JSON escaping (`\\uXXXX` for non-ASCII text: twice the UTF-8 bytes of
+CJK, three times those of an astral character, six times those of a control character) and
+metadata; a record at the cap whose escaped line is longer still is quarantined as too large,
+with its line number, like any other over-long line. A line under the limit whose text is over
+the cap is quarantined after parsing. Line numbers start at
 1 and count blank lines, which are skipped (they are not records). Which fields become the
 document's meta (a top-level `url`, a `meta` object, kiln's `path` and `line`): records.py.
 Not handled here: JSON
@@ -26,7 +29,7 @@ from kiln.curate.readers.records import MISSING, record_document
 from kiln.curate.readers.streams import STREAM_ERRORS, open_decompressed
 from kiln.curate.readers.task import ReadUnit
 
-JSON_BYTES_PER_TEXT_BYTE = 4  # line limit = this x max_doc_bytes; escaping non-ASCII as \uXXXX at most doubles UTF-8
+JSON_BYTES_PER_TEXT_BYTE = 4  # line limit = this x max_doc_bytes; \uXXXX escaping doubles CJK, triples astral characters
 SKIP_CHUNK_BYTES = 1 << 20
 # Only a line with a \uD800-\uDFFF escape can decode to a lone surrogate.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
