@@ -615,3 +615,19 @@ def test_periodic_validation_and_tensorboard_curves(tokenized: Path, tmp_path: P
     assert [e.value for e in loss] == pytest.approx([r["loss"] for r in step_records(copy)], abs=1e-5)
     assert [e.step for e in board.Scalars("val_loss/all")] == [0, 4, 8, 10]
     assert board.Scalars("val_loss/all")[-1].value == pytest.approx(manifest["counts"]["val_after"]["all"]["loss"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_compiled_training_follows_eager_training(tokenized: Path, tmp_path: Path) -> None:
+    # train.compile=true on the CPU: the blocks and the loss (masks, z-loss, late-position weights)
+    # through torch.compile. Fused kernels round differently, so the losses agree within tolerance.
+    model = MODEL.model_copy(update={"z_loss": 1e-3})
+    settings = {"steps": 6, "objective": "prefix_lm", "late_position_weight": 0.5, "eval_at_start": False, "schedule": {"warmup_steps": 2}}
+    losses = {}
+    for compiled in (False, True):
+        copy = copy_tokenized(tokenized, tmp_path / f"compile-{compiled}")
+        train(model, train_cfg(**settings, compile=compiled), MIX, EvalConfig(max_tokens_per_source=256), copy)
+        losses[compiled] = [r["loss"] for r in step_records(copy)]
+    assert len(losses[True]) == 6
+    assert losses[True] == pytest.approx(losses[False], rel=1e-3)
+    assert losses[True][-1] < losses[True][0] - 0.3  # it trains

@@ -43,9 +43,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         # subtle: normalize in fp32 so bf16 activations do not lose the mean square's precision.
-        x = x_BTD.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return x.type_as(x_BTD) * self.weight
+        # F.rms_norm is one fused kernel each way (the five-op version cost 2.4x as much CPU time, same values).
+        return F.rms_norm(x_BTD.float(), (x_BTD.shape[-1],), eps=self.eps).type_as(x_BTD) * self.weight
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,8 +84,11 @@ class Attention(nn.Module):
             q_BHTE, k_BKTE = self.q_norm(q_BHTE), self.k_norm(k_BKTE)  # over E: bounds the q.k logits
         q_BHTE, k_BKTE = apply_rope(q_BHTE, cos, sin), apply_rope(k_BKTE, cos, sin)
         if self.n_kv != self.n_heads:  # grouped-query: each K/V head serves H/K query heads
-            k_BKTE = k_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-            v_BKTE = v_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            if "attn_mask" in sdpa_kwargs:  # masked SDPA with enable_gqa falls back to the math kernel on CUDA
+                k_BKTE = k_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+                v_BKTE = v_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            else:  # SDPA reads each K/V head for its group: no (B, H, T, E) copies
+                sdpa_kwargs = {**sdpa_kwargs, "enable_gqa": True}
         # sdpa_kwargs: is_causal=True (the fast path), nothing (full), or a (B, 1, T, T) bool attn_mask.
         y_BHTE = F.scaled_dot_product_attention(q_BHTE, k_BKTE, v_BKTE, **sdpa_kwargs)
         return self.wo(y_BHTE.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))

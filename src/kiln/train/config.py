@@ -68,7 +68,7 @@ class TrainConfig(Section):
     batch_warmup: BatchWarmupConfig | None = Field(default=None, description="Ramp tokens per step from a share of global_batch_tokens over the first steps (recommended after a restart); None: full batches from step 1.")
     activation_checkpointing: Literal["none", "selective", "full"] = Field(default="none", description="Recompute activations in the backward pass to save memory: full (each checkpointed block keeps only its input), selective (keeps matmul and attention outputs, recomputes the cheap element-wise ops), or none.")
     checkpoint_every_k_blocks: int = Field(default=1, ge=1, description="With activation checkpointing: checkpoint every k-th block (1: all).")
-    compile: bool | None = Field(default=None, description="torch.compile each block; None means on for cuda, off on cpu (compiling takes longer than a short CPU run).")
+    compile: bool | None = Field(default=None, description="torch.compile each block and the loss; None means on for cuda, off on cpu (compiling takes longer than a short CPU run).")
     init_from: str | None = Field(default=None, description="Continued pretraining: start from this kiln checkpoint folder (model.safetensors + config.json, e.g. runs/base/train/checkpoint) instead of random weights; the model section must describe the same model, the tokenizer must be its run's (tokenizer.from_run). The optimizer starts fresh: use a lower optim.lr and a short schedule.warmup_steps.")
     late_position_weight: float = Field(default=0.0, ge=0, description="Weight the loss towards later positions of each row: position t counts 1 + w * t / (T - 1), normalised to mean 1 (long-context training); 0 weighs all alike.")
 

@@ -171,13 +171,18 @@ class StopRequest:
             signal.signal(sig, handler)
 
 
+def compiling(cfg: TrainConfig, device: torch.device) -> bool:
+    """train.compile, where None means on for cuda and off on the CPU."""
+    return cfg.compile if cfg.compile is not None else device.type == "cuda"
+
+
 def build_parallel_model(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision, dp: DataParallel, parallel: ParallelConfig) -> tuple[nn.Module, Transformer]:
     """(the model the loop steps: wrapped for data parallelism, the Transformer inside it)."""
     core = build_model(model_cfg, cfg.seed, dp.device)  # the same seed on every rank: the same initial weights
     if cfg.init_from:  # continued pretraining: every rank reads the same starting weights
         load_weights_into(core, Path(cfg.init_from))
     apply_activation_checkpointing(core, cfg.activation_checkpointing, cfg.checkpoint_every_k_blocks)
-    if cfg.compile if cfg.compile is not None else dp.device.type == "cuda":
+    if compiling(cfg, dp.device):
         apply_compile(core)
     model = parallelize(core, dp, parallel, precision.amp_dtype)
     return model, unwrap(model)  # type: ignore[return-value]
@@ -219,6 +224,9 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     dp = dp or DataParallel(0, 1, 1, 1, precision.device)
     device = dp.device
     model, core = build_parallel_model(model_cfg, cfg, precision, dp, parallel or ParallelConfig())
+    # Compiled along with the blocks: one fused pass over the (B, T, V) logits for the log-softmax,
+    # the target gather and the mask, and one back (eager reads and writes them several times).
+    loss_of = torch.compile(lm_loss) if compiling(cfg, device) else lm_loss
     optimizer = build_optimizer(model, cfg.optim)
     # fp16 autocast needs dynamic loss scaling (bf16 has fp32's exponent range and does not).
     scaler = torch.amp.GradScaler(device.type, enabled=precision.amp_dtype == torch.float16)
@@ -304,7 +312,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                         # Outside autocast: the cross-entropy runs in fp32. Summed over kept positions and
                         # divided by step_tokens, so the accumulated gradient is that of the step's token mean.
                         # Expected: about ln V at step 1 (9.01 nats for the demo's 8192 tokens).
-                        loss = lm_loss(logits_BTV, batch, step_tokens, model_cfg.z_loss, cfg.late_position_weight)
+                        loss = loss_of(logits_BTV, batch, step_tokens, model_cfg.z_loss, cfg.late_position_weight)
                         # grad_scale: DDP and FSDP2 average over ranks; the step's gradient is the sum of the ranks' shares.
                         scaler.scale(loss.value * dp.grad_scale).backward()
                     source_loss.index_add_(0, batch.source_B, loss.row_mean_B)
