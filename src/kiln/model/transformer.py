@@ -84,11 +84,8 @@ class Attention(nn.Module):
             q_BHTE, k_BKTE = self.q_norm(q_BHTE), self.k_norm(k_BKTE)  # over E: bounds the q.k logits
         q_BHTE, k_BKTE = apply_rope(q_BHTE, cos, sin), apply_rope(k_BKTE, cos, sin)
         if self.n_kv != self.n_heads:  # grouped-query: each K/V head serves H/K query heads
-            if "attn_mask" in sdpa_kwargs:  # masked SDPA with enable_gqa falls back to the math kernel on CUDA
-                k_BKTE = k_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-                v_BKTE = v_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-            else:  # SDPA reads each K/V head for its group: no (B, H, T, E) copies
-                sdpa_kwargs = {**sdpa_kwargs, "enable_gqa": True}
+            k_BKTE = k_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            v_BKTE = v_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         # sdpa_kwargs: is_causal=True (the fast path), nothing (full), or a (B, 1, T, T) bool attn_mask.
         y_BHTE = F.scaled_dot_product_attention(q_BHTE, k_BKTE, v_BKTE, **sdpa_kwargs)
         return self.wo(y_BHTE.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
