@@ -11,9 +11,10 @@ Its width is chosen so its parameter count is within 2% of kiln's model at the s
 heads (demo: d_model 248, 5,060,688 against kiln's 5,048,576). Parameters are counted as
 `sum(p.numel())` over each model's parameters: the tied token table once on both sides, the
 baseline's position table included (kiln's RoPE has none).
-Its peak lr, 3e-3, is the best of a sweep on the demo (`--sweep`; final validation loss after
-450 steps: 1.5e-3 5.262, 2e-3 5.191, 3e-3 5.185, 4e-3 5.291; 6e-3 trailed 3e-3 by 0.35 nats of
-training loss at step 300 and was stopped there).
+Its peak lr, 3e-3, is the best of a sweep on the demo (`--sweep`, run while this benchmark was
+written; final validation loss after 450 steps: 1.5e-3 5.262, 2e-3 5.191, 3e-3 5.185, 4e-3
+5.291; 6e-3 trailed 3e-3 by 0.35 nats of training loss at step 300 and was stopped there; the
+finished benchmark's own baseline run at 3e-3 gives 5.1878).
 
 Same data: the baseline draws its batches from kiln's own sampler and collator
 (kiln.mix.sampler over the run's train shards, kiln.train.collate), so step n of both reads the
