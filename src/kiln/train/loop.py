@@ -237,10 +237,15 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     guard = Guard(cfg.rollback, check_grad_norm=not scaler.is_enabled())
     metrics_path = out_dir / RunLayout(run_dir).metrics.name
 
-    def restore(folder: Path) -> dict[str, Any]:
+    def restore(folder: Path, rollback: bool = False) -> dict[str, Any]:
+        """Load a resumable state into everything the loop carries; a rollback keeps the guard's
+        rollbacks, skips and lowered-lr window as they are now."""
         saved = states.load(folder, model, optimizer)
         batches.load_state_dict(saved["batches"])
         mixture.load_state_dict(saved["mixture"])
+        if "guard" in saved:  # states written before rollbacks existed have none
+            guard.load_state_dict(saved["guard"], history_only=rollback)
+        scaler.load_state_dict(saved.get("scaler", {}))
         if dp.is_main:
             truncate_metrics(metrics_path, saved["step"])
         return saved
@@ -248,9 +253,6 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     saved = restore(resume_from) if resume_from else None
     start = saved["step"] if saved else 0
     if saved:
-        if "guard" in saved:  # states written before rollbacks existed have none
-            guard.load_state_dict(saved["guard"])
-        scaler.load_state_dict(saved.get("scaler", {}))
         log.info("train: resuming after step %d from %s", start, resume_from)
     elif dp.is_main:
         truncate_metrics(metrics_path, 0)
@@ -335,10 +337,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                 fault = guard.check(step_loss, grad_norm.item())
                 offending = step_rows(micro_batches, list(batches.sources), dp) if fault else []  # a collective, on every rank alike
                 if fault and (back_to := roll_back(step, fault, offending, guard, states, dp, cfg)):
-                    saved = restore(back_to)
-                    if "guard" in saved:
-                        guard.load_state_dict(saved["guard"], history_only=True)
-                    scaler.load_state_dict(saved.get("scaler", {}))
+                    saved = restore(back_to, rollback=True)
                     tokens_trained, train_flops = saved["tokens_trained"], saved["train_flops"]
                     monitor.write({"step": saved["step"], "kind": "rollback", "rollback": {"at_step": step, "to_step": saved["step"], "reason": fault, "rows": [i for i, _ in offending], "sources": [s for _, s in offending], "rollbacks": guard.rollbacks}})
                     monitor.rewind(saved["step"])

@@ -170,7 +170,7 @@ def pick_state(stage: Stage, force: bool, from_step: int | None) -> Path | None:
     if from_step is not None and force:
         raise FatalError(f"train: --from {from_step} resumes the interrupted run and --force starts over; give one of them")
     if from_step is not None and not resumable:
-        raise FatalError(f"train: --from {from_step} resumes an interrupted run, and {stage.partial_dir / STATES} holds no complete state to resume" )
+        raise FatalError(f"train: --from {from_step} resumes an interrupted run, and {stage.partial_dir / STATES} holds no complete state to resume")
     if (stage.final_dir / CHECKPOINT).exists() or not resumable:
         stage.refuse_to_replace([CHECKPOINT, STATES], "checkpoints of another training run (a different config, data, or a finished run)", force)
         return None
