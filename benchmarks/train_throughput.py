@@ -48,6 +48,7 @@ from kiln.core.manifest import read_manifest
 from kiln.mix.sampler import build_sampler
 from kiln.model.batch import BatchSource
 from kiln.model.config import ModelConfig, count_params, flops_per_token, get_preset
+from kiln.model.hf import hf_config, to_hf_state
 from kiln.model.init import build_model
 from kiln.model.perplexity import ScoringConfig
 from kiln.model.precision import Precision
@@ -58,7 +59,7 @@ from kiln.train.config import TrainConfig
 from kiln.train.loop import build_precision, train
 from kiln.train.monitor import device_peak_flops
 from kiln.train.objectives import token_ids
-from kiln.train.optim import OptimConfig
+from kiln.train.optim import FUSED_ADAMW_DEVICES, OptimConfig
 from kiln.train.schedule import lr_at
 
 IMPLEMENTATIONS = ("kiln", "kiln_compiled", "torch", "hf")
@@ -202,23 +203,13 @@ class RefLlama(nn.Module):
 
 # --- Hugging Face ----------------------------------------------------------------------------
 
-HF_NAMES = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm", "attn.wq": "self_attn.q_proj", "attn.wk": "self_attn.k_proj", "attn.wv": "self_attn.v_proj", "attn.wo": "self_attn.o_proj", "mlp.w_gate": "mlp.gate_proj", "mlp.w_up": "mlp.up_proj", "mlp.w_down": "mlp.down_proj"}
-
-
 def hf_llama(cfg: ModelConfig, kiln_state: dict[str, torch.Tensor]) -> transformers.LlamaForCausalLM:
-    """LlamaForCausalLM of kiln's shape holding kiln's weights."""
-    hf_cfg = transformers.LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.hidden, num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads, max_position_embeddings=cfg.max_seq_len,
-        rms_norm_eps=cfg.norm_eps, rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        tie_word_embeddings=cfg.tie_embeddings, attention_bias=False, mlp_bias=False, attn_implementation="sdpa",
-        use_cache=False,  # a training loop keeps no KV cache (forward would fill a DynamicCache)
-    )
-    model = transformers.LlamaForCausalLM(hf_cfg)
-    state = {"model.embed_tokens.weight": kiln_state["embed.weight"], "model.norm.weight": kiln_state["norm.weight"], "lm_head.weight": kiln_state["lm_head.weight"]}
-    for i in range(cfg.n_layers):
-        state |= {f"model.layers.{i}.{hf}.weight": kiln_state[f"blocks.{i}.{ours}.weight"] for ours, hf in HF_NAMES.items()}
-    model.load_state_dict(state)
+    """LlamaForCausalLM of kiln's shape holding kiln's weights (the config and names `kiln export` writes)."""
+    settings = {k: v for k, v in hf_config(cfg, eot_id=0, pad_id=1).items() if k not in ("architectures", "model_type", "torch_dtype")}
+    # use_cache off: a training loop keeps no KV cache (forward would fill a DynamicCache).
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**settings | {"use_cache": False}, attn_implementation="sdpa"))
+    missing, unexpected = model.load_state_dict(to_hf_state(kiln_state, cfg), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)  # a tied head is the embedding
     return model
 
 
@@ -226,10 +217,10 @@ def hf_llama(cfg: ModelConfig, kiln_state: dict[str, torch.Tensor]) -> transform
 
 
 def adamw(model: nn.Module, o: OptimConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW as kiln configures it by default: weight decay on matrices (embedding included), not on norm gains."""
+    """AdamW as kiln configures it by default: weight decay on matrices (embedding included), not on norm gains, the fused kernel where kiln uses it."""
     params = list(model.parameters())  # a tied weight comes once
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay}, {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=1e-8, fused=device.type == "cuda")
+    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=1e-8, fused=device.type in FUSED_ADAMW_DEVICES)
 
 
 def synchronize(device: torch.device) -> None:

@@ -23,8 +23,8 @@ from kiln.model.config import ModelConfig, count_params
 pytestmark = pytest.mark.slow
 
 KILN = Path(sys.executable).with_name("kiln")
-STAGES = ("curate", "tokenizer", "tokenize", "train", "eval", "generate")
-UPSTREAM = {"curate": [], "tokenizer": ["curate"], "tokenize": ["curate", "tokenizer"], "train": ["tokenize"], "eval": ["tokenize", "train"], "generate": ["train"]}
+STAGES = ("curate", "tokenizer", "tokenize", "train", "eval", "generate", "export")
+UPSTREAM = {"curate": [], "tokenizer": ["curate"], "tokenize": ["curate", "tokenizer"], "train": ["tokenize"], "eval": ["tokenize", "train"], "generate": ["train"], "export": ["curate", "tokenizer", "tokenize", "train", "eval"]}
 OVERRIDES = [
     "curate.max_total_mb=2",
     "tokenizer.vocab_size=512",
@@ -117,6 +117,29 @@ def test_every_stage_records_its_upstream_manifests(demo: dict[str, Any]) -> Non
             path = run_dir / stage / out["path"]
             assert path.stat().st_size == out["bytes"] and sha256_file(path) == out["sha256"]
     assert (run_dir / "recipe.yaml").is_file()
+
+
+def test_the_exported_demo_model_runs_in_transformers_with_kilns_logits_and_card(demo: dict[str, Any]) -> None:
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from kiln.model.weights import load_trained_model
+    from kiln.text.tokenizer import KilnTokenizer
+
+    folder = demo["run_dir"] / "export" / "hf"
+    assert demo["summary"]["hf_folder"] == str(folder) and f"Hugging Face folder: {folder}" in demo["stdout"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    ours = load_trained_model(demo["run_dir"] / "train" / "checkpoint")
+    text = (Path(json.__file__)).read_text()[:3000]  # real code the demo model has seen the like of
+    ids = KilnTokenizer.load(demo["run_dir"] / "tokenizer" / "tokenizer.json").encode(text)[:64]
+    assert hf_tok(text).input_ids[:64] == ids
+    with torch.no_grad():
+        assert (ours(torch.tensor([ids])) - hf(torch.tensor([ids])).logits).abs().max().item() < 1e-4
+    card = (folder / "README.md").read_text()
+    for expected in ("## Data", "| code |", "## Tokenizer", "## Training", f"{60 * 8 * 64:,} tokens", "## Evaluation", "| all |", "## Lineage"):
+        assert expected in card, expected
+    assert demo["manifests"]["train"]["fingerprint"] in card
 
 
 def test_first_run_is_quick(demo: dict[str, Any]) -> None:

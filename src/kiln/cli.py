@@ -29,6 +29,7 @@ STAGE_VERBS = {
     "train": ("train", "Train the decoder on token shards; write a checkpoint and per-step metrics."),
     "eval": ("eval", "Validation loss, perplexity and bits per byte per source for the trained checkpoint."),
     "generate": ("generate", "Sample text from the trained checkpoint (prompt and sampling settings in the recipe's generate section)."),
+    "export": ("export", "Write the trained model as a Hugging Face folder (export/hf/, and OUT when given) that transformers' Auto classes load offline: Llama (Qwen3 with QK-norm) config, safetensors, kiln's tokenizer, generation config, a model card from the run's manifests."),
 }
 
 # `kiln quality` subcommands: help.
@@ -42,13 +43,15 @@ SECTIONS = {
     "quality": ("quality",),
     "train-tokenizer": ("tokenizer", "model"),
     "extend-tokenizer": (),
+    "import-hf": (),
     "tokenize": ("tokenize",),
     "train": ("model", "train", "mix", "parallel", "eval"),
     "eval": ("eval",),
     "generate": ("generate",),
+    "export": ("export", "generate"),
     "plan": ("model", "train"),
     "sweep": ("model", "train"),
-    "demo": ("curate", "tokenizer", "tokenize", "mix", "model", "train", "eval", "generate"),
+    "demo": ("curate", "tokenizer", "tokenize", "mix", "model", "train", "eval", "generate", "export"),
 }
 
 EPILOG = """examples:
@@ -112,8 +115,20 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--dry-run", action="store_true", help="Print the planned data mixture over training (a table per phase: weights, tokens and epochs per source) and stop; nothing is trained or written.")
             p.add_argument("--from", dest="from_step", type=int, metavar="STEP", help="Resume the interrupted run from its resumable state after STEP instead of the newest (later states are moved aside into checkpoints/superseded-<time>/).")
             p.add_argument("--nproc", type=int, metavar="N", help="Train with N processes on this machine: runs `torchrun --standalone --nproc-per-node N -m kiln train` with the other arguments (the parallel section lays them out).")
+        if verb == "eval":
+            p.add_argument("--data", dest="data_files", action="append", default=[], metavar="PATH", help="Also score this text, JSONL or Parquet file (per file and per `source` field); repeatable; replaces eval.data.")
+            p.add_argument("--task", dest="tasks", action="append", default=[], metavar="TASK.jsonl", help="Also score this multiple-choice task (JSONL: context or query, choices, label) zero-shot; repeatable; replaces eval.tasks.")
+        if verb == "generate":
+            p.add_argument("--prompt-file", metavar="FILE", help="Complete every prompt of FILE (JSONL with a `prompt` field, or one prompt per line) into generate/samples.jsonl (same as --set generate.prompt_file=FILE).")
+        if verb == "export":
+            p.add_argument("out", nargs="?", metavar="OUT", help="Also copy the folder here (same as --set export.out=OUT); an existing folder is replaced only when it holds an earlier export, or with --force.")
+            p.add_argument("--format", dest="export_format", choices=["hf"], help="Output format (same as --set export.format=...): hf, a Hugging Face transformers folder.")
         if verb == "train-tokenizer":
             p.add_argument("--sweep", metavar="N,N,...", type=vocab_sizes, help="Train one tokenizer per vocabulary size on the same sample into tokenizer-sweep/ and print their reports side by side (the stage's own tokenizer is left as it is).")
+    p = add("import-hf", "Turn a Llama (or Qwen3) Hugging Face folder with kiln's tokenizer into a kiln run (tokenizer/ and train/checkpoint/ with manifests): ready for generate, export, eval --data and continued pretraining.")
+    _common(p)
+    p.add_argument("folder", metavar="DIR", help="The Hugging Face folder: config.json, model.safetensors (or shards with model.safetensors.index.json), tokenizer.json.")
+    p.add_argument("--run", metavar="NAME", help="Run name (same as --set name=NAME): writes runs/NAME/.")
     p = add("extend-tokenizer", "Add domain terms to the run's trained tokenizer as whole tokens (printing each term's token count before and after) and give the run's train checkpoint (or --checkpoint) embedding and output rows for them; writes tokenizer-extended/.")
     _common(p)
     p.add_argument("--terms", required=True, metavar="FILE", help="UTF-8 file, one term per line (one pre-split piece, such as a word; it is added after a space and bare).")
@@ -134,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("sweep", "Train a grid of small models (sizes x steps) on the recipe's data, sharing its curate/tokenize stages, to feed `kiln plan fit`.")
     _common(p)
     add_sweep_arguments(p)
-    _common(add("demo", "Run every stage (curate, train-tokenizer, tokenize, train, eval, generate) and write <run>/summary.json. Finished stages are skipped."))
+    _common(add("demo", "Run every stage (curate, train-tokenizer, tokenize, train, eval, generate, export) and write <run>/summary.json. Finished stages are skipped."))
     return parser
 
 
@@ -158,6 +173,16 @@ def recipe_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str
         overrides.insert(0, "curate.decontaminate.eval_sets=" + json.dumps([{"path": p} for p in eval_sets]))
     if run:
         overrides.insert(0, f"name={json.dumps(run)}")
+    if getattr(args, "data_files", None):
+        overrides.insert(0, "eval.data=" + json.dumps(args.data_files))
+    if getattr(args, "tasks", None):
+        overrides.insert(0, "eval.tasks=" + json.dumps(args.tasks))
+    if getattr(args, "prompt_file", None):
+        overrides.insert(0, f"generate.prompt_file={json.dumps(args.prompt_file)}")
+    if getattr(args, "out", None):
+        overrides.insert(0, f"export.out={json.dumps(args.out)}")
+    if getattr(args, "export_format", None):
+        overrides.insert(0, f"export.format={args.export_format}")
     if recipe is None and not inputs:
         recipe = "demo"
     if recipe is None and not run:
@@ -174,6 +199,11 @@ def run_verb(args: argparse.Namespace, recipe: Recipe) -> dict[str, Any]:
 
         train = train_lm if args.quality_verb == "train-lm" else train_classifier
         manifest = train(recipe.quality, recipe.curate, recipe.run_dir, args.force)
+    elif args.verb == "import-hf":
+        from kiln.evaluate.config import ImportConfig
+        from kiln.evaluate.import_hf import run as import_hf
+
+        return import_hf(ImportConfig(source=args.folder), recipe.run_dir, args.force)  # no recipe made this run: none is saved
     elif args.verb == "extend-tokenizer":
         from kiln.tokenize.extend import ExtendConfig
         from kiln.tokenize.extend import run as extend_tokenizer

@@ -21,7 +21,7 @@ from kiln.recipe import Recipe, recipe_to_yaml
 
 log = logging.getLogger("kiln")
 
-STAGES = ("curate", "tokenizer", "tokenize", "train", "eval", "generate")
+STAGES = ("curate", "tokenizer", "tokenize", "train", "eval", "generate", "export")
 # The model must visibly learn: final validation loss at least this fraction below step 0's.
 MIN_LOSS_DROP = 0.30
 
@@ -51,11 +51,26 @@ def _runner(stage: str) -> Callable[..., dict[str, Any]]:
         return train_stage
     if stage == "eval":
         from kiln.evaluate.run import run as evaluate
-        return lambda r, force: evaluate(r.eval, r.run_dir, force)
+        return lambda r, force: evaluate(r.eval, r.run_dir, force, read_for_eval)
     if stage == "generate":
         from kiln.evaluate.generate import run as generate
         return lambda r, force: generate(r.generate, r.run_dir, force)
+    if stage == "export":
+        from kiln.evaluate.export import run as export
+        return lambda r, force: export(r.export, r.generate, r.run_dir, force)
     raise ValueError(f"unknown stage {stage!r}")
+
+
+def read_for_eval(path: Path) -> tuple[list[tuple[str, str]], list[str]]:
+    """`kiln eval --data`: a file's documents as curate reads them, (source, text) each, and a line
+    per record that could not be read (kiln.evaluate.run.ReadFile)."""
+    from kiln.curate.audit import Ledger
+    from kiln.curate.readers import InputConfig, ReadLimits, plan_reads, read_task
+
+    ledger = Ledger()
+    tasks = plan_reads((InputConfig(path=str(path)),), None, 1 << 40)  # one task: the file whole
+    docs = [(d.source, d.text) for task in tasks for d in read_task(task, ReadLimits(), ledger)]
+    return docs, [f"{q.get('file', path)}:{q.get('position', '?')}: {q.get('error', 'unreadable')}" for q in ledger.quarantined]
 
 
 def dry_run_train(recipe: Recipe) -> str:
@@ -131,6 +146,7 @@ def build_summary(m: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "val_bpb_before": {**{s: r["bpb"] for s, r in before["sources"].items()}, "all": before["all"]["bpb"]},
         "val_bpb_after": {**{s: r["bpb"] for s, r in after["sources"].items()}, "all": after["all"]["bpb"]},
         "sample": m["generate"]["counts"]["sample"],
+        "hf_folder": m["export"]["counts"]["folder"],
     }
     drop = 1 - after["all"]["loss"] / before["all"]["loss"]
     summary["val_loss_drop"] = round(drop, 4)
@@ -163,6 +179,7 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append("validation loss per source, from the starting model (negative: gained; positive: forgotten):")
         lines += [f"  {source:<12} {c['before']:.3f} -> {c['after']:.3f} ({c['change']:+.3f})" for source, c in change.items()]
     lines.append(f"sample: {s['sample']!r}")
+    lines.append(f"Hugging Face folder: {s['hf_folder']} (AutoModelForCausalLM.from_pretrained loads it)")
     if not s["learned"] and change:
         lines.append("WARNING: this run's own sources did not all gain; train longer or raise train.optim.lr")
     elif not s["learned"]:

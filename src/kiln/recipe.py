@@ -19,7 +19,7 @@ from kiln.core.config import Section
 from kiln.core.errors import ConfigError
 from kiln.curate.config import CurateConfig
 from kiln.curate.quality.config import QualityConfig
-from kiln.evaluate.config import EvalConfig, GenerateConfig
+from kiln.evaluate.config import EvalConfig, ExportConfig, GenerateConfig
 from kiln.mix.config import MixConfig
 from kiln.model.config import ModelConfig
 from kiln.tokenize.config import TokenizeConfig, TokenizerConfig
@@ -42,6 +42,7 @@ class Recipe(Section):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="How the processes torchrun starts share the model: DDP replicas, FSDP2 shards or both.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Validation loss, perplexity, bits per byte.")
     generate: GenerateConfig = Field(default_factory=GenerateConfig, description="Sampling text from the trained model.")
+    export: ExportConfig = Field(default_factory=ExportConfig, description="Writing the trained model as a Hugging Face folder.")
 
     @model_validator(mode="after")
     def _cross_section(self) -> Recipe:

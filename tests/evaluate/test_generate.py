@@ -1,4 +1,5 @@
-"""kiln.evaluate.generate: top-k and top-p by hand, greedy decoding, stopping at end of document."""
+"""kiln.evaluate.generate: the sampling filters by hand, greedy decoding, stopping, and the KV cache
+against full recomputation (alone and in left-padded batches)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import torch
 from torch import nn
 
 from kiln.evaluate.config import GenerateConfig
-from kiln.evaluate.generate import filter_logits, generate
+from kiln.evaluate.generate import complete, filter_logits, generate, penalize_repeats, positions
 from kiln.model.config import ModelConfig
 from kiln.model.init import build_model
+from kiln.model.kv_cache import KVCache
 from kiln.model.transformer import Transformer
 from kiln.text.specials import FIXED_SPECIALS
 from kiln.text.tokenizer import KilnTokenizer, train_bpe
@@ -51,6 +53,19 @@ def test_top_p_applies_to_the_top_k_renormalized_distribution() -> None:
     # top_k=3 leaves 0.4, 0.3, 0.2 -> renormalized 0.444, 0.333, 0.222. For p=0.75 the first two
     # reach 0.778, so id 2 goes (without top_k, 0.4 + 0.3 = 0.7 < 0.75 and id 2 would stay).
     assert kept(filter_logits(LOGITS, top_k=3, top_p=0.75)) == {1, 3}
+
+
+@pytest.mark.parametrize(("min_p", "expected"), [(0.6, {1, 3}), (0.45, {1, 2, 3}), (0.8, {1}), (0.2, {0, 1, 2, 3})])
+def test_min_p_drops_tokens_below_a_share_of_the_top_probability(min_p: float, expected: set[int]) -> None:
+    # top probability 0.4: min_p 0.6 keeps p >= 0.24 (0.4, 0.3), 0.45 keeps p >= 0.18 (and 0.2), 0.8 keeps p >= 0.32.
+    assert kept(filter_logits(LOGITS, top_k=None, top_p=None, min_p=min_p)) == expected
+
+
+def test_repetition_penalty_by_hand() -> None:
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
+    seen = torch.tensor([[True, True, False, False]])
+    assert penalize_repeats(logits, seen, 2.0).tolist() == [[1.0, -2.0, 0.5, 3.0]]  # seen: 2/2, -1*2; unseen unchanged
+    assert torch.equal(penalize_repeats(logits, seen, 1.0), logits)
 
 
 def test_filtered_softmax_renormalizes() -> None:
@@ -169,3 +184,67 @@ def test_autocast_dtype_is_applied_and_keeps_a_clear_choice(tokenizer: KilnToken
     model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
     generate(model, tokenizer, cfg.model_copy(update={"max_new_tokens": 1}), torch.bfloat16)
     assert seen == [torch.bfloat16]  # the head ran under autocast (the logits are cast back to fp32)
+
+
+def sharp_model(tokenizer: KilnTokenizer, **options: object) -> Transformer:
+    """A random model with large weights: logits that differ clearly from position to position."""
+    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=64, n_layers=3, n_heads=4, max_seq_len=48, init_std=0.2, **options)  # type: ignore[arg-type]
+    return build_model(cfg, 0, "cpu").eval()
+
+
+@pytest.mark.parametrize("options", [{}, {"n_kv_heads": 2}, {"n_kv_heads": 1, "qk_norm": True}])
+def test_cached_decoding_gives_the_full_forwards_logits_at_every_position(tokenizer: KilnTokenizer, options: dict) -> None:
+    model = sharp_model(tokenizer, **options)
+    ids_1T = torch.randint(0, tokenizer.vocab_size, (1, 40), generator=torch.Generator().manual_seed(3))
+    cache = KVCache(model.cfg.n_layers, model.cfg.max_seq_len)
+    with torch.no_grad():
+        full_TV = model(ids_1T)[0]
+        steps = [model(ids_1T[:, :7], cache=cache)[0]]  # a 7-token prompt, then one token at a time
+        steps += [model(ids_1T[:, t : t + 1], cache=cache)[0] for t in range(7, 40)]
+    cached_TV = torch.cat(steps)
+    assert full_TV.std() > 1.0 and cache.length == 40
+    assert (cached_TV - full_TV).abs().max().item() < 5e-5  # fp32 rounding of other matmul shapes
+
+
+def test_a_left_padded_row_gets_the_logits_it_gets_alone(tokenizer: KilnTokenizer) -> None:
+    model = sharp_model(tokenizer, n_kv_heads=2)
+    gen = torch.Generator().manual_seed(4)
+    rows = [torch.randint(0, tokenizer.vocab_size, (n,), generator=gen) for n in (12, 5, 9)]
+    P, extra = 12, 6  # prompts padded on the left to 12, then 6 tokens decoded one by one
+    ids_BN = torch.full((3, P + extra), tokenizer.pad_id)
+    valid_BN = torch.zeros(3, P + extra, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        ids_BN[b, P - len(r) : P], valid_BN[b, P - len(r) : P] = r, True
+    ids_BN[:, P:] = torch.randint(0, tokenizer.vocab_size, (3, extra), generator=gen)
+    valid_BN[:, P:] = True
+    cache = KVCache(model.cfg.n_layers, model.cfg.max_seq_len)
+    with torch.no_grad():
+        out = [model(ids_BN[:, :P], positions_BT=positions(valid_BN[:, :P]), cache=cache, valid_BT=valid_BN[:, :P])]
+        for n in range(P + 1, P + extra + 1):
+            out.append(model(ids_BN[:, n - 1 : n], positions_BT=positions(valid_BN[:, :n])[:, -1:], cache=cache, valid_BT=valid_BN[:, n - 1 : n]))
+        batch_BNV = torch.cat(out, dim=1)
+        for b, r in enumerate(rows):
+            alone_TV = model(torch.cat([r, ids_BN[b, P:]])[None])[0]
+            assert (batch_BNV[b, P - len(r) :] - alone_TV).abs().max().item() < 5e-5
+
+
+def test_batched_prompts_complete_as_each_would_alone_with_and_without_the_cache(tokenizer: KilnTokenizer) -> None:
+    model = sharp_model(tokenizer, n_kv_heads=2)
+    prompts = ["def parse(value):", "The", "", "for i in range(10):\n\tprint"]
+    cfg = GenerateConfig(max_new_tokens=30, temperature=0)  # 30 new tokens pass the 48-token context: the window slides
+    batch = complete(model, tokenizer, prompts, cfg)
+    assert batch == [complete(model, tokenizer, [p], cfg)[0] for p in prompts]
+    assert batch == complete(model, tokenizer, prompts, cfg.model_copy(update={"use_cache": False}))
+    assert {c.finish_reason for c in batch} <= {"length", "end_of_document"} and any(c.new_tokens == 30 for c in batch)
+
+
+def test_a_stop_string_ends_the_completion_before_it(tokenizer: KilnTokenizer) -> None:
+    token = tokenizer.encode("fox")[0]
+    piece = tokenizer.decode([token])
+    stop = piece[-1] + piece[0]  # where one piece meets the next
+    assert len(piece) >= 2 and stop not in piece
+    model = always_predicts(model_for(tokenizer), token)
+    done = complete(model, tokenizer, ["The ", "A "], GenerateConfig(max_new_tokens=10, temperature=0, stop=[stop, "zzz"]))
+    for c in done:
+        assert (c.completion, c.new_tokens, c.finish_reason) == (piece[:-1], 2, "stop")
+    assert complete(model, tokenizer, ["The "], GenerateConfig(max_new_tokens=3, temperature=0))[0].finish_reason == "length"

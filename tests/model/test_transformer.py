@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.model.config import ModelConfig
+from kiln.model.hf import hf_config, to_hf_state
 from kiln.model.init import build_model
 from kiln.model.transformer import RMSNorm, Transformer, apply_rope, rope_tables
 
@@ -206,32 +207,16 @@ def test_sequence_longer_than_max_seq_len_is_refused() -> None:
         model(torch.zeros(1, 9, dtype=torch.long))
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_logits_match_hugging_face_llama(tied: bool) -> None:
+@pytest.mark.parametrize(("options", "architecture"), [({"tie_embeddings": False}, "LlamaForCausalLM"), ({"tie_embeddings": True}, "LlamaForCausalLM"), ({"qk_norm": True}, "Qwen3ForCausalLM")])
+def test_logits_match_hugging_face_through_kilns_name_map(options: dict, architecture: str) -> None:
     transformers = pytest.importorskip("transformers")
-    cfg = small_cfg(n_heads=4, n_kv_heads=2, ffn_hidden=48, tie_embeddings=tied, norm_eps=1e-6)
+    cfg = small_cfg(n_heads=4, n_kv_heads=2, ffn_hidden=48, norm_eps=1e-6, **options)
     ours = seeded_model(cfg)
-    hf_cfg = transformers.LlamaConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.d_model,
-        intermediate_size=cfg.hidden,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.kv_heads,
-        max_position_embeddings=cfg.max_seq_len,
-        rms_norm_eps=cfg.norm_eps,
-        tie_word_embeddings=tied,
-        attention_bias=False,
-        mlp_bias=False,
-    )
-    hf = transformers.LlamaForCausalLM(hf_cfg).eval()
-    names = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm", "attn.wq": "self_attn.q_proj", "attn.wk": "self_attn.k_proj", "attn.wv": "self_attn.v_proj", "attn.wo": "self_attn.o_proj", "mlp.w_gate": "mlp.gate_proj", "mlp.w_up": "mlp.up_proj", "mlp.w_down": "mlp.down_proj"}
-    state = {"model.embed_tokens.weight": ours.embed.weight, "model.norm.weight": ours.norm.weight, "lm_head.weight": ours.lm_head.weight}
-    for i in range(cfg.n_layers):
-        for kiln_name, hf_name in names.items():
-            state[f"model.layers.{i}.{hf_name}.weight"] = ours.state_dict()[f"blocks.{i}.{kiln_name}.weight"]
-    missing, unexpected = hf.load_state_dict(state, strict=False)
-    assert not unexpected and all("rotary" in m for m in missing)
+    settings = {k: v for k, v in hf_config(cfg, eot_id=0, pad_id=1).items() if k not in ("architectures", "model_type", "torch_dtype")}
+    hf_cls = getattr(transformers, architecture)
+    hf = hf_cls(hf_cls.config_class(**settings)).eval()
+    missing, unexpected = hf.load_state_dict(to_hf_state(ours.state_dict(), cfg), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}  # a tied head is the embedding
     idx = torch.randint(0, cfg.vocab_size, (2, 20), generator=torch.Generator().manual_seed(8))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx), hf(idx).logits.float(), rtol=1e-4, atol=1e-4)

@@ -196,6 +196,46 @@ def test_loaded_checkpoint_reproduces_the_in_training_validation(trained: tuple[
     assert again["finished_at"] == evaluated["finished_at"]  # up to date: skipped
 
 
+def test_eval_stage_scores_data_files_as_it_scores_the_validation_split(trained: tuple[Path, dict], cpu_only: None, tmp_path: Path) -> None:
+    from kiln.pipeline import read_for_eval
+
+    run_dir, manifest = trained
+    tokenizer = KilnTokenizer.load(run_dir / "tokenizer" / "tokenizer.json")
+    # The validation documents as text, in their split's order, one JSONL record each: encoded
+    # again they are the split's tokens, so the file must score exactly as the split does.
+    records = []
+    for source, shard in sorted(open_split(run_dir / "tokenize", "val").items()):
+        records += [{"text": tokenizer.decode(shard.document(i)[:-1].tolist()), "source": source} for i in range(shard.n_docs)]
+    data = tmp_path / "val_as_text.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records) + "{broken\n")
+    plain = tmp_path / "notes.txt"
+    plain.write_text("import os\nprint(os.getcwd())\n")
+    cfg = EVAL.model_copy(update={"data": [str(data), str(plain)]})
+    evaluated = eval_stage(cfg, run_dir, force=True, read_file=read_for_eval)
+    scored = evaluated["counts"]["data"]["val_as_text.jsonl"]
+    assert scored["sources"] == manifest["counts"]["val_after"]["sources"]
+    assert scored["documents"] == len(records) and scored["unreadable"] == 1  # the broken line is named, not scored
+    assert evaluated["counts"]["data"]["notes.txt"]["all"]["tokens"] > 0
+    assert "val_as_text.jsonl" in (run_dir / "eval" / "summary.txt").read_text()
+    with pytest.raises(FatalError, match="is not a file"):
+        eval_stage(EVAL.model_copy(update={"data": [str(tmp_path / "missing.jsonl")]}), run_dir, read_file=read_for_eval)
+
+
+def test_eval_stage_scores_multiple_choice_tasks_into_the_manifest(trained: tuple[Path, dict], cpu_only: None, tmp_path: Path) -> None:
+    run_dir, _ = trained
+    task = tmp_path / "copy_or_noise.jsonl"
+    # The trained model has read Python: real code should beat a scramble of its own characters.
+    snippets = ["import os\nimport sys", "def main():\n    return 0", "for i in range(10):\n    print(i)", "class Foo(object):\n    pass"]
+    rows = [{"context": s[: len(s) // 2], "choices": [s[len(s) // 2 :], "".join(reversed(s[len(s) // 2 :]))], "label": 0} for s in snippets]
+    task.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    manifest = eval_stage(EVAL.model_copy(update={"tasks": [str(task)], "task_delimiter": ""}), run_dir, force=True)
+    result = manifest["counts"]["tasks"]["copy_or_noise"]
+    assert result["items"] == 4 and set(result) == {"items", "acc", "acc_norm_char", "acc_norm_token", "stderr"}
+    assert result["acc"] >= 0.75  # measured 1.0
+    assert any(i["path"] == str(task) for i in manifest["inputs"])  # the task file is an input: editing it redoes the stage
+    assert "copy_or_noise" in (run_dir / "eval" / "summary.txt").read_text()
+
+
 def test_generate_stage_samples_from_the_checkpoint(trained: tuple[Path, dict], cpu_only: None) -> None:
     run_dir, _ = trained
     cfg = GenerateConfig(prompt="def ", max_new_tokens=12, temperature=0)
@@ -208,6 +248,26 @@ def test_generate_stage_samples_from_the_checkpoint(trained: tuple[Path, dict], 
     # Greedy: the same text as generating from the loaded checkpoint directly.
     tokenizer = KilnTokenizer.load(run_dir / "tokenizer" / "tokenizer.json")
     assert generate(load_trained_model(run_dir / "train" / "checkpoint"), tokenizer, cfg) == sample
+
+
+def test_generate_stage_completes_a_prompt_file_into_jsonl(trained: tuple[Path, dict], cpu_only: None, tmp_path: Path) -> None:
+    run_dir, _ = trained
+    prompts = ["def ", "import os\n", "", "class Parser:"]
+    prompt_file = tmp_path / "prompts.jsonl"
+    prompt_file.write_text("".join(json.dumps({"prompt": p, "id": i}) + "\n" for i, p in enumerate(prompts)))
+    cfg = GenerateConfig(prompt_file=str(prompt_file), max_new_tokens=10, temperature=0, batch_size=3)
+    manifest = generate_stage(cfg, run_dir)
+    lines = [json.loads(line) for line in (run_dir / "generate" / "samples.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in lines] == prompts
+    assert all(r["finish_reason"] in ("length", "end_of_document", "stop") and 0 <= r["new_tokens"] <= 10 for r in lines)
+    assert manifest["counts"]["prompts"] == 4 and manifest["counts"]["new_tokens"] == sum(r["new_tokens"] for r in lines)
+    # Batches of 3 and 1 give each prompt the completion it gets alone (greedy).
+    tokenizer = KilnTokenizer.load(run_dir / "tokenizer" / "tokenizer.json")
+    model = load_trained_model(run_dir / "train" / "checkpoint")
+    assert [r["completion"] for r in lines] == [generate(model, tokenizer, cfg.model_copy(update={"prompt": p}))[len(p) :] for p in prompts]
+    prompt_file.write_text('{"prompt": "ok"}\n{"text": "no prompt field"}\n')
+    with pytest.raises(FatalError, match=r"prompts\.jsonl:2: expected an object with a string field `prompt`"):
+        generate_stage(cfg, run_dir, force=True)
 
 
 def test_same_seed_trains_identically_and_rerun_is_skipped_unless_forced(trained: tuple[Path, dict], tmp_path: Path) -> None:

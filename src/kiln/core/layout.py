@@ -13,7 +13,7 @@ from pathlib import Path
 
 # Stage directory names, one per stage (the CLI verb may differ: train-tokenizer writes `tokenizer`).
 CURATE, QUALITY, TOKENIZER, TOKENIZER_SWEEP, TOKENIZER_EXTENDED = "curate", "quality", "tokenizer", "tokenizer-sweep", "tokenizer-extended"
-TOKENIZE, TRAIN, EVAL, GENERATE, SWEEP = "tokenize", "train", "eval", "generate", "sweep"
+TOKENIZE, TRAIN, EVAL, GENERATE, EXPORT, SWEEP = "tokenize", "train", "eval", "generate", "export", "sweep"
 
 MANIFEST = "manifest.json"
 SUMMARY = "summary.txt"

@@ -18,8 +18,9 @@ there (kiln.model.init).
 Shape legend:
     B batch, T sequence length, D d_model, H query heads, K key/value heads,
     E head dim (D / H), F feed-forward hidden, V vocabulary.
-Not handled here: KV caching for generation (generation recomputes the prefix), the z-loss
-(a loss term: kiln.train.loss reads model.z_loss).
+Decoding passes a KVCache (kiln.model.kv_cache): each block's attention stores its new keys
+and values there and attends over all of them; the caller gives the new positions.
+Not handled here: the z-loss (a loss term: kiln.train.loss reads model.z_loss), sampling.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch import nn
 
 from kiln.model.attention import CAUSAL, AttentionRule
 from kiln.model.config import ModelConfig
+from kiln.model.kv_cache import KVCache, LayerCache
 
 
 class RMSNorm(nn.Module):
@@ -75,7 +77,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sdpa_kwargs: dict[str, Any]) -> torch.Tensor:
+    def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sdpa_kwargs: dict[str, Any], cache: LayerCache | None = None) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         q_BHTE = self.wq(x_BTD).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k_BKTE = self.wk(x_BTD).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
@@ -83,6 +85,8 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q_BHTE, k_BKTE = self.q_norm(q_BHTE), self.k_norm(k_BKTE)  # over E: bounds the q.k logits
         q_BHTE, k_BKTE = apply_rope(q_BHTE, cos, sin), apply_rope(k_BKTE, cos, sin)
+        if cache is not None:  # decoding: attend over the cached positions and these (S of them)
+            k_BKTE, v_BKTE = cache.store(k_BKTE, v_BKTE)
         if self.n_kv != self.n_heads:  # grouped-query: each K/V head serves H/K query heads
             k_BKTE = k_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v_BKTE = v_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
@@ -118,8 +122,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = FeedForward(cfg)
 
-    def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sdpa_kwargs: dict[str, Any]) -> torch.Tensor:
-        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), cos, sin, sdpa_kwargs)
+    def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sdpa_kwargs: dict[str, Any], cache: LayerCache | None = None) -> torch.Tensor:
+        x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), cos, sin, sdpa_kwargs, cache)
         return x_BTD + self.mlp(self.mlp_norm(x_BTD))
 
 
@@ -173,21 +177,31 @@ class Transformer(nn.Module):
                 scale = 1 / math.sqrt(2 * depth)
             nn.init.normal_(p, mean=0.0, std=std * scale)
 
-    def forward(self, idx_BT: torch.Tensor, rule: AttentionRule = CAUSAL, positions_BT: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, idx_BT: torch.Tensor, rule: AttentionRule = CAUSAL, positions_BT: torch.Tensor | None = None, cache: KVCache | None = None, valid_BT: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, V) in fp32 for a batch of token ids, attending as `rule` allows.
 
-        positions_BT: each token's RoPE position (restarting per packed document); None means 0..T-1.
+        positions_BT: each token's RoPE position (restarting per packed document); None means
+        0..T-1, or with a cache the positions after the cached ones.
+        cache: decoding; the T tokens follow the cached ones and attend causally to them and to
+        each other (`rule` is not used), skipping positions where valid_BT (default all True) is False.
         """
         T = idx_BT.shape[1]
-        assert T <= self.cfg.max_seq_len, f"sequence of {T} tokens exceeds max_seq_len {self.cfg.max_seq_len}"
+        start = cache.length if cache is not None else 0
+        assert start + T <= self.cfg.max_seq_len, f"sequence of {start + T} tokens exceeds max_seq_len {self.cfg.max_seq_len}"
         if positions_BT is None:
-            cos, sin = self.rope_cos[:T], self.rope_sin[:T]  # (T, E/2), broadcast over rows and heads
+            cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]  # (T, E/2), broadcast over rows and heads
         else:
             cos, sin = self.rope_cos[positions_BT][:, None], self.rope_sin[positions_BT][:, None]  # (B, 1, T, E/2)
-        sdpa_kwargs = rule.sdpa_kwargs(T, idx_BT.device)  # any mask is built once, shared by every layer
+        if cache is None:
+            sdpa_kwargs = rule.sdpa_kwargs(T, idx_BT.device)  # any mask is built once, shared by every layer
+        else:
+            sdpa_kwargs = cache.begin(valid_BT if valid_BT is not None else torch.ones_like(idx_BT, dtype=torch.bool))
         x_BTD = self.embed(idx_BT)
-        for block in self.blocks:
-            x_BTD = block(x_BTD, cos, sin, sdpa_kwargs)
+        for i, block in enumerate(self.blocks):
+            # Training calls a block with exactly these four arguments (what compile and activation checkpointing see).
+            x_BTD = block(x_BTD, cos, sin, sdpa_kwargs) if cache is None else block(x_BTD, cos, sin, sdpa_kwargs, cache.layer(i))
+        if cache is not None:
+            cache.advance(T)
         logits_BTV = self.lm_head(self.norm(x_BTD)).float()
         if self.cfg.logit_softcap is not None:  # smooth clamp to (-cap, cap), in fp32
             cap = self.cfg.logit_softcap

@@ -161,6 +161,34 @@ class KilnTokenizer:
         return tok
 
 
+def adopt(path: Path) -> KilnTokenizer:
+    """A kiln tokenizer from a `tokenizer.json` without kiln's meta file beside it (as in a Hugging
+    Face folder `kiln export` wrote): accepted when it is kiln's kind of tokenizer (byte-level BPE
+    with kiln's pre-split, tiktoken's merge rule and kiln's special tokens), so that kiln encodes
+    text to the ids the model was trained on; FatalError naming what differs otherwise."""
+    where = Path(path)
+    try:
+        text = where.read_text(encoding="utf-8")
+        data = json.loads(text)
+        hf = Tokenizer.from_str(text)
+    except Exception as e:  # tokenizers raises a bare Exception on malformed files
+        raise FatalError(f"{where}: cannot read it as a tokenizers JSON file ({e})") from None
+    probe = Tokenizer(models.BPE())
+    probe.pre_tokenizer = kiln_pre_tokenizer()
+    model = data.get("model") or {}
+    differ = []
+    if model.get("type") != "BPE":
+        differ.append(f"model type {model.get('type')!r}, not BPE")
+    if data.get("pre_tokenizer") != json.loads(probe.to_str())["pre_tokenizer"]:
+        differ.append("another pre-split (kiln splits with its own regex, then maps bytes to the byte-level alphabet)")
+    if not model.get("ignore_merges"):
+        differ.append("merges without tiktoken's rule (ignore_merges false)")
+    if differ:
+        raise FatalError(f"{where}: not a tokenizer kiln made ({'; '.join(differ)}); kiln can read a Hugging Face folder only with the tokenizer `kiln export` wrote")
+    specials = [t["content"] for t in sorted(data.get("added_tokens", []), key=lambda t: t["id"]) if t.get("special")]
+    return KilnTokenizer(hf, specials)
+
+
 def _read_meta(meta_path: Path) -> dict[str, Any]:
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -195,12 +223,17 @@ def tiktoken_rules(tokenizer_json: dict[str, Any]) -> dict[str, Any]:
     return tokenizer_json
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int, specials: Sequence[str]) -> KilnTokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
+def kiln_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    """The pre-split every kiln tokenizer has: SPLIT_PATTERN's pieces, then bytes to the byte alphabet."""
+    return pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int, specials: Sequence[str]) -> KilnTokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = kiln_pre_tokenizer()
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

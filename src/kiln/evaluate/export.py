@@ -1,0 +1,168 @@
+"""`kiln export --format hf`: the trained model as a Hugging Face folder that transformers loads offline.
+
+The folder (`export/hf/`, copied to `export.out` when given) holds config.json (kiln.model.hf:
+Llama, or Qwen3 with QK-norm), model.safetensors in transformers' names (a tied output projection
+stored once), kiln's tokenizer.json unchanged with tokenizer_config.json and
+special_tokens_map.json (end of document is bos and eos, no token added on encode, special-token
+spellings in text stay text as kiln encodes them, no clean-up of spaces on decode),
+generation_config.json from the recipe's generate section, and a model card (README.md) written
+from the run's manifests: sources and tokens, curation steps, tokenizer, training and compute,
+validation bits per byte, and each stage's fingerprint.
+Not handled here: reading a Hugging Face folder back (kiln.evaluate.import_hf), GGUF or other formats.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from kiln.core.atomic import replace_dir
+from kiln.core.errors import FatalError
+from kiln.core.layout import CURATE, EVAL, EXPORT, TOKENIZE, TOKENIZER, TRAIN, RunLayout
+from kiln.core.manifest import Stage, read_manifest
+from kiln.evaluate.config import ExportConfig, GenerateConfig
+from kiln.model.config import count_params
+from kiln.model.hf import architecture, hf_config, to_hf_state
+from kiln.model.transformer import Transformer
+from kiln.model.weights import CONFIG, WEIGHTS, load_trained_model
+from kiln.text.specials import EOT, MASK, PAD
+from kiln.text.tokenizer import KilnTokenizer
+
+log = logging.getLogger("kiln.export")
+HF_FOLDER = "hf"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def tokenizer_files(folder: Path, tokenizer: KilnTokenizer, max_len: int) -> list[Path]:
+    """tokenizer.json as kiln wrote it, and the two files that make AutoTokenizer read it as kiln does."""
+    assert tokenizer.path is not None, "a loaded tokenizer knows its file"
+    shutil.copyfile(tokenizer.path, folder / "tokenizer.json")
+    others = [s for s in tokenizer.specials if s not in (EOT, PAD, MASK)]
+    special = {"bos_token": EOT, "eos_token": EOT, "pad_token": PAD, "mask_token": MASK, "additional_special_tokens": others}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **special,
+        "model_max_length": max_len,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        # kiln encodes "<|endoftext|>" written in a document as text; so does this tokenizer.
+        "split_special_tokens": True,
+        # Byte-level decoding is exact; transformers' clean-up would drop spaces before punctuation.
+        "clean_up_tokenization_spaces": False,
+    }
+    paths = [folder / "tokenizer.json", folder / "tokenizer_config.json", folder / "special_tokens_map.json"]
+    paths[1].write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    paths[2].write_text(json.dumps(special, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return paths
+
+
+def generation_config(gen: GenerateConfig, tokenizer: KilnTokenizer) -> dict[str, Any]:
+    config: dict[str, Any] = {"bos_token_id": tokenizer.eot_id, "eos_token_id": tokenizer.eot_id, "pad_token_id": tokenizer.pad_id, "max_new_tokens": gen.max_new_tokens}
+    if gen.temperature == 0:
+        return config | {"do_sample": False}
+    return config | {"do_sample": True, "temperature": gen.temperature, "top_k": gen.top_k or 0, "top_p": gen.top_p or 1.0}
+
+
+def write_hf_folder(folder: Path, model: Transformer, tokenizer: KilnTokenizer, gen: GenerateConfig, dtype: str, card: str) -> list[Path]:
+    """Every file of the Hugging Face folder into `folder` (existing, empty); returns their paths."""
+    cfg = model.cfg
+    config = hf_config(cfg, tokenizer.eot_id, tokenizer.pad_id) | {"torch_dtype": dtype}
+    state = {k: v.detach().to(DTYPES[dtype]).contiguous() for k, v in to_hf_state(model.state_dict(), cfg).items()}
+    paths = [folder / "config.json", folder / "model.safetensors", folder / "generation_config.json", folder / "README.md"]
+    paths[0].write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    save_file(state, str(paths[1]), metadata={"format": "pt"})  # transformers reads the "pt" format tag
+    paths[2].write_text(json.dumps(generation_config(gen, tokenizer), indent=2) + "\n", encoding="utf-8")
+    paths[3].write_text(card, encoding="utf-8")
+    return paths + tokenizer_files(folder, tokenizer, cfg.max_seq_len)
+
+
+def _manifest(layout: RunLayout, stage: str) -> dict[str, Any] | None:
+    return read_manifest(layout.stage(stage)) if (layout.stage(stage) / "manifest.json").is_file() else None
+
+
+def model_card(run_dir: Path, model: Transformer, tokenizer: KilnTokenizer, arch: str) -> str:
+    """README.md of the exported folder, from whatever manifests the run has (a stage it lacks is left out)."""
+    layout = RunLayout(run_dir)
+    m = {s: _manifest(layout, s) for s in (CURATE, TOKENIZER, TOKENIZE, TRAIN, EVAL)}
+    cfg = model.cfg
+    name = Path(run_dir).name
+    lines = ["---", "library_name: transformers", "pipeline_tag: text-generation", "tags: [kiln, base-model]", "---", "",
+             f"# {name}", "",
+             f"A {count_params(cfg):,}-parameter base language model ({arch}: {cfg.n_layers} layers, d_model {cfg.d_model}, "
+             f"{cfg.n_heads} query and {cfg.kv_heads} key/value heads, SwiGLU {cfg.hidden}, RoPE base {cfg.rope_theta:g}, "
+             f"{'tied' if cfg.tie_embeddings else 'untied'} embeddings{', QK-norm' if cfg.qk_norm else ''}, context {cfg.max_seq_len} tokens), "
+             "pretrained from raw text with kiln. It is a base model: it continues text, it does not follow instructions.", ""]
+    if (tok := m[TOKENIZE]) is not None:
+        lines += ["## Data", "", "| source | documents (train/val) | tokens (train/val) |", "|---|---|---|"]
+        for source, s in tok["counts"]["per_source"].items():
+            lines.append(f"| {source} | {s['train']['docs']:,} / {s['val']['docs']:,} | {s['train']['tokens']:,} / {s['val']['tokens']:,} |")
+        lines.append("")
+    if (cur := m[CURATE]) is not None:
+        c = cur["counts"]
+        lines += [f"Curation kept {c['docs_out']:,} of {c['docs_in']:,} documents ({c['bytes_out']:,} of {c['bytes_in']:,} bytes); steps per source, in order:", ""]
+        for source, s in c["per_source"].items():
+            lines.append(f"- {source}: " + " -> ".join(s.get("funnel", {})))
+        top = sorted(c["removed"].items(), key=lambda kv: -kv[1])[:8]
+        lines += ["", "Most frequent removal reasons: " + ", ".join(f"{r} ({n:,})" for r, n in top) + ".", ""]
+    if (tk := m[TOKENIZER]) is not None:
+        lines += ["## Tokenizer", "", f"Byte-level BPE, {tokenizer.vocab_size:,} tokens, {tk['counts']['heldout_bytes_per_token']:.3f} bytes per token on held-out text; "
+                  f"end of document `{EOT}` (id {tokenizer.eot_id}) is the bos and eos token, padding `{PAD}` (id {tokenizer.pad_id}); no token is added on encode.", ""]
+    if (tr := m[TRAIN]) is not None:
+        t, counts = tr["config"]["train"], tr["counts"]
+        lines += ["## Training", "", f"{counts['steps']:,} steps, {counts['tokens_trained']:,} tokens "
+                  f"({', '.join(f'{s} {n:,}' for s, n in counts.get('tokens_by_source', {}).items())}), "
+                  f"{counts['train_flops']:.3g} FLOPs ({counts['flops_per_token']:,} per token), on {counts.get('processes', 1)} {counts.get('device', '')} process(es); "
+                  f"{t['optim']['name']} at peak lr {t['optim']['lr']:g}, {t['schedule']['kind']} schedule, {t['global_batch_tokens']:,} tokens per step of {t['seq_len']}-token windows.", ""]
+    if (ev := m[EVAL]) is not None:
+        after, before = ev["counts"]["after"], ev["counts"]["before"]
+        lines += ["## Evaluation", "", "Held-out validation split of each source (bits per byte; lower is better):", "", "| source | before training | after |", "|---|---|---|"]
+        for source, r in after["sources"].items():
+            lines.append(f"| {source} | {before['sources'][source]['bpb']:.3f} | {r['bpb']:.3f} |")
+        lines += [f"| all | {before['all']['bpb']:.3f} | {after['all']['bpb']:.3f} |", ""]
+    lines += ["## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+              "tok = AutoTokenizer.from_pretrained(PATH)", "model = AutoModelForCausalLM.from_pretrained(PATH)",
+              'ids = tok("def ", return_tensors="pt").input_ids', "print(tok.decode(model.generate(ids, max_new_tokens=40)[0]))", "```", ""]
+    stages = {s: mm["fingerprint"] for s, mm in m.items() if mm is not None}
+    if stages:
+        lines += ["## Lineage", "", "Fingerprints of the kiln stages that made this model (manifest.json in each stage of the run):", ""]
+        lines += [f"- {s}: `{f}`" for s, f in stages.items()] + [""]
+    return "\n".join(lines)
+
+
+def run(cfg: ExportConfig, gen: GenerateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
+    run_dir = Path(run_dir)
+    layout = RunLayout(run_dir)
+    ckpt, tok_path = layout.checkpoint, layout.tokenizer_json
+    upstream = [s for s in (CURATE, TOKENIZER, TOKENIZE, TRAIN, EVAL) if (layout.stage(s) / "manifest.json").is_file()]
+    stage = Stage(run_dir, EXPORT, {"export": cfg, "generate": gen}, [ckpt / WEIGHTS, ckpt / CONFIG, tok_path], upstream=upstream)
+    if done := stage.up_to_date(force, lambda m: f"the Hugging Face folder is {layout.stage(EXPORT) / HF_FOLDER}"):
+        copy_out(layout.stage(EXPORT) / HF_FOLDER, cfg.out, force)
+        return done
+    model = load_trained_model(ckpt)
+    arch = architecture(model.cfg)  # refuses options Llama and Qwen3 lack before any work
+    tokenizer = KilnTokenizer.load(tok_path)
+    stage.begin()
+    folder = stage.dir / HF_FOLDER
+    folder.mkdir(parents=True)
+    paths = write_hf_folder(folder, model, tokenizer, gen, cfg.dtype, model_card(run_dir, model, tokenizer, arch))
+    summary = f"{arch} ({cfg.dtype}) with kiln's tokenizer: {layout.stage(EXPORT) / HF_FOLDER}" + (f", copied to {cfg.out}" if cfg.out else "")
+    manifest = stage.finish(paths, {"architecture": arch, "dtype": cfg.dtype, "params": count_params(model.cfg), "folder": str(layout.stage(EXPORT) / HF_FOLDER), "files": [p.name for p in paths]}, summary)
+    copy_out(layout.stage(EXPORT) / HF_FOLDER, cfg.out, force)
+    return manifest
+
+
+def copy_out(folder: Path, out: str | None, force: bool) -> None:
+    """The finished folder also at `out`; an existing folder there is replaced only with --force or when it holds an earlier export."""
+    if out is None:
+        return
+    target = Path(out)
+    if target.exists() and any(target.iterdir()) and not force and not (target / "config.json").is_file():
+        raise FatalError(f"{target}: exists and is not an exported model; choose another folder, or pass --force to replace it")
+    replace_dir(target, lambda tmp: shutil.copytree(folder, tmp, dirs_exist_ok=True))
+    log.info("export: copied to %s", target)

@@ -1,0 +1,153 @@
+"""kiln's decoder in Hugging Face terms: the transformers architecture, its config.json, and the
+parameter names, both ways.
+
+kiln's block is Llama's (pre-norm RMSNorm, rotate-half RoPE, SwiGLU, grouped-query attention,
+no biases), so a kiln model is a `LlamaForCausalLM`; with `qk_norm` it is a `Qwen3ForCausalLM`
+(the same block plus an RMSNorm over each head's queries and keys, one gain of head_dim per
+projection, before RoPE, exactly kiln's). Options neither architecture has are refused by
+name: ReLU² and GELU feed-forwards (both are gated SiLU) and logit soft-capping. The z-loss and
+the init settings only shape training and leave the exported math unchanged.
+
+config.json carries the RoPE base twice: `rope_parameters` (transformers 5) and `rope_theta`
+(transformers 4). The token ids of end of document (also the beginning-of-sequence id: a kiln
+document starts after one) and padding come from the kiln tokenizer.
+Not handled here: files (kiln.evaluate.export), tokenizer files, other architectures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kiln.core.errors import FatalError
+from kiln.model.config import ModelConfig
+
+LLAMA, QWEN3 = "LlamaForCausalLM", "Qwen3ForCausalLM"
+MODEL_TYPES = {LLAMA: "llama", QWEN3: "qwen3"}
+
+# kiln name -> Hugging Face name, inside block i (`blocks.{i}.` <-> `model.layers.{i}.`).
+BLOCK_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn.wq.weight": "self_attn.q_proj.weight",
+    "attn.wk.weight": "self_attn.k_proj.weight",
+    "attn.wv.weight": "self_attn.v_proj.weight",
+    "attn.wo.weight": "self_attn.o_proj.weight",
+    "attn.q_norm.weight": "self_attn.q_norm.weight",
+    "attn.k_norm.weight": "self_attn.k_norm.weight",
+    "mlp_norm.weight": "post_attention_layernorm.weight",
+    "mlp.w_gate.weight": "mlp.gate_proj.weight",
+    "mlp.w_up.weight": "mlp.up_proj.weight",
+    "mlp.w_down.weight": "mlp.down_proj.weight",
+}
+TOP_NAMES = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight", "lm_head.weight": "lm_head.weight"}
+
+
+def architecture(cfg: ModelConfig) -> str:
+    """The transformers class that computes what `cfg` does; FatalError naming what none has."""
+    missing = []
+    if cfg.activation != "swiglu":
+        missing.append(f"model.activation={cfg.activation} (Llama and Qwen3 have only the gated SiLU feed-forward, swiglu)")
+    if cfg.logit_softcap is not None:
+        missing.append(f"model.logit_softcap={cfg.logit_softcap} (no Llama-family architecture soft-caps its logits)")
+    if missing:
+        raise FatalError("this model cannot be exported to Hugging Face format: " + "; ".join(missing))
+    return QWEN3 if cfg.qk_norm else LLAMA
+
+
+def hf_config(cfg: ModelConfig, eot_id: int, pad_id: int) -> dict[str, Any]:
+    """config.json for `cfg` (vocab_size resolved)."""
+    arch = architecture(cfg)
+    config: dict[str, Any] = {
+        "architectures": [arch],
+        "model_type": MODEL_TYPES[arch],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.hidden,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_seq_len,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_theta": cfg.rope_theta,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": cfg.init_std,
+        "bos_token_id": eot_id,
+        "eos_token_id": eot_id,
+        "pad_token_id": pad_id,
+        "torch_dtype": "float32",
+        "use_cache": True,
+    }
+    if arch == LLAMA:
+        config["mlp_bias"] = False
+    else:
+        config |= {"use_sliding_window": False, "sliding_window": None, "max_window_layers": cfg.n_layers}
+    return config
+
+
+def model_config_from_hf(config: dict[str, Any], where: str) -> ModelConfig:
+    """The kiln ModelConfig of a Llama or Qwen3 config.json; FatalError naming each setting kiln
+    cannot reproduce (where: the file, for the message)."""
+    arch = (config.get("architectures") or [None])[0]
+    if arch not in MODEL_TYPES:
+        raise FatalError(f"{where}: architecture {arch!r}; kiln imports {', '.join(MODEL_TYPES)}")
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    differ = []
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        differ.append(f"RoPE scaling {rope.get('rope_type', rope.get('type'))!r} (kiln has plain RoPE)")
+    if config.get("hidden_act", "silu") != "silu":
+        differ.append(f"hidden_act {config['hidden_act']!r} (kiln's gated feed-forward is SiLU)")
+    for key in ("attention_bias", "mlp_bias"):
+        if config.get(key):
+            differ.append(f"{key} true (kiln's linear layers have no bias)")
+    if config.get("use_sliding_window"):
+        differ.append("use_sliding_window true (kiln attends over the whole window)")
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    if config.get("head_dim", hidden // heads) * heads != hidden:
+        differ.append(f"head_dim {config['head_dim']} x {heads} heads != hidden_size {hidden} (kiln's heads split d_model)")
+    if differ:
+        raise FatalError(f"{where}: kiln cannot reproduce this model: " + "; ".join(differ))
+    return ModelConfig(
+        vocab_size=config["vocab_size"],
+        d_model=hidden,
+        n_layers=config["num_hidden_layers"],
+        n_heads=heads,
+        n_kv_heads=config.get("num_key_value_heads") or heads,
+        ffn_hidden=config["intermediate_size"],
+        max_seq_len=config.get("max_position_embeddings", 2048),
+        rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
+        norm_eps=config.get("rms_norm_eps", 1e-6),
+        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        qk_norm=arch == QWEN3,
+        init_std=config.get("initializer_range", 0.02),
+    )
+
+
+def hf_name(name: str) -> str:
+    """A kiln parameter name in Hugging Face's naming."""
+    if name in TOP_NAMES:
+        return TOP_NAMES[name]
+    _, layer, rest = name.split(".", 2)  # blocks.{i}.<rest>
+    return f"model.layers.{layer}.{BLOCK_NAMES[rest]}"
+
+
+def to_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """kiln's state dict in Hugging Face names; a tied output projection is stored once (as the embedding)."""
+    return {hf_name(k): v for k, v in state.items() if not (cfg.tie_embeddings and k == "lm_head.weight")}
+
+
+def from_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig, kiln_names: list[str], where: str) -> dict[str, torch.Tensor]:
+    """A Hugging Face state dict in kiln's names (kiln_names: the model's parameter names, a tied
+    weight once); FatalError naming missing or unexpected tensors."""
+    wanted = {hf_name(k): k for k in kiln_names}
+    missing = sorted(set(wanted) - set(state))
+    # Buffers some exporters save (rotary inv_freq) are rebuilt from the config, not read.
+    extra = sorted(k for k in set(state) - set(wanted) if not k.endswith("rotary_emb.inv_freq") and not (cfg.tie_embeddings and k == "lm_head.weight"))
+    if missing or extra:
+        raise FatalError(f"{where}: weights do not match the config: missing {missing[:5]}, unexpected {extra[:5]}")
+    return {kiln: state[hf] for hf, kiln in wanted.items()}

@@ -1,0 +1,154 @@
+"""kiln.evaluate.export: a kiln model loaded by transformers computes the same logits, generates the
+same tokens, and its tokenizer gives the same ids; options no Llama-family model has are refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kiln.core.errors import FatalError
+from kiln.core.layout import RunLayout
+from kiln.evaluate.config import ExportConfig, GenerateConfig
+from kiln.evaluate.export import run as export
+from kiln.model.config import ModelConfig
+from kiln.model.init import build_model
+from kiln.model.weights import save_weights
+from kiln.text.specials import EOT, special_tokens
+from kiln.text.tokenizer import KilnTokenizer, train_bpe
+
+transformers = pytest.importorskip("transformers")
+
+TEXT = (
+    "def parse(value):\n    return value.strip().split(',')\n\n"
+    "The quick brown fox jumps over the lazy dog. Zoë's café serves crème brûlée; 東京 is 東京.\n"
+    "for i in range(10):\n\tprint(i ** 2, end=' ')  # squares\n"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> KilnTokenizer:
+    tok = train_bpe([TEXT] * 30, vocab_size=400, min_frequency=2, specials=special_tokens(2, 1))
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(path)
+    return KilnTokenizer.load(path)
+
+
+def make_run(root: Path, tokenizer: KilnTokenizer, **model: object) -> tuple[Path, torch.nn.Module]:
+    """A run directory holding a tokenizer and a random model's checkpoint (no other stage)."""
+    run_dir = root / "run"
+    layout = RunLayout(run_dir)
+    layout.tokenizer_json.parent.mkdir(parents=True)
+    tokenizer.save(layout.tokenizer_json)
+    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=64, n_layers=2, n_heads=4, max_seq_len=96, **model)  # type: ignore[arg-type]
+    # init_std 0.2: larger weights than a fresh model's make the logits differ from position to
+    # position, so the comparison is not of near-uniform distributions.
+    net = build_model(cfg.model_copy(update={"init_std": 0.2}), 0, "cpu").eval()
+    layout.checkpoint.parent.mkdir(parents=True)
+    save_weights(layout.checkpoint, net)
+    return run_dir, net
+
+
+def load_hf(folder: Path) -> tuple[torch.nn.Module, object]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+@pytest.mark.parametrize(
+    ("options", "architecture"),
+    [
+        ({"n_kv_heads": 2, "tie_embeddings": True}, "LlamaForCausalLM"),
+        ({"n_kv_heads": 1, "rope_theta": 500000.0, "ffn_hidden": 96}, "LlamaForCausalLM"),
+        ({"qk_norm": True, "n_kv_heads": 2, "z_loss": 1e-4}, "Qwen3ForCausalLM"),
+    ],
+)
+def test_transformers_computes_kilns_logits_from_the_exported_folder(tmp_path: Path, tokenizer: KilnTokenizer, options: dict, architecture: str) -> None:
+    run_dir, ours = make_run(tmp_path, tokenizer, **options)
+    manifest = export(ExportConfig(), GenerateConfig(), run_dir)
+    folder = run_dir / "export" / "hf"
+    assert manifest["counts"]["architecture"] == architecture
+    hf, _ = load_hf(folder)
+    assert type(hf).__name__ == architecture
+    random_ids = torch.randint(0, tokenizer.vocab_size, (3, 96), generator=torch.Generator().manual_seed(1))
+    text_ids = torch.tensor([tokenizer.encode(TEXT)[:96]])
+    for ids in (random_ids, text_ids):
+        with torch.no_grad():
+            ours_BTV, theirs_BTV = ours(ids), hf(ids).logits.float()
+        assert ours_BTV.std() > 1.0  # logits that vary: a real comparison
+        assert (ours_BTV - theirs_BTV).abs().max().item() < 1e-4
+
+
+def test_greedy_generation_is_the_same_token_for_token(tmp_path: Path, tokenizer: KilnTokenizer) -> None:
+    run_dir, ours = make_run(tmp_path, tokenizer, n_kv_heads=2, tie_embeddings=True)
+    export(ExportConfig(), GenerateConfig(), run_dir)
+    hf, hf_tok = load_hf(run_dir / "export" / "hf")
+    prompt = tokenizer.encode("def parse(")
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(40):  # kiln's forward over the whole prefix, argmax of the last position
+            ids.append(int(ours(torch.tensor([ids]))[0, -1].argmax()))
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None)
+    assert out[0].tolist() == ids
+    assert hf_tok.decode(out[0]) == tokenizer.decode(ids)
+
+
+def test_the_folder_describes_the_tokens_and_the_sampling(tmp_path: Path, tokenizer: KilnTokenizer) -> None:
+    run_dir, _ = make_run(tmp_path, tokenizer)
+    export(ExportConfig(), GenerateConfig(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=33), run_dir)
+    folder = run_dir / "export" / "hf"
+    config = json.loads((folder / "config.json").read_text())
+    assert config["eos_token_id"] == config["bos_token_id"] == tokenizer.eot_id and config["pad_token_id"] == tokenizer.pad_id
+    assert json.loads((folder / "generation_config.json").read_text()) == {
+        "bos_token_id": tokenizer.eot_id, "eos_token_id": tokenizer.eot_id, "pad_token_id": tokenizer.pad_id,
+        "max_new_tokens": 33, "do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.9,
+    }
+    _, hf_tok = load_hf(folder)
+    assert hf_tok.eos_token == EOT and hf_tok.eos_token_id == tokenizer.eot_id
+    assert hf_tok("hello").input_ids == tokenizer.encode("hello")  # nothing added around the text
+    gen = transformers.GenerationConfig.from_pretrained(folder)
+    assert (gen.temperature, gen.top_k, gen.max_new_tokens) == (0.7, 20, 33)
+    card = (folder / "README.md").read_text()
+    assert "LlamaForCausalLM" in card and "AutoModelForCausalLM" in card
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(st.characters(exclude_categories=("Cs",)), max_size=200) | st.sampled_from([
+    "<|endoftext|>", "a<|endoftext|>b", "<|pad|><|mask|><|fim_prefix|>", "<|sentinel_0|> x", "\x00\x01\r\n\t  \u200b\ufeff",
+    "   leading and trailing   ", "emoji 👩‍👩‍👧 and combining e\u0301", "def f():\n\n\n    return 1\n", "1234567890 3.14159 1e-9",
+]))
+def test_transformers_tokenizer_gives_kilns_ids_on_any_text(exported_tokenizer: object, tokenizer: KilnTokenizer, text: str) -> None:
+    ids = tokenizer.encode(text)
+    assert exported_tokenizer(text).input_ids == ids  # type: ignore[operator]
+    assert exported_tokenizer.decode(ids) == tokenizer.decode(ids)  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def exported_tokenizer(tmp_path_factory: pytest.TempPathFactory, tokenizer: KilnTokenizer) -> object:
+    run_dir, _ = make_run(tmp_path_factory.mktemp("tokrun"), tokenizer)
+    export(ExportConfig(), GenerateConfig(), run_dir)
+    return load_hf(run_dir / "export" / "hf")[1]
+
+
+@pytest.mark.parametrize(("options", "named"), [({"activation": "relu2"}, "model.activation=relu2"), ({"activation": "gelu"}, "model.activation=gelu"), ({"logit_softcap": 30.0}, "model.logit_softcap=30.0")])
+def test_options_without_a_transformers_counterpart_are_refused_by_name(tmp_path: Path, tokenizer: KilnTokenizer, options: dict, named: str) -> None:
+    run_dir, _ = make_run(tmp_path, tokenizer, **options)
+    with pytest.raises(FatalError, match=named):
+        export(ExportConfig(), GenerateConfig(), run_dir)
+    assert not (run_dir / "export").exists()
+
+
+def test_a_copy_goes_to_out_and_a_foreign_folder_there_is_not_replaced(tmp_path: Path, tokenizer: KilnTokenizer) -> None:
+    run_dir, _ = make_run(tmp_path, tokenizer)
+    out = tmp_path / "hub" / "model"
+    export(ExportConfig(out=str(out)), GenerateConfig(), run_dir)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (run_dir / "export" / "hf").iterdir())
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(FatalError, match="not an exported model"):
+        export(ExportConfig(out=str(foreign)), GenerateConfig(), run_dir)
+    assert (foreign / "notes.txt").read_text() == "keep me"
