@@ -41,6 +41,8 @@ OVERRIDES = [
     "train.schedule.warmup_steps=6",
     "eval.max_tokens_per_source=4096",
     "generate.max_new_tokens=20",
+    "train.probe_every=20",
+    'eval.probe.prompts=["def "]',
 ]
 
 
@@ -140,6 +142,20 @@ def test_the_exported_demo_model_runs_in_transformers_with_kilns_logits_and_card
     for expected in ("## Data", "| code |", "## Tokenizer", "## Training", f"{60 * 8 * 64:,} tokens", "## Evaluation", "| all |", "## Lineage"):
         assert expected in card, expected
     assert demo["manifests"]["train"]["fingerprint"] in card
+
+
+def test_the_probe_set_is_scored_during_training_with_its_continuations(demo: dict[str, Any]) -> None:
+    lines = [json.loads(line) for line in (demo["run_dir"] / "train" / "metrics.jsonl").read_text().splitlines()]
+    probes = [line for line in lines if line.get("kind") == "probe"]
+    assert [p["step"] for p in probes] == [20, 40, 60]
+    val_docs = {s: n["val"]["docs"] for s, n in demo["manifests"]["tokenize"]["counts"]["per_source"].items()}
+    documents = probes[-1]["probe"]["documents"]
+    assert set(documents) == {f"{s}/{i}" for s, n in val_docs.items() for i in range(min(2, n))}  # the same set every time
+    assert all(set(p["probe"]["documents"]) == set(documents) for p in probes)
+    generations = probes[-1]["probe"]["generations"]
+    assert len(generations) == len(documents) + 1 and generations[-1]["prompt"] == "def "
+    mean = [sum(d["loss"] for d in p["probe"]["documents"].values()) / len(documents) for p in probes]
+    assert mean[-1] < mean[0]  # the model learns between the first and the last probe
 
 
 def test_first_run_is_quick(demo: dict[str, Any]) -> None:

@@ -38,6 +38,7 @@ def _runner(stage: str) -> Callable[..., dict[str, Any]]:
         from kiln.tokenize.encode import run as tokenize
         return lambda r, force: tokenize(r.tokenize, r.run_dir, force)
     if stage == "train":
+        from kiln.evaluate.probe import build_probe
         from kiln.mix.sampler import build_sampler
         from kiln.train.run import run as train
 
@@ -46,7 +47,9 @@ def _runner(stage: str) -> Callable[..., dict[str, Any]]:
         def train_stage(r: Recipe, force: bool, from_step: int | None = None) -> dict[str, Any]:
             make_rows = partial(build_sampler, RunLayout(r.run_dir).token_shards, r.mix)
             replay = [Path(r.mix.replay.run)] if r.mix.replay else []
-            return train(r.model, r.train, r.mix, make_rows, r.eval.scoring(), r.run_dir, force, r.parallel, from_step, replay)
+            # The probe set is evaluate's; the trainer only knows when to call it (train.probe_every).
+            make_probe = partial(build_probe, r.run_dir, r.eval.probe)
+            return train(r.model, r.train, r.mix, make_rows, r.eval.scoring(), r.run_dir, force, r.parallel, from_step, replay, make_probe)
 
         return train_stage
     if stage == "eval":

@@ -15,10 +15,18 @@ from kiln.model.perplexity import ScoringConfig
 from kiln.model.precision import PrecisionConfig
 
 
+class ProbeConfig(Section):
+    documents_per_source: int = Field(default=2, ge=0, description="Held-out documents per source in the probe set (the first of each validation split): each scored, and its first prompt_tokens continued.")
+    prompts: list[str] = Field(default_factory=list, description="More prompts the probe continues (greedy) besides the documents' beginnings.")
+    prompt_tokens: int = Field(default=24, ge=1, description="Tokens of each probe document given as a prompt.")
+    max_new_tokens: int = Field(default=32, ge=1, description="Tokens each probe prompt is continued by.")
+
+
 class EvalConfig(ScoringConfig):
     precision: PrecisionConfig = Field(default_factory=PrecisionConfig, description="Device and matmul precision of the eval stage (auto: bf16 autocast on cuda, fp32 on cpu).")
     data: list[str] = Field(default_factory=list, description="Also score these text, JSONL or Parquet files (read as curate reads them, tokenized with the run's tokenizer): loss, perplexity and bits per byte per file and per `source` field.")
     tasks: list[str] = Field(default_factory=list, description="Multiple-choice task files (JSONL: context or query, choices, label) scored zero-shot by log-likelihood; results per task (file name without .jsonl) in the eval manifest.")
+    probe: ProbeConfig = Field(default_factory=ProbeConfig, description="The probe set the trainer scores every train.probe_every steps (document losses and greedy continuations in metrics.jsonl, kind probe).")
     task_delimiter: str = Field(default=" ", description="Text between a task's context and each choice (lm-evaluation-harness's target_delimiter).")
 
     def scoring(self) -> ScoringConfig:

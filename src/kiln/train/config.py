@@ -45,7 +45,7 @@ MOVED = {
 class TrainConfig(Section):
     # None of these changes the trained weights (checkpoint: only when and where they are saved).
     # rollback: only what happens after a fault, and raising max_rollbacks is how a stopped run goes on.
-    NOT_HASHED = frozenset({"threads", "checkpoint", "eval_at_start", "eval_every", "activation_checkpointing", "checkpoint_every_k_blocks", "rollback"})
+    NOT_HASHED = frozenset({"threads", "checkpoint", "eval_at_start", "eval_every", "probe_every", "activation_checkpointing", "checkpoint_every_k_blocks", "rollback"})
     steps: int = Field(default=300, ge=1, description="Optimizer steps.")
     seq_len: int = Field(default=256, ge=2, description="Tokens per training sequence; at most model.max_seq_len.")
     micro_batch_size: int = Field(default=16, ge=1, description="Sequences per forward/backward pass on each data-parallel rank.")
@@ -53,6 +53,7 @@ class TrainConfig(Section):
     seed: int = Field(default=0, description="Seed for initialization.")
     threads: int | None = Field(default=None, ge=1, description="CPU threads for torch; None leaves torch's default.")
     eval_at_start: bool = Field(default=True, description="Evaluate the untrained model on validation data before step 1 (the 'before' numbers).")
+    probe_every: int | None = Field(default=None, ge=1, description="Also score the probe set (eval.probe: held-out documents and prompts) every this many steps and at the end, logging each document's loss and the greedy continuations (metrics.jsonl lines with kind probe); None: never.")
     eval_every: int | None = Field(default=None, ge=1, description="Also score the validation data per source every this many steps (metrics.jsonl lines with kind periodic); None: only before and after.")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="AdamW: peak learning rate, weight decay, betas, gradient clipping.")
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="Learning-rate warmup and cosine decay.")

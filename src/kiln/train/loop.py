@@ -57,6 +57,7 @@ from kiln.train.schedule import lr_at
 log = logging.getLogger("kiln.train")
 
 Scorer = Callable[[Transformer], dict[str, Any]]
+MakeProbe = Callable[[torch.dtype | None], Scorer]
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,14 @@ def maybe_eval(evaluate: Scorer, model: Transformer, monitor: Monitor, step: int
     return None if kind == "periodic" else results
 
 
+def maybe_probe(probe: Scorer | None, model: Transformer, monitor: Monitor, step: int, cfg: TrainConfig) -> None:
+    """Every train.probe_every steps and after the last: the probe set's document losses and greedy
+    continuations. Every rank runs it (FSDP2 gathers shards), rank 0 logs it."""
+    if probe is None or (step % cfg.probe_every and step != cfg.steps):  # type: ignore[operator]
+        return
+    monitor.log_probe(step, probe(model))
+
+
 class StopRequest:
     """Turns SIGTERM and SIGINT into a request the loop honours between steps (a schedulers' preemption
     notice, Ctrl-C): the step finishes, a resumable state is written, and the run stops."""
@@ -210,7 +219,7 @@ def describe_rows(rows: list[tuple[int, str]]) -> str:
     return f"rows {rows[0][0]}..{rows[-1][0]} of the stream (" + ", ".join(f"{n} {s}" for s, n in by_source.items()) + ")"
 
 
-def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path, objective_batches: list[Batch] | None = None, adapt_every: int | None = None, report_windows: int = 10, dp: DataParallel | None = None, parallel: ParallelConfig | None = None, resume_from: Path | None = None, reference_runs: Sequence[Path] = ()) -> TrainResult:
+def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path, objective_batches: list[Batch] | None = None, adapt_every: int | None = None, report_windows: int = 10, dp: DataParallel | None = None, parallel: ParallelConfig | None = None, resume_from: Path | None = None, reference_runs: Sequence[Path] = (), make_probe: MakeProbe | None = None) -> TrainResult:
     """Train a model (model_cfg with its vocab_size resolved; fresh, or train.init_from's weights) on `batches`; metrics and checkpoint go to out_dir.
 
     objective_batches: held-out batches built by the training objective, scored at each validation.
@@ -219,6 +228,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     dp, parallel: this process's place among the data-parallel ranks (None: one process).
     resume_from: a complete resumable state (kiln.train.resume) to continue from.
     reference_runs: other runs whose validation splits are scored too (continued pretraining's replay).
+    make_probe: builds the probe set's scorer for the autocast dtype (kiln.pipeline wires eval.probe in); used with train.probe_every.
     """
     precision = build_precision(cfg)
     dp = dp or DataParallel(0, 1, 1, 1, precision.device)
@@ -231,6 +241,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     # fp16 autocast needs dynamic loss scaling (bf16 has fp32's exponent range and does not).
     scaler = torch.amp.GradScaler(device.type, enabled=precision.amp_dtype == torch.float16)
     evaluate = build_scorer(run_dir, scoring, cfg, precision, objective_batches, reference_runs)
+    probe = make_probe(precision.amp_dtype) if make_probe is not None and cfg.probe_every else None
     mixture = MixtureWindows(batches.sources, cfg.steps, report_windows)
     states = States(out_dir / STATES, dp, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, cfg.checkpoint.async_save)
     # With fp16 an overflowing gradient is the loss scaler's to handle (it skips the step).
@@ -352,6 +363,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                 # The checkpoint is on disk before the final validation, which could still fail.
                 checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, states, cfg.checkpoint.every, step, cfg.steps, model, core, optimizer, batches, dp, resumable) or checkpoint
                 val_after = maybe_eval(evaluate, core, monitor, step, cfg) or val_after  # None until the last step
+                maybe_probe(probe, core, monitor, step, cfg)
                 if step < cfg.steps and stop.agreed(dp):  # sync point with several ranks: all stop at the same step
                     states.save(step, model, optimizer, resumable(), wait=True)
                     monitor.close()

@@ -76,6 +76,15 @@ class Monitor:
             if "objective" in results:
                 self.board.add_scalar("val_loss/objective", results["objective"]["loss"], step)
 
+    def log_probe(self, step: int, results: dict[str, Any]) -> None:
+        """The probe set's losses per document and its continuations (kiln.evaluate.probe)."""
+        self.write({"step": step, "kind": "probe", "probe": results})
+        if self.board is not None:
+            for name, r in results["documents"].items():
+                self.board.add_scalar(f"probe_loss/{name}", r["loss"], step)
+            text = "\n\n".join(f"**{g['prompt']!r}** -> {g['completion']!r}" for g in results["generations"])
+            self.board.add_text("probe/generations", text, step)
+
     def start(self, step: int) -> None:
         # The clock starts here, so the step-0 evaluation does not count against step 1's tokens/s.
         if self.writes:

@@ -41,7 +41,7 @@ from kiln.train.collate import build_collator
 from kiln.train.config import TrainConfig
 from kiln.train.data_plan import format_plan, plan_data
 from kiln.train.distributed import DataParallel, ParallelConfig, init_data_parallel
-from kiln.train.loop import build_precision, train
+from kiln.train.loop import MakeProbe, build_precision, train
 from kiln.train.monitor import TENSORBOARD
 from kiln.train.objectives import TokenIds, check_objectives, fim_middles, token_ids
 from kiln.train.resume import STATES, complete_states, set_aside_after, state_step
@@ -131,17 +131,18 @@ def format_dry_run(d: dict[str, Any]) -> str:
     ])
 
 
-def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool = False, parallel: ParallelConfig | None = None, from_step: int | None = None, reference_runs: Sequence[Path] = ()) -> dict[str, Any]:
+def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool = False, parallel: ParallelConfig | None = None, from_step: int | None = None, reference_runs: Sequence[Path] = (), make_probe: MakeProbe | None = None) -> dict[str, Any]:
     """The train stage; under torchrun every rank calls it, rank 0 keeps the books (lock, partial
     folder, manifest) and the others train and return rank 0's manifest. from_step: resume an
     interrupted run from the state after that step instead of its newest. reference_runs: runs
-    whose train shards the rows also come from (replay) and whose validation splits are scored."""
+    whose train shards the rows also come from (replay) and whose validation splits are scored.
+    make_probe: the probe set's scorer per autocast dtype (train.probe_every)."""
     parallel = parallel or ParallelConfig()
     precision = build_precision(cfg)
     dp = init_data_parallel(parallel, precision.device)
     # Not in a `finally`: after a failure the other ranks may be inside a collective, and
     # torchrun stops them when this process exits with the error.
-    manifest = train_stage(model_cfg, cfg, data_config, make_rows, scoring, Path(run_dir), force, parallel, precision, dp, from_step, reference_runs)
+    manifest = train_stage(model_cfg, cfg, data_config, make_rows, scoring, Path(run_dir), force, parallel, precision, dp, from_step, reference_runs, make_probe)
     # subtle: free the wrapped model (FSDP2 keeps reference cycles) while its process groups still
     # exist; left to interpreter shutdown, gloo's threads sometimes abort the process (exit -6).
     gc.collect()
@@ -198,7 +199,7 @@ def reference_inputs(layout: RunLayout, reference_runs: Sequence[Path], init_fro
     return inputs
 
 
-def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool, parallel: ParallelConfig, precision: Precision, dp: DataParallel, from_step: int | None = None, reference_runs: Sequence[Path] = ()) -> dict[str, Any]:
+def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool, parallel: ParallelConfig, precision: Precision, dp: DataParallel, from_step: int | None = None, reference_runs: Sequence[Path] = (), make_probe: MakeProbe | None = None) -> dict[str, Any]:
     layout = RunLayout(run_dir)
     tokenize_dir = layout.token_shards
     tokenized = read_manifest(tokenize_dir)
@@ -229,7 +230,7 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
         if resume_from is not None and from_step is not None:
             set_aside_after(resume_from.parent, from_step)  # the abandoned later states are kept, out of the way
     out_dir, resume_from = dp.broadcast((str(stage.dir), resume_from) if stage else None)  # only rank 0 writes into out_dir
-    result = train(model_cfg, cfg, batches, scoring, run_dir, Path(out_dir), val_batches, rows.adapt_every, rows.report_windows, dp, parallel, resume_from, reference_runs)
+    result = train(model_cfg, cfg, batches, scoring, run_dir, Path(out_dir), val_batches, rows.adapt_every, rows.report_windows, dp, parallel, resume_from, reference_runs, make_probe)
     if stage is None:
         return dp.broadcast(None)  # rank 0's manifest, once it is written
 
