@@ -60,7 +60,7 @@ def time_kiln(model: torch.nn.Module, tokenizer: KilnTokenizer, prompts: list[st
     t0 = time.perf_counter()
     done = complete(model, tokenizer, prompts, cfg)  # type: ignore[arg-type]
     seconds = time.perf_counter() - t0
-    return seconds, sum(c.new_tokens for c in done), [tokenizer.encode(c.completion) for c in done]
+    return seconds, sum(c.new_tokens for c in done), [list(c.ids) for c in done]
 
 
 def time_hf(model: transformers.PreTrainedModel, hf_tok: transformers.PreTrainedTokenizerBase, prompts: list[str], new_tokens: int, eot: int, pad: int) -> tuple[float, int, list[list[int]]]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,11 @@ class Completion:
     completion: str
     new_tokens: int
     finish_reason: str  # "end_of_document", "stop", or "length"
+    ids: tuple[int, ...]  # the new tokens (a stop string's tokens included; end of document not)
+
+    def record(self) -> dict[str, Any]:
+        """The samples.jsonl line."""
+        return {"prompt": self.prompt, "completion": self.completion, "new_tokens": self.new_tokens, "finish_reason": self.finish_reason}
 
 
 def filter_logits(logits_V: torch.Tensor, top_k: int | None, top_p: float | None, min_p: float | None = None) -> torch.Tensor:
@@ -104,32 +109,46 @@ def complete(model: Transformer, tokenizer: KilnTokenizer, prompts: list[str], c
     for row, e in enumerate(encoded):  # left padding: every prompt ends at column P
         ids_BN[row, P - len(e) : P] = torch.tensor(e)
         valid_BN[row, P - len(e) : P] = True
+    padded = bool((~valid_BN[:, :P]).any())  # on the host: no sync
     ids_BN, valid_BN = ids_BN.to(device), valid_BN.to(device)
+    penalize = cfg.repetition_penalty != 1.0
     seen_BV = torch.zeros(B, V, dtype=torch.bool, device=device)
-    seen_BV.scatter_(1, torch.where(valid_BN[:, :P], ids_BN[:, :P], tokenizer.pad_id), True)  # padding is banned anyway
+    if penalize:
+        seen_BV.scatter_(1, torch.where(valid_BN[:, :P], ids_BN[:, :P], tokenizer.pad_id), True)  # padding is banned anyway
     # Specials other than end-of-document (padding, mask, FIM, sentinels, reserved) are never text.
     banned = torch.tensor([i for i in tokenizer.specials.values() if i != tokenizer.eot_id], device=device)
     cache = KVCache(model.cfg.n_layers, W) if cfg.use_cache and P < W else None
+    # Each row's next RoPE position: its real tokens so far (left padding counts none).
+    next_pos_B1 = valid_BN[:, :P].sum(-1, keepdim=True)
     new: list[list[int]] = [[] for _ in range(B)]
     finish: list[str | None] = [None] * B
     cut: list[int | None] = [None] * B  # character offset of a stop string in a row's text
     n = P
     with autocast(device, amp_dtype):
-        logits_BV = model(ids_BN[:, :P], positions_BT=positions(valid_BN[:, :P]), cache=cache, valid_BT=valid_BN[:, :P])[:, -1] if cache else window_logits(model, ids_BN[:, :P], valid_BN[:, :P])
+        if cache is None:
+            logits_BV = window_logits(model, ids_BN[:, :P], valid_BN[:, :P])
+        elif padded:
+            logits_BV = model(ids_BN[:, :P], positions_BT=positions(valid_BN[:, :P]), cache=cache, valid_BT=valid_BN[:, :P])[:, -1]
+        else:
+            logits_BV = model(ids_BN[:, :P], cache=cache)[:, -1]
     for _ in range(cfg.max_new_tokens):
-        logits_BV = penalize_repeats(logits_BV.float(), seen_BV, cfg.repetition_penalty)
+        logits_BV = logits_BV.float()
+        if penalize:
+            logits_BV = penalize_repeats(logits_BV, seen_BV, cfg.repetition_penalty)
         logits_BV[:, banned] = float("-inf")
         if cfg.temperature == 0:
             next_B = logits_BV.argmax(-1)
         else:
             probs_BV = filter_logits(logits_BV / cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p).softmax(-1)
             next_B = torch.multinomial(probs_BV, 1, generator=gen)[:, 0]
-        live_B = torch.tensor([f is None for f in finish], device=device)
-        ids_BN[:, n] = torch.where(live_B, next_B, tokenizer.pad_id)
-        valid_BN[:, n] = live_B & (next_B != tokenizer.eot_id)
-        seen_BV.scatter_(1, torch.where(valid_BN[:, n : n + 1], ids_BN[:, n : n + 1], tokenizer.pad_id), True)
+        next_list = next_B.tolist()  # host sync per token
+        ids_BN[:, n] = next_B
+        # A finished row keeps decoding (its tokens are dropped); its keys are seen by no other row.
+        valid_BN[:, n] = next_B != tokenizer.eot_id
+        if penalize:
+            seen_BV.scatter_(1, torch.where(valid_BN[:, n : n + 1], ids_BN[:, n : n + 1], tokenizer.pad_id), True)
         n += 1
-        for row, token in enumerate(next_B.tolist()):  # host sync per token
+        for row, token in enumerate(next_list):
             if finish[row] is not None:
                 continue
             if token == tokenizer.eot_id:
@@ -145,13 +164,14 @@ def complete(model: Transformer, tokenizer: KilnTokenizer, prompts: list[str], c
             break
         with autocast(device, amp_dtype):
             if cache is not None and n <= W:  # one new position per row against the cache
-                logits_BV = model(ids_BN[:, n - 1 : n], positions_BT=positions(valid_BN[:, :n])[:, -1:], cache=cache, valid_BT=valid_BN[:, n - 1 : n])[:, -1]
+                logits_BV = model(ids_BN[:, n - 1 : n], positions_BT=next_pos_B1 if padded else None, cache=cache)[:, -1]
+                next_pos_B1 = next_pos_B1 + 1
             else:  # no cache, or past the context: the window slides
                 logits_BV = window_logits(model, ids_BN[:, :n], valid_BN[:, :n])
     out = []
     for row, prompt in enumerate(prompts):
         text = tokenizer.decode(new[row])
-        out.append(Completion(prompt, text[: cut[row]] if cut[row] is not None else text, len(new[row]), finish[row] or "length"))
+        out.append(Completion(prompt, text[: cut[row]] if cut[row] is not None else text, len(new[row]), finish[row] or "length", tuple(new[row])))
     return out
 
 
@@ -206,7 +226,7 @@ def run(cfg: GenerateConfig, run_dir: Path, force: bool = False) -> dict[str, An
     outputs = []
     if prompt_file:
         samples = stage.dir / SAMPLES
-        samples.write_text("".join(json.dumps(asdict(c), ensure_ascii=False) + "\n" for c in done_list), encoding="utf-8")
+        samples.write_text("".join(json.dumps(c.record(), ensure_ascii=False) + "\n" for c in done_list), encoding="utf-8")
         outputs.append(samples)
     first = done_list[0]
     text = first.prompt + first.completion

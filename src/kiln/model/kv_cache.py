@@ -26,23 +26,30 @@ class KVCache:
         self.v: list[torch.Tensor | None] = [None] * n_layers
         self.valid_BS: torch.Tensor | None = None
 
-    def begin(self, valid_BT: torch.Tensor) -> dict[str, Any]:
-        """Record the new positions' validity; the SDPA arguments every layer of this pass uses."""
-        B, T = valid_BT.shape
+    def begin(self, T: int, valid_BT: torch.Tensor | None = None) -> dict[str, Any]:
+        """Start a pass over T new positions; the SDPA arguments every layer of it uses.
+
+        valid_BT: the new positions' real tokens, given for a left-padded prefill (kept for every
+        later pass); None when they are all real. enable_gqa: SDPA reads each key/value head for
+        its group of query heads, so the cache is never copied per head.
+        """
         end = self.length + T
         assert end <= self.capacity, f"{end} positions exceed the cache's {self.capacity}"
-        if self.valid_BS is None:
-            self.valid_BS = torch.zeros(B, self.capacity, dtype=torch.bool, device=valid_BT.device)
-        self.valid_BS[:, self.length : end] = valid_BT
-        if bool(self.valid_BS[:, :end].all()):  # host sync, once per pass: no padding anywhere
-            if self.length == 0:
-                return {"is_causal": True}  # a prefill: plain causal attention
-            if T == 1:
-                return {}  # one new position sees every cached one
-        i_T1 = torch.arange(self.length, end, device=valid_BT.device)[:, None]
-        j_1S = torch.arange(end, device=valid_BT.device)[None, :]
-        allowed_BTS = ((j_1S <= i_T1)[None] & self.valid_BS[:, None, :end]) | (j_1S == i_T1)[None]
-        return {"attn_mask": allowed_BTS[:, None]}  # (B, 1, T, S_used), shared by the heads
+        if valid_BT is not None:
+            if self.valid_BS is None:
+                self.valid_BS = torch.ones(valid_BT.shape[0], self.capacity, dtype=torch.bool, device=valid_BT.device)
+            self.valid_BS[:, self.length : end] = valid_BT
+        if self.valid_BS is None and self.length == 0:
+            return {"is_causal": True, "enable_gqa": True}  # a prefill without padding: plain causal attention
+        if self.valid_BS is None and T == 1:
+            return {"enable_gqa": True}  # one new position sees every cached one
+        device = self.valid_BS.device if self.valid_BS is not None else None
+        i_T1 = torch.arange(self.length, end, device=device)[:, None]
+        j_1S = torch.arange(end, device=device)[None, :]
+        allowed_BTS = (j_1S <= i_T1)[None]
+        if self.valid_BS is not None:  # no query sees a padding key; a padding query sees itself
+            allowed_BTS = (allowed_BTS & self.valid_BS[:, None, :end]) | (j_1S == i_T1)[None]
+        return {"attn_mask": allowed_BTS[:, None], "enable_gqa": True}  # (B or 1, 1, T, S_used), shared by the heads
 
     def layer(self, i: int) -> LayerCache:
         """Block i's part: what its attention stores into."""

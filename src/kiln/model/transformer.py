@@ -87,7 +87,9 @@ class Attention(nn.Module):
         q_BHTE, k_BKTE = apply_rope(q_BHTE, cos, sin), apply_rope(k_BKTE, cos, sin)
         if cache is not None:  # decoding: attend over the cached positions and these (S of them)
             k_BKTE, v_BKTE = cache.store(k_BKTE, v_BKTE)
-        if self.n_kv != self.n_heads:  # grouped-query: each K/V head serves H/K query heads
+        # Grouped-query: each K/V head serves H/K query heads. Training copies them (SDPA's
+        # enable_gqa sums the K/V gradients in another order); decoding passes enable_gqa instead.
+        if self.n_kv != self.n_heads and not sdpa_kwargs.get("enable_gqa"):
             k_BKTE = k_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v_BKTE = v_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         # sdpa_kwargs: is_causal=True (the fast path), nothing (full), or a (B, 1, T, T) bool attn_mask.
@@ -183,7 +185,8 @@ class Transformer(nn.Module):
         positions_BT: each token's RoPE position (restarting per packed document); None means
         0..T-1, or with a cache the positions after the cached ones.
         cache: decoding; the T tokens follow the cached ones and attend causally to them and to
-        each other (`rule` is not used), skipping positions where valid_BT (default all True) is False.
+        each other (`rule` is not used), never to positions where valid_BT (a left-padded prefill;
+        None: all real) was False.
         """
         T = idx_BT.shape[1]
         start = cache.length if cache is not None else 0
@@ -195,7 +198,7 @@ class Transformer(nn.Module):
         if cache is None:
             sdpa_kwargs = rule.sdpa_kwargs(T, idx_BT.device)  # any mask is built once, shared by every layer
         else:
-            sdpa_kwargs = cache.begin(valid_BT if valid_BT is not None else torch.ones_like(idx_BT, dtype=torch.bool))
+            sdpa_kwargs = cache.begin(T, valid_BT)
         x_BTD = self.embed(idx_BT)
         for i, block in enumerate(self.blocks):
             # Training calls a block with exactly these four arguments (what compile and activation checkpointing see).

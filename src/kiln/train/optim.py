@@ -3,8 +3,8 @@
 Weight decay falls on matrices; norm gains (1-D) are not decayed unless `decay_norms` (pulling
 them toward 0 only fights the normalisation), the embedding is decayed unless
 `decay_embeddings` is off (Llama and nanoGPT decay it). AdamW runs PyTorch's fused kernel on
-CPU and CUDA (one pass over each parameter and its moments; about 4x faster than the per-tensor
-default on the demo's CPU step, see benchmarks/train_throughput.py).
+CPU and CUDA (one pass over each parameter and its moments: on the demo model's parameter groups
+12 ms a step against 50 ms for the per-tensor default, 2 CPU cores, measured 2026-11-25).
 With `name: muon`, the 2-D weights inside the blocks take Muon (kiln.train.muon) at `muon_lr`;
 embeddings, the output projection and norms take AdamW at `lr`. Every group carries `lr_scale`,
 its peak over train.optim.lr, so the loop's one schedule drives both.
