@@ -15,6 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from kiln.core.errors import FatalError
 from kiln.core.layout import RunLayout
 from kiln.core.ranks import is_main_process
 from kiln.recipe import Recipe, recipe_to_yaml
@@ -73,7 +74,7 @@ def read_for_eval(path: Path) -> tuple[list[tuple[str, str]], list[str]]:
     ledger = Ledger()
     tasks = plan_reads((InputConfig(path=str(path)),), None, 1 << 40)  # one task: the file whole
     docs = [(d.source, d.text) for task in tasks for d in read_task(task, ReadLimits(), ledger)]
-    return docs, [f"{q.get('file', path)}:{q.get('position', '?')}: {q.get('error', 'unreadable')}" for q in ledger.quarantined]
+    return docs, [f"{q.get('file') or path}:{q.get('position') or '?'}: {q.get('error') or 'unreadable'}" for q in ledger.quarantined]
 
 
 def dry_run_train(recipe: Recipe) -> str:
@@ -120,7 +121,14 @@ def run_stage(stage: str, recipe: Recipe, force: bool = False, **options: Any) -
 
 
 def run_demo(recipe: Recipe, force: bool = False) -> dict[str, Any]:
-    manifests = {stage: run_stage(stage, recipe, force) for stage in STAGES}
+    manifests = {}
+    for stage in STAGES:
+        try:
+            manifests[stage] = run_stage(stage, recipe, force)
+        except FatalError as e:
+            if stage != "export":
+                raise
+            log.warning("demo: not exported: %s", e)  # a model option transformers' Llama and Qwen3 lack
     summary = build_summary(manifests)
     path = RunLayout(recipe.run_dir).summary_json
     path.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -140,7 +148,7 @@ def build_summary(m: dict[str, dict[str, Any]]) -> dict[str, Any]:
             s: {"docs_in": t["docs_in"], "docs_out": t["docs_out"], "removed": t["removed"], "quarantined": t["quarantined"]}
             for s, t in curated["per_source"].items()
         },
-        "tokenizer_bytes_per_token": m["tokenizer"]["counts"]["heldout_bytes_per_token"],
+        "tokenizer_bytes_per_token": m["tokenizer"]["counts"].get("heldout_bytes_per_token"),  # None: not measured (a tokenizer imported with a model)
         "train_tokens_available": m["tokenize"]["counts"]["train_tokens"],
         "params": train["params"],
         "tokens_trained": train["tokens_trained"],
@@ -149,7 +157,7 @@ def build_summary(m: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "val_bpb_before": {**{s: r["bpb"] for s, r in before["sources"].items()}, "all": before["all"]["bpb"]},
         "val_bpb_after": {**{s: r["bpb"] for s, r in after["sources"].items()}, "all": after["all"]["bpb"]},
         "sample": m["generate"]["counts"]["sample"],
-        "hf_folder": m["export"]["counts"]["folder"],
+        "hf_folder": m["export"]["counts"]["folder"] if "export" in m else None,
     }
     drop = 1 - after["all"]["loss"] / before["all"]["loss"]
     summary["val_loss_drop"] = round(drop, 4)
@@ -182,7 +190,8 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append("validation loss per source, from the starting model (negative: gained; positive: forgotten):")
         lines += [f"  {source:<12} {c['before']:.3f} -> {c['after']:.3f} ({c['change']:+.3f})" for source, c in change.items()]
     lines.append(f"sample: {s['sample']!r}")
-    lines.append(f"Hugging Face folder: {s['hf_folder']} (AutoModelForCausalLM.from_pretrained loads it)")
+    if s["hf_folder"]:
+        lines.append(f"Hugging Face folder: {s['hf_folder']} (AutoModelForCausalLM.from_pretrained loads it)")
     if not s["learned"] and change:
         lines.append("WARNING: this run's own sources did not all gain; train longer or raise train.optim.lr")
     elif not s["learned"]:

@@ -113,3 +113,12 @@ def test_a_bad_line_is_named(tmp_path: Path, line: str, message: str) -> None:
     path.write_text('{"context": "ok", "choices": ["a", "b"], "label": 1}\n' + line + "\n")
     with pytest.raises(FatalError, match=message):
         read_task(path)
+
+
+def test_a_choice_that_adds_no_token_is_named_by_file_and_line(tmp_path: Path, tokenizer: KilnTokenizer) -> None:
+    path = tmp_path / "merge.jsonl"
+    # With no delimiter, "The ca" + "t" is "The cat", no more tokens than "The ca" alone: the choice merges into the context.
+    path.write_text(json.dumps({"context": "The cat", "choices": [" sat", " ran"], "label": 0}) + "\n" + json.dumps({"context": "The ca", "choices": ["t", " dog"], "label": 0}) + "\n")
+    assert len(tokenizer.encode("The cat")) <= len(tokenizer.encode("The ca"))
+    with pytest.raises(FatalError, match=r"merge\.jsonl:2: choice 0 \('t'\) adds no token after the context"):
+        score_task(random_model(tokenizer), tokenizer, read_task(path), delimiter="")

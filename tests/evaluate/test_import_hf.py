@@ -66,6 +66,9 @@ def test_a_transformers_llama_imports_with_the_same_logits(tmp_path: Path, token
     load_weights_into(fresh, RunLayout(run_dir).checkpoint)
     assert torch.equal(fresh.lm_head.weight, ours.lm_head.weight)
     assert "train.init_from" in (run_dir / "train" / "summary.txt").read_text()
+    # ... and exports again, its card saying where it came from.
+    export(ExportConfig(), GenerateConfig(), run_dir)
+    assert f"Imported from the Hugging Face folder {folder}" in (run_dir / "export" / "hf" / "README.md").read_text()
     assert KilnTokenizer.load(RunLayout(run_dir).tokenizer_json).encode(TEXT) == tokenizer.encode(TEXT)
 
 

@@ -10,8 +10,8 @@ continuation's tokens are those after the context's own encoding. An empty conte
 by end of document. Pairs longer than the model's window keep their last max_seq_len + 1 tokens.
 
 Accuracy three ways, each the share of items whose best choice is the label: `acc` by the raw
-log-likelihood, `acc_norm_char` by log-likelihood per character of the continuation
-(lm-evaluation-harness's acc_norm), `acc_norm_token` per continuation token.
+log-likelihood, `acc_norm_char` by log-likelihood per character of the choice (without the
+delimiter: lm-evaluation-harness's acc_norm), `acc_norm_token` per continuation token.
 Not handled here: few-shot prompts, generation tasks, answer extraction.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ class Item:
     context: str
     choices: tuple[str, ...]
     label: int
+    where: str = field(default="", compare=False)  # file:line, for messages
 
 
 def read_task(path: Path) -> list[Item]:
@@ -62,7 +63,7 @@ def read_task(path: Path) -> list[Item]:
             raise FatalError(f"{where}: `context` (or `query`) must be a string")
         if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) for c in choices):
             raise FatalError(f"{where}: `choices` must be a list of at least two strings")
-        items.append(Item(context, tuple(choices), _label(record.get("label"), len(choices), where)))
+        items.append(Item(context, tuple(choices), _label(record.get("label"), len(choices), where), where))
     if not items:
         raise FatalError(f"{path}: no items")
     return items
@@ -121,12 +122,13 @@ def score_task(model: Transformer, tokenizer: KilnTokenizer, items: list[Item], 
     """{"items", "acc", "acc_norm_char", "acc_norm_token", "stderr"} for one task."""
     pairs, lengths = [], []
     for item in items:
-        for choice in item.choices:
+        for j, choice in enumerate(item.choices):
             context_ids, continuation_ids = encode_pair(tokenizer, item.context, delimiter + choice)
             if not continuation_ids:
-                raise FatalError(f"a choice of item {len(lengths)} encodes to no tokens: {choice!r}")
+                raise FatalError(f"{item.where or 'task item'}: choice {j} ({choice!r}) adds no token after the context; give eval.task_delimiter a space or end the context with one")
             pairs.append((context_ids, continuation_ids))
-            lengths.append((len(delimiter + choice), len(continuation_ids)))
+            # Per character of the choice itself, as lm-evaluation-harness's acc_norm counts it.
+            lengths.append((max(len(choice), 1), len(continuation_ids)))
     scores = loglikelihoods(model, pairs, batch_size, amp_dtype)
     hits = {"acc": 0, "acc_norm_char": 0, "acc_norm_token": 0}
     k = 0

@@ -6,7 +6,7 @@ trainer's monitoring evaluations) plus where and in what precision the eval stag
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -23,6 +23,7 @@ class ProbeConfig(Section):
 
 
 class EvalConfig(ScoringConfig):
+    NOT_HASHED = ScoringConfig.NOT_HASHED | {"probe"}  # the probe set is the trainer's, not the eval stage's
     precision: PrecisionConfig = Field(default_factory=PrecisionConfig, description="Device and matmul precision of the eval stage (auto: bf16 autocast on cuda, fp32 on cpu).")
     data: list[str] = Field(default_factory=list, description="Also score these text, JSONL or Parquet files (read as curate reads them, tokenized with the run's tokenizer): loss, perplexity and bits per byte per file and per `source` field.")
     tasks: list[str] = Field(default_factory=list, description="Multiple-choice task files (JSONL: context or query, choices, label) scored zero-shot by log-likelihood; results per task (file name without .jsonl) in the eval manifest.")
@@ -42,7 +43,7 @@ class GenerateConfig(Section):
     top_p: float | None = Field(default=0.95, gt=0, le=1, description="Nucleus sampling: keep the smallest set with this much probability; None disables.")
     min_p: float | None = Field(default=None, gt=0, le=1, description="Drop tokens whose probability is below min_p times the most likely token's (after top-k and top-p); None disables.")
     repetition_penalty: float = Field(default=1.0, gt=0, description="Divide the positive logits (multiply the negative ones) of tokens already in the prompt or the completion by this; 1 disables.")
-    stop: list[str] = Field(default_factory=list, description="Stop a completion at the first of these strings (not included in the output).")
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list, description="Stop a completion at the first of these strings (not included in the output).")
     seed: int = Field(default=0, description="Sampling seed (one generator draws for the whole batch).")
     prompt_file: str | None = Field(default=None, description="Complete every prompt of this file (JSONL with a `prompt` field, or text with one prompt per line) into generate/samples.jsonl; None: generate.prompt only.")
     batch_size: int = Field(default=8, ge=1, description="Prompts decoded together (left-padded to one length).")

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from kiln.core.atomic import replace_dir
+from kiln.core.config import Section
 from kiln.core.errors import FatalError
 from kiln.core.layout import CURATE, EVAL, EXPORT, TOKENIZE, TOKENIZER, TRAIN, RunLayout
 from kiln.core.manifest import Stage, read_manifest
@@ -37,6 +38,15 @@ from kiln.text.tokenizer import KilnTokenizer
 log = logging.getLogger("kiln.export")
 HF_FOLDER = "hf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class GenerationDefaults(Section):
+    """The part of the generate section an export writes (generation_config.json)."""
+
+    max_new_tokens: int
+    temperature: float
+    top_k: int | None
+    top_p: float | None
 
 
 def tokenizer_files(folder: Path, tokenizer: KilnTokenizer, max_len: int) -> list[Path]:
@@ -111,15 +121,18 @@ def model_card(run_dir: Path, model: Transformer, tokenizer: KilnTokenizer, arch
         top = sorted(c["removed"].items(), key=lambda kv: -kv[1])[:8]
         lines += ["", "Most frequent removal reasons: " + ", ".join(f"{r} ({n:,})" for r, n in top) + ".", ""]
     if (tk := m[TOKENIZER]) is not None:
-        lines += ["## Tokenizer", "", f"Byte-level BPE, {tokenizer.vocab_size:,} tokens, {tk['counts']['heldout_bytes_per_token']:.3f} bytes per token on held-out text; "
+        measured = tk["counts"].get("heldout_bytes_per_token")  # an imported tokenizer has no measurement
+        lines += ["## Tokenizer", "", f"Byte-level BPE, {tokenizer.vocab_size:,} tokens{f', {measured:.3f} bytes per token on held-out text' if measured else ''}; "
                   f"end of document `{EOT}` (id {tokenizer.eot_id}) is the bos and eos token, padding `{PAD}` (id {tokenizer.pad_id}); no token is added on encode.", ""]
-    if (tr := m[TRAIN]) is not None:
+    if (tr := m[TRAIN]) is not None and "train" not in tr["config"]:  # a run `kiln import-hf` made
+        lines += ["## Training", "", f"Imported from the Hugging Face folder {tr['counts'].get('imported_from')}; its training is not recorded here.", ""]
+    elif tr is not None:
         t, counts = tr["config"]["train"], tr["counts"]
         lines += ["## Training", "", f"{counts['steps']:,} steps, {counts['tokens_trained']:,} tokens "
                   f"({', '.join(f'{s} {n:,}' for s, n in counts.get('tokens_by_source', {}).items())}), "
                   f"{counts['train_flops']:.3g} FLOPs ({counts['flops_per_token']:,} per token), on {counts.get('processes', 1)} {counts.get('device', '')} process(es); "
                   f"{t['optim']['name']} at peak lr {t['optim']['lr']:g}, {t['schedule']['kind']} schedule, {t['global_batch_tokens']:,} tokens per step of {t['seq_len']}-token windows.", ""]
-    if (ev := m[EVAL]) is not None:
+    if (ev := m[EVAL]) is not None and "before" in ev["counts"]:  # the validation split, before and after training
         after, before = ev["counts"]["after"], ev["counts"]["before"]
         lines += ["## Evaluation", "", "Held-out validation split of each source (bits per byte; lower is better):", "", "| source | before training | after |", "|---|---|---|"]
         for source, r in after["sources"].items():
@@ -140,7 +153,9 @@ def run(cfg: ExportConfig, gen: GenerateConfig, run_dir: Path, force: bool = Fal
     layout = RunLayout(run_dir)
     ckpt, tok_path = layout.checkpoint, layout.tokenizer_json
     upstream = [s for s in (CURATE, TOKENIZER, TOKENIZE, TRAIN, EVAL) if (layout.stage(s) / "manifest.json").is_file()]
-    stage = Stage(run_dir, EXPORT, {"export": cfg, "generate": gen}, [ckpt / WEIGHTS, ckpt / CONFIG, tok_path], upstream=upstream)
+    # Only the sampling defaults that generation_config.json carries identify the export.
+    defaults = GenerationDefaults(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p)
+    stage = Stage(run_dir, EXPORT, {"export": cfg, "generation_defaults": defaults}, [ckpt / WEIGHTS, ckpt / CONFIG, tok_path], upstream=upstream)
     if done := stage.up_to_date(force, lambda m: f"the Hugging Face folder is {layout.stage(EXPORT) / HF_FOLDER}"):
         copy_out(layout.stage(EXPORT) / HF_FOLDER, cfg.out, force)
         return done

@@ -90,9 +90,9 @@ def window_logits(model: Transformer, ids_BN: torch.Tensor, valid_BN: torch.Tens
     """Last-position logits (B, V) of the last max_seq_len positions, computed without a cache."""
     ids_BW, valid_BW = ids_BN[:, -model.cfg.max_seq_len :], valid_BN[:, -model.cfg.max_seq_len :]
     if bool(valid_BW.all()):  # host sync; no padding: the plain causal fast path
-        return model(ids_BW)[:, -1]
+        return model(ids_BW, last_only=True)[:, -1]
     # Padding and real tokens as two "documents": no real token sees padding.
-    return model(ids_BW, rule=CAUSAL.within_documents(valid_BW.long()), positions_BT=positions(valid_BW))[:, -1]
+    return model(ids_BW, rule=CAUSAL.within_documents(valid_BW.long()), positions_BT=positions(valid_BW), last_only=True)[:, -1]
 
 
 @torch.no_grad()
@@ -117,7 +117,8 @@ def complete(model: Transformer, tokenizer: KilnTokenizer, prompts: list[str], c
         seen_BV.scatter_(1, torch.where(valid_BN[:, :P], ids_BN[:, :P], tokenizer.pad_id), True)  # padding is banned anyway
     # Specials other than end-of-document (padding, mask, FIM, sentinels, reserved) are never text.
     banned = torch.tensor([i for i in tokenizer.specials.values() if i != tokenizer.eot_id], device=device)
-    cache = KVCache(model.cfg.n_layers, W) if cfg.use_cache and P < W else None
+    # Room for what this call can reach: the prompt and its new tokens, at most the context.
+    cache = KVCache(model.cfg.n_layers, min(W, P + cfg.max_new_tokens)) if cfg.use_cache and P < W else None
     # Each row's next RoPE position: its real tokens so far (left padding counts none).
     next_pos_B1 = valid_BN[:, :P].sum(-1, keepdim=True)
     new: list[list[int]] = [[] for _ in range(B)]
@@ -128,9 +129,9 @@ def complete(model: Transformer, tokenizer: KilnTokenizer, prompts: list[str], c
         if cache is None:
             logits_BV = window_logits(model, ids_BN[:, :P], valid_BN[:, :P])
         elif padded:
-            logits_BV = model(ids_BN[:, :P], positions_BT=positions(valid_BN[:, :P]), cache=cache, valid_BT=valid_BN[:, :P])[:, -1]
+            logits_BV = model(ids_BN[:, :P], positions_BT=positions(valid_BN[:, :P]), cache=cache, valid_BT=valid_BN[:, :P], last_only=True)[:, -1]
         else:
-            logits_BV = model(ids_BN[:, :P], cache=cache)[:, -1]
+            logits_BV = model(ids_BN[:, :P], cache=cache, last_only=True)[:, -1]
     for _ in range(cfg.max_new_tokens):
         logits_BV = logits_BV.float()
         if penalize:
@@ -163,8 +164,8 @@ def complete(model: Transformer, tokenizer: KilnTokenizer, prompts: list[str], c
         if all(f is not None for f in finish) or n == ids_BN.shape[1]:
             break
         with autocast(device, amp_dtype):
-            if cache is not None and n <= W:  # one new position per row against the cache
-                logits_BV = model(ids_BN[:, n - 1 : n], positions_BT=next_pos_B1 if padded else None, cache=cache)[:, -1]
+            if cache is not None and n <= cache.capacity:  # one new position per row against the cache
+                logits_BV = model(ids_BN[:, n - 1 : n], positions_BT=next_pos_B1 if padded else None, cache=cache, last_only=True)[:, -1]
                 next_pos_B1 = next_pos_B1 + 1
             else:  # no cache, or past the context: the window slides
                 logits_BV = window_logits(model, ids_BN[:, :n], valid_BN[:, :n])

@@ -35,7 +35,8 @@ def build_probe(run_dir: Path, cfg: ProbeConfig, amp_dtype: torch.dtype | None) 
     layout = RunLayout(run_dir)
     tokenizer = KilnTokenizer.load(layout.tokenizer_json)
     documents = {f"{source}/{i}": shard.document(i) for source, shard in sorted(open_split(layout.token_shards, "val").items()) for i in range(min(cfg.documents_per_source, shard.n_docs))}
-    prompts = [tokenizer.decode(ids[: cfg.prompt_tokens].tolist()) for ids in documents.values()] + list(cfg.prompts)
+    # A document's own end-of-document token never goes into its prompt (decoded, it would read as text).
+    prompts = [tokenizer.decode(ids[: min(cfg.prompt_tokens, len(ids) - 1)].tolist()) for ids in documents.values()] + list(cfg.prompts)
     sampling = GenerateConfig(temperature=0, max_new_tokens=cfg.max_new_tokens, batch_size=max(len(prompts), 1))
 
     @torch.no_grad()

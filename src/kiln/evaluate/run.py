@@ -34,6 +34,8 @@ from kiln.model.precision import resolve_precision
 from kiln.model.weights import CONFIG, WEIGHTS, load_trained_model
 from kiln.text.tokenizer import KilnTokenizer
 
+# The default window of a run kiln did not train (an import): its whole context, up to this many tokens.
+IMPORTED_WINDOW = 2048
 # path -> ([(source, text) per readable document], [a line naming each record that could not be read])
 ReadFile = Callable[[Path], tuple[list[tuple[str, str]], list[str]]]
 
@@ -76,12 +78,16 @@ def run(cfg: EvalConfig, run_dir: Path, force: bool = False, read_file: ReadFile
     ckpt, tok_path = layout.checkpoint, layout.tokenizer_json
     # eval.seq_len None means the window the checkpoint was trained with (not the recipe's
     # current train.seq_len), or an imported model's whole context; the resolved window is what gets hashed.
-    cfg = cfg.model_copy(update={"seq_len": cfg.seq_len or (train_cfg["seq_len"] if train_cfg else ModelConfig.model_validate(trained["model"]).max_seq_len)})
+    cfg = cfg.model_copy(update={"seq_len": cfg.seq_len or (train_cfg["seq_len"] if train_cfg else min(ModelConfig.model_validate(trained["model"]).max_seq_len, IMPORTED_WINDOW))})
     has_shards = (layout.token_shards / "manifest.json").is_file()
     data, tasks = [Path(d) for d in cfg.data], [Path(t) for t in cfg.tasks]
     for path in data:
         if not path.is_file():
             raise FatalError(f"eval.data: {path} is not a file (give each text, JSONL or Parquet file)")
+    for key, paths in (("eval.data", data), ("eval.tasks", tasks)):
+        names = [p.name for p in paths]
+        if twice := sorted({n for n in names if names.count(n) > 1}):
+            raise FatalError(f"{key}: two files named {twice[0]} (results are keyed by file name); rename one")
     if not has_shards and not data and not tasks:
         raise FatalError(f"{run_dir}: no token shards to validate on (no tokenize stage); give files with --data or tasks with --task")
     val_shards = [p for p in recorded_outputs(layout.token_shards) if p.name.startswith("val.")] if has_shards else []

@@ -93,6 +93,15 @@ def hf_config(cfg: ModelConfig, eot_id: int, pad_id: int) -> dict[str, Any]:
 def model_config_from_hf(config: dict[str, Any], where: str) -> ModelConfig:
     """The kiln ModelConfig of a Llama or Qwen3 config.json; FatalError naming each setting kiln
     cannot reproduce (where: the file, for the message)."""
+    try:
+        return _model_config_from_hf(config, where)
+    except (KeyError, TypeError, ValueError) as e:  # a missing key, or a value ModelConfig refuses
+        if isinstance(e, FatalError):
+            raise
+        raise FatalError(f"{where}: not a config kiln can read ({type(e).__name__}: {e})") from None
+
+
+def _model_config_from_hf(config: dict[str, Any], where: str) -> ModelConfig:
     arch = (config.get("architectures") or [None])[0]
     if arch not in MODEL_TYPES:
         raise FatalError(f"{where}: architecture {arch!r}; kiln imports {', '.join(MODEL_TYPES)}")

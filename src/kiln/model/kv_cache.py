@@ -26,7 +26,7 @@ class KVCache:
         self.v: list[torch.Tensor | None] = [None] * n_layers
         self.valid_BS: torch.Tensor | None = None
 
-    def begin(self, T: int, valid_BT: torch.Tensor | None = None) -> dict[str, Any]:
+    def begin(self, T: int, device: torch.device, valid_BT: torch.Tensor | None = None) -> dict[str, Any]:
         """Start a pass over T new positions; the SDPA arguments every layer of it uses.
 
         valid_BT: the new positions' real tokens, given for a left-padded prefill (kept for every
@@ -43,7 +43,6 @@ class KVCache:
             return {"is_causal": True, "enable_gqa": True}  # a prefill without padding: plain causal attention
         if self.valid_BS is None and T == 1:
             return {"enable_gqa": True}  # one new position sees every cached one
-        device = self.valid_BS.device if self.valid_BS is not None else None
         i_T1 = torch.arange(self.length, end, device=device)[:, None]
         j_1S = torch.arange(end, device=device)[None, :]
         allowed_BTS = (j_1S <= i_T1)[None]

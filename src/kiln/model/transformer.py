@@ -179,7 +179,7 @@ class Transformer(nn.Module):
                 scale = 1 / math.sqrt(2 * depth)
             nn.init.normal_(p, mean=0.0, std=std * scale)
 
-    def forward(self, idx_BT: torch.Tensor, rule: AttentionRule = CAUSAL, positions_BT: torch.Tensor | None = None, cache: KVCache | None = None, valid_BT: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, idx_BT: torch.Tensor, rule: AttentionRule = CAUSAL, positions_BT: torch.Tensor | None = None, cache: KVCache | None = None, valid_BT: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
         """Logits (B, T, V) in fp32 for a batch of token ids, attending as `rule` allows.
 
         positions_BT: each token's RoPE position (restarting per packed document); None means
@@ -187,6 +187,7 @@ class Transformer(nn.Module):
         cache: decoding; the T tokens follow the cached ones and attend causally to them and to
         each other (`rule` is not used), never to positions where valid_BT (a left-padded prefill;
         None: all real) was False.
+        last_only: logits of the last position only, (B, 1, V) (decoding needs no others).
         """
         T = idx_BT.shape[1]
         start = cache.length if cache is not None else 0
@@ -198,13 +199,15 @@ class Transformer(nn.Module):
         if cache is None:
             sdpa_kwargs = rule.sdpa_kwargs(T, idx_BT.device)  # any mask is built once, shared by every layer
         else:
-            sdpa_kwargs = cache.begin(T, valid_BT)
+            sdpa_kwargs = cache.begin(T, idx_BT.device, valid_BT)
         x_BTD = self.embed(idx_BT)
         for i, block in enumerate(self.blocks):
             # Training calls a block with exactly these four arguments (what compile and activation checkpointing see).
             x_BTD = block(x_BTD, cos, sin, sdpa_kwargs) if cache is None else block(x_BTD, cos, sin, sdpa_kwargs, cache.layer(i))
         if cache is not None:
             cache.advance(T)
+        if last_only:
+            x_BTD = x_BTD[:, -1:]
         logits_BTV = self.lm_head(self.norm(x_BTD)).float()
         if self.cfg.logit_softcap is not None:  # smooth clamp to (-cap, cap), in fp32
             cap = self.cfg.logit_softcap

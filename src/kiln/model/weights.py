@@ -47,11 +47,18 @@ def checkpoint_config(folder: Path) -> ModelConfig:
     return ModelConfig.model_validate(meta["model"])
 
 
+def architecture(cfg: ModelConfig) -> dict[str, object]:
+    """What a checkpoint's weights mean: the config less how it was spelt (a preset, a width
+    multiplier instead of the width) and less what only shapes training (z-loss, the init)."""
+    spelt = cfg.model_dump(mode="json", exclude={"preset", "ffn_multiplier", "ffn_hidden", "n_kv_heads", "z_loss", "init_std", "init_depth_scale"})
+    return spelt | {"ffn_hidden": cfg.hidden, "n_kv_heads": cfg.kv_heads}
+
+
 def load_weights_into(model: Transformer, folder: Path) -> None:
     """Copy a checkpoint's weights into `model` (same device and dtype as it has), which must have
-    the checkpoint's config: a difference stops with each differing key named."""
-    saved = checkpoint_config(folder).model_dump(mode="json")
-    differ = [f"model.{k}: {saved.get(k)!r} in the checkpoint, {v!r} here" for k, v in model.cfg.model_dump(mode="json").items() if saved.get(k) != v]
+    the checkpoint's architecture: a difference stops with each differing key named."""
+    saved = architecture(checkpoint_config(folder))
+    differ = [f"model.{k}: {saved.get(k)!r} in the checkpoint, {v!r} here" for k, v in architecture(model.cfg).items() if saved.get(k) != v]
     if differ:
         raise FatalError(f"{folder}: the checkpoint is a different model: {'; '.join(differ)}. Give the model section the checkpoint's shape")
     load_model(model, str(folder / WEIGHTS), device=str(next(model.parameters()).device))
