@@ -210,12 +210,20 @@ def test_eval_stage_scores_data_files_as_it_scores_the_validation_split(trained:
     data.write_text("".join(json.dumps(r) + "\n" for r in records) + "{broken\n")
     plain = tmp_path / "notes.txt"
     plain.write_text("import os\nprint(os.getcwd())\n")
-    cfg = EVAL.model_copy(update={"data": [str(data), str(plain)]})
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = tmp_path / "rows.parquet"  # the first records again, as Parquet: the same numbers per source
+    code = [r for r in records if r["source"] == "code"][:3]
+    pq.write_table(pa.table({"text": [r["text"] for r in code], "source": ["code"] * 3}), table)
+    cfg = EVAL.model_copy(update={"data": [str(data), str(plain), str(table)]})
     evaluated = eval_stage(cfg, run_dir, force=True, read_file=read_for_eval)
     scored = evaluated["counts"]["data"]["val_as_text.jsonl"]
     assert scored["sources"] == manifest["counts"]["val_after"]["sources"]
     assert scored["documents"] == len(records) and scored["unreadable"] == 1  # the broken line is named, not scored
     assert evaluated["counts"]["data"]["notes.txt"]["all"]["tokens"] > 0
+    from_parquet = evaluated["counts"]["data"]["rows.parquet"]
+    assert set(from_parquet["sources"]) == {"code"} and from_parquet["documents"] == 3 and from_parquet["all"]["tokens"] > 0
     assert "val_as_text.jsonl" in (run_dir / "eval" / "summary.txt").read_text()
     with pytest.raises(FatalError, match="is not a file"):
         eval_stage(EVAL.model_copy(update={"data": [str(tmp_path / "missing.jsonl")]}), run_dir, read_file=read_for_eval)
