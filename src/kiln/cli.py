@@ -27,8 +27,8 @@ STAGE_VERBS = {
     "train-tokenizer": ("tokenizer", "Train a byte-level BPE tokenizer on a sample of the curated shards; report bytes per token, tokens per word and fertility per source and language on held-out documents (tokenizer/report.json)."),
     "tokenize": ("tokenize", "Encode curated shards into per-source train/validation token shards."),
     "train": ("train", "Train the decoder on token shards; write a checkpoint and per-step metrics."),
-    "eval": ("eval", "Validation loss, perplexity and bits per byte per source for the trained checkpoint."),
-    "generate": ("generate", "Sample text from the trained checkpoint (prompt and sampling settings in the recipe's generate section)."),
+    "eval": ("eval", "Validation loss, perplexity and bits per byte per source for the trained checkpoint (and the untrained model); also any text, JSONL or Parquet file (--data) and zero-shot multiple-choice tasks (--task)."),
+    "generate": ("generate", "Complete generate.prompt, or every prompt of --prompt-file into generate/samples.jsonl, from the trained checkpoint: batched, with a KV cache; sampling settings in the recipe's generate section."),
     "export": ("export", "Write the trained model as a Hugging Face folder (export/hf/, and OUT when given) that transformers' Auto classes load offline: Llama (Qwen3 with QK-norm) config, safetensors, kiln's tokenizer, generation config, a model card from the run's manifests."),
 }
 
@@ -63,6 +63,9 @@ EPILOG = """examples:
   kiln quality train-classifier --recipe demo --set quality.reference_source=prose   then curate with --set curate.quality_classifier.enabled=true
   kiln train --recipe demo --set train.steps=500 --set train.optim.lr=1e-3
   kiln generate --recipe demo --set generate.prompt='import os'
+  kiln eval --data notes.jsonl --task arc_easy.jsonl           perplexity of any file, zero-shot multiple choice
+  kiln export --format hf ./my-model                          a folder transformers' Auto classes load
+  kiln import-hf ./my-model --run mine                        a Hugging Face Llama with kiln's tokenizer as a run
   kiln plan --recipe demo --json
   kiln plan chinchilla --flops 1e23 --fit hoffmann          compute-optimal size for a budget
 """
