@@ -4,6 +4,7 @@ against one pair at a time, and the three accuracies on a task whose answers are
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import nn
 
 from kiln.core.errors import FatalError
 from kiln.evaluate.choices import Item, encode_pair, loglikelihoods, read_task, score_task
@@ -66,21 +66,10 @@ def test_batched_loglikelihoods_equal_one_pair_at_a_time(tokenizer: KilnTokenize
         assert got < 0
 
 
-def predicting(model: Transformer, token: int) -> Transformer:
-    """The model with a head that gives `token` almost all the probability at every position."""
-    head = nn.Linear(model.cfg.d_model, model.cfg.vocab_size, bias=True)
-    with torch.no_grad():
-        head.weight.zero_()
-        head.bias.zero_()
-        head.bias[token] = 20.0
-    model.lm_head = head
-    return model
-
-
-def test_known_answers_and_what_length_normalisation_changes(tokenizer: KilnTokenizer) -> None:
+def test_known_answers_and_what_length_normalisation_changes(tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]) -> None:
     the = tokenizer.encode(" the")
     assert len(the) == 1
-    model = predicting(random_model(tokenizer), the[0])
+    model = always_predicts(random_model(tokenizer), the[0])
     items = [
         # " the the the" is three near-certain tokens; " cat" one unlikely token: every rule picks choice 1.
         Item("The cat sat on", (" cat", " the the the"), 1),

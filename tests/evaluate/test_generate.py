@@ -3,9 +3,10 @@ against full recomputation (alone and in left-padded batches)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
-from torch import nn
 
 from kiln.evaluate.config import GenerateConfig
 from kiln.evaluate.generate import complete, filter_logits, generate, penalize_repeats, positions
@@ -84,17 +85,6 @@ def model_for(tokenizer: KilnTokenizer, max_seq_len: int = 32, seed: int = 0) ->
     return build_model(cfg, seed, "cpu").eval()
 
 
-def always_predicts(model: Transformer, token_id: int) -> Transformer:
-    """The same model with a head that puts almost all probability on one token."""
-    head = nn.Linear(model.cfg.d_model, model.cfg.vocab_size, bias=True)
-    with torch.no_grad():
-        head.weight.zero_()
-        head.bias.zero_()
-        head.bias[token_id] = 20.0
-    model.lm_head = head
-    return model
-
-
 def banned(tokenizer: KilnTokenizer) -> list[int]:
     """Ids generation never samples: every special but end-of-document."""
     return [i for i in tokenizer.specials.values() if i != tokenizer.eot_id]
@@ -136,13 +126,13 @@ def test_sampling_is_reproducible_per_seed(tokenizer: KilnTokenizer) -> None:
     assert len(others) > 1  # an untrained model samples near-uniformly: seeds differ
 
 
-def test_stops_at_end_of_document(tokenizer: KilnTokenizer) -> None:
+def test_stops_at_end_of_document(tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]) -> None:
     model = always_predicts(model_for(tokenizer), tokenizer.eot_id)
     for cfg in (GenerateConfig(prompt="def ", temperature=0), GenerateConfig(prompt="def ", temperature=0.8, seed=1)):
         assert generate(model, tokenizer, cfg) == "def "
 
 
-def test_generates_max_new_tokens_without_end_of_document(tokenizer: KilnTokenizer) -> None:
+def test_generates_max_new_tokens_without_end_of_document(tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]) -> None:
     token = tokenizer.encode("fox")[0]
     model = always_predicts(model_for(tokenizer), token)
     text = generate(model, tokenizer, GenerateConfig(prompt="The ", max_new_tokens=5, temperature=0))
@@ -157,14 +147,14 @@ def test_context_longer_than_max_seq_len_uses_the_last_tokens(tokenizer: KilnTok
     assert text == prompt + tokenizer.decode(reference_greedy(model, tokenizer.encode(prompt), 20, tokenizer.eot_id, banned(tokenizer)))
 
 
-def test_empty_prompt_starts_a_fresh_document(tokenizer: KilnTokenizer) -> None:
+def test_empty_prompt_starts_a_fresh_document(tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]) -> None:
     token = tokenizer.encode("dog")[0]
     model = always_predicts(model_for(tokenizer), token)
     assert generate(model, tokenizer, GenerateConfig(prompt="", max_new_tokens=3, temperature=0)) == tokenizer.decode([token] * 3)
 
 
 @pytest.mark.parametrize("special", ["<|pad|>", "<|mask|>", "<|fim_middle|>"])
-def test_specials_other_than_end_of_document_are_never_generated(tokenizer: KilnTokenizer, special: str) -> None:
+def test_specials_other_than_end_of_document_are_never_generated(tokenizer: KilnTokenizer, special: str, always_predicts: Callable[[Transformer, int], Transformer]) -> None:
     model = always_predicts(model_for(tokenizer), tokenizer.specials[special])
     fox = tokenizer.encode("fox")[0]
     with torch.no_grad():
@@ -174,7 +164,7 @@ def test_specials_other_than_end_of_document_are_never_generated(tokenizer: Kiln
         assert text == "The " + tokenizer.decode([fox] * 6)
 
 
-def test_autocast_dtype_is_applied_and_keeps_a_clear_choice(tokenizer: KilnTokenizer) -> None:
+def test_autocast_dtype_is_applied_and_keeps_a_clear_choice(tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]) -> None:
     # bf16 autocast (generate.precision.dtype) changes the matmuls, not a choice this clear.
     token = tokenizer.encode("fox")[0]
     cfg = GenerateConfig(prompt="The", max_new_tokens=4, temperature=0)
@@ -238,7 +228,7 @@ def test_batched_prompts_complete_as_each_would_alone_with_and_without_the_cache
     assert {c.finish_reason for c in batch} <= {"length", "end_of_document"} and any(c.new_tokens == 30 for c in batch)
 
 
-def test_a_stop_string_ends_the_completion_before_it(tokenizer: KilnTokenizer) -> None:
+def test_a_stop_string_ends_the_completion_before_it(tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]) -> None:
     token = tokenizer.encode("fox")[0]
     piece = tokenizer.decode([token])
     stop = piece[-1] + piece[0]  # where one piece meets the next

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from kiln.core.atomic import replace_dir
 from kiln.core.config import Section
 from kiln.core.errors import FatalError
-from kiln.core.layout import CURATE, EVAL, EXPORT, TOKENIZE, TOKENIZER, TRAIN, RunLayout
+from kiln.core.layout import CURATE, EVAL, EXPORT, MANIFEST, TOKENIZE, TOKENIZER, TRAIN, RunLayout
 from kiln.core.manifest import Stage, read_manifest
 from kiln.evaluate.config import ExportConfig, GenerateConfig
 from kiln.model.config import count_params
@@ -93,7 +93,7 @@ def write_hf_folder(folder: Path, model: Transformer, tokenizer: KilnTokenizer, 
 
 
 def _manifest(layout: RunLayout, stage: str) -> dict[str, Any] | None:
-    return read_manifest(layout.stage(stage)) if (layout.stage(stage) / "manifest.json").is_file() else None
+    return read_manifest(layout.stage(stage)) if (layout.stage(stage) / MANIFEST).is_file() else None
 
 
 def model_card(run_dir: Path, model: Transformer, tokenizer: KilnTokenizer, arch: str) -> str:
@@ -152,7 +152,7 @@ def run(cfg: ExportConfig, gen: GenerateConfig, run_dir: Path, force: bool = Fal
     run_dir = Path(run_dir)
     layout = RunLayout(run_dir)
     ckpt, tok_path = layout.checkpoint, layout.tokenizer_json
-    upstream = [s for s in (CURATE, TOKENIZER, TOKENIZE, TRAIN, EVAL) if (layout.stage(s) / "manifest.json").is_file()]
+    upstream = [s for s in (CURATE, TOKENIZER, TOKENIZE, TRAIN, EVAL) if (layout.stage(s) / MANIFEST).is_file()]
     # Only the sampling defaults that generation_config.json carries identify the export.
     defaults = GenerationDefaults(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p)
     stage = Stage(run_dir, EXPORT, {"export": cfg, "generation_defaults": defaults}, [ckpt / WEIGHTS, ckpt / CONFIG, tok_path], upstream=upstream)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from kiln.core.errors import FatalError
-from kiln.core.layout import EVAL, TOKENIZE, TRAIN, RunLayout
+from kiln.core.layout import EVAL, MANIFEST, TOKENIZE, TRAIN, RunLayout
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs
 from kiln.evaluate.choices import read_task, score_task
 from kiln.evaluate.config import EvalConfig
@@ -79,7 +79,7 @@ def run(cfg: EvalConfig, run_dir: Path, force: bool = False, read_file: ReadFile
     # eval.seq_len None means the window the checkpoint was trained with (not the recipe's
     # current train.seq_len), or an imported model's whole context; the resolved window is what gets hashed.
     cfg = cfg.model_copy(update={"seq_len": cfg.seq_len or (train_cfg["seq_len"] if train_cfg else min(ModelConfig.model_validate(trained["model"]).max_seq_len, IMPORTED_WINDOW))})
-    has_shards = (layout.token_shards / "manifest.json").is_file()
+    has_shards = (layout.token_shards / MANIFEST).is_file()
     data, tasks = [Path(d) for d in cfg.data], [Path(t) for t in cfg.tasks]
     for path in data:
         if not path.is_file():
