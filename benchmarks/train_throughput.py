@@ -4,9 +4,11 @@ Four measurements train the recipe's model shape (default: the demo's 5M-paramet
 on the same token batches, in the same precision, with the same optimizer:
   kiln    kiln.train.loop.train(), the train stage's own step path (collator, loss, clipping,
           AdamW, lr schedule, metrics.jsonl, TensorBoard, the progress bar), on the run's token
-          shards through kiln's sampler and collator; tokens/s from its metrics.jsonl; eager.
-  kiln_compiled  the same with train.compile=true (the blocks and the loss through torch.compile;
-          kiln's default on cuda, one --set away on a CPU).
+          shards through kiln's sampler and collator; tokens/s from its metrics.jsonl; eager,
+          with kiln's default train.fused_loss (the cross-entropy through the output layer in
+          chunks, kiln.train.loss.fused_lm_loss).
+  kiln_compiled  the same with train.compile=true (the blocks through torch.compile; kiln's
+          default on cuda, one --set away on a CPU).
   torch   a Llama-style decoder written below (nn.RMSNorm, rotate-half RoPE, SwiGLU, GQA through
           SDPA's enable_gqa) in a plain loop: forward, fp32 cross-entropy, backward, clipping, AdamW.
   hf      transformers.LlamaForCausalLM (SDPA attention, no KV cache) in the same plain loop.

@@ -1,4 +1,5 @@
-"""kiln.train.loss.lm_loss: the masked mean by hand, and bit-identity with the plain mean for CLM."""
+"""kiln.train.loss: lm_loss's masked mean by hand and its bit-identity with the plain mean for CLM;
+fused_lm_loss against lm_loss on the output layer's logits."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kiln.model.batch import Batch
-from kiln.train.loss import lm_loss
+from kiln.train.loss import fused_lm_loss, lm_loss
 
 
 def batch(targets: list[list[int]], mask: list[list[bool]] | None = None) -> Batch:
@@ -96,3 +99,53 @@ def test_late_position_weight_counts_later_positions_more_at_mean_one() -> None:
     expected = (per_position * torch.tensor([2 / 3, 1.0, 4 / 3])).mean()
     assert weighted.value.item() == pytest.approx(expected.item(), rel=1e-6)
     assert torch.equal(weighted.row_mean_B, lm_loss(logits, b).row_mean_B)  # the logged loss stays unweighted
+
+
+def head_losses(B: int, T: int, V: int, seed: int, chunk: int, z_loss: float, late: float, softcap: float | None, step_tokens: int | None, amp: torch.dtype | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """[value, row means, row tokens, grad of the hidden states, grad of the output matrix] of lm_loss
+    on the output layer's logits and of fused_lm_loss, from the same random hidden states, matrix and mask."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(B, T, 8, generator=gen)
+    weight = torch.randn(V, 8, generator=gen)
+    targets = torch.randint(0, V, (B, T), generator=gen).tolist()
+    mask = (torch.rand(B, T, generator=gen) < 0.7).tolist()
+    b = batch(targets, mask)
+    results = []
+    for fused in (False, True):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
+            if fused:
+                loss = fused_lm_loss(h, w, softcap, b, step_tokens, z_loss, late, chunk)
+            else:
+                logits = (h @ w.t()).float()  # the model's output layer: the autocast dtype, then fp32
+                if softcap is not None:
+                    logits = softcap * torch.tanh(logits / softcap)
+        if not fused:
+            loss = lm_loss(logits, b, step_tokens, z_loss, late)
+        loss.value.backward()
+        results.append([loss.value.detach(), loss.row_mean_B, loss.row_tokens_B.float(), h.grad, w.grad])
+    return results[0], results[1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    B=st.integers(1, 3), T=st.integers(1, 9), V=st.integers(2, 40), seed=st.integers(0, 2**16), chunk=st.integers(1, 30),
+    z_loss=st.sampled_from([0.0, 1e-2]), late=st.sampled_from([0.0, 0.5]), softcap=st.sampled_from([None, 3.0]),
+    extra_tokens=st.sampled_from([None, 0, 7]),
+)
+def test_the_fused_loss_has_the_plain_losss_value_row_means_and_gradients(B: int, T: int, V: int, seed: int, chunk: int, z_loss: float, late: float, softcap: float | None, extra_tokens: int | None) -> None:
+    # extra_tokens: None divides by this batch's kept positions; otherwise by a step's (this batch's + extra).
+    step_tokens = None if extra_tokens is None else B * T + extra_tokens
+    plain, fused = head_losses(B, T, V, seed, chunk, z_loss, late, softcap, step_tokens)
+    for name, a, b in zip(["value", "row means", "row tokens", "hidden grad", "matrix grad"], plain, fused, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), f"{name}: {a} vs {b}"
+
+
+def test_the_fused_loss_under_bf16_autocast_rounds_as_the_output_layer_does() -> None:
+    plain, fused = head_losses(4, 64, 300, seed=0, chunk=50, z_loss=0.0, late=0.0, softcap=None, step_tokens=None, amp=torch.bfloat16)
+    value, _, _, grad_h, grad_w = fused
+    assert grad_h.dtype == torch.float32 and grad_w.dtype == torch.float32  # gradients in the tensors' own dtype
+    # Same bf16 logits, so the value agrees to fp32 summation order; the gradients' bf16 matmuls to bf16's precision.
+    assert value.item() == pytest.approx(plain[0].item(), rel=1e-6)
+    for a, b in zip(plain[3:], fused[3:], strict=True):
+        assert (a - b).abs().max() <= 1e-2 * a.abs().max()

@@ -26,6 +26,7 @@ Not handled here: the z-loss (a loss term: kiln.train.loss reads model.z_loss), 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,6 +36,9 @@ from torch import nn
 from kiln.model.attention import CAUSAL, AttentionRule
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache, LayerCache
+
+# What Transformer.forward's `head` is called with: final normed hidden states (B, T, D), output matrix (V, D), logit soft-cap.
+Head = Callable[[torch.Tensor, torch.Tensor, float | None], Any]
 
 
 class RMSNorm(nn.Module):
@@ -179,7 +183,7 @@ class Transformer(nn.Module):
                 scale = 1 / math.sqrt(2 * depth)
             nn.init.normal_(p, mean=0.0, std=std * scale)
 
-    def forward(self, idx_BT: torch.Tensor, rule: AttentionRule = CAUSAL, positions_BT: torch.Tensor | None = None, cache: KVCache | None = None, valid_BT: torch.Tensor | None = None, last_only: bool = False) -> torch.Tensor:
+    def forward(self, idx_BT: torch.Tensor, rule: AttentionRule = CAUSAL, positions_BT: torch.Tensor | None = None, cache: KVCache | None = None, valid_BT: torch.Tensor | None = None, last_only: bool = False, head: Head | None = None) -> Any:
         """Logits (B, T, V) in fp32 for a batch of token ids, attending as `rule` allows.
 
         positions_BT: each token's RoPE position (restarting per packed document); None means
@@ -188,6 +192,9 @@ class Transformer(nn.Module):
         each other (`rule` is not used), never to positions where valid_BT (a left-padded prefill;
         None: all real) was False.
         last_only: logits of the last position only, (B, 1, V) (decoding needs no others).
+        head: instead of the logits, what head(final normed hidden states (B, T, D), output
+        matrix (V, D), logit soft-cap) returns: the trainer's fused loss (kiln.train.loss), run
+        inside forward so data-parallel wrappers see the output matrix used where they expect.
         """
         T = idx_BT.shape[1]
         start = cache.length if cache is not None else 0
@@ -208,6 +215,8 @@ class Transformer(nn.Module):
             cache.advance(T)
         if last_only:
             x_BTD = x_BTD[:, -1:]
+        if head is not None:
+            return head(self.norm(x_BTD), self.lm_head.weight, self.cfg.logit_softcap)
         logits_BTV = self.lm_head(self.norm(x_BTD)).float()
         if self.cfg.logit_softcap is not None:  # smooth clamp to (-cap, cap), in fp32
             cap = self.cfg.logit_softcap

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ from kiln.model.weights import load_weights_into
 from kiln.train.checkpoint import maybe_checkpoint
 from kiln.train.config import TrainConfig
 from kiln.train.distributed import DataParallel, ParallelConfig, apply_activation_checkpointing, apply_compile, parallelize, unwrap
-from kiln.train.loss import lm_loss
+from kiln.train.loss import Loss, fused_lm_loss, lm_loss
 from kiln.train.monitor import MixtureWindows, Monitor, truncate_metrics
 from kiln.train.optim import build_optimizer
 from kiln.train.resume import STATES, States
@@ -185,6 +186,30 @@ def compiling(cfg: TrainConfig, device: torch.device) -> bool:
     return cfg.compile if cfg.compile is not None else device.type == "cuda"
 
 
+def build_loss(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision) -> Callable[[nn.Module, Batch, int], Loss]:
+    """loss_of(model, batch on the device, kept positions of the step): the forward pass and the training loss."""
+    if cfg.fused_loss and precision.amp_dtype != torch.float16:
+        chunk = cfg.loss_chunk_tokens or max(1, (2**26 if precision.device.type == "cuda" else 2**21) // (model_cfg.vocab_size or 1))
+
+        def fused(model: nn.Module, batch: Batch, step_tokens: int) -> Loss:
+            head = partial(fused_lm_loss, batch=batch, step_tokens=step_tokens, z_loss=model_cfg.z_loss, late_position_weight=cfg.late_position_weight, chunk=chunk)
+            with precision.autocast():  # the output layer's matmuls in the autocast dtype, the cross-entropy in fp32
+                return model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT, head=head)
+
+        return fused
+    # Compiled along with the blocks: one fused pass over the (B, T, V) logits for the log-softmax,
+    # the target gather and the mask, and one back (eager reads and writes them several times).
+    plain_loss = torch.compile(lm_loss) if compiling(cfg, precision.device) else lm_loss
+
+    def plain(model: nn.Module, batch: Batch, step_tokens: int) -> Loss:
+        # Plain causal rows without document ids take SDPA's is_causal fast path.
+        with precision.autocast():
+            logits_BTV = model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT)  # (B, T, V) fp32
+        return plain_loss(logits_BTV, batch, step_tokens, model_cfg.z_loss, cfg.late_position_weight)  # outside autocast: fp32
+
+    return plain
+
+
 def build_parallel_model(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision, dp: DataParallel, parallel: ParallelConfig) -> tuple[nn.Module, Transformer]:
     """(the model the loop steps: wrapped for data parallelism, the Transformer inside it)."""
     core = build_model(model_cfg, cfg.seed, dp.device)  # the same seed on every rank: the same initial weights
@@ -234,9 +259,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     dp = dp or DataParallel(0, 1, 1, 1, precision.device)
     device = dp.device
     model, core = build_parallel_model(model_cfg, cfg, precision, dp, parallel or ParallelConfig())
-    # Compiled along with the blocks: one fused pass over the (B, T, V) logits for the log-softmax,
-    # the target gather and the mask, and one back (eager reads and writes them several times).
-    loss_of = torch.compile(lm_loss) if compiling(cfg, device) else lm_loss
+    loss_of = build_loss(model_cfg, cfg, precision)
     optimizer = build_optimizer(model, cfg.optim)
     # fp16 autocast needs dynamic loss scaling (bf16 has fp32's exponent range and does not).
     scaler = torch.amp.GradScaler(device.type, enabled=precision.amp_dtype == torch.float16)
@@ -319,13 +342,9 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                     # DDP all-reduces gradients only after the step's last micro-batch.
                     sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else nullcontext()
                     with sync:  # forward and backward both inside DDP's no_sync
-                        # Plain causal rows without document ids take SDPA's is_causal fast path.
-                        with precision.autocast():
-                            logits_BTV = model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT)  # (B, T, V) fp32
-                        # Outside autocast: the cross-entropy runs in fp32. Summed over kept positions and
-                        # divided by step_tokens, so the accumulated gradient is that of the step's token mean.
-                        # Expected: about ln V at step 1 (9.01 nats for the demo's 8192 tokens).
-                        loss = loss_of(logits_BTV, batch, step_tokens, model_cfg.z_loss, cfg.late_position_weight)
+                        # Summed over kept positions and divided by step_tokens, so the accumulated gradient is
+                        # that of the step's token mean. Expected: about ln V at step 1 (9.01 nats for 8192 tokens).
+                        loss = loss_of(model, batch, step_tokens)
                         # grad_scale: DDP and FSDP2 average over ranks; the step's gradient is the sum of the ranks' shares.
                         scaler.scale(loss.value * dp.grad_scale).backward()
                     source_loss.index_add_(0, batch.source_B, loss.row_mean_B)

@@ -10,12 +10,22 @@ per-source log aggregates); a row with no kept position has mean 0 and count 0.
 Shape legend: B rows, T positions, V vocabulary.
 With train.late_position_weight, the differentiated value weighs position t by
 1 + w * t / (T - 1) (mean 1), for long-context phases that should learn from far context.
-Not handled here: label smoothing, chunked cross-entropy for large vocabularies.
+
+fused_lm_loss is the same loss taken through the output layer in chunks of positions (what
+train.fused_loss selects): each chunk's logits are made, turned into its losses and its
+gradients (softmax minus one-hot, times each position's weight) and dropped, so the (B, T, V)
+logits never exist whole and are read while still in cache; the backward pass only scales the
+gradients the forward pass kept. Same value and gradients as lm_loss on the model's logits up to
+summation order (tests/train/test_loss.py).
+Shape legend (fused): N = B * T positions, D model width.
+Not handled here: label smoothing; fp16's loss scaling with the fused loss (the trainer takes
+the plain path for fp16: the unscaled per-position gradients would underflow in fp16).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -56,3 +66,80 @@ def lm_loss(logits_BTV: torch.Tensor, batch: Batch, step_tokens: int | None = No
         value = value + z_loss * (z_BT.square() * batch.loss_mask_BT).mean() * scale
     row_mean_B = kept_BT.detach().mean(dim=1) * (T / tokens_B.clamp(min=1))
     return Loss(value, row_mean_B, tokens_B)
+
+
+class _ChunkedHeadLoss(torch.autograd.Function):
+    """sum_n ce_weight_N[n] * ce_N[n] + z_weight_N[n] * lse_N[n]^2 through the output matrix, chunk by chunk.
+
+    Logits are hidden_ND @ weight_VD.T in the autocast dtype when autocast is on (as the model's
+    output layer would run), then fp32; with softcap, cap * tanh(logits / cap). Returns the value
+    and the detached per-position cross-entropy ce_N.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets_N: torch.Tensor, ce_weight_N: torch.Tensor, z_weight_N: torch.Tensor, softcap: float | None, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        device = hidden_ND.device.type
+        mm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden_ND.dtype
+        with torch.autocast(device, enabled=False):
+            h_ND, w_VD = hidden_ND.to(mm_dtype), weight_VD.to(mm_dtype)
+            N = h_ND.shape[0]
+            grad_h_ND = torch.empty_like(h_ND)
+            grad_w_VD = torch.zeros(w_VD.shape, dtype=torch.float32, device=w_VD.device)
+            ce_N = torch.empty(N, dtype=torch.float32, device=h_ND.device)
+            value = torch.zeros((), dtype=torch.float32, device=h_ND.device)
+            for start in range(0, N, chunk):
+                end = min(start + chunk, N)
+                h_CD, target_C, ce_w_C, z_w_C = h_ND[start:end], targets_N[start:end], ce_weight_N[start:end], z_weight_N[start:end]
+                logits_CV = (h_CD @ w_VD.t()).float()
+                if softcap is not None:
+                    tanh_CV = torch.tanh(logits_CV / softcap)
+                    logits_CV = tanh_CV * softcap
+                target_logit_C = logits_CV.gather(1, target_C[:, None]).squeeze(1)
+                # One exp pass gives both the log-normaliser and the softmax, in place over the logits.
+                max_C = logits_CV.amax(dim=-1)
+                exp_CV = logits_CV.sub_(max_C[:, None]).exp_()
+                sum_C = exp_CV.sum(dim=-1)
+                lse_C = max_C + sum_C.log()
+                ce_C = lse_C - target_logit_C
+                ce_N[start:end] = ce_C
+                value += (ce_C * ce_w_C).sum() + (lse_C.square() * z_w_C).sum()
+                # d value / d logits = softmax * (ce_w + 2 z_w lse) - ce_w * one-hot.
+                grad_CV = exp_CV.mul_(((ce_w_C + 2 * z_w_C * lse_C) / sum_C)[:, None])
+                grad_CV[torch.arange(end - start, device=grad_CV.device), target_C] -= ce_w_C
+                if softcap is not None:
+                    grad_CV.mul_(1 - tanh_CV.square())
+                grad_CV = grad_CV.to(mm_dtype)
+                torch.mm(grad_CV, w_VD, out=grad_h_ND[start:end])
+                if mm_dtype == torch.float32:
+                    grad_w_VD.addmm_(grad_CV.t(), h_CD)
+                else:
+                    grad_w_VD.add_(grad_CV.t() @ h_CD)  # in mm_dtype, summed over chunks in fp32
+        ctx.save_for_backward(grad_h_ND, grad_w_VD)
+        ctx.dtypes = hidden_ND.dtype, weight_VD.dtype
+        ctx.mark_non_differentiable(ce_N)
+        return value, ce_N
+
+    @staticmethod
+    def backward(ctx: Any, grad_value: torch.Tensor, _grad_ce: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grad_h_ND, grad_w_VD = ctx.saved_tensors
+        h_dtype, w_dtype = ctx.dtypes
+        return (grad_h_ND * grad_value).to(h_dtype), (grad_w_VD * grad_value).to(w_dtype), None, None, None, None, None
+
+
+def fused_lm_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch, step_tokens: int | None = None, z_loss: float = 0.0, late_position_weight: float = 0.0, chunk: int = 256) -> Loss:
+    """lm_loss of the logits hidden_BTD @ weight_VD.T (soft-capped), `chunk` positions at a time.
+
+    The model calls it in place of its output layer (Transformer.forward's `head`), with its
+    final normed hidden states, its output matrix and its logit soft-cap.
+    """
+    B, T, _ = hidden_BTD.shape
+    mask_BT = batch.loss_mask_BT.float()
+    tokens_B = batch.loss_mask_BT.sum(dim=1)
+    kept = step_tokens if step_tokens else tokens_B.sum().clamp(min=1)
+    ce_weight_BT = mask_BT / kept
+    if late_position_weight:
+        ce_weight_BT = ce_weight_BT * position_weights(T, late_position_weight, mask_BT.device)
+    z_weight_BT = mask_BT * (z_loss / kept)
+    value, ce_N = _ChunkedHeadLoss.apply(hidden_BTD.flatten(0, 1), weight_VD, batch.targets_BT.flatten(), ce_weight_BT.flatten(), z_weight_BT.flatten(), softcap, chunk)
+    kept_BT = ce_N.view(B, T) * mask_BT
+    return Loss(value, kept_BT.mean(dim=1) * (T / tokens_B.clamp(min=1)), tokens_B)
