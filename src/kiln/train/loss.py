@@ -14,7 +14,7 @@ With train.late_position_weight, the differentiated value weighs position t by
 fused_lm_loss is the same loss taken through the output layer in chunks of positions (what
 train.fused_loss selects): each chunk's logits are made, turned into its losses and its
 gradients (softmax minus one-hot, times each position's weight) and dropped, so the (B, T, V)
-logits never exist whole and are read while still in cache; the backward pass only scales the
+logits never exist whole and are passed over fewer times; the backward pass only scales the
 gradients the forward pass kept. Same value and gradients as lm_loss on the model's logits up to
 summation order (tests/train/test_loss.py).
 Shape legend (fused): N = B * T positions, D model width.
