@@ -96,8 +96,6 @@ def model_config_from_hf(config: dict[str, Any], where: str) -> ModelConfig:
     try:
         return _model_config_from_hf(config, where)
     except (KeyError, TypeError, ValueError) as e:  # a missing key, or a value ModelConfig refuses
-        if isinstance(e, FatalError):
-            raise
         raise FatalError(f"{where}: not a config kiln can read ({type(e).__name__}: {e})") from None
 
 
