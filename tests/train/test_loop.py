@@ -704,16 +704,18 @@ def test_the_fused_loss_trains_as_the_plain_loss(tokenized: Path, tmp_path: Path
 
 @pytest.mark.slow
 def test_compiled_training_follows_eager_training(tokenized: Path, tmp_path: Path) -> None:
-    # train.compile=true on the CPU: the blocks and the plain loss (masks, z-loss, late-position
-    # weights) through torch.compile, against eager blocks with the fused loss. Fused kernels
-    # round differently, so the losses agree within tolerance.
+    # train.compile=true on the CPU: the blocks and the loss (masks, z-loss, late-position weights)
+    # through torch.compile, the plain loss and the fused loss's chunks, against eager blocks with
+    # the fused loss. Fused kernels round differently, so the losses agree within tolerance.
     model = MODEL.model_copy(update={"z_loss": 1e-3})
     settings = {"steps": 6, "objective": "prefix_lm", "late_position_weight": 0.5, "eval_at_start": False, "schedule": {"warmup_steps": 2}}
     losses = {}
-    for compiled in (False, True):
-        copy = copy_tokenized(tokenized, tmp_path / f"compile-{compiled}")
-        train(model, train_cfg(**settings, compile=compiled, fused_loss=not compiled), MIX, EvalConfig(max_tokens_per_source=256), copy)
-        losses[compiled] = [r["loss"] for r in step_records(copy)]
-    assert len(losses[True]) == 6
-    assert losses[True] == pytest.approx(losses[False], rel=1e-3)
-    assert losses[True][-1] < losses[True][0] - 0.3  # it trains
+    for compiled, fused in [(False, True), (True, False), (True, True)]:
+        copy = copy_tokenized(tokenized, tmp_path / f"compile-{compiled}-{fused}")
+        train(model, train_cfg(**settings, compile=compiled, fused_loss=fused), MIX, EvalConfig(max_tokens_per_source=256), copy)
+        losses[compiled, fused] = [r["loss"] for r in step_records(copy)]
+    eager = losses[False, True]
+    for compiled_fused in (False, True):
+        assert len(losses[True, compiled_fused]) == 6
+        assert losses[True, compiled_fused] == pytest.approx(eager, rel=1e-3)
+    assert eager[-1] < eager[0] - 0.3  # it trains

@@ -101,21 +101,21 @@ def test_late_position_weight_counts_later_positions_more_at_mean_one() -> None:
     assert torch.equal(weighted.row_mean_B, lm_loss(logits, b).row_mean_B)  # the logged loss stays unweighted
 
 
-def head_losses(B: int, T: int, V: int, seed: int, chunk: int, z_loss: float, late: float, softcap: float | None, step_tokens: int | None, amp: torch.dtype | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def head_losses(B: int, T: int, V: int, seed: int, chunk: int, z_loss: float, late: float, softcap: float | None, step_tokens: int | None, amp: torch.dtype | None = None, device: str = "cpu", D: int = 8, compiled: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """[value, row means, row tokens, grad of the hidden states, grad of the output matrix] of lm_loss
     on the output layer's logits and of fused_lm_loss, from the same random hidden states, matrix and mask."""
     gen = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(B, T, 8, generator=gen)
-    weight = torch.randn(V, 8, generator=gen)
+    hidden = torch.randn(B, T, D, generator=gen).to(device)
+    weight = torch.randn(V, D, generator=gen).to(device)
     targets = torch.randint(0, V, (B, T), generator=gen).tolist()
     mask = (torch.rand(B, T, generator=gen) < 0.7).tolist()
-    b = batch(targets, mask)
+    b = batch(targets, mask).to(torch.device(device))
     results = []
     for fused in (False, True):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-        with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
+        with torch.autocast(device, dtype=amp or torch.float32, enabled=amp is not None):
             if fused:
-                loss = fused_lm_loss(h, w, softcap, b, step_tokens, z_loss, late, chunk)
+                loss = fused_lm_loss(h, w, softcap, b, step_tokens, z_loss, late, chunk, compiled)
             else:
                 logits = (h @ w.t()).float()  # the model's output layer: the autocast dtype, then fp32
                 if softcap is not None:
@@ -149,3 +149,25 @@ def test_the_fused_loss_under_bf16_autocast_rounds_as_the_output_layer_does() ->
     assert value.item() == pytest.approx(plain[0].item(), rel=1e-6)
     for a, b in zip(plain[3:], fused[3:], strict=True):
         assert (a - b).abs().max() <= 1e-2 * a.abs().max()
+
+
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_the_compiled_fused_loss_has_the_plain_losss_value_row_means_and_gradients(softcap: float | None) -> None:
+    # Chunks of 7 positions over 40: a full chunk and a shorter last one; 100 classes pad to 128.
+    plain, fused = head_losses(4, 10, 100, seed=3, chunk=7, z_loss=1e-2, late=0.5, softcap=softcap, step_tokens=None, compiled=True)
+    for name, a, b in zip(["value", "row means", "row tokens", "hidden grad", "matrix grad"], plain, fused, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), f"{name}: {a} vs {b}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_fused_loss_on_cuda_in_bf16_agrees_with_the_plain_loss(compiled: bool) -> None:
+    # The trainer's GPU chunk (2^28 logits: 5,341 positions of a 50K vocabulary) and a smaller one.
+    for chunk in (2**28 // 50257, 1000):
+        plain, fused = head_losses(4, 1024, 50257, seed=1, chunk=chunk, z_loss=1e-4, late=0.0, softcap=None, step_tokens=None, amp=torch.bfloat16, device="cuda", D=256, compiled=compiled)
+        # cuBLAS may sum a chunk's bf16 logits in another order than the whole matrix's.
+        assert fused[0].item() == pytest.approx(plain[0].item(), rel=1e-4)
+        assert torch.allclose(fused[1], plain[1], rtol=1e-3)
+        for a, b in zip(plain[3:], fused[3:], strict=True):
+            assert (a - b).abs().max() <= 1e-2 * a.abs().max()

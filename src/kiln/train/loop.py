@@ -189,10 +189,11 @@ def compiling(cfg: TrainConfig, device: torch.device) -> bool:
 def build_loss(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision) -> Callable[[nn.Module, Batch, int], Loss]:
     """loss_of(model, batch on the device, kept positions of the step): the forward pass and the training loss."""
     if cfg.fused_loss and precision.amp_dtype != torch.float16:
-        chunk = cfg.loss_chunk_tokens or max(1, (2**26 if precision.device.type == "cuda" else 2**23) // (model_cfg.vocab_size or 1))
+        chunk = cfg.loss_chunk_tokens or max(1, (2**28 if precision.device.type == "cuda" else 2**23) // (model_cfg.vocab_size or 1))
+        compiled = compiling(cfg, precision.device)
 
         def fused(model: nn.Module, batch: Batch, step_tokens: int) -> Loss:
-            head = partial(fused_lm_loss, batch=batch, step_tokens=step_tokens, z_loss=model_cfg.z_loss, late_position_weight=cfg.late_position_weight, chunk=chunk)
+            head = partial(fused_lm_loss, batch=batch, step_tokens=step_tokens, z_loss=model_cfg.z_loss, late_position_weight=cfg.late_position_weight, chunk=chunk, compiled=compiled)
             with precision.autocast():  # the output layer's matmuls in the autocast dtype, the cross-entropy in fp32
                 return model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT, head=head)
 
