@@ -1,14 +1,14 @@
 """Training tokens/s of kiln's trainer against a plain PyTorch loop and Hugging Face's Llama, same work.
 
-Four measurements train the recipe's model shape (default: the demo's 5M-parameter decoder)
-on the same token batches, in the same precision, with the same optimizer:
+Four measurements train the recipe's model shape (default: the demo's 5M-parameter decoder,
+without its QK-norm, which LlamaForCausalLM lacks) on the same token batches, in the same precision, with the same optimizer:
   kiln    kiln.train.loop.train(), the train stage's own step path (collator, loss, clipping,
           AdamW, lr schedule, metrics.jsonl, TensorBoard, the progress bar), on the run's token
           shards through kiln's sampler and collator; tokens/s from its metrics.jsonl; eager,
           with kiln's default train.fused_loss (the cross-entropy through the output layer in
           chunks, kiln.train.loss.fused_lm_loss).
-  kiln_compiled  the same with train.compile=true (the blocks through torch.compile; kiln's
-          default on cuda, one --set away on a CPU).
+  kiln_compiled  the same with train.compile=true (the blocks and the loss's chunks through
+          torch.compile; kiln's default on cuda, one --set away on a CPU).
   torch   a Llama-style decoder written below (nn.RMSNorm, rotate-half RoPE, SwiGLU, GQA through
           SDPA's enable_gqa) in a plain loop: forward, fp32 cross-entropy, backward, clipping, AdamW.
   hf      transformers.LlamaForCausalLM (SDPA attention, no KV cache) in the same plain loop.
@@ -344,7 +344,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.warmup < 1 or args.steps < 1 or args.repeats < 1:
         parser.error("--warmup, --steps and --repeats must be at least 1")
-    recipe = load_recipe(args.recipe, args.overrides + ([f"train.precision.dtype={args.precision}"] if args.precision else []))
+    # The references are plain Llama (LlamaForCausalLM has no QK-norm), so the recipe's model is measured without it.
+    recipe = load_recipe(args.recipe, ["model.qk_norm=false", *args.overrides] + ([f"train.precision.dtype={args.precision}"] if args.precision else []))
     if not RunLayout(recipe.run_dir).tokenizer_json.is_file():
         raise SystemExit(f"{recipe.run_dir} has no tokenized data; run `kiln demo` (or the recipe's stages up to tokenize) first")
     precision = build_precision(recipe.train)  # also train.threads, for all three alike
