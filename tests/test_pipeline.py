@@ -79,7 +79,7 @@ def test_summary_has_every_field(demo: dict[str, Any]) -> None:
     for t in s["per_source"].values():
         assert t["docs_in"] == t["docs_out"] + sum(t["removed"].values()) + t["quarantined"]
     assert s["tokenizer_bytes_per_token"] > 1.0
-    assert s["params"] == count_params(ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=64, tie_embeddings=True))
+    assert s["params"] == count_params(ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=64, tie_embeddings=True, qk_norm=True))  # QK-norm from recipes/demo.yaml
     assert s["tokens_trained"] == 60 * 8 * 64
     sources = set(demo["manifests"]["eval"]["counts"]["after"]["sources"])
     assert set(s["val_bpb_before"]) == set(s["val_bpb_after"]) == sources | {"all"}
