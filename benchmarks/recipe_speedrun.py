@@ -8,7 +8,7 @@ on every 2-D tensor, none on biases and LayerNorm gains), the recipe's warmup + 
 (kiln.train.schedule.lr_at with the recipe's warmup_steps, whatever kiln's own schedule), global-norm clip
 1.0, fp32, for `--steps` steps (default: the recipe's, 450 of 16 x 256 tokens on the demo).
 Its width is chosen so its parameter count is within 2% of kiln's model at the same depth and
-heads (demo: d_model 248, 5,060,688 against kiln's 5,048,576). Parameters are counted as
+heads (demo: d_model 248, 5,060,688 against kiln's 5,049,088). Parameters are counted as
 `sum(p.numel())` over each model's parameters: the tied token table once on both sides, the
 baseline's position table included (kiln's RoPE has none).
 Its peak lr, 3e-3, is the best of a sweep on the demo (`--sweep`, run while this benchmark was
