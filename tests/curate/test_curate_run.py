@@ -104,6 +104,11 @@ def test_default_pipeline_end_to_end(tmp_path, corpus):
     assert pq.read_schema(stage / "removed.parquet").names[:5] == ["id", "source", "step", "reason", "value"]
     summary = (stage / "summary.txt").read_text()
     assert "source web:" in summary and "top removal reasons:" in summary and "prose rules, in" in summary and "code rules, in" in summary
+    # what the pii step changed, in its redacted form, with the document it came from
+    examples = json.loads((stage / "audit" / "pii_examples.json").read_text())
+    [example] = examples["web"]["email"]
+    assert example["id"] == "web-003" and "<EMAIL>" in example["text"] and "jane.doe" not in example["text"]
+    assert "  web email: 1\n    ..." + example["text"] in summary
     assert not (stage / "work").exists()
 
 

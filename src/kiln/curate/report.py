@@ -24,6 +24,7 @@ from kiln.curate.config import CurateConfig
 from kiln.curate.phases import CLUSTERS_SCHEMA, LEDGER_PHASES, MB, REMOVED_SCHEMA
 from kiln.curate.readers import ReadTask, task_paths
 from kiln.curate.steps.decontaminate import build_report
+from kiln.curate.steps.pii import EXAMPLES_PER_KIND
 from kiln.curate.steps.pipeline import BRANCHES
 
 
@@ -96,6 +97,31 @@ def write_decontamination(index_summary: dict[str, Any], rows: list[dict[str, An
     path = stage_dir / "audit" / "decontamination.json"
     path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return report, path
+
+
+def write_pii_examples(rows: list[dict[str, Any]], stage_dir: Path) -> tuple[dict[str, dict[str, list[dict[str, str]]]], Path]:
+    """audit/pii_examples.json: per source and kind, the first EXAMPLES_PER_KIND redactions (by
+    document id) in their redacted form; returns them and the path."""
+    examples: dict[str, dict[str, list[dict[str, str]]]] = {}
+    for row in sorted(rows, key=lambda r: (r["source"], r["kind"], r["id"])):
+        shown = examples.setdefault(row["source"], {}).setdefault(row["kind"], [])
+        if len(shown) < EXAMPLES_PER_KIND:
+            shown.append({"id": row["id"], "text": row["text"]})
+    path = stage_dir / "audit" / "pii_examples.json"
+    path.write_text(json.dumps(examples, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return examples, path
+
+
+def format_pii(counts: dict[str, Any], examples: dict[str, dict[str, list[dict[str, str]]]]) -> str:
+    """Redactions per source and kind, each with its examples (what a user sees the pii step changed)."""
+    lines = ["pii redactions (audit/pii_examples.json has the document ids):"]
+    for source, t in counts["per_source"].items():
+        for key, n in sorted(t["stats"].items()):
+            if key.startswith("pii:"):
+                kind = key.removeprefix("pii:")
+                lines.append(f"  {source} {kind}: {n:,}")
+                lines += [f"    ...{e['text']}..." for e in examples.get(source, {}).get(kind, [])]
+    return "\n".join(lines) if len(lines) > 1 else ""
 
 
 def totals(ledger: Ledger) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from kiln.curate.dedup.ngram_index import build_index
 from kiln.curate.phases import MB, PHASES, Job, run_job
 from kiln.curate.quality.config import CLASSIFIER_DIR, LM_DIR
 from kiln.curate.readers import plan_reads, task_paths
-from kiln.curate.report import account, format_summary, totals, write_audit, write_decontamination
+from kiln.curate.report import account, format_pii, format_summary, totals, write_audit, write_decontamination, write_pii_examples
 from kiln.curate.steps.decontaminate import format_report
 from kiln.curate.steps.pipeline import funnel_rows
 from kiln.curate.steps.quality import CLASSIFIER_SCORES, LM_SCORES, ClassifierFilter, PerplexityFilter, model_files, model_folder, release_models
@@ -138,13 +138,16 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     if contamination_index is not None:
         report, report_path = write_decontamination(contamination_index, records.get("contamination", []), stage.dir)
         outputs.append(report_path)
+    examples, examples_path = write_pii_examples(records.get("pii_example", []), stage.dir)
+    outputs.append(examples_path)
     shutil.rmtree(stage.dir / "work")
     counts = {**totals(ledger), **({"minhash": near} if near else {})}
     shards = sorted((stage.dir / SHARDS).glob("*" + SUFFIX))
     if counts["docs_out"] == 0:
         log.warning("curate: no document was kept (%d in); see %s and %s", counts["docs_in"], stage.final_dir / SUMMARY, stage.final_dir / "quarantine.jsonl")
     # phase timings vary from run to run: beside the counts, never in them
-    summary = format_summary(counts, funnel_rows(cfg)) + ("\n" + format_report(report) if report is not None else "")
+    pii = format_pii(counts, examples)
+    summary = format_summary(counts, funnel_rows(cfg)) + ("\n" + pii if pii else "") + ("\n" + format_report(report) if report is not None else "")
     return stage.finish(shards + outputs, counts, summary, extra={"phases": timings})
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from kiln.core.document import Document
 from kiln.curate.audit import Ledger
-from kiln.curate.steps.pii import PIIConfig, RedactPII, luhn_valid, ssn_valid
+from kiln.curate.steps.pii import PIIConfig, RedactPII, luhn_valid, random_looking, ssn_valid
 
 REDACT = RedactPII(PIIConfig())
 
@@ -52,10 +52,13 @@ FOUND = [
     ("call +1 415 555 2671 now", "call <PHONE> now"),
     ("+44 20 7946 0958", "<PHONE>"),
     ("+49-30-901820", "<PHONE>"),
-    ("(555) 123-4567", "<PHONE>"),
-    ("555-123-4567", "<PHONE>"),
-    ("555.123.4567", "<PHONE>"),
-    ("1-555-123-4567", "<PHONE>"),
+    ("(212) 555-0143", "<PHONE>"),
+    ("212-555-0143", "<PHONE>"),
+    ("212.555.0143", "<PHONE>"),
+    ("1-617-555-0110", "<PHONE>"),
+    ("Tel: 020 7946 0958.", "Tel: <PHONE>."),  # national formats of the default phone_regions
+    ("appelez le 01 42 68 53 00", "appelez le <PHONE>"),
+    ("call (02) 9374 4000", "call <PHONE>"),
     ("server at 93.184.216.34:8080", "server at <IP_ADDRESS>:8080"),
     ("from 2a00:1450:4001:81c::200e.", "from <IP_ADDRESS>."),
     ("mapped ::ffff:93.184.216.34 here", "mapped <IP_ADDRESS> here"),
@@ -64,7 +67,10 @@ FOUND = [
     ("4111111111111111", "<CREDIT_CARD>"),
     ("amex 3782 822463 10005", "amex <CREDIT_CARD>"),
     ("4111 1111 1111 1111 123", "<CREDIT_CARD> 123"),  # a trailing group that breaks Luhn is not the card's
-    ("SSN: 123-45-6789.", "SSN: <SSN>."),
+    ("SSN: 536-22-8745.", "SSN: <SSN>."),
+    ("the release went out; served from 93.184.216.34", "the release went out; served from <IP_ADDRESS>"),  # a version word marks only what follows it closely
+    ("our office (17.253.144.10) is down", "our office (<IP_ADDRESS>) is down"),
+    ("<td>93.184.216.34</td>", "<td><IP_ADDRESS></td>"),  # a tag's > is no version constraint
     ("key=AKIAIOSFODNN7EXAMPLE", "key=<SECRET>"),
     ("token ghp_" + "a1B2" * 9, "token <SECRET>"),
     ("github_pat_" + "A" * 22 + "_" + "b" * 59, "<SECRET>"),
@@ -73,8 +79,14 @@ FOUND = [
     ("sk_live_4eC39HqLyjWDarjtT1zdp7dc", "<SECRET>"),
     ("OPENAI_API_KEY=sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z", "OPENAI_API_KEY=<SECRET>"),
     ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U", "<SECRET>"),
-    ("aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "aws_secret_access_key = <SECRET>"),
+    ("aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYz8Ld2Qk4Tn", "aws_secret_access_key = <SECRET>"),
     ("https://hooks.slack.com/services/T0000000/B0000000/XXXXXXXXXXXXXXXXXXXXXXXX", "<SECRET>"),
+    ("GITLAB_TOKEN=glpat-x7Kq2Lm9Np4Rs6Tv8Wz1Y", "GITLAB_TOKEN=<SECRET>"),
+    ("hf_QmX2vB7nR1tY6uW3zL8pA5sE0cF2hJ9kDd", "<SECRET>"),
+    ("Authorization: Bearer q7Wz2Xk9Lm4Np8Rs1Tv6Yb3C", "Authorization: Bearer <SECRET>"),
+    ("DB_PASSWORD=f8Kq2Lm9Np4Rs6Tv", "DB_PASSWORD=<SECRET>"),
+    ('"client_secret": "4kD9qmX2vB7nR1tY6uW3zL8pA5s"', '"client_secret": "<SECRET>"'),
+    ("apiKey: Zm9vYmFyYmF6cXV4MTIz", "apiKey: <SECRET>"),
     ("a\n-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA3Tz2mr7SZiAMfQyuvBjM\n-----END RSA PRIVATE KEY-----\nb", "a\n<SECRET>\nb"),
     ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\nAAAAAAAAAAAAAAAAAAAAAAAA\n\nthanks", "<SECRET>\n\nthanks"),  # truncated
 ]
@@ -93,6 +105,16 @@ KEPT = [
     "4111111111111112", "9780306406157", "978-0-306-40615-7", "12345678901234567890", "0.4111111111111111",  # cards: Luhn, ISBN, long, decimal
     "000-12-3456", "666-12-3456", "900-12-3456", "123-00-4567", "123-45-0000",  # SSNs never issued
     "123-456-7890", "2023-10-12", "call 555 123 4567", "+1.5", "+20.000.000", "pi is 3.14159265",  # phones and dates
+    "555-123-4567", "(555) 123-4567", "x = 4294967296", "y = (x)+4155552671", "Decimal('+35236450.6')", "Boston, MA 02110-1301",
+    "     041 117 132\n     133 112 255",  # 555 is no area code; code constants, arithmetic, a ZIP+4, a table of numbers
+    "Bump Standards-Version to 4.6.0.1", "xft (2.3.2.1-7) unstable; urgency=low", "libfoo (1.2.3.4+dfsg-1) sid", "see section 4.2.1.3",
+    "upgrade to 5.15.0.1", "Depends: base-passwd (>= 3.5.30.1)", "192.0.2.55", "198.51.100.7", "203.0.113.9", "0.0.0.0",  # IPs: versions, reserved
+    "git@github.com:kiln/kiln.git", "pi@raspberrypi.local", "svc@cluster.internal",  # an SCP remote, local networks
+    "078-05-1120", "219-09-9999", "123-45-6789",  # SSNs printed in advertising
+    "3473920184657394", "IMEI 357392018465732", "6012739201846579",  # Luhn-valid, but no issuer uses that prefix with that length
+    "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", "commit 9fceb02d0ae598e95dc970b74767f19372d61af8",
+    "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",  # AWS's documentation example
+    'password = os.environ["DB_PASSWORD"]', "token = get_token()", 'api_key = "YOUR_API_KEY"', "password: ${DB_PASSWORD}", "max_tokens = 4096",
     "sk-learn-is-a-very-long-kebab-case-name-here", "pk_live_4eC39HqLyjWDarjtT1zdp7dc", "AKIA1234",  # secret look-alikes
     "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8A\n-----END PUBLIC KEY-----",
     "",
@@ -105,12 +127,25 @@ def test_near_misses_stay(text: str):
 
 
 def test_private_ips_go_when_asked():
-    assert redacted("192.168.1.1 and fe80::1", public_ips_only=False) == "<IP_ADDRESS> and <IP_ADDRESS>"
+    assert redacted("192.168.1.1 and fe80::1", keep_ip_ranges=[]) == "<IP_ADDRESS> and <IP_ADDRESS>"
+
+
+def test_each_kept_range_is_its_own_setting():
+    text = "192.0.2.55, 10.0.0.1, 8.8.8.8, 2001:db8::1"
+    assert redacted(text, keep_ip_ranges=["private", "resolvers"]) == "<IP_ADDRESS>, 10.0.0.1, 8.8.8.8, <IP_ADDRESS>"
+    assert redacted(text, keep_ip_ranges=["documentation"]) == "192.0.2.55, <IP_ADDRESS>, <IP_ADDRESS>, 2001:db8::1"
+
+
+def test_phone_regions_decide_which_national_formats_count():
+    assert redacted("Tel. 030 901820", phone_regions=["DE"]) == "Tel. <PHONE>"
+    assert redacted("Tel. 030 901820", phone_regions=["US"]) == "Tel. 030 901820"
+    with pytest.raises(ValueError, match="unknown phone regions"):
+        PIIConfig(phone_regions=["XX"])
 
 
 @pytest.mark.parametrize(
     ("flag", "text"),
-    [("emails", "john@gmail.com"), ("phones", "555-123-4567"), ("ip_addresses", "93.184.216.34"), ("credit_cards", "4111111111111111"), ("ssns", "123-45-6789"), ("secrets", "AKIAIOSFODNN7EXAMPLE")],
+    [("emails", "john@gmail.com"), ("phones", "212-555-0143"), ("ip_addresses", "93.184.216.34"), ("credit_cards", "4111111111111111"), ("ssns", "536-22-8745"), ("secrets", "AKIAIOSFODNN7EXAMPLE")],
 )
 def test_each_type_can_be_turned_off(flag: str, text: str):
     assert redacted(text) != text
@@ -181,6 +216,10 @@ ADVERSARIAL = {
     "plus digits": "+1 " * (MB // 3),
     "pem begins": "-----BEGIN PRIVATE KEY-----\n" * (MB // 28),
     "jwt starts": "-eyJ." * (MB // 5),
+    "national groups": "0 12 " * (MB // 5),
+    "assignments": "api_key = " * (MB // 10),
+    "secret names": "passwordtokenkey" * (MB // 16),
+    "bearers": "Bearer " * (MB // 7),
 }
 
 
@@ -194,3 +233,34 @@ def test_one_megabyte_adversarial_string_is_fast(name: str):
 def test_step_pickles_for_workers():
     step = pickle.loads(pickle.dumps(RedactPII(PIIConfig(max_hits=3))))
     assert step.redact("a@gmail.com")[0] == "<EMAIL>" and step.config.max_hits == 3
+
+
+# --- properties of the context and validity rules -----------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.from_regex(r"[1-9][0-9]{6,14}", fullmatch=True), st.sampled_from(["x = {}", "return a+{}", "t={};", "f({}, 2)", "({})+{}", "[{}]"]))
+def test_a_bare_digit_run_in_code_is_never_a_phone(digits: str, template: str):
+    assert "<PHONE>" not in REDACT.redact(template.format(digits, digits))[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from("01789"), st.from_regex(r"[0-9]{11,17}", fullmatch=True))
+def test_a_luhn_valid_number_without_an_issuer_prefix_is_never_a_card(first: str, body: str):
+    digits = first + body
+    check = next(d for d in "0123456789" if luhn_valid(digits + d))
+    assert REDACT.redact(f"no. {digits}{check}")[0] == f"no. {digits}{check}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.ip_addresses(v=4).map(str), st.integers(1, 99), st.sampled_from(["pkg ({}-{})", "Standards-Version: {}", "bump to {}", "section {}", "v{}", "({}+dfsg{})"]))
+def test_an_ipv4_marked_as_a_version_or_section_is_never_redacted(ip: str, revision: int, template: str):
+    text = template.format(ip, revision) if template.count("{}") == 2 else template.format(ip)
+    assert "<IP_ADDRESS>" not in REDACT.redact(text)[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.from_regex(r"[A-Za-z_]{8,40}", fullmatch=True))
+def test_an_identifier_assigned_to_a_secret_name_is_kept(name: str):
+    text = f"password = {name}"
+    assert REDACT.redact(text)[0] == text and not random_looking(name)

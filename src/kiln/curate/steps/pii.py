@@ -2,40 +2,73 @@
 
 Each hit becomes a typed placeholder (`<EMAIL>`, `<PHONE>`, `<IP_ADDRESS>`, `<CREDIT_CARD>`,
 `<SSN>`, `<SECRET>`) and is counted per source as `pii:<type>`. Regexes only propose candidates;
-a candidate is redacted once Python confirms it (Luhn for cards, SSA allocation rules for SSNs,
-`ipaddress` for IPs), so near-misses (a 16-digit number failing Luhn, `999.1.1.1`, `user@localhost`)
-stay. Every pattern is written so that a match can start only at the beginning of a run of its
+a candidate is redacted once Python confirms it by its validity and its context:
+- emails: a dotted domain with a letter TLD; not reserved or local names (example.com, .test,
+  .local, .internal, ...), image names (`icon@2x.png`) or SCP-style remotes (`git@host:path`);
+- phones: `phonenumbers` (libphonenumber's metadata) says the number is valid: with a `+` country
+  code, in the North American formats, or in a national format (trunk 0 and groups) of one of
+  `phone_regions`; a `+` right after an operand (`x)+4155552671`) or a bare digit run never is;
+- IP addresses: `ipaddress` parses it; by default not the reserved ranges of `keep_ip_ranges`
+  (private, loopback, link-local, unspecified, documentation, multicast, other reserved, public
+  DNS resolvers), and not an IPv4 that the text marks as a version or a number: a word before it
+  (`version`, `Standards-Version to`, `upgrade to`, `section`, `§`, `Table`), a Debian package
+  header (`xft (2.3.2.1-7)`), a revision after it (`-7`, `+dfsg`, `~rc1`), or more than four parts;
+- cards: Luhn, and an issuer's prefix with one of its lengths (Visa, Mastercard, Amex, Discover,
+  Diners, JCB, UnionPay, Maestro, Mir);
+- SSNs: the SSA's allocation rules, and not the numbers printed in advertising (078-05-1120, ...);
+- secrets: token formats as their issuers document them, private-key blocks, and values assigned
+  to a name ending in password, secret, token, api_key, access_key, private_key, ... that look
+  random (8+ characters with letters and digits, not a placeholder, a variable or a call); plain
+  digests (`sha256:...`, git object ids) match none of these.
+Every pattern is written so that a match can start only at the beginning of a run of its
 characters and every repeat is bounded or unambiguous: no input makes a pass superlinear (the
 tests time 1 MB adversarial strings).
 Not handled: names, postal addresses, passwords in prose, national ids other than US SSNs, phone
-numbers written without a `+` country code outside the US formats, secrets without a known prefix
-(no entropy-based guessing), and text split by markup (`john&#64;example.com`).
+numbers without separators or country code, and text split by markup (`john&#64;example.com`).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator
+from typing import Literal
 
-from pydantic import Field
+import phonenumbers
+from pydantic import Field, field_validator
 
 from kiln.core.config import Section
 from kiln.core.document import Document
 from kiln.curate.audit import Ledger
 
+IPRange = Literal["private", "loopback", "link_local", "unspecified", "documentation", "multicast", "reserved", "resolvers"]
+
 
 class PIIConfig(Section):
     enabled: bool = Field(True, description="Run PII redaction.")
     emails: bool = Field(True, description="Replace email addresses with <EMAIL>.")
-    phones: bool = Field(True, description="Replace phone numbers (+country code, or US (555) 123-4567, 555-123-4567, 555.123.4567) with <PHONE>.")
+    phones: bool = Field(True, description="Replace phone numbers that libphonenumber validates (+country code; US (212) 555-0143, 212-555-0143, 212.555.0143; national formats of phone_regions) with <PHONE>.")
+    phone_regions: list[str] = Field(["GB", "DE", "FR", "IT", "ES", "NL", "AU", "IE", "IN"], description="Regions (ISO 3166 codes) whose national formats, trunk 0 and groups (020 7946 0958), are checked; numbers with a + country code and the North American formats are checked for every region.")
     ip_addresses: bool = Field(True, description="Replace IPv4 and IPv6 addresses with <IP_ADDRESS>.")
-    public_ips_only: bool = Field(True, description="Redact only addresses of hosts on the public internet; private, loopback, link-local, documentation and multicast ranges and well-known public DNS resolvers stay.")
-    credit_cards: bool = Field(True, description="Replace 13-19 digit card numbers that pass the Luhn check with <CREDIT_CARD>.")
-    ssns: bool = Field(True, description="Replace US social security numbers written AAA-GG-SSSS with <SSN>.")
-    secrets: bool = Field(True, description="Replace API keys and tokens of known formats and PEM private-key blocks with <SECRET>.")
+    keep_ip_ranges: list[IPRange] = Field(["private", "loopback", "link_local", "unspecified", "documentation", "multicast", "reserved", "resolvers"], description="Address ranges left as they are: private (RFC 1918, 100.64/10, fc00::/7), loopback, link_local (169.254/16, fe80::/10), unspecified (0.0.0.0/8, ::), documentation (192.0.2/24, 198.51.100/24, 203.0.113/24, 2001:db8::/32), multicast, reserved (any other range not routed on the internet), resolvers (public DNS resolvers such as 8.8.8.8); [] redacts every address.")
+    credit_cards: bool = Field(True, description="Replace card numbers (an issuer's prefix and length, passing the Luhn check) with <CREDIT_CARD>.")
+    ssns: bool = Field(True, description="Replace US social security numbers written AAA-GG-SSSS that the SSA could have issued with <SSN>.")
+    secrets: bool = Field(True, description="Replace API keys and tokens of known formats, PEM private-key blocks and random-looking values assigned to password/secret/token/key names with <SECRET>.")
     max_hits: int | None = Field(None, ge=0, description="Drop a document with more than this many redactions (all types together); None never drops.")
 
+    @field_validator("phone_regions")
+    @classmethod
+    def _known_regions(cls, regions: list[str]) -> list[str]:
+        unknown = [r for r in regions if r not in phonenumbers.SUPPORTED_REGIONS]
+        if unknown:
+            raise ValueError(f"unknown phone regions {unknown}; use ISO 3166 codes such as GB, DE, FR")
+        return regions
+
+
+# The curate summary shows a few redactions per source and kind, in their redacted form, with this
+# many characters around the placeholder (audit/pii_examples.json keeps them with document ids).
+EXAMPLES_PER_KIND, EXAMPLE_CONTEXT = 3, 40
 
 PLACEHOLDERS = {
     "email": "<EMAIL>",
@@ -56,26 +89,64 @@ _PEM_BEGIN = re.compile(r"-----BEGIN (?:[A-Z0-9]+ ){0,3}PRIVATE KEY(?: BLOCK)?--
 _PEM_END = re.compile(r"-----END (?:[A-Z0-9]+ ){0,3}PRIVATE KEY(?: BLOCK)?-----")
 _PEM_TRUNCATED_BODY = re.compile(r"(?:[ \t\r]*\n[ \t]*(?:[A-Za-z0-9+/]{16,}={0,2}|(?:Proc-Type|DEK-Info|Comment):[^\n]*))*")
 
-# Token formats as their issuers document them, each with the literal markers that must occur for
-# it to be worth a scan (`in` runs at memory speed; most documents have none of them). A token starts
-# where a run of [A-Za-z0-9_-] starts, so a run is scanned from one place only; the guard is written
-# after the first literal character (`A(?<![...]A)`) rather than before it, so that the engine can
-# skip ahead to that character instead of testing a lookbehind at every position (3x faster,
-# measured on /usr/share/doc text).
+# Token formats as their issuers document them. Each pattern opens with a literal of two or more
+# characters, so the engine finds candidates by a fast substring search (2 GB/s; one `in` test per
+# marker had cost 1 ms per MB each); the guard that a token starts where a run of [A-Za-z0-9_-]
+# starts is a lookbehind right after that literal.
 _TOKEN_END = r"(?![A-Za-z0-9_-])"
-_TOKENS: tuple[tuple[tuple[str, ...], re.Pattern[str]], ...] = (
-    (("AKIA", "ASIA"), re.compile(r"A(?<![A-Za-z0-9_-]A)(?:KIA|SIA)[0-9A-Z]{16}" + _TOKEN_END)),  # AWS access key id (ASIA: temporary)
-    (("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), re.compile(r"g(?<![A-Za-z0-9_-]g)h[pousr]_[A-Za-z0-9]{36}" + _TOKEN_END)),  # GitHub classic tokens
-    (("github_pat_",), re.compile(r"g(?<![A-Za-z0-9_-]g)ithub_pat_[A-Za-z0-9_]{82}" + _TOKEN_END)),  # GitHub fine-grained token
-    (("xox",), re.compile(r"x(?<![A-Za-z0-9_-]x)ox[abposr]-[A-Za-z0-9-]{10,250}" + _TOKEN_END)),  # Slack tokens
-    (("AIza",), re.compile(r"A(?<![A-Za-z0-9_-]A)Iza[0-9A-Za-z_-]{35}" + _TOKEN_END)),  # Google API key
-    (("k_live_", "k_test_"), re.compile(r"[sr](?<![A-Za-z0-9_-][sr])k_(?:live|test)_[0-9A-Za-z]{16,247}" + _TOKEN_END)),  # Stripe secret/restricted (pk_ is public)
-    (("sk-",), re.compile(r"s(?<![A-Za-z0-9_-]s)k-(?P<sk>[A-Za-z0-9_-]{32,250})" + _TOKEN_END)),  # OpenAI / Anthropic style
-    (("eyJ",), re.compile(r"e(?<![A-Za-z0-9_-]e)yJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}" + _TOKEN_END)),  # JWT: base64url '{"' header and payload
-    (("hooks.slack.com",), re.compile(r"https://hooks\.slack\.com/services/T[A-Za-z0-9]{6,20}/B[A-Za-z0-9]{6,20}/[A-Za-z0-9]{16,40}")),  # Slack webhook
-    # An AWS secret access key is 40 base64 characters with no prefix; only its variable name gives it away.
-    (("ecret", "ECRET"), re.compile(r"[aA](?<![A-Za-z0-9][aA])(?i:ws_?secret_?access_?key)[\"']?\s*[:=]\s*[\"']?(?P<value>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])")),
+
+
+def _token(literal: str, rest: str) -> re.Pattern[str]:
+    return re.compile(re.escape(literal) + r"(?<![A-Za-z0-9_-]" + re.escape(literal) + ")" + rest + _TOKEN_END)
+
+
+_TOKENS: tuple[re.Pattern[str], ...] = (
+    _token("AKIA", r"[0-9A-Z]{16}"), _token("ASIA", r"[0-9A-Z]{16}"),  # AWS access key id (ASIA: temporary)
+    _token("gh", r"[pousr]_[A-Za-z0-9]{36}"),  # GitHub classic tokens
+    _token("github_pat_", r"[A-Za-z0-9_]{82}"),  # GitHub fine-grained token
+    _token("xox", r"[abposr]-[A-Za-z0-9-]{10,250}"),  # Slack tokens
+    _token("AIza", r"[0-9A-Za-z_-]{35}"),  # Google API key
+    _token("sk_", r"(?:live|test)_[0-9A-Za-z]{16,247}"), _token("rk_", r"(?:live|test)_[0-9A-Za-z]{16,247}"),  # Stripe secret/restricted (pk_ is public)
+    _token("sk-", r"(?P<sk>[A-Za-z0-9_-]{32,250})"),  # OpenAI / Anthropic style
+    _token("eyJ", r"[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),  # JWT: base64url '{"' header and payload
+    _token("gl", r"(?:pat|ptt|dt|rt|soat|cbt)-[A-Za-z0-9_-]{20,64}"),  # GitLab tokens
+    _token("hf_", r"[A-Za-z0-9]{34}"),  # Hugging Face
+    _token("npm_", r"[A-Za-z0-9]{36}"),  # npm
+    _token("pypi-AgEIcHlwaS5vcmc", r"[A-Za-z0-9_-]{16,400}"),  # PyPI (a macaroon for pypi.org)
+    _token("SG.", r"[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}"),  # SendGrid
+    _token("GOCSPX-", r"[A-Za-z0-9_-]{28}"),  # Google OAuth client secret
+    re.compile(r"https://hooks\.slack\.com/services/T[A-Za-z0-9]{6,20}/B[A-Za-z0-9]{6,20}/[A-Za-z0-9]{16,40}"),  # Slack webhook
+    re.compile(r"earer(?<=[Bb]earer)[ \t]+(?P<value>[A-Za-z0-9._~+/-]{20,512}=*)(?![A-Za-z0-9._~+/=-])"),  # HTTP bearer credentials
 )
+
+# A value assigned to a name that ends in one of these words (DB_PASSWORD=..., "client_secret": "...",
+# apiKey: ...) is a secret when it looks random (random_looking); the name stays, the value goes. The
+# names are found with str.find on the lower-cased text (a case-insensitive regex alternation ran at
+# 4 MB/s on /usr/share/doc text), the assignment after each by _ASSIGNED_TAIL.
+_SECRET_NAMES = ("passw", "pwd", "secret", "token", "credential", "key")  # passw: password, passwd; credential(s)
+_KEY_QUALIFIERS = ("api", "access", "secret", "private", "account", "auth")  # api_key, accessKey, ...
+_ASSIGNMENT_FIRST = frozenset("\"' \t:=")  # what may follow a name that is assigned to
+_ASSIGNED_TAIL = re.compile(r"[\"']?[ \t]*(?::=|=>|[:=])[ \t]*[\"']?(?P<value>[^\s\"'`,;<>]{8,256})")
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+# Values that stand for a secret rather than being one.
+_PLACEHOLDER_WORDS = ("your", "example", "changeme", "placeholder", "dummy", "redacted", "xxxx", "****", "secret_here", "token_here")
+_DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+MIN_SECRET_ENTROPY = 2.5  # bits per character: hunter22 has 2.75, aaaa1111 has 1.0
+
+
+def random_looking(value: str) -> bool:
+    """Whether an assigned value looks like a credential: letters and digits, varied, not a
+    placeholder (`<...>`, `${VAR}`, `YOUR_KEY`), a call, an index or a dotted name."""
+    if len(value) < 8 or value[0] in "$%{[(" or "(" in value or "[" in value:
+        return False
+    if not (any(c.isdigit() for c in value) and any(c.isalpha() for c in value)):
+        return False
+    lower = value.lower()
+    if any(word in lower for word in _PLACEHOLDER_WORDS) or _DOTTED_NAME.fullmatch(value):
+        return False
+    counts = [value.count(c) for c in set(value)]
+    return -sum(n / len(value) * math.log2(n / len(value)) for n in counts) >= MIN_SECRET_ENTROPY
+
 
 # --- emails ---------------------------------------------------------------------------------------
 
@@ -90,7 +161,8 @@ _EMAIL_LOCAL_WINDOW = 66
 _FILE_EXTENSION_TLDS = frozenset({"png", "jpg", "jpeg", "gif", "svg", "webp", "bmp", "ico", "tif", "tiff", "avif", "css", "js", "ts", "min"})
 # RFC 2606 reserves these for documentation: addresses there belong to no one.
 _RESERVED_DOMAINS = ("example.com", "example.org", "example.net")
-_RESERVED_TLDS = frozenset({"example", "test", "invalid", "localhost"})
+# ... and these name hosts on a local network, which no outside mail reaches (RFC 6762, 8375, ICANN).
+_RESERVED_TLDS = frozenset({"example", "test", "invalid", "localhost", "local", "localdomain", "lan", "home", "internal", "intranet", "corp", "private", "arpa"})
 _RESERVED_SUFFIXES = tuple("." + d for d in _RESERVED_DOMAINS)
 
 # --- IP addresses ---------------------------------------------------------------------------------
@@ -101,19 +173,55 @@ _IPV6 = re.compile(r"(?<![\w:.])(?:[0-9A-Fa-f]{1,4})?:(?:[0-9A-Fa-f]{1,4})?:[0-9
 _IPV6_HINT = re.compile(r":[0-9A-Fa-f]{0,4}:")
 _IPV6_RUN = re.compile(r"[0-9A-Fa-f:.]*")
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
-# 1.2.3.4 is a valid public address and a common version number: the word before it decides.
-_VERSION_CONTEXT = re.compile(r"(?:version|release|build|firmware|ver\.?)\s*[:=#]?\s*$", re.IGNORECASE)
-_VERSION_CONTEXT_CHARS = 16
+# 1.2.3.4 is a valid public address and a common version or section number: the text around decides.
+# A version word, then at most three linking words or version-like tokens (Standards-Version to ...,
+# upgrade from 1.2.3.4 to ...); a section word or sign right before; a Debian changelog header
+# (`package (`); a revision right after (-7, +dfsg, ~rc1).
+_VERSION_BEFORE = re.compile(
+    r"(?i)\b(?:versions?|releases?|released|upstream|updated?|updates|upgraded?|upgrades|bump(?:ed|s)?|firmware|build|ver|v|rev|revision|kernel|patch(?:ed)?)\b"
+    r"(?:[\s:=#,]+(?:to|from|is|was|of|at|now|number|no\.?|string|\d[\w.+~-]*)){0,3}[\s:=#,(]*\Z"
+    r"|(?:[<>=!~]=|>>|<<|\([ \t]*[<>=])[ \t]*\Z"  # a version constraint: (>= 3.5.30.1), ==1.2.3.4, (< 2.0.0.1)
+)
+_SECTION_BEFORE = re.compile(
+    r"(?i)(?:\b(?:section|sect|sec|chapter|chap|clause|paragraph|para|figure|fig|table|tab|step|item|rule|appendix|annex|note|part|article|art|"
+    r"exercise|equation|eq|lemma|theorem|definition|example|listing)\.?|§§?)\s*\Z"
+)
+_PACKAGE_HEADER = re.compile(r"[a-z0-9][a-z0-9+.-]* \(\Z")  # from the start of the line
+_REVISION_AFTER = re.compile(r"-\d+(?![\d.])|[+~][A-Za-z0-9]")
+_CONTEXT_CHARS = 64
 # Public resolvers: printed in every networking tutorial, they identify no person.
 _WELL_KNOWN_IPS = frozenset({
     "8.8.8.8", "8.8.4.4", "1.1.1.1", "1.0.0.1", "9.9.9.9", "149.112.112.112", "208.67.222.222", "208.67.220.220",
     "2001:4860:4860::8888", "2001:4860:4860::8844", "2606:4700:4700::1111", "2606:4700:4700::1001", "2620:fe::fe", "2620:fe::9",
 })
+_IP_RANGES: dict[str, list[ipaddress.IPv4Network | ipaddress.IPv6Network]] = {
+    kind: [ipaddress.ip_network(n) for n in nets] for kind, nets in {
+        "private": ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7"],  # RFC 1918, 6598, 4193
+        "loopback": ["127.0.0.0/8", "::1/128"],
+        "link_local": ["169.254.0.0/16", "fe80::/10"],
+        "unspecified": ["0.0.0.0/8", "::/128"],
+        "documentation": ["192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"],  # RFC 5737, 3849
+        "multicast": ["224.0.0.0/4", "ff00::/8"],
+    }.items()
+}
 _GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")  # the only IPv6 block assigned to internet hosts (RFC 4291)
 
-# --- numbers: IPv4, card numbers, SSNs, US phones -------------------------------------------------
 
-# These four shapes never overlap, so one scan that stops only at digits serves them all (one pass
+def ip_range(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    """The keep_ip_ranges name an address falls in, or None for a public host address."""
+    for kind, nets in _IP_RANGES.items():
+        if any(addr.version == net.version and addr in net for net in nets):
+            return kind
+    if str(addr) in _WELL_KNOWN_IPS:
+        return "resolvers"
+    if not addr.is_global or (addr.version == 6 and addr not in _GLOBAL_UNICAST):
+        return "reserved"
+    return None
+
+
+# --- numbers: IPv4, card numbers, SSNs, phones -----------------------------------------------------
+
+# These shapes never overlap, so one scan that stops only at digits serves them all (one pass
 # instead of four: 4x faster on digit-heavy changelogs). Each alternative carries its own guard on
 # the character before the first digit; the leading `\d` is shared so the engine can skip to digits.
 _NUMBER_SHAPES = {
@@ -127,22 +235,50 @@ _NUMBER_SHAPES = {
         r"|\d{3}(?P<s2>[ -])\d{6}(?P=s2)\d{4,5})(?!\w|[.,]\d)"
     ),
     "ssn": r"(?<![\w-]\d)(?P<ssn>\d{2}-\d{2}-\d{4})(?!\w|-\d)",
-    # 555-123-4567, 555.123.4567, and the same after a `1` trunk prefix; (555) 123-4567 forms are
+    # 212-555-0143, 212.555.0143, and the same after a `1` trunk prefix; (212) 555-0143 forms are
     # found by _PHONE_PARENTHESES.
     "phone": (
         r"(?<![\w+.-]\d)(?P<phone>\d\d(?P<sep>[-.])\d{3}(?P=sep)\d{4}"
         r"|(?<=1)[ .-](?:\(\d{3}\) ?\d{3}[-.]|\d{3}(?P<sep2>[-.])\d{3}(?P=sep2))\d{4})(?!\w|[.-]\d)"
     ),
 }
-_PHONE_PARENTHESES = re.compile(r"\((?<![\w+.-]\()(?P<area>\d{3})\) ?\d{3}[-.]\d{4}(?!\w|[.-]\d)")
-# Issuer prefixes start with 2-6 (Mastercard 2-series, Amex/Diners/JCB, Visa, Mastercard, Discover/
-# UnionPay); this keeps ISBN-13s (978/979) and most long identifiers out even when they pass Luhn.
-_CARD_FIRST_DIGITS = frozenset("23456")
+# A national number: trunk 0, an area code, then groups (020 7946 0958, 030 901820, 01 42 68 53 00).
+# Its own pass after the number shapes (led by a literal 0 it scans at 700 MB/s; as a fifth shape it
+# slowed that pass by a third); what those shapes declined is excluded by shape here: an SSN's
+# 3-2-4 (000-12-3456) and a US ZIP+4 (02110-1301).
+_NATIONAL_PHONE = re.compile(r"0(?<![\w+.,/-]0)\d{1,4}(?:[ /.-]\d{2,8}){1,4}(?!\w|[.,/-]\d)")
+_NOT_NATIONAL = re.compile(r"\d{3}-\d{2}-\d{4}|\d{5}-\d{4}")
+# Digit groups that go on before or after the candidate: a table (octal codes, coordinates), not a number.
+_IN_NUMBER_RUN = re.compile(r"\s+\d")
+_NUMBER_RUN_BEFORE = re.compile(r"\d\s+\Z")
+_PHONE_PARENTHESES = re.compile(r"\((?<![\w+.-]\()(?P<area>\d{2,5})\) ?\d{2,4}(?:[ .-]?\d{2,4}){1,3}(?!\w|[.-]\d)")
+MIN_NATIONAL_DIGITS, MAX_NATIONAL_DIGITS = 9, 12
 # E.164: country code and number together have at most 15 digits; fewer than 8 is not a full number.
 MIN_PHONE_DIGITS, MAX_PHONE_DIGITS = 8, 15
 # One digit per repeat (with an optional separator or parenthesis around it) leaves the engine a
-# single way to split the digits, so a long digit run cannot make it backtrack exponentially.
-_PHONE_INTERNATIONAL = re.compile(r"\+(?<![\w+]\+)[1-9]\d{0,2}(?:[ -]?\(?\d\)?){5,14}(?!\w)")
+# single way to split the digits, so a long digit run cannot make it backtrack exponentially. A `+`
+# right after an operand (`(x)+4155552671`, `a+1`) is arithmetic.
+_PHONE_INTERNATIONAL = re.compile(r"\+(?<![\w+)\]]\+)[1-9]\d{0,2}(?:[ -]?\(?\d\)?){5,14}(?!\w|[.,]\d)")
+
+# Issuer identification numbers and the lengths each issuer uses (ISO/IEC 7812; the networks'
+# published ranges): (first digits from, to) -> lengths. A number outside them is an order, an
+# IMEI, an ISBN or a timestamp, whatever its Luhn check says.
+_CARD_ISSUERS: tuple[tuple[int, int, frozenset[int]], ...] = tuple(
+    (low, high, frozenset(lengths)) for low, high, lengths in (
+        (4, 4, (13, 16, 19)),  # Visa
+        (51, 55, (16,)), (2221, 2720, (16,)),  # Mastercard
+        (34, 34, (15,)), (37, 37, (15,)),  # American Express
+        (6011, 6011, range(16, 20)), (644, 649, range(16, 20)), (65, 65, range(16, 20)),  # Discover
+        (300, 305, range(14, 20)), (3095, 3095, range(14, 20)), (36, 36, range(14, 20)), (38, 39, range(14, 20)),  # Diners Club
+        (3528, 3589, range(16, 20)),  # JCB
+        (62, 62, range(16, 20)),  # UnionPay
+        (5018, 5018, range(12, 20)), (5020, 5020, range(12, 20)), (5038, 5038, range(12, 20)), (5893, 5893, range(12, 20)),
+        (6304, 6304, range(12, 20)), (6759, 6759, range(12, 20)), (6761, 6763, range(12, 20)),  # Maestro
+        (2200, 2204, range(16, 20)),  # Mir
+    )
+)
+# Printed in advertising and on sample cards, used by thousands, belonging to no one (SSA).
+_PUBLISHED_SSNS = frozenset({"078-05-1120", "219-09-9999", "123-45-6789"})
 
 
 def luhn_valid(digits: str) -> bool:
@@ -160,14 +296,23 @@ def luhn_valid(digits: str) -> bool:
     return total % 10 == 0
 
 
+def card_issued(digits: str) -> bool:
+    """Whether an issuer uses this number's prefix with this length."""
+    return any(low <= int(digits[: len(str(low))]) <= high and len(digits) in lengths for low, high, lengths in _CARD_ISSUERS)
+
+
 def ssn_valid(area: str, group: str, serial: str) -> bool:
     """Whether AAA-GG-SSSS could have been issued: the SSA never assigns area 000, 666 or 900-999,
     group 00 or serial 0000 (SSA, "Social Security Number Randomization", 2011)."""
     return area != "000" and area != "666" and area[0] != "9" and group != "00" and serial != "0000"
 
 
-def _public_ipv4(addr: ipaddress.IPv4Address) -> bool:
-    return addr.is_global and not addr.is_multicast and str(addr) not in _WELL_KNOWN_IPS
+def phone_valid(text: str, region: str | None) -> bool:
+    """Whether libphonenumber's metadata has `text` as a valid number (`region`: how to read it without a + country code)."""
+    try:
+        return phonenumbers.is_valid_number(phonenumbers.parse(text, region))
+    except phonenumbers.NumberParseException:
+        return False
 
 
 class RedactPII:
@@ -177,6 +322,7 @@ class RedactPII:
 
     def __init__(self, config: PIIConfig):
         self.config = config
+        self._keep_ranges = frozenset(config.keep_ip_ranges)
         enabled = {"ip_address": config.ip_addresses, "credit_card": config.credit_cards, "ssn": config.ssns, "phone": config.phones}
         shapes = [shape for kind, shape in _NUMBER_SHAPES.items() if enabled[kind]]
         self._numbers = re.compile(r"\d(?:" + "|".join(shapes) + ")") if shapes else None
@@ -184,7 +330,7 @@ class RedactPII:
         # IPv6 before the number pass (an IPv6 address can end in an IPv4 one).
         passes: list[Callable[[str, dict[str, int]], str]] = []
         if config.secrets:
-            passes += [self._redact_pem, self._redact_tokens]
+            passes += [self._redact_pem, self._redact_tokens, self._redact_assigned]
         if config.emails:
             passes.append(self._redact_emails)
         if config.ip_addresses:
@@ -194,6 +340,8 @@ class RedactPII:
         if config.phones:
             passes.append(self._redact_phones)
         self._passes = passes
+        self._phone_regions = tuple(config.phone_regions)
+        self._examples: dict[tuple[str, str], int] = {}  # (source, kind) -> examples recorded
 
     def redact(self, text: str) -> tuple[str, dict[str, int]]:
         """The text with every enabled kind of PII replaced, and the number of hits per kind."""
@@ -223,7 +371,19 @@ class RedactPII:
             for kind, n in hits.items():
                 if n:
                     ledger.count(doc.source, f"pii:{kind}", n)
+                    self._offer_example(doc, kind, text, ledger)
             yield doc.with_text(text) if total else doc
+
+    def _offer_example(self, doc: Document, kind: str, redacted: str, ledger: Ledger) -> None:
+        """Record the redacted text around this kind's first placeholder, for the first few documents per source and kind (per worker)."""
+        key = (doc.source, kind)
+        if self._examples.get(key, 0) >= EXAMPLES_PER_KIND:
+            return
+        self._examples[key] = self._examples.get(key, 0) + 1
+        at = redacted.find(PLACEHOLDERS[kind])
+        end = at + len(PLACEHOLDERS[kind])
+        snippet = redacted[max(0, at - EXAMPLE_CONTEXT) : end + EXAMPLE_CONTEXT]
+        ledger.record("pii_example", {"source": doc.source, "kind": kind, "id": doc.id, "text": " ".join(snippet.split())})
 
     # --- passes: each returns the new text and adds its hits to `hits` --------------------------
 
@@ -262,13 +422,49 @@ class RedactPII:
                 return None
             value = m.groupdict().get("value")
             if value is not None:  # keep the variable name, replace only the key
+                if not random_looking(value):
+                    return None
                 return m.group(0)[: m.start("value") - m.start()] + PLACEHOLDERS["secret"]
             return PLACEHOLDERS["secret"]
 
-        for markers, pattern in _TOKENS:
-            if any(marker in text for marker in markers):
-                text = _substitute(pattern, text, token, hits, "secret")
+        for pattern in _TOKENS:
+            text = _substitute(pattern, text, token, hits, "secret")
         return text
+
+    @staticmethod
+    def _redact_assigned(text: str, hits: dict[str, int]) -> str:
+        # subtle: str.lower() may lengthen a non-ASCII text (İ becomes two characters), which would
+        # shift every offset; then A-Z alone are lowered (translate: 10 MB/s, lower: 400).
+        low = text.lower()
+        if len(low) != len(text):
+            low = text.translate(_ASCII_LOWER)
+        names: list[int] = []  # where an assignment may follow
+        for name in _SECRET_NAMES:
+            at = low.find(name)
+            while at >= 0:
+                end = at + len(name)
+                if name == "passw":
+                    end = at + 8 if low.startswith("password", at) else at + 6 if low.startswith("passwd", at) else -1
+                elif name == "credential" and low.startswith("s", end):
+                    end += 1
+                # The cheap test first: most hits ("keyword", "tokenize") are not followed by an assignment.
+                if end >= 0 and low[end : end + 1] in _ASSIGNMENT_FIRST and (name != "key" or low[max(0, at - 9) : at].rstrip("_-").endswith(_KEY_QUALIFIERS)):
+                    names.append(end)
+                at = low.find(name, end if end > at else at + 1)
+        spans = []
+        for end in names:
+            m = _ASSIGNED_TAIL.match(text, end)
+            if m is not None and random_looking(m["value"]):
+                spans.append(m.span("value"))
+        out: list[str] = []
+        pos = 0
+        for start, end in sorted(set(spans)):
+            if start >= pos:
+                out += (text[pos:start], PLACEHOLDERS["secret"])
+                pos = end
+                hits["secret"] += 1
+        out.append(text[pos:])
+        return "".join(out)
 
     @staticmethod
     def _redact_emails(text: str, hits: dict[str, int]) -> str:
@@ -286,6 +482,8 @@ class RedactPII:
             tld = domain.rpartition(".")[2]
             if tld in _FILE_EXTENSION_TLDS or tld in _RESERVED_TLDS or domain in _RESERVED_DOMAINS or domain.endswith(_RESERVED_SUFFIXES):
                 continue
+            if text[m.end() : m.end() + 1] == ":" and text[m.end() + 1 : m.end() + 2] not in ("", " ", "\t", "\n"):
+                continue  # an SCP-style remote, git@github.com:org/repo.git
             out += (text[pos : local.start()], PLACEHOLDERS["email"])
             pos = m.end()
             hits["email"] += 1
@@ -318,58 +516,72 @@ class RedactPII:
             addr = ipaddress.IPv6Address(candidate)
         except ValueError:
             return False  # times (12:30:45), MAC addresses, C++ scopes
-        if not self.config.public_ips_only:
-            return True
         mapped = addr.ipv4_mapped
-        if mapped is not None:
-            return _public_ipv4(mapped)
-        return addr in _GLOBAL_UNICAST and addr.is_global and str(addr) not in _WELL_KNOWN_IPS
+        return self._redactable_ip(mapped if mapped is not None else addr)
+
+    def _redactable_ip(self, addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+        kind = ip_range(addr)
+        return kind is None or kind not in self._keep_ranges
 
     def _redact_numbers(self, text: str, hits: dict[str, int]) -> str:
         assert self._numbers is not None
 
         def number(m: re.Match[str]) -> str | None:
             found = m.group(0)
-            kind = m.lastgroup if m.lastgroup in PLACEHOLDERS else next(k for k in PLACEHOLDERS if m.groupdict().get(k) is not None)
+            groups = m.groupdict()
+            kind = next(k for k in _NUMBER_SHAPES if groups.get(k) is not None)
             if kind == "ip_address":
-                replacement = self._ipv4(m)
+                ok = self._ipv4(m)
             elif kind == "credit_card":
-                replacement = _card(found, m.group("s1") is not None)
+                return _card(found, m.group("s1") is not None, hits)
             elif kind == "ssn":
-                replacement = PLACEHOLDERS["ssn"] if ssn_valid(found[0:3], found[4:6], found[7:11]) else None
+                ok = ssn_valid(found[0:3], found[4:6], found[7:11]) and found not in _PUBLISHED_SSNS
             else:
-                # North American area codes never start with 0 or 1 (NANP), which keeps 123-456-7890.
-                area = found[-12:-9].lstrip("(")
-                replacement = PLACEHOLDERS["phone"] if len(area) == 3 and area[0] not in "01" else None
-            if replacement is not None:
-                hits[kind] += 1
-            return replacement
+                ok = phone_valid("".join(c for c in found if c.isdigit())[-10:], "US")  # after a 1 trunk prefix, its last 10 digits
+            if not ok:
+                return None
+            hits[kind] += 1
+            return PLACEHOLDERS[kind]
 
         return _substitute(self._numbers, text, number, None, "")
 
-    def _ipv4(self, m: re.Match[str]) -> str | None:
+    def _ipv4(self, m: re.Match[str]) -> bool:
         try:
             addr = ipaddress.IPv4Address(m.group(0))  # rejects octets over 255 and leading zeros
         except ValueError:
-            return None
-        if self.config.public_ips_only and not _public_ipv4(addr):
-            return None
-        before = m.string[max(0, m.start() - _VERSION_CONTEXT_CHARS) : m.start()]
-        if _VERSION_CONTEXT.search(before):
-            return None
-        return PLACEHOLDERS["ip_address"]
+            return False
+        if not self._redactable_ip(addr):
+            return False
+        text, start = m.string, m.start()
+        line_start = text.rfind("\n", 0, start) + 1
+        before = text[max(line_start, start - _CONTEXT_CHARS) : start]
+        if _VERSION_BEFORE.search(before) or _SECTION_BEFORE.search(before) or _REVISION_AFTER.match(text, m.end()):
+            return False
+        return not (start - line_start <= _CONTEXT_CHARS and _PACKAGE_HEADER.fullmatch(before))
 
-    @staticmethod
-    def _redact_phones(text: str, hits: dict[str, int]) -> str:
+    def _national_phone(self, found: str) -> bool:
+        digits = sum(c.isdigit() for c in found)
+        return MIN_NATIONAL_DIGITS <= digits <= MAX_NATIONAL_DIGITS and any(phone_valid(found, region) for region in self._phone_regions)
+
+    def _redact_phones(self, text: str, hits: dict[str, int]) -> str:
         def international(m: re.Match[str]) -> str | None:
             n = sum(c.isdigit() for c in m.group(0))
-            return PLACEHOLDERS["phone"] if MIN_PHONE_DIGITS <= n <= MAX_PHONE_DIGITS else None
+            return PLACEHOLDERS["phone"] if MIN_PHONE_DIGITS <= n <= MAX_PHONE_DIGITS and phone_valid(m.group(0), None) else None
+
+        def national(m: re.Match[str]) -> str | None:
+            if _NOT_NATIONAL.fullmatch(m.group(0)) or _IN_NUMBER_RUN.match(text, m.end()) or _NUMBER_RUN_BEFORE.search(text, max(0, m.start() - 8), m.start()):
+                return None  # a shape declined before, or a row of a table of numbers
+            return PLACEHOLDERS["phone"] if self._national_phone(m.group(0)) else None
+
+        def parentheses(m: re.Match[str]) -> str | None:
+            valid = self._national_phone(m.group(0)) if m["area"][0] == "0" else phone_valid(m.group(0), "US")
+            return PLACEHOLDERS["phone"] if valid else None
 
         if "+" in text:
             text = _substitute(_PHONE_INTERNATIONAL, text, international, hits, "phone")
         if "(" in text:
-            text = _substitute(_PHONE_PARENTHESES, text, lambda m: PLACEHOLDERS["phone"] if m["area"][0] not in "01" else None, hits, "phone")
-        return text
+            text = _substitute(_PHONE_PARENTHESES, text, parentheses, hits, "phone")
+        return _substitute(_NATIONAL_PHONE, text, national, hits, "phone")
 
 
 _PLACEHOLDER = re.compile("<(?:" + "|".join(p[1:-1] for p in PLACEHOLDERS.values()) + ")>")
@@ -384,15 +596,16 @@ def _touches_placeholder(text: str) -> bool:
     return False
 
 
-def _card(found: str, grouped_by_four: bool) -> str | None:
-    """The replacement for a card-shaped number: a placeholder when it passes Luhn, else None."""
-    if found[0] not in _CARD_FIRST_DIGITS:
-        return None
+def _card(found: str, grouped_by_four: bool, hits: dict[str, int]) -> str | None:
+    """The replacement for a card-shaped number (counted in hits): a placeholder when an issuer
+    uses its prefix and length and it passes Luhn, else None."""
     digits = found.replace(" ", "").replace("-", "")
-    if luhn_valid(digits):
+    if card_issued(digits) and luhn_valid(digits):
+        hits["credit_card"] += 1
         return PLACEHOLDERS["credit_card"]
     # "4111 1111 1111 1111 123": the trailing group may be the next number rather than the card's.
-    if grouped_by_four and len(digits) > 16 and luhn_valid(digits[:16]):
+    if grouped_by_four and len(digits) > 16 and card_issued(digits[:16]) and luhn_valid(digits[:16]):
+        hits["credit_card"] += 1
         return PLACEHOLDERS["credit_card"] + found[19:]
     return None
 
