@@ -265,7 +265,50 @@ def test_grouped_steps_write_ledger_rows_in_read_order():
     prose = [GopherQuality(GopherQualityConfig()), LengthFilter(LengthConfig(min_chars=1000))]
     code = [LengthFilter(LengthConfig(min_chars=1000))]
     ledger = Ledger(0)
-    outcomes = branch_outcomes(docs, None, prose, code, ledger)
+    outcomes = branch_outcomes(docs, None, lambda source: (prose, code), ledger)
     assert [None if d is None else d.id for d in outcomes] == [None, None, None, "d3"]
     assert [(r["id"], r["reason"]) for r in ledger.removed] == [("d0", "length:too_short"), ("d1", "gopher_quality:too_few_words"), ("d2", "length:too_short")]
     assert ledger.tally("web").funnel["prose/length"][0] == 1 and ledger.tally("lib").funnel["code"][0] == 1
+
+
+def test_a_source_with_its_own_settings_keeps_what_the_shared_rules_drop(tmp_path, corpus, capsys):
+    # every line a bullet: the Gopher rules drop it; books turns them off for itself, web keeps them
+    sentences = prose(77, paragraphs=3).replace("\n\n", " ").split(". ")
+    listing = "\n".join(f"- {s}." for s in sentences)
+    (corpus["books"] / "listing.txt").write_text(listing)
+    (corpus["web"] / "listing.jsonl").write_text(json.dumps({"id": "web-listing", "text": listing}) + "\n")
+    own = {"books": {"gopher_quality": {"enabled": False}, "gopher_repetition": {"enabled": False}}}
+    manifest = run(config(corpus, sources=own), tmp_path / "run")
+    stage = tmp_path / "run" / "curate"
+    docs = kept(stage)
+    removed = {r["id"]: r for r in pq.read_table(stage / "removed.parquet").to_pylist()}
+    assert docs["books/listing.txt"] == listing and removed["web-listing"]["step"].startswith("gopher_")
+    books, web = manifest["counts"]["per_source"]["books"]["funnel"], manifest["counts"]["per_source"]["web"]["funnel"]
+    assert "prose/gopher_quality" not in books and "prose/gopher_quality" in web
+    summary = (stage / "summary.txt").read_text()
+    assert "its own settings (curate.sources): gopher_quality.enabled=False, gopher_repetition.enabled=False" in summary
+    assert summary.count("its own settings") == 1  # web has none
+    # --explain names the source's own settings of the step that removed a document
+    strict = {"web": {"gopher_quality": {"min_words": 10_000}}}
+    run(config(corpus, sources=strict), tmp_path / "strict")
+    [row] = [r for r in pq.read_table(tmp_path / "strict" / "curate" / "removed.parquet").to_pylist() if r["id"] == "web-000"]
+    assert (row["reason"], row["threshold"]) == ("gopher_quality:too_few_words", 10_000.0)
+    capsys.readouterr()
+    assert main(["curate", "--run", "strict", "--set", f"runs_dir={tmp_path}", "--explain", "web-000"]) == 0
+    out = capsys.readouterr().out
+    assert "threshold 10,000" in out and "source web has its own gopher_quality settings (curate.sources): min_words=10000" in out
+
+
+@pytest.mark.parametrize(
+    ("sources", "message"),
+    [
+        ({"docs": {"gopher_quality": {"min_words": -1}}}, "curate.sources.docs.gopher_quality.min_words: Input should be greater than or equal to 0"),
+        ({"docs": {"gopher_qualty": {"min_words": 1}}}, "curate.sources.docs.gopher_qualty: not a step a source can set"),
+        ({"docs": {"line_dedup": {"max_docs": 3}}}, "curate.sources.docs.line_dedup.max_docs: set for all sources only"),
+        ({"docs": {"perplexity": {"model": "elsewhere"}}}, "curate.sources.docs.perplexity.model: set for all sources only"),
+        ({"docs": {"c4": {"no_such_key": 1}}}, "curate.sources.docs.c4.no_such_key: Extra inputs are not permitted"),
+    ],
+)
+def test_per_source_settings_are_validated_like_the_rest(sources, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        CurateConfig(sources=sources)

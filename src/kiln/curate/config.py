@@ -3,13 +3,18 @@
 Each step owns its config (defined beside the step, defaults from the published rule sets);
 this section composes them. Without a recipe, `kiln curate --input PATH` uses these defaults:
 every step on, the local executor with one worker per core.
-Not handled here: per-source rule sets (a source is prose or code; both kinds share the
-thresholds below), and the steps themselves (kiln.curate.steps).
+`sources` gives one source its own settings for any document step (`curate.sources.docs.
+gopher_quality.min_words: 20`, `curate.sources.code.pii.enabled: false`): `for_source` is the
+section with them applied, validated like the rest when the recipe loads.
+Not handled here: the steps themselves (kiln.curate.steps).
 """
 
 from __future__ import annotations
 
-from pydantic import Field
+from functools import cached_property
+from typing import Any
+
+from pydantic import Field, ValidationError, model_validator
 
 from kiln.core.config import Section
 from kiln.core.executors import ExecutorConfig
@@ -36,6 +41,12 @@ DEFAULT_INPUTS = (
 )
 
 
+# Steps a source can set for itself, and the keys each may not (global work: the line counts,
+# the decontamination index and the quality models are built once for all sources).
+PER_SOURCE_STEPS = ("url_filter", "line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "perplexity", "quality_classifier", "code_quality", "pii", "length", "decontaminate")
+PER_SOURCE_ONLY = {"line_dedup": ("enabled",), "decontaminate": ("enabled", "action")}
+
+
 class CurateConfig(Section):
     NOT_HASHED = frozenset({"executor"})  # shards do not depend on the executor or worker count
     inputs: tuple[InputConfig, ...] = Field(default=DEFAULT_INPUTS, min_length=1, description="Input streams, read in this order; `kiln curate --input PATH` replaces them.")
@@ -60,6 +71,43 @@ class CurateConfig(Section):
     decontaminate: DecontaminateConfig = Field(default_factory=DecontaminateConfig, description="Removal (or flagging) of documents sharing a word n-gram with an evaluation set (`kiln curate --decontaminate EVAL.jsonl`).")
     exact_dedup: ExactDedupConfig = Field(default_factory=ExactDedupConfig, description="Removal of exact duplicates (normalized text) across all sources.")
     minhash_dedup: MinHashConfig = Field(default_factory=MinHashConfig, description="Removal of near-duplicates (MinHash LSH with exact Jaccard verification) across all sources, after exact dedup.")
+    sources: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict, description="Settings of one source: sources.<source>.<step>.<key> replaces curate.<step>.<key> for that source's documents (e.g. docs: {gopher_quality: {min_words: 20}}, code: {pii: {enabled: false}}); steps: url_filter, line_dedup (enabled only), language, gopher_repetition, gopher_quality, c4, fineweb, perplexity and quality_classifier (not model), code_quality, pii, length, decontaminate (enabled and action only).")
+
+    @model_validator(mode="after")
+    def _check_sources(self) -> CurateConfig:
+        for source, steps in self.sources.items():
+            for step, keys in steps.items():
+                if step not in PER_SOURCE_STEPS:
+                    raise ValueError(f"curate.sources.{source}.{step}: not a step a source can set; choose from {', '.join(PER_SOURCE_STEPS)}")
+                if not isinstance(keys, dict):
+                    raise ValueError(f"curate.sources.{source}.{step}: give the step's settings as a mapping, e.g. {{enabled: false}}")
+                allowed = PER_SOURCE_ONLY.get(step)
+                refused = [k for k in keys if (allowed is not None and k not in allowed) or (step in ("perplexity", "quality_classifier") and k == "model")]
+                if refused:
+                    raise ValueError(f"curate.sources.{source}.{step}.{refused[0]}: set for all sources only (curate.{step}.{refused[0]}); a source may set {', '.join(allowed or ()) or 'every key but model'}")
+                section = getattr(self, step)
+                try:
+                    type(section).model_validate({**section.model_dump(), **keys})
+                except ValidationError as e:
+                    first = e.errors()[0]
+                    where = ".".join(str(x) for x in first["loc"])
+                    raise ValueError(f"curate.sources.{source}.{step}.{where}: {first['msg']}") from None
+        return self
+
+    def for_source(self, source: str) -> CurateConfig:
+        """This config with `source`'s own step settings applied (itself when it has none)."""
+        return self._per_source.get(source, self)
+
+    @cached_property
+    def _per_source(self) -> dict[str, CurateConfig]:
+        return {
+            source: self.model_copy(update={step: type(getattr(self, step)).model_validate({**getattr(self, step).model_dump(), **keys}) for step, keys in steps.items()})
+            for source, steps in self.sources.items()
+        }
+
+    def source_settings(self, source: str) -> list[str]:
+        """`step.key=value` for each setting `source` has of its own (what the summary and --explain show)."""
+        return [f"{step}.{key}={value}" for step, keys in self.sources.get(source, {}).items() for key, value in keys.items()]
 
     @property
     def near_priority(self) -> tuple[str, ...]:

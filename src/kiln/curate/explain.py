@@ -1,6 +1,7 @@
 """`kiln curate --explain DOC_ID`: what happened to one document, from the run's audit files.
 
-It looks the id up in `removed.parquet` (step, rule, measured value, threshold, and for a
+It looks the id up in `removed.parquet` (step, rule, measured value, the threshold that applied
+to it, the source's own settings of that step where curate.sources gives some, and for a
 duplicate the copy that was kept; for a near-duplicate also its cluster from `clusters.parquet`),
 then in `quarantine.jsonl` (file, position, error), then in the curated shards. Not handled here: documents of a run whose curate stage has not finished.
 """
@@ -16,6 +17,7 @@ import pyarrow.parquet as pq
 from kiln.core.docshards import list_shards, read_shard
 from kiln.core.errors import FatalError
 from kiln.core.layout import SHARDS
+from kiln.core.manifest import MANIFEST
 
 
 def explain(stage_dir: Path, doc_id: str) -> str:
@@ -25,10 +27,13 @@ def explain(stage_dir: Path, doc_id: str) -> str:
     table = pq.read_table(removed_path)
     rows = table.filter(pc.equal(table["id"], doc_id)).to_pylist()
     lines = []
+    own = source_settings(stage_dir)
     for row in rows:
         lines.append(f"{doc_id} (source {row['source']}) was removed by step {row['step']}: {row['reason']}")
         if row["value"] is not None:
             lines.append(f"  measured {_num(row['value'])}" + (f", threshold {_num(row['threshold'])}" if row["threshold"] is not None else ""))
+        if settings := own.get(row["source"], {}).get(row["step"]):
+            lines.append(f"  source {row['source']} has its own {row['step']} settings (curate.sources): " + ", ".join(f"{k}={v}" for k, v in settings.items()))
         if row["kept_id"]:
             lines.append(f"  kept instead: {row['kept_id']}")
             if row["step"] == "minhash_dedup":
@@ -47,6 +52,14 @@ def explain(stage_dir: Path, doc_id: str) -> str:
         if any(doc.id == doc_id for doc in read_shard(shard)):
             return "\n".join([f"{doc_id} was kept: it is in {shard.name}", *cluster_lines(stage_dir, doc_id)])
     raise FatalError(f"{doc_id}: no such document in this run (not removed, quarantined or kept); ids look like those in {stage_dir / 'removed.parquet'}")
+
+
+def source_settings(stage_dir: Path) -> dict[str, dict[str, dict[str, object]]]:
+    """curate.sources as the run's manifest recorded it: source -> step -> settings."""
+    manifest = stage_dir / MANIFEST
+    if not manifest.is_file():
+        return {}
+    return json.loads(manifest.read_text(encoding="utf-8")).get("config", {}).get("curate", {}).get("sources", {})
 
 
 def cluster_lines(stage_dir: Path, doc_id: str, shown: int = 10) -> list[str]:

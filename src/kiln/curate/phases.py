@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,7 +110,8 @@ def save_ledger(job: Job, ledger: Ledger, extra: dict[str, Any] | None = None) -
 def read_phase(job: Job) -> dict[str, Any]:
     assert job.task is not None
     cfg, task = job.cfg, job.task
-    ledger, steps = Ledger(cfg.sample_size), early_steps(cfg)
+    ledger = Ledger(cfg.sample_size)
+    steps: dict[str, list[Step]] = {}  # per source: its own url_filter settings, if any
     limits = ReadLimits(max_doc_bytes=int(cfg.max_doc_mb * MB), extract_timeout_s=cfg.extract_timeout_s)
     lines = LineCounts()
     docs = 0
@@ -118,7 +120,9 @@ def read_phase(job: Job) -> dict[str, Any]:
             ledger.seen(doc.source, len(doc.text.encode("utf-8", "surrogatepass")))
             ledger.passed("read", doc)
             docs += 1
-            out = run_document(doc, steps, ledger)
+            if doc.source not in steps:
+                steps[doc.source] = early_steps(cfg.for_source(doc.source))
+            out = run_document(doc, steps[doc.source], ledger)
             if out is None:
                 continue
             writer.write(out)
@@ -157,17 +161,26 @@ def filter_phase(job: Job) -> dict[str, Any]:
     ledger = Ledger(cfg.sample_size)
     boilerplate = np.load(job.stage_dir / "work" / "lines" / "boilerplate.npy") if cfg.line_dedup.enabled else np.zeros(0, np.uint64)
     index = job.stage_dir / "work" / "decontaminate"
-    prose, code = prose_steps(cfg, boilerplate.tolist(), index), code_steps(cfg, index)
+    branches: dict[str, tuple[list[Step], list[Step]]] = {}
+    boilerplate_keys = boilerplate.tolist()
+
+    def steps_of(source: str) -> tuple[list[Step], list[Step]]:
+        """The prose and code steps for one source's documents (its own settings applied)."""
+        if source not in branches:
+            own = cfg.for_source(source)
+            branches[source] = prose_steps(own, boilerplate_keys, index), code_steps(own, index)
+        return branches[source]
+
     hashes = HashTable(job.index, cfg.exact_dedup.source_priority)
     kept = seen = 0
     source, target = job.stage_dir / "work" / "read" / f"{job.index:05d}{SUFFIX}", job.folder / f"{job.index:05d}{SUFFIX}"
     # perf: with no step in either branch (a dedup-only run) no document changes here, so the read
     # phase's file is linked rather than encoded and compressed again (0.4 s of 0.8 s per 33 MB).
-    unchanged = not prose and not code
+    unchanged = not cfg.sources and steps_of("") == ([], [])
     with nullcontext() if unchanged else ShardWriter(target, level=1) as writer:
         for group in groups(read_shard(source)):
             seen += len(group)
-            for out in branch_outcomes(group, job.task.input.code, prose, code, ledger):
+            for out in branch_outcomes(group, job.task.input.code, steps_of, ledger):
                 if out is None:
                     continue
                 if cfg.exact_dedup.enabled:
@@ -185,17 +198,20 @@ def filter_phase(job: Job) -> dict[str, Any]:
     return save_ledger(job, ledger, {"docs": seen, "kept": kept})
 
 
-def branch_outcomes(group: list[Document], marked: bool | None, prose: list[Step], code: list[Step], ledger: Ledger) -> list[Document | None]:
-    """Each document of `group` after its branch's steps (None: removed or quarantined), in order.
-    The ledger rows the group adds (removals, quarantines, step records) are put in read order,
-    as running each document through its steps in turn writes them."""
+def branch_outcomes(group: list[Document], marked: bool | None, steps_of: Callable[[str], tuple[list[Step], list[Step]]], ledger: Ledger) -> list[Document | None]:
+    """Each document of `group` after its branch's steps for its source (steps_of(source): prose,
+    code; None: removed or quarantined), in order. The ledger rows the group adds (removals,
+    quarantines, step records) are put in read order, as running each document through its steps
+    in turn writes them."""
     starts = len(ledger.removed), len(ledger.quarantined), {kind: len(rows) for kind, rows in ledger.records.items()}
     is_code = [doc_is_code(doc, marked) for doc in group]
     outcomes: list[Document | None] = [None] * len(group)
-    for branch, steps in (("prose", prose), ("code", code)):
-        members = [i for i, c in enumerate(is_code) if c == (branch == "code")]
-        for i, out in zip(members, run_documents([group[i] for i in members], steps, ledger, branch)):
-            outcomes[i] = out
+    for source in dict.fromkeys(doc.source for doc in group):
+        prose, code = steps_of(source)
+        for branch, steps in (("prose", prose), ("code", code)):
+            members = [i for i, (c, doc) in enumerate(zip(is_code, group, strict=True)) if c == (branch == "code") and doc.source == source]
+            for i, out in zip(members, run_documents([group[i] for i in members], steps, ledger, branch), strict=True):
+                outcomes[i] = out
     first: dict[str, int] = {}
     for i, doc in enumerate(group):
         first.setdefault(doc.id, i)

@@ -25,7 +25,7 @@ from kiln.curate.phases import CLUSTERS_SCHEMA, LEDGER_PHASES, MB, REMOVED_SCHEM
 from kiln.curate.readers import ReadTask, task_paths
 from kiln.curate.steps.decontaminate import build_report
 from kiln.curate.steps.pii import EXAMPLES_PER_KIND
-from kiln.curate.steps.pipeline import BRANCHES
+from kiln.curate.steps.pipeline import BRANCHES, enabled
 
 
 def load_ledger(summary: dict[str, Any], sample_size: int) -> Ledger:
@@ -144,19 +144,25 @@ def totals(ledger: Ledger) -> dict[str, Any]:
     }
 
 
-def format_summary(counts: dict[str, Any], rows: list[str], top_reasons: int = 5) -> str:
-    """The funnel per source (documents and MB after each step, in pipeline order, zeros shown)
-    and its top removal reasons. A branch (prose or code rules) is shown when documents entered it."""
+def format_summary(counts: dict[str, Any], rows: list[str], cfg: CurateConfig, top_reasons: int = 5) -> str:
+    """The funnel per source (documents and MB after each step, in pipeline order, zeros shown),
+    the settings the source has of its own, and its top removal reasons. A branch (prose or code
+    rules) is shown when documents entered it, a step's row when the source runs that step."""
     lines = []
     for source, t in counts["per_source"].items():
         raw = ", quarantined ones at their raw size" if t["quarantined"] else ""
         lines.append(f"source {source}: {t['docs_in']:,} documents in ({t['bytes_in'] / MB:.1f} MB of text{raw}), {t['docs_out']:,} kept ({t['bytes_out'] / MB:.1f} MB), {t['quarantined']:,} quarantined")
+        if settings := cfg.source_settings(source):
+            lines.append("  its own settings (curate.sources): " + ", ".join(settings))
         lines.append(f"  {'after step':<24} {'docs':>10} {'MB':>9} {'docs %':>7}")
         funnel = t["funnel"]
+        own = cfg.for_source(source)
         for row in rows:
             branch = row.split("/")[0] if row in BRANCHES or "/" in row else None
             if branch is not None and branch not in funnel:
                 continue  # no document of this source took that branch
+            if "/" in row and not enabled(own, [row.split("/")[1]]):
+                continue  # a step this source's own settings turn off
             found = funnel.get(row, {"docs": 0, "bytes": 0})
             label = f"{row} rules, in" if row in BRANCHES else ("  " + row.split("/")[1] if "/" in row else row)
             lines.append(f"  {label:<24} {found['docs']:>10,} {found['bytes'] / MB:>9.2f} {100 * found['docs'] / max(t['docs_in'], 1):>6.1f}%")

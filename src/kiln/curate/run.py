@@ -147,7 +147,9 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
         log.warning("curate: no document was kept (%d in); see %s and %s", counts["docs_in"], stage.final_dir / SUMMARY, stage.final_dir / "quarantine.jsonl")
     # phase timings vary from run to run: beside the counts, never in them
     pii = format_pii(counts, examples)
-    summary = format_summary(counts, funnel_rows(cfg)) + ("\n" + pii if pii else "") + ("\n" + format_report(report) if report is not None else "")
+    for source in sorted(set(cfg.sources) - set(counts["per_source"])):
+        log.warning("curate: curate.sources.%s sets steps for a source no input produced (sources: %s)", source, ", ".join(counts["per_source"]) or "none")
+    summary = format_summary(counts, funnel_rows(cfg), cfg) + ("\n" + pii if pii else "") + ("\n" + format_report(report) if report is not None else "")
     return stage.finish(shards + outputs, counts, summary, extra={"phases": timings})
 
 

@@ -18,7 +18,8 @@ document with the error, never the run, and every step's output is counted in th
 `<branch>/<step>` (the early steps under their own names). `run_documents` does the same for a
 group of documents step by step, so that a step with a `prepare` (the model filters) scores the
 whole group in one call before its per-document decisions; the outcome is run_document's.
-Not handled here: global work (line counts, exact and near dedup; kiln.curate.phases) and per-source step lists.
+A source with settings of its own (curate.sources) gets its own step lists, built from
+`cfg.for_source(source)` by the phases. Not handled here: global work (line counts, exact and near dedup; kiln.curate.phases).
 """
 
 from __future__ import annotations
@@ -92,10 +93,13 @@ def _build(cfg: CurateConfig, name: str, boilerplate: Iterable[int], index: Path
 
 
 def funnel_rows(cfg: CurateConfig) -> list[str]:
-    """Every funnel row the config can produce, in pipeline order (the summary shows them all, zeros included)."""
-    rows = ["read", "normalize", *(["url_filter"] if cfg.url_filter.enabled else [])]
+    """Every funnel row the config can produce, in pipeline order (the summary shows them all,
+    zeros included): the steps enabled for all sources or for any one of them."""
+    configs = [cfg, *(cfg.for_source(s) for s in cfg.sources)]
+    rows = ["read", "normalize", *(["url_filter"] if any(c.url_filter.enabled for c in configs) else [])]
     for branch, names in (("prose", PROSE_STEPS), ("code", CODE_STEPS)):
-        rows += [branch, *(f"{branch}/{name}" for name in enabled(cfg, names))]
+        on = {name for c in configs for name in enabled(c, names)}
+        rows += [branch, *(f"{branch}/{name}" for name in names if name in on)]
     return rows + (["exact_dedup"] if cfg.exact_dedup.enabled else []) + (["minhash_dedup"] if cfg.minhash_dedup.enabled else [])
 
 
