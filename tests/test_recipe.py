@@ -297,3 +297,31 @@ def test_bad_input_item_is_one_problem(tmp_path):
 )
 def test_non_finite_and_negative_values_are_refused(override, fragment):
     assert fragment in load_error("demo", [override])
+
+
+def test_a_key_given_twice_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("name: twice\ntrain:\n  steps: 10\n  seq_len: 64\n  steps: 20\n")
+    with pytest.raises(ConfigError, match=r"key 'steps' is given twice in one mapping \(lines 3 and 5\)"):
+        load_recipe(path)
+
+
+def test_yaml_anchors_still_share_a_mapping(tmp_path):
+    path = tmp_path / "anchors.yaml"
+    path.write_text("name: anchors\ncurate:\n  sources:\n    docs: &loose\n      c4: {enabled: false}\n    prose: *loose\n")
+    assert load_recipe(path).curate.for_source("prose").c4.enabled is False
+
+
+@pytest.mark.parametrize("assignment", ["curate.length.min_chars=true", "train.steps=false", "curate.pii.max_hits=true"])
+def test_a_boolean_for_a_number_is_an_error_naming_the_key(assignment):
+    key = assignment.split("=")[0].rsplit(".", 1)[1]
+    with pytest.raises(ConfigError, match=rf"{key}: got (true|false), a yes/no value"):
+        load_recipe("demo", [assignment])
+    load_recipe("demo", ["curate.pii.enabled=false"])  # a yes/no setting takes one
+
+
+def test_a_recipe_that_is_not_utf8_is_one_clear_error(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.yaml: not UTF-8 text \(byte 9"):
+        load_recipe(path)

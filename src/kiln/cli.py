@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             plan = plan_training(recipe.model, recipe.train.seq_len, recipe.train.steps * recipe.train.tokens_per_step, recipe.model.vocab_size or recipe.tokenizer.vocab_size)
             print(json.dumps(plan) if args.json else format_plan(plan))
             return 0
-        if args.verb == "curate" and args.explain:
+        if args.verb == "curate" and args.explain is not None:  # '' (an unset shell variable) is an error, not a curation
             from kiln.curate.explain import explain
 
             print(explain(RunLayout(recipe.run_dir).stage(CURATE), args.explain))

@@ -94,6 +94,19 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         raise ConfigError(f"--set {assignment!r}: the value is not valid YAML ({e})") from None
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (plain YAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice in one mapping (lines {seen[key] + 1} and {key_node.start_mark.line + 1}); YAML would keep only the last", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
 def load_recipe(recipe: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
     """A recipe file (or shipped name) with overrides applied; None starts from every default."""
     if recipe is None:
@@ -101,7 +114,9 @@ def load_recipe(recipe: str | Path | None, overrides: list[str] | tuple[str, ...
     else:
         path = resolve_recipe_path(str(recipe))
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            data = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader) or {}  # noqa: S506 (a SafeLoader)
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"recipe {path}: not UTF-8 text (byte {e.start}: {e.object[e.start : e.start + 1]!r}); save it as UTF-8") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"recipe {path}: not valid YAML: {e}") from None
         if not isinstance(data, dict):

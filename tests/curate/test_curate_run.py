@@ -137,6 +137,9 @@ def test_cli_input_without_recipe_and_explain(tmp_path, corpus, capsys):
     assert "was kept" in capsys.readouterr().out
     assert main(["curate", "--run", "mine", "--set", f"runs_dir={runs}", "--explain", "nope"]) == 2
     assert "no such document" in capsys.readouterr().err
+    before = (stage / MANIFEST).read_bytes()
+    assert main(["curate", "--run", "mine", "--set", f"runs_dir={runs}", "--explain", ""]) == 2  # an unset shell variable
+    assert "--explain needs a document id" in capsys.readouterr().err and (stage / MANIFEST).read_bytes() == before
 
 
 def test_explain_prints_value_and_threshold(tmp_path, corpus, capsys):

@@ -164,3 +164,16 @@ def test_plan_help_lists_the_subcommands(capsys: pytest.CaptureFixture[str]) -> 
     flat = " ".join(out.split())
     assert code == 0 and "--zero" in out and "--gpu-memory-gb" in out and "--attention {flash,eager}" in flat
     assert "(default: flash)" in flat and "(default: 0.1)" in flat and "Default: h100." in flat
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "chinchilla", "--usd", "1e300", "--usd-per-gpu-hour", "1e-300", "--json"], "the inputs overflow: flops comes out as inf"),
+        (["plan", "chinchilla", "--params", "1e-300"], "params = 1e-300 is less than one parameter"),
+        (["plan", "checkpoint-interval", "--write-minutes", "100", "--mtbf-minutes", "10", "--json"], "write_minutes = 100 is not shorter than the mean time between failures (10 min)"),
+    ],
+)
+def test_inputs_that_overflow_or_make_no_sense_are_one_clear_error(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == "" and message in err and "Traceback" not in err and "Infinity" not in out

@@ -21,6 +21,8 @@ from kiln.core.manifest import MANIFEST
 
 
 def explain(stage_dir: Path, doc_id: str) -> str:
+    if not doc_id.strip():
+        raise FatalError(f"--explain needs a document id, got {doc_id!r} (an unset shell variable?); ids look like those in {stage_dir / 'removed.parquet'}")
     removed_path = stage_dir / "removed.parquet"
     if not removed_path.is_file():
         raise FatalError(f"{stage_dir}: no removed.parquet; run `kiln curate` for this run first")

@@ -60,6 +60,8 @@ def plan_interval(write_minutes: float, mtbf_minutes: float | None = None, gpus:
         mtbf_minutes = MINUTES_PER_DAY / (gpus * failures_per_gpu_day)
     assert mtbf_minutes is not None
     require_positive("mtbf_minutes", mtbf_minutes, "mean time between failures of the whole job")
+    if write_minutes >= mtbf_minutes:
+        raise ConfigError(f"write_minutes = {write_minutes:g} is not shorter than the mean time between failures ({mtbf_minutes:g} min): the job would fail about once per checkpoint and make no progress; make a checkpoint faster (sharded, async: train.checkpoint.async_save) or the job less likely to fail")
     young = young_interval(write_minutes, mtbf_minutes)
     daly = daly_interval(write_minutes, mtbf_minutes)
     return {

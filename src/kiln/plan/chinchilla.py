@@ -45,6 +45,8 @@ def size_for_budget(
         raise ConfigError(f"give exactly one budget: flops (--flops C), usd (--usd DOLLARS) or params (--params N); got {', '.join(given) or 'none'}")
     (kind, value), = given.items()
     require_positive(kind, value, {"flops": "training FLOPs, e.g. 5.76e23", "usd": "dollars to spend on GPU time", "params": "model parameters, e.g. 7e9"}[kind])
+    if kind == "params" and value < 1:
+        raise ConfigError(f"params = {value:g} is less than one parameter; give the model's size, e.g. 7e9")
     law = None if fit == "rule20" else get_law(fit)
 
     if kind == "usd":

@@ -291,8 +291,24 @@ def run_plan(args: argparse.Namespace) -> int:
 
     try:
         result, fmt = SUBCOMMANDS[command](args)
+        require_finite(result)
     except KilnError as e:
         print(f"kiln plan {command}: error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(result) if args.json else fmt(result))
+    print(json.dumps(result, allow_nan=False) if args.json else fmt(result))
     return 0
+
+
+def require_finite(result: Any, where: str = "") -> None:
+    """Every number in a result is finite: inputs that overflow (an infinite budget or cost) are
+    refused, naming the field, rather than printed as Infinity, which is not JSON."""
+    from kiln.core.errors import ConfigError
+
+    if isinstance(result, float) and not math.isfinite(result):
+        raise ConfigError(f"the inputs overflow: {where or 'the result'} comes out as {result}; give smaller (or larger) values so every figure fits a float")
+    if isinstance(result, dict):
+        for key, value in result.items():
+            require_finite(value, f"{where}.{key}" if where else str(key))
+    elif isinstance(result, list | tuple):
+        for i, value in enumerate(result):
+            require_finite(value, f"{where}[{i}]")

@@ -220,3 +220,19 @@ def test_a_null_text_is_told_apart_from_a_missing_one(tmp_path):
     path = write(tmp_path / "web" / "a.jsonl", lines({"text": None}, {"title": "no text"}))
     _, ledger = read_inputs(InputConfig(path=str(path)))
     assert errors(ledger) == ["read:bad_record: field 'text' is null (line 1)", "read:bad_record: field 'text' is missing (line 2)"]
+
+
+def test_a_byte_order_mark_does_not_cost_the_first_record(tmp_path):
+    path = write(tmp_path / "web" / "bom.jsonl", b"\xef\xbb\xbf" + lines({"id": "a", "text": "first"}, {"id": "b", "text": "second"}))
+    docs, ledger = read_inputs(InputConfig(path=str(path)))
+    assert [(d.id, d.text) for d in docs] == [("a", "first"), ("b", "second")] and not ledger.quarantined
+
+
+def test_an_existing_file_name_with_glob_characters_is_read_literally(tmp_path):
+    # as a pattern, a[1].jsonl matches a1.jsonl: the other file
+    write(tmp_path / "web" / "a1.jsonl", lines({"id": "wrong", "text": "the other file"}))
+    literal = write(tmp_path / "web" / "a[1].jsonl", lines({"id": "right", "text": "this file"}))
+    docs, _ = read_inputs(InputConfig(path=str(literal)))
+    assert [d.id for d in docs] == ["right"]
+    docs, _ = read_inputs(InputConfig(path=str(tmp_path / "web" / "a?.jsonl")))  # a real pattern still expands
+    assert [d.id for d in docs] == ["wrong"]

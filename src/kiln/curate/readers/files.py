@@ -31,7 +31,11 @@ def list_files(cfg: InputConfig) -> tuple[Path, list[Path]]:
     """(root the ids are relative to, the input's files in sorted order); no files: an empty list."""
     assert cfg.path is not None
     pattern = cfg.path
-    if not any(c in pattern for c in _WILDCARDS) and Path(pattern).is_dir():
+    # An existing path is taken literally before any glob expansion: `a[1].jsonl` as a pattern
+    # would match a1.jsonl instead.
+    if Path(pattern).is_file():
+        return Path(pattern).parent, [Path(pattern)]
+    if Path(pattern).is_dir():
         root = Path(pattern)
         found = []
         for dirpath, dirnames, names in os.walk(root):

@@ -16,6 +16,7 @@ arrays (`.json` files holding one array are read line by line and mostly quarant
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from collections.abc import Iterator
@@ -45,6 +46,8 @@ def read_jsonl(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[Doc
                 if not line:
                     break
                 lineno += 1
+                if lineno == 1 and line.startswith(codecs.BOM_UTF8):
+                    line = line[len(codecs.BOM_UTF8) :]  # a byte-order mark some editors write: not part of the first record
                 if len(line) > line_limit and not line.endswith(b"\n"):
                     nbytes = len(line) + _skip_rest_of_line(opened.stream)
                     limit = f"the line limit of {line_limit} bytes ({JSON_BYTES_PER_TEXT_BYTE} x the text cap)"
