@@ -315,3 +315,14 @@ def test_a_source_with_its_own_settings_keeps_what_the_shared_rules_drop(tmp_pat
 def test_per_source_settings_are_validated_like_the_rest(sources, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
         CurateConfig(sources=sources)
+
+
+@pytest.mark.parametrize("target", ["shards", "run", "glob"])
+def test_inputs_inside_the_runs_own_curate_stage_are_refused_and_nothing_is_lost(tmp_path, corpus, target):
+    run(config(corpus), tmp_path / "run")
+    stage = tmp_path / "run" / "curate"
+    before = shard_bytes(stage)
+    path = {"shards": stage / "shards", "run": tmp_path / "run", "glob": tmp_path / "run" / "**" / "*.zst"}[target]
+    with pytest.raises(FatalError, match="inside this run's own curate stage"):
+        run(config(corpus, inputs=(InputConfig(path=str(path), format="jsonl"),)), tmp_path / "run", force=True)
+    assert shard_bytes(stage) == before  # refused before anything was touched

@@ -37,7 +37,7 @@ from kiln.curate.dedup.minhash import memory_estimate
 from kiln.curate.dedup.ngram_index import build_index
 from kiln.curate.phases import MB, PHASES, Job, run_job
 from kiln.curate.quality.config import CLASSIFIER_DIR, LM_DIR
-from kiln.curate.readers import plan_reads, task_paths
+from kiln.curate.readers import ReadTask, plan_reads, task_paths
 from kiln.curate.report import account, format_pii, format_summary, totals, write_audit, write_decontamination, write_pii_examples
 from kiln.curate.steps.decontaminate import format_report
 from kiln.curate.steps.pipeline import funnel_rows
@@ -80,6 +80,7 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     tasks = plan_reads(cfg.inputs, None if cfg.max_total_mb is None else int(cfg.max_total_mb * MB), int(cfg.shard_mb * MB))
     if not tasks:
         raise FatalError("curate: no input documents found; check the --input paths or curate.inputs (paths and globs) in the recipe")
+    refuse_own_outputs(tasks, run_dir / CURATE)
     inputs = {p for t in tasks for p in task_paths(t) if os.access(p, os.R_OK)}  # an unreadable file is quarantined by its task
     eval_sets = decontamination_sets(cfg)
     inputs |= eval_sets  # a changed evaluation set redoes the stage
@@ -154,6 +155,17 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
 
 
 # --- the stage's inputs and global steps between phases -------------------------------------------
+
+
+def refuse_own_outputs(tasks: list[ReadTask], stage_dir: Path) -> None:
+    """Stop when an input file lies in this run's curate stage (its shards, its audit files, or a
+    folder above them named as input): the stage replaces those files while it would read them."""
+    own = stage_dir.resolve()
+    for task in tasks:
+        for path in task_paths(task):
+            if Path(path).resolve().is_relative_to(own):
+                raise FatalError(f"curate: input file {path} is inside this run's own curate stage ({stage_dir}), which the stage rewrites; "
+                                 "curate another run's shards by naming them in a new run (--run NAME), or copy them out first")
 
 
 def quality_models(cfg: CurateConfig, run_dir: Path) -> tuple[set[Path], CurateConfig]:

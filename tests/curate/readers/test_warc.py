@@ -229,3 +229,17 @@ def test_a_record_whose_page_fails_is_quarantined_at_its_own_offset(tmp_path, mo
     assert (q["id"], q["position"]) == (f"crawl/{path.name}@{offsets[2]}", str(offsets[2]))
     assert q["error"] == f"read:bad_record: WARC record at byte {offsets[2]}: RuntimeError: a decoder bug"
     assert ledger.tally("crawl").docs_in == 5
+
+
+def test_an_uncompressed_warc_cut_inside_a_record_body_quarantines_that_record(tmp_path):
+    path = tmp_path / "crawl" / "a.warc"
+    offsets = make_warc(path, gz=False, malformed=False)
+    data = path.read_bytes()
+    whole, _ = read_inputs(InputConfig(path=str(path)))
+    last = max(d.meta["offset"] for d in whole)
+    path.write_bytes(data[: data.index(b"\r\n\r\n", last) + 4 + 20])  # 20 bytes into the last document's body
+    docs, ledger = read_inputs(InputConfig(path=str(path)))
+    assert [d.meta["offset"] for d in docs] == [d.meta["offset"] for d in whole if d.meta["offset"] != last]
+    [q] = ledger.quarantined
+    assert q["position"] == str(last) and "is truncated: its Content-Length reaches byte" in q["error"], q
+    assert offsets  # the fixture's records were written

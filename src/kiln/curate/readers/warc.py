@@ -25,12 +25,15 @@ malformed record is quarantined with its position and the reader resynchronises:
 the next record start (`WARC/1.` uncompressed, the next gzip member compressed) and goes on; in
 a .warc.gz the rest of the damaged record's member is part of that quarantine entry. A truncated
 or corrupt member is quarantined as one entry at its offset; in a single-member file the records
-fastwarc had already handed over before the damage (up to its 64 KB read-ahead) are kept.
+fastwarc had already handed over before the damage (up to its 64 KB read-ahead) are kept. An
+uncompressed record cut inside its body (its Content-Length reaches past the file's end) is
+quarantined, not read as a shorter page.
 Not handled here: WARC files compressed with zstd.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,6 +49,9 @@ from kiln.curate.readers.task import ReadUnit
 
 HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 SCAN_BYTES = 1 << 20
+# A WARC header block fits in this; a record whose header and Content-Length could reach past the
+# file's end within it gets its end checked (fastwarc passes a truncated last record off as whole).
+HEADER_BYTES = 1 << 16
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)", re.IGNORECASE)
 
 
@@ -78,7 +84,8 @@ def _read_plain(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[Do
 
     last = -1  # offset of the last record seen (any type); records at or before it are never read twice
     start: int | None = 0
-    with open(unit.path, "rb") as f:
+    size = os.path.getsize(unit.path)
+    with open(unit.path, "rb") as f, open(unit.path, "rb") as probe:  # probe: reads headers without moving fastwarc's stream
         while start is not None:
             f.seek(start)
             resume_after = None
@@ -97,6 +104,11 @@ def _read_plain(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[Do
                         _quarantine_junk(unit, intake, place, gz=False)
                         resume_after = offset
                         break
+                    # subtle: fastwarc hands over a record cut inside its body as if it were whole;
+                    # its Content-Length says where it must end.
+                    if offset + record.content_length + HEADER_BYTES > size and (end := record_end(probe, offset, HEADER_BYTES)) is not None and end - 4 > size:
+                        intake.quarantine(place.doc_id(unit), unit.source, f"read:bad_record: WARC record at byte {offset} is truncated: its Content-Length reaches byte {end - 4}, the file ends at byte {size}", place.position)
+                        return
                     try:
                         found = _payload(record, place, unit, intake)
                     except Exception as e:  # noqa: BLE001 - its payload could not be read: this record is broken
@@ -279,11 +291,12 @@ def _documents(found: Payload, place: Place, unit: ReadUnit, cfg: InputConfig, i
     yield from submit_page(intake, doc_id, unit.source, found.body, found.charset, found.meta, position, cfg.extractor)
 
 
-def record_end(f: BinaryIO, offset: int) -> int | None:
-    """Where the uncompressed record at `offset` ends, from its Content-Length; None when unknown."""
+def record_end(f: BinaryIO, offset: int, scan: int = SCAN_BYTES) -> int | None:
+    """Where the uncompressed record at `offset` ends, from its Content-Length (its header block
+    within `scan` bytes); None when unknown."""
     try:
         f.seek(offset)
-        head = f.read(SCAN_BYTES)
+        head = f.read(scan)
         header_end = head.find(b"\r\n\r\n")
         found = _CONTENT_LENGTH.search(head, 0, header_end + 2) if header_end >= 0 else None
         return offset + header_end + 4 + int(found.group(1)) + 4 if found else None
