@@ -236,3 +236,22 @@ def test_an_existing_file_name_with_glob_characters_is_read_literally(tmp_path):
     assert [d.id for d in docs] == ["right"]
     docs, _ = read_inputs(InputConfig(path=str(tmp_path / "web" / "a?.jsonl")))  # a real pattern still expands
     assert [d.id for d in docs] == ["wrong"]
+
+
+def test_a_file_name_that_is_not_utf8_round_trips_into_ids_and_the_quarantine(tmp_path):
+    import os
+    import re
+
+    folder = tmp_path / "web"
+    folder.mkdir()
+    raw_name = b"caf\xe9.jsonl"  # Latin-1: not UTF-8
+    path = Path(os.fsdecode(os.fsencode(folder) + b"/" + raw_name))
+    path.write_bytes(lines({"text": "a record without an id"}, b"{not json"))
+    docs, ledger = read_inputs(InputConfig(path=str(folder)))
+    [doc] = docs
+    [q] = ledger.quarantined
+    assert doc.id == "web/caf\\xe9.jsonl:1" and q["id"] == "web/caf\\xe9.jsonl:2" and q["file"].endswith("caf\\xe9.jsonl")
+    json.dumps([doc.meta, q], ensure_ascii=False).encode("utf-8")  # what the shards and quarantine.jsonl write
+    # the name on disk comes back from the id: each \xHH is that byte
+    shown = doc.id.split("/", 1)[1].rsplit(":", 1)[0]
+    assert re.sub(rb"\\x([0-9a-f]{2})", lambda m: bytes([int(m[1], 16)]), shown.encode("utf-8")) == raw_name

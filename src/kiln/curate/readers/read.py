@@ -34,7 +34,7 @@ def read_task(task: ReadTask, limits: ReadLimits, ledger: Ledger) -> Iterator[Do
     # closed when the task's documents are all read, or when the caller closes the generator.
     with PageExtractor(task.input.extractor, limits.extract_timeout_s) as pages:
         for unit in task.units:
-            intake = Intake(ledger, limits, unit.path, pages)
+            intake = Intake(ledger, limits, unit.shown_path, pages)
             try:
                 yield from _read_unit(unit, task, intake)
             except Exception as e:  # noqa: BLE001 - an unreadable file is quarantined, never the run

@@ -90,7 +90,7 @@ def record_meta(unit: ReadUnit, cfg: InputConfig, position_key: str, position: i
     for key in ("path", position_key):
         if key in meta:
             meta[f"record_{key}"] = meta.pop(key)
-    meta["path"], meta[position_key] = unit.path, position
+    meta["path"], meta[position_key] = unit.shown_path, position
     if not meta.get("url") and isinstance(url_value, str) and url_value:
         meta["url"] = url_value
     if cfg.source is None and isinstance(source_value, str) and source_value and sanitize_source(source_value) != source_value:

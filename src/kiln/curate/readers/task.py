@@ -12,6 +12,17 @@ from pathlib import Path
 from kiln.curate.readers.config import InputConfig
 
 
+def printable(name: str) -> str:
+    """A file name as text that can be written anywhere: each byte that is not UTF-8 (which Python
+    keeps as a lone surrogate) becomes the four characters `\\xHH`; the UTF-8 of the result with
+    each `\\xHH` turned back into its byte is the name on disk. Valid names are unchanged."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 @dataclass(frozen=True)
 class ReadUnit:
     """One file to read (or one slice of one), or one built-in document.
@@ -26,6 +37,14 @@ class ReadUnit:
     source: str
     format: str  # resolved: never "auto"
     size: int  # bytes on disk (compressed for .gz/.zst); what the input cap counts
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", printable(self.name))
+
+    @property
+    def shown_path(self) -> str:
+        """`path` as the metadata and the quarantine write it (printable, see printable)."""
+        return printable(self.path)
     key: str | None = None  # pydoc_topics: the topic inside the module file
     row_groups: tuple[int, ...] | None = None  # parquet: the row groups to read; None: all
     first_row: int = 0  # parquet: index in the file of the first row of row_groups[0]

@@ -252,7 +252,7 @@ def _payload(record, place: Place, unit: ReadUnit, intake: Intake) -> Payload | 
         charset = content_type.partition("charset=")[2].strip(" \"'") or None
     cap = intake.limits.max_doc_bytes if plain else intake.limits.html_bytes
     body = record.reader.read(cap + 1)  # never more than the cap, whatever the record's length
-    meta = {"path": unit.path, "offset": place.offset, **({"offset_in_member": place.in_member} if place.in_member else {})}
+    meta = {"path": unit.shown_path, "offset": place.offset, **({"offset_in_member": place.in_member} if place.in_member else {})}
     meta |= {"url": headers.get("WARC-Target-URI"), "warc_date": headers.get("WARC-Date"), "warc_record_id": record.record_id}
     return Payload(body, plain, charset, record.content_length, meta)
 
