@@ -326,3 +326,19 @@ def test_inputs_inside_the_runs_own_curate_stage_are_refused_and_nothing_is_lost
     with pytest.raises(FatalError, match="inside this run's own curate stage"):
         run(config(corpus, inputs=(InputConfig(path=str(path), format="jsonl"),)), tmp_path / "run", force=True)
     assert shard_bytes(stage) == before  # refused before anything was touched
+
+
+def test_duplicate_ids_are_renamed_counted_and_listed_or_refused(tmp_path, corpus):
+    # again.jsonl (read first: files in name order) holds web-000, which pages.jsonl also has, and one id twice
+    page = {"id": "web-000", "text": prose(500)}
+    (corpus["web"] / "again.jsonl").write_text(json.dumps(page) + "\n" + json.dumps({**page, "id": "twice", "text": prose(501)}) + "\n" + json.dumps({**page, "id": "twice", "text": prose(502)}) + "\n")
+    manifest = run(config(corpus), tmp_path / "run")
+    stage = tmp_path / "run" / "curate"
+    ids = [d.id for p in list_shards(stage / "shards") for d in read_shard(p)] + [r["id"] for r in pq.read_table(stage / "removed.parquet").to_pylist()]
+    assert len(ids) == len(set(ids))  # every id names one document
+    assert {"web-000#2", "twice", "twice#2"} <= set(ids)
+    assert manifest["counts"]["per_source"]["web"]["stats"]["read:duplicate_id"] == 2
+    listed = json.loads((stage / "audit" / "duplicate_ids.json").read_text())
+    assert sorted((r["id"], r["renamed"]) for r in listed) == [("twice", "twice#2"), ("web-000", "web-000#2")]
+    with pytest.raises(FatalError, match=r"2 input document\(s\) repeat an id another document has, the first 'twice'"):
+        run(config(corpus, duplicate_ids="refuse"), tmp_path / "strict")

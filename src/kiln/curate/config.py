@@ -12,7 +12,7 @@ Not handled here: the steps themselves (kiln.curate.steps).
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -56,6 +56,7 @@ class CurateConfig(Section):
     shard_mb: float = Field(default=4.0, gt=0, description="Raw input bytes per shard task (MB) for one-document-per-file inputs and Parquet row groups (a JSONL or WARC file is one task); shard names depend on this, never on the worker count.")
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="Where shard tasks run: local process pool or Ray.")
     sample_size: int = Field(default=20, ge=0, description="Removed documents kept per source and reason under audit/samples/ for inspection.")
+    duplicate_ids: Literal["rename", "refuse"] = Field(default="rename", description="An id that two input documents share (ids name documents in removed.parquet and --explain): rename gives each later one `<id>#<n>` (counted as read:duplicate_id, listed in audit/duplicate_ids.json); refuse stops the run naming the first.")
     url_filter: URLFilterConfig = Field(default_factory=URLFilterConfig, description="Block lists for documents with a URL (meta.url).")
     line_dedup: LineDedupConfig = Field(default_factory=LineDedupConfig, description="CCNet-style removal of lines repeated across many documents of a source (prose only).")
     language: LanguageConfig = Field(default_factory=LanguageConfig, description="Language identification (fastText lid.176) and the languages kept (prose only).")

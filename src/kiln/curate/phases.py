@@ -24,15 +24,16 @@ from __future__ import annotations
 import json
 import os
 import resource
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import xxhash
 
 from kiln.core.atomic import save_npy, write_atomically
 from kiln.core.docshards import SUFFIX, ShardWriter, read_shard, read_shard_lines
@@ -115,6 +116,7 @@ def read_phase(job: Job) -> dict[str, Any]:
     limits = ReadLimits(max_doc_bytes=int(cfg.max_doc_mb * MB), extract_timeout_s=cfg.extract_timeout_s)
     lines = LineCounts()
     docs = 0
+    id_hashes: list[bytes] = []  # of the documents written, in order: duplicate ids are found across tasks (duplicate_ids)
     with ShardWriter(job.folder / f"{job.index:05d}{SUFFIX}", level=1) as writer:
         for doc in read_task(task, limits, ledger):
             ledger.seen(doc.source, len(doc.text.encode("utf-8", "surrogatepass")))
@@ -126,8 +128,10 @@ def read_phase(job: Job) -> dict[str, Any]:
             if out is None:
                 continue
             writer.write(out)
+            id_hashes.append(xxhash.xxh3_128_digest(out.id.encode("utf-8", "surrogatepass")))
             if cfg.line_dedup.enabled and not doc_is_code(out, task.input.code):
                 lines.add(document_line_keys(out))
+    save_npy(job.folder / f"{job.index:05d}.ids.npy", np.frombuffer(b"".join(id_hashes), dtype=ID_HASH).copy())
     keys, counts = lines.result()
     save_npy(job.folder / f"{job.index:05d}.keys.npy", keys)
     save_npy(job.folder / f"{job.index:05d}.counts.npy", counts)
@@ -172,13 +176,14 @@ def filter_phase(job: Job) -> dict[str, Any]:
         return branches[source]
 
     hashes = HashTable(job.index, cfg.exact_dedup.source_priority)
+    renames = load_renames(job.stage_dir / "work" / "read", job.index)
     kept = seen = 0
     source, target = job.stage_dir / "work" / "read" / f"{job.index:05d}{SUFFIX}", job.folder / f"{job.index:05d}{SUFFIX}"
     # perf: with no step in either branch (a dedup-only run) no document changes here, so the read
     # phase's file is linked rather than encoded and compressed again (0.4 s of 0.8 s per 33 MB).
     unchanged = not cfg.sources and steps_of("") == ([], [])
     with nullcontext() if unchanged else ShardWriter(target, level=1) as writer:
-        for group in groups(read_shard(source)):
+        for group in groups(renamed(read_shard(source), renames, ledger)):
             seen += len(group)
             for out in branch_outcomes(group, job.task.input.code, steps_of, ledger):
                 if out is None:
@@ -196,6 +201,52 @@ def filter_phase(job: Job) -> dict[str, Any]:
     if cfg.exact_dedup.enabled:
         hashes.write(job.folder, job.partitions)
     return save_ledger(job, ledger, {"docs": seen, "kept": kept})
+
+
+# --- duplicate ids: found across the read tasks, renamed in the filter phase -------------------------
+
+ID_HASH = np.dtype([("high", "<u8"), ("low", "<u8")])  # xxh3_128 of a document id
+
+
+def duplicate_ids(read_dir: Path, tasks: int) -> dict[int, dict[int, int]]:
+    """Per task, the positions (in its read output) of documents whose id an earlier document
+    (in task order, then read order) already has, and which occurrence each is (2, 3, ...)."""
+    per_task = [np.load(read_dir / f"{t:05d}.ids.npy") for t in range(tasks)]
+    every = np.concatenate(per_task) if per_task else np.zeros(0, ID_HASH)
+    _, inverse, counts = np.unique(every, return_inverse=True, return_counts=True)
+    repeated = np.flatnonzero(counts[inverse] > 1)
+    found: dict[int, dict[int, int]] = {}
+    seen: dict[int, int] = {}
+    starts = np.cumsum([0, *(len(p) for p in per_task)])
+    for index in repeated.tolist():  # in global order, so the first occurrence keeps its id
+        group = int(inverse[index])
+        seen[group] = seen.get(group, 0) + 1
+        if seen[group] > 1:
+            task = int(np.searchsorted(starts, index, side="right")) - 1
+            found.setdefault(task, {})[index - int(starts[task])] = seen[group]
+    return found
+
+
+def save_renames(read_dir: Path, renames: dict[int, dict[int, int]], tasks: int) -> None:
+    for task in range(tasks):
+        write_atomically(read_dir / f"{task:05d}.renames.json", lambda p, t=task: p.write_text(json.dumps({str(k): v for k, v in renames.get(t, {}).items()})))
+
+
+def load_renames(read_dir: Path, task: int) -> dict[int, int]:
+    path = read_dir / f"{task:05d}.renames.json"
+    return {int(k): v for k, v in json.loads(path.read_text()).items()} if path.is_file() else {}
+
+
+def renamed(docs: Iterator[Document], renames: dict[int, int], ledger: Ledger) -> Iterator[Document]:
+    """The task's documents, each later holder of a shared id as `<id>#<n>` (counted, and recorded for audit/duplicate_ids.json)."""
+    for position, doc in enumerate(docs):
+        n = renames.get(position)
+        if n is not None:
+            new = replace(doc, id=f"{doc.id}#{n}")
+            ledger.count(doc.source, "read:duplicate_id")
+            ledger.record("duplicate_id", {"id": doc.id, "renamed": new.id, "source": doc.source})
+            doc = new
+        yield doc
 
 
 def branch_outcomes(group: list[Document], marked: bool | None, steps_of: Callable[[str], tuple[list[Step], list[Step]]], ledger: Ledger) -> list[Document | None]:

@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from kiln.core.atomic import save_npy
-from kiln.core.docshards import SUFFIX
+from kiln.core.docshards import SUFFIX, read_shard
 from kiln.core.errors import FatalError
 from kiln.core.executors import Executor, build_executor
 from kiln.core.layout import CURATE, SHARDS, SUMMARY
@@ -35,7 +35,7 @@ from kiln.core.manifest import Stage
 from kiln.curate.config import CurateConfig
 from kiln.curate.dedup.minhash import memory_estimate
 from kiln.curate.dedup.ngram_index import build_index
-from kiln.curate.phases import MB, PHASES, Job, run_job
+from kiln.curate.phases import MB, PHASES, Job, duplicate_ids, run_job, save_renames
 from kiln.curate.quality.config import CLASSIFIER_DIR, LM_DIR
 from kiln.curate.readers import ReadTask, plan_reads, task_paths
 from kiln.curate.report import account, format_pii, format_summary, totals, write_audit, write_decontamination, write_pii_examples
@@ -119,6 +119,7 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
         # First: a malformed evaluation set stops the run before any document is read.
         contamination_index = build_contamination_index(cfg, stage.dir / "work" / "decontaminate") if eval_sets else None
         read = phase("read", jobs("read"), raw_bytes, "B")
+        settle_duplicate_ids(cfg, stage.dir / "work" / "read", len(tasks))
         boilerplate_path = stage.dir / "work" / "lines" / "boilerplate.npy"
         if cfg.line_dedup.enabled and not boilerplate_path.is_file():
             phase("lines", jobs("lines", partitions))
@@ -141,6 +142,9 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
         outputs.append(report_path)
     examples, examples_path = write_pii_examples(records.get("pii_example", []), stage.dir)
     outputs.append(examples_path)
+    duplicates_path = stage.dir / "audit" / "duplicate_ids.json"
+    duplicates_path.write_text(json.dumps(records.get("duplicate_id", [])[: max(cfg.sample_size, 1)], indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    outputs.append(duplicates_path)
     shutil.rmtree(stage.dir / "work")
     counts = {**totals(ledger), **({"minhash": near} if near else {})}
     shards = sorted((stage.dir / SHARDS).glob("*" + SUFFIX))
@@ -155,6 +159,22 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
 
 
 # --- the stage's inputs and global steps between phases -------------------------------------------
+
+
+def settle_duplicate_ids(cfg: CurateConfig, read_dir: Path, tasks: int) -> None:
+    """Find ids that several documents share (across every read task); rename the later holders
+    in the filter phase (curate.duplicate_ids: rename) or stop naming the first (refuse)."""
+    found = duplicate_ids(read_dir, tasks)
+    if found and cfg.duplicate_ids == "refuse":
+        task, positions = min(found.items())
+        position = min(positions)
+        doc = next(d for i, d in enumerate(read_shard(read_dir / f"{task:05d}{SUFFIX}")) if i == position)
+        total = sum(len(p) for p in found.values())
+        raise FatalError(f"curate: {total} input document(s) repeat an id another document has, the first {doc.id!r} (source {doc.source}); "
+                         "give every record its own id, or set curate.duplicate_ids=rename to have later ones renamed <id>#<n>")
+    if found:
+        log.warning("curate: %d document(s) repeat an id another document has; renamed <id>#<n> (audit/duplicate_ids.json)", sum(len(p) for p in found.values()))
+    save_renames(read_dir, found, tasks)
 
 
 def refuse_own_outputs(tasks: list[ReadTask], stage_dir: Path) -> None:
