@@ -11,7 +11,7 @@ import torch
 from kiln.core.errors import FatalError
 from kiln.model.config import ModelConfig
 from kiln.model.init import build_model
-from kiln.model.weights import load_weights_into, save_weights
+from kiln.model.weights import load_trained_model, load_weights_into, save_weights
 
 BASE = ModelConfig(vocab_size=97, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=32)
 
@@ -31,3 +31,37 @@ def test_another_architecture_is_refused_by_key(tmp_path: Path, change: dict, na
     save_weights(tmp_path / "ckpt", build_model(BASE, 0, "cpu"))
     with pytest.raises(FatalError, match=named):
         load_weights_into(build_model(BASE.model_copy(update=change), 0, "cpu"), tmp_path / "ckpt")
+
+
+def _damage(folder: Path, how: str) -> None:
+    weights, config = folder / "model.safetensors", folder / "config.json"
+    if how == "truncated weights":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif how == "garbage weights":
+        weights.write_bytes(b"\x00" * 64)
+    elif how == "missing weights":
+        weights.unlink()
+    elif how == "config not json":
+        config.write_text("{not json")
+    elif how == "config out of range":
+        config.write_text(config.read_text().replace('"d_model": 64', '"d_model": -3'))
+    else:  # a config that disagrees with the weights it sits beside
+        config.write_text(config.read_text().replace('"d_model": 64', '"d_model": 128'))
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("truncated weights", r"model.safetensors: cannot be read as safetensors \(SafetensorError"),
+        ("garbage weights", r"model.safetensors: cannot be read as safetensors"),
+        ("missing weights", r"model.safetensors: missing; the checkpoint folder holds only config.json"),
+        ("config not json", r"config.json: not a kiln checkpoint config \(JSONDecodeError"),
+        ("config out of range", r"config.json: model.d_model: Input should be greater than or equal to 8; the file is damaged"),
+        ("config disagrees", r"model.safetensors: the weights do not match .*config.json \(size mismatch for .*\); the two files are from different models"),
+    ],
+)
+def test_a_damaged_checkpoint_is_one_clear_error_naming_the_file(tmp_path: Path, how: str, message: str) -> None:
+    save_weights(tmp_path / "ckpt", build_model(BASE, 0, "cpu"))
+    _damage(tmp_path / "ckpt", how)
+    with pytest.raises(FatalError, match=message):
+        load_trained_model(tmp_path / "ckpt")

@@ -151,3 +151,15 @@ def test_bad_inputs(tmp_path: Path) -> None:
         read_runs([tmp_path])
     with pytest.raises(ConfigError, match="param_count"):
         read_runs([tmp_path], "all")
+
+
+def test_a_csv_that_is_not_utf8_is_one_clear_error(tmp_path):
+    from kiln.core.errors import ConfigError
+    from kiln.plan.fit import read_csv
+
+    path = tmp_path / "runs.csv"
+    path.write_bytes("params,tokens,loss\n1e6,2e7,3.5\nsmall caf\xe9,1,2\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"runs.csv:3: not UTF-8 text \(byte 40"):
+        read_csv(path)
+    path.write_bytes(b"\xef\xbb\xbfparams,tokens,loss\n1e6,2e7,3.5\n")  # a spreadsheet's byte-order mark
+    assert [r.params for r in read_csv(path)] == [1e6]

@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 
 import torch
+from pydantic import ValidationError
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
 from kiln.core.atomic import replace_dir
@@ -41,10 +43,33 @@ def checkpoint_config(folder: Path) -> ModelConfig:
     config_path = folder / CONFIG
     if not config_path.is_file():
         raise FatalError(f"{folder}: no checkpoint (config.json missing); run `kiln train` first")
-    meta = json.loads(config_path.read_text())
-    if meta.get("format") != FORMAT:
-        raise FatalError(f"{config_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
-    return ModelConfig.model_validate(meta["model"])
+    try:
+        meta = json.loads(config_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise FatalError(f"{config_path}: not a kiln checkpoint config ({type(e).__name__}: {e}); it is damaged, or not from kiln") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise FatalError(f"{config_path}: format {meta.get('format') if isinstance(meta, dict) else None!r}, expected {FORMAT!r}")
+    try:
+        return ModelConfig.model_validate(meta["model"])
+    except KeyError:
+        raise FatalError(f"{config_path}: no model section; it is damaged, or not from kiln") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise FatalError(f"{config_path}: model.{'.'.join(map(str, first['loc']))}: {first['msg']}; the file is damaged") from None
+
+
+def _load(model: Transformer, folder: Path, device: str) -> None:
+    """safetensors' load into `model`, its failures as one line naming the file."""
+    path = folder / WEIGHTS
+    if not path.is_file():
+        raise FatalError(f"{path}: missing; the checkpoint folder holds only {', '.join(sorted(p.name for p in folder.iterdir())) or 'nothing'}")
+    try:
+        load_model(model, str(path), device=device)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise FatalError(f"{path}: cannot be read as safetensors ({type(e).__name__}: {e}); the file is damaged or truncated: train again, or restore it") from None
+    except RuntimeError as e:  # shapes or names that are not the config's
+        first = str(e).strip().splitlines()
+        raise FatalError(f"{path}: the weights do not match {folder / CONFIG} ({first[1].strip() if len(first) > 1 else first[0] if first else 'unknown'}); the two files are from different models") from None
 
 
 def architecture(cfg: ModelConfig) -> dict[str, object]:
@@ -61,10 +86,10 @@ def load_weights_into(model: Transformer, folder: Path) -> None:
     differ = [f"model.{k}: {saved.get(k)!r} in the checkpoint, {v!r} here" for k, v in architecture(model.cfg).items() if saved.get(k) != v]
     if differ:
         raise FatalError(f"{folder}: the checkpoint is a different model: {'; '.join(differ)}. Give the model section the checkpoint's shape")
-    load_model(model, str(folder / WEIGHTS), device=str(next(model.parameters()).device))
+    _load(model, folder, str(next(model.parameters()).device))
 
 
 def load_trained_model(folder: Path, device: str | torch.device = "cpu") -> Transformer:
     model = Transformer(checkpoint_config(folder))
-    load_model(model, str(folder / WEIGHTS), device=str(device))
+    _load(model, folder, str(device))
     return model.to(device).eval()

@@ -33,6 +33,7 @@ effects (each run's loss is taken as final), plotting (kiln.plan.fit_plot).
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import random
@@ -72,7 +73,12 @@ def read_csv(path: Path) -> list[Run]:
     path = Path(path)
     if not path.is_file():
         raise FatalError(f"{path}: no such CSV file")
-    with open(path, newline="", encoding="utf-8") as f:
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # -sig: a spreadsheet's byte-order mark is not part of the header
+    except UnicodeDecodeError as e:
+        line = e.object[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte {e.start}: {e.object[e.start : e.start + 1]!r}); save the CSV as UTF-8") from None
+    with io.StringIO(text, newline="") as f:
         reader = csv.DictReader(f)
         fields = {(h or "").strip().lower(): h for h in reader.fieldnames or []}
         missing = [c for c in ("params", "tokens", "loss") if c not in fields]
