@@ -8,6 +8,7 @@ runs. `plan` subcommands (kiln.plan.cli) and `sweep` (kiln.sweep) add their own 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -238,6 +239,10 @@ def exec_torchrun(argv: list[str], nproc: int) -> None:
     os.execv(str(torchrun), [str(torchrun), "--standalone", f"--nproc-per-node={nproc}", "-m", "kiln", *rest])
 
 
+# Errors of the place a stage writes to, not of kiln: reported as one line naming the path.
+STORAGE_ERRORS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
@@ -286,6 +291,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except KilnError as e:
         print(f"kiln {args.verb}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in STORAGE_ERRORS:
+            raise
+        where = f" {e.filename}" if e.filename else ""
+        print(f"kiln {args.verb}: error: cannot write{where}: {e.strerror}; free space or choose a writable place (runs_dir), then run the same command again: finished work is kept", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"kiln {args.verb}: interrupted; finished work is kept, run the same command again to resume", file=sys.stderr)

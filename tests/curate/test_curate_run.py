@@ -342,3 +342,25 @@ def test_duplicate_ids_are_renamed_counted_and_listed_or_refused(tmp_path, corpu
     assert sorted((r["id"], r["renamed"]) for r in listed) == [("twice", "twice#2"), ("web-000", "web-000#2")]
     with pytest.raises(FatalError, match=r"2 input document\(s\) repeat an id another document has, the first 'twice'"):
         run(config(corpus, duplicate_ids="refuse"), tmp_path / "strict")
+
+
+def test_a_full_disk_is_one_line_naming_the_path_and_the_rerun_keeps_finished_tasks(tmp_path, corpus, capsys, monkeypatch, caplog):
+    import errno
+
+    import kiln.curate.run as curate_run
+
+    runs = tmp_path / "runs"
+    args = ["curate", "--input", str(corpus["books"]), "--run", "full", "--set", f"runs_dir={runs}", "--set", "curate.executor.workers=1"]
+    real = curate_run.write_audit
+
+    def no_space(ledger, stage_dir, *rest):
+        raise OSError(errno.ENOSPC, "No space left on device", str(stage_dir / "removed.parquet"))
+
+    monkeypatch.setattr(curate_run, "write_audit", no_space)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write {runs / 'full' / 'curate'}" in err and "No space left on device" in err and "Traceback" not in err
+    monkeypatch.setattr(curate_run, "write_audit", real)
+    caplog.set_level("INFO", logger="kiln.curate")
+    assert main(args) == 0  # the same command resumes: every phase's tasks were finished
+    assert "already finished, skipped" in caplog.text and (runs / "full" / "curate" / MANIFEST).is_file()

@@ -154,6 +154,13 @@ def test_too_little_text_is_fatal(run_dir):
         train_tokenizer(CFG.model_copy(update={"heldout_fraction": 0.999999}), run_dir)
 
 
+def test_a_vocabulary_the_sample_cannot_fill_is_warned_about_in_the_summary(run_dir):
+    manifest = train_tokenizer(CFG.model_copy(update={"vocab_size": 60_000, "min_frequency": 50}), run_dir)
+    summary = (run_dir / "tokenizer" / "summary.txt").read_text()
+    assert manifest["counts"]["vocab_size"] < 60_000
+    assert f"warning: 60,000 tokens were asked (tokenizer.vocab_size) and the sample gave {manifest['counts']['vocab_size']:,}" in summary
+
+
 def test_vocab_below_bytes_and_specials_is_a_config_error():
     with pytest.raises(ConfigError, match=r"tokenizer: vocab_size 300 leaves no room for merges: 256 byte tokens \+ 54 special tokens .* need at least 311; raise vocab_size or lower sentinel_tokens/reserved_tokens"):
         load_recipe("demo", ["tokenizer.vocab_size=300"])

@@ -153,7 +153,7 @@ def train_and_measure(texts: list[str], vocab_size: int, cfg: TokenizerConfig, h
     tokenizer = train_bpe(texts, vocab_size, cfg.min_frequency, cfg.specials)
     seconds = time.perf_counter() - t0
     if tokenizer.vocab_size < vocab_size:
-        log.warning("tokenizer: the sample held only %d merges; vocabulary is %d, not %d", tokenizer.vocab_size - 256 - len(cfg.specials), tokenizer.vocab_size, vocab_size)
+        log.warning("tokenizer: the sample held only %d merges seen at least %d times; the vocabulary is %d, not the %d asked (more text, tokenizer.sample_mb, or a smaller tokenizer.vocab_size)", tokenizer.vocab_size - 256 - len(cfg.specials), cfg.min_frequency, tokenizer.vocab_size, vocab_size)
     report = measure(tokenizer, heldout) if heldout else None
     return tokenizer, {"train_seconds": round(seconds, 2), "heldout": report}
 
@@ -203,6 +203,8 @@ def run(cfg: TokenizerConfig, run_dir: Path, shape: EmbeddingShape | None = None
     }
     summary = f"trained on {sample_bytes / MB:.1f} MB ({len(texts):,} documents) in {result['train_seconds']:.1f}s\n"
     summary += format_report(held, shape.d_model, shape.tied_embeddings) if held else f"vocab {tokenizer.vocab_size:,}; no held-out documents, nothing measured"
+    if tokenizer.vocab_size < cfg.vocab_size:
+        summary += f"\nwarning: {cfg.vocab_size:,} tokens were asked (tokenizer.vocab_size) and the sample gave {tokenizer.vocab_size:,}; more text (tokenizer.sample_mb) or a smaller vocabulary"
     return stage.finish([*outputs, stage.dir / "report.json"], counts, summary)
 
 

@@ -336,3 +336,11 @@ def test_bloom_report_names_sets_only():
     }
     assert format_report(report).splitlines()[1] == "mmlu: found in 1 training document (bloom mode: items not identified; false-positive rate 1.0e-06 per n-gram) (1 item too short to check)"
     assert math.isclose(report["sets"]["mmlu"]["fp_rate"], 1e-6)
+
+
+@pytest.mark.parametrize(("records", "said"), [([], "holds no item"), ([{"q": "too short"}, {"q": "also too short"}], "has no item of 13 words or more (all 2 too short)")])
+def test_an_evaluation_set_with_nothing_to_check_is_warned_about(tmp_path, caplog, records, said):
+    cfg = DecontaminateConfig(eval_sets=[EvalSetConfig(path=str(write_set(tmp_path / "empty.jsonl", records)))])
+    caplog.set_level("WARNING", logger="kiln.curate")
+    build_index(cfg, tmp_path / "index")
+    assert f"empty.jsonl {said}: nothing in it can be checked, so it removes nothing" in caplog.text

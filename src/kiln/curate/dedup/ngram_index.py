@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from kiln.core.errors import FatalError
 from kiln.curate.readers.streams import STREAM_ERRORS, open_decompressed
 from kiln.curate.steps.bloom import BloomFilter
 from kiln.text.shingles import SHINGLE_VERSION, ngram_hashes, text_hashes, word_hashes, words
+
+log = logging.getLogger("kiln.curate")
 
 if TYPE_CHECKING:  # the step's config; the step imports this module, so not at run time
     from kiln.curate.steps.decontaminate import DecontaminateConfig, EvalSetConfig
@@ -139,6 +142,9 @@ def build_index(cfg: DecontaminateConfig, folder: Path) -> dict[str, Any]:
                 if len(too_short_sample) < 10:
                     too_short_sample.append(item)
         distinct = np.unique(np.concatenate(set_hashes)) if set_hashes else np.zeros(0, dtype=np.uint64)
+        if items == 0 or too_short == items:
+            what = "holds no item" if items == 0 else f"has no item of {n} words or more (all {items} too short)"
+            log.warning("decontaminate: evaluation set %s %s: nothing in it can be checked, so it removes nothing; check the file and its fields", es.path, what)
         info: dict[str, Any] = {
             "name": set_name(es), "path": es.path, "items": items,
             "items_too_short": too_short, "too_short_sample": too_short_sample, "ngrams": len(distinct),
