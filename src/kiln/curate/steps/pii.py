@@ -116,7 +116,9 @@ _TOKENS: tuple[re.Pattern[str], ...] = (
     _token("SG.", r"[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}"),  # SendGrid
     _token("GOCSPX-", r"[A-Za-z0-9_-]{28}"),  # Google OAuth client secret
     re.compile(r"https://hooks\.slack\.com/services/T[A-Za-z0-9]{6,20}/B[A-Za-z0-9]{6,20}/[A-Za-z0-9]{16,40}"),  # Slack webhook
-    re.compile(r"earer(?<=[Bb]earer)[ \t]+(?P<value>[A-Za-z0-9._~+/-]{20,512}=*)(?![A-Za-z0-9._~+/=-])"),  # HTTP bearer credentials
+    # HTTP bearer credentials: the token ends where the header value ends (a space, quote, bracket or
+    # line end), so text glued after it, a placeholder included, never makes a shorter token match.
+    re.compile(r"earer(?<=[Bb]earer)[ \t]+(?P<value>[A-Za-z0-9._~+/-]{20,512}=*)(?=[\s\"'`,;)\]}]|\Z)"),
 )
 
 # A value assigned to a name that ends in one of these words (DB_PASSWORD=..., "client_secret": "...",
