@@ -306,6 +306,19 @@ def test_a_key_given_twice_is_an_error_naming_it(tmp_path):
         load_recipe(path)
 
 
+def test_merge_keys_may_override_and_other_yaml_errors_stay_config_errors(tmp_path):
+    path = tmp_path / "merge.yaml"
+    path.write_text("name: merge\ncurate:\n  sources:\n    docs: &loose\n      c4: {enabled: false}\n      fineweb: {enabled: false}\n    prose:\n      <<: *loose\n      c4: {enabled: true}\n")
+    cfg = load_recipe(path).curate
+    assert cfg.for_source("prose").c4.enabled is True and cfg.for_source("prose").fineweb.enabled is False
+    path.write_text("name: keys\ntrain: {1: a, true: b}\n")  # two different keys, then refused by the schema
+    with pytest.raises(ConfigError, match="problem"):
+        load_recipe(path)
+    path.write_text("name: unhashable\n? [a, b]\n: 1\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_recipe(path)
+
+
 def test_yaml_anchors_still_share_a_mapping(tmp_path):
     path = tmp_path / "anchors.yaml"
     path.write_text("name: anchors\ncurate:\n  sources:\n    docs: &loose\n      c4: {enabled: false}\n    prose: *loose\n")

@@ -98,12 +98,19 @@ class UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, except that a key given twice in one mapping is an error (plain YAML keeps the last silently)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
+        seen: dict[tuple[type, Any], int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor`: its keys may be overridden here, which is the point of it
             key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
-            if isinstance(key, str | int | float | bool) and key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice in one mapping (lines {seen[key] + 1} and {key_node.start_mark.line + 1}); YAML would keep only the last", key_node.start_mark)
-            seen[key] = key_node.start_mark.line
+            marker = (type(key), key)  # 1 and true are different keys
+            try:
+                repeated = marker in seen
+            except TypeError:
+                continue  # an unhashable key: the safe constructor reports it
+            if repeated:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice in one mapping (lines {seen[marker] + 1} and {key_node.start_mark.line + 1}); YAML would keep only the last", key_node.start_mark)
+            seen[marker] = key_node.start_mark.line
         return super().construct_mapping(node, deep)
 
 

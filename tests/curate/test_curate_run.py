@@ -310,19 +310,25 @@ def test_a_source_with_its_own_settings_keeps_what_the_shared_rules_drop(tmp_pat
         ({"docs": {"line_dedup": {"max_docs": 3}}}, "curate.sources.docs.line_dedup.max_docs: set for all sources only"),
         ({"docs": {"perplexity": {"model": "elsewhere"}}}, "curate.sources.docs.perplexity.model: set for all sources only"),
         ({"docs": {"c4": {"no_such_key": 1}}}, "curate.sources.docs.c4.no_such_key: Extra inputs are not permitted"),
+        ({"docs": {"perplexity": {"enabled": True}}}, "curate.sources.docs.perplexity.enabled: perplexity is off for all sources"),
+        ({"docs": {"line_dedup": {"enabled": True}}, "line_dedup": {"enabled": False}}, "curate.sources.docs.line_dedup.enabled: line_dedup is off for all sources"),
     ],
 )
 def test_per_source_settings_are_validated_like_the_rest(sources, message):
+    shared = {k: v for k, v in sources.items() if k != "docs"}
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
-        CurateConfig(sources=sources)
+        CurateConfig(sources={"docs": sources["docs"]}, **shared)
 
 
-@pytest.mark.parametrize("target", ["shards", "run", "glob"])
+@pytest.mark.parametrize("target", ["shards", "run", "glob", "partial"])
 def test_inputs_inside_the_runs_own_curate_stage_are_refused_and_nothing_is_lost(tmp_path, corpus, target):
     run(config(corpus), tmp_path / "run")
     stage = tmp_path / "run" / "curate"
     before = shard_bytes(stage)
-    path = {"shards": stage / "shards", "run": tmp_path / "run", "glob": tmp_path / "run" / "**" / "*.zst"}[target]
+    partial = tmp_path / "run" / "curate.partial" / "shards"  # what an interrupted run leaves
+    partial.mkdir(parents=True)
+    (partial / "web-00000.jsonl").write_text(json.dumps({"id": "x", "text": prose(700)}) + "\n")
+    path = {"shards": stage / "shards", "run": tmp_path / "run", "glob": tmp_path / "run" / "**" / "*.zst", "partial": partial}[target]
     with pytest.raises(FatalError, match="inside this run's own curate stage"):
         run(config(corpus, inputs=(InputConfig(path=str(path), format="jsonl"),)), tmp_path / "run", force=True)
     assert shard_bytes(stage) == before  # refused before anything was touched
@@ -364,3 +370,12 @@ def test_a_full_disk_is_one_line_naming_the_path_and_the_rerun_keeps_finished_ta
     caplog.set_level("INFO", logger="kiln.curate")
     assert main(args) == 0  # the same command resumes: every phase's tasks were finished
     assert "already finished, skipped" in caplog.text and (runs / "full" / "curate" / MANIFEST).is_file()
+
+
+def test_renamed_ids_reach_the_shards_of_a_dedup_only_run(tmp_path, corpus):
+    (corpus["books"] / "again.txt").write_text(prose(600))
+    (corpus["web"] / "again.jsonl").write_text(json.dumps({"id": "books/again.txt", "text": prose(601)}) + "\n")
+    off = {name: {"enabled": False} for name in ("url_filter", "line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "code_quality", "pii", "length", "minhash_dedup")}
+    run(config(corpus, **off), tmp_path / "run")
+    ids = [d.id for p in list_shards(tmp_path / "run" / "curate" / "shards") for d in read_shard(p)]
+    assert len(ids) == len(set(ids)) and "books/again.txt#2" in ids

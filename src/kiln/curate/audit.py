@@ -22,6 +22,21 @@ import xxhash
 from kiln.core.document import Document
 from kiln.core.errors import FatalError
 
+
+def printable(name: str) -> str:
+    """A file name as text that can be written anywhere: each byte that is not UTF-8 (which Python
+    keeps as a lone surrogate) becomes the four characters `\\xHH`; the UTF-8 of the result with
+    each `\\xHH` turned back into its byte is the name on disk. Valid names are unchanged."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        try:
+            return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:  # a surrogate no file name byte makes (a \ud800 escape in a message)
+            return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 SAMPLE_TEXT_CHARS = 20_000  # a sampled removed document keeps at most this much text
 
 
@@ -155,7 +170,8 @@ class Ledger:
             t.bytes_in += nbytes
         t.quarantined += 1
         t.stats[f"quarantined:{error.split(': ', 1)[0]}"] += 1  # by kind: read:bad_json, extract:timeout, <step> that raised
-        self.quarantined.append({"id": doc_id, "source": source, "file": file, "position": None if position is None else str(position), "error": error})
+        # A message or path may carry a file name's undecodable bytes (lone surrogates): written as \xHH.
+        self.quarantined.append({"id": printable(doc_id), "source": source, "file": None if file is None else printable(file), "position": None if position is None else str(position), "error": printable(error)})
 
     def merge(self, other: Ledger) -> None:
         for source, t in other.sources.items():

@@ -45,6 +45,8 @@ DEFAULT_INPUTS = (
 # the decontamination index and the quality models are built once for all sources).
 PER_SOURCE_STEPS = ("url_filter", "line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "perplexity", "quality_classifier", "code_quality", "pii", "length", "decontaminate")
 PER_SOURCE_ONLY = {"line_dedup": ("enabled",), "decontaminate": ("enabled", "action")}
+# Steps whose shared work exists only when the step is on for all sources: a source can turn them off, not on.
+GLOBAL_WORK = {"line_dedup": "the line counts", "decontaminate": "the contamination index", "perplexity": "the model folder", "quality_classifier": "the model folder"}
 
 
 class CurateConfig(Section):
@@ -82,6 +84,9 @@ class CurateConfig(Section):
                     raise ValueError(f"curate.sources.{source}.{step}: not a step a source can set; choose from {', '.join(PER_SOURCE_STEPS)}")
                 if not isinstance(keys, dict):
                     raise ValueError(f"curate.sources.{source}.{step}: give the step's settings as a mapping, e.g. {{enabled: false}}")
+                if keys.get("enabled") is True and not getattr(self, step).enabled and step in GLOBAL_WORK:
+                    raise ValueError(f"curate.sources.{source}.{step}.enabled: {step} is off for all sources, and its shared work ({GLOBAL_WORK[step]}) is built only when it is on; "
+                                     f"turn it on for all (curate.{step}.enabled: true) and off for the sources that should skip it")
                 allowed = PER_SOURCE_ONLY.get(step)
                 refused = [k for k in keys if (allowed is not None and k not in allowed) or (step in ("perplexity", "quality_classifier") and k == "model")]
                 if refused:

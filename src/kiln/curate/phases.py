@@ -181,7 +181,7 @@ def filter_phase(job: Job) -> dict[str, Any]:
     source, target = job.stage_dir / "work" / "read" / f"{job.index:05d}{SUFFIX}", job.folder / f"{job.index:05d}{SUFFIX}"
     # perf: with no step in either branch (a dedup-only run) no document changes here, so the read
     # phase's file is linked rather than encoded and compressed again (0.4 s of 0.8 s per 33 MB).
-    unchanged = not cfg.sources and steps_of("") == ([], [])
+    unchanged = not cfg.sources and not renames and steps_of("") == ([], [])
     with nullcontext() if unchanged else ShardWriter(target, level=1) as writer:
         for group in groups(renamed(read_shard(source), renames, ledger)):
             seen += len(group)

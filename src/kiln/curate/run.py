@@ -180,10 +180,10 @@ def settle_duplicate_ids(cfg: CurateConfig, read_dir: Path, tasks: int) -> None:
 def refuse_own_outputs(tasks: list[ReadTask], stage_dir: Path) -> None:
     """Stop when an input file lies in this run's curate stage (its shards, its audit files, or a
     folder above them named as input): the stage replaces those files while it would read them."""
-    own = stage_dir.resolve()
+    own = (stage_dir.resolve(), stage_dir.resolve().with_name(stage_dir.name + ".partial"))  # finished, or being built
     for task in tasks:
         for path in task_paths(task):
-            if Path(path).resolve().is_relative_to(own):
+            if any(Path(path).resolve().is_relative_to(folder) for folder in own):
                 raise FatalError(f"curate: input file {path} is inside this run's own curate stage ({stage_dir}), which the stage rewrites; "
                                  "curate another run's shards by naming them in a new run (--run NAME), or copy them out first")
 

@@ -252,6 +252,12 @@ def test_a_file_name_that_is_not_utf8_round_trips_into_ids_and_the_quarantine(tm
     [q] = ledger.quarantined
     assert doc.id == "web/caf\\xe9.jsonl:1" and q["id"] == "web/caf\\xe9.jsonl:2" and q["file"].endswith("caf\\xe9.jsonl")
     json.dumps([doc.meta, q], ensure_ascii=False).encode("utf-8")  # what the shards and quarantine.jsonl write
+    binary = Path(os.fsdecode(os.fsencode(folder) + b"/bin\xff.txt"))
+    binary.write_bytes(b"abc\x00def")  # quarantined with a message that names the file
+    _, ledger = read_inputs(InputConfig(path=str(binary)))
+    [q] = ledger.quarantined
+    assert q["id"] == "web/bin\\xff.txt" and "bin\\xff.txt contains NUL bytes" in q["error"]
+    json.dumps(q, ensure_ascii=False).encode("utf-8")
     # the name on disk comes back from the id: each \xHH is that byte
     shown = doc.id.split("/", 1)[1].rsplit(":", 1)[0]
     assert re.sub(rb"\\x([0-9a-f]{2})", lambda m: bytes([int(m[1], 16)]), shown.encode("utf-8")) == raw_name

@@ -71,6 +71,15 @@ FOUND = [
     ("the release went out; served from 93.184.216.34", "the release went out; served from <IP_ADDRESS>"),  # a version word marks only what follows it closely
     ("our office (17.253.144.10) is down", "our office (<IP_ADDRESS>) is down"),
     ("<td>93.184.216.34</td>", "<td><IP_ADDRESS></td>"),  # a tag's > is no version constraint
+    ("ip.addr == 93.184.216.34", "ip.addr == <IP_ADDRESS>"),  # a filter, not a version pin
+    ("Got update from 93.184.216.34", "Got update from <IP_ADDRESS>"),
+    ("blocked by rule 93.184.216.34", "blocked by rule <IP_ADDRESS>"),
+    ("range 93.184.216.34-40", "range <IP_ADDRESS>-40"),  # an address range, not a package revision
+    ("+44 20 7946 0958 (24/7 line)", "<PHONE> (24/7 line)"),  # the longest valid prefix of what the pattern took
+    ("+49 30 901820 (10-18 Uhr)", "<PHONE> (10-18 Uhr)"),
+    ("020 7946 0958\n0161 496 0123", "<PHONE>\n<PHONE>"),  # one number per line is a list, not a table
+    ("Tel: 020 7946 0958\n10 Downing Street", "Tel: <PHONE>\n10 Downing Street"),
+    ("password=" + "q7Wz2Xk9Lm4Np8Rs1Tv6" * 20, "password=<SECRET>"),  # a long session token goes whole
     ("key=AKIAIOSFODNN7EXAMPLE", "key=<SECRET>"),
     ("token ghp_" + "a1B2" * 9, "token <SECRET>"),
     ("github_pat_" + "A" * 22 + "_" + "b" * 59, "<SECRET>"),
@@ -106,7 +115,7 @@ KEPT = [
     "000-12-3456", "666-12-3456", "900-12-3456", "123-00-4567", "123-45-0000",  # SSNs never issued
     "123-456-7890", "2023-10-12", "call 555 123 4567", "+1.5", "+20.000.000", "pi is 3.14159265",  # phones and dates
     "555-123-4567", "(555) 123-4567", "x = 4294967296", "y = (x)+4155552671", "Decimal('+35236450.6')", "Boston, MA 02110-1301",
-    "     041 117 132\n     133 112 255",  # 555 is no area code; code constants, arithmetic, a ZIP+4, a table of numbers
+    "  041 117 132   133 112 255",  # 555 is no area code; code constants, arithmetic, a ZIP+4, a row of a table of numbers
     "Bump Standards-Version to 4.6.0.1", "xft (2.3.2.1-7) unstable; urgency=low", "libfoo (1.2.3.4+dfsg-1) sid", "see section 4.2.1.3",
     "upgrade to 5.15.0.1", "Depends: base-passwd (>= 3.5.30.1)", "192.0.2.55", "198.51.100.7", "203.0.113.9", "0.0.0.0",  # IPs: versions, reserved
     "git@github.com:kiln/kiln.git", "pi@raspberrypi.local", "svc@cluster.internal",  # an SCP remote, local networks
@@ -220,6 +229,7 @@ ADVERSARIAL = {
     "assignments": "api_key = " * (MB // 10),
     "secret names": "passwordtokenkey" * (MB // 16),
     "bearers": "Bearer " * (MB // 7),
+    "assigned names": "token:" * (MB // 6),
 }
 
 

@@ -9,18 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.curate.audit import printable
 from kiln.curate.readers.config import InputConfig
-
-
-def printable(name: str) -> str:
-    """A file name as text that can be written anywhere: each byte that is not UTF-8 (which Python
-    keeps as a lone surrogate) becomes the four characters `\\xHH`; the UTF-8 of the result with
-    each `\\xHH` turned back into its byte is the name on disk. Valid names are unchanged."""
-    try:
-        name.encode("utf-8")
-        return name
-    except UnicodeEncodeError:
-        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 @dataclass(frozen=True)
