@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from dedup_corpus import local_texts
+from dedup_corpus import local_texts, read_local_file
 
 from kiln.curate.steps.pii import PLACEHOLDERS, PIIConfig, RedactPII
 
@@ -228,9 +228,7 @@ def corpus(mb: float) -> list[str]:
     for path in sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py")):
         if size >= mb * 1e6:
             break
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+        if (text := read_local_file(path)) is None:
             continue
         texts.append(text)
         size += len(text.encode())

@@ -91,9 +91,8 @@ class CurateConfig(Section):
                 refused = [k for k in keys if (allowed is not None and k not in allowed) or (step in ("perplexity", "quality_classifier") and k == "model")]
                 if refused:
                     raise ValueError(f"curate.sources.{source}.{step}.{refused[0]}: set for all sources only (curate.{step}.{refused[0]}); a source may set {', '.join(allowed or ()) or 'every key but model'}")
-                section = getattr(self, step)
                 try:
-                    type(section).model_validate({**section.model_dump(), **keys})
+                    self._own_section(step, keys)
                 except ValidationError as e:
                     first = e.errors()[0]
                     where = ".".join(str(x) for x in first["loc"])
@@ -104,12 +103,14 @@ class CurateConfig(Section):
         """This config with `source`'s own step settings applied (itself when it has none)."""
         return self._per_source.get(source, self)
 
+    def _own_section(self, step: str, keys: dict[str, Any]) -> Section:
+        """curate.<step> with a source's own keys in place of the shared ones, validated."""
+        section = getattr(self, step)
+        return type(section).model_validate({**section.model_dump(), **keys})
+
     @cached_property
     def _per_source(self) -> dict[str, CurateConfig]:
-        return {
-            source: self.model_copy(update={step: type(getattr(self, step)).model_validate({**getattr(self, step).model_dump(), **keys}) for step, keys in steps.items()})
-            for source, steps in self.sources.items()
-        }
+        return {source: self.model_copy(update={step: self._own_section(step, keys) for step, keys in steps.items()}) for source, steps in self.sources.items()}
 
     def source_settings(self, source: str) -> list[str]:
         """`step.key=value` for each setting `source` has of its own (what the summary and --explain show)."""

@@ -545,7 +545,10 @@ class RedactPII:
             if kind == "ip_address":
                 ok = self._ipv4(m)
             elif kind == "credit_card":
-                return _card(found, m.group("s1") is not None, hits)
+                replacement = _card(found, m.group("s1") is not None)
+                if replacement is not None:
+                    hits[kind] += 1
+                return replacement
             elif kind == "ssn":
                 ok = ssn_valid(found[0:3], found[4:6], found[7:11]) and found not in _PUBLISHED_SSNS
             else:
@@ -624,16 +627,14 @@ def _touches_placeholder(text: str, secrets: bool) -> bool:
     return False
 
 
-def _card(found: str, grouped_by_four: bool, hits: dict[str, int]) -> str | None:
-    """The replacement for a card-shaped number (counted in hits): a placeholder when an issuer
-    uses its prefix and length and it passes Luhn, else None."""
+def _card(found: str, grouped_by_four: bool) -> str | None:
+    """The replacement for a card-shaped number: a placeholder when an issuer uses its prefix and
+    length and it passes Luhn, else None."""
     digits = found.replace(" ", "").replace("-", "")
     if card_issued(digits) and luhn_valid(digits):
-        hits["credit_card"] += 1
         return PLACEHOLDERS["credit_card"]
     # "4111 1111 1111 1111 123": the trailing group may be the next number rather than the card's.
     if grouped_by_four and len(digits) > 16 and card_issued(digits[:16]) and luhn_valid(digits[:16]):
-        hits["credit_card"] += 1
         return PLACEHOLDERS["credit_card"] + found[19:]
     return None
 
