@@ -11,62 +11,24 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import KILN, OVERRIDES, kiln_demo
 
 from kiln.core.manifest import sha256_file
 from kiln.model.config import ModelConfig, count_params
 
 pytestmark = pytest.mark.slow
 
-KILN = Path(sys.executable).with_name("kiln")
 STAGES = ("curate", "tokenizer", "tokenize", "train", "eval", "generate", "export")
 UPSTREAM = {"curate": [], "tokenizer": ["curate"], "tokenize": ["curate", "tokenizer"], "train": ["tokenize"], "eval": ["tokenize", "train"], "generate": ["train"], "export": ["curate", "tokenizer", "tokenize", "train", "eval"]}
-OVERRIDES = [
-    "curate.max_total_mb=2",
-    "tokenizer.vocab_size=512",
-    "tokenizer.sample_mb=1",
-    "model.d_model=64",
-    "model.n_layers=2",
-    "model.n_heads=2",
-    "model.n_kv_heads=1",
-    "model.max_seq_len=64",
-    "train.seq_len=64",
-    "train.micro_batch_size=8",
-    "train.global_batch_tokens=512",
-    "train.steps=60",
-    "train.schedule.warmup_steps=6",
-    "eval.max_tokens_per_source=4096",
-    "generate.max_new_tokens=20",
-    "train.probe_every=20",
-    'eval.probe.prompts=["def "]',
-]
-
-
-def kiln_demo(runs_dir: Path, recipe: str = "demo", overrides: list[str] = OVERRIDES) -> tuple[subprocess.CompletedProcess[str], float]:
-    args = [str(KILN), "demo", "--recipe", recipe, "--set", f"runs_dir={runs_dir}"]
-    for override in overrides:
-        args += ["--set", override]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # CPU only, whatever the machine has
-    t0 = time.perf_counter()
-    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
-    seconds = time.perf_counter() - t0
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done, seconds
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    if not KILN.is_file():
-        pytest.skip(f"no kiln script beside {sys.executable}")
-    runs_dir = tmp_path_factory.mktemp("pipeline") / "runs"
-    done, seconds = kiln_demo(runs_dir)
-    run_dir = runs_dir / "demo"
-    manifests = {s: json.loads((run_dir / s / "manifest.json").read_text()) for s in STAGES}
-    return {"runs_dir": runs_dir, "run_dir": run_dir, "stdout": done.stdout, "seconds": seconds, "manifests": manifests, "summary": json.loads((run_dir / "summary.json").read_text())}
+def demo(demo_run: dict[str, Any]) -> dict[str, Any]:
+    return demo_run
 
 
 def test_summary_has_every_field(demo: dict[str, Any]) -> None:

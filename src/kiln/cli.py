@@ -52,6 +52,7 @@ SECTIONS = {
     "export": ("export", "generate"),
     "plan": ("model", "train"),
     "sweep": ("model", "train"),
+    "report": (),
     "demo": ("curate", "tokenizer", "tokenize", "mix", "model", "train", "eval", "generate", "export"),
 }
 
@@ -69,6 +70,7 @@ EPILOG = """examples:
   kiln import-hf ./my-model --run mine                        a Hugging Face Llama with kiln's tokenizer as a run
   kiln plan --recipe demo --json
   kiln plan chinchilla --flops 1e23 --fit hoffmann          compute-optimal size for a budget
+  kiln report --run demo                                   the run's HTML page: runs/demo/report/index.html
 """
 
 
@@ -153,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("sweep", "Train a grid of small models (sizes x steps) on the recipe's data, sharing its curate/tokenize stages, to feed `kiln plan fit`.")
     _common(p)
     add_sweep_arguments(p)
+    p = add("report", "Build the run's report: one self-contained HTML page (<run>/report/index.html) with the recipe and lineage, the curation funnel and removal reasons with examples, duplicates, languages, decontamination, the tokenizer, the realized mixture, training curves, evaluation, samples and the planner's estimate beside the measured run. Works on a run in progress.")
+    _common(p, force=False)
+    p.add_argument("--run", metavar="NAME", help="Run name (same as --set name=NAME): reads runs/NAME/.")
+    p.add_argument("--watch", type=float, metavar="SECONDS", help="Rebuild the page every SECONDS seconds until interrupted (for a run in progress).")
     _common(add("demo", "Run every stage (curate, train-tokenizer, tokenize, train, eval, generate, export) and write <run>/summary.json. Finished stages are skipped."))
     return parser
 
@@ -279,6 +285,13 @@ def main(argv: list[str] | None = None) -> int:
             from kiln import pipeline
 
             print(pipeline.dry_run_train(recipe))
+            return 0
+        if args.verb == "report":
+            from kiln import pipeline
+
+            if args.watch is not None and args.watch <= 0:
+                raise ConfigError(f"--watch {args.watch}: give the seconds between rebuilds, more than 0")
+            print(pipeline.build_report(recipe.run_dir, args.watch))
             return 0
         if args.verb == "demo":
             from kiln import pipeline

@@ -15,16 +15,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kiln.core.errors import FatalError
+from kiln.core.errors import FatalError, KilnError
 from kiln.core.layout import RunLayout
 from kiln.core.ranks import is_main_process
-from kiln.recipe import Recipe, recipe_to_yaml
+from kiln.recipe import Recipe, load_recipe, recipe_to_yaml
 
 log = logging.getLogger("kiln")
 
 STAGES = ("curate", "tokenizer", "tokenize", "train", "eval", "generate", "export")
 # The model must visibly learn: final validation loss at least this fraction below step 0's.
 MIN_LOSS_DROP = 0.30
+# The MFU the report's planner column assumes for time (kiln plan's --mfu default).
+PLAN_MFU = 0.4
 
 
 def _runner(stage: str) -> Callable[..., dict[str, Any]]:
@@ -100,6 +102,59 @@ def dry_run_train(recipe: Recipe) -> str:
     return format_dry_run(d) + "\n\nmemory per device (kiln plan memory):\n" + format_memory(memory)
 
 
+def report_hooks(run_dir: Path) -> Any:
+    """What `kiln report` borrows from other stages: the run's PII redaction for removed examples,
+    `kiln curate --explain` for every id shown, and the planner's figures for the trained model."""
+    from kiln.curate.explain import explain
+    from kiln.curate.steps.pii import PIIConfig, RedactPII
+    from kiln.report.run_files import Hooks
+    from kiln.train.distributed import ParallelConfig
+
+    layout = RunLayout(run_dir)
+    try:  # the run's own recipe; a recipe kiln can no longer read leaves the defaults
+        recipe = load_recipe(str(layout.recipe_yaml)) if layout.recipe_yaml.is_file() else None
+    except KilnError as e:
+        log.warning("report: %s: %s; PII redaction and the layout use their defaults", layout.recipe_yaml, e)
+        recipe = None
+    pii = RedactPII(recipe.curate.pii if recipe else PIIConfig())
+    parallel = recipe.parallel if recipe else ParallelConfig()
+    return Hooks(redact=lambda text: pii.redact(text)[0], explain=partial(explain, layout.stage("curate")), estimate=partial(plan_estimate, parallel))
+
+
+def plan_estimate(parallel: Any, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The planner's memory per device and training FLOPs for a finished train stage (its manifest),
+    and its time at the default MFU where the device's dense peak is known."""
+    from kiln.core.hardware import peak_flops_of
+    from kiln.model.config import ModelConfig
+    from kiln.plan.memory import Shape, plan_memory
+
+    t, counts = manifest["config"]["train"], manifest["counts"]
+    world = counts.get("processes", 1)
+    try:
+        sharded = parallel.layout(world)[1] > 1
+    except KilnError:  # the recipe now asks for another layout than the run had
+        sharded = False
+    device = str(counts.get("device", "cpu"))
+    dtype = t["precision"]["dtype"]
+    precision = dtype if dtype != "auto" else ("bf16" if device.startswith("cuda") else "fp32")
+    memory = plan_memory(Shape.from_config(ModelConfig.model_validate(manifest["model"])), dp=world, zero=3 if sharded else 0, micro_batch=t["micro_batch_size"], seq_len=t["seq_len"], precision=precision, checkpointing=t["activation_checkpointing"])
+    flops = counts["flops_per_token"] * counts["tokens_trained"]
+    peak = peak_flops_of(str(counts.get("device_name", ""))) if device.startswith("cuda") else None
+    time_note = f"{flops / (peak * world * PLAN_MFU):,.0f} s at {PLAN_MFU:.0%} MFU (kiln plan's default)" if peak else "needs a GPU's dense peak (a CPU has none in the planner's table)"
+    return {"memory_gb": memory["total_gb"], "layout": f"dp={world}, ZeRO {memory['zero']}, {precision}, micro-batch {t['micro_batch_size']} x {t['seq_len']}", "train_flops": flops, "flops_per_token": counts["flops_per_token"], "time_note": time_note}
+
+
+def build_report(run_dir: Path, watch_s: float | None = None) -> Path:
+    """`kiln report`: write <run>/report/index.html; with watch_s, rebuild it every watch_s seconds until interrupted."""
+    from kiln.report.build import build_report as build
+    from kiln.report.build import watch
+
+    if not Path(run_dir).is_dir():
+        raise FatalError(f"{run_dir}: no such run directory; give the run's name with --run NAME (and runs_dir with --set runs_dir=DIR)")
+    hooks = report_hooks(run_dir)
+    return watch(run_dir, hooks, watch_s) if watch_s else build(run_dir, hooks)
+
+
 def embedding_shape(recipe: Recipe) -> Any:
     """The model width the tokenizer report prices its embedding table at."""
     from kiln.tokenize.train import EmbeddingShape
@@ -130,6 +185,7 @@ def run_demo(recipe: Recipe, force: bool = False) -> dict[str, Any]:
                 raise
             log.warning("demo: not exported: %s", e)  # a model option transformers' Llama and Qwen3 lack
     summary = build_summary(manifests)
+    summary["report"] = str(build_report(recipe.run_dir))  # the page reads the stages' files, not summary.json
     path = RunLayout(recipe.run_dir).summary_json
     path.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     log.info("demo: summary written to %s", path)
@@ -190,6 +246,8 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append("validation loss per source, from the starting model (negative: gained; positive: forgotten):")
         lines += [f"  {source:<12} {c['before']:.3f} -> {c['after']:.3f} ({c['change']:+.3f})" for source, c in change.items()]
     lines.append(f"sample: {s['sample']!r}")
+    if s.get("report"):
+        lines.append(f"report: {s['report']} (open it in a browser)")
     if s["hf_folder"]:
         lines.append(f"Hugging Face folder: {s['hf_folder']} (AutoModelForCausalLM.from_pretrained loads it)")
     if not s["learned"] and change:

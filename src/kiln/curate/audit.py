@@ -122,6 +122,8 @@ class Ledger:
         t = self.tally(doc.source)
         t.docs_out += 1
         t.bytes_out += len(doc.text.encode("utf-8", "surrogatepass"))
+        if (language := doc.meta.get("language")) is not None:
+            t.stats[f"language:{language}"] += 1  # the kept documents' language mix, per source
 
     def count(self, source: str, key: str, n: int = 1) -> None:
         """A named counter (`pii:email`, `read:invalid_utf8`); reported in the stats, never in the balance."""

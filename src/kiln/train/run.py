@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import resource
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -247,6 +248,8 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
         "val_before": result.val_before,
         "val_after": result.val_after,
         "device": str(result.device),
+        "device_name": torch.cuda.get_device_name(result.device) if result.device.type == "cuda" else "cpu",  # what the planner's peak table is matched on
+        "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # this rank's peak resident memory (Linux: KiB), all a CPU can tell
         "processes": dp.world,
         "rollbacks": result.rollbacks,
         "mixture": {"planned": planned["total"], "realized": result.mixture},

@@ -1,0 +1,202 @@
+"""Report sections on the data: the funnel per source, removal reasons with examples, duplicate
+clusters, the language mix and decontamination, from curate's manifest and audit files.
+
+Examples of removed documents come from `audit/samples/` (a hash-chosen few per source and
+reason). Their text is shown through the run's own PII redaction (a `Hooks.redact` the caller
+gives), since a document removed before the pii step still holds what pii would have replaced,
+and each shown id carries what `kiln curate --explain` prints for it (`Hooks.explain`).
+Not handled here: reading documents beyond the audit samples and a bounded look into the shards.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from kiln.core.docshards import list_shards, read_shard
+from kiln.core.layout import CURATE, SHARDS
+from kiln.report.html import Section, details, missing, para, pre, table
+from kiln.report.run_files import Hooks, RunFiles
+from kiln.report.svg import Bars, bar_chart
+
+MB = 1e6
+CHART_SOURCES = 8  # sources drawn in the funnel charts (the largest); the table lists every source
+EXAMPLE_REASONS = 12  # reasons with examples shown, the most frequent first
+EXAMPLES_PER_REASON = 3
+EXAMPLE_CHARS = 400
+LARGEST_CLUSTERS = 3
+SHARD_LOOKUP_BYTES = 200 * 10**6  # how much of the curated shards the report reads to show kept copies
+
+
+def curation_sections(run: RunFiles, hooks: Hooks) -> list[Section]:
+    manifest = run.manifests.get(CURATE)
+    if manifest is None:
+        why = "curation is running; its report appears when it finishes" if CURATE in run.running else "curation has not run in this run directory (kiln curate)"
+        return [Section(sid, title, missing(why)) for sid, title in (("funnel", "Curation funnel"), ("removals", "Removal reasons"), ("duplicates", "Duplicate clusters"), ("languages", "Language mix"), ("decontamination", "Decontamination"))]
+    stage = run.stage_dir(CURATE)
+    return [funnel(manifest), removals(run, stage, manifest, hooks), duplicates(stage, manifest, hooks, run.name), languages(stage, manifest), decontamination(run, stage, manifest)]
+
+
+def funnel(manifest: dict[str, Any]) -> Section:
+    counts = manifest["counts"]
+    per_source = counts["per_source"]
+    largest = sorted(per_source, key=lambda s: -per_source[s]["docs_in"])[:CHART_SOURCES]
+    steps: list[str] = []
+    for s in largest:
+        steps += [step for step in per_source[s].get("funnel", {}) if step not in steps]
+    docs, mbytes = Bars(["input", *steps]), Bars(["input", *steps])
+    for s in largest:
+        t = per_source[s]
+        d: list[float | None] = [float(t["docs_in"])]
+        b: list[float | None] = [t["bytes_in"] / MB]
+        for step in steps:  # no bar for a step the source does not pass through (another branch's)
+            after = t.get("funnel", {}).get(step)
+            d.append(float(after["docs"]) if after else None)
+            b.append(after["bytes"] / MB if after else None)
+        docs.values[s], mbytes.values[s] = d, b
+    rows = []
+    for s, t in sorted(per_source.items(), key=lambda kv: -kv[1]["docs_in"]):
+        top = max(t["removed"].items(), key=lambda kv: kv[1], default=("", 0))
+        rows.append([s, t["docs_in"], t["docs_out"], f"{t['docs_out'] / max(t['docs_in'], 1):.1%}", round(t["bytes_in"] / MB, 2), round(t["bytes_out"] / MB, 2), t["quarantined"], f"{top[0]} ({top[1]:,})" if top[1] else ""])
+    body = (
+        para(f"{counts['docs_in']:,} documents in ({counts['bytes_in'] / MB:,.1f} MB), {counts['docs_out']:,} kept ({counts['bytes_out'] / MB:,.1f} MB), {sum(counts['removed'].values()):,} removed, {counts['quarantined']:,} quarantined.")
+        + bar_chart("Documents after each step", docs, "documents")
+        + bar_chart("MB after each step", mbytes, "MB (UTF-8)")
+        + (para(f"The charts show the {CHART_SOURCES} largest of {len(per_source)} sources; the table lists all.", "note") if len(per_source) > CHART_SOURCES else "")
+        + table(["source", "docs in", "docs kept", "kept", "MB in", "MB kept", "quarantined", "top removal reason"], rows)
+    )
+    return Section("funnel", "Curation funnel", body)
+
+
+def removals(run: RunFiles, stage: Path, manifest: dict[str, Any], hooks: Hooks) -> Section:
+    counts = manifest["counts"]
+    by_reason: Counter[str] = Counter()
+    bytes_by_reason: Counter[str] = Counter()
+    for t in counts["per_source"].values():
+        by_reason.update(t["removed"])
+        bytes_by_reason.update(t.get("removed_bytes", {}))
+    total = max(sum(by_reason.values()), 1)
+    ranked = by_reason.most_common()
+    rows = [[reason, n, f"{n / total:.1%}", round(bytes_by_reason[reason] / MB, 3)] for reason, n in ranked]
+    chart = bar_chart("Documents removed per reason", Bars([r for r, _ in ranked[:20]], {"documents": [float(n) for _, n in ranked[:20]]}), "documents")
+    examples = []
+    for reason, _ in ranked[:EXAMPLE_REASONS]:
+        shown = []
+        for sample_file in sorted((stage / "audit" / "samples").glob(f"*/{reason.replace(':', '__')}.jsonl")):
+            for line in sample_file.read_text(encoding="utf-8").splitlines():
+                shown.append(json.loads(line))
+        for entry in sorted(shown, key=lambda e: e["id"])[:EXAMPLES_PER_REASON]:
+            measured = "" if entry.get("value") is None else f"{entry['value']:.4g}" + ("" if entry.get("threshold") is None else f" (limit {entry['threshold']:.4g})")
+            examples.append([reason, entry["id"], entry["source"], measured or entry.get("note") or "", details("text (PII redacted)", pre(hooks.redact(entry.get("text", ""))[:EXAMPLE_CHARS])), explain_html(hooks, entry["id"], run.name)])
+    body = (
+        (chart + table(["reason", "documents", "share of removed", "MB"], rows) if ranked else para("No document was removed."))
+        + "<h3>Examples</h3>"
+        + (table(["reason", "id", "source", "measured", "text", "explain"], examples, raw=(4, 5)) if examples else para("No removed document was sampled (curate.sample_size is 0, or nothing was removed).", "note"))
+    )
+    return Section("removals", "Removal reasons", body)
+
+
+def explain_html(hooks: Hooks, doc_id: str, run_name: str) -> str:
+    command = f"kiln curate --run {run_name} --explain '{doc_id}'"
+    if hooks.explain is None:
+        return details("explain", pre(command))
+    try:
+        text = hooks.explain(doc_id)
+    except Exception as e:  # noqa: BLE001 - a report shows what explain says, even its error
+        text = f"explain failed: {e}"
+    return details("explain", pre(f"$ {command}\n{text}"))
+
+
+def duplicates(stage: Path, manifest: dict[str, Any], hooks: Hooks, run_name: str) -> Section:
+    counts = manifest["counts"]
+    exact = sum(t["removed"].get("exact_dedup:duplicate", 0) for t in counts["per_source"].values())
+    path = stage / "clusters.parquet"
+    minhash = counts.get("minhash") or {}
+    intro = para(f"Exact duplicates removed: {exact:,}. Near-duplicate (MinHash) clusters: {minhash.get('clusters', 0):,} holding {minhash.get('clustered_docs', 0):,} documents; {minhash.get('candidates', 0):,} candidate pairs, {minhash.get('verified', 0):,} verified, {minhash.get('rejected', 0):,} rejected by the Jaccard check.")
+    if not path.is_file() or pq.ParquetFile(path).metadata.num_rows == 0:
+        return Section("duplicates", "Duplicate clusters", intro + para("No near-duplicate cluster was found.", "note"))
+    clusters = pq.read_table(path)
+    sizes = Counter(Counter(clusters["cluster"].to_pylist()).values())
+    hist = bar_chart("Clusters by size", Bars([f"{size} documents" for size in sorted(sizes)], {"clusters": [float(sizes[s]) for s in sorted(sizes)]}), "clusters")
+    by_cluster = Counter(clusters["cluster"].to_pylist())
+    largest = [c for c, _ in by_cluster.most_common(LARGEST_CLUSTERS)]
+    members = {c: clusters.filter(pc.equal(clusters["cluster"], c)).to_pylist() for c in largest}
+    texts = removed_texts(stage) | kept_texts(stage, {m["id"] for ms in members.values() for m in ms if m["kept"]})
+    columns = []
+    for c in largest:
+        cells = []
+        for m in members[c]:
+            text = texts.get(m["id"])
+            label = f"{'kept' if m['kept'] else 'removed'} {m['id']} (Jaccard to kept {m['jaccard_to_kept']:.3f})"
+            cells.append(para(label) + (pre(hooks.redact(text)[:EXAMPLE_CHARS]) if text else para("text not in the audit samples", "note")) + explain_html(hooks, m["id"], run_name))
+        columns.append(f"<div><h4>cluster {c}: {len(members[c])} documents</h4>{''.join(cells)}</div>")
+    return Section("duplicates", "Duplicate clusters", intro + hist + "<h3>Largest clusters</h3>" + f'<div class="side">{"".join(columns)}</div>')
+
+
+def removed_texts(stage: Path) -> dict[str, str]:
+    texts = {}
+    for sample_file in (stage / "audit" / "samples").glob("*/minhash_dedup__*.jsonl"):
+        for line in sample_file.read_text(encoding="utf-8").splitlines():
+            entry = json.loads(line)
+            texts[entry["id"]] = entry.get("text", "")
+    return texts
+
+
+def kept_texts(stage: Path, ids: set[str]) -> dict[str, str]:
+    """The kept copies' text, looked up in the curated shards up to SHARD_LOOKUP_BYTES of them."""
+    found: dict[str, str] = {}
+    budget = SHARD_LOOKUP_BYTES
+    for shard in list_shards(stage / SHARDS):
+        if len(found) == len(ids) or budget <= 0:
+            break
+        budget -= shard.stat().st_size
+        found |= {doc.id: doc.text for doc in read_shard(shard) if doc.id in ids}
+    return found
+
+
+def languages(stage: Path, manifest: dict[str, Any]) -> Section:
+    per_source = manifest["counts"]["per_source"]
+    rows, overall = [], Counter()
+    for s, t in sorted(per_source.items()):
+        found = {k.removeprefix("language:"): n for k, n in t.get("stats", {}).items() if k.startswith("language:")}
+        overall.update(found)
+        unknown = t["docs_out"] - sum(found.values())
+        shown = ", ".join(f"{lang} {n:,}" for lang, n in sorted(found.items(), key=lambda kv: -kv[1]))
+        rows.append([s, t["docs_out"], shown or "", unknown])
+    removed: Counter[str] = Counter()
+    path = stage / "removed.parquet"
+    if path.is_file():
+        table_ = pq.read_table(path, columns=["step", "note"])
+        for note in table_.filter(pc.equal(table_["step"], "language"))["note"].to_pylist():
+            removed[note or "unsure"] += 1
+    chart = bar_chart("Kept documents per language", Bars([lang for lang, _ in overall.most_common(20)], {"documents": [float(n) for _, n in overall.most_common(20)]}), "documents")
+    body = (
+        (chart if overall else para("No kept document carries a language (the language step did not run on them, as for code).", "note"))
+        + table(["source", "kept documents", "by language (lid.176)", "not identified (code, or language step off)"], rows)
+        + (table(["removed by the language step, as detected", "documents"], [[k, n] for k, n in removed.most_common()]) if removed else para("The language step removed no document.", "note"))
+    )
+    return Section("languages", "Language mix", body)
+
+
+def decontamination(run: RunFiles, stage: Path, manifest: dict[str, Any]) -> Section:
+    cfg = manifest.get("config", {}).get("curate", {}).get("decontaminate", {})
+    report = run.read_json(stage / "audit" / "decontamination.json")
+    if report is None:
+        why = "no evaluation sets were given (curate.decontaminate.eval_sets, or --decontaminate FILE)" if cfg.get("enabled", True) else "the step is off (curate.decontaminate.enabled)"
+        return Section("decontamination", "Decontamination", para(f"Not run: {why}."))
+    rows, found_rows = [], []
+    for name, s in report["sets"].items():
+        rows.append([name, s["items"], s["items_too_short"], "n/a (bloom)" if s["items_found"] is None else s["items_found"], s["documents_found"]])
+        for item, docs in list(s.get("found", {}).items())[:20]:
+            found_rows.append([name, item, ", ".join(d["id"] for d in docs[:5]) + (f" and {len(docs) - 5} more" if len(docs) > 5 else "")])
+    body = (
+        para(f"{report['ngram']}-gram overlap, {report['mode']} mode; matching documents {'removed' if report['action'] == 'remove' else 'flagged'}.")
+        + table(["evaluation set", "items", "items too short", "items found", "training documents"], rows)
+        + (table(["set", "item", "training documents holding it"], found_rows) if found_rows else para("No evaluation item was found in the training data.", "note"))
+    )
+    return Section("decontamination", "Decontamination", body)

@@ -1,0 +1,79 @@
+"""What a run directory holds right now, for the report: each stage's manifest, or its unfinished attempt.
+
+A stage that finished has `<stage>/manifest.json`; one that is running (or was stopped) has
+`<stage>.partial/in_progress.json`, and the trainer's metrics.jsonl grows in that folder. The
+report shows finished outputs, and for a stage in progress what it has written so far, labelled.
+A manifest that is not JSON is reported as unreadable, not raised (a report never stops a run).
+Not handled here: runs on remote storage.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from kiln.core.layout import MANIFEST, RunLayout
+
+IN_PROGRESS = "in_progress.json"
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What the report needs from other stages' code, handed in by the caller (kiln.pipeline)."""
+
+    redact: Callable[[str], str] = lambda text: text
+    explain: Callable[[str], str] | None = None
+    estimate: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None  # train manifest -> planner figures
+
+
+@dataclass
+class RunFiles:
+    root: Path
+    manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    running: dict[str, Path] = field(default_factory=dict)  # stage -> its .partial folder
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    def stage_dir(self, stage: str) -> Path:
+        return RunLayout(self.root).stage(stage)
+
+    def latest_dir(self, stage: str) -> Path | None:
+        """Where the stage's newest files are: the attempt in progress, else the finished folder."""
+        if stage in self.running:
+            return self.running[stage]
+        return self.stage_dir(stage) if stage in self.manifests else None
+
+    def read_json(self, path: Path) -> Any | None:
+        """A JSON file of the run, or None when it is missing or damaged (noted in `problems`)."""
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            self.problems.append(f"{path}: not readable as JSON ({e})")
+            return None
+
+
+def scan_run(root: Path) -> RunFiles:
+    run = RunFiles(Path(root))
+    if not run.root.is_dir():
+        return run
+    for folder in sorted(run.root.iterdir()):
+        if folder.name.endswith(".partial") and (folder / IN_PROGRESS).is_file():
+            run.running[folder.name.removesuffix(".partial")] = folder
+        elif (folder / MANIFEST).is_file():
+            manifest = run.read_json(folder / MANIFEST)
+            if isinstance(manifest, dict):
+                run.manifests[folder.name] = manifest
+    return run
+
+
+def now_utc() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -1,0 +1,184 @@
+"""The run report on the miniature demo run (tests/conftest.py), on a run in progress, on damaged
+files and on a synthetic run of a million steps; and the page in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from synthetic import write_run
+
+from kiln.pipeline import build_report
+from kiln.report.build import build_sections, watch
+from kiln.report.run_files import Hooks
+
+SECTIONS = ("lineage", "funnel", "removals", "duplicates", "languages", "decontamination", "tokenizer", "mixture", "training", "evaluation", "samples", "throughput")
+KILN = Path(sys.executable).with_name("kiln")
+ARTIFACTS = Path(os.environ.get("KILN_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts"))
+
+
+def section_html(page: str, sid: str) -> str:
+    start = page.index(f'<section id="{sid}"')
+    return page[start:page.index("</section>", start)]
+
+
+@pytest.fixture(scope="module")
+def report(demo_run: dict[str, Any]) -> dict[str, Any]:
+    page_path = demo_run["run_dir"] / "report" / "index.html"  # the demo writes it last
+    return {**demo_run, "page_path": page_path, "page": page_path.read_text(encoding="utf-8")}
+
+
+def test_the_demo_writes_its_report_and_prints_the_path(report: dict[str, Any]) -> None:
+    assert report["summary"]["report"] == str(report["page_path"])
+    assert f"report: {report['page_path']}" in report["stdout"]
+    for sid in SECTIONS:
+        assert f'<section id="{sid}"' in report["page"], sid
+    assert '<p class="missing">' not in report["page"]  # every stage finished: nothing shown as absent
+
+
+def test_funnel_and_evaluation_agree_with_the_manifests(report: dict[str, Any]) -> None:
+    page, m = report["page"], report["manifests"]
+    counts = m["curate"]["counts"]
+    assert f"{counts['docs_in']:,} documents in" in section_html(page, "funnel")
+    for source, t in counts["per_source"].items():
+        assert f"<td>{source}</td><td class=\"num\">{t['docs_in']:,}</td><td class=\"num\">{t['docs_out']:,}</td>" in page
+    after = m["eval"]["counts"]["after"]["all"]
+    assert f"{after['bpb']:,.4g}" in section_html(page, "evaluation")
+    planned = section_html(page, "throughput")
+    assert "no allocator peak on a CPU; the process&#x27;s peak resident memory was" in planned and "GB (dp=1, ZeRO 0, fp32" in planned
+    lineage = section_html(page, "lineage")
+    assert m["train"]["fingerprint"][:12] in lineage and m["curate"]["fingerprint"][:12] in lineage
+
+
+def test_removed_examples_carry_their_explanation(report: dict[str, Any]) -> None:
+    removals = section_html(report["page"], "removals")
+    ids = re.findall(r"\$ kiln curate --run demo --explain &#x27;([^&]+)&#x27;", removals)
+    assert ids, "no example was explained"
+    assert all(f"{i} (source " in removals for i in ids)  # explain's own first line, not an error
+    assert "explain failed" not in removals
+
+
+def test_languages_come_from_the_kept_documents(report: dict[str, Any]) -> None:
+    per_source = report["manifests"]["curate"]["counts"]["per_source"]
+    english = sum(t["stats"].get("language:en", 0) for t in per_source.values())
+    assert 0 < english <= sum(t["docs_out"] for t in per_source.values())
+    assert f"en {per_source['prose']['stats']['language:en']:,}" in section_html(report["page"], "languages")
+
+
+def test_removed_examples_are_shown_redacted(report: dict[str, Any], tmp_path: Path) -> None:
+    run = tmp_path / "demo"
+    shutil.copytree(report["run_dir"] / "curate", run / "curate")
+    sample = next((run / "curate" / "audit" / "samples").glob("*/*.jsonl"))
+    entry = json.loads(sample.read_text().splitlines()[0])
+    secret = "Write to maria.lopez@fastmail.fm or call +1 415-555-2671; card 4111 1111 1111 1111."
+    sample.write_text(json.dumps({**entry, "id": "aaa-planted", "text": secret}) + "\n" + sample.read_text())
+    page = build_report(run).read_text()
+    assert "maria.lopez@fastmail.fm" not in page and "4111 1111 1111 1111" not in page
+    assert "Write to &lt;EMAIL&gt; or call" in page
+
+
+def test_a_run_in_progress_shows_what_exists_and_when_it_was_built(report: dict[str, Any], tmp_path: Path) -> None:
+    run = tmp_path / "demo"
+    for stage in ("curate", "tokenizer", "tokenize"):
+        shutil.copytree(report["run_dir"] / stage, run / stage)
+    partial = run / "train.partial"
+    partial.mkdir()
+    (partial / "in_progress.json").write_text("{}")
+    lines = (report["run_dir"] / "train" / "metrics.jsonl").read_text().splitlines()[:25]
+    (partial / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 24, "loss": 5.')  # a line cut mid-write
+    page = build_report(run).read_text()
+    assert "in progress: train" in page and "built 20" in page
+    training = section_html(page, "training")
+    assert "Training in progress: 2" in training and "not JSON records" in training and "<polyline" in training
+    assert "No evaluation yet" in section_html(page, "evaluation")
+
+
+def test_damaged_files_are_named_not_raised(report: dict[str, Any], tmp_path: Path) -> None:
+    run = tmp_path / "demo"
+    shutil.copytree(report["run_dir"] / "tokenizer", run / "tokenizer")
+    (run / "tokenizer" / "report.json").write_text("{not json")
+    (run / "eval").mkdir()
+    (run / "eval" / "manifest.json").write_text("")
+    page = build_report(run).read_text()
+    assert "report.json: not readable as JSON" in page and "manifest.json: not readable as JSON" in page
+    assert [s.id for s in build_sections(run, Hooks())] == list(SECTIONS)
+
+
+def test_a_million_steps_and_a_hundred_sources_make_a_small_page_quickly(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "big", steps=1_000_000, sources=100)
+    t0 = time.perf_counter()
+    page_path = build_report(run)
+    seconds = time.perf_counter() - t0
+    size = page_path.stat().st_size
+    assert size < 3 * 2**20, size  # measured 0.22 MB
+    assert seconds < 60, seconds  # measured 6 s on 2 cores
+    page = page_path.read_text()
+    assert "step 333333: loss spike" in page and "step 666666: loss is nan" in page  # both rollbacks marked
+    assert "s at 40% MFU (kiln plan&#x27;s default)" in page and "NVIDIA H100 80GB HBM3 x 8" in page  # the planner's time where the peak is known
+    assert page.count("<tr>") < 2000 and 'data-page="20"' in page  # tables page themselves
+
+
+def test_report_verb_errors_name_the_problem(tmp_path: Path) -> None:
+    done = subprocess.run([str(KILN), "report", "--run", "nowhere", "--set", f"runs_dir={tmp_path}"], capture_output=True, text=True)
+    assert done.returncode == 2 and "no such run directory" in done.stderr
+    done = subprocess.run([str(KILN), "report", "--run", "x", "--watch", "0", "--set", f"runs_dir={tmp_path}"], capture_output=True, text=True)
+    assert done.returncode == 2 and "--watch 0" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """Debian's chromium, installed here when missing (as root, with apt-get); else a skip that says why."""
+    path = shutil.which("chromium")
+    if path is None and shutil.which("apt-get") and os.geteuid() == 0:
+        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], capture_output=True, timeout=900)
+        path = shutil.which("chromium")
+    if path is None:
+        pytest.skip("no chromium and it could not be installed (needs root and apt-get with Debian's package lists)")
+    return path
+
+
+def test_the_demo_report_renders_in_chromium_with_every_section_and_chart(report: dict[str, Any], chromium: str) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extras: pip install -e '.[dev]'")
+    errors: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(report["page_path"].as_uri())
+        found = page.evaluate("""() => Array.from(document.querySelectorAll('section')).map(s => ({
+            id: s.id, text: s.innerText.trim().length,
+            charts: s.querySelectorAll('svg.chart').length,
+            drawn: Array.from(s.querySelectorAll('svg.chart')).map(c => c.querySelectorAll('polyline, circle, rect.bar').length)}))""")
+        pager = page.locator(".pager").count()
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+        browser.close()
+    assert errors == []
+    assert [s["id"] for s in found] == list(SECTIONS)
+    assert all(s["text"] > 40 for s in found), found
+    by_id = {s["id"]: s for s in found}
+    for sid in ("funnel", "removals", "mixture", "training"):
+        assert by_id[sid]["charts"] >= 1 and all(n > 0 for n in by_id[sid]["drawn"]), by_id[sid]
+    assert pager >= 1  # the removal reasons table pages
+    assert (ARTIFACTS / "report.png").stat().st_size > 50_000
+
+
+def test_watch_rebuilds_the_page_as_the_run_grows(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "small", steps=50, sources=3, eval_every=10, windows=5)
+    page = run / "report" / "index.html"
+    watch(run, Hooks(), every_s=0.01, rounds=1)
+    first = page.read_text()
+    with open(run / "train" / "metrics.jsonl", "a", encoding="utf-8") as f:  # the run goes on
+        f.write(json.dumps({"step": 40, "kind": "rollback", "rollback": {"at_step": 45, "to_step": 40, "reason": "gradient norm is inf", "rows": [7], "sources": ["source001"]}}) + "\n")
+    watch(run, Hooks(), every_s=0.01, rounds=2)
+    assert "gradient norm is inf" not in first and "step 45: gradient norm is inf" in page.read_text()
+    assert not list((run / "report").glob("*.tmp"))  # written whole, then renamed
