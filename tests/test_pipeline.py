@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import KILN, OVERRIDES, kiln_demo
+from minidemo import KILN, OVERRIDES, kiln_demo
 
 from kiln.core.manifest import sha256_file
 from kiln.model.config import ModelConfig, count_params

@@ -25,8 +25,6 @@ log = logging.getLogger("kiln")
 STAGES = ("curate", "tokenizer", "tokenize", "train", "eval", "generate", "export")
 # The model must visibly learn: final validation loss at least this fraction below step 0's.
 MIN_LOSS_DROP = 0.30
-# The MFU the report's planner column assumes for time (kiln plan's --mfu default).
-PLAN_MFU = 0.4
 
 
 def _runner(stage: str) -> Callable[..., dict[str, Any]]:
@@ -105,7 +103,7 @@ def dry_run_train(recipe: Recipe) -> str:
 def report_hooks(run_dir: Path) -> Any:
     """What `kiln report` borrows from other stages: the run's PII redaction for removed examples,
     `kiln curate --explain` for every id shown, and the planner's figures for the trained model."""
-    from kiln.curate.explain import explain
+    from kiln.curate.explain import explain_many
     from kiln.curate.steps.pii import PIIConfig, RedactPII
     from kiln.report.run_files import Hooks
     from kiln.train.distributed import ParallelConfig
@@ -118,7 +116,7 @@ def report_hooks(run_dir: Path) -> Any:
         recipe = None
     pii = RedactPII(recipe.curate.pii if recipe else PIIConfig())
     parallel = recipe.parallel if recipe else ParallelConfig()
-    return Hooks(redact=lambda text: pii.redact(text)[0], explain=partial(explain, layout.stage("curate")), estimate=partial(plan_estimate, parallel))
+    return Hooks(redact=lambda text: pii.redact(text)[0], explain=partial(explain_many, layout.stage("curate")), estimate=partial(plan_estimate, parallel))
 
 
 def plan_estimate(parallel: Any, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -126,6 +124,7 @@ def plan_estimate(parallel: Any, manifest: dict[str, Any]) -> dict[str, Any]:
     and its time at the default MFU where the device's dense peak is known."""
     from kiln.core.hardware import peak_flops_of
     from kiln.model.config import ModelConfig
+    from kiln.plan.hardware import DEFAULT_MFU
     from kiln.plan.memory import Shape, plan_memory
 
     t, counts = manifest["config"]["train"], manifest["counts"]
@@ -140,7 +139,7 @@ def plan_estimate(parallel: Any, manifest: dict[str, Any]) -> dict[str, Any]:
     memory = plan_memory(Shape.from_config(ModelConfig.model_validate(manifest["model"])), dp=world, zero=3 if sharded else 0, micro_batch=t["micro_batch_size"], seq_len=t["seq_len"], precision=precision, checkpointing=t["activation_checkpointing"])
     flops = counts["flops_per_token"] * counts["tokens_trained"]
     peak = peak_flops_of(str(counts.get("device_name", ""))) if device.startswith("cuda") else None
-    time_note = f"{flops / (peak * world * PLAN_MFU):,.0f} s at {PLAN_MFU:.0%} MFU (kiln plan's default)" if peak else "needs a GPU's dense peak (a CPU has none in the planner's table)"
+    time_note = f"{flops / (peak * world * DEFAULT_MFU):,.0f} s at {DEFAULT_MFU:.0%} MFU (kiln plan's default)" if peak else "needs a GPU's dense peak (a CPU has none in the planner's table)"
     return {"memory_gb": memory["total_gb"], "layout": f"dp={world}, ZeRO {memory['zero']}, {precision}, micro-batch {t['micro_batch_size']} x {t['seq_len']}", "train_flops": flops, "flops_per_token": counts["flops_per_token"], "time_note": time_note}
 
 
@@ -185,7 +184,11 @@ def run_demo(recipe: Recipe, force: bool = False) -> dict[str, Any]:
                 raise
             log.warning("demo: not exported: %s", e)  # a model option transformers' Llama and Qwen3 lack
     summary = build_summary(manifests)
-    summary["report"] = str(build_report(recipe.run_dir))  # the page reads the stages' files, not summary.json
+    try:  # the page reads the stages' files, not summary.json; a page that fails costs no finished stage
+        summary["report"] = str(build_report(recipe.run_dir))
+    except Exception as e:  # noqa: BLE001 - reported, and `kiln report` can be run again
+        log.warning("demo: the report was not written: %s; run `kiln report --run %s` for the error in full", e, recipe.run_dir.name)
+        summary["report"] = None
     path = RunLayout(recipe.run_dir).summary_json
     path.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     log.info("demo: summary written to %s", path)

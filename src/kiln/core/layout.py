@@ -24,6 +24,11 @@ SHARDS = "shards"  # curate's output folder
 SPLITS = ("train", "val")
 
 
+def audit_sample(curate_dir: Path, source: str, reason: str) -> Path:
+    """curate's sampled removed documents of one source and reason: `audit/samples/<source>/<step>__<rule>.jsonl`."""
+    return Path(curate_dir) / "audit" / "samples" / source / (reason.replace(":", "__") + ".jsonl")
+
+
 @dataclass(frozen=True)
 class RunLayout:
     """The paths of one run directory."""

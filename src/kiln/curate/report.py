@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kiln.core.layout import audit_sample
 from kiln.curate.audit import Ledger, SourceTally
 from kiln.curate.config import CurateConfig
 from kiln.curate.phases import CLUSTERS_SCHEMA, LEDGER_PHASES, MB, REMOVED_SCHEMA
@@ -83,7 +84,7 @@ def write_audit(ledger: Ledger, stage_dir: Path, phases: list[dict[int, dict[str
     pq.write_table(clusters.sort_by([("cluster", "ascending"), ("kept", "descending"), ("id", "ascending")]), stage_dir / "clusters.parquet")
     outputs.append(stage_dir / "clusters.parquet")
     for source, reason in sorted(ledger.samples):
-        path = audit / "samples" / source / (reason.replace(":", "__") + ".jsonl")
+        path = audit_sample(stage_dir, source, reason)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in ledger.sample(source, reason)), encoding="utf-8")
         outputs.append(path)
@@ -169,8 +170,12 @@ def format_summary(counts: dict[str, Any], rows: list[str], cfg: CurateConfig, t
         top = sorted(t["removed"].items(), key=lambda kv: (-kv[1], kv[0]))[:top_reasons]
         if top:
             lines.append("  top removal reasons: " + ", ".join(f"{r}={n:,}" for r, n in top))
-    if counts["stats"]:
-        lines.append("counters: " + ", ".join(f"{k}={v:,}" for k, v in counts["stats"].items()))
+    counters = {k: v for k, v in counts["stats"].items() if not k.startswith("language:")}
+    if counters:
+        lines.append("counters: " + ", ".join(f"{k}={v:,}" for k, v in counters.items()))
+    languages = sorted(((k.removeprefix("language:"), v) for k, v in counts["stats"].items() if k.startswith("language:")), key=lambda kv: -kv[1])
+    if languages:  # up to 176 lid.176 labels: the ten largest here, all of them in the manifest
+        lines.append("kept documents by language: " + ", ".join(f"{lang}={n:,}" for lang, n in languages[:10]) + (f" and {len(languages) - 10} more" if len(languages) > 10 else ""))
     lines.append(f"total: {counts['docs_in']:,} in, {counts['docs_out']:,} kept, {sum(counts['removed'].values()):,} removed, {counts['quarantined']:,} quarantined")
     if counts["docs_out"] == 0:
         lines.append("warning: no document was kept; the top removal reasons above and quarantine.jsonl say why")

@@ -92,6 +92,8 @@ def _gpu(p: argparse.ArgumentParser, memory: bool) -> None:
 
 def add_plan_subcommands(plan: argparse.ArgumentParser) -> None:
     """The subcommands of `kiln plan`; without one, `plan` reports the recipe's compute."""
+    from kiln.plan.hardware import DEFAULT_MFU
+
     sub = plan.add_subparsers(dest="plan_command", metavar="SUBCOMMAND", title="subcommands (each takes --json; see `kiln plan SUBCOMMAND --help`)", parser_class=PlanParser)
     fmt = HelpFormatter
 
@@ -110,7 +112,7 @@ def add_plan_subcommands(plan: argparse.ArgumentParser) -> None:
     budget.add_argument("--params", type=number, help="A fixed model size: the tokens and compute for which it is optimal.")
     p.add_argument("--fit", choices=["rule20", "hoffmann", "epoch"], default="rule20", help="rule20: 20 tokens per parameter; hoffmann / epoch: the parametric loss with Hoffmann et al. 2022's or Besiroglu et al. 2024's coefficients (also predicts the loss).")
     _gpu(p, memory=False)
-    p.add_argument("--mfu", type=float, default=0.4, help="Model FLOPs utilisation, the fraction of peak achieved (0 < mfu <= 1).")
+    p.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="Model FLOPs utilisation, the fraction of peak achieved (0 < mfu <= 1).")
     p.add_argument("--gpus", type=int, default=1, help="GPUs training in parallel, for the days.")
     p.add_argument("--usd-per-gpu-hour", type=number, help="Price of one GPU for one hour (USD).")
     _json(p)

@@ -34,6 +34,9 @@ def resolve_gpu(name: str | None, peak_tflops: float | None = None, memory_gb: f
     )
 
 
+DEFAULT_MFU = 0.4  # what planning assumes when not told: a well-tuned dense run (kiln plan --mfu)
+
+
 def check_mfu(mfu: float) -> None:
     if not 0 < mfu <= 1:
         raise ConfigError(f"mfu = {mfu:g} must be in (0, 1]: it is the fraction of the GPU's peak FLOP/s the run achieves (0.3 to 0.6 is typical for large dense training)")

@@ -15,21 +15,22 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kiln.core.docshards import list_shards, read_shard
-from kiln.core.layout import CURATE, SHARDS
-from kiln.report.html import Section, details, missing, para, pre, table
+from kiln.core.layout import CURATE, SHARDS, audit_sample
+from kiln.report.html import CHART_SOURCES, MB, Section, details, missing, para, pre, table
 from kiln.report.run_files import Hooks, RunFiles
 from kiln.report.svg import Bars, bar_chart
 
-MB = 1e6
-CHART_SOURCES = 8  # sources drawn in the funnel charts (the largest); the table lists every source
 EXAMPLE_REASONS = 12  # reasons with examples shown, the most frequent first
 EXAMPLES_PER_REASON = 3
 EXAMPLE_CHARS = 400
 LARGEST_CLUSTERS = 3
+CLUSTER_MEMBERS = 10  # members shown per cluster (a boilerplate cluster can hold thousands)
+DECONTAMINATION_ROWS = 20
 SHARD_LOOKUP_BYTES = 200 * 10**6  # how much of the curated shards the report reads to show kept copies
 
 
@@ -39,7 +40,27 @@ def curation_sections(run: RunFiles, hooks: Hooks) -> list[Section]:
         why = "curation is running; its report appears when it finishes" if CURATE in run.running else "curation has not run in this run directory (kiln curate)"
         return [Section(sid, title, missing(why)) for sid, title in (("funnel", "Curation funnel"), ("removals", "Removal reasons"), ("duplicates", "Duplicate clusters"), ("languages", "Language mix"), ("decontamination", "Decontamination"))]
     stage = run.stage_dir(CURATE)
-    return [funnel(manifest), removals(run, stage, manifest, hooks), duplicates(stage, manifest, hooks, run.name), languages(stage, manifest), decontamination(run, stage, manifest)]
+    examples = pick_examples(stage, manifest)
+    try:
+        clusters, unreadable = largest_clusters(stage), ""
+    except (OSError, pa.ArrowException) as e:  # the other sections do not need it
+        clusters, unreadable = {}, f"{stage / 'clusters.parquet'} could not be read: {e}"
+    contamination = run.read_json(stage / "audit" / "decontamination.json")
+    shown = [e["id"] for _, e in examples] + [m["id"] for members in clusters.values() for m in members]
+    shown += [d["id"] for s in (contamination or {}).get("sets", {}).values() for docs in list(s.get("found", {}).values())[:DECONTAMINATION_ROWS] for d in docs[:5]]
+    explained = explain_all(hooks, shown)
+    return [funnel(manifest), removals(run, manifest, examples, explained, hooks), duplicates(stage, manifest, clusters, explained, hooks, run.name) if not unreadable else Section("duplicates", "Duplicate clusters", missing(unreadable)), languages(stage, manifest),
+            decontamination(run.name, manifest, contamination, explained)]
+
+
+def explain_all(hooks: Hooks, doc_ids: list[str]) -> dict[str, str]:
+    """What `kiln curate --explain` says of each id, asked once for all of them."""
+    if hooks.explain is None or not doc_ids:
+        return {}
+    try:
+        return hooks.explain(sorted(set(doc_ids)))
+    except Exception as e:  # noqa: BLE001 - the page says what went wrong, beside each id
+        return dict.fromkeys(doc_ids, f"explain failed: {e}")
 
 
 def funnel(manifest: dict[str, Any]) -> Section:
@@ -73,69 +94,79 @@ def funnel(manifest: dict[str, Any]) -> Section:
     return Section("funnel", "Curation funnel", body)
 
 
-def removals(run: RunFiles, stage: Path, manifest: dict[str, Any], hooks: Hooks) -> Section:
-    counts = manifest["counts"]
+def pick_examples(stage: Path, manifest: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(reason, audit sample) for up to EXAMPLES_PER_REASON samples of each of the EXAMPLE_REASONS largest reasons."""
+    by_reason: Counter[str] = Counter()
+    for t in manifest["counts"]["per_source"].values():
+        by_reason.update(t["removed"])
+    picked = []
+    for reason, _ in by_reason.most_common(EXAMPLE_REASONS):
+        entries = []
+        for source, t in manifest["counts"]["per_source"].items():
+            path = audit_sample(stage, source, reason)
+            if reason in t["removed"] and path.is_file():
+                entries += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        picked += [(reason, e) for e in sorted(entries, key=lambda e: e["id"])[:EXAMPLES_PER_REASON]]
+    return picked
+
+
+def removals(run: RunFiles, manifest: dict[str, Any], examples: list[tuple[str, dict[str, Any]]], explained: dict[str, str], hooks: Hooks) -> Section:
     by_reason: Counter[str] = Counter()
     bytes_by_reason: Counter[str] = Counter()
-    for t in counts["per_source"].values():
+    for t in manifest["counts"]["per_source"].values():
         by_reason.update(t["removed"])
         bytes_by_reason.update(t.get("removed_bytes", {}))
     total = max(sum(by_reason.values()), 1)
     ranked = by_reason.most_common()
     rows = [[reason, n, f"{n / total:.1%}", round(bytes_by_reason[reason] / MB, 3)] for reason, n in ranked]
     chart = bar_chart("Documents removed per reason", Bars([r for r, _ in ranked[:20]], {"documents": [float(n) for _, n in ranked[:20]]}), "documents")
-    examples = []
-    for reason, _ in ranked[:EXAMPLE_REASONS]:
-        shown = []
-        for sample_file in sorted((stage / "audit" / "samples").glob(f"*/{reason.replace(':', '__')}.jsonl")):
-            for line in sample_file.read_text(encoding="utf-8").splitlines():
-                shown.append(json.loads(line))
-        for entry in sorted(shown, key=lambda e: e["id"])[:EXAMPLES_PER_REASON]:
-            measured = "" if entry.get("value") is None else f"{entry['value']:.4g}" + ("" if entry.get("threshold") is None else f" (limit {entry['threshold']:.4g})")
-            examples.append([reason, entry["id"], entry["source"], measured or entry.get("note") or "", details("text (PII redacted)", pre(hooks.redact(entry.get("text", ""))[:EXAMPLE_CHARS])), explain_html(hooks, entry["id"], run.name)])
+    shown = []
+    for reason, entry in examples:
+        measured = "" if entry.get("value") is None else f"{entry['value']:.4g}" + ("" if entry.get("threshold") is None else f" (limit {entry['threshold']:.4g})")
+        shown.append([reason, entry["id"], entry["source"], measured or entry.get("note") or "", details("text (PII redacted)", pre(hooks.redact(entry.get("text", ""))[:EXAMPLE_CHARS])), explain_html(explained, entry["id"], run.name)])
     body = (
         (chart + table(["reason", "documents", "share of removed", "MB"], rows) if ranked else para("No document was removed."))
         + "<h3>Examples</h3>"
-        + (table(["reason", "id", "source", "measured", "text", "explain"], examples, raw=(4, 5)) if examples else para("No removed document was sampled (curate.sample_size is 0, or nothing was removed).", "note"))
+        + (table(["reason", "id", "source", "measured", "text", "explain"], shown, raw=(4, 5)) if shown else para("No removed document was sampled (curate.sample_size is 0, or nothing was removed).", "note"))
     )
     return Section("removals", "Removal reasons", body)
 
 
-def explain_html(hooks: Hooks, doc_id: str, run_name: str) -> str:
+def explain_html(explained: dict[str, str], doc_id: str, run_name: str) -> str:
     command = f"kiln curate --run {run_name} --explain '{doc_id}'"
-    if hooks.explain is None:
-        return details("explain", pre(command))
-    try:
-        text = hooks.explain(doc_id)
-    except Exception as e:  # noqa: BLE001 - a report shows what explain says, even its error
-        text = f"explain failed: {e}"
-    return details("explain", pre(f"$ {command}\n{text}"))
+    return details("explain", pre(f"$ {command}\n{explained.get(doc_id, '')}".rstrip()))
 
 
-def duplicates(stage: Path, manifest: dict[str, Any], hooks: Hooks, run_name: str) -> Section:
+def largest_clusters(stage: Path) -> dict[int, list[dict[str, Any]]]:
+    """The LARGEST_CLUSTERS largest near-duplicate clusters: their first CLUSTER_MEMBERS members, keeper first."""
+    path = stage / "clusters.parquet"
+    if not path.is_file():
+        return {}
+    clusters = pq.read_table(path)
+    largest = [c for c, _ in Counter(clusters["cluster"].to_pylist()).most_common(LARGEST_CLUSTERS)]
+    return {c: clusters.filter(pc.equal(clusters["cluster"], c)).to_pylist()[:CLUSTER_MEMBERS] for c in largest}
+
+
+def duplicates(stage: Path, manifest: dict[str, Any], largest: dict[int, list[dict[str, Any]]], explained: dict[str, str], hooks: Hooks, run_name: str) -> Section:
     counts = manifest["counts"]
     exact = sum(t["removed"].get("exact_dedup:duplicate", 0) for t in counts["per_source"].values())
-    path = stage / "clusters.parquet"
     minhash = counts.get("minhash") or {}
     intro = para(f"Exact duplicates removed: {exact:,}. Near-duplicate (MinHash) clusters: {minhash.get('clusters', 0):,} holding {minhash.get('clustered_docs', 0):,} documents; {minhash.get('candidates', 0):,} candidate pairs, {minhash.get('verified', 0):,} verified, {minhash.get('rejected', 0):,} rejected by the Jaccard check.")
-    if not path.is_file() or pq.ParquetFile(path).metadata.num_rows == 0:
+    if not largest:
         return Section("duplicates", "Duplicate clusters", intro + para("No near-duplicate cluster was found.", "note"))
-    clusters = pq.read_table(path)
-    sizes = Counter(Counter(clusters["cluster"].to_pylist()).values())
+    by_cluster = Counter(pq.read_table(stage / "clusters.parquet", columns=["cluster"])["cluster"].to_pylist())
+    sizes = Counter(by_cluster.values())
     hist = bar_chart("Clusters by size", Bars([f"{size} documents" for size in sorted(sizes)], {"clusters": [float(sizes[s]) for s in sorted(sizes)]}), "clusters")
-    by_cluster = Counter(clusters["cluster"].to_pylist())
-    largest = [c for c, _ in by_cluster.most_common(LARGEST_CLUSTERS)]
-    members = {c: clusters.filter(pc.equal(clusters["cluster"], c)).to_pylist() for c in largest}
-    texts = removed_texts(stage) | kept_texts(stage, {m["id"] for ms in members.values() for m in ms if m["kept"]})
+    texts = removed_texts(stage) | kept_texts(stage, {m["id"] for ms in largest.values() for m in ms if m["kept"]})
     columns = []
-    for c in largest:
+    for c, members in largest.items():
         cells = []
-        for m in members[c]:
+        for m in members:
             text = texts.get(m["id"])
             label = f"{'kept' if m['kept'] else 'removed'} {m['id']} (Jaccard to kept {m['jaccard_to_kept']:.3f})"
-            cells.append(para(label) + (pre(hooks.redact(text)[:EXAMPLE_CHARS]) if text else para("text not in the audit samples", "note")) + explain_html(hooks, m["id"], run_name))
-        columns.append(f"<div><h4>cluster {c}: {len(members[c])} documents</h4>{''.join(cells)}</div>")
-    return Section("duplicates", "Duplicate clusters", intro + hist + "<h3>Largest clusters</h3>" + f'<div class="side">{"".join(columns)}</div>')
+            cells.append(para(label) + (pre(hooks.redact(text)[:EXAMPLE_CHARS]) if text else para("text not in the audit samples", "note")) + explain_html(explained, m["id"], run_name))
+        columns.append(f"<div><h4>cluster {c}: {by_cluster[c]:,} documents</h4>{''.join(cells)}</div>")
+    return Section("duplicates", "Duplicate clusters", intro + hist + f"<h3>Largest clusters (up to {CLUSTER_MEMBERS} members each)</h3>" + f'<div class="side">{"".join(columns)}</div>')
 
 
 def removed_texts(stage: Path) -> dict[str, str]:
@@ -173,30 +204,30 @@ def languages(stage: Path, manifest: dict[str, Any]) -> Section:
     if path.is_file():
         table_ = pq.read_table(path, columns=["step", "note"])
         for note in table_.filter(pc.equal(table_["step"], "language"))["note"].to_pylist():
-            removed[note or "unsure"] += 1
+            removed[(note or "").removeprefix("detected ").split(";")[0] or "unknown"] += 1  # "detected fr; allowed en" -> fr
     chart = bar_chart("Kept documents per language", Bars([lang for lang, _ in overall.most_common(20)], {"documents": [float(n) for _, n in overall.most_common(20)]}), "documents")
     body = (
         (chart if overall else para("No kept document carries a language (the language step did not run on them, as for code).", "note"))
         + table(["source", "kept documents", "by language (lid.176)", "not identified (code, or language step off)"], rows)
-        + (table(["removed by the language step, as detected", "documents"], [[k, n] for k, n in removed.most_common()]) if removed else para("The language step removed no document.", "note"))
+        + (table(["language detected in documents the language step removed", "documents"], [[k, n] for k, n in removed.most_common()]) if removed else para("The language step removed no document.", "note"))
     )
     return Section("languages", "Language mix", body)
 
 
-def decontamination(run: RunFiles, stage: Path, manifest: dict[str, Any]) -> Section:
+def decontamination(run_name: str, manifest: dict[str, Any], report: dict[str, Any] | None, explained: dict[str, str]) -> Section:
     cfg = manifest.get("config", {}).get("curate", {}).get("decontaminate", {})
-    report = run.read_json(stage / "audit" / "decontamination.json")
     if report is None:
         why = "no evaluation sets were given (curate.decontaminate.eval_sets, or --decontaminate FILE)" if cfg.get("enabled", True) else "the step is off (curate.decontaminate.enabled)"
         return Section("decontamination", "Decontamination", para(f"Not run: {why}."))
     rows, found_rows = [], []
     for name, s in report["sets"].items():
         rows.append([name, s["items"], s["items_too_short"], "n/a (bloom)" if s["items_found"] is None else s["items_found"], s["documents_found"]])
-        for item, docs in list(s.get("found", {}).items())[:20]:
-            found_rows.append([name, item, ", ".join(d["id"] for d in docs[:5]) + (f" and {len(docs) - 5} more" if len(docs) > 5 else "")])
+        for item, docs in list(s.get("found", {}).items())[:DECONTAMINATION_ROWS]:
+            holders = "".join(para(d["id"]) + explain_html(explained, d["id"], run_name) for d in docs[:5])
+            found_rows.append([name, item, holders + (para(f"and {len(docs) - 5} more", "note") if len(docs) > 5 else "")])
     body = (
         para(f"{report['ngram']}-gram overlap, {report['mode']} mode; matching documents {'removed' if report['action'] == 'remove' else 'flagged'}.")
         + table(["evaluation set", "items", "items too short", "items found", "training documents"], rows)
-        + (table(["set", "item", "training documents holding it"], found_rows) if found_rows else para("No evaluation item was found in the training data.", "note"))
+        + (table(["set", "item (line of the set)", "training documents holding it"], found_rows, raw=(2,)) if found_rows else para("No evaluation item was found in the training data.", "note"))
     )
     return Section("decontamination", "Decontamination", body)

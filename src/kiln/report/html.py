@@ -3,7 +3,7 @@
 Everything the page needs is inline (one stylesheet, one short script for table paging), so the
 file opens from disk with no server and no network. Every text from the run (ids, document
 text, recipe values) goes through `escape`; nothing from a run is ever inserted as markup.
-Not handled here: what a section says (kiln.report.sections_*), charts (kiln.report.svg).
+Not handled here: what a section says (kiln.report.curation, training, results), charts (kiln.report.svg).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from html import escape
 
 # Rows a table shows at once; the rest are a click away (the page stays quick for 100 sources).
 PAGE_ROWS = 20
+CHART_SOURCES = 8  # per-source series or bars a chart draws (the largest sources); tables list every source
+MB = 1e6
 
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}

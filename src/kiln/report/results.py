@@ -12,12 +12,19 @@ import json
 from typing import Any
 
 from kiln.core.layout import EVAL, EXPORT, GENERATE, TOKENIZER, TOKENIZER_SWEEP, TRAIN
-from kiln.report.html import Section, details, missing, para, pre, table
+from kiln.report.html import MB, Section, details, missing, para, pre, table
 from kiln.report.run_files import RunFiles
 
-MB = 1e6
 INPUTS_SHOWN = 10
 SAMPLES_SHOWN = 10
+
+
+def json_line(line: str) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def short(fingerprint: str | None) -> str:
@@ -30,11 +37,11 @@ def lineage(run: RunFiles) -> Section:
     rows = []
     for stage, m in run.manifests.items():
         inputs = m.get("inputs", [])
-        rows.append([stage, "in progress (new attempt)" if stage in run.running else "finished", short(m.get("fingerprint")), ", ".join(f"{u} {short(f)}" for u, f in m.get("upstream", {}).items()),
+        rows.append([stage, f"finished; a new attempt is {run.state(stage)}" if stage in run.running else "finished", short(m.get("fingerprint")), ", ".join(f"{u} {short(f)}" for u, f in m.get("upstream", {}).items()),
                      f"{len(inputs):,} files, {sum(i.get('bytes', 0) for i in inputs) / MB:,.1f} MB", m.get("wall_seconds"), m.get("finished_at", "")])
     for stage in run.running:
         if stage not in run.manifests:
-            rows.append([stage, "in progress", "", "", "", None, ""])
+            rows.append([stage, run.state(stage), "", "", "", None, ""])
     parts.append(table(["stage", "state", "fingerprint", "upstream", "inputs", "wall s", "finished"], rows) if rows else missing("No stage has run in this directory yet."))
     model = next((s for s in (EXPORT, TRAIN) if s in run.manifests), None)
     if model:
@@ -76,7 +83,8 @@ def tokenizer(run: RunFiles) -> Section:
     headers = ["", "documents", "bytes/token", "tokens/word", "fertility", "split words"]
 
     def row(name: str, r: dict[str, Any]) -> list[object]:
-        return [name, r["docs"], r["bytes_per_token"], r["tokens_per_word"], r["fertility"], f"{r['split_word_fraction']:.1%}"]
+        split = r.get("split_word_fraction")
+        return [name, r["docs"], r["bytes_per_token"], r["tokens_per_word"], r["fertility"], "" if split is None else f"{split:.1%}"]  # None: no words (e.g. only symbols)
 
     body = para(f"Byte-level BPE, vocabulary {held['vocab_size']:,} ({held['special_tokens']} special tokens, {held['merges']:,} merges), trained on {report['sample_docs']:,} documents ({report['sample_bytes'] / MB:,.1f} MB) in {report['train_seconds']} s; measured on held-out documents.")
     body += "<h3>Per source</h3>" + table(headers, [row("all", held["all"]), *(row(s, r) for s, r in held["per_source"].items())])
@@ -90,7 +98,7 @@ def tokenizer(run: RunFiles) -> Section:
 def evaluation(run: RunFiles) -> Section:
     m = run.manifests.get(EVAL)
     if m is None:
-        return Section("evaluation", "Evaluation", missing("evaluation is running" if EVAL in run.running else "No evaluation yet (kiln eval)."))
+        return Section("evaluation", "Evaluation", missing(f"Evaluation is {run.state(EVAL)}." if EVAL in run.running else "No evaluation yet (kiln eval)."))
     counts = m["counts"]
     parts = []
     if after := counts.get("after"):
@@ -115,7 +123,7 @@ def samples(run: RunFiles, probes: list[dict[str, Any]]) -> Section:
         c = m["counts"]
         parts.append(para(f"{c['new_tokens']:,} new tokens at {c['tokens_per_s']:,} tokens/s for {c['prompts']} prompt(s)."))
         path = run.stage_dir(GENERATE) / "samples.jsonl"
-        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()[:SAMPLES_SHOWN]] if path.is_file() else []
+        records = [r for line in (path.read_text(encoding="utf-8").splitlines()[:SAMPLES_SHOWN] if path.is_file() else []) if (r := json_line(line)) is not None]
         if records:
             parts.append(table(["prompt", "completion", "new tokens", "finish"], [[r["prompt"], r["completion"], r["new_tokens"], r["finish_reason"]] for r in records]))
         else:

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.core.layout import MANIFEST, RunLayout
-
-IN_PROGRESS = "in_progress.json"
+from kiln.core.manifest import IN_PROGRESS
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,7 @@ class Hooks:
     """What the report needs from other stages' code, handed in by the caller (kiln.pipeline)."""
 
     redact: Callable[[str], str] = lambda text: text
-    explain: Callable[[str], str] | None = None
+    explain: Callable[[list[str]], dict[str, str]] | None = None  # ids -> what `kiln curate --explain` prints
     estimate: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None  # train manifest -> planner figures
 
 
@@ -34,7 +33,8 @@ class Hooks:
 class RunFiles:
     root: Path
     manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
-    running: dict[str, Path] = field(default_factory=dict)  # stage -> its .partial folder
+    running: dict[str, Path] = field(default_factory=dict)  # stage -> its .partial folder (an attempt not finished)
+    stopped: set[str] = field(default_factory=set)  # of those, the ones no process holds (<stage>.lock is gone): interrupted
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -43,6 +43,9 @@ class RunFiles:
 
     def stage_dir(self, stage: str) -> Path:
         return RunLayout(self.root).stage(stage)
+
+    def state(self, stage: str) -> str:
+        return "interrupted" if stage in self.stopped else "in progress"
 
     def latest_dir(self, stage: str) -> Path | None:
         """Where the stage's newest files are: the attempt in progress, else the finished folder."""
@@ -67,7 +70,12 @@ def scan_run(root: Path) -> RunFiles:
         return run
     for folder in sorted(run.root.iterdir()):
         if folder.name.endswith(".partial") and (folder / IN_PROGRESS).is_file():
-            run.running[folder.name.removesuffix(".partial")] = folder
+            stage = folder.name.removesuffix(".partial")
+            run.running[stage] = folder
+            if not (run.root / f"{stage}.lock").is_file():
+                run.stopped.add(stage)
+        elif "." in folder.name:
+            continue  # <stage>.old, train.old-<time>: set aside, not the run's current stages
         elif (folder / MANIFEST).is_file():
             manifest = run.read_json(folder / MANIFEST)
             if isinstance(manifest, dict):

@@ -51,29 +51,34 @@ def read_metrics(path: Path) -> TrainMetrics:
     """The step columns through pyarrow's JSON reader (C++, threaded: 1 s for a million lines here
     where json.loads takes 12 s), the rare other lines and a sample of the per-source losses in one
     pass of Python; a file pyarrow refuses (a damaged line, a NaN) is read line by line instead."""
+    data = path.read_bytes()  # once: a growing file must not change between the two readings
     schema = pa.schema([("step", pa.int64()), *((name, pa.float64()) for name in STEP_FIELDS)])
     try:
-        columns = pa_json.read_json(path, parse_options=pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"))
+        columns = pa_json.read_json(pa.BufferReader(data), parse_options=pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"))
     except pa.ArrowInvalid:
         return read_slowly(path)
-    steps_only = columns.filter(pc.is_valid(columns["loss"]))
+    steps_only = columns.filter(pc.and_(pc.is_valid(columns["loss"]), pc.is_valid(columns["step"])))
     metrics = TrainMetrics(steps_only["step"].to_numpy(), {name: steps_only[name].to_numpy(zero_copy_only=False).astype(np.float64) for name in STEP_FIELDS}, {}, {})
     every = max(1, len(metrics.steps) // SOURCE_SAMPLES)
     by_source: dict[str, tuple[list[int], list[float]]] = {}
     val: dict[str, tuple[list[int], list[float]]] = {}
     seen = 0
-    with open(path, "rb") as f:
-        for line in f:
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
             if line.startswith(b'{"step": ') and b'"loss_by_source"' in line[:80]:
                 seen += 1
                 if seen % every == 0:  # a sample of the per-source losses (their charts hold ~150 points each)
                     record = json.loads(line)
                     for source, value in record["loss_by_source"].items():
                         xs, ys = by_source.setdefault(source, ([], []))
-                        xs.append(record["step"])
+                        xs.append(int(record["step"]))
                         ys.append(float(value))
             else:
                 add_other(metrics, json.loads(line), val)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            metrics.bad_lines.append(number)  # valid JSON, but not a record kiln writes
     metrics.train_loss_by_source = {s: Curve(np.asarray(x, np.int64), np.asarray(y)) for s, (x, y) in sorted(by_source.items())}
     metrics.val_loss = {s: Curve(np.asarray(x, np.int64), np.asarray(y)) for s, (x, y) in val.items()}
     return metrics
@@ -128,7 +133,10 @@ def read_slowly(path: Path) -> TrainMetrics:
                     xs.append(step)
                     ys.append(float(value))
             else:
-                add_other(metrics, record, val)
+                try:
+                    add_other(metrics, record, val)
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    metrics.bad_lines.append(number)
     metrics.steps = np.asarray(steps, dtype=np.int64)
     metrics.fields = {name: np.asarray(values, dtype=np.float64) for name, values in columns.items()}
     metrics.train_loss_by_source = {s: Curve(np.asarray(x, np.int64), np.asarray(y)) for s, (x, y) in sorted(by_source.items())}

@@ -126,10 +126,13 @@ def line_chart(title: str, series: Sequence[Series], x_label: str, y_label: str,
         parts.append(f'<line class="grid" x1="{MARGIN_LEFT}" x2="{MARGIN_LEFT + plot_w}" y1="{py(tick):.1f}" y2="{py(tick):.1f}"/><text class="tick" x="{MARGIN_LEFT - 4}" y="{py(tick) + 4:.1f}" text-anchor="end">{label}</text>')
     for i, s in enumerate(drawn):
         colour = PALETTE[i % len(PALETTE)]
-        points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(s.x, s.y, strict=True) if math.isfinite(y) and (y > 0 or not log_y))
+        shown = [(px(x), py(y)) for x, y in zip(s.x, s.y, strict=True) if math.isfinite(y) and (y > 0 or not log_y)]
+        points = " ".join(f"{x:.1f},{y:.1f}" for x, y in shown)
         dash = ' stroke-dasharray="5 3"' if s.dashed else ""
-        if len(s.x) == 1:  # one point draws no line: show it as a dot
-            parts.append(f'<circle class="series" cx="{px(s.x[0]):.1f}" cy="{py(s.y[0]):.1f}" r="3" fill="{colour}"><title>{escape(s.name)}</title></circle>')
+        if not shown:
+            continue
+        if len(shown) == 1:  # one point draws no line: show it as a dot
+            parts.append(f'<circle class="series" cx="{shown[0][0]:.1f}" cy="{shown[0][1]:.1f}" r="3" fill="{colour}"><title>{escape(s.name)}</title></circle>')
         else:
             parts.append(f'<polyline class="series" fill="none" stroke="{colour}" stroke-width="1.5"{dash} points="{points}"><title>{escape(s.name)}</title></polyline>')
     for m in markers:

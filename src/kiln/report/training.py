@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from kiln.core.errors import KilnError
 from kiln.core.layout import TRAIN
-from kiln.report.html import Section, missing, para, table
+from kiln.report.html import CHART_SOURCES, Section, missing, para, table
 from kiln.report.run_files import Hooks, RunFiles
-from kiln.report.series import Curve, TrainMetrics, minmax
+from kiln.report.series import TrainMetrics, minmax
 from kiln.report.svg import Marker, Series, line_chart
 
-CHART_SOURCES = 8  # per-source curves drawn (the sources with most tokens); tables list every source
 PER_SOURCE_BUCKETS = 150  # per-source curves are thinner than the main loss curve
 
 
@@ -37,12 +37,13 @@ def training_sections(run: RunFiles, metrics: TrainMetrics | None, hooks: Hooks)
         why = "training has started but written no step yet" if TRAIN in run.running else "training has not run in this run directory (kiln train)"
         return [Section(sid, title, missing(why)) for sid, title in (("mixture", "Realized mixture"), ("training", "Training curves"), ("throughput", "Planned and measured"))]
     manifest = run.manifests.get(TRAIN) if TRAIN not in run.running else None
-    state = para(f"Training in progress: {len(metrics.steps):,} steps so far (read from {path}).", "missing") if manifest is None else ""
+    state = para(f"Training {run.state(TRAIN)}: {len(metrics.steps):,} steps so far (read from {path}).", "missing") if manifest is None else ""
     damaged = para(f"{len(metrics.bad_lines):,} line(s) of {path.name} are not JSON records and were skipped (first: line {metrics.bad_lines[0]}).", "missing") if metrics.bad_lines else ""
     return [mixture(metrics, manifest), Section("training", "Training curves", state + damaged + curves(metrics)), throughput(metrics, manifest, hooks)]
 
 
 def top_sources(metrics: TrainMetrics) -> list[str]:
+    """The CHART_SOURCES sources drawn in the most steps (of those read for per-source losses)."""
     counts = {s: len(c.x) for s, c in metrics.train_loss_by_source.items()}
     return sorted(counts, key=lambda s: -counts[s])[:CHART_SOURCES]
 
@@ -75,10 +76,6 @@ def markers(metrics: TrainMetrics) -> list[Marker]:
     return [Marker(r["at_step"], f"step {r['at_step']}: {r['reason']}; rolled back to step {r['to_step']}", "#ee7733" if str(r["reason"]).startswith("loss spike") else "#cc3311") for r in metrics.rollbacks]
 
 
-def thin(curve: Curve, buckets: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    return minmax(curve.x, curve.y, buckets) if buckets else minmax(curve.x, curve.y)
-
-
 def curves(metrics: TrainMetrics) -> str:
     steps, f, marks = metrics.steps, metrics.fields, markers(metrics)
 
@@ -88,13 +85,13 @@ def curves(metrics: TrainMetrics) -> str:
 
     parts = []
     loss_x, loss_y = minmax(steps, f["loss"])
-    per_source = [Series(s, *thin(metrics.train_loss_by_source[s], PER_SOURCE_BUCKETS)) for s in top_sources(metrics)]
+    per_source = [Series(s, *minmax(metrics.train_loss_by_source[s].x, metrics.train_loss_by_source[s].y, PER_SOURCE_BUCKETS)) for s in top_sources(metrics)]
     parts.append(line_chart("Training loss", [Series("all", loss_x, loss_y), *per_source], "step", "nats per token", marks))
     val = metrics.val_loss
     val_sources = ["all", *sorted((s for s in val if s not in ("all", "objective")), key=lambda s: -len(val[s].x))[:CHART_SOURCES]]
-    val_series = [Series(s, *thin(val[s], PER_SOURCE_BUCKETS)) for s in val_sources if s in val]
+    val_series = [Series(s, *minmax(val[s].x, val[s].y, PER_SOURCE_BUCKETS)) for s in val_sources if s in val]
     if "objective" in val:
-        val_series.append(Series("objective", *thin(val["objective"], PER_SOURCE_BUCKETS), dashed=True))
+        val_series.append(Series("objective", *minmax(val["objective"].x, val["objective"].y, PER_SOURCE_BUCKETS), dashed=True))
     parts.append(line_chart("Validation loss per source", val_series, "step", "nats per token", marks) or para("No validation has run yet (train.eval_every).", "note"))
     parts.append(one("Learning rate", "lr", "lr"))
     parts.append(one("Gradient norm before clipping", "grad_norm", "global L2 norm", log_y=True))
@@ -131,8 +128,8 @@ def throughput(metrics: TrainMetrics, manifest: dict[str, Any] | None, hooks: Ho
     if hooks.estimate and manifest:
         try:
             estimate = hooks.estimate(manifest)
-        except (KeyError, TypeError, ValueError) as e:  # a manifest from an older kiln lacks what the planner needs
-            why = f"no estimate: the train manifest lacks {e}"
+        except (KeyError, TypeError, ValueError, KilnError) as e:  # a manifest from an older kiln, a shape the planner refuses
+            why = f"no estimate: {type(e).__name__}: {e}"
     elif manifest is None:
         why = "the planner's estimate appears when training has finished"
     if estimate and manifest:

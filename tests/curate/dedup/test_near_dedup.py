@@ -31,6 +31,7 @@ from kiln.curate.config import CurateConfig
 from kiln.curate.dedup import minhash, near
 from kiln.curate.dedup.minhash import estimated_jaccard, permutation_params, signatures
 from kiln.curate.dedup.near import CHAINED, NearDecision, decide
+from kiln.curate.explain import explain, explain_many
 from kiln.curate.readers import InputConfig
 from kiln.curate.run import key_ranges, run
 from kiln.text.shingles import shingle_set
@@ -439,3 +440,14 @@ def test_killed_in_the_sign_phase_resumes_to_the_uninterrupted_result(tmp_path):
     assert counts["minhash"]["clustered_docs"] == 4 and counts["removed"] == {"minhash_dedup:near_duplicate": 3}
     ids = [d.id for p in list_shards(stage / "shards") for d in read_shard(p)]
     assert len(ids) == len(set(ids)) == counts["docs_out"] == tasks * 150 + 1
+
+
+def test_explain_many_answers_like_explain_from_one_reading(planted):
+    stage = planted.run_dir / "curate"
+    members = [r for r in rows(stage / "clusters.parquet") if r["id"].startswith("x-")]
+    [keeper] = [r["id"] for r in members if r["kept"]]
+    removed = sorted(r["id"] for r in members if not r["kept"])
+    found = explain_many(stage, [*removed, keeper, "nope"])
+    assert set(found) == {*removed, keeper}  # an id the audit files do not know is left to explain()
+    assert all(found[i] == explain(stage, i) for i in removed)
+    assert found[keeper].startswith(f"{keeper} was kept: its near-duplicate cluster keeps it\n  cluster {members[0]['cluster']}: 3 documents")
