@@ -111,4 +111,4 @@ def test_per_source_losses_of_a_long_run_are_read_from_evenly_spaced_steps(tmp_p
     n = 3 * SOURCE_SAMPLES
     metrics = read_metrics(write_metrics(tmp_path, "".join(STEP % step + "\n" for step in range(1, n + 1))))
     assert len(metrics.steps) == n  # every step's loss
-    assert metrics.train_loss_by_source["a"].x.tolist() == list(range(3, n + 1, 3))  # every third step's per-source loss
+    assert metrics.train_loss_by_source["a"].x.tolist() == list(range(1, n + 1, 3))  # every third line's per-source loss

@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 from synthetic import write_run
 
+from kiln.cli import main
 from kiln.core.layout import audit_sample
 from kiln.model.config import ModelConfig
 from kiln.pipeline import build_report, plan_estimate
@@ -27,7 +27,6 @@ from kiln.train.distributed import ParallelConfig
 pytestmark = pytest.mark.slow  # the session's miniature demo run, a million-step run, a browser
 
 SECTIONS = ("lineage", "funnel", "removals", "duplicates", "languages", "decontamination", "tokenizer", "mixture", "training", "evaluation", "samples", "throughput")
-KILN = Path(sys.executable).with_name("kiln")
 ARTIFACTS = Path(os.environ.get("KILN_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts"))
 
 
@@ -165,11 +164,14 @@ def test_a_million_steps_and_a_hundred_sources_make_a_small_page_quickly(tmp_pat
     assert page.count("<tr>") < 2000 and 'data-page="20"' in page  # tables page themselves
 
 
-def test_report_verb_errors_name_the_problem(tmp_path: Path) -> None:
-    done = subprocess.run([str(KILN), "report", "--run", "nowhere", "--set", f"runs_dir={tmp_path}"], capture_output=True, text=True)
-    assert done.returncode == 2 and "no such run directory" in done.stderr
-    done = subprocess.run([str(KILN), "report", "--run", "x", "--watch", "0", "--set", f"runs_dir={tmp_path}"], capture_output=True, text=True)
-    assert done.returncode == 2 and "--watch 0" in done.stderr
+def test_report_verb_errors_name_the_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", "--run", "nowhere", "--set", f"runs_dir={tmp_path}"]) == 2
+    assert "no such run directory" in capsys.readouterr().err
+    assert main(["report", "--run", "x", "--watch", "0", "--set", f"runs_dir={tmp_path}"]) == 2
+    assert "--watch 0" in capsys.readouterr().err
+    run = write_run(tmp_path / "small", steps=20, sources=2, eval_every=10, windows=2)
+    assert main(["report", "--run", "small", "--set", f"runs_dir={tmp_path}"]) == 0
+    assert capsys.readouterr().out.strip() == str(run / "report" / "index.html")
 
 
 @pytest.fixture(scope="module")
