@@ -12,11 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
+from minidemo import OVERRIDES
 from synthetic import write_run
 
 from kiln.cli import main
 from kiln.core.layout import audit_sample
+from kiln.curate.steps.decontaminate import build_report as build_decontamination_report
 from kiln.model.config import ModelConfig
 from kiln.pipeline import build_report, plan_estimate
 from kiln.report.build import build_sections, watch
@@ -126,6 +129,26 @@ def test_damaged_files_are_named_not_raised(report: dict[str, Any], tmp_path: Pa
     (run / "curate" / "removed.parquet").write_bytes(b"PAR1 truncated")  # any other failure costs its sections only
     page = build_report(run).read_text()
     assert "This section could not be built: ArrowInvalid" in section_html(page, "languages") and "Byte-level BPE" not in page and "report.json: not readable" in page
+
+
+def test_decontamination_findings_and_multiple_choice_accuracy_are_shown(report: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = tmp_path / "runs"
+    for stage in ("curate", "tokenizer", "tokenize", "train"):
+        shutil.copytree(report["run_dir"] / stage, runs / "demo" / stage)
+    removed = pq.read_table(runs / "demo" / "curate" / "removed.parquet").to_pylist()[:3]
+    index = {"mode": "exact", "ngram": 13, "action": "remove", "fold_digits": False, "sets": [{"name": "mmlu", "items": 100, "items_too_short": 2, "ngrams": 5000}]}
+    rows = [{"set": "mmlu", "item": 7, "id": r["id"], "source": r["source"]} for r in removed]
+    (runs / "demo" / "curate" / "audit" / "decontamination.json").write_text(json.dumps(build_decontamination_report(index, rows)))
+    task = tmp_path / "py_choices.jsonl"
+    task.write_text("".join(json.dumps({"context": c, "choices": ch, "label": 0}) + "\n" for c, ch in [("import", [" os", " the"]), ("def main(", ["):", " cat"]), ("for i in", [" range", " mat"])]))
+    assert main(["eval", "--task", str(task), "--set", f"runs_dir={runs}", *(f"--set={o}" for o in OVERRIDES if o.startswith("eval."))]) == 0
+    capsys.readouterr()
+    page = build_report(runs / "demo").read_text()
+    found = section_html(page, "decontamination")
+    assert "<td>mmlu</td><td class=\"num\">100</td><td class=\"num\">2</td><td class=\"num\">1</td><td class=\"num\">3</td>" in found
+    assert all(f"{r['id']} (source {r['source']}) was removed by step" in found for r in removed)  # each holder with its explanation
+    accuracy = json.loads((runs / "demo" / "eval" / "manifest.json").read_text())["counts"]["tasks"]["py_choices"]
+    assert f"<td>py_choices</td><td class=\"num\">3</td><td class=\"num\">{accuracy['acc']:,.4g}</td>" in section_html(page, "evaluation")
 
 
 def test_odd_source_and_reason_names_keep_their_examples(tmp_path: Path) -> None:
