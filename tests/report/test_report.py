@@ -131,7 +131,7 @@ def test_damaged_files_are_named_not_raised(report: dict[str, Any], tmp_path: Pa
     assert "This section could not be built: ArrowInvalid" in section_html(page, "languages") and "Byte-level BPE" not in page and "report.json: not readable" in page
 
 
-def test_decontamination_findings_and_multiple_choice_accuracy_are_shown(report: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_decontamination_findings_multiple_choice_accuracy_and_a_vocabulary_sweep_are_shown(report: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     runs = tmp_path / "runs"
     for stage in ("curate", "tokenizer", "tokenize", "train"):
         shutil.copytree(report["run_dir"] / stage, runs / "demo" / stage)
@@ -142,6 +142,7 @@ def test_decontamination_findings_and_multiple_choice_accuracy_are_shown(report:
     task = tmp_path / "py_choices.jsonl"
     task.write_text("".join(json.dumps({"context": c, "choices": ch, "label": 0}) + "\n" for c, ch in [("import", [" os", " the"]), ("def main(", ["):", " cat"]), ("for i in", [" range", " mat"])]))
     assert main(["eval", "--task", str(task), "--set", f"runs_dir={runs}", *(f"--set={o}" for o in OVERRIDES if o.startswith("eval."))]) == 0
+    assert main(["train-tokenizer", "--sweep", "384", "--set", f"runs_dir={runs}", *(f"--set={o}" for o in OVERRIDES if o.startswith(("tokenizer.", "curate.")))]) == 0
     capsys.readouterr()
     page = build_report(runs / "demo").read_text()
     found = section_html(page, "decontamination")
@@ -149,6 +150,8 @@ def test_decontamination_findings_and_multiple_choice_accuracy_are_shown(report:
     assert all(f"{r['id']} (source {r['source']}) was removed by step" in found for r in removed)  # each holder with its explanation
     accuracy = json.loads((runs / "demo" / "eval" / "manifest.json").read_text())["counts"]["tasks"]["py_choices"]
     assert f"<td>py_choices</td><td class=\"num\">3</td><td class=\"num\">{accuracy['acc']:,.4g}</td>" in section_html(page, "evaluation")
+    sweep = json.loads((runs / "demo" / "tokenizer-sweep" / "manifest.json").read_text())["counts"]["bytes_per_token"]
+    assert f"<td class=\"num\">384</td><td class=\"num\">{sweep['384']:,.4g}</td>" in section_html(page, "tokenizer")
 
 
 def test_odd_source_and_reason_names_keep_their_examples(tmp_path: Path) -> None:
