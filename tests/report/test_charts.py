@@ -46,7 +46,8 @@ def test_ticks_are_round_numbers_covering_the_range() -> None:
 def test_line_chart_escapes_names_and_draws_series_and_markers() -> None:
     svg = line_chart("loss <all>", [Series("a&b", [1, 2, 3], [3.0, 2.0, 1.0]), Series("one", [2], [2.5])], "step", "nats", [Marker(2, "step 2: loss is nan")])
     assert "loss &lt;all&gt;" in svg and "a&amp;b" in svg and "<all>" not in svg
-    assert svg.count("<polyline") == 1 and svg.count("<circle") == 1  # one point draws a dot
+    assert svg.count("<polyline") == 1 and svg.count('<circle class="series"') == 1  # one point draws a dot
+    assert svg.count('r="2.5"') == 3  # and a short line a dot per point
     assert 'class="marker"' in svg and "loss is nan" in svg
     assert line_chart("empty", [Series("x", [], [])], "step", "y") == ""
 

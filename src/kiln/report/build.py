@@ -77,7 +77,7 @@ def build_report(run_dir: Path, hooks: Hooks | None = None) -> Path:
     run = scan_run(run_dir)
     sections = build_sections(run, hooks or Hooks())
     state = "".join(f"; {stage} {run.state(stage)}" for stage in sorted(run.running))
-    html = page(f"kiln run {run_dir.name}", f"{run_dir.resolve()}, built {now_utc()}{state}", sections)
+    html = page(f"kiln run {run_dir.name}", f"{run_dir}, built {now_utc()}{state}", sections)
     out = run_dir / REPORT_DIR / INDEX
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(out, lambda tmp: tmp.write_text(html, encoding="utf-8"))

@@ -17,6 +17,7 @@ from html import escape
 # Colours that stay apart for the first ten series (a colour-blind-safe set) and then repeat.
 PALETTE = ("#4477aa", "#ee6677", "#228833", "#ccbb44", "#66ccee", "#aa3377", "#bbbbbb", "#000000", "#ee8866", "#44bb99")
 WIDTH, HEIGHT = 720, 260
+FEW_POINTS = 20  # series this short get a dot at each point
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 64, 16, 24, 36
 
 
@@ -135,6 +136,8 @@ def line_chart(title: str, series: Sequence[Series], x_label: str, y_label: str,
             parts.append(f'<circle class="series" cx="{shown[0][0]:.1f}" cy="{shown[0][1]:.1f}" r="3" fill="{colour}"><title>{escape(s.name)}</title></circle>')
         else:
             parts.append(f'<polyline class="series" fill="none" stroke="{colour}" stroke-width="1.5"{dash} points="{points}"><title>{escape(s.name)}</title></polyline>')
+            if len(shown) <= FEW_POINTS:  # a line through a few measurements (evaluations) shows where they are
+                parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{colour}"/>' for x, y in shown]
     for m in markers:
         if x0 <= m.x <= x1:
             parts.append(f'<line class="marker" x1="{px(m.x):.1f}" x2="{px(m.x):.1f}" y1="{MARGIN_TOP}" y2="{MARGIN_TOP + plot_h}" stroke="{m.colour}" stroke-width="1.5"><title>{escape(m.label)}</title></line>')
