@@ -39,6 +39,26 @@ def device_peak_flops(device: torch.device) -> float | None:
     return peak_flops_of(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
 
 
+def reset_peak_rss() -> None:
+    """Start this process's resident-memory high-water mark (VmHWM) over: what training alone
+    needs, not what stages before it in the same process (kiln demo) touched. Linux only."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak RSS (Linux 4.0+, proc(5))
+    except OSError:
+        pass  # not Linux, or not allowed: the peak then covers the process's life
+
+
+def peak_rss_mb() -> float | None:
+    """The resident-memory high-water mark since reset_peak_rss (MiB); all a CPU can tell of memory."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)  # kB
+    except OSError:
+        pass
+    return None
+
+
 def truncate_metrics(path: Path, step: int) -> None:
     """Keep the records of steps up to `step` (a resumed run writes the later ones again)."""
     if path.is_file():

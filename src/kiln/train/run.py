@@ -17,7 +17,6 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import resource
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -43,7 +42,7 @@ from kiln.train.config import TrainConfig
 from kiln.train.data_plan import format_plan, plan_data
 from kiln.train.distributed import DataParallel, ParallelConfig, init_data_parallel
 from kiln.train.loop import MakeProbe, build_precision, train
-from kiln.train.monitor import TENSORBOARD
+from kiln.train.monitor import TENSORBOARD, peak_rss_mb, reset_peak_rss
 from kiln.train.objectives import TokenIds, check_objectives, fim_middles, token_ids
 from kiln.train.resume import STATES, complete_states, set_aside_after, state_step
 
@@ -231,7 +230,9 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
         if resume_from is not None and from_step is not None:
             set_aside_after(resume_from.parent, from_step)  # the abandoned later states are kept, out of the way
     out_dir, resume_from = dp.broadcast((str(stage.dir), resume_from) if stage else None)  # only rank 0 writes into out_dir
+    reset_peak_rss()
     result = train(model_cfg, cfg, batches, scoring, run_dir, Path(out_dir), val_batches, rows.adapt_every, rows.report_windows, dp, parallel, resume_from, reference_runs, make_probe)
+    peak_rss = peak_rss_mb()
     if stage is None:
         return dp.broadcast(None)  # rank 0's manifest, once it is written
 
@@ -249,7 +250,7 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
         "val_after": result.val_after,
         "device": str(result.device),
         "device_name": torch.cuda.get_device_name(result.device) if result.device.type == "cuda" else "cpu",  # what the planner's peak table is matched on
-        "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # this rank's peak resident memory (Linux: KiB), all a CPU can tell
+        "max_rss_mb": peak_rss,  # rank 0's peak resident memory while training (None off Linux)
         "processes": dp.world,
         "rollbacks": result.rollbacks,
         "mixture": {"planned": planned["total"], "realized": result.mixture},
