@@ -124,6 +124,7 @@ def plan_estimate(parallel: Any, manifest: dict[str, Any]) -> dict[str, Any]:
     and its time at the default MFU where the device's dense peak is known."""
     from kiln.core.hardware import peak_flops_of
     from kiln.model.config import ModelConfig
+    from kiln.model.precision import dtype_on
     from kiln.plan.hardware import DEFAULT_MFU
     from kiln.plan.memory import Shape, plan_memory
 
@@ -134,8 +135,7 @@ def plan_estimate(parallel: Any, manifest: dict[str, Any]) -> dict[str, Any]:
     except KilnError:  # the recipe now asks for another layout than the run had
         sharded = False
     device = str(counts.get("device", "cpu"))
-    dtype = t["precision"]["dtype"]
-    precision = dtype if dtype != "auto" else ("bf16" if device.startswith("cuda") else "fp32")
+    precision = dtype_on(t["precision"]["dtype"], device.split(":")[0])  # the run's device ("cuda:0"), not this machine's
     memory = plan_memory(Shape.from_config(ModelConfig.model_validate(manifest["model"])), dp=world, zero=3 if sharded else 0, micro_batch=t["micro_batch_size"], seq_len=t["seq_len"], precision=precision, checkpointing=t["activation_checkpointing"])
     flops = counts["flops_per_token"] * counts["tokens_trained"]
     peak = peak_flops_of(str(counts.get("device_name", ""))) if device.startswith("cuda") else None

@@ -50,6 +50,6 @@ def write_run(run_dir: Path, steps: int, sources: int, eval_every: int = 1000, w
     curate.mkdir()
     per_source = {s: {"docs_in": 1000 + i, "docs_out": 800, "bytes_in": 10**7, "bytes_out": 8 * 10**6, "removed": {"gopher_quality:too_few_words": 150 + i, "exact_dedup:duplicate": 50}, "removed_bytes": {"gopher_quality:too_few_words": 10**6, "exact_dedup:duplicate": 10**6}, "quarantined": 0, "stats": {"language:en": 700, "language:de": 100},
                       "funnel": {"read": {"docs": 1000 + i, "bytes": 10**7}, "gopher_quality": {"docs": 850, "bytes": 9 * 10**6}, "exact_dedup": {"docs": 800, "bytes": 8 * 10**6}}} for i, s in enumerate(names)}
-    counts = {"docs_in": sum(t["docs_in"] for t in per_source.values()), "docs_out": 800 * sources, "bytes_in": 10**7 * sources, "bytes_out": 8 * 10**6 * sources, "removed": {}, "quarantined": 0, "stats": {}, "per_source": per_source, "minhash": {}}
+    counts = {"docs_in": sum(t["docs_in"] for t in per_source.values()), "docs_out": 800 * sources, "bytes_in": 10**7 * sources, "bytes_out": 8 * 10**6 * sources, "removed": {"gopher_quality:too_few_words": sum(150 + i for i in range(sources)), "exact_dedup:duplicate": 50 * sources}, "quarantined": 0, "stats": {}, "per_source": per_source, "minhash": {}}
     (curate / "manifest.json").write_text(json.dumps({"format": "kiln-manifest v1", "stage": "curate", "config": {}, "inputs": [], "upstream": {}, "outputs": [], "counts": counts, "fingerprint": "f" * 64}))
     return run_dir

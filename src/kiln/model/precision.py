@@ -39,10 +39,14 @@ class Precision:
         return autocast(self.device, self.amp_dtype)
 
 
+def dtype_on(dtype: str, device_type: str) -> str:
+    """The dtype a precision setting means on a device: `auto` is bf16 autocast on CUDA, fp32 elsewhere."""
+    return dtype if dtype != "auto" else ("bf16" if device_type == "cuda" else "fp32")
+
+
 def resolve_precision(cfg: PrecisionConfig, section: str) -> Precision:
     """The device and autocast dtype `cfg` asks for; `section` (e.g. "train") names it in errors."""
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise FatalError(f"{section}.precision.device is cuda but no CUDA device is visible; use {section}.precision.device=auto or cpu")
     device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu")
-    dtype = cfg.dtype if cfg.dtype != "auto" else ("bf16" if device.type == "cuda" else "fp32")
-    return Precision(device, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype))
+    return Precision(device, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype_on(cfg.dtype, device.type)))

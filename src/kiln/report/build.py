@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kiln.core.atomic import write_atomically
 from kiln.report.curation import curation_sections
-from kiln.report.html import Section, missing, page
+from kiln.report.html import TITLES, Section, missing, page
 from kiln.report.results import evaluation, lineage, samples, tokenizer
 from kiln.report.run_files import Hooks, RunFiles, now_utc, scan_run
 from kiln.report.series import TrainMetrics, read_metrics
@@ -30,12 +30,6 @@ INDEX = "index.html"
 log = logging.getLogger("kiln.report")
 
 
-# (id, title) of every section, in page order; a section that fails keeps its place.
-SECTIONS = (("lineage", "Recipe and lineage"), ("funnel", "Curation funnel"), ("removals", "Removal reasons"), ("duplicates", "Duplicate clusters"),
-            ("languages", "Language mix"), ("decontamination", "Decontamination"), ("tokenizer", "Tokenizer"), ("mixture", "Realized mixture"),
-            ("training", "Training curves"), ("evaluation", "Evaluation"), ("samples", "Generated samples"), ("throughput", "Planned and measured"))
-
-
 def guarded(make: Callable[[], list[Section]], ids: list[str]) -> list[Section]:
     """The sections `make` builds, or for each of `ids` one that says what went wrong: a damaged file
     never costs the whole page."""
@@ -43,8 +37,7 @@ def guarded(make: Callable[[], list[Section]], ids: list[str]) -> list[Section]:
         return make()
     except Exception as e:  # noqa: BLE001 - any error reading a run's files, shown where it happened
         log.warning("report: sections %s not built: %s", ", ".join(ids), e, exc_info=True)
-        titles = dict(SECTIONS)
-        return [Section(sid, titles[sid], missing(f"This section could not be built: {type(e).__name__}: {e}")) for sid in ids]
+        return [Section(sid, missing(f"This section could not be built: {type(e).__name__}: {e}")) for sid in ids]
 
 
 def build_sections(run: RunFiles, hooks: Hooks) -> list[Section]:
@@ -67,7 +60,7 @@ def build_sections(run: RunFiles, hooks: Hooks) -> list[Section]:
         ]
     }
     built["lineage"] = guarded(lambda: [lineage(run)], ["lineage"])[0]  # last: it lists the files the others could not read
-    return [built[sid] for sid, _ in SECTIONS]
+    return [built[sid] for sid in TITLES]
 
 
 def build_report(run_dir: Path, hooks: Hooks | None = None) -> Path:

@@ -31,6 +31,7 @@ EXAMPLE_CHARS = 400
 LARGEST_CLUSTERS = 3
 CLUSTER_MEMBERS = 10  # members shown per cluster (a boilerplate cluster can hold thousands)
 DECONTAMINATION_ROWS = 20
+HOLDERS_SHOWN = 5  # training documents shown per contaminated item
 SHARD_LOOKUP_BYTES = 200 * 10**6  # how much of the curated shards the report reads to show kept copies
 
 
@@ -38,18 +39,18 @@ def curation_sections(run: RunFiles, hooks: Hooks) -> list[Section]:
     manifest = run.manifests.get(CURATE)
     if manifest is None:
         why = "curation is running; its report appears when it finishes" if CURATE in run.running else "curation has not run in this run directory (kiln curate)"
-        return [Section(sid, title, missing(why)) for sid, title in (("funnel", "Curation funnel"), ("removals", "Removal reasons"), ("duplicates", "Duplicate clusters"), ("languages", "Language mix"), ("decontamination", "Decontamination"))]
+        return [Section(sid, missing(why)) for sid in ("funnel", "removals", "duplicates", "languages", "decontamination")]
     stage = run.stage_dir(CURATE)
     examples = pick_examples(stage, manifest)
     try:
-        clusters, unreadable = largest_clusters(stage), ""
+        sizes, clusters, unreadable = *largest_clusters(stage), ""
     except (OSError, pa.ArrowException) as e:  # the other sections do not need it
-        clusters, unreadable = {}, f"{stage / 'clusters.parquet'} could not be read: {e}"
+        sizes, clusters, unreadable = Counter(), {}, f"{stage / 'clusters.parquet'} could not be read: {e}"
     contamination = run.read_json(stage / "audit" / "decontamination.json")
     shown = [e["id"] for _, e in examples] + [m["id"] for members in clusters.values() for m in members]
-    shown += [d["id"] for s in (contamination or {}).get("sets", {}).values() for docs in list(s.get("found", {}).values())[:DECONTAMINATION_ROWS] for d in docs[:5]]
+    shown += [d["id"] for s in (contamination or {}).get("sets", {}).values() for docs in list(s.get("found", {}).values())[:DECONTAMINATION_ROWS] for d in docs[:HOLDERS_SHOWN]]
     explained = explain_all(hooks, shown)
-    return [funnel(manifest), removals(run, manifest, examples, explained, hooks), duplicates(stage, manifest, clusters, explained, hooks, run.name) if not unreadable else Section("duplicates", "Duplicate clusters", missing(unreadable)), languages(stage, manifest),
+    return [funnel(manifest), removals(run, manifest, examples, explained, hooks), duplicates(stage, manifest, sizes, clusters, explained, hooks, run.name) if not unreadable else Section("duplicates", missing(unreadable)), languages(stage, manifest),
             decontamination(run.name, manifest, contamination, explained)]
 
 
@@ -91,16 +92,13 @@ def funnel(manifest: dict[str, Any]) -> Section:
         + (para(f"The charts show the {CHART_SOURCES} largest of {len(per_source)} sources; the table lists all.", "note") if len(per_source) > CHART_SOURCES else "")
         + table(["source", "docs in", "docs kept", "kept", "MB in", "MB kept", "quarantined", "top removal reason"], rows)
     )
-    return Section("funnel", "Curation funnel", body)
+    return Section("funnel", body)
 
 
 def pick_examples(stage: Path, manifest: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(reason, audit sample) for up to EXAMPLES_PER_REASON samples of each of the EXAMPLE_REASONS largest reasons."""
-    by_reason: Counter[str] = Counter()
-    for t in manifest["counts"]["per_source"].values():
-        by_reason.update(t["removed"])
     picked = []
-    for reason, _ in by_reason.most_common(EXAMPLE_REASONS):
+    for reason, _ in Counter(manifest["counts"]["removed"]).most_common(EXAMPLE_REASONS):
         entries = []
         for source, t in manifest["counts"]["per_source"].items():
             path = audit_sample(stage, source, reason)
@@ -111,13 +109,11 @@ def pick_examples(stage: Path, manifest: dict[str, Any]) -> list[tuple[str, dict
 
 
 def removals(run: RunFiles, manifest: dict[str, Any], examples: list[tuple[str, dict[str, Any]]], explained: dict[str, str], hooks: Hooks) -> Section:
-    by_reason: Counter[str] = Counter()
     bytes_by_reason: Counter[str] = Counter()
-    for t in manifest["counts"]["per_source"].values():
-        by_reason.update(t["removed"])
+    for t in manifest["counts"]["per_source"].values():  # the manifest totals documents per reason, not bytes
         bytes_by_reason.update(t.get("removed_bytes", {}))
-    total = max(sum(by_reason.values()), 1)
-    ranked = by_reason.most_common()
+    ranked = Counter(manifest["counts"]["removed"]).most_common()
+    total = max(sum(n for _, n in ranked), 1)
     rows = [[reason, n, f"{n / total:.1%}", round(bytes_by_reason[reason] / MB, 3)] for reason, n in ranked]
     chart = bar_chart("Documents removed per reason", Bars([r for r, _ in ranked[:20]], {"documents": [float(n) for _, n in ranked[:20]]}), "documents")
     shown = []
@@ -129,7 +125,7 @@ def removals(run: RunFiles, manifest: dict[str, Any], examples: list[tuple[str, 
         + "<h3>Examples</h3>"
         + (table(["reason", "id", "source", "measured", "text", "explain"], shown, raw=(4, 5)) if shown else para("No removed document was sampled (curate.sample_size is 0, or nothing was removed).", "note"))
     )
-    return Section("removals", "Removal reasons", body)
+    return Section("removals", body)
 
 
 def explain_html(explained: dict[str, str], doc_id: str, run_name: str) -> str:
@@ -137,24 +133,24 @@ def explain_html(explained: dict[str, str], doc_id: str, run_name: str) -> str:
     return details("explain", pre(f"$ {command}\n{explained.get(doc_id, '')}".rstrip()))
 
 
-def largest_clusters(stage: Path) -> dict[int, list[dict[str, Any]]]:
-    """The LARGEST_CLUSTERS largest near-duplicate clusters: their first CLUSTER_MEMBERS members, keeper first."""
+def largest_clusters(stage: Path) -> tuple[Counter[int], dict[int, list[dict[str, Any]]]]:
+    """Every near-duplicate cluster's size, and the LARGEST_CLUSTERS largest ones' first
+    CLUSTER_MEMBERS members, keeper first."""
     path = stage / "clusters.parquet"
     if not path.is_file():
-        return {}
+        return Counter(), {}
     clusters = pq.read_table(path)
-    largest = [c for c, _ in Counter(clusters["cluster"].to_pylist()).most_common(LARGEST_CLUSTERS)]
-    return {c: clusters.filter(pc.equal(clusters["cluster"], c)).to_pylist()[:CLUSTER_MEMBERS] for c in largest}
+    sizes = Counter(clusters["cluster"].to_pylist())
+    return sizes, {c: clusters.filter(pc.equal(clusters["cluster"], c)).to_pylist()[:CLUSTER_MEMBERS] for c, _ in sizes.most_common(LARGEST_CLUSTERS)}
 
 
-def duplicates(stage: Path, manifest: dict[str, Any], largest: dict[int, list[dict[str, Any]]], explained: dict[str, str], hooks: Hooks, run_name: str) -> Section:
+def duplicates(stage: Path, manifest: dict[str, Any], by_cluster: Counter[int], largest: dict[int, list[dict[str, Any]]], explained: dict[str, str], hooks: Hooks, run_name: str) -> Section:
     counts = manifest["counts"]
-    exact = sum(t["removed"].get("exact_dedup:duplicate", 0) for t in counts["per_source"].values())
+    exact = counts["removed"].get("exact_dedup:duplicate", 0)
     minhash = counts.get("minhash") or {}
     intro = para(f"Exact duplicates removed: {exact:,}. Near-duplicate (MinHash) clusters: {minhash.get('clusters', 0):,} holding {minhash.get('clustered_docs', 0):,} documents; {minhash.get('candidates', 0):,} candidate pairs, {minhash.get('verified', 0):,} verified, {minhash.get('rejected', 0):,} rejected by the Jaccard check.")
     if not largest:
-        return Section("duplicates", "Duplicate clusters", intro + para("No near-duplicate cluster was found.", "note"))
-    by_cluster = Counter(pq.read_table(stage / "clusters.parquet", columns=["cluster"])["cluster"].to_pylist())
+        return Section("duplicates", intro + para("No near-duplicate cluster was found.", "note"))
     sizes = Counter(by_cluster.values())
     hist = bar_chart("Clusters by size", Bars([f"{size} documents" for size in sorted(sizes)], {"clusters": [float(sizes[s]) for s in sorted(sizes)]}), "clusters")
     texts = removed_texts(stage) | kept_texts(stage, {m["id"] for ms in largest.values() for m in ms if m["kept"]})
@@ -166,7 +162,7 @@ def duplicates(stage: Path, manifest: dict[str, Any], largest: dict[int, list[di
             label = f"{'kept' if m['kept'] else 'removed'} {m['id']} (Jaccard to kept {m['jaccard_to_kept']:.3f})"
             cells.append(para(label) + (pre(hooks.redact(text)[:EXAMPLE_CHARS]) if text else para("text not in the audit samples", "note")) + explain_html(explained, m["id"], run_name))
         columns.append(f"<div><h4>cluster {c}: {by_cluster[c]:,} documents</h4>{''.join(cells)}</div>")
-    return Section("duplicates", "Duplicate clusters", intro + hist + f"<h3>Largest clusters (up to {CLUSTER_MEMBERS} members each)</h3>" + f'<div class="side">{"".join(columns)}</div>')
+    return Section("duplicates", intro + hist + f"<h3>Largest clusters (up to {CLUSTER_MEMBERS} members each)</h3>" + f'<div class="side">{"".join(columns)}</div>')
 
 
 def removed_texts(stage: Path) -> dict[str, str]:
@@ -211,23 +207,23 @@ def languages(stage: Path, manifest: dict[str, Any]) -> Section:
         + table(["source", "kept documents", "by language (lid.176)", "not identified (code, or language step off)"], rows)
         + (table(["language detected in documents the language step removed", "documents"], [[k, n] for k, n in removed.most_common()]) if removed else para("The language step removed no document.", "note"))
     )
-    return Section("languages", "Language mix", body)
+    return Section("languages", body)
 
 
 def decontamination(run_name: str, manifest: dict[str, Any], report: dict[str, Any] | None, explained: dict[str, str]) -> Section:
     cfg = manifest.get("config", {}).get("curate", {}).get("decontaminate", {})
     if report is None:
         why = "no evaluation sets were given (curate.decontaminate.eval_sets, or --decontaminate FILE)" if cfg.get("enabled", True) else "the step is off (curate.decontaminate.enabled)"
-        return Section("decontamination", "Decontamination", para(f"Not run: {why}."))
+        return Section("decontamination", para(f"Not run: {why}."))
     rows, found_rows = [], []
     for name, s in report["sets"].items():
         rows.append([name, s["items"], s["items_too_short"], "n/a (bloom)" if s["items_found"] is None else s["items_found"], s["documents_found"]])
         for item, docs in list(s.get("found", {}).items())[:DECONTAMINATION_ROWS]:
-            holders = "".join(para(d["id"]) + explain_html(explained, d["id"], run_name) for d in docs[:5])
-            found_rows.append([name, item, holders + (para(f"and {len(docs) - 5} more", "note") if len(docs) > 5 else "")])
+            holders = "".join(para(d["id"]) + explain_html(explained, d["id"], run_name) for d in docs[:HOLDERS_SHOWN])
+            found_rows.append([name, item, holders + (para(f"and {len(docs) - HOLDERS_SHOWN} more", "note") if len(docs) > HOLDERS_SHOWN else "")])
     body = (
         para(f"{report['ngram']}-gram overlap, {report['mode']} mode; matching documents {'removed' if report['action'] == 'remove' else 'flagged'}.")
         + table(["evaluation set", "items", "items too short", "items found", "training documents"], rows)
         + (table(["set", "item (line of the set)", "training documents holding it"], found_rows, raw=(2,)) if found_rows else para("No evaluation item was found in the training data.", "note"))
     )
-    return Section("decontamination", "Decontamination", body)
+    return Section("decontamination", body)

@@ -54,11 +54,22 @@ document.querySelectorAll('table[data-page]').forEach(function (table) {
 """
 
 
+# Every section of the page, in page order: id -> title (spelled here only).
+TITLES = {
+    "lineage": "Recipe and lineage", "funnel": "Curation funnel", "removals": "Removal reasons", "duplicates": "Duplicate clusters",
+    "languages": "Language mix", "decontamination": "Decontamination", "tokenizer": "Tokenizer", "mixture": "Realized mixture",
+    "training": "Training curves", "evaluation": "Evaluation", "samples": "Generated samples", "throughput": "Planned and measured",
+}
+
+
 @dataclass(frozen=True)
 class Section:
-    id: str
-    title: str
+    id: str  # a key of TITLES
     body: str  # HTML built with this module's helpers
+
+    @property
+    def title(self) -> str:
+        return TITLES[self.id]
 
 
 def missing(what: str) -> str:

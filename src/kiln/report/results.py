@@ -52,7 +52,7 @@ def lineage(run: RunFiles) -> Section:
         parts.append("<h3>Raw inputs of curation</h3>" + table(["file", "bytes", "sha256"], listed) + (para(f"... and {len(inputs) - INPUTS_SHOWN:,} more files, each with its size and sha256 in curate/manifest.json.", "note") if len(inputs) > INPUTS_SHOWN else ""))
     if run.problems:
         parts.append(para("Unreadable files: " + "; ".join(run.problems), "missing"))
-    return Section("lineage", "Recipe and lineage", "".join(parts))
+    return Section("lineage", "".join(parts))
 
 
 def trace(run: RunFiles, stage: str, depth: int = 0, shown: set[str] | None = None) -> list[str]:
@@ -78,7 +78,7 @@ def trace(run: RunFiles, stage: str, depth: int = 0, shown: set[str] | None = No
 def tokenizer(run: RunFiles) -> Section:
     report = run.read_json(run.stage_dir(TOKENIZER) / "report.json") if TOKENIZER in run.manifests else None
     if report is None:
-        return Section("tokenizer", "Tokenizer", missing("No tokenizer report yet (kiln train-tokenizer)."))
+        return Section("tokenizer", missing("No tokenizer report yet (kiln train-tokenizer)."))
     held = report["heldout"]
     headers = ["", "documents", "bytes/token", "tokens/word", "fertility", "split words"]
 
@@ -92,13 +92,13 @@ def tokenizer(run: RunFiles) -> Section:
     if sweep := run.manifests.get(TOKENIZER_SWEEP):
         bpt = sweep["counts"]["bytes_per_token"]
         body += "<h3>Vocabulary sweep</h3>" + table(["vocabulary", "bytes/token (held out)"], [[int(v), b] for v, b in bpt.items()])
-    return Section("tokenizer", "Tokenizer", body)
+    return Section("tokenizer", body)
 
 
 def evaluation(run: RunFiles) -> Section:
     m = run.manifests.get(EVAL)
     if m is None:
-        return Section("evaluation", "Evaluation", missing(f"Evaluation is {run.state(EVAL)}." if EVAL in run.running else "No evaluation yet (kiln eval)."))
+        return Section("evaluation", missing(f"Evaluation is {run.state(EVAL)}." if EVAL in run.running else "No evaluation yet (kiln eval)."))
     counts = m["counts"]
     parts = []
     if after := counts.get("after"):
@@ -114,7 +114,7 @@ def evaluation(run: RunFiles) -> Section:
         parts.append("<h3>Multiple choice (zero-shot)</h3>" + table(["task", "items", "accuracy", "acc (char-normalized)", "acc (token-normalized)", "stderr of accuracy"], [[n, r["items"], r["acc"], r["acc_norm_char"], r["acc_norm_token"], r["stderr"]["acc"]] for n, r in tasks.items()]))
     else:
         parts.append(para("No multiple-choice task was run (eval.tasks, or kiln eval --task FILE).", "note"))
-    return Section("evaluation", "Evaluation", "".join(parts))
+    return Section("evaluation", "".join(parts))
 
 
 def samples(run: RunFiles, probes: list[dict[str, Any]]) -> Section:
@@ -131,4 +131,4 @@ def samples(run: RunFiles, probes: list[dict[str, Any]]) -> Section:
     if probes:
         last = probes[-1]
         parts.append(f"<h3>Probe set at step {last['step']:,}</h3>" + table(["prompt", "completion"], [[g["prompt"], g["completion"]] for g in last.get("generations", [])]))
-    return Section("samples", "Generated samples", "".join(parts) or missing("No generation yet (kiln generate, or train.probe_every)."))
+    return Section("samples", "".join(parts) or missing("No generation yet (kiln generate, or train.probe_every)."))

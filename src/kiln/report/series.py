@@ -2,8 +2,8 @@
 
 metrics.jsonl (kiln.train.monitor) holds step lines (loss, lr, grad_norm, tokens_per_s, mfu, ...),
 evaluation lines (`kind` start/periodic/adaptive/final with `eval`), probe lines, rollback lines
-and realized-mixture windows. A million-step run is read once, line by line (about 4 s per
-million lines here), into numpy arrays; `minmax` then keeps, per bucket of steps, the lowest and
+and realized-mixture windows. A million-step run's step columns are read by pyarrow (about 2 s
+here) into numpy arrays; `minmax` then keeps, per bucket of steps, the lowest and
 the highest point, so a spike of one step survives downsampling where an average would hide it.
 A line that is not JSON (a run killed mid-write, a damaged file) is counted and skipped, never fatal.
 Not handled here: TensorBoard event files (the same curves, in the same folder).
@@ -40,15 +40,27 @@ class TrainMetrics:
     fields: dict[str, np.ndarray]
     train_loss_by_source: dict[str, Curve]
     val_loss: dict[str, Curve]  # source (and "all", "objective") -> loss per evaluation
-    evaluations: list[dict[str, Any]] = field(default_factory=list)  # the raw eval lines, in order
     rollbacks: list[dict[str, Any]] = field(default_factory=list)
     mixture: list[dict[str, Any]] = field(default_factory=list)
     probes: list[dict[str, Any]] = field(default_factory=list)
     bad_lines: list[int] = field(default_factory=list)  # 1-based numbers of lines that were not JSON records
 
 
+Points = dict[str, tuple[list[int], list[float]]]  # series name -> (steps, values), as they are read
+
+
+def add_point(points: Points, name: str, step: int, value: float) -> None:
+    xs, ys = points.setdefault(name, ([], []))
+    xs.append(step)
+    ys.append(float(value))
+
+
+def curves(points: Points) -> dict[str, Curve]:
+    return {name: Curve(np.asarray(x, np.int64), np.asarray(y)) for name, (x, y) in sorted(points.items())}
+
+
 def read_metrics(path: Path) -> TrainMetrics:
-    """The step columns through pyarrow's JSON reader (C++: about 1 s for a million lines here, where
+    """The step columns through pyarrow's JSON reader (C++: about 2 s for a million lines here, where
     json.loads line by line takes 12 s); the rare other lines with json; the per-source losses of
     SOURCE_SAMPLES lines evenly spaced through the file. A file pyarrow refuses (a damaged line, a
     NaN) is read line by line instead."""
@@ -60,8 +72,8 @@ def read_metrics(path: Path) -> TrainMetrics:
         return read_slowly(path)
     steps_only = columns.filter(pc.and_(pc.is_valid(columns["loss"]), pc.is_valid(columns["step"])))
     metrics = TrainMetrics(steps_only["step"].to_numpy(), {name: steps_only[name].to_numpy(zero_copy_only=False).astype(np.float64) for name in STEP_FIELDS}, {}, {})
-    by_source: dict[str, tuple[list[int], list[float]]] = {}
-    val: dict[str, tuple[list[int], list[float]]] = {}
+    by_source: Points = {}
+    val: Points = {}
     lines = data.split(b"\n")
     # A step line has "loss" right after its step number; find() with bounds keeps this scan in C (0.3 s a million).
     others = [i for i, line in enumerate(lines) if line.find(b'"loss": ', 0, 40) < 0 and line.strip()]
@@ -76,28 +88,23 @@ def read_metrics(path: Path) -> TrainMetrics:
             continue  # not a step line (evenly spaced lines land on an evaluation line now and then)
         record = json.loads(lines[i])
         for source, value in (record.get("loss_by_source") or {}).items():
-            xs, ys = by_source.setdefault(source, ([], []))
-            xs.append(int(record["step"]))
-            ys.append(float(value))
-    metrics.train_loss_by_source = {s: Curve(np.asarray(x, np.int64), np.asarray(y)) for s, (x, y) in sorted(by_source.items())}
-    metrics.val_loss = {s: Curve(np.asarray(x, np.int64), np.asarray(y)) for s, (x, y) in val.items()}
+            add_point(by_source, source, int(record["step"]), value)
+    metrics.train_loss_by_source, metrics.val_loss = curves(by_source), curves(val)
     return metrics
 
 
-def add_other(metrics: TrainMetrics, record: dict[str, Any], val: dict[str, tuple[list[int], list[float]]]) -> None:
+
+def add_other(metrics: TrainMetrics, record: dict[str, Any], val: Points) -> None:
     """An evaluation, rollback, mixture-window or probe line into `metrics` (validation losses into `val`)."""
     step = int(record["step"])
     if "eval" in record:
-        metrics.evaluations.append(record)
         results = record["eval"]
         named = {**{s: r["loss"] for s, r in results.get("sources", {}).items()}, "all": results.get("all", {}).get("loss")}
         if "objective" in results:
             named["objective"] = results["objective"]["loss"]
         for source, value in named.items():
             if value is not None:
-                xs, ys = val.setdefault(source, ([], []))
-                xs.append(step)
-                ys.append(float(value))
+                add_point(val, source, step, value)
     elif record.get("kind") == "rollback":
         metrics.rollbacks.append(record["rollback"])
     elif "mixture" in record:
@@ -110,8 +117,8 @@ def read_slowly(path: Path) -> TrainMetrics:
     """Line by line with json: every line checked, the damaged ones counted."""
     steps: list[int] = []
     columns: dict[str, list[float]] = {name: [] for name in STEP_FIELDS}
-    by_source: dict[str, tuple[list[int], list[float]]] = {}
-    val: dict[str, tuple[list[int], list[float]]] = {}
+    by_source: Points = {}
+    val: Points = {}
     metrics = TrainMetrics(np.zeros(0, np.int64), {}, {}, {})
     nan = float("nan")
     with open(path, encoding="utf-8", errors="replace") as f:
@@ -129,9 +136,7 @@ def read_slowly(path: Path) -> TrainMetrics:
                     value = record.get(name)
                     columns[name].append(nan if value is None else float(value))
                 for source, value in (record.get("loss_by_source") or {}).items():
-                    xs, ys = by_source.setdefault(source, ([], []))
-                    xs.append(step)
-                    ys.append(float(value))
+                    add_point(by_source, source, step, value)
             else:
                 try:
                     add_other(metrics, record, val)
@@ -139,8 +144,7 @@ def read_slowly(path: Path) -> TrainMetrics:
                     metrics.bad_lines.append(number)
     metrics.steps = np.asarray(steps, dtype=np.int64)
     metrics.fields = {name: np.asarray(values, dtype=np.float64) for name, values in columns.items()}
-    metrics.train_loss_by_source = {s: Curve(np.asarray(x, np.int64), np.asarray(y)) for s, (x, y) in sorted(by_source.items())}
-    metrics.val_loss = {s: Curve(np.asarray(x, np.int64), np.asarray(y)) for s, (x, y) in val.items()}
+    metrics.train_loss_by_source, metrics.val_loss = curves(by_source), curves(val)
     return metrics
 
 

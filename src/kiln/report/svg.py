@@ -95,7 +95,10 @@ def line_chart(title: str, series: Sequence[Series], x_label: str, y_label: str,
     drawn = [s for s in series if len(s.x)]
     if not drawn:
         return ""
-    ys = [y for s in drawn for y in s.y if math.isfinite(y) and (y > 0 or not log_y)]
+    def visible(y: float) -> bool:  # a log axis has no place for 0 or below
+        return math.isfinite(y) and (y > 0 or not log_y)
+
+    ys = [y for s in drawn for y in s.y if visible(y)]
     xs = [x for s in drawn for x in s.x]
     if not ys:
         return ""
@@ -127,11 +130,11 @@ def line_chart(title: str, series: Sequence[Series], x_label: str, y_label: str,
         parts.append(f'<line class="grid" x1="{MARGIN_LEFT}" x2="{MARGIN_LEFT + plot_w}" y1="{py(tick):.1f}" y2="{py(tick):.1f}"/><text class="tick" x="{MARGIN_LEFT - 4}" y="{py(tick) + 4:.1f}" text-anchor="end">{label}</text>')
     for i, s in enumerate(drawn):
         colour = PALETTE[i % len(PALETTE)]
-        shown = [(px(x), py(y)) for x, y in zip(s.x, s.y, strict=True) if math.isfinite(y) and (y > 0 or not log_y)]
-        points = " ".join(f"{x:.1f},{y:.1f}" for x, y in shown)
-        dash = ' stroke-dasharray="5 3"' if s.dashed else ""
+        shown = [(px(x), py(y)) for x, y in zip(s.x, s.y, strict=True) if visible(y)]
         if not shown:
             continue
+        points = " ".join(f"{x:.1f},{y:.1f}" for x, y in shown)
+        dash = ' stroke-dasharray="5 3"' if s.dashed else ""
         if len(shown) == 1:  # one point draws no line: show it as a dot
             parts.append(f'<circle class="series" cx="{shown[0][0]:.1f}" cy="{shown[0][1]:.1f}" r="3" fill="{colour}"><title>{escape(s.name)}</title></circle>')
         else:

@@ -35,11 +35,11 @@ def training_sections(run: RunFiles, metrics: TrainMetrics | None, hooks: Hooks)
     path = metrics_path(run)
     if metrics is None or path is None:
         why = "training has started but written no step yet" if TRAIN in run.running else "training has not run in this run directory (kiln train)"
-        return [Section(sid, title, missing(why)) for sid, title in (("mixture", "Realized mixture"), ("training", "Training curves"), ("throughput", "Planned and measured"))]
+        return [Section(sid, missing(why)) for sid in ("mixture", "training", "throughput")]
     manifest = run.manifests.get(TRAIN) if TRAIN not in run.running else None
     state = para(f"Training {run.state(TRAIN)}: {len(metrics.steps):,} steps so far (read from {path}).", "missing") if manifest is None else ""
     damaged = para(f"{len(metrics.bad_lines):,} line(s) of {path.name} are not JSON records and were skipped (first: line {metrics.bad_lines[0]}).", "missing") if metrics.bad_lines else ""
-    return [mixture(metrics, manifest), Section("training", "Training curves", state + damaged + curves(metrics)), throughput(metrics, manifest, hooks)]
+    return [mixture(metrics, manifest), Section("training", state + damaged + curves(metrics)), throughput(metrics, manifest, hooks)]
 
 
 def top_sources(metrics: TrainMetrics) -> list[str]:
@@ -51,7 +51,7 @@ def top_sources(metrics: TrainMetrics) -> list[str]:
 def mixture(metrics: TrainMetrics, manifest: dict[str, Any] | None) -> Section:
     windows = metrics.mixture
     if not windows and manifest is None:
-        return Section("mixture", "Realized mixture", missing("No window of the mixture report has closed yet (train.mix report_windows)."))
+        return Section("mixture", missing("No window of the mixture report has closed yet (train.mix report_windows)."))
     sources = sorted({s for w in windows for s in w["tokens"]}, key=lambda s: -sum(w["tokens"].get(s, 0) for w in windows))
     ends = [w["steps"][1] for w in windows]
     series = []
@@ -68,7 +68,7 @@ def mixture(metrics: TrainMetrics, manifest: dict[str, Any] | None) -> Section:
         rows.append([s, p.get("tokens"), f"{p['tokens'] / planned_total:.1%}" if p else "", read.get(s, 0), f"{read.get(s, 0) / read_total:.1%}", p.get("epochs")])
     body = chart + para("Solid: the share each source gave in the window; dashed: the share the mixture's schedule asked for.", "note") if chart else ""
     body += table(["source", "planned tokens", "planned share", "tokens read", "share read", "planned epochs"], rows)
-    return Section("mixture", "Realized mixture", body)
+    return Section("mixture", body)
 
 
 def markers(metrics: TrainMetrics) -> list[Marker]:
@@ -140,4 +140,4 @@ def throughput(metrics: TrainMetrics, manifest: dict[str, Any] | None, hooks: Ho
         rows.append(["time of the steps (s)", wall, estimate["time_note"]])
     else:
         rows += [["memory per device", measured_memory, why], ["time of the steps (s)", wall, ""]]
-    return Section("throughput", "Planned and measured", table(["", "measured", "planner (kiln plan)"], rows))
+    return Section("throughput", table(["", "measured", "planner (kiln plan)"], rows))
