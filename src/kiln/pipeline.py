@@ -85,19 +85,31 @@ def dry_run_train(recipe: Recipe) -> str:
     from kiln.core.ranks import world_size
     from kiln.mix.sampler import build_sampler
     from kiln.model.precision import resolve_precision
-    from kiln.plan.memory import Shape, format_memory, plan_memory
+    from kiln.plan.memory import format_memory
     from kiln.train.run import dry_run, format_dry_run
 
     t = recipe.train
     d = dry_run(recipe.model, t, partial(build_sampler, RunLayout(recipe.run_dir).token_shards, recipe.mix), recipe.run_dir)
-    sharded = recipe.parallel.layout(world_size())[1] > 1
     amp = resolve_precision(t.precision, "train").amp_dtype
-    # The planner's memory model per device for this layout (FSDP2 shards like ZeRO-3).
-    memory = plan_memory(
-        Shape.from_config(d["model"]), dp=world_size(), zero=3 if sharded else 0, micro_batch=t.micro_batch_size, seq_len=t.seq_len,
-        precision={None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp], checkpointing=t.activation_checkpointing,
+    precision = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp]
+    degrees = recipe.parallel.degrees(world_size()) if world_size() > 1 else None
+    memory = layout_memory(d["model"], degrees, recipe.parallel.reshard_after_forward, recipe.parallel.sequence_parallel, t.micro_batch_size, t.seq_len, precision, t.activation_checkpointing)
+    layout = ", ".join(f"{k} {v}" for k, v in degrees.items()) if degrees else "one process"
+    return format_dry_run(d) + f"\n\nmemory per rank ({layout}; kiln plan memory):\n" + format_memory(memory)
+
+
+def layout_memory(model: Any, degrees: dict[str, int] | None, reshard_after_forward: bool, sequence_parallel: bool, micro_batch: int, seq_len: int, precision: str, checkpointing: str) -> dict[str, Any]:
+    """The planner's memory per rank (kiln plan memory) for a kiln layout (kiln.train.mesh's degrees;
+    None: one process). FSDP2 resharding after forward is ZeRO-3, keeping the weights to backward
+    ZeRO-2, replicas alone ZeRO-0; under HSDP the states are sharded over dp_shard only."""
+    from kiln.plan.memory import Shape, plan_memory
+
+    degrees = degrees or {"dp_replicate": 1, "dp_shard": 1, "tp": 1}
+    sharded = degrees["dp_shard"] > 1
+    return plan_memory(
+        Shape.from_config(model), dp=degrees["dp_shard"] if sharded else degrees["dp_replicate"], tp=degrees.get("tp", 1), zero=(3 if reshard_after_forward else 2) if sharded else 0,
+        micro_batch=micro_batch, seq_len=seq_len, precision=precision, checkpointing=checkpointing, sequence_parallel=sequence_parallel,
     )
-    return format_dry_run(d) + "\n\nmemory per device (kiln plan memory):\n" + format_memory(memory)
 
 
 def report_hooks(run_dir: Path) -> Any:
@@ -106,7 +118,7 @@ def report_hooks(run_dir: Path) -> Any:
     from kiln.curate.explain import explain_many
     from kiln.curate.steps.pii import PIIConfig, RedactPII
     from kiln.report.run_files import Hooks
-    from kiln.train.distributed import ParallelConfig
+    from kiln.train.mesh import ParallelConfig
 
     layout = RunLayout(run_dir)
     try:  # the run's own recipe; a recipe kiln can no longer read leaves the defaults
@@ -126,21 +138,22 @@ def plan_estimate(parallel: Any, manifest: dict[str, Any]) -> dict[str, Any]:
     from kiln.model.config import ModelConfig
     from kiln.model.precision import dtype_on
     from kiln.plan.hardware import DEFAULT_MFU
-    from kiln.plan.memory import Shape, plan_memory
 
     t, counts = manifest["config"]["train"], manifest["counts"]
     world = counts.get("processes", 1)
-    try:
-        sharded = parallel.layout(world)[1] > 1
-    except KilnError:  # the recipe now asks for another layout than the run had
-        sharded = False
+    degrees = counts.get("parallel")  # recorded since tensor parallelism; before, the recipe's section laid out data ranks alone
+    if degrees is None:
+        try:
+            degrees = {**dict(zip(("dp_replicate", "dp_shard"), parallel.layout(world), strict=True)), "tp": 1}
+        except KilnError:  # the recipe now asks for another layout than the run had
+            degrees = {"dp_replicate": world, "dp_shard": 1, "tp": 1}
     device = str(counts.get("device", "cpu"))
     precision = dtype_on(t["precision"]["dtype"], device.split(":")[0])  # the run's device ("cuda:0"), not this machine's
-    memory = plan_memory(Shape.from_config(ModelConfig.model_validate(manifest["model"])), dp=world, zero=3 if sharded else 0, micro_batch=t["micro_batch_size"], seq_len=t["seq_len"], precision=precision, checkpointing=t["activation_checkpointing"])
+    memory = layout_memory(ModelConfig.model_validate(manifest["model"]), degrees, parallel.reshard_after_forward, parallel.sequence_parallel, t["micro_batch_size"], t["seq_len"], precision, t["activation_checkpointing"])
     flops = counts["flops_per_token"] * counts["tokens_trained"]
     peak = peak_flops_of(str(counts.get("device_name", ""))) if device.startswith("cuda") else None
     time_note = f"{flops / (peak * world * DEFAULT_MFU):,.0f} s at {DEFAULT_MFU:.0%} MFU (kiln plan's default)" if peak else "needs a GPU's dense peak (a CPU has none in the planner's table)"
-    return {"memory_gb": memory["total_gb"], "layout": f"dp={world}, ZeRO {memory['zero']}, {precision}, micro-batch {t['micro_batch_size']} x {t['seq_len']}", "train_flops": flops, "flops_per_token": counts["flops_per_token"], "time_note": time_note}
+    return {"memory_gb": memory["total_gb"], "layout": f"dp={memory['dp']} tp={memory['tp']}, ZeRO {memory['zero']}, {precision}, micro-batch {t['micro_batch_size']} x {t['seq_len']}", "train_flops": flops, "flops_per_token": counts["flops_per_token"], "time_note": time_note}
 
 
 def build_report(run_dir: Path, watch_s: float | None = None) -> Path:

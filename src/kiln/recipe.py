@@ -24,7 +24,7 @@ from kiln.mix.config import MixConfig
 from kiln.model.config import ModelConfig
 from kiln.tokenize.config import TokenizeConfig, TokenizerConfig
 from kiln.train.config import TrainConfig
-from kiln.train.distributed import ParallelConfig
+from kiln.train.mesh import ParallelConfig, data_ranks
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -39,7 +39,7 @@ class Recipe(Section):
     mix: MixConfig = Field(default_factory=MixConfig, description="Drawing training sequences from sources.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The decoder's shape.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Training: length, batch, seed; optim, schedule, precision and checkpoint sub-sections.")
-    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="How the processes torchrun starts share the model: DDP replicas, FSDP2 shards or both.")
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="How the processes torchrun starts share the model: DDP replicas, FSDP2 shards, tensor parallelism, on one device mesh.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Validation loss, perplexity, bits per byte.")
     generate: GenerateConfig = Field(default_factory=GenerateConfig, description="Sampling text from the trained model.")
     export: ExportConfig = Field(default_factory=ExportConfig, description="Writing the trained model as a Hugging Face folder.")
@@ -136,7 +136,8 @@ def load_recipe(recipe: str | Path | None, overrides: list[str] | tuple[str, ...
 
 def validate_recipe(data: dict[str, Any], origin: str = "recipe") -> Recipe:
     try:
-        return Recipe.model_validate(data)
+        # The train section's batch arithmetic counts data ranks, which the parallel section decides.
+        return Recipe.model_validate(data, context={"data_ranks": data_ranks(data.get("parallel"))})
     except ValidationError as e:
         errors = e.errors()
         # Pydantic also fails a container (e.g. "tuple should have at least 1 item") when an item

@@ -645,7 +645,7 @@ def test_dry_run_prints_the_planned_mixture_per_phase_and_trains_nothing(tokeniz
     assert not (copy / "train").exists()
 
 
-def test_kiln_train_dry_run_from_the_command_line(tokenized: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_kiln_train_dry_run_from_the_command_line(tokenized: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from kiln.cli import main
 
     copy_tokenized(tokenized, tmp_path / "copy")
@@ -655,8 +655,17 @@ def test_kiln_train_dry_run_from_the_command_line(tokenized: Path, tmp_path: Pat
     assert main(["train", "--recipe", str(recipe), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "planned mixture: 10,240 tokens trained in 1 phase(s)" in out and "0.750" in out and "0.250" in out
-    assert "model: 3,475,712 params" in out and "tokens/s over 3 measured steps" in out and "memory per device (kiln plan memory)" in out
+    assert "model: 3,475,712 params" in out and "tokens/s over 3 measured steps" in out and "memory per rank (one process; kiln plan memory)" in out
     assert not (tmp_path / "copy" / "train").exists()
+    # For a launch of 2 processes with tp=2 (the dry run itself measures on this one): the planner's
+    # memory per rank for that layout, each rank holding half of every matrix.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["train", "--recipe", str(recipe), "--dry-run", "--set", "parallel.tp=2"]) == 0
+    split = capsys.readouterr().out
+    assert "on 2 process(es) (1 reading data)" in split and "memory per rank (dp_replicate 1, dp_shard 1, tp 2; kiln plan memory)" in split
+    assert "dp=1 tp=2 pp=1 (2 GPUs), ZeRO stage 0" in split
+    per_rank = [int(line.split(")")[1].split()[0].replace(",", "")) for text in (out, split) for line in text.splitlines() if line.startswith("parameters per GPU (after tp, pp)")]
+    assert len(per_rank) == 2 and per_rank[1] == per_rank[0] // 2
 
 
 def test_fp16_trains_with_dynamic_loss_scaling(tokenized: Path, tmp_path: Path) -> None:

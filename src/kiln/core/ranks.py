@@ -2,7 +2,7 @@
 
 torchrun sets RANK and WORLD_SIZE for every process it starts; without torchrun there is one
 process, rank 0 of 1. Read from the environment so that the CLI can decide before any process
-group exists (kiln.train.distributed builds the group).
+group exists (kiln.train.mesh builds the group and the mesh).
 """
 
 from __future__ import annotations

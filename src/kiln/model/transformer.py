@@ -83,9 +83,10 @@ class Attention(nn.Module):
 
     def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sdpa_kwargs: dict[str, Any], cache: LayerCache | None = None) -> torch.Tensor:
         B, T, _ = x_BTD.shape
-        q_BHTE = self.wq(x_BTD).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k_BKTE = self.wk(x_BTD).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        v_BKTE = self.wv(x_BTD).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        # Heads counted from the projections' widths: under tensor parallelism a rank holds H/tp and K/tp of them.
+        q_BHTE = self.wq(x_BTD).view(B, T, -1, self.head_dim).transpose(1, 2)
+        k_BKTE = self.wk(x_BTD).view(B, T, -1, self.head_dim).transpose(1, 2)
+        v_BKTE = self.wv(x_BTD).view(B, T, -1, self.head_dim).transpose(1, 2)
         if self.q_norm is not None and self.k_norm is not None:
             q_BHTE, k_BKTE = self.q_norm(q_BHTE), self.k_norm(k_BKTE)  # over E: bounds the q.k logits
         q_BHTE, k_BKTE = apply_rope(q_BHTE, cos, sin), apply_rope(k_BKTE, cos, sin)
@@ -98,7 +99,7 @@ class Attention(nn.Module):
             v_BKTE = v_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         # sdpa_kwargs: is_causal=True (the fast path), nothing (full), or a (B, 1, T, T) bool attn_mask.
         y_BHTE = F.scaled_dot_product_attention(q_BHTE, k_BKTE, v_BKTE, **sdpa_kwargs)
-        return self.wo(y_BHTE.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+        return self.wo(y_BHTE.transpose(1, 2).reshape(B, T, -1))
 
 
 class FeedForward(nn.Module):

@@ -23,7 +23,8 @@ from kiln.core.config import Section
 from kiln.model.batch import BatchSource
 from kiln.model.transformer import Transformer
 from kiln.model.weights import CONFIG, WEIGHTS, write_weights
-from kiln.train.distributed import DataParallel, full_state
+from kiln.train.distributed import full_state
+from kiln.train.mesh import Ranks
 from kiln.train.resume import States
 
 TRAIN_STATE = "train_state.pt"
@@ -47,7 +48,7 @@ def save_checkpoint(folder: Path, model: Transformer, train_state: dict[str, Any
     return [folder / WEIGHTS, folder / CONFIG, folder / TRAIN_STATE]
 
 
-def maybe_checkpoint(folder: Path, states: States, every: int | None, step: int, last_step: int, model: nn.Module, core: Transformer, optimizer: torch.optim.Optimizer, batches: BatchSource, dp: DataParallel, resumable: Callable[[], dict[str, Any]]) -> list[Path] | None:
+def maybe_checkpoint(folder: Path, states: States, every: int | None, step: int, last_step: int, model: nn.Module, core: Transformer, optimizer: torch.optim.Optimizer, batches: BatchSource, ranks: Ranks, resumable: Callable[[], dict[str, Any]]) -> list[Path] | None:
     """After `step`: a resumable state every `every` steps (into `states`; `resumable()` gives
     its JSON part), and after the last step the consolidated checkpoint; the consolidated paths
     written (on rank 0), else None.
@@ -60,11 +61,11 @@ def maybe_checkpoint(folder: Path, states: States, every: int | None, step: int,
             states.save(step, model, optimizer, resumable())
         return None
     states.wait()  # a pending asynchronous save completes before the stage can finish
-    if dp.world == 1:
+    if ranks.world == 1:
         optimizer_state, weights_of = optimizer.state_dict(), core
     else:
-        model_state, optimizer_state = full_state(model, optimizer, dp)
-        if not dp.is_main:
+        model_state, optimizer_state = full_state(model, optimizer)
+        if not ranks.is_main:
             return None
         with torch.random.fork_rng():  # the copy's throwaway initialisation must not move the run's RNG
             weights_of = Transformer(core.cfg)  # a CPU copy holding the gathered weights, for the one writer

@@ -7,16 +7,18 @@ Sub-sections live with the code that reads them: `optim` (kiln.train.optim), `sc
 weighs several per row. The batch is given in tokens per
 optimizer step (`global_batch_tokens`); gradient-accumulation steps follow from it. Keys of
 the flat section this replaced fail with the name of their new home.
-The data-parallel size in the batch arithmetic is the number of processes torchrun started
-(kiln.train.distributed.world_size; 1 without torchrun), so a recipe is checked against the
-layout it runs on. Not handled here: the layout itself (the `parallel` section).
+The data-parallel size in the batch arithmetic is the number of data ranks of the launch: the
+processes torchrun started (1 without torchrun) over the model-parallel degree of the recipe's
+`parallel` section, which kiln.recipe passes in as the validation context `data_ranks`; a
+section validated alone counts every process. So a recipe is checked against the layout it runs
+on. Not handled here: the layout itself (kiln.train.mesh).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
 from kiln.core.config import Section
 from kiln.core.ranks import world_size
@@ -75,6 +77,19 @@ class TrainConfig(Section):
     init_from: str | None = Field(default=None, description="Continued pretraining: start from this kiln checkpoint folder (model.safetensors + config.json, e.g. runs/base/train/checkpoint) instead of random weights; the model section must describe the same model, the tokenizer must be its run's (tokenizer.from_run). The optimizer starts fresh: use a lower optim.lr and a short schedule.warmup_steps.")
     late_position_weight: float = Field(default=0.0, ge=0, description="Weight the loss towards later positions of each row: position t counts 1 + w * t / (T - 1), normalised to mean 1 (long-context training); 0 weighs all alike.")
 
+    _data_ranks: int = PrivateAttr(default=1)
+
+    @model_validator(mode="after")
+    def _ranks(self, info: ValidationInfo) -> TrainConfig:
+        # Runs before the checks below (validators run in the order they are defined).
+        self._data_ranks = (info.context or {}).get("data_ranks") or world_size()
+        return self
+
+    @property
+    def data_ranks(self) -> int:
+        """Ranks that read different rows: processes over the model-parallel degree."""
+        return self._data_ranks
+
     @model_validator(mode="before")
     @classmethod
     def _moved_keys(cls, data: Any) -> Any:
@@ -112,13 +127,13 @@ class TrainConfig(Section):
         for p in phases:
             if p.seq_len > self.seq_len or (self.micro_batch_size * self.seq_len) % p.seq_len:
                 raise ValueError(f"seq_len_schedule phase at {p.start}: seq_len {p.seq_len} must be at most seq_len ({self.seq_len}) and divide micro_batch_size * seq_len ({self.micro_batch_size * self.seq_len})")
-            if self.tokens_per_step % (p.seq_len * world_size()):
+            if self.tokens_per_step % (p.seq_len * self.data_ranks):
                 raise ValueError(f"seq_len_schedule phase at {p.start}: seq_len {p.seq_len} must divide the tokens per step ({self.tokens_per_step}) into whole rows on every rank")
         return self
 
     def geometry(self, step: int) -> StepGeometry:
         """Sequence length, rows and RoPE base of optimizer step `step` (1-based)."""
-        return step_geometry(step, self.steps, self.seq_len, self.micro_batch_size, self.tokens_per_step, world_size(), self.seq_len_schedule, self.batch_warmup)
+        return step_geometry(step, self.steps, self.seq_len, self.micro_batch_size, self.tokens_per_step, self.data_ranks, self.seq_len_schedule, self.batch_warmup)
 
     @property
     def objectives(self) -> dict[str, float]:
@@ -134,11 +149,11 @@ class TrainConfig(Section):
     def _geometry(self) -> TrainConfig:
         if self.schedule.warmup_steps >= self.steps:
             raise ValueError(f"schedule.warmup_steps ({self.schedule.warmup_steps}) must be below steps ({self.steps})")
-        per_micro_step = self.micro_batch_size * self.seq_len * world_size()
+        per_micro_step = self.micro_batch_size * self.seq_len * self.data_ranks
         if self.global_batch_tokens is not None and self.global_batch_tokens % per_micro_step:
             raise ValueError(
                 f"global_batch_tokens ({self.global_batch_tokens}) is not a multiple of micro_batch_size * seq_len * data-parallel ranks"
-                f" ({self.micro_batch_size} * {self.seq_len} * {world_size()} = {per_micro_step}); use a multiple such as"
+                f" ({self.micro_batch_size} * {self.seq_len} * {self.data_ranks} = {per_micro_step}); use a multiple such as"
                 f" {max(1, round(self.global_batch_tokens / per_micro_step)) * per_micro_step}"
             )
         return self
@@ -146,9 +161,9 @@ class TrainConfig(Section):
     @property
     def grad_accum_steps(self) -> int:
         """Micro-batches each rank accumulates per optimizer step."""
-        return (self.global_batch_tokens or self.micro_batch_size * self.seq_len * world_size()) // (self.micro_batch_size * self.seq_len * world_size())
+        return (self.global_batch_tokens or self.micro_batch_size * self.seq_len * self.data_ranks) // (self.micro_batch_size * self.seq_len * self.data_ranks)
 
     @property
     def tokens_per_step(self) -> int:
         """Tokens per optimizer step over all ranks."""
-        return self.micro_batch_size * self.seq_len * world_size() * self.grad_accum_steps
+        return self.micro_batch_size * self.seq_len * self.data_ranks * self.grad_accum_steps

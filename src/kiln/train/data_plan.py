@@ -17,7 +17,6 @@ import numpy as np
 
 from kiln.model.batch import RowSource
 from kiln.train.config import TrainConfig
-from kiln.train.distributed import world_size
 from kiln.train.objectives import window_length
 
 
@@ -25,11 +24,11 @@ def plan_data(cfg: TrainConfig, rows: RowSource) -> dict[str, Any]:
     """Per phase and in total: steps, sequence lengths, tokens, and per source the weights, tokens and cumulative epochs."""
     shapes = [cfg.geometry(step) for step in range(1, cfg.steps + 1)]
     progress = np.array([g.progress for g in shapes])
-    tokens = np.array([g.tokens(world_size()) for g in shapes])  # positions trained
+    tokens = np.array([g.tokens(cfg.data_ranks) for g in shapes])  # positions trained
     # What the rows read from the sources: each row's window, by the objectives' weights.
     weights = cfg.objectives
     window = {length: sum(w * window_length(o, length, cfg.span_corruption) for o, w in weights.items()) / sum(weights.values()) for length in {g.seq_len for g in shapes}}
-    read = np.array([g.rows_per_rank * world_size() * window[g.seq_len] for g in shapes])
+    read = np.array([g.rows_per_rank * cfg.data_ranks * window[g.seq_len] for g in shapes])
     edges = {0.0, *rows.breakpoints(), *(p.start for p in cfg.seq_len_schedule or [])}
     if cfg.batch_warmup is not None:
         edges.add(min(cfg.batch_warmup.steps, cfg.steps) / cfg.steps)

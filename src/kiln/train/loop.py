@@ -12,7 +12,8 @@ untrained baseline near ln(vocab), and after the last step; with an objective ot
 also that objective's loss on fixed validation batches), `maybe_adapt` (an adaptive mixture's
 reweighting from per-source validation losses), and the realized mixture per window of steps.
 Stage bookkeeping (manifest, skip-or-redo, counts) is kiln.train.run's; wrapping the model for
-data parallelism is kiln.train.distributed's, the resumable states kiln.train.resume's. A NaN,
+data and tensor parallelism is kiln.train.distributed's and kiln.train.tensor_parallel's over the
+mesh of kiln.train.mesh, the resumable states kiln.train.resume's. A NaN,
 Inf or loss spike (kiln.train.rollback's guard) rolls the run back to its newest resumable state;
 the replayed stream skips the rows that faulted.
 """
@@ -33,7 +34,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from kiln.core.errors import FatalError
@@ -47,13 +47,15 @@ from kiln.model.transformer import Transformer
 from kiln.model.weights import load_weights_into
 from kiln.train.checkpoint import maybe_checkpoint
 from kiln.train.config import TrainConfig
-from kiln.train.distributed import DataParallel, ParallelConfig, apply_activation_checkpointing, apply_compile, parallelize, unwrap
+from kiln.train.distributed import apply_activation_checkpointing, apply_compile, clip_grad_norm, parallelize, unwrap
 from kiln.train.loss import Loss, fused_lm_loss, lm_loss
+from kiln.train.mesh import ParallelConfig, Ranks, one_process
 from kiln.train.monitor import MixtureWindows, Monitor, truncate_metrics
 from kiln.train.optim import build_optimizer
 from kiln.train.resume import STATES, States
 from kiln.train.rollback import Guard
 from kiln.train.schedule import lr_at
+from kiln.train.tensor_parallel import apply_tensor_parallel, vocab_parallel_loss
 
 log = logging.getLogger("kiln.train")
 
@@ -167,11 +169,9 @@ class StopRequest:
         log.warning("train: %s received; saving a resumable state after this step", signal.Signals(signum).name)
         self.requested = True
 
-    def agreed(self, dp: DataParallel) -> bool:
+    def agreed(self, ranks: Ranks) -> bool:
         """Whether any rank was asked to stop (a collective with several ranks: every rank stops together)."""
-        if dp.world == 1:
-            return self.requested
-        return bool(dp.all_sum(torch.tensor([float(self.requested)], device=dp.device)).item())
+        return ranks.any(self.requested)
 
     def __enter__(self) -> StopRequest:
         return self
@@ -186,8 +186,16 @@ def compiling(cfg: TrainConfig, device: torch.device) -> bool:
     return cfg.compile if cfg.compile is not None else device.type == "cuda"
 
 
-def build_loss(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision) -> Callable[[nn.Module, Batch, int], Loss]:
+def build_loss(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision, tp: int = 1) -> Callable[[nn.Module, Batch, int], Loss]:
     """loss_of(model, batch on the device, kept positions of the step): the forward pass and the training loss."""
+    if tp > 1:  # the output layer's vocabulary shards go straight into the cross-entropy (inside Ranks.loss_context)
+
+        def vocab_parallel(model: nn.Module, batch: Batch, step_tokens: int) -> Loss:
+            head = partial(vocab_parallel_loss, batch=batch, step_tokens=step_tokens, late_position_weight=cfg.late_position_weight)
+            with precision.autocast():
+                return model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT, head=head)
+
+        return vocab_parallel
     if cfg.fused_loss and precision.amp_dtype != torch.float16:
         chunk = cfg.loss_chunk_tokens or max(1, (2**28 if precision.device.type == "cuda" else 2**23) // (model_cfg.vocab_size or 1))
         compiled = compiling(cfg, precision.device)
@@ -211,30 +219,32 @@ def build_loss(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision) -
     return plain
 
 
-def build_parallel_model(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision, dp: DataParallel, parallel: ParallelConfig) -> tuple[nn.Module, Transformer]:
+def build_parallel_model(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision, ranks: Ranks, parallel: ParallelConfig) -> tuple[nn.Module, Transformer]:
     """(the model the loop steps: wrapped for data parallelism, the Transformer inside it)."""
-    core = build_model(model_cfg, cfg.seed, dp.device)  # the same seed on every rank: the same initial weights
+    core = build_model(model_cfg, cfg.seed, ranks.device)  # the same seed on every rank: the same initial weights
     if cfg.init_from:  # continued pretraining: every rank reads the same starting weights
         load_weights_into(core, Path(cfg.init_from))
+    if ranks.tp > 1:  # each rank keeps its slices of the whole matrices it built
+        apply_tensor_parallel(core, ranks.mesh["tp"], parallel.sequence_parallel)
     apply_activation_checkpointing(core, cfg.activation_checkpointing, cfg.checkpoint_every_k_blocks)
-    if compiling(cfg, dp.device):
+    if compiling(cfg, ranks.device):
         apply_compile(core)
-    model = parallelize(core, dp, parallel, precision.amp_dtype)
+    model = parallelize(core, ranks, parallel, precision.amp_dtype)
     return model, unwrap(model)  # type: ignore[return-value]
 
 
-def step_rows(micro_batches: list[Batch], sources: list[str], dp: DataParallel) -> list[tuple[int, str]]:
-    """(row index in the global stream, source) of every row of a step, over all ranks (a
+def step_rows(micro_batches: list[Batch], sources: list[str], ranks: Ranks) -> list[tuple[int, str]]:
+    """(row index in the global stream, source) of every row of a step, over all data ranks (a
     collective); empty when the batches do not carry row indices."""
     if any(b.index_B is None for b in micro_batches):
         return []
     index = torch.cat([b.index_B for b in micro_batches])  # type: ignore[misc]
     source = torch.cat([b.source_B.cpu() for b in micro_batches])
-    # The step's rows are one contiguous run of the stream; rank 0 holds its first rows.
-    first = int(dp.all_sum(torch.tensor([int(index.min()) if dp.is_main else 0], device=dp.device)).item())
-    table = torch.zeros(len(index) * dp.world, dtype=torch.long)
+    # The step's rows are one contiguous run of the stream; data rank 0 holds its first rows.
+    first = int(ranks.all_sum(torch.tensor([int(index.min()) if ranks.data_rank == 0 else 0], device=ranks.device)).item())
+    table = torch.zeros(len(index) * ranks.data_world, dtype=torch.long)
     table[index - first] = source + 1
-    table = dp.all_sum(table.to(dp.device)).cpu()
+    table = ranks.all_sum(table.to(ranks.device)).cpu()
     return [(first + i, sources[int(s) - 1]) for i, s in enumerate(table.tolist()) if s]
 
 
@@ -245,29 +255,30 @@ def describe_rows(rows: list[tuple[int, str]]) -> str:
     return f"rows {rows[0][0]}..{rows[-1][0]} of the stream (" + ", ".join(f"{n} {s}" for s, n in by_source.items()) + ")"
 
 
-def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path, objective_batches: list[Batch] | None = None, adapt_every: int | None = None, report_windows: int = 10, dp: DataParallel | None = None, parallel: ParallelConfig | None = None, resume_from: Path | None = None, reference_runs: Sequence[Path] = (), make_probe: MakeProbe | None = None) -> TrainResult:
+def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scoring: ScoringConfig, run_dir: Path, out_dir: Path, objective_batches: list[Batch] | None = None, adapt_every: int | None = None, report_windows: int = 10, ranks: Ranks | None = None, parallel: ParallelConfig | None = None, resume_from: Path | None = None, reference_runs: Sequence[Path] = (), make_probe: MakeProbe | None = None) -> TrainResult:
     """Train a model (model_cfg with its vocab_size resolved; fresh, or train.init_from's weights) on `batches`; metrics and checkpoint go to out_dir.
 
     objective_batches: held-out batches built by the training objective, scored at each validation.
     adapt_every: steps between the adaptive mixture's reweightings (None: the mixture is fixed).
     report_windows: windows of steps the realized mixture is reported over.
-    dp, parallel: this process's place among the data-parallel ranks (None: one process).
+    ranks, parallel: this process's place among the data-parallel ranks (None: one process).
     resume_from: a complete resumable state (kiln.train.resume) to continue from.
     reference_runs: other runs whose validation splits are scored too (continued pretraining's replay).
     make_probe: builds the probe set's scorer for the autocast dtype (kiln.pipeline wires eval.probe in); used with train.probe_every.
     """
     precision = build_precision(cfg)
-    dp = dp or DataParallel(0, 1, 1, 1, precision.device)
-    device = dp.device
-    model, core = build_parallel_model(model_cfg, cfg, precision, dp, parallel or ParallelConfig())
-    loss_of = build_loss(model_cfg, cfg, precision)
+    ranks = ranks or one_process(precision.device)
+    device = ranks.device
+    model, core = build_parallel_model(model_cfg, cfg, precision, ranks, parallel or ParallelConfig())
+    loss_of = build_loss(model_cfg, cfg, precision, ranks.tp)
     optimizer = build_optimizer(model, cfg.optim)
+    parameters = list(model.parameters())
     # fp16 autocast needs dynamic loss scaling (bf16 has fp32's exponent range and does not).
     scaler = torch.amp.GradScaler(device.type, enabled=precision.amp_dtype == torch.float16)
     evaluate = build_scorer(run_dir, scoring, cfg, precision, objective_batches, reference_runs)
     probe = make_probe(precision.amp_dtype) if make_probe is not None and cfg.probe_every else None
     mixture = MixtureWindows(batches.sources, cfg.steps, report_windows)
-    states = States(out_dir / STATES, dp, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, cfg.checkpoint.async_save)
+    states = States(out_dir / STATES, ranks, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, cfg.checkpoint.async_save)
     # With fp16 an overflowing gradient is the loss scaler's to handle (it skips the step).
     guard = Guard(cfg.rollback, check_grad_norm=not scaler.is_enabled())
     metrics_path = out_dir / RunLayout(run_dir).metrics.name
@@ -281,7 +292,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
         if "guard" in saved:  # states written before rollbacks existed have none
             guard.load_state_dict(saved["guard"], history_only=rollback)
         scaler.load_state_dict(saved.get("scaler", {}))
-        if dp.is_main:
+        if ranks.is_main:
             truncate_metrics(metrics_path, saved["step"])
         return saved
 
@@ -289,10 +300,10 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     start = saved["step"] if saved else 0
     if saved:
         log.info("train: resuming after step %d from %s", start, resume_from)
-    elif dp.is_main:
+    elif ranks.is_main:
         truncate_metrics(metrics_path, 0)
-    monitor = build_monitor(metrics_path, cfg, device, model_cfg, dp.world)
-    log.info("train: %s params (%s without embeddings) on %s x %d (%d replicas x %d shards), %d steps of %d tokens (%d micro-batches of %d x %d per rank)", f"{count_params(model_cfg):,}", f"{count_params(model_cfg, False):,}", device.type, dp.world, dp.replicate, dp.shard, cfg.steps, cfg.tokens_per_step, cfg.grad_accum_steps, cfg.micro_batch_size, cfg.seq_len)
+    monitor = build_monitor(metrics_path, cfg, device, model_cfg, ranks.world)
+    log.info("train: %s params (%s without embeddings) on %s x %d (%s), %d steps of %d tokens (%d micro-batches of %d x %d per data rank)", f"{count_params(model_cfg):,}", f"{count_params(model_cfg, False):,}", device.type, ranks.world, ranks.describe(), cfg.steps, cfg.tokens_per_step, cfg.grad_accum_steps, cfg.micro_batch_size, cfg.seq_len)
 
     # every rank scores (FSDP2 gathers shards); rank 0 logs
     val_before = saved["val_before"] if saved else maybe_eval(evaluate, core, monitor, 0, cfg)
@@ -330,61 +341,59 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                 # kept positions of the whole step, which the masks (on the host, no sync) give.
                 t_data = time.perf_counter()
                 for _ in range(guard.skips.get(step, 0)):  # rows that made this step fault before a rollback
-                    skipped = step_rows([batches.next_batch(rows, shape.seq_len, shape.progress) for rows in shape.micro_batches], list(batches.sources), dp)
-                    if dp.is_main:
+                    skipped = step_rows([batches.next_batch(rows, shape.seq_len, shape.progress) for rows in shape.micro_batches], list(batches.sources), ranks)
+                    if ranks.is_main:
                         log.warning("train: step %d: skipping %s, which faulted before", step, describe_rows(skipped))
                 micro_batches = [batches.next_batch(rows, shape.seq_len, shape.progress) for rows in shape.micro_batches]
                 data_wait_s = time.perf_counter() - t_data
                 # sync point with several ranks: the kept positions of the step over all of them.
-                step_tokens = int(dp.all_sum(torch.tensor([sum(int(b.loss_mask_BT.sum()) for b in micro_batches)], device=device)).item())
+                step_tokens = int(ranks.all_sum(torch.tensor([sum(int(b.loss_mask_BT.sum()) for b in micro_batches)], device=device)).item())
                 for i, batch in enumerate(micro_batches):
                     batch = batch.to(device)
                     last = i == len(micro_batches) - 1
                     # DDP all-reduces gradients only after the step's last micro-batch.
                     sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else nullcontext()
-                    with sync:  # forward and backward both inside DDP's no_sync
+                    with sync, ranks.loss_context():  # forward and backward both inside DDP's no_sync (and tp's loss_parallel)
                         # Summed over kept positions and divided by step_tokens, so the accumulated gradient is
                         # that of the step's token mean. Expected: about ln V at step 1 (9.01 nats for 8192 tokens).
                         loss = loss_of(model, batch, step_tokens)
                         # grad_scale: DDP and FSDP2 average over ranks; the step's gradient is the sum of the ranks' shares.
-                        scaler.scale(loss.value * dp.grad_scale).backward()
+                        scaler.scale(loss.value * ranks.grad_scale).backward()
                     source_loss.index_add_(0, batch.source_B, loss.row_mean_B)
                     source_rows.index_add_(0, batch.source_B, (loss.row_tokens_B > 0).to(source_rows.dtype))
                 scaler.unscale_(optimizer)  # fp16: gradients back to their true scale before the norm (no-op otherwise)
-                # clip_grad_norm_ returns the pre-clip norm; with grad_clip None we still measure it (max_norm=inf).
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
-                if isinstance(grad_norm, DTensor):  # FSDP2: the norm over every shard
-                    grad_norm = grad_norm.full_tensor()
+                # The pre-clip norm over every shard; with grad_clip None we still measure it (max_norm=inf).
+                grad_norm = clip_grad_norm(parameters, cfg.optim.grad_clip or float("inf"))
                 scaler.step(optimizer)  # fp16: skipped when a gradient overflowed, and the scale shrinks
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
 
                 # host sync: once per step, for the log line and the fault check. The step loss weights
                 # every row alike: the token mean when every row keeps all T targets (next-token).
-                dp.all_sum(source_loss), dp.all_sum(source_rows)  # every rank's rows (a collective)
+                ranks.all_sum(source_loss), ranks.all_sum(source_rows)  # every rank's rows (a collective)
                 per_source, rows = (source_loss / source_rows.clamp(min=1)).tolist(), source_rows.tolist()
                 step_loss = float(source_loss.sum().item() / max(sum(rows), 1))
                 # Every rank sees the same reduced loss and norm, so every rank takes the same decision.
                 fault = guard.check(step_loss, grad_norm.item())
-                offending = step_rows(micro_batches, list(batches.sources), dp) if fault else []  # a collective, on every rank alike
-                if fault and (back_to := roll_back(step, fault, offending, guard, states, dp, cfg)):
+                offending = step_rows(micro_batches, list(batches.sources), ranks) if fault else []  # a collective, on every rank alike
+                if fault and (back_to := roll_back(step, fault, offending, guard, states, ranks, cfg)):
                     saved = restore(back_to, rollback=True)
                     tokens_trained, train_flops = saved["tokens_trained"], saved["train_flops"]
                     monitor.write({"step": saved["step"], "kind": "rollback", "rollback": {"at_step": step, "to_step": saved["step"], "reason": fault, "rows": [i for i, _ in offending], "sources": [s for _, s in offending], "rollbacks": guard.rollbacks}})
                     monitor.rewind(saved["step"])
                     step = saved["step"]
                     continue
-                tokens, fpt = shape.tokens(dp.world), flops_per_token(core.cfg, shape.seq_len)
+                tokens, fpt = shape.tokens(ranks.data_world), flops_per_token(core.cfg, shape.seq_len)
                 tokens_trained, train_flops = tokens_trained + tokens, train_flops + tokens * fpt
                 monitor.log_step(step, step_loss, {s: per_source[i] for i, s in enumerate(batches.sources) if rows[i]}, lr, grad_norm.item(), tokens, shape.seq_len, fpt, data_wait_s, guard.rollbacks)
                 if window := mixture.add(step, batches.tokens_by_source(), batches.weights_at(shape.progress), tokens):
                     monitor.write({"step": step, "mixture": window})
                 maybe_adapt(evaluate, core, batches, monitor, step, cfg.geometry(step + 1).progress, adapt_every, cfg)  # for the rows drawn next
                 # The checkpoint is on disk before the final validation, which could still fail.
-                checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, states, cfg.checkpoint.every, step, cfg.steps, model, core, optimizer, batches, dp, resumable) or checkpoint
+                checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, states, cfg.checkpoint.every, step, cfg.steps, model, core, optimizer, batches, ranks, resumable) or checkpoint
                 val_after = maybe_eval(evaluate, core, monitor, step, cfg) or val_after  # None until the last step
                 maybe_probe(probe, core, monitor, step, cfg)
-                if step < cfg.steps and stop.agreed(dp):  # sync point with several ranks: all stop at the same step
+                if step < cfg.steps and stop.agreed(ranks):  # sync point with several ranks: all stop at the same step
                     states.save(step, model, optimizer, resumable(), wait=True)
                     monitor.close()
                     raise KeyboardInterrupt(f"stopped by signal after step {step}")
@@ -393,19 +402,19 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
         states.settle()  # a state still being written when the run failed is worth completing
         raise
     monitor.close()
-    assert val_after is not None and (checkpoint or not dp.is_main), "the last step validates and saves"
+    assert val_after is not None and (checkpoint or not ranks.is_main), "the last step validates and saves"
     return TrainResult(device, step_loss, val_before, val_after, checkpoint, tokens_trained, train_flops, mixture.records, guard.rollbacks)
 
 
-def roll_back(step: int, fault: str, offending: list[tuple[int, str]], guard: Guard, states: States, dp: DataParallel, cfg: TrainConfig) -> Path | None:
+def roll_back(step: int, fault: str, offending: list[tuple[int, str]], guard: Guard, states: States, ranks: Ranks, cfg: TrainConfig) -> Path | None:
     """The state to roll back to after `fault` at `step` (the rollback counted in the guard), None
     to go on (a spike with no state to go back to), or the FatalError that stops the run (a NaN or
     Inf with no state to go back to; rollbacks used up)."""
     states.wait()  # a state still being written may be the one to go back to
-    found = dp.broadcast(str(s[-1]) if dp.is_main and (s := states.complete()) else None)
+    found = ranks.broadcast(str(s[-1]) if ranks.is_main and (s := states.complete()) else None)
     where = f"train: step {step}: {fault} on {describe_rows(offending)}"
     if found is None and not Guard.fatal(fault):
-        if dp.is_main:
+        if ranks.is_main:
             log.warning("%s; no resumable state to roll back to (train.checkpoint.every), going on", where)
         return None
     if found is None:
@@ -414,6 +423,6 @@ def roll_back(step: int, fault: str, offending: list[tuple[int, str]], guard: Gu
     if guard.rollbacks >= cfg.rollback.max_rollbacks:
         raise FatalError(f"{where}; {guard.rollbacks} rollback(s) already, train.rollback.max_rollbacks is {cfg.rollback.max_rollbacks}: stopping. Run the same command again to resume from the newest state, with a higher train.rollback.max_rollbacks, or train.rollback.lr_factor and lr_steps to go through this stretch at a lower lr")
     guard.rolled_back(step)
-    if dp.is_main:
+    if ranks.is_main:
         log.warning("%s; rolling back to %s (rollback %d of at most %d), and these rows will be skipped", where, found, guard.rollbacks, cfg.rollback.max_rollbacks)
     return Path(found)

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from kiln.model.batch import Batch
 
@@ -50,7 +51,10 @@ def position_weights(T: int, late: float, device: torch.device) -> torch.Tensor:
 
 def lm_loss(logits_BTV: torch.Tensor, batch: Batch, step_tokens: int | None = None, z_loss: float = 0.0, late_position_weight: float = 0.0) -> Loss:
     """step_tokens: kept positions of the whole step; None means this batch's own (its plain mean)."""
-    loss_BT = F.cross_entropy(logits_BTV.flatten(0, 1), batch.targets_BT.flatten(), reduction="none").view_as(batch.targets_BT)
+    loss_N = F.cross_entropy(logits_BTV.flatten(0, 1), batch.targets_BT.flatten(), reduction="none")
+    if isinstance(loss_N, DTensor):  # tensor parallel: loss_parallel's cross-entropy over the vocabulary shards, whole on every rank
+        loss_N = loss_N.full_tensor()
+    loss_BT = loss_N.view_as(batch.targets_BT)
     kept_BT = loss_BT * batch.loss_mask_BT  # masked positions contribute exactly 0
     tokens_B = batch.loss_mask_BT.sum(dim=1)  # (B,) int64
     B, T = loss_BT.shape

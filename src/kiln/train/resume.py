@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_op
 
 from kiln.core.errors import FatalError
 from kiln.core.manifest import sha256_file
-from kiln.train.distributed import DataParallel
+from kiln.train.mesh import Ranks
 
 STATES = "checkpoints"  # beside metrics.jsonl in the train stage's folder
 TRAIN_STATE_JSON, COMPLETE = "train_state.json", "complete.json"
@@ -105,12 +105,12 @@ class States:
     """The run's resumable states under `root`. Every rank makes one; save, wait and load are
     collectives (every rank calls them together), complete and settle are not."""
 
-    def __init__(self, root: Path, dp: DataParallel, keep_last: int, keep_every: int | None, async_save: bool = False):
-        self.root, self.dp, self.keep_last, self.keep_every, self.async_save = root, dp, keep_last, keep_every, async_save
+    def __init__(self, root: Path, ranks: Ranks, keep_last: int, keep_every: int | None, async_save: bool = False):
+        self.root, self.ranks, self.keep_last, self.keep_every, self.async_save = root, ranks, keep_last, keep_every, async_save
         self.pending: threading.Thread | None = None
         self.failure: BaseException | None = None
         # Async saves run collectives from a thread: on a group of their own (a CPU backend, as DCP needs).
-        self.group = dist.new_group(backend="gloo") if async_save and dp.world > 1 else None
+        self.group = dist.new_group(backend="gloo") if async_save and ranks.world > 1 else None
 
     def complete(self) -> list[Path]:
         return complete_states(self.root)
@@ -120,20 +120,20 @@ class States:
         the states are copied to CPU memory)."""
         self.wait()
         final, tmp = self.root / step_name(step), self.root / (step_name(step) + ".tmp")
-        if self.dp.is_main:
+        if self.ranks.is_main:
             shutil.rmtree(tmp, ignore_errors=True)  # a save cut short earlier
             tmp.mkdir(parents=True)
-        self.dp.barrier()
-        (tmp / f"rng-{self.dp.rank}.json").write_text(json.dumps(rng_state()))
-        if self.dp.is_main:
-            (tmp / TRAIN_STATE_JSON).write_text(json.dumps({**train_state, "step": step, "processes": self.dp.world}))
+        self.ranks.barrier()
+        (tmp / f"rng-{self.ranks.rank}.json").write_text(json.dumps(rng_state()))
+        if self.ranks.is_main:
+            (tmp / TRAIN_STATE_JSON).write_text(json.dumps({**train_state, "step": step, "processes": self.ranks.world}))
         state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
         if not self.async_save or wait:
             dcp.save(state, checkpoint_id=str(tmp))
-            self.dp.barrier()  # every rank's rng file and shards are written
-            if self.dp.is_main:
+            self.ranks.barrier()  # every rank's rng file and shards are written
+            if self.ranks.is_main:
                 self._finish(tmp, final)
-            self.dp.barrier()
+            self.ranks.barrier()
             return
         upload = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.group)
         self.pending = threading.Thread(target=self._finish_async, args=(upload, tmp, final), name=f"kiln-save-{step}", daemon=True)
@@ -142,7 +142,7 @@ class States:
     def _finish_async(self, upload: Any, tmp: Path, final: Path) -> None:
         try:
             upload.result()  # on rank 0 this returns after every rank's shards are written
-            if self.dp.is_main:
+            if self.ranks.is_main:
                 self._finish(tmp, final)
         except BaseException as e:  # raised on the training thread by wait()
             self.failure = e
@@ -158,7 +158,7 @@ class States:
         if self.pending is not None:
             self.pending.join()
             self.pending = None
-            self.dp.barrier()  # rank 0 has completed the folder
+            self.ranks.barrier()  # rank 0 has completed the folder
             if self.failure is not None:
                 failure, self.failure = self.failure, None
                 raise FatalError(f"train: an asynchronous save under {self.root} failed: {failure}") from failure
@@ -182,13 +182,13 @@ class States:
         kiln draws its data from seeded generators, not from these.
         """
         self.wait()
-        if self.dp.is_main:
+        if self.ranks.is_main:
             verify(folder)
-        self.dp.barrier()
+        self.ranks.barrier()
         state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
         dcp.load(state, checkpoint_id=str(folder))
         set_model_state_dict(model, state["model"])
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
-        rng = folder / f"rng-{self.dp.rank}.json"
+        rng = folder / f"rng-{self.ranks.rank}.json"
         set_rng_state(json.loads((rng if rng.is_file() else folder / "rng-0.json").read_text()))
         return json.loads((folder / TRAIN_STATE_JSON).read_text())

@@ -40,11 +40,12 @@ from kiln.text.tokenizer import KilnTokenizer
 from kiln.train.collate import build_collator
 from kiln.train.config import TrainConfig
 from kiln.train.data_plan import format_plan, plan_data
-from kiln.train.distributed import DataParallel, ParallelConfig, init_data_parallel
 from kiln.train.loop import MakeProbe, build_precision, train
+from kiln.train.mesh import ParallelConfig, Ranks, init_ranks
 from kiln.train.monitor import TENSORBOARD, peak_rss_mb, reset_peak_rss
 from kiln.train.objectives import TokenIds, check_objectives, fim_middles, token_ids
 from kiln.train.resume import STATES, complete_states, set_aside_after, state_step
+from kiln.train.tensor_parallel import check_tensor_parallel
 
 # Validation rows for an objective's own loss: at most this many micro-batches.
 MAX_OBJECTIVE_VAL_BATCHES = 32
@@ -104,7 +105,7 @@ def dry_run(model_cfg: ModelConfig, cfg: TrainConfig, make_rows: Callable[[int, 
     tokenized = read_manifest(layout.token_shards)
     model_cfg = model_cfg.resolved(tokenized["counts"]["vocab_size"])
     rows, ids, planned = prepare_data(cfg, make_rows, layout, tokenized)
-    tokens = sum(cfg.geometry(step).tokens(world_size()) for step in range(1, cfg.steps + 1))
+    tokens = sum(cfg.geometry(step).tokens(cfg.data_ranks) for step in range(1, cfg.steps + 1))
     tokens_per_s = measure_tokens_per_s(model_cfg, cfg, make_rows, ids, Path(run_dir))
     return {
         "params": count_params(model_cfg),
@@ -112,6 +113,7 @@ def dry_run(model_cfg: ModelConfig, cfg: TrainConfig, make_rows: Callable[[int, 
         "tokens_per_step": cfg.tokens_per_step,
         "micro_batches_per_rank": cfg.grad_accum_steps,
         "processes": world_size(),
+        "data_ranks": cfg.data_ranks,
         "tokens": tokens,
         "measured_tokens_per_s": round(tokens_per_s, 1),
         "estimated_seconds": round(tokens / tokens_per_s, 1),
@@ -124,7 +126,7 @@ def format_dry_run(d: dict[str, Any]) -> str:
     hours = d["estimated_seconds"] / 3600
     return "\n".join([
         f"model: {d['params']:,} params, {d['flops_per_token']:,} FLOPs per token (training, with attention)",
-        f"batch: {d['tokens_per_step']:,} tokens per step on {d['processes']} process(es), {d['micro_batches_per_rank']} micro-batch(es) per rank; {d['tokens']:,} tokens in all",
+        f"batch: {d['tokens_per_step']:,} tokens per step on {d['processes']} process(es) ({d['data_ranks']} reading data), {d['micro_batches_per_rank']} micro-batch(es) per data rank; {d['tokens']:,} tokens in all",
         f"time: {d['measured_tokens_per_s']:,.0f} tokens/s over {PROBE_STEPS - 1} measured steps here, so about {d['estimated_seconds']:,.0f} s ({hours:.2f} h) to finish",
         "",
         d["mixture"],
@@ -139,14 +141,14 @@ def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_row
     make_probe: the probe set's scorer per autocast dtype (train.probe_every)."""
     parallel = parallel or ParallelConfig()
     precision = build_precision(cfg)
-    dp = init_data_parallel(parallel, precision.device)
+    ranks = init_ranks(parallel, precision.device)
     # Not in a `finally`: after a failure the other ranks may be inside a collective, and
     # torchrun stops them when this process exits with the error.
-    manifest = train_stage(model_cfg, cfg, data_config, make_rows, scoring, Path(run_dir), force, parallel, precision, dp, from_step, reference_runs, make_probe)
+    manifest = train_stage(model_cfg, cfg, data_config, make_rows, scoring, Path(run_dir), force, parallel, precision, ranks, from_step, reference_runs, make_probe)
     # subtle: free the wrapped model (FSDP2 keeps reference cycles) while its process groups still
     # exist; left to interpreter shutdown, gloo's threads sometimes abort the process (exit -6).
     gc.collect()
-    dp.close()
+    ranks.close()
     return manifest
 
 
@@ -199,20 +201,21 @@ def reference_inputs(layout: RunLayout, reference_runs: Sequence[Path], init_fro
     return inputs
 
 
-def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool, parallel: ParallelConfig, precision: Precision, dp: DataParallel, from_step: int | None = None, reference_runs: Sequence[Path] = (), make_probe: MakeProbe | None = None) -> dict[str, Any]:
+def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool, parallel: ParallelConfig, precision: Precision, ranks: Ranks, from_step: int | None = None, reference_runs: Sequence[Path] = (), make_probe: MakeProbe | None = None) -> dict[str, Any]:
     layout = RunLayout(run_dir)
     tokenize_dir = layout.token_shards
     tokenized = read_manifest(tokenize_dir)
-    if precision.amp_dtype == torch.float16 and dp.shard > 1:
-        raise ConfigError("train.precision.dtype=fp16 skips a step when any gradient overflows, which sharded gradients cannot agree on across ranks; use bf16 with FSDP2, or DDP (parallel.dp_shard=1)")
-    if cfg.optim.name == "muon" and dp.shard > 1:
-        raise ConfigError(f"train.optim.name=muon orthogonalises whole matrices, and parallel.dp_shard={parallel.dp_shard} shards them over {dp.shard} ranks; use DDP (parallel.dp_replicate={dp.world}, parallel.dp_shard=1) or adamw")
+    if precision.amp_dtype == torch.float16 and (ranks.shard > 1 or ranks.tp > 1):
+        raise ConfigError("train.precision.dtype=fp16 skips a step when any gradient overflows, which sharded gradients cannot agree on across ranks; use bf16 with FSDP2 or tensor parallelism, or DDP (parallel.dp_shard=1, parallel.tp=1)")
+    if cfg.optim.name == "muon" and (ranks.shard > 1 or ranks.tp > 1):
+        raise ConfigError(f"train.optim.name=muon orthogonalises whole matrices, and parallel ({ranks.describe()}) splits them over ranks; use DDP (parallel.dp_replicate={ranks.world}, parallel.dp_shard=1, parallel.tp=1) or adamw")
+    check_tensor_parallel(model_cfg, ranks.tp)
     stage = None
-    if dp.is_main:  # inputs are hashed and checked once, here
+    if ranks.is_main:  # inputs are hashed and checked once, here
         inputs = [layout.tokenizer_json, *(p for p in recorded_outputs(tokenize_dir) if p.suffix in (".bin", ".idx", ".npy")), *reference_inputs(layout, reference_runs, cfg.init_from)]
         # data_config is recorded under "mix", the recipe section a kiln run configures its data with.
         stage = Stage(run_dir, TRAIN, {"model": model_cfg, "train": cfg, "mix": data_config}, inputs, upstream=[TOKENIZE])
-    done = dp.broadcast(stage.up_to_date(force, lambda m: f"{m['counts']['steps']} steps, val loss {m['counts']['val_after']['all']['loss']:.3f}") if stage else None)
+    done = ranks.broadcast(stage.up_to_date(force, lambda m: f"{m['counts']['steps']} steps, val loss {m['counts']['val_after']['all']['loss']:.3f}") if stage else None)
     if done:
         return done
     resume_from = pick_state(stage, force, from_step) if stage is not None else None
@@ -223,18 +226,18 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
     # Everything up to begin() stops before any output is touched: an objective the tokenizer or
     # shards cannot serve, a window longer than every source's tokens, an over-repeated source.
     rows, ids, planned = prepare_data(cfg, make_rows, layout, tokenized)
-    batches = build_collator(rows, cfg, ids, dp.rank, dp.world)
+    batches = build_collator(rows, cfg, ids, ranks.data_rank, ranks.data_world)
     val_batches = objective_val_batches(make_rows, cfg, scoring, ids)
     if stage is not None:
         stage.begin(resume=resume_from is not None)
         if resume_from is not None and from_step is not None:
             set_aside_after(resume_from.parent, from_step)  # the abandoned later states are kept, out of the way
-    out_dir, resume_from = dp.broadcast((str(stage.dir), resume_from) if stage else None)  # only rank 0 writes into out_dir
+    out_dir, resume_from = ranks.broadcast((str(stage.dir), resume_from) if stage else None)  # only rank 0 writes into out_dir
     reset_peak_rss()
-    result = train(model_cfg, cfg, batches, scoring, run_dir, Path(out_dir), val_batches, rows.adapt_every, rows.report_windows, dp, parallel, resume_from, reference_runs, make_probe)
+    result = train(model_cfg, cfg, batches, scoring, run_dir, Path(out_dir), val_batches, rows.adapt_every, rows.report_windows, ranks, parallel, resume_from, reference_runs, make_probe)
     peak_rss = peak_rss_mb()
     if stage is None:
-        return dp.broadcast(None)  # rank 0's manifest, once it is written
+        return ranks.broadcast(None)  # rank 0's manifest, once it is written
 
     n_params = count_params(model_cfg)
     counts = {
@@ -251,12 +254,13 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
         "device": str(result.device),
         "device_name": torch.cuda.get_device_name(result.device) if result.device.type == "cuda" else "cpu",  # what the planner's peak table is matched on
         "max_rss_mb": peak_rss,  # rank 0's peak resident memory while training (None off Linux)
-        "processes": dp.world,
+        "processes": ranks.world,
+        "parallel": ranks.degrees,  # kiln.train.mesh's dimensions and their degrees
         "rollbacks": result.rollbacks,
         "mixture": {"planned": planned["total"], "realized": result.mixture},
     }
     before, after = result.val_before, result.val_after
-    lines = [f"{n_params:,} params, {cfg.steps} steps, {result.tokens_trained:,} tokens on {result.device}" + (f" x {dp.world} processes ({dp.replicate} replicas x {dp.shard} shards)" if dp.world > 1 else "")]
+    lines = [f"{n_params:,} params, {cfg.steps} steps, {result.tokens_trained:,} tokens on {result.device}" + (f" x {ranks.world} processes ({ranks.describe()})" if ranks.world > 1 else "")]
     if before:
         lines.append(f"validation loss {before['all']['loss']:.3f} -> {after['all']['loss']:.3f} nats/token, bpb {before['all']['bpb']:.3f} -> {after['all']['bpb']:.3f}")
     else:
@@ -270,4 +274,4 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
     lines.append("tokens read per source (share, planned share): " + ", ".join(f"{s} {n:,} ({n / max(sum(seen.values()), 1):.1%}, {plan[s]['tokens'] / max(sum(p['tokens'] for p in plan.values()), 1):.1%})" for s, n in seen.items()))
     extra = {"model": model_cfg.model_dump(mode="json"), "monitoring_eval": scoring.model_dump(mode="json")}
     logs = [stage.dir / layout.metrics.name, *sorted((stage.dir / TENSORBOARD).glob("*"))]
-    return dp.broadcast(stage.finish(result.checkpoint, counts, "\n".join(lines), extra=extra, logs=logs))
+    return ranks.broadcast(stage.finish(result.checkpoint, counts, "\n".join(lines), extra=extra, logs=logs))

@@ -1,0 +1,201 @@
+"""The parallel layout: the `parallel` recipe section, one DeviceMesh over every rank, and each
+rank's place in it.
+
+torchrun starts WORLD_SIZE processes; the section splits them into degrees whose product must be
+the world size: `dp_replicate` (DDP replicas, or HSDP's replicated dimension), `dp_shard` (FSDP2),
+`tp` (tensor parallel, kiln.train.tensor_parallel). One DeviceMesh carries every dimension, in
+the order ("dp_replicate", "dp_shard", "tp"): tp innermost, so a tensor-parallel group is made of
+consecutive ranks, which torchrun places on one node (its fast links); data parallelism spans the
+nodes. Every dimension is in the mesh even at degree 1, so the code slices it by name alike.
+Data: the ranks of one tensor-parallel group train on the same rows. The data rank is the
+(dp_replicate, dp_shard) coordinate flattened, and the batch arithmetic of kiln.train.config counts
+data ranks (world / tp), not processes.
+Not handled here: applying the layout to the model (kiln.train.distributed, tensor_parallel).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from pydantic import Field, ValidationError, field_validator
+
+from kiln.core.config import Section
+from kiln.core.errors import ConfigError
+from kiln.core.ranks import world_size
+
+log = logging.getLogger("kiln.train")
+
+MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
+
+
+class ParallelConfig(Section):
+    dp_replicate: int = Field(default=1, ge=1, description="Data-parallel replicas (DDP, or the replicated dimension of HSDP).")
+    dp_shard: int = Field(default=-1, ge=-1, description="Ranks each replica's parameters, gradients and optimizer state are sharded over (FSDP2); -1 means all ranks left after the other degrees.")
+    tp: int = Field(default=1, ge=1, description="Tensor-parallel degree: each block's attention heads and feed-forward width, and the vocabulary, split over this many consecutive ranks (keep it within a node).")
+    sequence_parallel: bool = Field(default=False, description="With tp > 1: the norms and residual stream between blocks hold 1/tp of the sequence on each rank (less activation memory; the same values).")
+    reshard_after_forward: bool = Field(default=True, description="FSDP2: free each block's gathered weights after its forward and gather them again for backward (ZeRO-3); false keeps them until backward (ZeRO-2's weight memory, one all-gather fewer per micro-batch).")
+    cpu_offload: bool = Field(default=False, description="FSDP2: keep sharded parameters, gradients and optimizer state in CPU memory between uses.")
+
+    @field_validator("dp_shard")
+    @classmethod
+    def _not_zero(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("dp_shard is 0; give a positive number of ranks or -1 for all remaining ranks")
+        return value
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that hold one copy of the model between them (tp)."""
+        return self.tp
+
+    def degrees(self, world: int) -> dict[str, int]:
+        """Every dimension's degree for `world` processes (dp_shard=-1 resolved); a ConfigError naming
+        the degrees and the world size when their product is not the world size."""
+        fixed = self.dp_replicate * self.model_parallel
+        shard = world // fixed if self.dp_shard == -1 else self.dp_shard
+        degrees = {"dp_replicate": self.dp_replicate, "dp_shard": max(shard, 1), "tp": self.tp}
+        product = degrees["dp_replicate"] * degrees["dp_shard"] * degrees["tp"]
+        if product != world or (self.dp_shard == -1 and world % fixed):
+            named = " x ".join(f"parallel.{k} ({self.dp_shard if k == 'dp_shard' else v})" for k, v in degrees.items())
+            fix = "set dp_shard=-1 to take the rest" if self.dp_shard != -1 else f"the world size must be a multiple of dp_replicate x tp = {fixed}"
+            raise ConfigError(f"{named} must multiply to the world size, the {world} processes torchrun started; {fix}")
+        return degrees
+
+    def layout(self, world: int) -> tuple[int, int]:
+        """(replicas, shards) of data parallelism for `world` processes."""
+        d = self.degrees(world)
+        return d["dp_replicate"], d["dp_shard"]
+
+
+def data_ranks(parallel: dict[str, Any] | None) -> int:
+    """The data-parallel ranks (world / model-parallel degree) a recipe's raw `parallel` section
+    gives for this launch; the world size where the section is invalid (its own error says why)."""
+    if world_size() == 1:
+        return 1
+    try:
+        mp = ParallelConfig.model_validate(parallel or {}).model_parallel
+    except ValidationError:
+        return world_size()
+    return world_size() // mp if world_size() % mp == 0 else world_size()
+
+
+@dataclass
+class Ranks:
+    """This process's place in the layout, and the collectives the loop needs."""
+
+    rank: int  # global rank; 0 writes the run's files
+    world: int
+    degrees: dict[str, int]  # MESH_DIMS -> degree
+    device: torch.device
+    mesh: Any = None  # the DeviceMesh over MESH_DIMS (None with one process)
+    data_group: Any = None  # process group of the ranks with this rank's tp coordinate (the data-parallel ranks)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def replicate(self) -> int:
+        return self.degrees["dp_replicate"]
+
+    @property
+    def shard(self) -> int:
+        return self.degrees["dp_shard"]
+
+    @property
+    def tp(self) -> int:
+        return self.degrees["tp"]
+
+    @property
+    def data_world(self) -> int:
+        """Ranks that read different rows (the data-parallel ranks)."""
+        return self.replicate * self.shard
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's index among the data-parallel ranks: which rows it reads."""
+        if self.mesh is None:
+            return 0
+        return self.mesh.get_local_rank("dp_replicate") * self.shard + self.mesh.get_local_rank("dp_shard")
+
+    def all_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum over the data-parallel ranks, in place (a collective: every rank
+        calls it). Ranks of one tensor-parallel group hold the same rows, so they are counted once."""
+        if self.data_world > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.data_group)
+        return tensor
+
+    def any(self, flag: bool) -> bool:
+        """Whether `flag` is set on any rank (a collective over all of them)."""
+        if self.world == 1:
+            return flag
+        box = torch.tensor([float(flag)], device=self.device)
+        dist.all_reduce(box, op=dist.ReduceOp.SUM)
+        return bool(box.item())
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's value on every rank (a collective)."""
+        if self.world == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def close(self) -> None:
+        """Leave the process group (before the interpreter exits: gloo's threads abort the process otherwise)."""
+        if self.world > 1 and dist.is_initialized():
+            dist.barrier()  # no rank tears its connections down while another still uses them
+            dist.destroy_process_group()
+
+    @property
+    def grad_scale(self) -> float:
+        """What the loss is multiplied by so that DDP's and FSDP2's mean over data ranks is the sum."""
+        return float(self.data_world)
+
+    def loss_context(self) -> AbstractContextManager[Any]:
+        """Around forward and backward: tensor parallelism's vocabulary-parallel cross-entropy."""
+        if self.tp == 1:
+            return nullcontext()
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+
+    def describe(self) -> str:
+        return " x ".join(f"{name} {self.degrees[name]}" for name in MESH_DIMS)
+
+
+def one_process(device: torch.device) -> Ranks:
+    return Ranks(0, 1, dict.fromkeys(MESH_DIMS, 1), device)
+
+
+def init_ranks(cfg: ParallelConfig, device: torch.device) -> Ranks:
+    """Join torchrun's process group (if started by torchrun), build the mesh and log this rank's place in it."""
+    world = world_size()
+    if world == 1:  # one process trains alone whatever the section says (a recipe for a cluster runs on a laptop)
+        return one_process(device)
+    degrees = cfg.degrees(world)  # before any collective: a bad layout fails on every rank alike
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, tuple(degrees[name] for name in MESH_DIMS), mesh_dim_names=MESH_DIMS)
+    data_group = mesh["dp_replicate", "dp_shard"]._flatten("dp").get_group()  # the data ranks of this tp coordinate
+    ranks = Ranks(dist.get_rank(), world, degrees, device, mesh, data_group)
+    if ranks.is_main:
+        places = {int(r): coordinate for coordinate, r in np.ndenumerate(mesh.mesh.numpy())}
+        log.info("train: mesh %s over %d processes; rank (%s): %s", ranks.describe(), world, ", ".join(MESH_DIMS), "; ".join(f"{r} {places[r]}" for r in sorted(places)))
+    return ranks

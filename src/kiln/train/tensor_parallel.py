@@ -1,0 +1,100 @@
+"""Tensor parallelism (Megatron-LM style) with PyTorch's DTensor plans, and its vocabulary-parallel loss.
+
+Inside each block the query, key and value projections and the feed-forward's gate and up
+projections are split column-wise (each rank computes whole heads, and a slice of the hidden
+width), the attention output and down projections row-wise: one all-reduce after attention and
+one after the feed-forward per block, forward and backward (Shoeybi et al. 2019, Section 3).
+The embedding is split by vocabulary rows (each rank looks up the ids it holds; the partial
+embeddings are summed), the output layer by vocabulary columns. A tied output matrix stays tied:
+both are sharded by vocabulary row alike.
+With sequence parallelism (`parallel.sequence_parallel`) the norms and the residual stream
+between blocks hold 1/tp of the positions on each rank; the all-reduces become a
+reduce-scatter and an all-gather (Korthikanti et al. 2022).
+The training loss never gathers the logits: each rank computes its (B, T, V/tp) slice and
+`torch.distributed.tensor.parallel.loss_parallel` takes the cross-entropy over the shards
+(the loop runs forward and backward inside `Ranks.loss_context`). Evaluation and generation call
+the model without a head and get the full logits, gathered.
+Shape legend: B rows, T positions, D model width, V vocabulary.
+Not handled here: the z-loss and per-head q/k norms under tp (refused, with the reason), and the
+fused chunked loss (kiln.train.loss; tp takes the loss over vocabulary shards instead).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module
+
+from kiln.core.errors import ConfigError
+from kiln.model.batch import Batch
+from kiln.model.config import ModelConfig
+from kiln.train.loss import Loss, lm_loss
+
+
+def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
+    """A ConfigError, with the reason, for a model tp ranks cannot split evenly."""
+    if tp == 1:
+        return
+    problems = []
+    if cfg.n_heads % tp:
+        problems.append(f"model.n_heads ({cfg.n_heads}) is not a multiple of parallel.tp ({tp}): each rank computes whole query heads")
+    if cfg.kv_heads % tp:
+        problems.append(f"model.n_kv_heads ({cfg.kv_heads}) is not a multiple of parallel.tp ({tp}): each rank holds whole key/value heads for its query heads (grouped-query attention splits only when tp divides the key/value heads)")
+    if cfg.hidden % tp:
+        problems.append(f"the feed-forward width ({cfg.hidden}) is not a multiple of parallel.tp ({tp})")
+    if cfg.qk_norm:
+        problems.append("model.qk_norm: the per-head norms' gains would get each rank's heads' gradients only; train with tp = 1 or without qk_norm")
+    if cfg.z_loss:
+        problems.append("model.z_loss: its log-normaliser needs every vocabulary shard's logits; set it to 0 or train with tp = 1")
+    if problems:
+        raise ConfigError(f"parallel.tp={tp} cannot split this model: " + "; ".join(problems))
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, sequence_parallel: bool) -> None:
+    """Split the Transformer's matrices over the 1-D mesh `tp_mesh`, in place."""
+    between = Shard(1) if sequence_parallel else Replicate()  # the residual stream's layout between blocks
+    tied = model.lm_head.weight is model.embed.weight  # type: ignore[union-attr]
+    parallelize_module(model, tp_mesh, {
+        # Each rank looks up the ids in its vocabulary rows (zeros elsewhere); the sum is the embedding.
+        "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=between),
+        "norm": SequenceParallel() if sequence_parallel else None,
+        # Without a loss head the model returns the logits gathered (evaluation, generation).
+        "lm_head": ColwiseParallel(input_layouts=between, output_layouts=Replicate()),
+    })
+    if tied:  # each plan made its own DTensor of the one matrix: share it again (both are split by vocabulary row)
+        model.lm_head.weight = model.embed.weight  # type: ignore[union-attr]
+    for block in model.blocks:  # type: ignore[union-attr]
+        plan = {
+            "attn": PrepareModuleInput(input_layouts=(between, None, None, None, None), desired_input_layouts=(Replicate(), None, None, None, None)),  # (x, cos, sin, sdpa_kwargs, cache)
+            "attn.wq": ColwiseParallel(),
+            "attn.wk": ColwiseParallel(),
+            "attn.wv": ColwiseParallel(),
+            "attn.wo": RowwiseParallel(output_layouts=between),
+            "mlp": PrepareModuleInput(input_layouts=(between,), desired_input_layouts=(Replicate(),)),
+            "mlp.w_up": ColwiseParallel(),
+            "mlp.w_down": RowwiseParallel(output_layouts=between),
+        }
+        if block.mlp.w_gate is not None:
+            plan["mlp.w_gate"] = ColwiseParallel()
+        if sequence_parallel:
+            plan |= {"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel()}
+        parallelize_module(block, tp_mesh, {k: v for k, v in plan.items() if v is not None})
+
+
+def vocab_parallel_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch, step_tokens: int | None = None, late_position_weight: float = 0.0) -> Loss:
+    """lm_loss of the logits hidden_BTD @ weight_VD.T, each rank holding its vocabulary shard of
+    them (B, T, V/tp); a loss head for Transformer.forward. Call it, and backward, inside
+    loss_parallel (Ranks.loss_context)."""
+    mesh = weight_VD.device_mesh  # type: ignore[attr-defined]
+    if isinstance(hidden_BTD, DTensor):  # sequence parallel: every rank needs every position
+        hidden_BTD = hidden_BTD.redistribute(mesh, [Replicate()])
+    else:
+        hidden_BTD = DTensor.from_local(hidden_BTD, mesh, [Replicate()])
+    logits_BTV = F.linear(hidden_BTD, weight_VD).float()  # Shard(2): this rank's vocabulary columns
+    if softcap is not None:
+        logits_BTV = softcap * torch.tanh(logits_BTV / softcap)
+    return lm_loss(logits_BTV, batch, step_tokens, 0.0, late_position_weight)

@@ -1,0 +1,126 @@
+"""Launching real training runs for the distributed tests: `kiln train` on one process, or
+`torchrun --standalone --nproc-per-node N -m kiln train`, on a copy of the shared miniature run
+(tests/train/conftest.py), and reading back the step records of metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+KILN = Path(sys.executable).with_name("kiln")
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+STEPS = 20
+# The data-parallel tests' model; the model-parallel ones train the tiny preset (4 heads, 2 key/value heads).
+SMALL = "{d_model: 64, n_layers: 2, n_heads: 2, n_kv_heads: 1, max_seq_len: 64}"
+TINY = "{preset: tiny, max_seq_len: 64}"
+ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+RECIPE = """\
+name: run
+runs_dir: {runs_dir}
+curate: {{inputs: [{{source: code, format: text, path: c.py}}, {{source: legal, format: text, path: l.txt}}]}}
+model: {model}
+train:
+  steps: {steps}
+  seq_len: 64
+  micro_batch_size: {micro}
+  global_batch_tokens: 1024
+  eval_at_start: false
+  optim: {{lr: 1.0e-2}}
+  schedule: {{warmup_steps: 4}}
+  precision: {{device: cpu}}
+eval: {{max_tokens_per_source: 512}}
+"""
+
+
+def copy_run(tokenized_run: Path, runs_dir: Path) -> None:
+    """The shared run's upstream stages (curate, tokenizer, tokenize) as runs_dir/run, ready to train."""
+    for stage in ("curate", "tokenizer", "tokenize"):
+        shutil.copytree(tokenized_run / stage, runs_dir / "run" / stage)
+
+
+def write_recipe(root: Path, steps: int = STEPS, micro: int = 4, model: str = SMALL) -> Path:
+    recipe = root / "recipe.yaml"
+    recipe.write_text(RECIPE.format(runs_dir=root / "runs", steps=steps, micro=micro, model=model))
+    return recipe
+
+
+def command(recipe: Path, nproc: int, *overrides: str, via_kiln: bool = False) -> list[str]:
+    """`kiln train` on one process, else torchrun (or `kiln train --nproc`) with nproc."""
+    args = ["train", "--recipe", str(recipe), *(a for o in overrides for a in ("--set", o))]
+    if nproc == 1:
+        return [str(KILN), *args]
+    if via_kiln:
+        return [str(KILN), *args, "--nproc", str(nproc)]
+    return [str(TORCHRUN), "--standalone", f"--nproc-per-node={nproc}", "-m", "kiln", *args]
+
+
+def run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
+    # The progress bars fill stderr: show the lines that say what failed.
+    assert done.returncode == 0, "\n".join(line for line in done.stderr.splitlines() if "train:" not in line)[-4000:]
+    return done
+
+
+def step_records(runs_dir: Path) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in (runs_dir / "run" / "train" / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in lines if "loss" in r]
+
+
+def launch(tokenized_run: Path, root: Path, nproc: int, *overrides: str, micro: int = 4, steps: int = STEPS, model: str = SMALL, via_kiln: bool = False) -> list[dict[str, Any]]:
+    """Train on a fresh copy of the run with nproc processes; the step records of metrics.jsonl."""
+    copy_run(tokenized_run, root / "runs")
+    run(command(write_recipe(root, steps, micro, model), nproc, *overrides, via_kiln=via_kiln))
+    return step_records(root / "runs")
+
+
+def assert_same_losses(got: list[dict[str, Any]], want: list[dict[str, Any]], steps: int = STEPS) -> None:
+    assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(1, steps + 1))
+    for g, w in zip(got, want, strict=True):
+        assert g["loss"] == pytest.approx(w["loss"], rel=1e-4), (g["step"], g["loss"], w["loss"])
+        assert g["grad_norm"] == pytest.approx(w["grad_norm"], rel=1e-3)
+        assert g["tokens"] == w["tokens"] == 1024
+    assert want[-1]["loss"] < want[0]["loss"] - 0.5  # it trained
+
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid, from /proc (torchrun's workers run in their own process groups)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_after(command: list[str], metrics: Path, step: int) -> None:
+    """Run a training command and SIGKILL it as soon as metrics.jsonl has logged `step`."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and process.poll() is None:
+        if metrics.is_file() and any(json.loads(line).get("step", 0) >= step and "loss" in json.loads(line) for line in metrics.read_text().splitlines() if line.strip()):
+            for pid in [*descendants(process.pid), process.pid]:  # the workers first: torchrun would restart them
+                os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    process.wait()
+    assert process.returncode != 0, "the run finished before it could be killed"
+
+
