@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -64,11 +65,36 @@ def command(recipe: Path, nproc: int, *overrides: str, via_kiln: bool = False) -
     return [str(TORCHRUN), "--standalone", f"--nproc-per-node={nproc}", "-m", "kiln", *args]
 
 
+def nodes_command(recipe: Path, nodes: int, nproc_per_node: int, port: int, *overrides: str) -> list[str]:
+    """One "node" of a multi-node launch on this machine: torchrun with a c10d rendezvous at localhost:port."""
+    args = ["train", "--recipe", str(recipe), *(a for o in overrides for a in ("--set", o))]
+    return [str(TORCHRUN), f"--nnodes={nodes}", f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=localhost:{port}", f"--rdzv-id=kiln-test-{port}", "-m", "kiln", *args]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return int(s.getsockname()[1])
+
+
+def failed_lines(stderr: str) -> str:
+    # The progress bars fill stderr: show the lines that say what failed.
+    return "\n".join(line for line in stderr.splitlines() if "train:" not in line)[-4000:]
+
+
 def run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
-    # The progress bars fill stderr: show the lines that say what failed.
-    assert done.returncode == 0, "\n".join(line for line in done.stderr.splitlines() if "train:" not in line)[-4000:]
+    assert done.returncode == 0, failed_lines(done.stderr)
     return done
+
+
+def run_nodes(commands: list[list[str]]) -> list[str]:
+    """Start every node's command at once (the rendezvous waits for all of them); their stderr."""
+    processes = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV) for c in commands]
+    stderr = [p.communicate(timeout=300)[1] for p in processes]
+    for p, err in zip(processes, stderr, strict=True):
+        assert p.returncode == 0, failed_lines(err)
+    return stderr
 
 
 def step_records(runs_dir: Path) -> list[dict[str, Any]]:

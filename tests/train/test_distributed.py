@@ -1,8 +1,8 @@
 """Data parallelism through torchrun on the CPU (gloo): DDP and FSDP2 with 2 processes train the
-same model as 1 process with the same global batch.
+same model as 1 process with the same global batch, on one "node" or two.
 
-Each launch is a real `torchrun --standalone --nproc-per-node 2 -m kiln train` (or `kiln train
---nproc 2`) on a copy of the shared miniature run; the losses are read from metrics.jsonl. One
+Each launch is a real `torchrun -m kiln train` (or `kiln train --nproc 2`) on a copy of the shared
+miniature run (tests/train/launches.py); the losses are read from metrics.jsonl. One
 process accumulates 4 micro-batches of 4 rows; two take 2 each, so every step sees the same 16
 rows (the sampler deals the global stream by rank). Measured: about 12 s per launch on 2 cores.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from launches import ENV, RECIPE, SMALL, STEPS, assert_same_losses, command, copy_run, kill_after, launch, run, step_records
+from launches import ENV, RECIPE, SMALL, STEPS, assert_same_losses, command, copy_run, free_port, kill_after, launch, nodes_command, run, run_nodes, step_records, write_recipe
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
@@ -32,8 +32,17 @@ def single(tokenized_run: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
 
 @pytest.mark.parametrize(("layout", "overrides"), [("ddp", ("parallel.dp_replicate=2", "parallel.dp_shard=1")), ("fsdp2", ("parallel.dp_shard=-1",))])
 def test_two_processes_match_one_with_the_same_global_batch(layout: str, overrides: tuple[str, ...], single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
+    # DDP through `kiln train --nproc 2` (which execs torchrun); FSDP2 as two torchrun "nodes" of
+    # one process each on this machine, meeting at a c10d rendezvous (--nnodes 2), as on a cluster.
     one, one_root = single
-    two = launch(tokenized_run, tmp_path, 2, *overrides, micro=2)
+    if layout == "ddp":
+        two = launch(tokenized_run, tmp_path, 2, *overrides, micro=2, via_kiln=True)
+    else:
+        copy_run(tokenized_run, tmp_path / "runs")
+        recipe, port = write_recipe(tmp_path, micro=2), free_port()
+        stderr = run_nodes([nodes_command(recipe, 2, 1, port, *overrides) for _ in range(2)])
+        assert sum("mesh dp_replicate 1 x dp_shard 2 x tp 1 over 2 processes" in e for e in stderr) == 1  # rank 0's node logs it
+        two = step_records(tmp_path / "runs")
     assert_same_losses(two, one)
     # One writer, the same consolidated checkpoint format whatever the layout.
     ours = load_file(tmp_path / "runs" / "run" / "train" / "checkpoint" / "model.safetensors")
@@ -42,11 +51,6 @@ def test_two_processes_match_one_with_the_same_global_batch(layout: str, overrid
     assert all(torch.allclose(ours[k], theirs[k], rtol=1e-3, atol=1e-5) for k in ours), layout
     manifest = json.loads((tmp_path / "runs" / "run" / "train" / "manifest.json").read_text())
     assert manifest["counts"]["processes"] == 2
-
-
-def test_kiln_train_nproc_execs_torchrun(single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
-    two = launch(tokenized_run, tmp_path, 2, micro=2, via_kiln=True)
-    assert_same_losses(two, single[0])
 
 
 @pytest.mark.parametrize(("first", "second", "async_save"), [(1, 1, False), (2, 2, False), (2, 1, False), (2, 2, True)])
