@@ -104,10 +104,10 @@ def layout_memory(model: Any, degrees: dict[str, int] | None, reshard_after_forw
     ZeRO-2, replicas alone ZeRO-0; under HSDP the states are sharded over dp_shard only."""
     from kiln.plan.memory import Shape, plan_memory
 
-    degrees = degrees or {"dp_replicate": 1, "dp_shard": 1, "tp": 1}
+    degrees = degrees or {"dp_replicate": 1, "dp_shard": 1}
     sharded = degrees["dp_shard"] > 1
     return plan_memory(
-        Shape.from_config(model), dp=degrees["dp_shard"] if sharded else degrees["dp_replicate"], tp=degrees.get("tp", 1), zero=(3 if reshard_after_forward else 2) if sharded else 0,
+        Shape.from_config(model), dp=degrees["dp_shard"] if sharded else degrees["dp_replicate"], tp=degrees.get("tp", 1), pp=degrees.get("pp", 1), zero=(3 if reshard_after_forward else 2) if sharded else 0,
         micro_batch=micro_batch, seq_len=seq_len, precision=precision, checkpointing=checkpointing, sequence_parallel=sequence_parallel,
     )
 

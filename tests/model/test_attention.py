@@ -64,7 +64,7 @@ def test_default_forward_is_the_is_causal_kernel_bit_for_bit() -> None:
     # The default rule must be exactly SDPA's is_causal=True path (what kiln trained with before
     # rules existed), not an equivalent mask: compare one attention layer against it directly.
     m, idx = model(), tokens()
-    attn = m.blocks[0].attn
+    attn = m.blocks["0"].attn
     x_BTD = m.embed(idx)
     cos, sin = m.rope_cos[:T], m.rope_sin[:T]
     with torch.no_grad():
@@ -132,7 +132,7 @@ def test_rule_matches_a_hand_built_mask_in_the_model() -> None:
     m, idx = model(), tokens()
     with torch.no_grad():
         x = m.embed(idx)
-        for block in m.blocks:
+        for block in m.blocks.values():
             x = block(x, m.rope_cos[:T], m.rope_sin[:T], {"attn_mask": hand[:, None]})
         by_hand = m.lm_head(m.norm(x)).float()
         assert torch.equal(m(idx, rule=rule), by_hand)

@@ -142,7 +142,7 @@ def test_gqa_model_runs_and_matches_mha_with_repeated_kv_heads() -> None:
 def test_multi_query_attention_runs() -> None:
     model = seeded_model(small_cfg(n_heads=4, n_kv_heads=1))
     assert model(torch.zeros(1, 5, dtype=torch.long)).shape == (1, 5, 97)
-    assert model.blocks[0].attn.wk.weight.shape == (8, 32)  # one kv head of head_dim 8
+    assert model.blocks["0"].attn.wk.weight.shape == (8, 32)  # one kv head of head_dim 8
 
 
 def test_tied_embedding_shares_storage() -> None:
@@ -155,10 +155,10 @@ def assert_initialised(model: Transformer) -> None:
     # std 0.02 everywhere, residual outputs (wo, w_down) 0.02 / sqrt(2 * 8) = 0.005, norm gains 1.
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert model.embed.weight.std().item() == pytest.approx(0.02, rel=0.03)
-    assert model.blocks[0].attn.wq.weight.std().item() == pytest.approx(0.02, rel=0.03)
-    assert model.blocks[0].attn.wo.weight.std().item() == pytest.approx(0.005, rel=0.03)
-    assert model.blocks[3].mlp.w_down.weight.std().item() == pytest.approx(0.005, rel=0.03)
-    for norm in (model.norm, model.blocks[0].attn_norm, model.blocks[7].mlp_norm):
+    assert model.blocks["0"].attn.wq.weight.std().item() == pytest.approx(0.02, rel=0.03)
+    assert model.blocks["0"].attn.wo.weight.std().item() == pytest.approx(0.005, rel=0.03)
+    assert model.blocks["3"].mlp.w_down.weight.std().item() == pytest.approx(0.005, rel=0.03)
+    for norm in (model.norm, model.blocks["0"].attn_norm, model.blocks["7"].mlp_norm):
         assert torch.equal(norm.weight, torch.ones(256))
     cos, sin = rope_tables(model.cfg.max_seq_len, model.cfg.head_dim, model.cfg.rope_theta)
     assert torch.equal(model.rope_cos, cos) and torch.equal(model.rope_sin, sin)
@@ -227,9 +227,9 @@ def test_depth_scaled_init_shrinks_each_blocks_residual_outputs_by_its_depth() -
     model = build_model(cfg, seed=0, device="cpu")
     for layer in (0, 3, 7):  # 0.02 / sqrt(2 * (layer + 1))
         expected = 0.02 / math.sqrt(2 * (layer + 1))
-        assert model.blocks[layer].attn.wo.weight.std().item() == pytest.approx(expected, rel=0.03)
-        assert model.blocks[layer].mlp.w_down.weight.std().item() == pytest.approx(expected, rel=0.03)
-    assert model.blocks[5].attn.wq.weight.std().item() == pytest.approx(0.02, rel=0.03)
+        assert model.blocks[str(layer)].attn.wo.weight.std().item() == pytest.approx(expected, rel=0.03)
+        assert model.blocks[str(layer)].mlp.w_down.weight.std().item() == pytest.approx(expected, rel=0.03)
+    assert model.blocks["5"].attn.wq.weight.std().item() == pytest.approx(0.02, rel=0.03)
 
 
 def test_softcap_bounds_the_logits_and_is_tanh_of_the_uncapped_ones() -> None:

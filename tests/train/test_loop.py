@@ -662,7 +662,7 @@ def test_kiln_train_dry_run_from_the_command_line(tokenized: Path, tmp_path: Pat
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["train", "--recipe", str(recipe), "--dry-run", "--set", "parallel.tp=2"]) == 0
     split = capsys.readouterr().out
-    assert "on 2 process(es) (1 reading data)" in split and "memory per rank (dp_replicate 1, dp_shard 1, tp 2; kiln plan memory)" in split
+    assert "on 2 process(es) (1 reading data)" in split and "memory per rank (pp 1, dp_replicate 1, dp_shard 1, tp 2; kiln plan memory)" in split
     assert "dp=1 tp=2 pp=1 (2 GPUs), ZeRO stage 0" in split
     per_rank = [int(line.split(")")[1].split()[0].replace(",", "")) for text in (out, split) for line in text.splitlines() if line.startswith("parameters per GPU (after tp, pp)")]
     assert len(per_rank) == 2 and per_rank[1] == per_rank[0] // 2

@@ -38,13 +38,13 @@ def test_activation_checkpointing_changes_memory_not_numbers(mode: str, every: i
 def test_checkpointed_blocks_recompute_in_the_backward_pass() -> None:
     model = build_model(CFG, seed=0, device="cpu")
     calls = []
-    mlp_forward = model.blocks[0].mlp.forward
+    mlp_forward = model.blocks["0"].mlp.forward
 
     def counted(x: torch.Tensor) -> torch.Tensor:
         calls.append(1)
         return mlp_forward(x)
 
-    model.blocks[0].mlp.forward = counted
+    model.blocks["0"].mlp.forward = counted
     apply_activation_checkpointing(model, "full", 1)
     loss = model(torch.zeros(1, 8, dtype=torch.long)).sum()
     assert len(calls) == 1

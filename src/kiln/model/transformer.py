@@ -140,7 +140,9 @@ class Transformer(nn.Module):
         assert cfg.vocab_size is not None, "resolve model.vocab_size from the tokenizer first"
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        # Keyed by layer index ("0", "1", ...: the names a ModuleList gives): a pipeline stage keeps
+        # some of them (kiln.train.pipeline_parallel) and parameter names stay the whole model's.
+        self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layers)})
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -187,6 +189,10 @@ class Transformer(nn.Module):
     def forward(self, idx_BT: torch.Tensor, rule: AttentionRule = CAUSAL, positions_BT: torch.Tensor | None = None, cache: KVCache | None = None, valid_BT: torch.Tensor | None = None, last_only: bool = False, head: Head | None = None) -> Any:
         """Logits (B, T, V) in fp32 for a batch of token ids, attending as `rule` allows.
 
+        A pipeline stage (kiln.train.pipeline_parallel) may lack the embedding (it is given the
+        hidden states (B, T, D) of the stage before instead of ids) or the output layer (it returns
+        its hidden states).
+
         positions_BT: each token's RoPE position (restarting per packed document); None means
         0..T-1, or with a cache the positions after the cached ones.
         cache: decoding; the T tokens follow the cached ones and attend causally to them and to
@@ -208,12 +214,14 @@ class Transformer(nn.Module):
             sdpa_kwargs = rule.sdpa_kwargs(T, idx_BT.device)  # any mask is built once, shared by every layer
         else:
             sdpa_kwargs = cache.begin(T, idx_BT.device, valid_BT)
-        x_BTD = self.embed(idx_BT)
-        for i, block in enumerate(self.blocks):
+        x_BTD = self.embed(idx_BT) if self.embed is not None else idx_BT  # a later pipeline stage is given hidden states
+        for key, block in self.blocks.items():
             # Training calls a block with exactly these four arguments (what compile and activation checkpointing see).
-            x_BTD = block(x_BTD, cos, sin, sdpa_kwargs) if cache is None else block(x_BTD, cos, sin, sdpa_kwargs, cache.layer(i))
+            x_BTD = block(x_BTD, cos, sin, sdpa_kwargs) if cache is None else block(x_BTD, cos, sin, sdpa_kwargs, cache.layer(int(key)))
         if cache is not None:
             cache.advance(T)
+        if self.lm_head is None:  # a pipeline stage before the last: its hidden states go to the next
+            return x_BTD
         if last_only:
             x_BTD = x_BTD[:, -1:]
         if head is not None:

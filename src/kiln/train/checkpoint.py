@@ -48,6 +48,25 @@ def save_checkpoint(folder: Path, model: Transformer, train_state: dict[str, Any
     return [folder / WEIGHTS, folder / CONFIG, folder / TRAIN_STATE]
 
 
+def gather_stages(model_state: dict[str, Any], optimizer_state: dict[str, Any], ranks: Ranks) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every pipeline stage's full states merged on rank 0 (the stages of rank 0's pipeline send
+    theirs; the other pipelines hold copies and send nothing). Empty elsewhere."""
+    import torch.distributed as dist
+
+    if any(ranks.mesh.get_local_rank(dim) for dim in ("dp_replicate", "dp_shard", "tp")):
+        return {}, {}
+    group = ranks.mesh["pp"].get_group()
+    parts: list[Any] = [None] * ranks.pp if ranks.is_main else []
+    dist.gather_object((model_state, optimizer_state), parts if ranks.is_main else None, dst=0, group=group)
+    if not ranks.is_main:
+        return {}, {}
+    merged_model = {k: v for part, _ in parts for k, v in part.items()}
+    # Keyed by parameter name; the stages' parameter groups are the same groups, each with its own names.
+    merged_state = {k: v for _, part in parts for k, v in part["state"].items()}
+    groups = [dict(g, params=[p for _, part in parts for p in part["param_groups"][i]["params"]]) for i, g in enumerate(parts[0][1]["param_groups"])]
+    return merged_model, {"state": merged_state, "param_groups": groups}
+
+
 def maybe_checkpoint(folder: Path, states: States, every: int | None, step: int, last_step: int, model: nn.Module, core: Transformer, optimizer: torch.optim.Optimizer, batches: BatchSource, ranks: Ranks, resumable: Callable[[], dict[str, Any]]) -> list[Path] | None:
     """After `step`: a resumable state every `every` steps (into `states`; `resumable()` gives
     its JSON part), and after the last step the consolidated checkpoint; the consolidated paths
@@ -64,7 +83,9 @@ def maybe_checkpoint(folder: Path, states: States, every: int | None, step: int,
     if ranks.world == 1:
         optimizer_state, weights_of = optimizer.state_dict(), core
     else:
-        model_state, optimizer_state = full_state(model, optimizer)
+        model_state, optimizer_state = full_state(model, optimizer, every_rank=ranks.pp > 1)
+        if ranks.pp > 1:  # each stage holds its own layers: rank 0's pipeline sends them all to it
+            model_state, optimizer_state = gather_stages(model_state, optimizer_state, ranks)
         if not ranks.is_main:
             return None
         with torch.random.fork_rng():  # the copy's throwaway initialisation must not move the run's RNG

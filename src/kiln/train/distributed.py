@@ -8,8 +8,9 @@ out. The data ranks are `dp_replicate` x `dp_shard`: the model is replicated wit
 dp_replicate > 1, sharded with FSDP2 (`fully_shard` on every block and then the root, a
 mixed-precision policy for the compute dtype and reductions in fp32, optional CPU offload) over
 dp_shard, both (HSDP) when both exceed 1. With tensor parallelism the parameters are DTensors
-DDP does not take, so FSDP2 wraps them over the data ranks whatever dp_shard is (with
-dp_shard = 1 that is HSDP with one shard: replicas, as DDP would keep them).
+DDP does not take, and a pipeline stage's module is driven by the schedule, so with tp or pp
+FSDP2 wraps the model over the data ranks whatever dp_shard is (with dp_shard = 1 that is HSDP
+with one shard: replicas, as DDP would keep them).
 Every rank builds the same initial weights from the seed before anything is split.
 DDP and FSDP2 average gradients over the data ranks; the loop's loss is each rank's share of the
 global token sum, so it is multiplied by the data ranks before backward (`Ranks.grad_scale`).
@@ -34,13 +35,13 @@ def parallelize(model: nn.Module, ranks: Ranks, cfg: ParallelConfig, compute_dty
     """The model wrapped for data parallelism: itself (one process), FSDP2 (in place) or DDP."""
     if ranks.world == 1:
         return model
-    if ranks.shard > 1 or ranks.tp > 1:
+    if ranks.shard > 1 or ranks.tp > 1 or ranks.pp > 1:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         mesh = ranks.mesh["dp_replicate", "dp_shard"] if ranks.replicate > 1 else ranks.mesh["dp_shard"]  # a 2-D mesh makes it HSDP
         policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
         offload = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()
-        for block in model.blocks:  # type: ignore[union-attr]
+        for block in model.blocks.values():  # type: ignore[union-attr, operator]
             fully_shard(block, mesh=mesh, mp_policy=policy, offload_policy=offload, reshard_after_forward=cfg.reshard_after_forward)
         fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload)  # the root: embedding, final norm, output
         return model
@@ -74,25 +75,27 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, every: int) -> N
     from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
     extra = {"context_fn": partial(create_selective_checkpoint_contexts, _save_matmuls)} if mode == "selective" else {}
-    for i, block in enumerate(model.blocks):  # type: ignore[union-attr, arg-type]
-        if i % every == 0:
+    for key, block in model.blocks.items():  # type: ignore[union-attr, operator]
+        if int(key) % every == 0:  # by layer index: a pipeline stage checkpoints the blocks the whole model would
             block.forward = partial(checkpoint, block.forward, use_reentrant=False, **extra)
 
 
 def apply_compile(model: nn.Module) -> None:
     """torch.compile each block in place (Module.compile keeps parameter names, so checkpoints do not change)."""
-    for block in model.blocks:  # type: ignore[union-attr]
+    for block in model.blocks.values():  # type: ignore[union-attr, operator]
         block.compile()
 
 
-def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float, stages: Any = None) -> torch.Tensor:
     """Clip gradients to a global 2-norm of max_norm; the norm before clipping, a plain scalar tensor.
 
     torch.nn.utils.clip_grad_norm_ stacks the per-tensor norms and scales every gradient by one
     factor, which fails when the gradients are DTensors on different meshes (tensor-parallel
     matrices on (dp_shard, tp), replicated norm gains on dp_shard alone). So each mesh's norm is
     made whole (a collective over it), the squares summed, and each mesh's gradients scaled by
-    the factor as a replicated DTensor of their own mesh. No host sync.
+    the factor as a replicated DTensor of their own mesh. No host sync. With pipeline stages
+    (`stages`: the "pp" process group) each rank holds its stage's parameters only, so the squares
+    are summed over the stages too.
     """
     from torch.distributed.tensor import DTensor, Replicate
 
@@ -100,10 +103,11 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> torch.Ten
     for p in parameters:
         if p.grad is not None:
             by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p.grad)
-    if not by_mesh:
-        return torch.zeros(())
     norms = [torch.nn.utils.get_total_norm(grads) for grads in by_mesh.values()]
-    total = torch.linalg.vector_norm(torch.stack([n.full_tensor() if isinstance(n, DTensor) else n for n in norms]))
+    squares = torch.stack([n.full_tensor() if isinstance(n, DTensor) else n for n in norms]).square().sum() if norms else torch.zeros(())
+    if stages is not None:
+        torch.distributed.all_reduce(squares, group=stages)
+    total = squares.sqrt()
     factor = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for mesh, grads in by_mesh.items():
         torch._foreach_mul_(grads, factor if mesh is None else DTensor.from_local(factor, mesh, [Replicate()] * mesh.ndim, run_check=False))
@@ -115,9 +119,11 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
-def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Full model and optimizer states on the CPU of rank 0 (a collective; empty on other ranks)."""
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer, every_rank: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Full model and optimizer states on the CPU of rank 0 (a collective; empty on other ranks), or
+    with every_rank on every rank (a pipeline stage's own parameters, gathered on each of its ranks)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank)
+    states = get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
+    return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.cpu(), states) if every_rank else states  # type: ignore[return-value]

@@ -48,10 +48,11 @@ from kiln.model.weights import load_weights_into
 from kiln.train.checkpoint import maybe_checkpoint
 from kiln.train.config import TrainConfig
 from kiln.train.distributed import apply_activation_checkpointing, apply_compile, clip_grad_norm, parallelize, unwrap
-from kiln.train.loss import Loss, fused_lm_loss, lm_loss
+from kiln.train.loss import Loss, fused_lm_loss, lm_loss, logits_loss
 from kiln.train.mesh import ParallelConfig, Ranks, one_process
 from kiln.train.monitor import MixtureWindows, Monitor, truncate_metrics
 from kiln.train.optim import build_optimizer
+from kiln.train.pipeline_parallel import Pipeline, StagesInTurn, keep_stage, last_stage_results, stage_layers
 from kiln.train.resume import STATES, States
 from kiln.train.rollback import Guard
 from kiln.train.schedule import lr_at
@@ -186,26 +187,32 @@ def compiling(cfg: TrainConfig, device: torch.device) -> bool:
     return cfg.compile if cfg.compile is not None else device.type == "cuda"
 
 
+def fuses_loss(cfg: TrainConfig, precision: Precision) -> bool:
+    return cfg.fused_loss and precision.amp_dtype != torch.float16
+
+
+def build_head(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision, tp: int = 1) -> Callable[..., Loss]:
+    """The training loss as the model's head, head(hidden, output matrix, soft-cap, batch=, step_tokens=):
+    over the vocabulary shards with tp (inside Ranks.loss_context), chunked through the output layer
+    with train.fused_loss (not for fp16), else over the logits made whole."""
+    if tp > 1:
+        return partial(vocab_parallel_loss, late_position_weight=cfg.late_position_weight)
+    if fuses_loss(cfg, precision):
+        chunk = cfg.loss_chunk_tokens or max(1, (2**28 if precision.device.type == "cuda" else 2**23) // (model_cfg.vocab_size or 1))
+        return partial(fused_lm_loss, z_loss=model_cfg.z_loss, late_position_weight=cfg.late_position_weight, chunk=chunk, compiled=compiling(cfg, precision.device))
+    return partial(logits_loss, z_loss=model_cfg.z_loss, late_position_weight=cfg.late_position_weight)
+
+
 def build_loss(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision, tp: int = 1) -> Callable[[nn.Module, Batch, int], Loss]:
     """loss_of(model, batch on the device, kept positions of the step): the forward pass and the training loss."""
-    if tp > 1:  # the output layer's vocabulary shards go straight into the cross-entropy (inside Ranks.loss_context)
+    if tp > 1 or fuses_loss(cfg, precision):
+        head = build_head(model_cfg, cfg, precision, tp)
 
-        def vocab_parallel(model: nn.Module, batch: Batch, step_tokens: int) -> Loss:
-            head = partial(vocab_parallel_loss, batch=batch, step_tokens=step_tokens, late_position_weight=cfg.late_position_weight)
-            with precision.autocast():
-                return model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT, head=head)
-
-        return vocab_parallel
-    if cfg.fused_loss and precision.amp_dtype != torch.float16:
-        chunk = cfg.loss_chunk_tokens or max(1, (2**28 if precision.device.type == "cuda" else 2**23) // (model_cfg.vocab_size or 1))
-        compiled = compiling(cfg, precision.device)
-
-        def fused(model: nn.Module, batch: Batch, step_tokens: int) -> Loss:
-            head = partial(fused_lm_loss, batch=batch, step_tokens=step_tokens, z_loss=model_cfg.z_loss, late_position_weight=cfg.late_position_weight, chunk=chunk, compiled=compiled)
+        def headed(model: nn.Module, batch: Batch, step_tokens: int) -> Loss:
             with precision.autocast():  # the output layer's matmuls in the autocast dtype, the cross-entropy in fp32
-                return model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT, head=head)
+                return model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT, head=partial(head, batch=batch, step_tokens=step_tokens))
 
-        return fused
+        return headed
     # Compiled along with the blocks: one fused pass over the (B, T, V) logits for the log-softmax,
     # the target gather and the mask, and one back (eager reads and writes them several times).
     plain_loss = torch.compile(lm_loss) if compiling(cfg, precision.device) else lm_loss
@@ -224,6 +231,9 @@ def build_parallel_model(model_cfg: ModelConfig, cfg: TrainConfig, precision: Pr
     core = build_model(model_cfg, cfg.seed, ranks.device)  # the same seed on every rank: the same initial weights
     if cfg.init_from:  # continued pretraining: every rank reads the same starting weights
         load_weights_into(core, Path(cfg.init_from))
+    if ranks.pp > 1:  # each rank keeps its stage's blocks of the whole model it built
+        stage = ranks.mesh.get_local_rank("pp")
+        keep_stage(core, stage_layers(model_cfg, ranks.pp, parallel.pp_layers)[stage], stage == 0, stage == ranks.pp - 1)
     if ranks.tp > 1:  # each rank keeps its slices of the whole matrices it built
         apply_tensor_parallel(core, ranks.mesh["tp"], parallel.sequence_parallel)
     apply_activation_checkpointing(core, cfg.activation_checkpointing, cfg.checkpoint_every_k_blocks)
@@ -268,15 +278,23 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     """
     precision = build_precision(cfg)
     ranks = ranks or one_process(precision.device)
+    parallel = parallel or ParallelConfig()
     device = ranks.device
-    model, core = build_parallel_model(model_cfg, cfg, precision, ranks, parallel or ParallelConfig())
+    model, core = build_parallel_model(model_cfg, cfg, precision, ranks, parallel)
     loss_of = build_loss(model_cfg, cfg, precision, ranks.tp)
     optimizer = build_optimizer(model, cfg.optim)
     parameters = list(model.parameters())
+    # Pipeline stages: the schedule runs each step's micro-batches; evaluation runs the stages in turn.
+    pipeline = Pipeline(core, ranks, parallel.pp_schedule, build_head(model_cfg, cfg, precision, ranks.tp), precision.amp_dtype or torch.float32, precision.autocast) if ranks.pp > 1 else None
+    stages = ranks.mesh["pp"].get_group() if pipeline else None
+    scored = StagesInTurn(core, ranks) if pipeline else core
     # fp16 autocast needs dynamic loss scaling (bf16 has fp32's exponent range and does not).
     scaler = torch.amp.GradScaler(device.type, enabled=precision.amp_dtype == torch.float16)
     evaluate = build_scorer(run_dir, scoring, cfg, precision, objective_batches, reference_runs)
     probe = make_probe(precision.amp_dtype) if make_probe is not None and cfg.probe_every else None
+    if pipeline:  # the last stage scores; every rank gets its results
+        evaluate = last_stage_results(evaluate, ranks)
+        probe = probe and last_stage_results(probe, ranks)
     mixture = MixtureWindows(batches.sources, cfg.steps, report_windows)
     states = States(out_dir / STATES, ranks, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, cfg.checkpoint.async_save)
     # With fp16 an overflowing gradient is the loss scaler's to handle (it skips the step).
@@ -306,7 +324,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     log.info("train: %s params (%s without embeddings) on %s x %d (%s), %d steps of %d tokens (%d micro-batches of %d x %d per data rank)", f"{count_params(model_cfg):,}", f"{count_params(model_cfg, False):,}", device.type, ranks.world, ranks.describe(), cfg.steps, cfg.tokens_per_step, cfg.grad_accum_steps, cfg.micro_batch_size, cfg.seq_len)
 
     # every rank scores (FSDP2 gathers shards); rank 0 logs
-    val_before = saved["val_before"] if saved else maybe_eval(evaluate, core, monitor, 0, cfg)
+    val_before = saved["val_before"] if saved else maybe_eval(evaluate, scored, monitor, 0, cfg)
     model.train()
     monitor.start(step=start)
     n_sources = len(batches.sources)
@@ -348,7 +366,15 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                 data_wait_s = time.perf_counter() - t_data
                 # sync point with several ranks: the kept positions of the step over all of them.
                 step_tokens = int(ranks.all_sum(torch.tensor([sum(int(b.loss_mask_BT.sum()) for b in micro_batches)], device=device)).item())
-                for i, batch in enumerate(micro_batches):
+                bubble = None
+                if pipeline:  # forward and backward of every micro-batch through the stages; per-row losses on the last
+                    rows_loss, idle = pipeline.step(micro_batches, step_tokens)
+                    bubble = min(idle)  # the slowest stage's idle share; the others also wait on it
+                    if rows_loss is not None:
+                        source_B = torch.cat([b.source_B for b in micro_batches]).to(device)
+                        source_loss.index_add_(0, source_B, rows_loss.row_mean_B)
+                        source_rows.index_add_(0, source_B, (rows_loss.row_tokens_B > 0).to(source_rows.dtype))
+                for i, batch in enumerate(micro_batches if not pipeline else []):
                     batch = batch.to(device)
                     last = i == len(micro_batches) - 1
                     # DDP all-reduces gradients only after the step's last micro-batch.
@@ -363,14 +389,14 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                     source_rows.index_add_(0, batch.source_B, (loss.row_tokens_B > 0).to(source_rows.dtype))
                 scaler.unscale_(optimizer)  # fp16: gradients back to their true scale before the norm (no-op otherwise)
                 # The pre-clip norm over every shard; with grad_clip None we still measure it (max_norm=inf).
-                grad_norm = clip_grad_norm(parameters, cfg.optim.grad_clip or float("inf"))
+                grad_norm = clip_grad_norm(parameters, cfg.optim.grad_clip or float("inf"), stages)
                 scaler.step(optimizer)  # fp16: skipped when a gradient overflowed, and the scale shrinks
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
 
                 # host sync: once per step, for the log line and the fault check. The step loss weights
                 # every row alike: the token mean when every row keeps all T targets (next-token).
-                ranks.all_sum(source_loss), ranks.all_sum(source_rows)  # every rank's rows (a collective)
+                ranks.all_sum(source_loss, stages=True), ranks.all_sum(source_rows, stages=True)  # every rank's rows (a collective; the last stage's losses)
                 per_source, rows = (source_loss / source_rows.clamp(min=1)).tolist(), source_rows.tolist()
                 step_loss = float(source_loss.sum().item() / max(sum(rows), 1))
                 # Every rank sees the same reduced loss and norm, so every rank takes the same decision.
@@ -385,14 +411,14 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                     continue
                 tokens, fpt = shape.tokens(ranks.data_world), flops_per_token(core.cfg, shape.seq_len)
                 tokens_trained, train_flops = tokens_trained + tokens, train_flops + tokens * fpt
-                monitor.log_step(step, step_loss, {s: per_source[i] for i, s in enumerate(batches.sources) if rows[i]}, lr, grad_norm.item(), tokens, shape.seq_len, fpt, data_wait_s, guard.rollbacks)
+                monitor.log_step(step, step_loss, {s: per_source[i] for i, s in enumerate(batches.sources) if rows[i]}, lr, grad_norm.item(), tokens, shape.seq_len, fpt, data_wait_s, guard.rollbacks, bubble)
                 if window := mixture.add(step, batches.tokens_by_source(), batches.weights_at(shape.progress), tokens):
                     monitor.write({"step": step, "mixture": window})
-                maybe_adapt(evaluate, core, batches, monitor, step, cfg.geometry(step + 1).progress, adapt_every, cfg)  # for the rows drawn next
+                maybe_adapt(evaluate, scored, batches, monitor, step, cfg.geometry(step + 1).progress, adapt_every, cfg)  # for the rows drawn next
                 # The checkpoint is on disk before the final validation, which could still fail.
                 checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, states, cfg.checkpoint.every, step, cfg.steps, model, core, optimizer, batches, ranks, resumable) or checkpoint
-                val_after = maybe_eval(evaluate, core, monitor, step, cfg) or val_after  # None until the last step
-                maybe_probe(probe, core, monitor, step, cfg)
+                val_after = maybe_eval(evaluate, scored, monitor, step, cfg) or val_after  # None until the last step
+                maybe_probe(probe, scored, monitor, step, cfg)
                 if step < cfg.steps and stop.agreed(ranks):  # sync point with several ranks: all stop at the same step
                     states.save(step, model, optimizer, resumable(), wait=True)
                     monitor.close()

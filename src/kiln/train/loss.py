@@ -74,6 +74,16 @@ def lm_loss(logits_BTV: torch.Tensor, batch: Batch, step_tokens: int | None = No
     return Loss(value, row_mean_B, tokens_B)
 
 
+def logits_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch, step_tokens: int | None = None, z_loss: float = 0.0, late_position_weight: float = 0.0) -> Loss:
+    """lm_loss of the logits hidden_BTD @ weight_VD.T (soft-capped), made whole in fp32: the loss as
+    a model head where the chunked one is not used (a pipeline's last stage with fp16 or
+    train.fused_loss off; over vocabulary shards, kiln.train.tensor_parallel)."""
+    logits_BTV = F.linear(hidden_BTD, weight_VD).float()
+    if softcap is not None:
+        logits_BTV = softcap * torch.tanh(logits_BTV / softcap)
+    return lm_loss(logits_BTV, batch, step_tokens, z_loss, late_position_weight)
+
+
 # Zero rows pad the output matrix to a multiple of this for the fused loss's matmuls: cuBLAS ran
 # (32768 x 768) @ (768 x 50257) in bf16 at 96 TFLOP/s on an H200, and at 675 with 50,304 columns.
 PAD_VOCAB = 64

@@ -3,13 +3,14 @@ rank's place in it.
 
 torchrun starts WORLD_SIZE processes; the section splits them into degrees whose product must be
 the world size: `dp_replicate` (DDP replicas, or HSDP's replicated dimension), `dp_shard` (FSDP2),
-`tp` (tensor parallel, kiln.train.tensor_parallel). One DeviceMesh carries every dimension, in
-the order ("dp_replicate", "dp_shard", "tp"): tp innermost, so a tensor-parallel group is made of
-consecutive ranks, which torchrun places on one node (its fast links); data parallelism spans the
-nodes. Every dimension is in the mesh even at degree 1, so the code slices it by name alike.
-Data: the ranks of one tensor-parallel group train on the same rows. The data rank is the
-(dp_replicate, dp_shard) coordinate flattened, and the batch arithmetic of kiln.train.config counts
-data ranks (world / tp), not processes.
+`tp` (tensor parallel, kiln.train.tensor_parallel), `pp` (pipeline stages,
+kiln.train.pipeline_parallel). One DeviceMesh carries every dimension, in the order ("pp",
+"dp_replicate", "dp_shard", "tp"): tp innermost, so a tensor-parallel group is made of
+consecutive ranks, which torchrun places on one node (its fast links); pipeline stages outermost,
+so they span the nodes and pass only activations between them. Every dimension is in the mesh even at degree 1, so the code slices it by name alike.
+Data: the ranks of one tensor-parallel group, and the stages of one pipeline, train on the same
+rows. The data rank is the (dp_replicate, dp_shard) coordinate flattened, and the batch arithmetic
+of kiln.train.config counts data ranks (world / (tp x pp)), not processes.
 Not handled here: applying the layout to the model (kiln.train.distributed, tensor_parallel).
 """
 
@@ -19,7 +20,7 @@ import logging
 import os
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -32,13 +33,17 @@ from kiln.core.ranks import world_size
 
 log = logging.getLogger("kiln.train")
 
-MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+SCHEDULES = ("gpipe", "1f1b")
 
 
 class ParallelConfig(Section):
     dp_replicate: int = Field(default=1, ge=1, description="Data-parallel replicas (DDP, or the replicated dimension of HSDP).")
     dp_shard: int = Field(default=-1, ge=-1, description="Ranks each replica's parameters, gradients and optimizer state are sharded over (FSDP2); -1 means all ranks left after the other degrees.")
     tp: int = Field(default=1, ge=1, description="Tensor-parallel degree: each block's attention heads and feed-forward width, and the vocabulary, split over this many consecutive ranks (keep it within a node).")
+    pp: int = Field(default=1, ge=1, description="Pipeline stages: the layer stack split into this many stages, one per rank, across nodes if need be (kiln.train.pipeline_parallel).")
+    pp_schedule: Literal["gpipe", "1f1b"] = Field(default="1f1b", description="With pp > 1: gpipe (every micro-batch forward, then every one backward) or 1f1b (one forward, one backward: the same bubble, fewer activations in flight).")
+    pp_layers: list[int] | None = Field(default=None, description="With pp > 1: layers per stage, e.g. [3, 5]; None balances the stages by parameter count (the first also holds the embedding, the last the output layer).")
     sequence_parallel: bool = Field(default=False, description="With tp > 1: the norms and residual stream between blocks hold 1/tp of the sequence on each rank (less activation memory; the same values).")
     reshard_after_forward: bool = Field(default=True, description="FSDP2: free each block's gathered weights after its forward and gather them again for backward (ZeRO-3); false keeps them until backward (ZeRO-2's weight memory, one all-gather fewer per micro-batch).")
     cpu_offload: bool = Field(default=False, description="FSDP2: keep sharded parameters, gradients and optimizer state in CPU memory between uses.")
@@ -52,19 +57,19 @@ class ParallelConfig(Section):
 
     @property
     def model_parallel(self) -> int:
-        """Ranks that hold one copy of the model between them (tp)."""
-        return self.tp
+        """Ranks that hold one copy of the model between them (tp x pp)."""
+        return self.tp * self.pp
 
     def degrees(self, world: int) -> dict[str, int]:
         """Every dimension's degree for `world` processes (dp_shard=-1 resolved); a ConfigError naming
         the degrees and the world size when their product is not the world size."""
         fixed = self.dp_replicate * self.model_parallel
         shard = world // fixed if self.dp_shard == -1 else self.dp_shard
-        degrees = {"dp_replicate": self.dp_replicate, "dp_shard": max(shard, 1), "tp": self.tp}
-        product = degrees["dp_replicate"] * degrees["dp_shard"] * degrees["tp"]
+        degrees = {"pp": self.pp, "dp_replicate": self.dp_replicate, "dp_shard": max(shard, 1), "tp": self.tp}
+        product = degrees["pp"] * degrees["dp_replicate"] * degrees["dp_shard"] * degrees["tp"]
         if product != world or (self.dp_shard == -1 and world % fixed):
             named = " x ".join(f"parallel.{k} ({self.dp_shard if k == 'dp_shard' else v})" for k, v in degrees.items())
-            fix = "set dp_shard=-1 to take the rest" if self.dp_shard != -1 else f"the world size must be a multiple of dp_replicate x tp = {fixed}"
+            fix = "set dp_shard=-1 to take the rest" if self.dp_shard != -1 else f"the world size must be a multiple of pp x dp_replicate x tp = {fixed}"
             raise ConfigError(f"{named} must multiply to the world size, the {world} processes torchrun started; {fix}")
         return degrees
 
@@ -95,7 +100,8 @@ class Ranks:
     degrees: dict[str, int]  # MESH_DIMS -> degree
     device: torch.device
     mesh: Any = None  # the DeviceMesh over MESH_DIMS (None with one process)
-    data_group: Any = None  # process group of the ranks with this rank's tp coordinate (the data-parallel ranks)
+    data_group: Any = None  # process group of the ranks with this rank's pp and tp coordinates (the data-parallel ranks)
+    stages_group: Any = None  # the data ranks of every pipeline stage (this rank's tp coordinate)
 
     @property
     def is_main(self) -> bool:
@@ -114,6 +120,10 @@ class Ranks:
         return self.degrees["tp"]
 
     @property
+    def pp(self) -> int:
+        return self.degrees["pp"]
+
+    @property
     def data_world(self) -> int:
         """Ranks that read different rows (the data-parallel ranks)."""
         return self.replicate * self.shard
@@ -125,10 +135,14 @@ class Ranks:
             return 0
         return self.mesh.get_local_rank("dp_replicate") * self.shard + self.mesh.get_local_rank("dp_shard")
 
-    def all_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+    def all_sum(self, tensor: torch.Tensor, stages: bool = False) -> torch.Tensor:
         """The element-wise sum over the data-parallel ranks, in place (a collective: every rank
-        calls it). Ranks of one tensor-parallel group hold the same rows, so they are counted once."""
-        if self.data_world > 1:
+        calls it). Ranks of one tensor-parallel group hold the same rows, so they are counted once;
+        so are the pipeline stages, unless `stages` (what only the last stage holds, zeros on the
+        others: its losses)."""
+        if stages and self.pp > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.stages_group)
+        elif self.data_world > 1:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.data_group)
         return tensor
 
@@ -193,8 +207,9 @@ def init_ranks(cfg: ParallelConfig, device: torch.device) -> Ranks:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(device.type, tuple(degrees[name] for name in MESH_DIMS), mesh_dim_names=MESH_DIMS)
-    data_group = mesh["dp_replicate", "dp_shard"]._flatten("dp").get_group()  # the data ranks of this tp coordinate
-    ranks = Ranks(dist.get_rank(), world, degrees, device, mesh, data_group)
+    data_group = mesh["dp_replicate", "dp_shard"]._flatten("dp").get_group()  # the data ranks of this pp and tp coordinate
+    stages_group = mesh["pp", "dp_replicate", "dp_shard"]._flatten("pp_dp").get_group() if degrees["pp"] > 1 else data_group
+    ranks = Ranks(dist.get_rank(), world, degrees, device, mesh, data_group, stages_group)
     if ranks.is_main:
         places = {int(r): coordinate for coordinate, r in np.ndenumerate(mesh.mesh.numpy())}
         log.info("train: mesh %s over %d processes; rank (%s): %s", ranks.describe(), world, ", ".join(MESH_DIMS), "; ".join(f"{r} {places[r]}" for r in sorted(places)))

@@ -118,7 +118,7 @@ class Monitor:
             self.bar.refresh()
         self.t_last = time.perf_counter()
 
-    def log_step(self, step: int, loss: float, loss_by_source: dict[str, float], lr: float, grad_norm: float, tokens: int, seq_len: int, flops_per_token: int, data_wait_s: float = 0.0, rollbacks: int = 0) -> None:
+    def log_step(self, step: int, loss: float, loss_by_source: dict[str, float], lr: float, grad_norm: float, tokens: int, seq_len: int, flops_per_token: int, data_wait_s: float = 0.0, rollbacks: int = 0, bubble: float | None = None) -> None:
         now = time.perf_counter()
         tokens_per_s = tokens / max(now - self.t_last, 1e-9)
         peak_memory = None
@@ -140,6 +140,7 @@ class Monitor:
             "peak_memory_mb": peak_memory,
             "rollbacks": rollbacks,
             "elapsed_s": round(now - self.t0, 3),
+            **({"pipeline_bubble": round(bubble, 4)} if bubble is not None else {}),  # rank 0's idle share of the step (the first stage)
         })
         if self.board is not None:
             for name, value in (("loss", loss), ("lr", lr), ("grad_norm", grad_norm), ("tokens_per_s", tokens_per_s), ("data_wait_s", data_wait_s)):

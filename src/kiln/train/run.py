@@ -44,6 +44,7 @@ from kiln.train.loop import MakeProbe, build_precision, train
 from kiln.train.mesh import ParallelConfig, Ranks, init_ranks
 from kiln.train.monitor import TENSORBOARD, peak_rss_mb, reset_peak_rss
 from kiln.train.objectives import TokenIds, check_objectives, fim_middles, token_ids
+from kiln.train.pipeline_parallel import check_pipeline
 from kiln.train.resume import STATES, complete_states, set_aside_after, state_step
 from kiln.train.tensor_parallel import check_tensor_parallel
 
@@ -205,11 +206,13 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
     layout = RunLayout(run_dir)
     tokenize_dir = layout.token_shards
     tokenized = read_manifest(tokenize_dir)
-    if precision.amp_dtype == torch.float16 and (ranks.shard > 1 or ranks.tp > 1):
-        raise ConfigError("train.precision.dtype=fp16 skips a step when any gradient overflows, which sharded gradients cannot agree on across ranks; use bf16 with FSDP2 or tensor parallelism, or DDP (parallel.dp_shard=1, parallel.tp=1)")
-    if cfg.optim.name == "muon" and (ranks.shard > 1 or ranks.tp > 1):
-        raise ConfigError(f"train.optim.name=muon orthogonalises whole matrices, and parallel ({ranks.describe()}) splits them over ranks; use DDP (parallel.dp_replicate={ranks.world}, parallel.dp_shard=1, parallel.tp=1) or adamw")
+    split = ranks.shard > 1 or ranks.tp > 1 or ranks.pp > 1
+    if precision.amp_dtype == torch.float16 and split:
+        raise ConfigError("train.precision.dtype=fp16 skips a step when any gradient overflows, which ranks holding parts of the model cannot agree on; use bf16 with FSDP2, tensor or pipeline parallelism, or DDP (parallel.dp_shard=1, parallel.tp=1, parallel.pp=1)")
+    if cfg.optim.name == "muon" and split:
+        raise ConfigError(f"train.optim.name=muon orthogonalises whole matrices, and parallel ({ranks.describe()}) splits them over ranks; use DDP (parallel.dp_replicate={ranks.world}, parallel.dp_shard=1, parallel.tp=1, parallel.pp=1) or adamw")
     check_tensor_parallel(model_cfg, ranks.tp)
+    check_pipeline(model_cfg, ranks.pp, parallel.pp_layers, {o: cfg.masks_documents(o) for o in cfg.objectives}, parallel.sequence_parallel and ranks.tp > 1)
     stage = None
     if ranks.is_main:  # inputs are hashed and checked once, here
         inputs = [layout.tokenizer_json, *(p for p in recorded_outputs(tokenize_dir) if p.suffix in (".bin", ".idx", ".npy")), *reference_inputs(layout, reference_runs, cfg.init_from)]

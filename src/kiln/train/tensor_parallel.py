@@ -24,7 +24,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module
@@ -32,7 +31,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInpu
 from kiln.core.errors import ConfigError
 from kiln.model.batch import Batch
 from kiln.model.config import ModelConfig
-from kiln.train.loss import Loss, lm_loss
+from kiln.train.loss import Loss, logits_loss
 
 
 def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
@@ -57,17 +56,19 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
 def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, sequence_parallel: bool) -> None:
     """Split the Transformer's matrices over the 1-D mesh `tp_mesh`, in place."""
     between = Shard(1) if sequence_parallel else Replicate()  # the residual stream's layout between blocks
-    tied = model.lm_head.weight is model.embed.weight  # type: ignore[union-attr]
-    parallelize_module(model, tp_mesh, {
+    tied = model.lm_head is not None and model.lm_head.weight is getattr(model.embed, "weight", None)  # type: ignore[union-attr]
+    outer = {
         # Each rank looks up the ids in its vocabulary rows (zeros elsewhere); the sum is the embedding.
         "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=between),
         "norm": SequenceParallel() if sequence_parallel else None,
         # Without a loss head the model returns the logits gathered (evaluation, generation).
         "lm_head": ColwiseParallel(input_layouts=between, output_layouts=Replicate()),
-    })
+    }
+    # A pipeline stage holds the embedding (first) or the norm and output layer (last), or neither.
+    parallelize_module(model, tp_mesh, {name: style for name, style in outer.items() if style is not None and getattr(model, name) is not None})
     if tied:  # each plan made its own DTensor of the one matrix: share it again (both are split by vocabulary row)
         model.lm_head.weight = model.embed.weight  # type: ignore[union-attr]
-    for block in model.blocks:  # type: ignore[union-attr]
+    for block in model.blocks.values():  # type: ignore[union-attr, operator]
         plan = {
             "attn": PrepareModuleInput(input_layouts=(between, None, None, None, None), desired_input_layouts=(Replicate(), None, None, None, None)),  # (x, cos, sin, sdpa_kwargs, cache)
             "attn.wq": ColwiseParallel(),
@@ -94,7 +95,4 @@ def vocab_parallel_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softc
         hidden_BTD = hidden_BTD.redistribute(mesh, [Replicate()])
     else:
         hidden_BTD = DTensor.from_local(hidden_BTD, mesh, [Replicate()])
-    logits_BTV = F.linear(hidden_BTD, weight_VD).float()  # Shard(2): this rank's vocabulary columns
-    if softcap is not None:
-        logits_BTV = softcap * torch.tanh(logits_BTV / softcap)
-    return lm_loss(logits_BTV, batch, step_tokens, 0.0, late_position_weight)
+    return logits_loss(hidden_BTD, weight_VD, softcap, batch, step_tokens, 0.0, late_position_weight)  # logits Shard(2): this rank's vocabulary columns

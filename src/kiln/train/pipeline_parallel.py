@@ -1,0 +1,281 @@
+"""Pipeline parallelism with `torch.distributed.pipelining`: the layer stack split into stages, one
+per rank of the mesh's "pp" dimension, and a schedule that runs a step's micro-batches through them.
+
+Stages are balanced by parameter count: the blocks are all alike, the first stage also holds the
+embedding and the last the final norm and output layer, and the split of the layers into
+contiguous runs minimises the largest stage (`parallel.pp_layers` gives the layers per stage
+instead). A stage is the Transformer with the other stages' blocks deleted (the embedding on the
+first only, the output layer on the last only), so parameter names, and so checkpoints, are those
+of the whole model. A tied output matrix would live on the first and the last stage at once:
+pipeline parallelism needs `model.tie_embeddings: false`.
+The step's micro-batches (train.global_batch_tokens / micro_batch_size per data rank) go through
+the schedule `parallel.pp_schedule`: GPipe (every forward, then every backward) or 1F1B (one
+forward, one backward, in steady state; the same bubble, fewer micro-batches in flight). The
+loss is taken on the last stage, each micro-batch's share of the step's token mean as in the
+plain loop; the schedule does not rescale gradients. Each rank times its compute (forward and
+backward of its chunks) against the step's wall time: the idle share is the bubble, logged per
+step, (p - 1) / (m + p - 1) in theory for p stages and m micro-batches of equal cost.
+Evaluation and generation run the stages one after another with point-to-point sends (no
+schedule), the last stage scores, and its results are sent to every rank.
+Rows must be plain causal ones (clm, fim) without document masking: a stage computes its RoPE
+positions and causal mask itself from the sequence length.
+Shape legend: B rows, T positions, D model width, V vocabulary.
+Not handled here: interleaved schedules (several stages per rank), and tied embeddings.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from kiln.core.errors import ConfigError
+from kiln.model.batch import Batch
+from kiln.model.config import ModelConfig, count_params
+from kiln.model.transformer import Transformer
+from kiln.train.loss import Loss
+from kiln.train.mesh import Ranks
+
+log = logging.getLogger("kiln.train")
+
+
+def check_pipeline(cfg: ModelConfig, pp: int, layers: list[int] | None, objectives: dict[str, bool], sequence_parallel: bool = False) -> None:
+    """A ConfigError, with the reason, for a model or rows pp stages cannot take.
+
+    objectives: each training objective -> whether its rows mask documents. sequence_parallel:
+    whether tensor parallelism splits the positions between blocks."""
+    if pp == 1:
+        return
+    problems = []
+    if cfg.tie_embeddings:
+        problems.append("model.tie_embeddings: the embedding lives on the first stage and the output layer on the last, so one matrix cannot serve both; set model.tie_embeddings: false")
+    if layers is not None and (len(layers) != pp or sum(layers) != cfg.n_layers or min(layers) < 1):
+        problems.append(f"parallel.pp_layers {layers} must give each of the {pp} stages at least one layer, {cfg.n_layers} in all")
+    elif cfg.n_layers < pp:
+        problems.append(f"model.n_layers ({cfg.n_layers}) is below parallel.pp ({pp}): every stage needs a layer")
+    unfit = sorted(o for o, masked in objectives.items() if o not in ("clm", "fim") or masked)
+    if unfit:
+        problems.append(f"train.objective {', '.join(unfit)}: a stage builds plain causal attention over 0..T-1 itself, so rows must be clm or fim without document masking (train.document_masking: false)")
+    if sequence_parallel:
+        problems.append("parallel.sequence_parallel: stages pass whole hidden states to each other; set it to false with pp > 1")
+    if problems:
+        raise ConfigError(f"parallel.pp={pp} cannot split this run: " + "; ".join(problems))
+
+
+def balance_layers(cfg: ModelConfig, stages: int) -> list[int]:
+    """Layers per stage, contiguous, minimising the largest stage's parameters: the first stage
+    also holds the embedding, the last the final norm and output layer."""
+    assert cfg.vocab_size is not None, "resolve vocab_size first"
+    n = cfg.n_layers
+    block = count_params(cfg.model_copy(update={"n_layers": 1}), include_embeddings=False) - cfg.d_model  # one block's weights
+    embedding = cfg.vocab_size * cfg.d_model
+    head = cfg.vocab_size * cfg.d_model + cfg.d_model  # output layer and final norm
+
+    def cost(stage: int, count: int) -> int:
+        return count * block + (embedding if stage == 0 else 0) + (head if stage == stages - 1 else 0)
+
+    # best[s][i]: the smallest largest stage placing the first i layers on stages 0..s-1.
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0
+    for s in range(1, stages + 1):
+        for i in range(s, n - (stages - s) + 1):
+            for j in range(s - 1, i):  # stage s - 1 takes layers j..i-1
+                load = max(best[s - 1][j], cost(s - 1, i - j))
+                if load < best[s][i]:
+                    best[s][i], cut[s][i] = load, j
+    counts, i = [], n
+    for s in range(stages, 0, -1):
+        counts.append(i - cut[s][i])
+        i = cut[s][i]
+    return counts[::-1]
+
+
+def stage_layers(cfg: ModelConfig, pp: int, override: list[int] | None) -> list[range]:
+    """The global layer indices of each stage."""
+    counts = override or balance_layers(cfg, pp)
+    starts = [sum(counts[:s]) for s in range(pp)]
+    return [range(a, a + c) for a, c in zip(starts, counts, strict=True)]
+
+
+def keep_stage(model: Transformer, layers: range, first: bool, last: bool) -> None:
+    """Trim the whole model to one stage, in place: its blocks, the embedding on the first stage,
+    the final norm and output layer on the last. Parameter names stay the whole model's."""
+    for key in [k for k in model.blocks if int(k) not in layers]:
+        del model.blocks[key]
+    if not first:
+        model.embed = None  # type: ignore[assignment]
+    if not last:
+        model.norm = None  # type: ignore[assignment]
+        model.lm_head = None  # type: ignore[assignment]
+
+
+class Pipeline:
+    """This rank's stage and the schedules that run a step's micro-batches through the stages.
+
+    The last stage takes the training loss inside its forward (the model's loss head, as the plain
+    loop does: data-parallel wrappers see the output matrix used where they expect), one
+    micro-batch after another in the order the schedules run them, and outputs each micro-batch's
+    loss value; the schedule's loss function passes it on."""
+
+    def __init__(self, core: Transformer, ranks: Ranks, schedule: str, head: Callable[..., Loss], hidden_dtype: torch.dtype, autocast: Callable[[], AbstractContextManager[Any]]):
+        self.core, self.ranks, self.kind, self.head, self.hidden_dtype, self.autocast = core, ranks, schedule, head, hidden_dtype, autocast
+        self.group = ranks.mesh["pp"].get_group()
+        self.index, self.stages = ranks.mesh.get_local_rank("pp"), ranks.pp
+        self.first, self.last = self.index == 0, self.index == self.stages - 1
+        self.module = LastStage(core, self) if self.last else core
+        self.built: dict[tuple[int, int, int], Any] = {}  # (micro-batches, rows, seq_len) -> schedule
+        self.micro: list[Batch] = []
+        self.step_tokens, self.next = 1, 0
+        self.row_stats: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.busy_s = 0.0
+
+    def last_forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        """The last stage on the next micro-batch: its loss value (times the data ranks, which
+        FSDP2's mean over them undoes, as in the plain loop)."""
+        batch = self.micro[self.next]
+        self.next += 1
+        loss = self.core(x_BTD, head=partial(self.head, batch=batch, step_tokens=self.step_tokens))
+        self.row_stats.append((loss.row_mean_B, loss.row_tokens_B))
+        return loss.value * self.ranks.grad_scale
+
+    def schedule_for(self, micro_batches: int, rows: int, seq_len: int) -> Any:
+        """The schedule for this shape of step, built once per shape on every stage alike. Shapes are
+        given (static metadata), so no stage runs a trial forward to infer them."""
+        key = (micro_batches, rows, seq_len)
+        if key not in self.built:
+            from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+            b, device = rows // micro_batches, self.ranks.device
+            # requires_grad: the hidden states between stages carry gradients back (the ids do not).
+            hidden = torch.empty(b, seq_len, self.core.cfg.d_model, dtype=self.hidden_dtype, device=device, requires_grad=True)
+            inputs = torch.zeros(b, seq_len, dtype=torch.long, device=device) if self.first else hidden
+            outputs = torch.zeros((), device=device) if self.last else hidden
+            stage = PipelineStage(self.module, self.index, self.stages, device, input_args=inputs, output_args=outputs, group=self.group)
+            self.time(stage)
+            kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.kind]
+            # The loss is each micro-batch's share of the step already: no rescaling by the schedule.
+            self.built[key] = kind(stage, micro_batches, loss_fn=lambda value, _target: value, scale_grads=False)
+        return self.built[key]
+
+    def time(self, stage: Any) -> None:
+        """Count the time the stage computes (forward and backward of its chunks) in busy_s."""
+        for name in ("forward_one_chunk", "backward_one_chunk"):
+            compute = getattr(stage, name)
+
+            def timed(*args: Any, _compute: Callable[..., Any] = compute, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return _compute(*args, **kwargs)
+                finally:
+                    self.busy_s += time.perf_counter() - t0  # a CPU computes synchronously; on a GPU, synchronize first (not done)
+
+            setattr(stage, name, timed)
+
+    def step(self, micro_batches: list[Batch], step_tokens: int) -> tuple[Loss | None, list[float]]:
+        """Forward and backward of the step's rows through the pipeline; the last stage's per-row
+        losses (None on the other stages) and each stage's idle share of the pipeline's span (a
+        collective). The stage that idles least is the slowest; its idle share is the bubble
+        proper, what the schedule leaves empty while the pipeline fills and drains. The others
+        also wait on it.
+
+        The rows are split into m equal micro-batches, m the step's micro-batches or, where the
+        rows do not divide by that (a batch-size warmup step), the largest count below that does."""
+        rows = sum(len(b.input_ids_BT) for b in micro_batches)
+        m = max(d for d in range(1, len(micro_batches) + 1) if rows % d == 0)
+        whole = torch.cat([b.input_ids_BT for b in micro_batches]).to(self.ranks.device)
+        schedule = self.schedule_for(m, rows, whole.shape[1])
+        if self.last:
+            self.micro = [Batch(i, t, k, None, s) for i, t, k, s in zip(*(torch.cat([getattr(b, f) for b in micro_batches]).to(self.ranks.device).tensor_split(m) for f in ("input_ids_BT", "targets_BT", "loss_mask_BT", "source_B")), strict=True)]
+        self.step_tokens, self.next, self.row_stats, self.busy_s = step_tokens, 0, [], 0.0
+        t0 = time.perf_counter()
+        with self.autocast(), self.ranks.loss_context():
+            # The loss is the last stage's output (so no outputs to merge); the target only sets the count.
+            if self.first:
+                schedule.step(whole, return_outputs=False)
+            elif self.last:
+                schedule.step(target=torch.zeros(rows, 1), return_outputs=False)
+            else:
+                schedule.step(return_outputs=False)
+        # The stages start together (after the step's collectives) and end apart: each idles for the
+        # share of the whole pipeline's span (the latest end) it did not compute.
+        timing = torch.tensor([self.busy_s, time.perf_counter() - t0], device=self.ranks.device)
+        every = [torch.zeros(2, device=self.ranks.device) for _ in range(self.stages)]
+        dist.all_gather(every, timing, group=self.group)
+        span = max(float(t[1]) for t in every)
+        idle_by_stage = [1 - float(t[0]) / max(span, 1e-9) for t in every]
+        if not self.last:
+            return None, idle_by_stage
+        return Loss(torch.zeros(()), torch.cat([m for m, _ in self.row_stats]), torch.cat([t for _, t in self.row_stats])), idle_by_stage
+
+
+class LastStage(nn.Module):
+    """The module the schedule runs on the last stage: the stage with the loss head (Pipeline.last_forward)."""
+
+    def __init__(self, core: Transformer, pipeline: Pipeline):
+        super().__init__()
+        self.core = core
+        self.pipeline = [pipeline]  # in a list: not a submodule
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        return self.pipeline[0].last_forward(x_BTD)
+
+
+class StagesInTurn(nn.Module):
+    """The whole model for evaluation and generation under pipeline parallelism: this rank's stage
+    in turn, its input received from the stage before and its output sent to the one after
+    (blocking point-to-point sends over the "pp" group, hidden states in fp32). For generation
+    (last_only) the last stage's logits of the last position are broadcast, so every stage draws
+    the same next token. For scoring, the stages before the last return zeros of the logits' shape
+    (expanded: no memory), so the caller's scoring runs alike on every rank, and
+    `last_stage_results` keeps the last stage's."""
+
+    def __init__(self, stage: Transformer, ranks: Ranks):
+        super().__init__()
+        self.stage = stage
+        self.group = ranks.mesh["pp"].get_group()
+        index, stages = ranks.mesh.get_local_rank("pp"), ranks.pp
+        self.before = dist.get_global_rank(self.group, index - 1) if index > 0 else None
+        self.after = dist.get_global_rank(self.group, index + 1) if index < stages - 1 else None
+        self.last = dist.get_global_rank(self.group, stages - 1)
+
+    @property
+    def cfg(self) -> ModelConfig:
+        return self.stage.cfg
+
+    def forward(self, idx_BT: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        B, T = idx_BT.shape
+        V = self.cfg.vocab_size or 1
+        x = idx_BT
+        if self.before is not None:
+            x = torch.empty(B, T, self.cfg.d_model, device=idx_BT.device)
+            dist.recv(x, src=self.before, group=self.group)
+        out = self.stage(x, **kwargs)
+        if self.after is not None:
+            dist.send(out.float().contiguous(), dst=self.after, group=self.group)
+        if kwargs.get("last_only"):
+            logits_B1V = out.float().contiguous() if self.after is None else torch.empty(B, 1, V, device=idx_BT.device)
+            dist.broadcast(logits_B1V, src=self.last, group=self.group)
+            return logits_B1V
+        return out if self.after is None else torch.zeros((), device=idx_BT.device).expand(B, T, V)
+
+
+def last_stage_results(scorer: Callable[[nn.Module], dict[str, Any]], ranks: Ranks) -> Callable[[nn.Module], dict[str, Any]]:
+    """A scorer whose results are the last stage's on every rank (a collective over "pp")."""
+    group = ranks.mesh["pp"].get_group()
+    last = dist.get_global_rank(group, ranks.pp - 1)
+
+    def score(model: nn.Module) -> dict[str, Any]:
+        box = [scorer(model)]
+        dist.broadcast_object_list(box, src=last, group=group)
+        return box[0]
+
+    return score
