@@ -14,13 +14,15 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln import __version__
 from kiln.core.errors import ConfigError, KilnError
 from kiln.core.layout import CURATE, SUMMARY, RunLayout
 from kiln.core.ranks import is_main_process
-from kiln.recipe import Recipe, load_recipe
+
+if TYPE_CHECKING:
+    from kiln.recipe import Recipe
 
 # Verb -> (stage directory, help). The recipe sections each verb reads are listed in its --help.
 STAGE_VERBS = {
@@ -76,6 +78,11 @@ EPILOG = """examples:
 
 def describe_sections(sections: tuple[str, ...]) -> str:
     """The recipe keys a verb reads, with their defaults and descriptions, for its --help."""
+    # subtle: the recipe (and with it torch) is imported when the parser is built, not when this
+    # module is: the local executor's spawned workers import the `kiln` script that imports this
+    # module, and each paid about 4 s of imports for nothing (3 s of CPU per worker per pool).
+    from kiln.recipe import Recipe
+
     lines = ["recipe keys (set in the YAML or with --set SECTION.KEY=VALUE):"]
     for key in ("name", "runs_dir"):
         field = Recipe.model_fields[key]
@@ -269,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
             from kiln.sweep import run_verb as run_sweep
 
             return run_sweep(args)
+        from kiln.recipe import load_recipe
+
         recipe = load_recipe(*recipe_and_overrides(args))
         if args.verb == "plan":
             from kiln.plan.flops import format_plan, plan_training

@@ -18,6 +18,9 @@ from typing import Any
 
 import pytest
 
+from kiln.model.config import ModelConfig
+from kiln.pipeline import layout_memory
+
 KILN = Path(sys.executable).with_name("kiln")
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 STEPS = 20
@@ -150,3 +153,11 @@ def kill_after(command: list[str], metrics: Path, step: int) -> None:
     assert process.returncode != 0, "the run finished before it could be killed"
 
 
+def assert_states_as_planned(manifest: dict[str, Any], tolerance: float) -> None:
+    """Each rank's weights, gradients and optimizer states, measured after its first step, are what
+    the planner's memory model gives for the layout (a CPU has no allocator peak: activations are
+    not measured)."""
+    counts, train = manifest["counts"], manifest["config"]["train"]
+    planned = layout_memory(ModelConfig.model_validate(manifest["model"]), counts["parallel"], True, True, train["micro_batch_size"], train["seq_len"], "fp32", "none")
+    held = [sum(r.values()) * 2**20 for r in counts["model_states_mb"]]
+    assert len(held) == counts["processes"] and all(abs(h / (planned["model_states_gb"] * 1e9) - 1) < tolerance for h in held), (held, planned["model_states_gb"])

@@ -16,7 +16,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from launches import assert_same_losses, command, copy_run, kill_after, launch, run, step_records, write_recipe
+from launches import assert_same_losses, assert_states_as_planned, command, copy_run, kill_after, launch, run, step_records, write_recipe
 from safetensors.torch import load_file
 
 from kiln.core.errors import ConfigError
@@ -90,6 +90,7 @@ def test_two_stages_with_gpipe_match_one_process_and_idle_as_the_schedule_says(s
     assert ours.keys() == theirs.keys() and all(torch.allclose(ours[k], theirs[k], rtol=1e-3, atol=1e-4) for k in ours)  # both stages' weights, gathered
     manifest = json.loads((tmp_path / "runs" / "run" / "train" / "manifest.json").read_text())
     assert manifest["counts"]["parallel"]["pp"] == 2
+    assert_states_as_planned(manifest, 0.02)  # the stages are balanced to within one layer's norms
     assert manifest["counts"]["val_after"]["all"]["loss"] == pytest.approx(json.loads((one_root / "runs" / "run" / "train" / "manifest.json").read_text())["counts"]["val_after"]["all"]["loss"], rel=1e-4)
 
 

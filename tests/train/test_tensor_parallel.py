@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from launches import TINY, assert_same_losses, launch
+from launches import TINY, assert_same_losses, assert_states_as_planned, launch
 from safetensors.torch import load_file
 
 from kiln.core.errors import ConfigError
@@ -51,5 +51,8 @@ def test_fsdp2_with_tensor_and_sequence_parallelism_matches_one_process(single: 
     theirs = load_file(one_root / "runs" / "run" / "train" / "checkpoint" / "model.safetensors")
     assert ours.keys() == theirs.keys() and "embed.weight" in ours  # tied: stored once, whole
     assert all(torch.allclose(ours[k], theirs[k], rtol=1e-3, atol=1e-4) for k in ours)
-    counts = json.loads((tmp_path / "runs" / "run" / "train" / "manifest.json").read_text())["counts"]
+    manifest = json.loads((tmp_path / "runs" / "run" / "train" / "manifest.json").read_text())
+    counts = manifest["counts"]
     assert counts["processes"] == 4 and counts["parallel"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 2}
+    assert_states_as_planned(manifest, 0.01)
+

@@ -129,13 +129,6 @@ def check_layout(shape: Shape, dp: int, tp: int, pp: int, zero: int) -> None:
         raise ConfigError(f"pp = {pp} does not divide n_layers = {shape.n_layers}: each pipeline stage holds the same number of layers; valid pp: {', '.join(map(str, divisors(shape.n_layers)))}")
 
 
-def pipeline_zero_warning(pp: int, zero: int) -> str | None:
-    if pp > 1 and zero >= 2:
-        return (f"ZeRO-{zero} with pp = {pp}: DeepSpeed refuses ZeRO-2/3 with pipeline parallelism and Megatron-LM offers only ZeRO-1 "
-                "(its distributed optimizer), because every micro-batch would re-shard gradients (and re-gather weights); use --zero 1 with pp > 1")
-    return None
-
-
 def model_state_bytes(params: float, dp: int, tp: int, pp: int, zero: int, precision: str = "bf16") -> tuple[float, float, float]:
     """(weights, gradients, optimizer states) in bytes on one GPU."""
     w, g, o = STATE_BYTES[precision]
@@ -213,8 +206,6 @@ def plan_memory(
     total = states + (activations or 0.0)
     usable_gb = gpu_memory_gb * (1 - headroom)
     warnings = shape_warnings(shape)
-    if (w := pipeline_zero_warning(pp, zero)) is not None:
-        warnings.append(w)
     return {
         "params": shape.params,
         "gpus": dp * tp * pp,

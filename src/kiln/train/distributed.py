@@ -114,6 +114,21 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float, stages: Any 
     return total
 
 
+def model_state_bytes(parameters: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of weights, gradients and optimizer states this rank holds: its shards of DTensors,
+    counted where they are allocated (call it between the optimizer step and zero_grad)."""
+    from torch.distributed.tensor import DTensor
+
+    def held(t: torch.Tensor | None) -> int:
+        if t is None:
+            return 0
+        local = t.to_local() if isinstance(t, DTensor) else t
+        return local.numel() * local.element_size()
+
+    states = [v for p in parameters for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor) and v.dim() > 0]  # not Adam's step counters
+    return {"weights": sum(held(p) for p in parameters), "gradients": sum(held(p.grad) for p in parameters), "optimizer": sum(held(s) for s in states)}
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The Transformer inside a DDP wrapper (FSDP2 shards in place, so the model is itself)."""
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model

@@ -47,7 +47,7 @@ from kiln.model.transformer import Transformer
 from kiln.model.weights import load_weights_into
 from kiln.train.checkpoint import maybe_checkpoint
 from kiln.train.config import TrainConfig
-from kiln.train.distributed import apply_activation_checkpointing, apply_compile, clip_grad_norm, parallelize, unwrap
+from kiln.train.distributed import apply_activation_checkpointing, apply_compile, clip_grad_norm, model_state_bytes, parallelize, unwrap
 from kiln.train.loss import Loss, fused_lm_loss, lm_loss, logits_loss
 from kiln.train.mesh import ParallelConfig, Ranks, one_process
 from kiln.train.monitor import MixtureWindows, Monitor, truncate_metrics
@@ -75,6 +75,7 @@ class TrainResult:
     train_flops: int  # model FLOPs over all steps (each step at its own sequence length)
     mixture: list[dict[str, Any]]  # realized mixture per window of steps (MixtureWindows)
     rollbacks: int  # rollbacks after a NaN, Inf or loss spike (kiln.train.rollback)
+    model_states_mb: list[dict[str, float]]  # per rank: weights, gradients and optimizer states it held after its first step
 
 
 def build_precision(cfg: TrainConfig) -> Precision:
@@ -338,6 +339,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
         return {"batches": batches.state_dict(), "mixture": mixture.state_dict(), "tokens_trained": tokens_trained, "train_flops": train_flops, "val_before": val_before, "guard": guard.state_dict(), "scaler": scaler.state_dict()}
 
     step = start
+    held: dict[str, float] = {}
     try:
         with StopRequest() as stop:  # SIGTERM / SIGINT: finish the step, save a resumable state, stop
             while step < cfg.steps:
@@ -392,6 +394,8 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                 grad_norm = clip_grad_norm(parameters, cfg.optim.grad_clip or float("inf"), stages)
                 scaler.step(optimizer)  # fp16: skipped when a gradient overflowed, and the scale shrinks
                 scaler.update()
+                if not held:  # what the planner's memory model counts, measured where it can be (on a CPU too)
+                    held = {k: round(v / 2**20, 3) for k, v in model_state_bytes(parameters, optimizer).items()}
                 optimizer.zero_grad(set_to_none=True)
 
                 # host sync: once per step, for the log line and the fault check. The step loss weights
@@ -429,7 +433,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
         raise
     monitor.close()
     assert val_after is not None and (checkpoint or not ranks.is_main), "the last step validates and saves"
-    return TrainResult(device, step_loss, val_before, val_after, checkpoint, tokens_trained, train_flops, mixture.records, guard.rollbacks)
+    return TrainResult(device, step_loss, val_before, val_after, checkpoint, tokens_trained, train_flops, mixture.records, guard.rollbacks, ranks.gather(held))
 
 
 def roll_back(step: int, fault: str, offending: list[tuple[int, str]], guard: Guard, states: States, ranks: Ranks, cfg: TrainConfig) -> Path | None:

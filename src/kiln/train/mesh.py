@@ -154,6 +154,14 @@ class Ranks:
         dist.all_reduce(box, op=dist.ReduceOp.SUM)
         return bool(box.item())
 
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's value, in rank order, on every rank (a collective)."""
+        if self.world == 1:
+            return [value]
+        values: list[Any] = [None] * self.world
+        dist.all_gather_object(values, value)
+        return values
+
     def broadcast(self, value: Any) -> Any:
         """Rank 0's value on every rank (a collective)."""
         if self.world == 1:

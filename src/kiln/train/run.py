@@ -257,6 +257,7 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
         "device": str(result.device),
         "device_name": torch.cuda.get_device_name(result.device) if result.device.type == "cuda" else "cpu",  # what the planner's peak table is matched on
         "max_rss_mb": peak_rss,  # rank 0's peak resident memory while training (None off Linux)
+        "model_states_mb": result.model_states_mb,  # per rank: weights, gradients, optimizer states held (MiB)
         "processes": ranks.world,
         "parallel": ranks.degrees,  # kiln.train.mesh's dimensions and their degrees
         "rollbacks": result.rollbacks,
