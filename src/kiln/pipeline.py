@@ -153,7 +153,7 @@ def plan_estimate(parallel: Any, manifest: dict[str, Any]) -> dict[str, Any]:
     flops = counts["flops_per_token"] * counts["tokens_trained"]
     peak = peak_flops_of(str(counts.get("device_name", ""))) if device.startswith("cuda") else None
     time_note = f"{flops / (peak * world * DEFAULT_MFU):,.0f} s at {DEFAULT_MFU:.0%} MFU (kiln plan's default)" if peak else "needs a GPU's dense peak (a CPU has none in the planner's table)"
-    return {"memory_gb": memory["total_gb"], "layout": f"dp={memory['dp']} tp={memory['tp']}, ZeRO {memory['zero']}, {precision}, micro-batch {t['micro_batch_size']} x {t['seq_len']}", "train_flops": flops, "flops_per_token": counts["flops_per_token"], "time_note": time_note}
+    return {"memory_gb": memory["total_gb"], "layout": f"dp={memory['dp']} tp={memory['tp']} pp={memory['pp']}, ZeRO {memory['zero']}, {precision}, micro-batch {t['micro_batch_size']} x {t['seq_len']}", "train_flops": flops, "flops_per_token": counts["flops_per_token"], "time_note": time_note}
 
 
 def build_report(run_dir: Path, watch_s: float | None = None) -> Path:

@@ -39,7 +39,7 @@ class Recipe(Section):
     mix: MixConfig = Field(default_factory=MixConfig, description="Drawing training sequences from sources.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The decoder's shape.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="Training: length, batch, seed; optim, schedule, precision and checkpoint sub-sections.")
-    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="How the processes torchrun starts share the model: DDP replicas, FSDP2 shards, tensor parallelism, on one device mesh.")
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="How the processes torchrun starts share the model: DDP replicas, FSDP2 shards, tensor and pipeline parallelism, on one device mesh.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Validation loss, perplexity, bits per byte.")
     generate: GenerateConfig = Field(default_factory=GenerateConfig, description="Sampling text from the trained model.")
     export: ExportConfig = Field(default_factory=ExportConfig, description="Writing the trained model as a Hugging Face folder.")

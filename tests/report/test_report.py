@@ -63,7 +63,7 @@ def test_funnel_and_evaluation_agree_with_the_manifests(report: dict[str, Any]) 
     assert f"{after['bpb']:,.4g}" in section_html(page, "evaluation")
     planned = section_html(page, "throughput")
     rss = m["train"]["counts"]["max_rss_mb"]  # since training started, not the demo process's whole life
-    assert 100 < rss < 4096 and f"the process&#x27;s peak resident memory was {rss / 1024:.2f} GiB" in planned and "GB (dp=1 tp=1, ZeRO 0, fp32" in planned
+    assert 100 < rss < 4096 and f"the process&#x27;s peak resident memory was {rss / 1024:.2f} GiB" in planned and "GB (dp=1 tp=1 pp=1, ZeRO 0, fp32" in planned
     lineage = section_html(page, "lineage")
     assert m["train"]["fingerprint"][:12] in lineage and m["curate"]["fingerprint"][:12] in lineage
 
@@ -180,7 +180,7 @@ def test_the_planner_column_follows_the_runs_layout() -> None:
     # A run that recorded its mesh is planned as it ran, whatever the recipe's section says now.
     manifest["counts"]["parallel"] = {"dp_replicate": 1, "dp_shard": 1, "tp": 2}
     split = plan_estimate(ParallelConfig(dp_shard=2), manifest)
-    assert "dp=1 tp=2, ZeRO 0" in split["layout"] and split["memory_gb"] < replicated["memory_gb"]
+    assert "dp=1 tp=2 pp=1, ZeRO 0" in split["layout"] and split["memory_gb"] < replicated["memory_gb"]
 
 
 def test_a_million_steps_and_a_hundred_sources_make_a_small_page_quickly(tmp_path: Path) -> None:

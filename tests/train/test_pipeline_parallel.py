@@ -1,8 +1,8 @@
 """Pipeline parallelism through torchrun on the CPU (gloo), on the tiny preset with untied
 embeddings (a pipeline keeps the embedding on its first stage and the output layer on its last):
 the layouts train as one process does with the same global batch, 10 steps, losses within 1e-4
-relative; the bubble measured is GPipe's (p - 1) / (m + p - 1); and a state saved under tensor
-parallelism resumes as a pipeline.
+relative; the bubble measured is GPipe's (p - 1) / (m + p - 1); and a state saved by pipeline
+stages resumes under tensor parallelism.
 """
 
 from __future__ import annotations
@@ -84,7 +84,10 @@ def test_two_stages_with_gpipe_match_one_process_and_idle_as_the_schedule_says(s
     two = launch(tokenized_run, tmp_path, 2, "parallel.pp=2", "parallel.pp_schedule=gpipe", steps=STEPS, model=UNTIED)
     assert_same_losses(two, one, STEPS)
     bubble = sorted(r["pipeline_bubble"] for r in two[1:])  # the first step builds the schedule
-    assert 0.1 < bubble[len(bubble) // 2] < 0.35, bubble
+    # Measured medians: 0.23 and 0.24 on idle cores; 0.37 with another test process on the same 2
+    # cores, whose preemptions read as idle time. The bound holds both and no schedule without a
+    # bubble (0) or with stages run one after another (0.5).
+    assert 0.1 < bubble[len(bubble) // 2] < 0.45, bubble
     ours = load_file(tmp_path / "runs" / "run" / "train" / "checkpoint" / "model.safetensors")
     theirs = load_file(one_root / "runs" / "run" / "train" / "checkpoint" / "model.safetensors")
     assert ours.keys() == theirs.keys() and all(torch.allclose(ours[k], theirs[k], rtol=1e-3, atol=1e-4) for k in ours)  # both stages' weights, gathered
@@ -102,16 +105,17 @@ def test_tensor_and_pipeline_parallel_with_fsdp2_match_one_process(single: tuple
 
 
 @pytest.mark.slow
-def test_a_tensor_parallel_state_resumes_as_a_pipeline(single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
-    # Killed under tp=2 once step 5 is logged (states every 2 steps), resumed with 2 pipeline
-    # stages: the vocabulary-split and head-split matrices become whole layers of one stage or the
-    # other. Micro-batches of 2 rows in both (the same recipe, so the same stage).
+def test_a_pipeline_state_resumes_tensor_parallel(single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
+    # Killed under 2 pipeline stages once step 5 is logged (states every 2 steps, each stage
+    # writing its own layers and their optimizer states), resumed under tp=2: whole layers of one
+    # stage or the other become head-split and vocabulary-split matrices, and every parameter
+    # group keeps its settings. Micro-batches of 2 rows in both (the same recipe, so the same stage).
     runs_dir = tmp_path / "runs"
     copy_run(tokenized_run, runs_dir)
     recipe = write_recipe(tmp_path, STEPS, 2, UNTIED)
-    kill_after(command(recipe, 2, "parallel.tp=2", "train.checkpoint.every=2"), runs_dir / "run" / "train.partial" / "metrics.jsonl", 5)
-    done = run(command(recipe, 2, "parallel.pp=2", "train.checkpoint.every=2"))
+    kill_after(command(recipe, 2, "parallel.pp=2", "train.checkpoint.every=2"), runs_dir / "run" / "train.partial" / "metrics.jsonl", 5)
+    done = run(command(recipe, 2, "parallel.tp=2", "train.checkpoint.every=2"))
     resumed_at = int(done.stderr.split("resuming after step ")[1].split()[0])
     assert 4 <= resumed_at < STEPS
-    assert "mesh pp 2 x dp_replicate 1 x dp_shard 1 x tp 1 over 2 processes" in done.stderr
+    assert "mesh pp 1 x dp_replicate 1 x dp_shard 1 x tp 2 over 2 processes" in done.stderr
     assert_same_losses(step_records(runs_dir), single[0], STEPS)

@@ -15,13 +15,15 @@ among those that fit, the first in this order wins, each step a rule of thumb wi
      (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
      Using Megatron-LM", Takeaways 1 and 2);
   5. the least data-parallel traffic, the lowest ZeRO stage, then no recompute over selective.
-ZeRO-2/3 are considered with pp > 1 too: kiln's FSDP2 shards each pipeline stage over its data
-ranks (as torchtitan composes them), at the traffic of rule 2.
+With pp > 1 only ZeRO-1 (or 0) is considered: kiln shards each pipeline stage with FSDP2, and
+torch.distributed.pipelining keeps an FSDP stage's weights and gradients whole from the step's
+first micro-batch to its last, reduce-scattering once: ZeRO-1's memory and traffic.
 The result also says how to run the layout with kiln (`recipe`: the `--set` keys of the
 `parallel` and `train` sections): ZeRO-3 is FSDP2 resharding after forward, ZeRO-2 FSDP2 keeping
-the gathered weights until backward (`parallel.reshard_after_forward: false`), ZeRO-0 replicas
-(DDP). kiln has no ZeRO-1: a ZeRO-1 layout's keys run replicas, and a warning gives their memory
-(full optimizer states on every GPU) and whether it fits.
+the gathered weights until backward (`parallel.reshard_after_forward: false`), ZeRO-1 with
+pipeline stages FSDP2 over each stage's data ranks, ZeRO-0 replicas (DDP). Without a pipeline kiln
+has no ZeRO-1: the keys run replicas, and a warning gives their memory (full optimizer states on
+every GPU) and whether it fits.
 With flash attention (kiln's SDPA; the default) selective recompute stores what no recompute
 does, so it is not proposed; with eager attention it is.
 The pipeline bubble, the share of a step each stage idles with 1F1B or GPipe scheduling, is
@@ -115,9 +117,11 @@ def propose_layout(
     if pp is not None and (gpus % pp or (tp is not None and gpus % (tp * pp))):
         raise ConfigError(f"pp = {pp} (with tp = {tp or 1}) does not divide gpus = {gpus}: tp * pp * dp must equal gpus; valid pp: {', '.join(str(k) for k in divisors(shape.n_layers) if gpus % (k * (tp or 1)) == 0)}")
     check_layout(shape, 1, tp or 1, pp or 1, zero if zero is not None else 0)
+    if zero is not None and zero >= 2 and pp is not None and pp > 1:
+        raise ConfigError(f"zero = {zero} with pp = {pp}: kiln's FSDP2 keeps a pipeline stage's weights and gradients whole until the step's last micro-batch, which is ZeRO-1; use zero 1 (--zero 1) or pp 1 (--pp 1)")
 
     tps = [tp] if tp is not None else [k for k in divisors(node) if shape.n_heads % k == 0 and gpus % k == 0]
-    pps = [pp] if pp is not None else divisors(shape.n_layers)
+    pps = [pp] if pp is not None else ([1] if zero is not None and zero >= 2 else divisors(shape.n_layers))
     # With flash attention selective recompute stores exactly what none does: never propose it.
     recomputes = [checkpointing] if checkpointing else [c for c in CHECKPOINTING if not (attention == "flash" and c == "selective")]
     fits, tried = [], []
@@ -134,7 +138,7 @@ def propose_layout(
                 continue
             else:
                 m = global_batch // (dp * micro_batch)
-            zeros = [zero] if zero is not None else ([0] if dp == 1 else [1, 2, 3])
+            zeros = [zero] if zero is not None else ([0] if dp == 1 else [1] if p > 1 else [1, 2, 3])
             for z in zeros:
                 if dp == 1 and z > 0:
                     continue  # one data-parallel rank: nothing to shard (a ZeRO stage asked for rules these out)
@@ -143,6 +147,8 @@ def propose_layout(
                     cand = {"tp": t, "pp": p, "dp": dp, "zero": z, "activation_checkpointing": ck, "micro_batches": m, "memory": mem}
                     (fits if mem["fits"] else tried).append(cand)
     if not fits:
+        if not tried and zero:
+            raise ConfigError(f"zero = {zero} shards over data-parallel ranks, but every layout of {gpus} GPU{'s' if gpus != 1 else ''} with these degrees leaves dp = 1 (nothing to shard); use zero 0 (--zero 0), more GPUs, or a smaller tp or pp")
         if not tried and batch_mismatch:
             raise ConfigError(f"global_batch = {global_batch} is not divisible by dp * micro_batch for any layout (dp would be one of {sorted(set(batch_mismatch))}, micro_batch {micro_batch}); choose a global batch that is a multiple of {min(batch_mismatch) * micro_batch}")
         best = min(tried, key=lambda c: c["memory"]["total_gb"])
@@ -157,7 +163,7 @@ def propose_layout(
     asked = {k for k, v in (("tp", tp), ("pp", pp), ("zero", zero), ("activation_checkpointing", checkpointing)) if v is not None}
     result = describe(choice, ahead, shape, gpus, node, micro_batch, len(fits) + len(tried), global_batch, sorted(set(batch_mismatch), reverse=True), asked)
     result["recipe"] = recipe_keys(result, seq_len)
-    if choice["zero"] == 1:  # what kiln's replicas need instead
+    if choice["zero"] == 1 and choice["pp"] == 1:  # what kiln's replicas need instead
         ddp = plan_memory(shape, choice["dp"], choice["tp"], choice["pp"], 0, micro_batch, seq_len, precision, choice["activation_checkpointing"], True, gpu_memory_gb, micro_batches=choice["micro_batches"], attention=attention, headroom=headroom)
         result["warnings"].append(f"kiln has no ZeRO-1: the recipe keys run replicas (DDP) with full optimizer states, {ddp['total_gb']:.1f} GB per GPU, which {'fits' if ddp['fits'] else 'does not fit'} in {ddp['usable_gb']:.1f} GB; --zero 2 or 3 shards them with FSDP2")
     return result
@@ -165,9 +171,9 @@ def propose_layout(
 
 def recipe_keys(r: dict[str, Any], seq_len: int) -> dict[str, Any]:
     """How kiln runs a layout: the `parallel` and `train` keys (`kiln train --set KEY=VALUE`)."""
-    sharded = r["zero"] >= 2
+    sharded = r["zero"] >= 2 or (r["zero"] == 1 and r["pp"] > 1)  # FSDP2 over a stage's data ranks is ZeRO-1
     keys: dict[str, Any] = {"parallel.pp": r["pp"], "parallel.dp_replicate": 1 if sharded else r["dp"], "parallel.dp_shard": r["dp"] if sharded else 1, "parallel.tp": r["tp"]}
-    if sharded:
+    if r["zero"] >= 2:
         keys["parallel.reshard_after_forward"] = r["zero"] == 3
     if r["tp"] > 1:
         keys["parallel.sequence_parallel"] = r["pp"] == 1  # kiln's stages pass whole hidden states

@@ -33,7 +33,8 @@ Full recompute also holds one layer's activations while that layer is recomputed
 no recompute with the same attention (with flash: the selective formula, no scores).
 Korthikanti's formula is derived for GPT blocks; kiln's SwiGLU blocks are of the same order.
 With 1F1B pipelining the first stage holds min(pp, micro-batches) micro-batches of its L/pp
-layers, i.e. L layers' worth at most.
+layers, i.e. L layers' worth at most; where pp does not divide L (kiln balances uneven stages),
+the stage with the most layers, ceil(L/pp), is the one priced.
 "Fits" leaves `headroom` (default 10%) of the GPU free for what is not counted here: the output
 logits (s*b*V*4 bytes on the last stage), communication buffers, allocator fragmentation and
 the CUDA context. Not handled here: activation offload, and replicated key/value heads when tp
@@ -125,8 +126,8 @@ def check_layout(shape: Shape, dp: int, tp: int, pp: int, zero: int) -> None:
         raise ConfigError(f"zero = {zero} is not a ZeRO stage; choose 0 (DDP), 1 (optimizer states), 2 (+ gradients) or 3 (+ weights, = FSDP full sharding)")
     if shape.n_heads is not None and shape.n_heads % tp:
         raise ConfigError(f"tp = {tp} does not divide n_heads = {shape.n_heads}: tensor parallelism splits whole attention heads; valid tp: {', '.join(map(str, divisors(shape.n_heads)))}")
-    if shape.n_layers is not None and shape.n_layers % pp:
-        raise ConfigError(f"pp = {pp} does not divide n_layers = {shape.n_layers}: each pipeline stage holds the same number of layers; valid pp: {', '.join(map(str, divisors(shape.n_layers)))}")
+    if shape.n_layers is not None and pp > shape.n_layers:
+        raise ConfigError(f"pp = {pp} exceeds n_layers = {shape.n_layers}: each pipeline stage holds at least one layer; valid pp: 1 to {shape.n_layers}")
 
 
 def model_state_bytes(params: float, dp: int, tp: int, pp: int, zero: int, precision: str = "bf16") -> tuple[float, float, float]:
@@ -197,7 +198,7 @@ def plan_memory(
         def per_layer(ck: str) -> float:
             return activation_bytes_per_layer(seq_len, micro_batch, shape.d_model, shape.n_heads, tp, sequence_parallel, ck, attention)  # type: ignore[arg-type]
 
-        activations = per_layer(checkpointing) * (shape.n_layers // pp) * in_flight
+        activations = per_layer(checkpointing) * -(-shape.n_layers // pp) * in_flight  # the stage with the most layers
         if checkpointing == "full":
             # subtle: backward recomputes one layer at a time, whose activations then coexist with
             # the checkpoints; with flash attention that layer stores no scores either.
@@ -206,6 +207,8 @@ def plan_memory(
     total = states + (activations or 0.0)
     usable_gb = gpu_memory_gb * (1 - headroom)
     warnings = shape_warnings(shape)
+    if pp > 1 and zero >= 2:
+        warnings.append(f"ZeRO-{zero} with pp = {pp}: kiln's FSDP2 keeps a pipeline stage's weights and gradients whole until the step's last micro-batch (ZeRO-1's memory); plan --zero 1 with pp > 1")
     return {
         "params": shape.params,
         "gpus": dp * tp * pp,

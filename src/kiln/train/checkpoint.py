@@ -61,10 +61,15 @@ def gather_stages(model_state: dict[str, Any], optimizer_state: dict[str, Any], 
     if not ranks.is_main:
         return {}, {}
     merged_model = {k: v for part, _ in parts for k, v in part.items()}
-    # Keyed by parameter name; the stages' parameter groups are the same groups, each with its own names.
-    merged_state = {k: v for _, part in parts for k, v in part["state"].items()}
-    groups = [dict(g, params=[p for _, part in parts for p in part["param_groups"][i]["params"]]) for i, g in enumerate(parts[0][1]["param_groups"])]
-    return merged_model, {"state": merged_state, "param_groups": groups}
+    merged_state = {k: v for _, part in parts for k, v in part["state"].items()}  # keyed by parameter name
+    # A stage has only the groups its parameters fall in (a middle stage has no embedding), so
+    # groups are matched by their settings, not by position.
+    groups: dict[str, dict[str, Any]] = {}
+    for _, part in parts:
+        for group in part["param_groups"]:
+            settings = repr(sorted((k, v) for k, v in group.items() if k != "params"))
+            groups.setdefault(settings, dict(group, params=[]))["params"].extend(group["params"])
+    return merged_model, {"state": merged_state, "param_groups": list(groups.values())}
 
 
 def maybe_checkpoint(folder: Path, states: States, every: int | None, step: int, last_step: int, model: nn.Module, core: Transformer, optimizer: torch.optim.Optimizer, batches: BatchSource, ranks: Ranks, resumable: Callable[[], dict[str, Any]]) -> list[Path] | None:

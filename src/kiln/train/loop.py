@@ -56,7 +56,7 @@ from kiln.train.pipeline_parallel import Pipeline, StagesInTurn, keep_stage, las
 from kiln.train.resume import STATES, States
 from kiln.train.rollback import Guard
 from kiln.train.schedule import lr_at
-from kiln.train.tensor_parallel import apply_tensor_parallel, vocab_parallel_loss
+from kiln.train.tensor_parallel import WholeWindows, apply_tensor_parallel, vocab_parallel_loss
 
 log = logging.getLogger("kiln.train")
 
@@ -288,7 +288,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     # Pipeline stages: the schedule runs each step's micro-batches; evaluation runs the stages in turn.
     pipeline = Pipeline(core, ranks, parallel.pp_schedule, build_head(model_cfg, cfg, precision, ranks.tp), precision.amp_dtype or torch.float32, precision.autocast) if ranks.pp > 1 else None
     stages = ranks.mesh["pp"].get_group() if pipeline else None
-    scored = StagesInTurn(core, ranks) if pipeline else core
+    scored = StagesInTurn(core, ranks) if pipeline else WholeWindows(core, ranks.tp) if ranks.tp > 1 and parallel.sequence_parallel else core
     # fp16 autocast needs dynamic loss scaling (bf16 has fp32's exponent range and does not).
     scaler = torch.amp.GradScaler(device.type, enabled=precision.amp_dtype == torch.float16)
     evaluate = build_scorer(run_dir, scoring, cfg, precision, objective_batches, reference_runs)

@@ -140,7 +140,7 @@ class Monitor:
             "peak_memory_mb": peak_memory,
             "rollbacks": rollbacks,
             "elapsed_s": round(now - self.t0, 3),
-            **({"pipeline_bubble": round(bubble, 4)} if bubble is not None else {}),  # rank 0's idle share of the step (the first stage)
+            **({"pipeline_bubble": round(bubble, 4)} if bubble is not None else {}),  # the slowest pipeline stage's idle share of the step
         })
         if self.board is not None:
             for name, value in (("loss", loss), ("lr", lr), ("grad_norm", grad_norm), ("tokens_per_s", tokens_per_s), ("data_wait_s", data_wait_s)):

@@ -132,7 +132,7 @@ class Pipeline:
         self.index, self.stages = ranks.mesh.get_local_rank("pp"), ranks.pp
         self.first, self.last = self.index == 0, self.index == self.stages - 1
         self.module = LastStage(core, self) if self.last else core
-        self.built: dict[tuple[int, int, int], Any] = {}  # (micro-batches, rows, seq_len) -> schedule
+        self.built: dict[tuple[int, int, int, str], Any] = {}  # (micro-batches, rows, seq_len, kind) -> schedule
         self.micro: list[Batch] = []
         self.step_tokens, self.next = 1, 0
         self.row_stats: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -147,11 +147,13 @@ class Pipeline:
         self.row_stats.append((loss.row_mean_B, loss.row_tokens_B))
         return loss.value * self.ranks.grad_scale
 
-    def schedule_for(self, micro_batches: int, rows: int, seq_len: int) -> Any:
-        """The schedule for this shape of step, built once per shape on every stage alike. Shapes are
-        given (static metadata), so no stage runs a trial forward to infer them."""
-        key = (micro_batches, rows, seq_len)
+    def schedule_for(self, micro_batches: int, rows: int, seq_len: int, kind: str) -> Any:
+        """The schedule for this shape of step, built on every stage alike when the shape changes
+        (only the latest is kept: batch-size warmup changes it every step). Shapes are given
+        (static metadata), so no stage runs a trial forward to infer them."""
+        key = (micro_batches, rows, seq_len, kind)
         if key not in self.built:
+            self.built.clear()
             from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
             b, device = rows // micro_batches, self.ranks.device
@@ -161,9 +163,9 @@ class Pipeline:
             outputs = torch.zeros((), device=device) if self.last else hidden
             stage = PipelineStage(self.module, self.index, self.stages, device, input_args=inputs, output_args=outputs, group=self.group)
             self.time(stage)
-            kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.kind]
+            schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[kind]
             # The loss is each micro-batch's share of the step already: no rescaling by the schedule.
-            self.built[key] = kind(stage, micro_batches, loss_fn=lambda value, _target: value, scale_grads=False)
+            self.built[key] = schedule(stage, micro_batches, loss_fn=lambda value, _target: value, scale_grads=False)
         return self.built[key]
 
     def time(self, stage: Any) -> None:
@@ -187,12 +189,15 @@ class Pipeline:
         proper, what the schedule leaves empty while the pipeline fills and drains. The others
         also wait on it.
 
-        The rows are split into m equal micro-batches, m the step's micro-batches or, where the
-        rows do not divide by that (a batch-size warmup step), the largest count below that does."""
+        The rows are split into m equal micro-batches: the fewest that keep each within the largest
+        micro-batch given and number at least the stages (fewer leave a stage nothing to do, and
+        1F1B refuses them); where the rows allow no such count (a short batch-size warmup step),
+        one row each, through GPipe."""
         rows = sum(len(b.input_ids_BT) for b in micro_batches)
-        m = max(d for d in range(1, len(micro_batches) + 1) if rows % d == 0)
+        largest = max(len(b.input_ids_BT) for b in micro_batches)
+        m = min(d for d in range(1, rows + 1) if rows % d == 0 and (d >= max(-(-rows // largest), self.stages) or d == rows))
         whole = torch.cat([b.input_ids_BT for b in micro_batches]).to(self.ranks.device)
-        schedule = self.schedule_for(m, rows, whole.shape[1])
+        schedule = self.schedule_for(m, rows, whole.shape[1], self.kind if m >= self.stages else "gpipe")
         if self.last:
             self.micro = [Batch(i, t, k, None, s) for i, t, k, s in zip(*(torch.cat([getattr(b, f) for b in micro_batches]).to(self.ranks.device).tensor_split(m) for f in ("input_ids_BT", "targets_BT", "loss_mask_BT", "source_B")), strict=True)]
         self.step_tokens, self.next, self.row_stats, self.busy_s = step_tokens, 0, [], 0.0
@@ -235,8 +240,8 @@ class StagesInTurn(nn.Module):
     (blocking point-to-point sends over the "pp" group, hidden states in fp32). For generation
     (last_only) the last stage's logits of the last position are broadcast, so every stage draws
     the same next token. For scoring, the stages before the last return zeros of the logits' shape
-    (expanded: no memory), so the caller's scoring runs alike on every rank, and
-    `last_stage_results` keeps the last stage's."""
+    (an expanded scalar; the scoring still computes its (B, T, V) intermediates on them), so the
+    caller's scoring runs alike on every rank, and `last_stage_results` keeps the last stage's."""
 
     def __init__(self, stage: Transformer, ranks: Ranks):
         super().__init__()

@@ -33,13 +33,17 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict
 
 from kiln.core.errors import FatalError
 from kiln.core.manifest import sha256_file
 from kiln.train.mesh import Ranks
 
 STATES = "checkpoints"  # beside metrics.jsonl in the train stage's folder
+# subtle: optimizer states keyed by parameter name, group settings included. Unflattened, DCP keys
+# each parameter group by its index and keeps one rank's copy, so pipeline stages (whose groups
+# hold different parameters) would load another stage's group lists and lose their settings.
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 TRAIN_STATE_JSON, COMPLETE = "train_state.json", "complete.json"
 
 log = logging.getLogger("kiln.train")
@@ -127,7 +131,7 @@ class States:
         (tmp / f"rng-{self.ranks.rank}.json").write_text(json.dumps(rng_state()))
         if self.ranks.is_main:
             (tmp / TRAIN_STATE_JSON).write_text(json.dumps({**train_state, "step": step, "processes": self.ranks.world}))
-        state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+        state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer, options=FLAT)}
         if not self.async_save or wait:
             dcp.save(state, checkpoint_id=str(tmp))
             self.ranks.barrier()  # every rank's rng file and shards are written
@@ -185,10 +189,10 @@ class States:
         if self.ranks.is_main:
             verify(folder)
         self.ranks.barrier()
-        state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+        state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer, options=FLAT)}
         dcp.load(state, checkpoint_id=str(folder))
         set_model_state_dict(model, state["model"])
-        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=FLAT)
         rng = folder / f"rng-{self.ranks.rank}.json"
         set_rng_state(json.loads((rng if rng.is_file() else folder / "rng-0.json").read_text()))
         return json.loads((folder / TRAIN_STATE_JSON).read_text())

@@ -46,7 +46,7 @@ from kiln.train.monitor import TENSORBOARD, peak_rss_mb, reset_peak_rss
 from kiln.train.objectives import TokenIds, check_objectives, fim_middles, token_ids
 from kiln.train.pipeline_parallel import check_pipeline
 from kiln.train.resume import STATES, complete_states, set_aside_after, state_step
-from kiln.train.tensor_parallel import check_tensor_parallel
+from kiln.train.tensor_parallel import check_sequence_parallel, check_tensor_parallel
 
 # Validation rows for an objective's own loss: at most this many micro-batches.
 MAX_OBJECTIVE_VAL_BATCHES = 32
@@ -212,6 +212,8 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
     if cfg.optim.name == "muon" and split:
         raise ConfigError(f"train.optim.name=muon orthogonalises whole matrices, and parallel ({ranks.describe()}) splits them over ranks; use DDP (parallel.dp_replicate={ranks.world}, parallel.dp_shard=1, parallel.tp=1, parallel.pp=1) or adamw")
     check_tensor_parallel(model_cfg, ranks.tp)
+    if ranks.tp > 1 and parallel.sequence_parallel:
+        check_sequence_parallel(ranks.tp, sorted({cfg.seq_len, *(p.seq_len for p in cfg.seq_len_schedule or [])}), cfg.probe_every)
     check_pipeline(model_cfg, ranks.pp, parallel.pp_layers, {o: cfg.masks_documents(o) for o in cfg.objectives}, parallel.sequence_parallel and ranks.tp > 1)
     stage = None
     if ranks.is_main:  # inputs are hashed and checked once, here

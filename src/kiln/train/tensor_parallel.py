@@ -53,6 +53,39 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
         raise ConfigError(f"parallel.tp={tp} cannot split this model: " + "; ".join(problems))
 
 
+def check_sequence_parallel(tp: int, lengths: list[int], probe_every: int | None) -> None:
+    """A ConfigError, with the reason, for training that sequence parallelism cannot split: each
+    rank holds 1/tp of the positions, so every training length must divide by tp; decoding one
+    position at a time (the probe set's continuations) cannot be split at all."""
+    problems = [f"train.seq_len (and seq_len_schedule) {n} is not a multiple of parallel.tp ({tp})" for n in lengths if n % tp]
+    if probe_every:
+        problems.append("train.probe_every: the probe's continuations decode one position at a time, which 1/tp of the positions per rank cannot hold; drop train.probe_every or parallel.sequence_parallel")
+    if problems:
+        raise ConfigError("parallel.sequence_parallel splits the positions over the tp ranks: " + "; ".join(problems))
+
+
+class WholeWindows(nn.Module):
+    """The sequence-parallel model for evaluation: causal windows of any length, right-padded to a
+    multiple of tp for the forward pass (a causal position never sees the padding after it) and
+    cut back. Batches of other rules come at the training lengths, which divide by tp already."""
+
+    def __init__(self, model: nn.Module, tp: int):
+        super().__init__()
+        self.model, self.tp = model, tp
+
+    @property
+    def cfg(self) -> ModelConfig:
+        return self.model.cfg  # type: ignore[return-value]
+
+    def forward(self, idx_BT: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        T = idx_BT.shape[1]
+        if T % self.tp == 0:
+            return self.model(idx_BT, **kwargs)
+        assert not kwargs, f"a window of {T} positions with {sorted(kwargs)}: only plain causal windows are padded"
+        padded_BT = torch.nn.functional.pad(idx_BT, (0, self.tp - T % self.tp))
+        return self.model(padded_BT)[:, :T]
+
+
 def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, sequence_parallel: bool) -> None:
     """Split the Transformer's matrices over the 1-D mesh `tp_mesh`, in place."""
     between = Shard(1) if sequence_parallel else Replicate()  # the residual stream's layout between blocks
