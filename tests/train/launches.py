@@ -106,9 +106,25 @@ def step_records(runs_dir: Path) -> list[dict[str, Any]]:
 
 
 def launch(tokenized_run: Path, root: Path, nproc: int, *overrides: str, micro: int = 4, steps: int = STEPS, model: str = SMALL, via_kiln: bool = False) -> list[dict[str, Any]]:
-    """Train on a fresh copy of the run with nproc processes; the step records of metrics.jsonl."""
+    """Train on a fresh copy of the run with nproc processes; the step records of metrics.jsonl.
+
+    One process trains in this one, with one torch thread as every launched process has
+    (OMP_NUM_THREADS=1), so its numbers are theirs: a subprocess would spend 4 s on imports."""
     copy_run(tokenized_run, root / "runs")
-    run(command(write_recipe(root, steps, micro, model), nproc, *overrides, via_kiln=via_kiln))
+    cmd = command(write_recipe(root, steps, micro, model), nproc, *overrides, via_kiln=via_kiln)
+    if nproc > 1:
+        run(cmd)
+        return step_records(root / "runs")
+    import torch
+
+    from kiln.cli import main
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(cmd[1:]) == 0
+    finally:
+        torch.set_num_threads(threads)
     return step_records(root / "runs")
 
 
