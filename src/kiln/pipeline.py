@@ -100,16 +100,12 @@ def dry_run_train(recipe: Recipe) -> str:
 
 def layout_memory(model: Any, degrees: dict[str, int] | None, reshard_after_forward: bool, sequence_parallel: bool, micro_batch: int, seq_len: int, precision: str, checkpointing: str) -> dict[str, Any]:
     """The planner's memory per rank (kiln plan memory) for a kiln layout (kiln.train.mesh's degrees;
-    None: one process). FSDP2 resharding after forward is ZeRO-3, keeping the weights to backward
-    ZeRO-2, replicas alone ZeRO-0; under HSDP the states are sharded over dp_shard only."""
+    None: one process), in the planner's terms by kiln.plan.layout.planner_layout."""
+    from kiln.plan.layout import planner_layout
     from kiln.plan.memory import Shape, plan_memory
 
-    degrees = degrees or {"dp_replicate": 1, "dp_shard": 1}
-    sharded = degrees["dp_shard"] > 1
-    return plan_memory(
-        Shape.from_config(model), dp=degrees["dp_shard"] if sharded else degrees["dp_replicate"], tp=degrees.get("tp", 1), pp=degrees.get("pp", 1), zero=(3 if reshard_after_forward else 2) if sharded else 0,
-        micro_batch=micro_batch, seq_len=seq_len, precision=precision, checkpointing=checkpointing, sequence_parallel=sequence_parallel,
-    )
+    layout = planner_layout(degrees or {"dp_replicate": 1, "dp_shard": 1}, reshard_after_forward)
+    return plan_memory(Shape.from_config(model), **layout, micro_batch=micro_batch, seq_len=seq_len, precision=precision, checkpointing=checkpointing, sequence_parallel=sequence_parallel)
 
 
 def report_hooks(run_dir: Path) -> Any:

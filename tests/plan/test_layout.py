@@ -6,7 +6,7 @@ import pytest
 
 from kiln.core.errors import ConfigError
 from kiln.model.config import get_preset
-from kiln.plan.layout import bubble_fraction, dp_traffic, format_layout, propose_layout
+from kiln.plan.layout import bubble_fraction, dp_traffic, format_layout, planner_layout, propose_layout, recipe_keys
 from kiln.plan.memory import Shape, plan_memory
 
 LLAMA_7B = Shape.from_config(get_preset("llama-7b"))
@@ -149,3 +149,11 @@ def test_a_global_batch_rules_out_data_parallel_degrees_and_says_so() -> None:
 def test_layout_needs_the_shape() -> None:
     with pytest.raises(ConfigError, match="needs the model's shape"):
         propose_layout(Shape(7e9), gpus=8)
+
+
+@pytest.mark.parametrize(("zero", "pp", "dp", "tp"), [(3, 1, 8, 2), (2, 1, 4, 1), (1, 4, 2, 8), (0, 1, 8, 1), (0, 2, 1, 2)])
+def test_the_recipe_keys_read_back_as_the_same_layout(zero: int, pp: int, dp: int, tp: int) -> None:
+    # kiln's degrees from a layout's keys are planned (dry run, report) as that layout again.
+    keys = recipe_keys({"zero": zero, "pp": pp, "dp": dp, "tp": tp, "activation_checkpointing": "none", "micro_batch": 1, "global_batch": 8}, 64)
+    degrees = {"pp": keys["parallel.pp"], "dp_replicate": keys["parallel.dp_replicate"], "dp_shard": keys["parallel.dp_shard"], "tp": keys["parallel.tp"]}
+    assert planner_layout(degrees, keys.get("parallel.reshard_after_forward", True)) == {"dp": dp, "tp": tp, "pp": pp, "zero": zero}
