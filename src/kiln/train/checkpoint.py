@@ -55,7 +55,7 @@ def gather_stages(model_state: dict[str, Any], optimizer_state: dict[str, Any], 
 
     if any(ranks.mesh.get_local_rank(dim) for dim in ("dp_replicate", "dp_shard", "tp")):
         return {}, {}
-    group = ranks.mesh["pp"].get_group()
+    group = ranks.stage_group
     parts: list[Any] = [None] * ranks.pp if ranks.is_main else []
     dist.gather_object((model_state, optimizer_state), parts if ranks.is_main else None, dst=0, group=group)
     if not ranks.is_main:

@@ -233,8 +233,7 @@ def build_parallel_model(model_cfg: ModelConfig, cfg: TrainConfig, precision: Pr
     if cfg.init_from:  # continued pretraining: every rank reads the same starting weights
         load_weights_into(core, Path(cfg.init_from))
     if ranks.pp > 1:  # each rank keeps its stage's blocks of the whole model it built
-        stage = ranks.mesh.get_local_rank("pp")
-        keep_stage(core, stage_layers(model_cfg, ranks.pp, parallel.pp_layers)[stage], stage == 0, stage == ranks.pp - 1)
+        keep_stage(core, stage_layers(model_cfg, ranks.pp, parallel.pp_layers)[ranks.stage], ranks.stage == 0, ranks.stage == ranks.pp - 1)
     if ranks.tp > 1:  # each rank keeps its slices of the whole matrices it built
         apply_tensor_parallel(core, ranks.mesh["tp"], parallel.sequence_parallel)
     apply_activation_checkpointing(core, cfg.activation_checkpointing, cfg.checkpoint_every_k_blocks)
@@ -287,7 +286,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     parameters = list(model.parameters())
     # Pipeline stages: the schedule runs each step's micro-batches; evaluation runs the stages in turn.
     pipeline = Pipeline(core, ranks, parallel.pp_schedule, build_head(model_cfg, cfg, precision, ranks.tp), precision.amp_dtype or torch.float32, precision.autocast) if ranks.pp > 1 else None
-    stages = ranks.mesh["pp"].get_group() if pipeline else None
+    stages = ranks.stage_group if pipeline else None
     scored = StagesInTurn(core, ranks) if pipeline else WholeWindows(core, ranks.tp) if ranks.tp > 1 and parallel.sequence_parallel else core
     # fp16 autocast needs dynamic loss scaling (bf16 has fp32's exponent range and does not).
     scaler = torch.amp.GradScaler(device.type, enabled=precision.amp_dtype == torch.float16)

@@ -101,7 +101,7 @@ class Ranks:
     device: torch.device
     mesh: Any = None  # the DeviceMesh over MESH_DIMS (None with one process)
     data_group: Any = None  # process group of the ranks with this rank's pp and tp coordinates (the data-parallel ranks)
-    stages_group: Any = None  # the data ranks of every pipeline stage (this rank's tp coordinate)
+    dp_pp_group: Any = None  # the data ranks of every pipeline stage (this rank's tp coordinate)
 
     @property
     def is_main(self) -> bool:
@@ -124,6 +124,16 @@ class Ranks:
         return self.degrees["pp"]
 
     @property
+    def stage(self) -> int:
+        """This rank's pipeline stage (its "pp" coordinate)."""
+        return self.mesh.get_local_rank("pp") if self.mesh is not None else 0
+
+    @property
+    def stage_group(self) -> Any:
+        """The process group of this rank's pipeline: one rank per stage (with pp > 1)."""
+        return self.mesh["pp"].get_group()
+
+    @property
     def data_world(self) -> int:
         """Ranks that read different rows (the data-parallel ranks)."""
         return self.replicate * self.shard
@@ -141,7 +151,7 @@ class Ranks:
         so are the pipeline stages, unless `stages` (what only the last stage holds, zeros on the
         others: its losses)."""
         if stages and self.pp > 1:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.stages_group)
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.dp_pp_group)
         elif self.data_world > 1:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.data_group)
         return tensor
@@ -216,8 +226,8 @@ def init_ranks(cfg: ParallelConfig, device: torch.device) -> Ranks:
 
     mesh = init_device_mesh(device.type, tuple(degrees[name] for name in MESH_DIMS), mesh_dim_names=MESH_DIMS)
     data_group = mesh["dp_replicate", "dp_shard"]._flatten("dp").get_group()  # the data ranks of this pp and tp coordinate
-    stages_group = mesh["pp", "dp_replicate", "dp_shard"]._flatten("pp_dp").get_group() if degrees["pp"] > 1 else data_group
-    ranks = Ranks(dist.get_rank(), world, degrees, device, mesh, data_group, stages_group)
+    dp_pp_group = mesh["pp", "dp_replicate", "dp_shard"]._flatten("pp_dp").get_group() if degrees["pp"] > 1 else data_group
+    ranks = Ranks(dist.get_rank(), world, degrees, device, mesh, data_group, dp_pp_group)
     if ranks.is_main:
         places = {int(r): coordinate for coordinate, r in np.ndenumerate(mesh.mesh.numpy())}
         log.info("train: mesh %s over %d processes; rank (%s): %s", ranks.describe(), world, ", ".join(MESH_DIMS), "; ".join(f"{r} {places[r]}" for r in sorted(places)))

@@ -128,8 +128,7 @@ class Pipeline:
 
     def __init__(self, core: Transformer, ranks: Ranks, schedule: str, head: Callable[..., Loss], hidden_dtype: torch.dtype, autocast: Callable[[], AbstractContextManager[Any]]):
         self.core, self.ranks, self.kind, self.head, self.hidden_dtype, self.autocast = core, ranks, schedule, head, hidden_dtype, autocast
-        self.group = ranks.mesh["pp"].get_group()
-        self.index, self.stages = ranks.mesh.get_local_rank("pp"), ranks.pp
+        self.group, self.index, self.stages = ranks.stage_group, ranks.stage, ranks.pp
         self.first, self.last = self.index == 0, self.index == self.stages - 1
         self.module = LastStage(core, self) if self.last else core
         self.built: dict[tuple[int, int, int, str], Any] = {}  # (micro-batches, rows, seq_len, kind) -> schedule
@@ -246,8 +245,8 @@ class StagesInTurn(nn.Module):
     def __init__(self, stage: Transformer, ranks: Ranks):
         super().__init__()
         self.stage = stage
-        self.group = ranks.mesh["pp"].get_group()
-        index, stages = ranks.mesh.get_local_rank("pp"), ranks.pp
+        self.group = ranks.stage_group
+        index, stages = ranks.stage, ranks.pp
         self.before = dist.get_global_rank(self.group, index - 1) if index > 0 else None
         self.after = dist.get_global_rank(self.group, index + 1) if index < stages - 1 else None
         self.last = dist.get_global_rank(self.group, stages - 1)
@@ -275,7 +274,7 @@ class StagesInTurn(nn.Module):
 
 def last_stage_results(scorer: Callable[[nn.Module], dict[str, Any]], ranks: Ranks) -> Callable[[nn.Module], dict[str, Any]]:
     """A scorer whose results are the last stage's on every rank (a collective over "pp")."""
-    group = ranks.mesh["pp"].get_group()
+    group = ranks.stage_group
     last = dist.get_global_rank(group, ranks.pp - 1)
 
     def score(model: nn.Module) -> dict[str, Any]:
