@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from launches import ENV, RECIPE, SMALL, STEPS, assert_same_losses, command, copy_run, free_port, kill_after, launch, nodes_command, run, run_nodes, step_records, write_recipe
+from launches import ENV, STEPS, assert_same_losses, command, copy_run, free_port, kill_after, launch, nodes_command, run, run_nodes, step_records, write_recipe
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
@@ -65,19 +65,15 @@ def test_killed_run_resumes_exactly(first: int, second: int, async_save: bool, s
     overrides = ["train.checkpoint.every=5", "parallel.dp_replicate=2", "parallel.dp_shard=1", f"train.checkpoint.async_save={str(async_save).lower()}"]
     runs_dir = tmp_path / "runs"
     copy_run(tokenized_run, runs_dir)
-    recipe = tmp_path / "recipe.yaml"
-
-    def train(nproc: int) -> list[str]:
-        # micro-batches of 2 rows on either layout: the recipe (and so the stage's identity) stays the same.
-        recipe.write_text(RECIPE.format(runs_dir=runs_dir, steps=STEPS, micro=2, model=SMALL))
-        return command(recipe, nproc, *overrides)
+    # micro-batches of 2 rows on either layout: the recipe (and so the stage's identity) stays the same.
+    recipe = write_recipe(tmp_path, STEPS, micro=2)
 
     metrics = runs_dir / "run" / "train.partial" / "metrics.jsonl"
-    kill_after(train(first), metrics, 12)
+    kill_after(command(recipe, first, *overrides), metrics, 12)
     complete = sorted(p.name for p in (runs_dir / "run" / "train.partial" / "checkpoints").iterdir() if p.suffix != ".tmp")
     last = int(complete[-1].removeprefix("step-"))
     assert last >= 10
-    done = run(train(second))
+    done = run(command(recipe, second, *overrides))
     assert f"resuming after step {last}" in done.stderr
     steps = step_records(runs_dir)
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))  # the killed run's steps after `last` were cut back
@@ -90,8 +86,7 @@ def test_sigterm_saves_a_resumable_state_and_the_run_continues_exactly(single: t
     # a resumable state is written for it, the command exits 130; running it again resumes there.
     runs_dir = tmp_path / "runs"
     copy_run(tokenized_run, runs_dir)
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(RECIPE.format(runs_dir=runs_dir, steps=STEPS, micro=4, model=SMALL))
+    recipe = write_recipe(tmp_path, STEPS, micro=4)
     process = subprocess.Popen(command(recipe, 1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
     metrics = runs_dir / "run" / "train.partial" / "metrics.jsonl"
     deadline = time.monotonic() + 120
