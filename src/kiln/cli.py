@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         if verb == "train":
             p.add_argument("--dry-run", action="store_true", help="Print the planned data mixture over training (a table per phase: weights, tokens and epochs per source) and stop; nothing is trained or written.")
             p.add_argument("--from", dest="from_step", type=int, metavar="STEP", help="Resume the interrupted run from its resumable state after STEP instead of the newest (later states are moved aside into checkpoints/superseded-<time>/).")
-            p.add_argument("--nproc", type=int, metavar="N", help="Train with N processes on this machine: runs `torchrun --standalone --nproc-per-node N -m kiln train` with the other arguments (the parallel section lays them out).")
+            p.add_argument("--nproc", type=int, metavar="N", help="Train with N processes on this machine: runs `torchrun --standalone --nproc-per-node N -m kiln train` with the other arguments (the parallel section lays them out); with --dry-run, plans for N processes without starting them.")
         if verb == "eval":
             p.add_argument("--data", dest="data_files", action="append", default=[], metavar="PATH", help="Also score this text, JSONL or Parquet file (per file and per `source` field); repeatable; replaces eval.data.")
             p.add_argument("--task", dest="tasks", action="append", default=[], metavar="TASK.jsonl", help="Also score this multiple-choice task (JSONL: context or query, choices, label) zero-shot; repeatable; replaces eval.tasks.")
@@ -263,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.nproc < 1:
             print("kiln train: error: --nproc must be at least 1", file=sys.stderr)
             return 2
-        exec_torchrun(argv, args.nproc)
+        if getattr(args, "dry_run", False):  # plan for that launch: the batch and memory per rank of N processes, timed on one
+            os.environ["WORLD_SIZE"] = str(args.nproc)
+        else:
+            exec_torchrun(argv, args.nproc)
     # Under torchrun only rank 0 tells the user what happens; the others report problems only.
     quiet = args.quiet or not is_main_process()
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)

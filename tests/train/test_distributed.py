@@ -41,7 +41,7 @@ def test_two_processes_match_one_with_the_same_global_batch(layout: str, overrid
         copy_run(tokenized_run, tmp_path / "runs")
         recipe, port = write_recipe(tmp_path, micro=2), free_port()
         stderr = run_nodes([nodes_command(recipe, 2, 1, port, *overrides) for _ in range(2)])
-        assert sum("mesh pp 1 x dp_replicate 1 x dp_shard 2 x tp 1 over 2 processes" in e for e in stderr) == 1  # rank 0's node logs it
+        assert sum("mesh pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 1 over 2 processes" in e for e in stderr) == 1  # rank 0's node logs it
         two = step_records(tmp_path / "runs")
     assert_same_losses(two, one)
     # One writer, the same consolidated checkpoint format whatever the layout.

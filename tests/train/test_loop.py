@@ -657,12 +657,12 @@ def test_kiln_train_dry_run_from_the_command_line(tokenized: Path, tmp_path: Pat
     assert "planned mixture: 10,240 tokens trained in 1 phase(s)" in out and "0.750" in out and "0.250" in out
     assert "model: 3,475,712 params" in out and "tokens/s over 3 measured steps" in out and "memory per rank (one process; kiln plan memory)" in out
     assert not (tmp_path / "copy" / "train").exists()
-    # For a launch of 2 processes with tp=2 (the dry run itself measures on this one): the planner's
-    # memory per rank for that layout, each rank holding half of every matrix.
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert main(["train", "--recipe", str(recipe), "--dry-run", "--set", "parallel.tp=2"]) == 0
+    # For a launch of 2 processes with tp=2 (--nproc 2 starts none: the dry run measures on this
+    # one): the planner's memory per rank for that layout, each rank holding half of every matrix.
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # --nproc sets it for the dry run; put back after the test
+    assert main(["train", "--recipe", str(recipe), "--dry-run", "--nproc", "2", "--set", "parallel.tp=2"]) == 0
     split = capsys.readouterr().out
-    assert "on 2 process(es) (1 reading data)" in split and "memory per rank (pp 1, dp_replicate 1, dp_shard 1, tp 2; kiln plan memory)" in split
+    assert "on 2 process(es) (1 reading data)" in split and "memory per rank (pp 1, dp_replicate 1, dp_shard 1, cp 1, tp 2; kiln plan memory)" in split
     assert "dp=1 tp=2 pp=1 (2 GPUs), ZeRO stage 0" in split
     per_rank = [int(line.split(")")[1].split()[0].replace(",", "")) for text in (out, split) for line in text.splitlines() if line.startswith("parameters per GPU (after tp, pp)")]
     assert len(per_rank) == 2 and per_rank[1] == per_rank[0] // 2

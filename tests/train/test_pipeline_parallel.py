@@ -120,7 +120,7 @@ def test_a_pipeline_state_resumes_under_fsdp2_and_tensor_parallelism(single: tup
     done = run(command(recipe, 4, "parallel.dp_shard=2", "parallel.tp=2", "parallel.sequence_parallel=true", "train.checkpoint.every=2"))
     resumed_at = int(done.stderr.split("resuming after step ")[1].split()[0])
     assert 4 <= resumed_at < STEPS
-    assert "mesh pp 1 x dp_replicate 1 x dp_shard 2 x tp 2 over 4 processes" in done.stderr
+    assert "mesh pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 2 over 4 processes" in done.stderr
     assert_same_losses(step_records(runs_dir), one, STEPS)
     ours = load_file(runs_dir / "run" / "train" / "checkpoint" / "model.safetensors")
     theirs = load_file(one_root / "runs" / "run" / "train" / "checkpoint" / "model.safetensors")

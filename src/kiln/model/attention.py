@@ -9,12 +9,16 @@ visible to every query of its document and, through the document mask, to no oth
 (B, 1, T, T) mask, True where a query may attend to a key. Every rule lets a position see
 itself, so no row of the mask is empty (an empty row would give NaN).
 Shape legend: B batch, T sequence length.
+Context parallelism (kiln.train.context_parallel) splits each window's positions over ranks: a
+rule carrying a ContextShard masks this rank's queries against every rank's keys, by their
+places in the window; its prefix and document ids then cover the whole window.
 Not handled here: sliding windows, or building the document ids and prefix lengths (the data side).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,10 +26,21 @@ import torch
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensor fields have no single truth value
+class ContextShard:
+    """One context-parallel rank's share of a window of T positions: its queries attend over every rank's keys."""
+
+    query_index_Q: torch.Tensor  # int64: the window positions this rank holds, in its order
+    key_index_T: torch.Tensor  # int64: the window position of each gathered key, in gather order
+    # (B, K, Q, E) keys and values of this rank -> (B, K, T, E) of every rank, in key_index_T's order
+    gather_kv: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: tensor fields have no single truth value
 class AttentionRule:
     kind: Literal["causal", "full", "prefix"]
     prefix_BT: torch.Tensor | None = None  # prefix rule, bool: keys every query (of the same document) may see
     doc_ids_BT: torch.Tensor | None = None  # a query sees only keys with the same document id
+    context: ContextShard | None = None  # context parallelism: this rank's queries, every rank's keys
 
     def __post_init__(self) -> None:
         assert (self.kind == "prefix") == (self.prefix_BT is not None), "prefix_BT goes with kind='prefix' only"
@@ -36,24 +51,35 @@ class AttentionRule:
 
     def mask_BTT(self, T: int, device: torch.device) -> torch.Tensor:
         """Boolean (B or 1, T, T): [b, i, j] is True where query i may attend to key j."""
-        i_T1 = torch.arange(T, device=device)[:, None]
-        j_1T = torch.arange(T, device=device)[None, :]
+        index_T = torch.arange(T, device=device)
+        return self.mask_BQK(index_T, index_T)
+
+    def mask_BQK(self, query_Q: torch.Tensor, key_K: torch.Tensor) -> torch.Tensor:
+        """Boolean (B or 1, Q, K): [b, i, j] is True where the query at window position query_Q[i]
+        may attend to the key at window position key_K[j]."""
+        device = query_Q.device
         if self.kind == "full":
-            allowed = torch.ones(1, T, T, dtype=torch.bool, device=device)
+            allowed = torch.ones(1, len(query_Q), len(key_K), dtype=torch.bool, device=device)
         else:
-            allowed = (j_1T <= i_T1)[None]  # causal: (1, T, T)
+            allowed = (key_K[None, :] <= query_Q[:, None])[None]  # causal: (1, Q, K)
         if self.prefix_BT is not None:
             # Keys inside a prefix are visible to every query (the queries after it see them
             # causally anyway), so the prefix block is bidirectional; the document mask below
             # keeps one document's prefix from the queries of an earlier document.
-            allowed = allowed | self.prefix_BT.to(device)[:, None, :]
+            allowed = allowed | self.prefix_BT.to(device)[:, key_K][:, None, :]
         if self.doc_ids_BT is not None:
             doc_BT = self.doc_ids_BT.to(device)
-            allowed = allowed & (doc_BT[:, :, None] == doc_BT[:, None, :])
+            allowed = allowed & (doc_BT[:, query_Q][:, :, None] == doc_BT[:, key_K][:, None, :])
         return allowed
 
     def sdpa_kwargs(self, T: int, device: torch.device) -> dict[str, Any]:
-        """Keyword arguments for F.scaled_dot_product_attention that apply this rule to T positions."""
+        """Keyword arguments for F.scaled_dot_product_attention that apply this rule to T positions.
+
+        With a context shard, T is this rank's share of the window and the arguments also carry
+        `gather_kv`, which the attention calls on its keys and values before SDPA (and drops)."""
+        if self.context is not None:  # every rule takes a mask: the queries and keys are not in window order
+            c = self.context
+            return {"attn_mask": self.mask_BQK(c.query_index_Q.to(device), c.key_index_T.to(device))[:, None], "gather_kv": c.gather_kv}
         if self.doc_ids_BT is None and self.kind == "causal":
             return {"is_causal": True}  # the fast path: no mask tensor is built
         if self.doc_ids_BT is None and self.kind == "full":

@@ -92,12 +92,16 @@ class Attention(nn.Module):
         q_BHTE, k_BKTE = apply_rope(q_BHTE, cos, sin), apply_rope(k_BKTE, cos, sin)
         if cache is not None:  # decoding: attend over the cached positions and these (S of them)
             k_BKTE, v_BKTE = cache.store(k_BKTE, v_BKTE)
+        if (gather_kv := sdpa_kwargs.get("gather_kv")) is not None:  # context parallel: every rank's keys and values
+            k_BKTE, v_BKTE = gather_kv(k_BKTE, v_BKTE)
+            sdpa_kwargs = {"attn_mask": sdpa_kwargs["attn_mask"]}
         # Grouped-query: each K/V head serves H/K query heads. Training copies them (SDPA's
         # enable_gqa sums the K/V gradients in another order); decoding passes enable_gqa instead.
         if self.n_kv != self.n_heads and not sdpa_kwargs.get("enable_gqa"):
             k_BKTE = k_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
             v_BKTE = v_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-        # sdpa_kwargs: is_causal=True (the fast path), nothing (full), or a (B, 1, T, T) bool attn_mask.
+        # sdpa_kwargs: is_causal=True (the fast path), nothing (full), or a (B, 1, T, T) bool attn_mask
+        # ((B, 1, T/cp, T) under context parallelism: this rank's queries, every rank's keys).
         y_BHTE = F.scaled_dot_product_attention(q_BHTE, k_BKTE, v_BKTE, **sdpa_kwargs)
         return self.wo(y_BHTE.transpose(1, 2).reshape(B, T, -1))
 

@@ -173,8 +173,9 @@ def planner_layout(degrees: dict[str, int], reshard_after_forward: bool) -> dict
     """The planner's dp, tp, pp and ZeRO stage for a kiln layout (kiln.train.mesh's degrees), the
     inverse of recipe_keys: FSDP2 is ZeRO-1 over a pipeline stage's data ranks, else ZeRO-3
     resharding after forward and ZeRO-2 without; replicas alone are ZeRO-0. Under HSDP the states
-    are sharded over dp_shard only, so that is the dp the memory sees."""
-    pp, shard = degrees.get("pp", 1), degrees["dp_shard"]
+    are sharded over dp_shard only, so that is the dp the memory sees; with context parallelism
+    over dp_shard x cp (a context-parallel group holds the same weights)."""
+    pp, shard = degrees.get("pp", 1), degrees["dp_shard"] * degrees.get("cp", 1)
     zero = 0 if shard == 1 else 1 if pp > 1 else 3 if reshard_after_forward else 2
     return {"dp": shard if zero else degrees["dp_replicate"], "tp": degrees.get("tp", 1), "pp": pp, "zero": zero}
 

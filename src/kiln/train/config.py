@@ -8,7 +8,7 @@ weighs several per row. The batch is given in tokens per
 optimizer step (`global_batch_tokens`); gradient-accumulation steps follow from it. Keys of
 the flat section this replaced fail with the name of their new home.
 The data-parallel size in the batch arithmetic is the number of data ranks of the launch: the
-processes torchrun started (1 without torchrun) over the model-parallel degree of the recipe's
+processes torchrun started (1 without torchrun) over tp x pp x cp of the recipe's
 `parallel` section, which kiln.recipe passes in as the validation context `data_ranks`; a
 section validated alone counts every process. So a recipe is checked against the layout it runs
 on. Not handled here: the layout itself (kiln.train.mesh).

@@ -10,10 +10,12 @@ mixed-precision policy for the compute dtype and reductions in fp32, optional CP
 dp_shard, both (HSDP) when both exceed 1. With tensor parallelism the parameters are DTensors
 DDP does not take, and a pipeline stage's module is driven by the schedule, so with tp or pp
 FSDP2 wraps the model over the data ranks whatever dp_shard is (with dp_shard = 1 that is HSDP
-with one shard: replicas, as DDP would keep them).
+with one shard: replicas, as DDP would keep them). With context parallelism FSDP2 shards over
+dp_shard x cp: the ranks of a context-parallel group hold the same weights and each a share of
+every window's gradient.
 Every rank builds the same initial weights from the seed before anything is split.
-DDP and FSDP2 average gradients over the data ranks; the loop's loss is each rank's share of the
-global token sum, so it is multiplied by the data ranks before backward (`Ranks.grad_scale`).
+DDP and FSDP2 average gradients over the ranks they reduce over; the loop's loss is each rank's
+share of the global token sum, so it is multiplied by their number before backward (`Ranks.grad_scale`).
 Order, as torchtitan applies them: tensor parallel, activation checkpointing, compile, then FSDP2
 or DDP.
 Not handled here: the tensor-parallel plan (kiln.train.tensor_parallel), saving states
@@ -35,10 +37,10 @@ def parallelize(model: nn.Module, ranks: Ranks, cfg: ParallelConfig, compute_dty
     """The model wrapped for data parallelism: itself (one process), FSDP2 (in place) or DDP."""
     if ranks.world == 1:
         return model
-    if ranks.shard > 1 or ranks.tp > 1 or ranks.pp > 1:
+    if ranks.shard > 1 or ranks.tp > 1 or ranks.pp > 1 or ranks.cp > 1:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-        mesh = ranks.mesh["dp_replicate", "dp_shard"] if ranks.replicate > 1 else ranks.mesh["dp_shard"]  # a 2-D mesh makes it HSDP
+        mesh = ranks.shard_mesh  # a 2-D mesh makes it HSDP
         policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
         offload = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()
         for block in model.blocks.values():  # type: ignore[union-attr, operator]

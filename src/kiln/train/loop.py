@@ -47,6 +47,7 @@ from kiln.model.transformer import Transformer
 from kiln.model.weights import load_weights_into
 from kiln.train.checkpoint import maybe_checkpoint
 from kiln.train.config import TrainConfig
+from kiln.train.context_parallel import ContextSplit
 from kiln.train.distributed import apply_activation_checkpointing, apply_compile, clip_grad_norm, model_state_bytes, parallelize, unwrap
 from kiln.train.loss import Loss, fused_lm_loss, lm_loss, logits_loss
 from kiln.train.mesh import ParallelConfig, Ranks, one_process
@@ -287,6 +288,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     # Pipeline stages: the schedule runs each step's micro-batches; evaluation runs the stages in turn.
     pipeline = Pipeline(core, ranks, parallel.pp_schedule, build_head(model_cfg, cfg, precision, ranks.tp), precision.amp_dtype or torch.float32, precision.autocast) if ranks.pp > 1 else None
     stages = ranks.stage_group if pipeline else None
+    context = ContextSplit(ranks.cp_group, ranks.cp, ranks.mesh.get_local_rank("cp")) if ranks.cp > 1 else None  # each rank trains on its share of every window
     scored = StagesInTurn(core, ranks) if pipeline else WholeWindows(core, ranks.tp) if ranks.tp > 1 and parallel.sequence_parallel else core
     # fp16 autocast needs dynamic loss scaling (bf16 has fp32's exponent range and does not).
     scaler = torch.amp.GradScaler(device.type, enabled=precision.amp_dtype == torch.float16)
@@ -376,7 +378,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                         source_loss.index_add_(0, source_B, rows_loss.row_mean_B)
                         source_rows.index_add_(0, source_B, (rows_loss.row_tokens_B > 0).to(source_rows.dtype))
                 for i, batch in enumerate(micro_batches if not pipeline else []):
-                    batch = batch.to(device)
+                    batch = batch.to(device) if context is None else context.share(batch.to(device))
                     last = i == len(micro_batches) - 1
                     # DDP all-reduces gradients only after the step's last micro-batch.
                     sync = model.no_sync() if isinstance(model, DistributedDataParallel) and not last else nullcontext()
@@ -386,8 +388,10 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                         loss = loss_of(model, batch, step_tokens)
                         # grad_scale: DDP and FSDP2 average over ranks; the step's gradient is the sum of the ranks' shares.
                         scaler.scale(loss.value * ranks.grad_scale).backward()
-                    source_loss.index_add_(0, batch.source_B, loss.row_mean_B)
-                    source_rows.index_add_(0, batch.source_B, (loss.row_tokens_B > 0).to(source_rows.dtype))
+                    # sync point with cp: each row's loss over the positions of the whole group.
+                    row_mean_B, row_tokens_B = (loss.row_mean_B, loss.row_tokens_B) if context is None else context.whole_rows(loss)
+                    source_loss.index_add_(0, batch.source_B, row_mean_B)
+                    source_rows.index_add_(0, batch.source_B, (row_tokens_B > 0).to(source_rows.dtype))
                 scaler.unscale_(optimizer)  # fp16: gradients back to their true scale before the norm (no-op otherwise)
                 # The pre-clip norm over every shard; with grad_clip None we still measure it (max_norm=inf).
                 grad_norm = clip_grad_norm(parameters, cfg.optim.grad_clip or float("inf"), stages)

@@ -49,6 +49,13 @@ def position_weights(T: int, late: float, device: torch.device) -> torch.Tensor:
     return w_T / w_T.mean()
 
 
+def window_weights(batch: Batch, late: float, device: torch.device) -> torch.Tensor:
+    """position_weights of the batch's positions by their place in the window: (T,), or this rank's (Q,) under context parallelism."""
+    if batch.context is None:
+        return position_weights(batch.targets_BT.shape[1], late, device)
+    return position_weights(len(batch.context.key_index_T), late, device)[batch.context.query_index_Q.to(device)]
+
+
 def lm_loss(logits_BTV: torch.Tensor, batch: Batch, step_tokens: int | None = None, z_loss: float = 0.0, late_position_weight: float = 0.0) -> Loss:
     """step_tokens: kept positions of the whole step; None means this batch's own (its plain mean)."""
     loss_N = F.cross_entropy(logits_BTV.flatten(0, 1), batch.targets_BT.flatten(), reduction="none")
@@ -66,7 +73,7 @@ def lm_loss(logits_BTV: torch.Tensor, batch: Batch, step_tokens: int | None = No
     scale = B * T / step_tokens if step_tokens else B * T / tokens_B.sum().clamp(min=1)
     value = kept_BT.mean() * scale
     if late_position_weight:  # replaces the plain value; the logged row means stay unweighted
-        value = (kept_BT * position_weights(T, late_position_weight, kept_BT.device)).mean() * scale
+        value = (kept_BT * window_weights(batch, late_position_weight, kept_BT.device)).mean() * scale
     if z_loss:
         z_BT = torch.logsumexp(logits_BTV, dim=-1)  # log of the softmax normaliser
         value = value + z_loss * (z_BT.square() * batch.loss_mask_BT).mean() * scale
@@ -196,7 +203,7 @@ def fused_lm_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: fl
     kept = step_tokens if step_tokens else tokens_B.sum().clamp(min=1)
     ce_weight_BT = mask_BT / kept
     if late_position_weight:
-        ce_weight_BT = ce_weight_BT * position_weights(T, late_position_weight, mask_BT.device)
+        ce_weight_BT = ce_weight_BT * window_weights(batch, late_position_weight, mask_BT.device)
     z_weight_BT = mask_BT * (z_loss / kept)
     value, ce_N = _ChunkedHeadLoss.apply(hidden_BTD.flatten(0, 1), weight_VD, batch.targets_BT.flatten(), ce_weight_BT.flatten(), z_weight_BT.flatten(), softcap, chunk, compiled)
     kept_BT = ce_N.view(B, T) * mask_BT

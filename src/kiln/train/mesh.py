@@ -3,20 +3,24 @@ rank's place in it.
 
 torchrun starts WORLD_SIZE processes; the section splits them into degrees whose product must be
 the world size: `dp_replicate` (DDP replicas, or HSDP's replicated dimension), `dp_shard` (FSDP2),
-`tp` (tensor parallel, kiln.train.tensor_parallel), `pp` (pipeline stages,
+`cp` (context parallel: each window's positions split, kiln.train.context_parallel), `tp`
+(tensor parallel, kiln.train.tensor_parallel), `pp` (pipeline stages,
 kiln.train.pipeline_parallel). One DeviceMesh carries every dimension, in the order ("pp",
-"dp_replicate", "dp_shard", "tp"): tp innermost, so a tensor-parallel group is made of
-consecutive ranks, which torchrun places on one node (its fast links); pipeline stages outermost,
-so they span the nodes and pass only activations between them. Every dimension is in the mesh even at degree 1, so the code slices it by name alike.
-Data: the ranks of one tensor-parallel group, and the stages of one pipeline, train on the same
-rows. The data rank is the (dp_replicate, dp_shard) coordinate flattened, and the batch arithmetic
-of kiln.train.config counts data ranks (world / (tp x pp)), not processes.
+"dp_replicate", "dp_shard", "cp", "tp"): tp innermost, so a tensor-parallel group is made of
+consecutive ranks, which torchrun places on one node (its fast links), cp next to it (it gathers
+keys and values every layer); pipeline stages outermost, so they span the nodes and pass only
+activations between them. Every dimension is in the mesh even at degree 1, so the code slices it by name alike.
+Data: the ranks of one tensor-parallel group, of one context-parallel group, and the stages of one
+pipeline train on the same rows. The data rank is the (dp_replicate, dp_shard) coordinate
+flattened, and the batch arithmetic of kiln.train.config counts data ranks (world / (tp x pp x
+cp)), not processes.
 Not handled here: applying the layout to the model (kiln.train.distributed, tensor_parallel).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -33,7 +37,7 @@ from kiln.core.ranks import world_size
 
 log = logging.getLogger("kiln.train")
 
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 SCHEDULES = ("gpipe", "1f1b")
 
 
@@ -41,6 +45,7 @@ class ParallelConfig(Section):
     dp_replicate: int = Field(default=1, ge=1, description="Data-parallel replicas (DDP, or the replicated dimension of HSDP).")
     dp_shard: int = Field(default=-1, ge=-1, description="Ranks each replica's parameters, gradients and optimizer state are sharded over (FSDP2); -1 means all ranks left after the other degrees.")
     tp: int = Field(default=1, ge=1, description="Tensor-parallel degree: each block's attention heads and feed-forward width, and the vocabulary, split over this many consecutive ranks (keep it within a node).")
+    cp: int = Field(default=1, ge=1, description="Context-parallel degree: each window's positions split over this many ranks, which gather each layer's keys and values (long windows; kiln.train.context_parallel).")
     pp: int = Field(default=1, ge=1, description="Pipeline stages: the layer stack split into this many stages, one per rank, across nodes if need be (kiln.train.pipeline_parallel).")
     pp_schedule: Literal["gpipe", "1f1b"] = Field(default="1f1b", description="With pp > 1: gpipe (every micro-batch forward, then every one backward) or 1f1b (one forward, one backward: the same bubble, fewer activations in flight).")
     pp_layers: list[int] | None = Field(default=None, description="With pp > 1: layers per stage, e.g. [3, 5]; None balances the stages by parameter count (the first also holds the embedding, the last the output layer).")
@@ -56,20 +61,20 @@ class ParallelConfig(Section):
         return value
 
     @property
-    def model_parallel(self) -> int:
-        """Ranks that hold one copy of the model between them (tp x pp)."""
-        return self.tp * self.pp
+    def same_rows(self) -> int:
+        """Ranks that train on the same rows (tp x pp x cp): the world divided by the data ranks."""
+        return self.tp * self.pp * self.cp
 
     def degrees(self, world: int) -> dict[str, int]:
         """Every dimension's degree for `world` processes (dp_shard=-1 resolved); a ConfigError naming
         the degrees and the world size when their product is not the world size."""
-        fixed = self.dp_replicate * self.model_parallel
+        fixed = self.dp_replicate * self.same_rows
         shard = world // fixed if self.dp_shard == -1 else self.dp_shard
-        degrees = {"pp": self.pp, "dp_replicate": self.dp_replicate, "dp_shard": max(shard, 1), "tp": self.tp}
-        product = degrees["pp"] * degrees["dp_replicate"] * degrees["dp_shard"] * degrees["tp"]
+        degrees = {"pp": self.pp, "dp_replicate": self.dp_replicate, "dp_shard": max(shard, 1), "cp": self.cp, "tp": self.tp}
+        product = math.prod(degrees.values())
         if product != world or (self.dp_shard == -1 and world % fixed):
             named = " x ".join(f"parallel.{k} ({self.dp_shard if k == 'dp_shard' else v})" for k, v in degrees.items())
-            fix = "set dp_shard=-1 to take the rest" if self.dp_shard != -1 else f"the world size must be a multiple of pp x dp_replicate x tp = {fixed}"
+            fix = "set dp_shard=-1 to take the rest" if self.dp_shard != -1 else f"the world size must be a multiple of pp x dp_replicate x cp x tp = {fixed}"
             raise ConfigError(f"{named} must multiply to the world size, the {world} processes torchrun started; {fix}")
         return degrees
 
@@ -80,15 +85,15 @@ class ParallelConfig(Section):
 
 
 def data_ranks(parallel: dict[str, Any] | None) -> int:
-    """The data-parallel ranks (world / model-parallel degree) a recipe's raw `parallel` section
+    """The data-parallel ranks (world / (tp x pp x cp)) a recipe's raw `parallel` section
     gives for this launch; the world size where the section is invalid (its own error says why)."""
     if world_size() == 1:
         return 1
     try:
-        mp = ParallelConfig.model_validate(parallel or {}).model_parallel
+        same = ParallelConfig.model_validate(parallel or {}).same_rows
     except ValidationError:
         return world_size()
-    return world_size() // mp if world_size() % mp == 0 else world_size()
+    return world_size() // same if world_size() % same == 0 else world_size()
 
 
 @dataclass
@@ -100,8 +105,9 @@ class Ranks:
     degrees: dict[str, int]  # MESH_DIMS -> degree
     device: torch.device
     mesh: Any = None  # the DeviceMesh over MESH_DIMS (None with one process)
-    data_group: Any = None  # process group of the ranks with this rank's pp and tp coordinates (the data-parallel ranks)
+    data_group: Any = None  # process group of the ranks with this rank's pp, cp and tp coordinates (the data-parallel ranks)
     dp_pp_group: Any = None  # the data ranks of every pipeline stage (this rank's tp coordinate)
+    shard_mesh: Any = None  # what FSDP2 shards over: dp_shard (x cp, flattened), after dp_replicate under HSDP
 
     @property
     def is_main(self) -> bool:
@@ -124,6 +130,10 @@ class Ranks:
         return self.degrees["pp"]
 
     @property
+    def cp(self) -> int:
+        return self.degrees["cp"]
+
+    @property
     def stage(self) -> int:
         """This rank's pipeline stage (its "pp" coordinate)."""
         return self.mesh.get_local_rank("pp") if self.mesh is not None else 0
@@ -132,6 +142,11 @@ class Ranks:
     def stage_group(self) -> Any:
         """The process group of this rank's pipeline: one rank per stage (with pp > 1)."""
         return self.mesh["pp"].get_group()
+
+    @property
+    def cp_group(self) -> Any:
+        """The process group of this rank's context-parallel group (with cp > 1)."""
+        return self.mesh["cp"].get_group()
 
     @property
     def data_world(self) -> int:
@@ -147,7 +162,7 @@ class Ranks:
 
     def all_sum(self, tensor: torch.Tensor, stages: bool = False) -> torch.Tensor:
         """The element-wise sum over the data-parallel ranks, in place (a collective: every rank
-        calls it). Ranks of one tensor-parallel group hold the same rows, so they are counted once;
+        calls it). Ranks of one tensor- or context-parallel group hold the same rows, so they are counted once;
         so are the pipeline stages, unless `stages` (what only the last stage holds, zeros on the
         others: its losses)."""
         if stages and self.pp > 1:
@@ -192,8 +207,9 @@ class Ranks:
 
     @property
     def grad_scale(self) -> float:
-        """What the loss is multiplied by so that DDP's and FSDP2's mean over data ranks is the sum."""
-        return float(self.data_world)
+        """What the loss is multiplied by so that DDP's and FSDP2's mean over data ranks is the sum
+        (FSDP2 averages over dp_shard x cp: a context-parallel group's ranks each hold a share of the loss)."""
+        return float(self.data_world * self.cp)
 
     def loss_context(self) -> AbstractContextManager[Any]:
         """Around forward and backward: tensor parallelism's vocabulary-parallel cross-entropy."""
@@ -211,6 +227,18 @@ def one_process(device: torch.device) -> Ranks:
     return Ranks(0, 1, dict.fromkeys(MESH_DIMS, 1), device)
 
 
+def shard_mesh(mesh: Any, degrees: dict[str, int]) -> Any:
+    """The mesh FSDP2 shards over: dp_shard, or with cp > 1 dp_shard x cp flattened into one
+    dimension (a context-parallel group holds the same weights); 2-D after dp_replicate (HSDP)."""
+    replicate = degrees["dp_replicate"]
+    if degrees["cp"] == 1:
+        return mesh["dp_replicate", "dp_shard"] if replicate > 1 else mesh["dp_shard"]
+    if replicate == 1:
+        return mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+    flat = mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+    return flat._unflatten(0, (replicate, degrees["dp_shard"] * degrees["cp"]), ("dp_replicate", "dp_shard_cp"))
+
+
 def init_ranks(cfg: ParallelConfig, device: torch.device) -> Ranks:
     """Join torchrun's process group (if started by torchrun), build the mesh and log this rank's place in it."""
     world = world_size()
@@ -225,9 +253,9 @@ def init_ranks(cfg: ParallelConfig, device: torch.device) -> Ranks:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(device.type, tuple(degrees[name] for name in MESH_DIMS), mesh_dim_names=MESH_DIMS)
-    data_group = mesh["dp_replicate", "dp_shard"]._flatten("dp").get_group()  # the data ranks of this pp and tp coordinate
+    data_group = mesh["dp_replicate", "dp_shard"]._flatten("dp").get_group()  # the data ranks of this pp, cp and tp coordinate
     dp_pp_group = mesh["pp", "dp_replicate", "dp_shard"]._flatten("pp_dp").get_group() if degrees["pp"] > 1 else data_group
-    ranks = Ranks(dist.get_rank(), world, degrees, device, mesh, data_group, dp_pp_group)
+    ranks = Ranks(dist.get_rank(), world, degrees, device, mesh, data_group, dp_pp_group, shard_mesh(mesh, degrees))
     if ranks.is_main:
         places = {int(r): coordinate for coordinate, r in np.ndenumerate(mesh.mesh.numpy())}
         log.info("train: mesh %s over %d processes; rank (%s): %s", ranks.describe(), world, ", ".join(MESH_DIMS), "; ".join(f"{r} {places[r]}" for r in sorted(places)))

@@ -39,6 +39,7 @@ from kiln.model.weights import CONFIG, WEIGHTS
 from kiln.text.tokenizer import KilnTokenizer
 from kiln.train.collate import build_collator
 from kiln.train.config import TrainConfig
+from kiln.train.context_parallel import check_context_parallel
 from kiln.train.data_plan import format_plan, plan_data
 from kiln.train.loop import MakeProbe, build_precision, train
 from kiln.train.mesh import ParallelConfig, Ranks, init_ranks
@@ -206,14 +207,17 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
     layout = RunLayout(run_dir)
     tokenize_dir = layout.token_shards
     tokenized = read_manifest(tokenize_dir)
-    split = ranks.shard > 1 or ranks.tp > 1 or ranks.pp > 1
+    split = ranks.shard > 1 or ranks.tp > 1 or ranks.pp > 1 or ranks.cp > 1
     if precision.amp_dtype == torch.float16 and split:
-        raise ConfigError("train.precision.dtype=fp16 skips a step when any gradient overflows, which ranks holding parts of the model cannot agree on; use bf16 with FSDP2, tensor or pipeline parallelism, or DDP (parallel.dp_shard=1, parallel.tp=1, parallel.pp=1)")
+        raise ConfigError("train.precision.dtype=fp16 skips a step when any gradient overflows, which ranks holding parts of the model cannot agree on; use bf16 with FSDP2, tensor or pipeline parallelism, or DDP (parallel.dp_shard=1, parallel.tp=1, parallel.pp=1, parallel.cp=1)")
     if cfg.optim.name == "muon" and split:
-        raise ConfigError(f"train.optim.name=muon orthogonalises whole matrices, and parallel ({ranks.describe()}) splits them over ranks; use DDP (parallel.dp_replicate={ranks.world}, parallel.dp_shard=1, parallel.tp=1, parallel.pp=1) or adamw")
+        raise ConfigError(f"train.optim.name=muon orthogonalises whole matrices, and parallel ({ranks.describe()}) splits them over ranks; use DDP (parallel.dp_replicate={ranks.world}, parallel.dp_shard=1, parallel.tp=1, parallel.pp=1, parallel.cp=1) or adamw")
     check_tensor_parallel(model_cfg, ranks.tp)
+    lengths = sorted({cfg.seq_len, *(p.seq_len for p in cfg.seq_len_schedule or [])})
     if ranks.tp > 1 and parallel.sequence_parallel:
-        check_sequence_parallel(ranks.tp, sorted({cfg.seq_len, *(p.seq_len for p in cfg.seq_len_schedule or [])}), cfg.probe_every)
+        check_sequence_parallel(ranks.tp, lengths, cfg.probe_every)
+    if ranks.cp > 1:
+        check_context_parallel(ranks.cp, lengths, ranks.pp, parallel.sequence_parallel and ranks.tp > 1)
     check_pipeline(model_cfg, ranks.pp, parallel.pp_layers, {o: cfg.masks_documents(o) for o in cfg.objectives}, parallel.sequence_parallel and ranks.tp > 1)
     stage = None
     if ranks.is_main:  # inputs are hashed and checked once, here

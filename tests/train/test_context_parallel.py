@@ -1,0 +1,94 @@
+"""Context parallelism: the load-balanced split of each window, a rank's attention mask against the
+whole window's, the refusals, and training through torchrun on the CPU (gloo) on the tiny preset:
+cp=2 (FSDP2 over the 2 ranks of the group) trains as one process does with the same global batch,
+under every attention rule at once (causal, prefix-LM and MLM rows with document masking),
+a sequence-length schedule and late-position weighting, and a state saved under dp_shard=2
+resumes under cp=2.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from launches import TINY, assert_same_losses, assert_states_as_planned, command, copy_run, kill_after, launch, run, step_records, write_recipe
+from safetensors.torch import load_file
+
+from kiln.core.errors import ConfigError
+from kiln.model.attention import AttentionRule
+from kiln.train.context_parallel import check_context_parallel, load_balanced_index
+
+STEPS = 10
+# Every rule at once: each row draws clm, prefix-LM or MLM, attention stays inside each document,
+# rows of 32 then of 64 positions, later positions weigh more, blocks recomputed in backward.
+RULES = ("train.objective={clm: 1, prefix_lm: 1, mlm: 1}", "train.document_masking=true", "train.seq_len_schedule=[{start: 0, seq_len: 32}, {start: 0.5, seq_len: 64}]", "train.late_position_weight=0.5", "train.activation_checkpointing=selective")
+
+
+@settings(max_examples=60, deadline=None)
+@given(cp=st.integers(1, 4), chunk=st.integers(1, 6))
+def test_the_ranks_cover_the_window_once_with_equal_causal_work(cp: int, chunk: int) -> None:
+    T = 2 * cp * chunk
+    shares = [load_balanced_index(T, cp, r) for r in range(cp)]
+    assert sorted(torch.cat(shares).tolist()) == list(range(T))
+    # Query at window position t attends to t + 1 keys under a causal mask: the same sum on every rank.
+    assert len({int((s + 1).sum()) for s in shares}) == 1
+    assert load_balanced_index(8, 2, 0).tolist() == [0, 1, 6, 7] and load_balanced_index(8, 2, 1).tolist() == [2, 3, 4, 5]
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), T=st.integers(1, 12), kind=st.sampled_from(["causal", "full", "prefix"]), documents=st.booleans())
+def test_a_ranks_mask_is_the_whole_windows_at_its_queries_and_the_gathered_keys(data: st.DataObject, T: int, kind: str, documents: bool) -> None:
+    prefix = torch.tensor([data.draw(st.lists(st.booleans(), min_size=T, max_size=T)) for _ in range(2)]) if kind == "prefix" else None
+    docs = torch.tensor([sorted(data.draw(st.lists(st.integers(0, 3), min_size=T, max_size=T))) for _ in range(2)]) if documents else None
+    rule = AttentionRule(kind, prefix_BT=prefix, doc_ids_BT=docs)  # type: ignore[arg-type]
+    queries = torch.tensor(data.draw(st.lists(st.integers(0, T - 1), min_size=1, max_size=T, unique=True)))
+    keys = torch.tensor(data.draw(st.permutations(range(T))))
+    whole_BTT = rule.mask_BTT(T, torch.device("cpu"))
+    assert torch.equal(rule.mask_BQK(queries, keys), whole_BTT[:, queries][:, :, keys])
+
+
+def test_what_context_parallelism_cannot_split_is_refused_with_the_reason() -> None:
+    check_context_parallel(2, [32, 64], 1, False)
+    with pytest.raises(ConfigError, match=r"parallel.cp=4 cannot split this training: train.seq_len \(and seq_len_schedule\) 36 is not a multiple of 2 x parallel.cp \(8\)"):
+        check_context_parallel(4, [36, 64], 1, False)
+    with pytest.raises(ConfigError, match=r"parallel.pp=2: pipeline stages pass fixed-shape hidden states.*; parallel.sequence_parallel: it splits positions"):
+        check_context_parallel(2, [64], 2, True)
+
+
+@pytest.fixture(scope="module")
+def single(tokenized_run: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list, Path]:
+    root = tmp_path_factory.mktemp("one")
+    return launch(tokenized_run, root, 1, *RULES, steps=STEPS, model=TINY), root
+
+
+@pytest.mark.slow
+def test_context_parallel_with_fsdp2_matches_one_process_under_every_attention_rule(single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
+    one, one_root = single
+    two = launch(tokenized_run, tmp_path, 2, "parallel.cp=2", *RULES, steps=STEPS, model=TINY)
+    assert_same_losses(two, one, STEPS)
+    assert {r["seq_len"] for r in two} == {32, 64}  # both phases of the schedule ran split
+    ours = load_file(tmp_path / "runs" / "run" / "train" / "checkpoint" / "model.safetensors")
+    theirs = load_file(one_root / "runs" / "run" / "train" / "checkpoint" / "model.safetensors")
+    assert ours.keys() == theirs.keys() and all(torch.allclose(ours[k], theirs[k], rtol=1e-3, atol=1e-4) for k in ours)
+    manifest = json.loads((tmp_path / "runs" / "run" / "train" / "manifest.json").read_text())
+    assert manifest["counts"]["parallel"]["cp"] == 2 and manifest["counts"]["processes"] == 2
+    assert_states_as_planned(manifest, 0.01)  # FSDP2 shards the states over dp_shard x cp = 2 ranks
+
+
+@pytest.mark.slow
+def test_a_data_parallel_state_resumes_under_context_parallelism(single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
+    # Killed under FSDP2 over 2 data ranks once step 5 is logged (states every 2 steps), resumed on
+    # 2 processes as one context-parallel group: each rank now reads every row, half its positions.
+    runs_dir = tmp_path / "runs"
+    copy_run(tokenized_run, runs_dir)
+    recipe = write_recipe(tmp_path, STEPS, 4, TINY)
+    kill_after(command(recipe, 2, *RULES, "parallel.dp_shard=2", "train.checkpoint.every=2"), runs_dir / "run" / "train.partial" / "metrics.jsonl", 5)
+    done = run(command(recipe, 2, *RULES, "parallel.cp=2", "train.checkpoint.every=2"))
+    resumed_at = int(done.stderr.split("resuming after step ")[1].split()[0])
+    assert 4 <= resumed_at < STEPS
+    assert "mesh pp 1 x dp_replicate 1 x dp_shard 1 x cp 2 x tp 1 over 2 processes" in done.stderr
+    assert_same_losses(step_records(runs_dir), single[0], STEPS)
