@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -155,18 +156,22 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def kill_after(command: list[str], metrics: Path, step: int) -> None:
-    """Run a training command and SIGKILL it as soon as metrics.jsonl has logged `step`."""
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and process.poll() is None:
-        if metrics.is_file() and any(json.loads(line).get("step", 0) >= step and "loss" in json.loads(line) for line in metrics.read_text().splitlines() if line.strip()):
-            for pid in [*descendants(process.pid), process.pid]:  # the workers first: torchrun would restart them
-                os.kill(pid, signal.SIGKILL)
-            break
-        time.sleep(0.05)
-    process.wait()
+def kill_after(command: list[str], metrics: Path, step: int) -> str:
+    """Run a training command and SIGKILL it as soon as metrics.jsonl has logged `step`; its stderr."""
+    with tempfile.TemporaryFile("w+") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=ENV)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and process.poll() is None:
+            if metrics.is_file() and any(json.loads(line).get("step", 0) >= step and "loss" in json.loads(line) for line in metrics.read_text().splitlines() if line.strip()):
+                for pid in [*descendants(process.pid), process.pid]:  # the workers first: torchrun would restart them
+                    os.kill(pid, signal.SIGKILL)
+                break
+            time.sleep(0.05)
+        process.wait()
+        stderr.seek(0)
+        logged = stderr.read()
     assert process.returncode != 0, "the run finished before it could be killed"
+    return logged
 
 
 def assert_states_as_planned(manifest: dict[str, Any], tolerance: float) -> None:

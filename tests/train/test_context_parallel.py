@@ -2,8 +2,8 @@
 whole window's, the refusals, and training through torchrun on the CPU (gloo) on the tiny preset:
 cp=2 (FSDP2 over the 2 ranks of the group) trains as one process does with the same global batch,
 under every attention rule at once (causal, prefix-LM and MLM rows with document masking),
-a sequence-length schedule and late-position weighting, and a state saved under dp_shard=2
-resumes under cp=2.
+a sequence-length schedule and late-position weighting. A state saved by pipeline stages resumes
+under cp=2, and that one under FSDP2 x tensor parallelism: tests/train/test_pipeline_parallel.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from launches import TINY, assert_same_losses, assert_states_as_planned, command, copy_run, kill_after, launch, run, step_records, write_recipe
+from launches import TINY, assert_same_losses, assert_states_as_planned, launch
 from safetensors.torch import load_file
 
 from kiln.core.errors import ConfigError
@@ -77,18 +77,3 @@ def test_context_parallel_with_fsdp2_matches_one_process_under_every_attention_r
     manifest = json.loads((tmp_path / "runs" / "run" / "train" / "manifest.json").read_text())
     assert manifest["counts"]["parallel"]["cp"] == 2 and manifest["counts"]["processes"] == 2
     assert_states_as_planned(manifest, 0.01)  # FSDP2 shards the states over dp_shard x cp = 2 ranks
-
-
-@pytest.mark.slow
-def test_a_data_parallel_state_resumes_under_context_parallelism(single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
-    # Killed under FSDP2 over 2 data ranks once step 5 is logged (states every 2 steps), resumed on
-    # 2 processes as one context-parallel group: each rank now reads every row, half its positions.
-    runs_dir = tmp_path / "runs"
-    copy_run(tokenized_run, runs_dir)
-    recipe = write_recipe(tmp_path, STEPS, 4, TINY)
-    kill_after(command(recipe, 2, *RULES, "parallel.dp_shard=2", "train.checkpoint.every=2"), runs_dir / "run" / "train.partial" / "metrics.jsonl", 5)
-    done = run(command(recipe, 2, *RULES, "parallel.cp=2", "train.checkpoint.every=2"))
-    resumed_at = int(done.stderr.split("resuming after step ")[1].split()[0])
-    assert 4 <= resumed_at < STEPS
-    assert "mesh pp 1 x dp_replicate 1 x dp_shard 1 x cp 2 x tp 1 over 2 processes" in done.stderr
-    assert_same_losses(step_records(runs_dir), single[0], STEPS)

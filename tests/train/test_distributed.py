@@ -53,16 +53,16 @@ def test_two_processes_match_one_with_the_same_global_batch(layout: str, overrid
     assert manifest["counts"]["processes"] == 2
 
 
-@pytest.mark.parametrize(("first", "second", "async_save"), [(2, 1, False), (2, 2, True)])
-def test_killed_run_resumes_exactly(first: int, second: int, async_save: bool, single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
+def test_killed_run_resumes_exactly(single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
     # Resumable states every 5 steps; killed once step 12 is logged (on a busy machine the run may
     # have gone a few steps further, and may be writing step 15's state under its .tmp name), the
     # run resumes from its newest complete state and its losses from there on are those of the
-    # uninterrupted run (1 process), for a state written by 2 processes and resumed by 1, and one
-    # written by 2 in the background (its own process group) and resumed by 2. A half-written
-    # .tmp state is never the one resumed. (One process killed and resumed, bit for bit: the
-    # SIGTERM test below; across tensor and pipeline layouts: test_pipeline_parallel.py.)
-    overrides = ["train.checkpoint.every=5", "parallel.dp_replicate=2", "parallel.dp_shard=1", f"train.checkpoint.async_save={str(async_save).lower()}"]
+    # uninterrupted run (1 process), for a state written by 2 processes and resumed by 1. A
+    # half-written .tmp state is never the one resumed. (One process killed and resumed, bit for
+    # bit: the SIGTERM test below; states written in the background, and across pipeline, context
+    # and tensor-parallel layouts: test_pipeline_parallel.py.)
+    first, second = 2, 1
+    overrides = ["train.checkpoint.every=5", "parallel.dp_replicate=2", "parallel.dp_shard=1"]
     runs_dir = tmp_path / "runs"
     copy_run(tokenized_run, runs_dir)
     # micro-batches of 2 rows on either layout: the recipe (and so the stage's identity) stays the same.

@@ -659,7 +659,7 @@ def test_kiln_train_dry_run_from_the_command_line(tokenized: Path, tmp_path: Pat
     assert not (tmp_path / "copy" / "train").exists()
     # For a launch of 2 processes with tp=2 (--nproc 2 starts none: the dry run measures on this
     # one): the planner's memory per rank for that layout, each rank holding half of every matrix.
-    monkeypatch.delenv("WORLD_SIZE", raising=False)  # --nproc sets it for the dry run; put back after the test
+    monkeypatch.setenv("WORLD_SIZE", "1")  # --nproc sets it for the dry run: monkeypatch takes it back after the test
     assert main(["train", "--recipe", str(recipe), "--dry-run", "--nproc", "2", "--set", "parallel.tp=2"]) == 0
     split = capsys.readouterr().out
     assert "on 2 process(es) (1 reading data)" in split and "memory per rank (pp 1, dp_replicate 1, dp_shard 1, cp 1, tp 2; kiln plan memory)" in split

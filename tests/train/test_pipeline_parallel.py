@@ -2,7 +2,7 @@
 embeddings (a pipeline keeps the embedding on its first stage and the output layer on its last):
 the layouts train as one process does with the same global batch, 10 steps, losses within 1e-4
 relative; the bubble measured is GPipe's (p - 1) / (m + p - 1); and a state saved by pipeline
-stages resumes under FSDP2 x tensor parallelism.
+stages resumes under context parallelism, and that one under FSDP2 x tensor parallelism.
 """
 
 from __future__ import annotations
@@ -105,21 +105,25 @@ def test_tensor_and_pipeline_parallel_with_fsdp2_match_one_process(single: tuple
 
 
 @pytest.mark.slow
-def test_a_pipeline_state_resumes_under_fsdp2_and_tensor_parallelism(single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
-    # Killed under 2 pipeline stages once step 5 is logged (states every 2 steps, each stage
-    # writing its own layers and their optimizer states), resumed on 4 processes, FSDP2 over 2
-    # data ranks x tp 2 with sequence parallelism: whole layers of one stage or the other become
-    # sharded, head-split and vocabulary-split matrices, and every parameter group keeps its
-    # settings. Micro-batches of 2 rows in both (the same recipe, so the same stage): the 2 stages
-    # take 8 per step, each data rank 4.
+def test_a_state_resumes_across_pipeline_context_and_tensor_parallel_layouts(single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
+    # States every 2 steps, keyed by parameter name whatever the layout. 2 pipeline stages, each
+    # writing its own layers and their optimizer states in the background, killed once step 4 is
+    # logged; resumed by a context-parallel group of 2 (every rank now holds every layer, sharded
+    # over the group) killed once step 7 is logged; resumed on 4 processes, FSDP2 over 2 data ranks
+    # x tp 2 with sequence parallelism (head-split and vocabulary-split matrices). Micro-batches
+    # of 2 rows throughout (the same recipe, so the same stage): the 2 stages and the cp group take
+    # 8 per step, each data rank of the last layout 4.
     one, one_root = single
     runs_dir = tmp_path / "runs"
     copy_run(tokenized_run, runs_dir)
     recipe = write_recipe(tmp_path, STEPS, 2, UNTIED)
-    kill_after(command(recipe, 2, "parallel.pp=2", "train.checkpoint.every=2"), runs_dir / "run" / "train.partial" / "metrics.jsonl", 5)
+    metrics = runs_dir / "run" / "train.partial" / "metrics.jsonl"
+    kill_after(command(recipe, 2, "parallel.pp=2", "train.checkpoint.every=2", "train.checkpoint.async_save=true"), metrics, 4)
+    context = kill_after(command(recipe, 2, "parallel.cp=2", "train.checkpoint.every=2"), metrics, 7)
+    assert int(context.split("resuming after step ")[1].split()[0]) in (2, 4)
+    assert "mesh pp 1 x dp_replicate 1 x dp_shard 1 x cp 2 x tp 1 over 2 processes" in context
     done = run(command(recipe, 4, "parallel.dp_shard=2", "parallel.tp=2", "parallel.sequence_parallel=true", "train.checkpoint.every=2"))
-    resumed_at = int(done.stderr.split("resuming after step ")[1].split()[0])
-    assert 4 <= resumed_at < STEPS
+    assert 6 <= int(done.stderr.split("resuming after step ")[1].split()[0]) < STEPS  # a state the cp group wrote
     assert "mesh pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 2 over 4 processes" in done.stderr
     assert_same_losses(step_records(runs_dir), one, STEPS)
     ours = load_file(runs_dir / "run" / "train" / "checkpoint" / "model.safetensors")
