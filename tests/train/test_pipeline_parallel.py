@@ -1,7 +1,7 @@
 """Pipeline parallelism through torchrun on the CPU (gloo), on the tiny preset with untied
 embeddings (a pipeline keeps the embedding on its first stage and the output layer on its last):
-the layouts train as one process does with the same global batch, 10 steps, losses within 1e-4
-relative; the bubble measured is GPipe's (p - 1) / (m + p - 1); and a state saved by pipeline
+the layouts (GPipe, 1F1B, interleaved 1F1B) train as one process does with the same global batch,
+10 steps, losses within 1e-4 relative; the bubble measured is GPipe's (p - 1) / (m + p - 1); and a state saved by pipeline
 stages resumes under context parallelism, and that one under FSDP2 x tensor parallelism.
 """
 
@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from kiln.core.errors import ConfigError
 from kiln.model.config import ModelConfig, count_params
-from kiln.train.pipeline_parallel import balance_layers, check_pipeline
+from kiln.train.pipeline_parallel import balance_layers, check_pipeline, micro_batch_count
 
 STEPS = 10
 UNTIED = "{preset: tiny, max_seq_len: 64, tie_embeddings: false}"
@@ -68,6 +68,29 @@ def test_what_a_pipeline_cannot_take_is_refused_with_the_reason() -> None:
         check_pipeline(untied, 2, None, {"clm": False, "mlm": True, "prefix_lm": True})
     with pytest.raises(ConfigError, match=r"parallel.sequence_parallel"):
         check_pipeline(untied, 2, None, {"clm": False}, sequence_parallel=True)
+    check_pipeline(untied, 2, [1, 1, 1, 1], {"clm": False}, schedule="interleaved_1f1b", per_rank=2)  # 4 stages of one layer
+    with pytest.raises(ConfigError, match=r"interleaved_1f1b takes turns between the stages of a rank: set parallel.pp_stages_per_rank to 2 or more"):
+        check_pipeline(untied, 2, None, {"clm": False}, schedule="interleaved_1f1b")
+    with pytest.raises(ConfigError, match=r"parallel.pp_stages_per_rank=2: only pp_schedule: interleaved_1f1b runs several stages per rank"):
+        check_pipeline(untied, 2, None, {"clm": False}, per_rank=2)
+    with pytest.raises(ConfigError, match=r"model.n_layers \(4\) is below the 6 stages \(parallel.pp x parallel.pp_stages_per_rank\)"):
+        check_pipeline(untied, 2, None, {"clm": False}, schedule="interleaved_1f1b", per_rank=3)
+    with pytest.raises(ConfigError, match=r"parallel.pp_layers \[2, 2\] must give each of the 4 stages"):
+        check_pipeline(untied, 2, [2, 2], {"clm": False}, schedule="interleaved_1f1b", per_rank=2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(1, 48), largest=st.integers(1, 16), pp=st.integers(2, 4), kind=st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b"]))
+def test_a_step_splits_into_equal_micro_batches_each_schedule_takes(rows: int, largest: int, pp: int, kind: str) -> None:
+    largest = min(largest, rows)
+    m, runs = micro_batch_count(rows, largest, pp, kind)
+    assert rows % m == 0 and rows // m <= largest  # equal micro-batches, none larger than the largest given
+    fits = [d for d in range(1, rows + 1) if rows % d == 0 and rows // d <= largest]
+    if kind == "interleaved_1f1b":
+        takes = [d for d in fits if d % max(1, d // pp) == 0]  # a whole number of rounds of micro-batches
+        assert (runs, m) == ((kind, min([d for d in takes if d >= pp] or takes)) if takes else ("looped_bfs", min(fits)))
+    else:
+        assert (runs, m) == ((kind, min(d for d in fits if d >= pp)) if max(fits) >= pp else ("gpipe", rows))
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +121,16 @@ def test_two_stages_with_gpipe_match_one_process_and_idle_as_the_schedule_says(s
 
 
 @pytest.mark.slow
-def test_tensor_and_pipeline_parallel_with_fsdp2_match_one_process(single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
-    # 4 processes: 2 stages (1F1B) x tp 2, FSDP2 over the one data rank of each.
-    four = launch(tokenized_run, tmp_path, 4, "parallel.pp=2", "parallel.tp=2", steps=STEPS, model=UNTIED)
-    assert_same_losses(four, single[0], STEPS)
+def test_tensor_and_interleaved_pipeline_parallel_with_fsdp2_match_one_process(single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
+    # 4 processes: 2 ranks of 2 stages each (interleaved 1F1B; the 4 layers one per stage, rank 0
+    # holding layers 0 and 2, rank 1 layers 1 and 3) x tp 2, FSDP2 over the one data rank of each.
+    # Validation runs the 4 stages in turn over the 2 ranks.
+    one, one_root = single
+    four = launch(tokenized_run, tmp_path, 4, "parallel.pp=2", "parallel.pp_schedule=interleaved_1f1b", "parallel.pp_stages_per_rank=2", "parallel.tp=2", steps=STEPS, model=UNTIED)
+    assert_same_losses(four, one, STEPS)
+    assert all(0 <= r["pipeline_bubble"] < 1 for r in four)
+    val = [json.loads((root / "runs" / "run" / "train" / "manifest.json").read_text())["counts"]["val_after"]["all"]["loss"] for root in (tmp_path, one_root)]
+    assert val[0] == pytest.approx(val[1], rel=1e-4)
 
 
 @pytest.mark.slow

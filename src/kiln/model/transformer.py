@@ -190,12 +190,15 @@ class Transformer(nn.Module):
                 scale = 1 / math.sqrt(2 * depth)
             nn.init.normal_(p, mean=0.0, std=std * scale)
 
-    def forward(self, idx_BT: torch.Tensor, rule: AttentionRule = CAUSAL, positions_BT: torch.Tensor | None = None, cache: KVCache | None = None, valid_BT: torch.Tensor | None = None, last_only: bool = False, head: Head | None = None) -> Any:
+    def forward(self, idx_BT: torch.Tensor, rule: AttentionRule = CAUSAL, positions_BT: torch.Tensor | None = None, cache: KVCache | None = None, valid_BT: torch.Tensor | None = None, last_only: bool = False, head: Head | None = None, layers: range | None = None) -> Any:
         """Logits (B, T, V) in fp32 for a batch of token ids, attending as `rule` allows.
 
         A pipeline stage (kiln.train.pipeline_parallel) may lack the embedding (it is given the
         hidden states (B, T, D) of the stage before instead of ids) or the output layer (it returns
-        its hidden states).
+        its hidden states). `layers`: run only those layers of the stack (one of the pipeline
+        stages a rank holds, whose blocks this model keeps): it is given ids where the run starts
+        at layer 0 and hidden states otherwise, and returns hidden states unless it ends at the
+        last layer. None: every block this model holds.
 
         positions_BT: each token's RoPE position (restarting per packed document); None means
         0..T-1, or with a cache the positions after the cached ones.
@@ -218,13 +221,16 @@ class Transformer(nn.Module):
             sdpa_kwargs = rule.sdpa_kwargs(T, idx_BT.device)  # any mask is built once, shared by every layer
         else:
             sdpa_kwargs = cache.begin(T, idx_BT.device, valid_BT)
-        x_BTD = self.embed(idx_BT) if self.embed is not None else idx_BT  # a later pipeline stage is given hidden states
-        for key, block in self.blocks.items():
+        embeds = self.embed is not None if layers is None else layers.start == 0
+        x_BTD = self.embed(idx_BT) if embeds else idx_BT  # a later pipeline stage is given hidden states
+        keys = [key for key in self.blocks if layers is None or int(key) in layers]
+        for key in keys:
             # Training calls a block with exactly these four arguments (what compile and activation checkpointing see).
+            block = self.blocks[key]
             x_BTD = block(x_BTD, cos, sin, sdpa_kwargs) if cache is None else block(x_BTD, cos, sin, sdpa_kwargs, cache.layer(int(key)))
-        if cache is not None:
+        if cache is not None and keys[-1] == list(self.blocks)[-1]:  # once per pass through the stack: after the last block this model holds
             cache.advance(T)
-        if self.lm_head is None:  # a pipeline stage before the last: its hidden states go to the next
+        if self.lm_head is None or (layers is not None and layers.stop < self.cfg.n_layers):  # a stage before the last: its hidden states go to the next
             return x_BTD
         if last_only:
             x_BTD = x_BTD[:, -1:]

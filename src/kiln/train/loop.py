@@ -53,7 +53,7 @@ from kiln.train.loss import Loss, fused_lm_loss, lm_loss, logits_loss
 from kiln.train.mesh import ParallelConfig, Ranks, one_process
 from kiln.train.monitor import MixtureWindows, Monitor, truncate_metrics
 from kiln.train.optim import build_optimizer
-from kiln.train.pipeline_parallel import Pipeline, StagesInTurn, keep_stage, last_stage_results, stage_layers
+from kiln.train.pipeline_parallel import Pipeline, StagesInTurn, keep_stage, last_stage_results, rank_stages, stage_layers
 from kiln.train.resume import STATES, States
 from kiln.train.rollback import Guard
 from kiln.train.schedule import lr_at
@@ -228,13 +228,14 @@ def build_loss(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision, t
     return plain
 
 
-def build_parallel_model(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision, ranks: Ranks, parallel: ParallelConfig) -> tuple[nn.Module, Transformer]:
-    """(the model the loop steps: wrapped for data parallelism, the Transformer inside it)."""
+def build_parallel_model(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision, ranks: Ranks, parallel: ParallelConfig, layers: list[range]) -> tuple[nn.Module, Transformer]:
+    """(the model the loop steps: wrapped for data parallelism, the Transformer inside it); layers:
+    every pipeline stage's layers (with pp > 1)."""
     core = build_model(model_cfg, cfg.seed, ranks.device)  # the same seed on every rank: the same initial weights
     if cfg.init_from:  # continued pretraining: every rank reads the same starting weights
         load_weights_into(core, Path(cfg.init_from))
-    if ranks.pp > 1:  # each rank keeps its stage's blocks of the whole model it built
-        keep_stage(core, stage_layers(model_cfg, ranks.pp, parallel.pp_layers)[ranks.stage], ranks.stage == 0, ranks.stage == ranks.pp - 1)
+    if ranks.pp > 1:  # each rank keeps its stages' blocks of the whole model it built
+        keep_stage(core, {i for s in rank_stages(len(layers), ranks.pp, ranks.stage) for i in layers[s]}, ranks.stage == 0, ranks.stage == ranks.pp - 1)
     if ranks.tp > 1:  # each rank keeps its slices of the whole matrices it built
         apply_tensor_parallel(core, ranks.mesh["tp"], parallel.sequence_parallel)
     apply_activation_checkpointing(core, cfg.activation_checkpointing, cfg.checkpoint_every_k_blocks)
@@ -281,15 +282,16 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     ranks = ranks or one_process(precision.device)
     parallel = parallel or ParallelConfig()
     device = ranks.device
-    model, core = build_parallel_model(model_cfg, cfg, precision, ranks, parallel)
+    layers = stage_layers(model_cfg, ranks.pp * parallel.pp_stages_per_rank, parallel.pp_layers) if ranks.pp > 1 else []  # every pipeline stage's layers
+    model, core = build_parallel_model(model_cfg, cfg, precision, ranks, parallel, layers)
     loss_of = build_loss(model_cfg, cfg, precision, ranks.tp)
     optimizer = build_optimizer(model, cfg.optim)
     parameters = list(model.parameters())
     # Pipeline stages: the schedule runs each step's micro-batches; evaluation runs the stages in turn.
-    pipeline = Pipeline(core, ranks, parallel.pp_schedule, build_head(model_cfg, cfg, precision, ranks.tp), precision.amp_dtype or torch.float32, precision.autocast) if ranks.pp > 1 else None
+    pipeline = Pipeline(core, ranks, parallel.pp_schedule, layers, build_head(model_cfg, cfg, precision, ranks.tp), precision.amp_dtype or torch.float32, precision.autocast) if ranks.pp > 1 else None
     stages = ranks.stage_group if pipeline else None
     context = ContextSplit(ranks.cp_group, ranks.cp, ranks.mesh.get_local_rank("cp")) if ranks.cp > 1 else None  # each rank trains on its share of every window
-    scored = StagesInTurn(core, ranks) if pipeline else WholeWindows(core, ranks.tp) if ranks.tp > 1 and parallel.sequence_parallel else core
+    scored = StagesInTurn(core, ranks, layers) if pipeline else WholeWindows(core, ranks.tp) if ranks.tp > 1 and parallel.sequence_parallel else core
     # fp16 autocast needs dynamic loss scaling (bf16 has fp32's exponent range and does not).
     scaler = torch.amp.GradScaler(device.type, enabled=precision.amp_dtype == torch.float16)
     evaluate = build_scorer(run_dir, scoring, cfg, precision, objective_batches, reference_runs)

@@ -38,7 +38,7 @@ from kiln.core.ranks import world_size
 log = logging.getLogger("kiln.train")
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
 class ParallelConfig(Section):
@@ -47,8 +47,9 @@ class ParallelConfig(Section):
     tp: int = Field(default=1, ge=1, description="Tensor-parallel degree: each block's attention heads and feed-forward width, and the vocabulary, split over this many consecutive ranks (keep it within a node).")
     cp: int = Field(default=1, ge=1, description="Context-parallel degree: each window's positions split over this many ranks, which gather each layer's keys and values (long windows; kiln.train.context_parallel).")
     pp: int = Field(default=1, ge=1, description="Pipeline stages: the layer stack split into this many stages, one per rank, across nodes if need be (kiln.train.pipeline_parallel).")
-    pp_schedule: Literal["gpipe", "1f1b"] = Field(default="1f1b", description="With pp > 1: gpipe (every micro-batch forward, then every one backward) or 1f1b (one forward, one backward: the same bubble, fewer activations in flight).")
-    pp_layers: list[int] | None = Field(default=None, description="With pp > 1: layers per stage, e.g. [3, 5]; None balances the stages by parameter count (the first also holds the embedding, the last the output layer).")
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field(default="1f1b", description="With pp > 1: gpipe (every micro-batch forward, then every one backward), 1f1b (one forward, one backward: the same bubble, fewer activations in flight), or interleaved_1f1b (pp_stages_per_rank stages on each rank, taken in turn: a bubble that many times smaller, as many more sends).")
+    pp_stages_per_rank: int = Field(default=1, ge=1, description="With pp > 1: pipeline stages each rank holds (interleaved_1f1b takes 2 or more): rank r holds stages r, r + pp, r + 2 pp, ...")
+    pp_layers: list[int] | None = Field(default=None, description="With pp > 1: layers per stage, e.g. [3, 5] (pp x pp_stages_per_rank of them); None balances the stages by parameter count (the first also holds the embedding, the last the output layer).")
     sequence_parallel: bool = Field(default=False, description="With tp > 1: the norms and residual stream between blocks hold 1/tp of the sequence on each rank (less activation memory; the same values).")
     reshard_after_forward: bool = Field(default=True, description="FSDP2: free each block's gathered weights after its forward and gather them again for backward (ZeRO-3); false keeps them until backward (ZeRO-2's weight memory, one all-gather fewer per micro-batch).")
     cpu_offload: bool = Field(default=False, description="FSDP2: keep sharded parameters, gradients and optimizer state in CPU memory between uses.")

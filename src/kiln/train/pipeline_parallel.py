@@ -9,18 +9,23 @@ first only, the output layer on the last only), so parameter names, and so check
 of the whole model. A tied output matrix would live on the first and the last stage at once:
 pipeline parallelism needs `model.tie_embeddings: false`.
 The step's micro-batches (train.global_batch_tokens / micro_batch_size per data rank) go through
-the schedule `parallel.pp_schedule`: GPipe (every forward, then every backward) or 1F1B (one
-forward, one backward, in steady state; the same bubble, fewer micro-batches in flight). The
+the schedule `parallel.pp_schedule`: GPipe (every forward, then every backward), 1F1B (one
+forward, one backward, in steady state; the same bubble, fewer micro-batches in flight), or
+interleaved 1F1B (Narayanan et al. 2021): each rank holds `parallel.pp_stages_per_rank` = v
+stages, r, r + pp, r + 2 pp, ... of pp x v, and the schedule takes them in turn, which divides the
+bubble by about v at v times the sends. A rank's stages are one model holding their blocks (and
+the embedding on rank 0, the output layer on the last rank); each stage runs its own layers of it. The
 loss is taken on the last stage, each micro-batch's share of the step's token mean as in the
 plain loop; the schedule does not rescale gradients. Each rank times its compute (forward and
 backward of its chunks) against the step's wall time: the idle share is the bubble, logged per
-step, (p - 1) / (m + p - 1) in theory for p stages and m micro-batches of equal cost.
+step, (p - 1) / (m + p - 1) in theory for p stages and m micro-batches of equal cost,
+(p - 1) / (v m + p - 1) interleaved.
 Evaluation and generation run the stages one after another with point-to-point sends (no
 schedule), the last stage scores, and its results are sent to every rank.
 Rows must be plain causal ones (clm, fim) without document masking: a stage computes its RoPE
 positions and causal mask itself from the sequence length.
 Shape legend: B rows, T positions, D model width, V vocabulary.
-Not handled here: interleaved schedules (several stages per rank), and tied embeddings.
+Not handled here: tied embeddings; the zero-bubble schedules (split weight and input gradients).
 """
 
 from __future__ import annotations
@@ -46,20 +51,25 @@ from kiln.train.mesh import Ranks
 log = logging.getLogger("kiln.train")
 
 
-def check_pipeline(cfg: ModelConfig, pp: int, layers: list[int] | None, objectives: dict[str, bool], sequence_parallel: bool = False) -> None:
-    """A ConfigError, with the reason, for a model or rows pp stages cannot take.
+def check_pipeline(cfg: ModelConfig, pp: int, layers: list[int] | None, objectives: dict[str, bool], sequence_parallel: bool = False, schedule: str = "1f1b", per_rank: int = 1) -> None:
+    """A ConfigError, with the reason, for a model or rows pp ranks of per_rank stages cannot take.
 
     objectives: each training objective -> whether its rows mask documents. sequence_parallel:
     whether tensor parallelism splits the positions between blocks."""
     if pp == 1:
         return
     problems = []
+    stages = pp * per_rank
     if cfg.tie_embeddings:
         problems.append("model.tie_embeddings: the embedding lives on the first stage and the output layer on the last, so one matrix cannot serve both; set model.tie_embeddings: false")
-    if layers is not None and (len(layers) != pp or sum(layers) != cfg.n_layers or min(layers) < 1):
-        problems.append(f"parallel.pp_layers {layers} must give each of the {pp} stages at least one layer, {cfg.n_layers} in all")
-    elif cfg.n_layers < pp:
-        problems.append(f"model.n_layers ({cfg.n_layers}) is below parallel.pp ({pp}): every stage needs a layer")
+    if schedule == "interleaved_1f1b" and per_rank < 2:
+        problems.append("parallel.pp_schedule=interleaved_1f1b takes turns between the stages of a rank: set parallel.pp_stages_per_rank to 2 or more")
+    if schedule != "interleaved_1f1b" and per_rank > 1:
+        problems.append(f"parallel.pp_stages_per_rank={per_rank}: only pp_schedule: interleaved_1f1b runs several stages per rank")
+    if layers is not None and (len(layers) != stages or sum(layers) != cfg.n_layers or min(layers) < 1):
+        problems.append(f"parallel.pp_layers {layers} must give each of the {stages} stages at least one layer, {cfg.n_layers} in all")
+    elif cfg.n_layers < stages:
+        problems.append(f"model.n_layers ({cfg.n_layers}) is below the {stages} stages (parallel.pp x parallel.pp_stages_per_rank): every stage needs a layer")
     unfit = sorted(o for o, masked in objectives.items() if o not in ("clm", "fim") or masked)
     if unfit:
         problems.append(f"train.objective {', '.join(unfit)}: a stage builds plain causal attention over 0..T-1 itself, so rows must be clm or fim without document masking (train.document_masking: false)")
@@ -106,9 +116,14 @@ def stage_layers(cfg: ModelConfig, pp: int, override: list[int] | None) -> list[
     return [range(a, a + c) for a, c in zip(starts, counts, strict=True)]
 
 
-def keep_stage(model: Transformer, layers: range, first: bool, last: bool) -> None:
-    """Trim the whole model to one stage, in place: its blocks, the embedding on the first stage,
-    the final norm and output layer on the last. Parameter names stay the whole model's."""
+def rank_stages(stages: int, pp: int, rank: int) -> list[int]:
+    """The stages rank `rank` of pp holds: rank, rank + pp, ... (the order the interleaved schedule expects)."""
+    return list(range(rank, stages, pp))
+
+
+def keep_stage(model: Transformer, layers: set[int], first: bool, last: bool) -> None:
+    """Trim the whole model to one rank's stages, in place: their blocks, the embedding on the
+    first rank, the final norm and output layer on the last. Parameter names stay the whole model's."""
     for key in [k for k in model.blocks if int(k) not in layers]:
         del model.blocks[key]
     if not first:
@@ -118,19 +133,38 @@ def keep_stage(model: Transformer, layers: range, first: bool, last: bool) -> No
         model.lm_head = None  # type: ignore[assignment]
 
 
+def micro_batch_count(rows: int, largest: int, pp: int, kind: str) -> tuple[int, str]:
+    """How many equal micro-batches a step's rows go through the pipeline in, and with which schedule.
+
+    The fewest that keep each within the largest micro-batch given and number at least pp (fewer
+    leave a stage nothing to do, and 1F1B refuses them); interleaved 1F1B also needs them to be a
+    multiple of their rounds (m // pp). Where the rows allow no such count (a short batch-size
+    warmup step), one row each through GPipe, or the fewest that fit through looped BFS (GPipe's
+    order over several stages per rank)."""
+    fits = [d for d in range(1, rows + 1) if rows % d == 0 and d >= -(-rows // largest)]
+    if kind == "interleaved_1f1b":
+        turns = [d for d in fits if d % max(1, d // pp) == 0]
+        return (min([d for d in turns if d >= pp] or turns), kind) if turns else (fits[0], "looped_bfs")
+    m = min(d for d in fits if d >= pp or d == rows)
+    return m, kind if m >= pp else "gpipe"
+
+
 class Pipeline:
-    """This rank's stage and the schedules that run a step's micro-batches through the stages.
+    """This rank's stages and the schedules that run a step's micro-batches through them.
 
     The last stage takes the training loss inside its forward (the model's loss head, as the plain
     loop does: data-parallel wrappers see the output matrix used where they expect), one
     micro-batch after another in the order the schedules run them, and outputs each micro-batch's
     loss value; the schedule's loss function passes it on."""
 
-    def __init__(self, core: Transformer, ranks: Ranks, schedule: str, head: Callable[..., Loss], hidden_dtype: torch.dtype, autocast: Callable[[], AbstractContextManager[Any]]):
-        self.core, self.ranks, self.kind, self.head, self.hidden_dtype, self.autocast = core, ranks, schedule, head, hidden_dtype, autocast
-        self.group, self.index, self.stages = ranks.stage_group, ranks.stage, ranks.pp
-        self.first, self.last = self.index == 0, self.index == self.stages - 1
-        self.module = LastStage(core, self) if self.last else core
+    def __init__(self, core: Transformer, ranks: Ranks, schedule: str, layers: list[range], head: Callable[..., Loss], hidden_dtype: torch.dtype, autocast: Callable[[], AbstractContextManager[Any]]):
+        self.core, self.ranks, self.kind, self.layers, self.head, self.hidden_dtype, self.autocast = core, ranks, schedule, layers, head, hidden_dtype, autocast
+        self.group, self.stages = ranks.stage_group, len(layers)
+        self.local = rank_stages(self.stages, ranks.pp, ranks.stage)  # this rank's stages
+        self.first, self.last = ranks.stage == 0, self.local[-1] == self.stages - 1  # holds the first stage, the last
+        # One stage per rank runs the (FSDP2-wrapped) model itself, so the schedule's gradient-sync
+        # handling applies to it; a stage among several, or the last with its loss, runs its layers through it.
+        self.modules = [StageLayers(core, layers[s], self if s == self.stages - 1 else None) if len(self.local) > 1 or s == self.stages - 1 else core for s in self.local]
         self.built: dict[tuple[int, int, int, str], Any] = {}  # (micro-batches, rows, seq_len, kind) -> schedule
         self.micro: list[Batch] = []
         self.step_tokens, self.next = 1, 0
@@ -142,7 +176,7 @@ class Pipeline:
         FSDP2's mean over them undoes, as in the plain loop)."""
         batch = self.micro[self.next]
         self.next += 1
-        loss = self.core(x_BTD, head=partial(self.head, batch=batch, step_tokens=self.step_tokens))
+        loss = self.core(x_BTD, head=partial(self.head, batch=batch, step_tokens=self.step_tokens), layers=self.layers[-1])
         self.row_stats.append((loss.row_mean_B, loss.row_tokens_B))
         return loss.value * self.ranks.grad_scale
 
@@ -153,18 +187,25 @@ class Pipeline:
         key = (micro_batches, rows, seq_len, kind)
         if key not in self.built:
             self.built.clear()
-            from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+            from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleLoopedBFS
 
             b, device = rows // micro_batches, self.ranks.device
-            # requires_grad: the hidden states between stages carry gradients back (the ids do not).
-            hidden = torch.empty(b, seq_len, self.core.cfg.d_model, dtype=self.hidden_dtype, device=device, requires_grad=True)
-            inputs = torch.zeros(b, seq_len, dtype=torch.long, device=device) if self.first else hidden
-            outputs = torch.zeros((), device=device) if self.last else hidden
-            stage = PipelineStage(self.module, self.index, self.stages, device, input_args=inputs, output_args=outputs, group=self.group)
-            self.time(stage)
-            schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[kind]
+
+            def hidden() -> torch.Tensor:  # requires_grad: the hidden states between stages carry gradients back (the ids do not)
+                return torch.empty(b, seq_len, self.core.cfg.d_model, dtype=self.hidden_dtype, device=device, requires_grad=True)
+
+            stages = [
+                PipelineStage(module, s, self.stages, device, input_args=torch.zeros(b, seq_len, dtype=torch.long, device=device) if s == 0 else hidden(), output_args=torch.zeros((), device=device) if s == self.stages - 1 else hidden(), group=self.group)
+                for s, module in zip(self.local, self.modules, strict=True)
+            ]
+            for stage in stages:
+                self.time(stage)
             # The loss is each micro-batch's share of the step already: no rescaling by the schedule.
-            self.built[key] = schedule(stage, micro_batches, loss_fn=lambda value, _target: value, scale_grads=False)
+            kwargs: dict[str, Any] = {"loss_fn": lambda value, _target: value, "scale_grads": False}
+            if kind in ("interleaved_1f1b", "looped_bfs"):
+                self.built[key] = {"interleaved_1f1b": ScheduleInterleaved1F1B, "looped_bfs": ScheduleLoopedBFS}[kind](stages, micro_batches, **kwargs)
+            else:
+                self.built[key] = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[kind](stages[0], micro_batches, **kwargs)
         return self.built[key]
 
     def time(self, stage: Any) -> None:
@@ -188,15 +229,11 @@ class Pipeline:
         proper, what the schedule leaves empty while the pipeline fills and drains. The others
         also wait on it.
 
-        The rows are split into m equal micro-batches: the fewest that keep each within the largest
-        micro-batch given and number at least the stages (fewer leave a stage nothing to do, and
-        1F1B refuses them); where the rows allow no such count (a short batch-size warmup step),
-        one row each, through GPipe."""
+        The rows are split into m equal micro-batches (micro_batch_count)."""
         rows = sum(len(b.input_ids_BT) for b in micro_batches)
-        largest = max(len(b.input_ids_BT) for b in micro_batches)
-        m = min(d for d in range(1, rows + 1) if rows % d == 0 and (d >= max(-(-rows // largest), self.stages) or d == rows))
+        m, kind = micro_batch_count(rows, max(len(b.input_ids_BT) for b in micro_batches), self.ranks.pp, self.kind)
         whole = torch.cat([b.input_ids_BT for b in micro_batches]).to(self.ranks.device)
-        schedule = self.schedule_for(m, rows, whole.shape[1], self.kind if m >= self.stages else "gpipe")
+        schedule = self.schedule_for(m, rows, whole.shape[1], kind)
         if self.last:
             self.micro = [Batch(i, t, k, None, s) for i, t, k, s in zip(*(torch.cat([getattr(b, f) for b in micro_batches]).to(self.ranks.device).tensor_split(m) for f in ("input_ids_BT", "targets_BT", "loss_mask_BT", "source_B")), strict=True)]
         self.step_tokens, self.next, self.row_stats, self.busy_s = step_tokens, 0, [], 0.0
@@ -212,7 +249,7 @@ class Pipeline:
         # The stages start together (after the step's collectives) and end apart: each idles for the
         # share of the whole pipeline's span (the latest end) it did not compute.
         timing = torch.tensor([self.busy_s, time.perf_counter() - t0], device=self.ranks.device)
-        every = [torch.zeros(2, device=self.ranks.device) for _ in range(self.stages)]
+        every = [torch.zeros(2, device=self.ranks.device) for _ in range(self.ranks.pp)]
         dist.all_gather(every, timing, group=self.group)
         span = max(float(t[1]) for t in every)
         idle_by_stage = [1 - float(t[0]) / max(span, 1e-9) for t in every]
@@ -221,35 +258,37 @@ class Pipeline:
         return Loss(torch.zeros(()), torch.cat([m for m, _ in self.row_stats]), torch.cat([t for _, t in self.row_stats])), idle_by_stage
 
 
-class LastStage(nn.Module):
-    """The module the schedule runs on the last stage: the stage with the loss head (Pipeline.last_forward)."""
+class StageLayers(nn.Module):
+    """The module the schedule runs for one stage of several on a rank, or for the last stage: the
+    model on that stage's layers, the last with the loss head (Pipeline.last_forward)."""
 
-    def __init__(self, core: Transformer, pipeline: Pipeline):
+    def __init__(self, core: Transformer, layers: range, pipeline: Pipeline | None):
         super().__init__()
-        self.core = core
-        self.pipeline = [pipeline]  # in a list: not a submodule
+        self.core, self.layers = core, layers
+        self.pipeline = [pipeline] if pipeline else []  # in a list: not a submodule
 
-    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        return self.pipeline[0].last_forward(x_BTD)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pipeline[0].last_forward(x) if self.pipeline else self.core(x, layers=self.layers)
 
 
 class StagesInTurn(nn.Module):
-    """The whole model for evaluation and generation under pipeline parallelism: this rank's stage
-    in turn, its input received from the stage before and its output sent to the one after
-    (blocking point-to-point sends over the "pp" group, hidden states in fp32). For generation
-    (last_only) the last stage's logits of the last position are broadcast, so every stage draws
-    the same next token. For scoring, the stages before the last return zeros of the logits' shape
-    (an expanded scalar; the scoring still computes its (B, T, V) intermediates on them), so the
-    caller's scoring runs alike on every rank, and `last_stage_results` keeps the last stage's."""
+    """The whole model for evaluation and generation under pipeline parallelism: each of this
+    rank's stages in turn, its input received from the rank of the stage before and its output sent
+    to the rank of the one after (blocking point-to-point sends over the "pp" group, hidden states
+    in fp32). For generation (last_only) the last stage's logits of the last position are broadcast,
+    so every rank draws the same next token. For scoring, the ranks without the last stage return
+    zeros of the logits' shape (an expanded scalar; the scoring still computes its (B, T, V)
+    intermediates on them), so the caller's scoring runs alike on every rank, and
+    `last_stage_results` keeps the last stage's."""
 
-    def __init__(self, stage: Transformer, ranks: Ranks):
+    def __init__(self, stage: Transformer, ranks: Ranks, layers: list[range]):
         super().__init__()
-        self.stage = stage
+        self.stage, self.layers = stage, layers
         self.group = ranks.stage_group
-        index, stages = ranks.stage, ranks.pp
-        self.before = dist.get_global_rank(self.group, index - 1) if index > 0 else None
-        self.after = dist.get_global_rank(self.group, index + 1) if index < stages - 1 else None
-        self.last = dist.get_global_rank(self.group, stages - 1)
+        self.local = rank_stages(len(layers), ranks.pp, ranks.stage)
+        self.before = dist.get_global_rank(self.group, (ranks.stage - 1) % ranks.pp)
+        self.after = dist.get_global_rank(self.group, (ranks.stage + 1) % ranks.pp)
+        self.last = dist.get_global_rank(self.group, ranks.pp - 1)
 
     @property
     def cfg(self) -> ModelConfig:
@@ -258,18 +297,20 @@ class StagesInTurn(nn.Module):
     def forward(self, idx_BT: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         B, T = idx_BT.shape
         V = self.cfg.vocab_size or 1
-        x = idx_BT
-        if self.before is not None:
-            x = torch.empty(B, T, self.cfg.d_model, device=idx_BT.device)
-            dist.recv(x, src=self.before, group=self.group)
-        out = self.stage(x, **kwargs)
-        if self.after is not None:
-            dist.send(out.float().contiguous(), dst=self.after, group=self.group)
+        for s in self.local:
+            x = idx_BT
+            if s > 0:
+                x = torch.empty(B, T, self.cfg.d_model, device=idx_BT.device)
+                dist.recv(x, src=self.before, group=self.group)
+            out = self.stage(x, layers=self.layers[s], **kwargs)
+            if s < len(self.layers) - 1:
+                dist.send(out.float().contiguous(), dst=self.after, group=self.group)
+        holds_last = self.local[-1] == len(self.layers) - 1
         if kwargs.get("last_only"):
-            logits_B1V = out.float().contiguous() if self.after is None else torch.empty(B, 1, V, device=idx_BT.device)
+            logits_B1V = out.float().contiguous() if holds_last else torch.empty(B, 1, V, device=idx_BT.device)
             dist.broadcast(logits_B1V, src=self.last, group=self.group)
             return logits_B1V
-        return out if self.after is None else torch.zeros((), device=idx_BT.device).expand(B, T, V)
+        return out if holds_last else torch.zeros((), device=idx_BT.device).expand(B, T, V)
 
 
 def last_stage_results(scorer: Callable[[nn.Module], dict[str, Any]], ranks: Ranks) -> Callable[[nn.Module], dict[str, Any]]:
