@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import Field
@@ -25,7 +25,9 @@ from kiln.model.transformer import Transformer
 from kiln.model.weights import CONFIG, WEIGHTS, write_weights
 from kiln.train.distributed import full_state
 from kiln.train.mesh import Ranks
-from kiln.train.resume import States
+
+if TYPE_CHECKING:  # the resumable states' module imports torch.distributed.checkpoint (a second to import), which a recipe does not need
+    from kiln.train.resume import States
 
 TRAIN_STATE = "train_state.pt"
 
