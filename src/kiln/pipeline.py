@@ -100,15 +100,12 @@ def dry_run_train(recipe: Recipe) -> str:
 
 def layout_memory(model: Any, degrees: dict[str, int] | None, reshard_after_forward: bool, sequence_parallel: bool, micro_batch: int, seq_len: int, precision: str, checkpointing: str) -> dict[str, Any]:
     """The planner's memory per rank (kiln plan memory) for a kiln layout (kiln.train.mesh's degrees;
-    None: one process), in the planner's terms by kiln.plan.layout.planner_layout. A context-parallel
-    rank holds the activations of seq_len / cp positions (and one layer's keys and values of the
-    whole window, which the planner does not count)."""
+    None: one process), in the planner's terms by kiln.plan.layout.planner_layout."""
     from kiln.plan.layout import planner_layout
     from kiln.plan.memory import Shape, plan_memory
 
-    degrees = degrees or {"dp_replicate": 1, "dp_shard": 1}
-    layout = planner_layout(degrees, reshard_after_forward)
-    return plan_memory(Shape.from_config(model), **layout, micro_batch=micro_batch, seq_len=seq_len // degrees.get("cp", 1), precision=precision, checkpointing=checkpointing, sequence_parallel=sequence_parallel)
+    layout = planner_layout(degrees or {"dp_replicate": 1, "dp_shard": 1}, reshard_after_forward)
+    return plan_memory(Shape.from_config(model), **layout, micro_batch=micro_batch, seq_len=seq_len, precision=precision, checkpointing=checkpointing, sequence_parallel=sequence_parallel)
 
 
 def report_hooks(run_dir: Path) -> Any:

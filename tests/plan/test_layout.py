@@ -24,7 +24,7 @@ def test_7b_on_64_gpus_is_pure_data_parallel() -> None:
     assert r["reasons"][0] == "tp=1: every GPU holds whole layers; no tensor splitting needed"
     # kiln runs ZeRO-1 as replicas: the warning says what that needs, and the keys say how to run it.
     assert r["warnings"] == ["kiln has no ZeRO-1: the recipe keys run replicas (DDP) with full optimizer states, 126.1 GB per GPU, which does not fit in 72.0 GB; --zero 2 or 3 shards them with FSDP2"]
-    assert r["recipe"] == {"parallel.pp": 1, "parallel.dp_replicate": 64, "parallel.dp_shard": 1, "parallel.tp": 1, "train.activation_checkpointing": "none", "train.micro_batch_size": 1, "train.seq_len": 4096, "train.global_batch_tokens": 512 * 4096}
+    assert r["recipe"] == {"parallel.pp": 1, "parallel.dp_replicate": 64, "parallel.dp_shard": 1, "parallel.cp": 1, "parallel.tp": 1, "train.activation_checkpointing": "none", "train.micro_batch_size": 1, "train.seq_len": 4096, "train.global_batch_tokens": 512 * 4096}
     three = propose_layout(LLAMA_7B, gpus=64, seq_len=4096, global_batch=512, zero=3)
     assert three["recipe"] | {"parallel.dp_shard": 64, "parallel.reshard_after_forward": True} == three["recipe"] and three["warnings"] == []
 
@@ -151,9 +151,33 @@ def test_layout_needs_the_shape() -> None:
         propose_layout(Shape(7e9), gpus=8)
 
 
-@pytest.mark.parametrize(("zero", "pp", "dp", "tp"), [(3, 1, 8, 2), (2, 1, 4, 1), (1, 4, 2, 8), (0, 1, 8, 1), (0, 2, 1, 2)])
-def test_the_recipe_keys_read_back_as_the_same_layout(zero: int, pp: int, dp: int, tp: int) -> None:
+@pytest.mark.parametrize(("zero", "pp", "dp", "tp", "cp"), [(3, 1, 8, 2, 1), (2, 1, 4, 1, 1), (1, 4, 2, 8, 1), (0, 1, 8, 1, 1), (0, 2, 1, 2, 1), (3, 1, 2, 2, 4), (2, 1, 1, 1, 2)])
+def test_the_recipe_keys_read_back_as_the_same_layout(zero: int, pp: int, dp: int, tp: int, cp: int) -> None:
     # kiln's degrees from a layout's keys are planned (dry run, report) as that layout again.
-    keys = recipe_keys({"zero": zero, "pp": pp, "dp": dp, "tp": tp, "activation_checkpointing": "none", "micro_batch": 1, "global_batch": 8}, 64)
-    degrees = {"pp": keys["parallel.pp"], "dp_replicate": keys["parallel.dp_replicate"], "dp_shard": keys["parallel.dp_shard"], "tp": keys["parallel.tp"]}
-    assert planner_layout(degrees, keys.get("parallel.reshard_after_forward", True)) == {"dp": dp, "tp": tp, "pp": pp, "zero": zero}
+    keys = recipe_keys({"zero": zero, "pp": pp, "dp": dp, "tp": tp, "cp": cp, "activation_checkpointing": "none", "micro_batch": 1, "global_batch": 8}, 64)
+    degrees = {"pp": keys["parallel.pp"], "dp_replicate": keys["parallel.dp_replicate"], "dp_shard": keys["parallel.dp_shard"], "cp": keys["parallel.cp"], "tp": keys["parallel.tp"]}
+    assert planner_layout(degrees, keys.get("parallel.reshard_after_forward", True)) == {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "zero": zero}
+    assert keys.get("parallel.sequence_parallel", False) is (tp > 1 and pp == 1)  # kiln refuses sequence parallelism with pp
+
+
+def test_sequences_too_long_to_fit_whole_split_over_gpus_before_full_recompute() -> None:
+    # llama-7b at 128K positions on 2 nodes of 8 GPUs, micro-batch 1. tp 8 fills a node; with
+    # whole sequences its activations alone, 32 layers x 34/8 x 131,072 x 4,096 x 2 B, are 146 GB:
+    # only full recompute fits. cp 2 across the nodes halves them and adds each layer's gathered
+    # keys and values, 4 x 131,072 x 4,096 / 8 x 1/2 B: 32 x (1.141 + 0.134) = 40.8 GB, with
+    # ZeRO-2 states over dp x cp = 2 (842M local parameters: 2 + 14/2 B each) 7.58 GB.
+    r = propose_layout(LLAMA_7B, gpus=16, seq_len=131072)
+    assert (r["tp"], r["pp"], r["cp"], r["dp"], r["zero"], r["activation_checkpointing"]) == (8, 1, 2, 1, 2, "none")
+    assert r["memory"]["activations_gb"] == pytest.approx(40.80, abs=0.01) and r["memory"]["model_states_gb"] == pytest.approx(7.58, abs=0.01)
+    assert r["recipe"]["parallel.cp"] == 2 and r["recipe"]["parallel.tp"] == 8 and r["recipe"]["train.seq_len"] == 131072
+    assert "cp=2: each sequence's 131072 positions split over 2 GPUs (65536 each), which gather every layer's keys and values; cheaper than full recompute where whole sequences do not fit" in r["reasons"]
+    assert "context parallel (cp)" in format_layout(r)
+    assert propose_layout(LLAMA_7B, gpus=16, seq_len=131072, cp=1)["activation_checkpointing"] == "full"  # what whole sequences need
+    # At 4K the same GPUs keep whole sequences; cp only where asked, and then ZeRO 2 or 3.
+    assert propose_layout(LLAMA_7B, gpus=8, seq_len=4096)["cp"] == 1
+    asked = propose_layout(LLAMA_7B, gpus=8, seq_len=4096, cp=2)
+    assert asked["cp"] == 2 and asked["zero"] >= 2 and asked["dp"] * asked["tp"] == 4
+    with pytest.raises(ConfigError, match=r"cp = 3 needs seq_len = 4096 to split into 2 x cp = 6 equal chunks"):
+        propose_layout(LLAMA_7B, gpus=6, seq_len=4096, cp=3)
+    with pytest.raises(ConfigError, match=r"cp = 2 with zero = 1: kiln shards a context-parallel group's states with FSDP2"):
+        propose_layout(LLAMA_7B, gpus=8, seq_len=4096, cp=2, zero=1)

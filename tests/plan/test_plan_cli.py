@@ -61,6 +61,11 @@ def test_other_subcommands_print_tables_and_json(capsys: pytest.CaptureFixture[s
     assert r["attention"] == "flash" and r["headroom"] == 0.1 and r["usable_gb"] == pytest.approx(72.0) and r["warnings"] == []
     r = run_json(["plan", "memory", "--preset", "llama-7b", "--dp", "8", "--zero", "3", "--activation-checkpointing", "full", "--micro-batch", "4", "--attention", "eager", "--headroom", "0.2"], capsys)
     assert r["activations_gb"] == pytest.approx(17.31, abs=0.01) and r["usable_gb"] == pytest.approx(64.0)
+    # Context parallelism: states over dp x cp, half the positions' activations plus the gathered keys and values.
+    r = run_json(["plan", "memory", "--preset", "llama-7b", "--tp", "8", "--cp", "2", "--zero", "2", "--seq-len", "131072"], capsys)
+    assert (r["cp"], r["gpus"]) == (2, 16) and r["model_states_gb"] == pytest.approx(7.58, abs=0.01) and r["activations_gb"] == pytest.approx(40.80, abs=0.01)
+    r = run_json(["plan", "layout", "--preset", "llama-7b", "--gpus", "16", "--seq-len", "131072", "--cp", "4"], capsys)
+    assert r["cp"] == 4 and r["recipe"]["parallel.cp"] == 4 and r["tp"] * r["dp"] == 4
     r = run_json(["plan", "layout", "--preset", "llama-70b", "--gpus", "64", "--global-batch", "1024"], capsys)
     assert (r["tp"], r["pp"], r["dp"], r["zero"], r["activation_checkpointing"], r["micro_batches"], r["global_batch"]) == (8, 1, 8, 1, "none", 128, 1024)
     assert r["dp_traffic_vs_ddp"] == 1.0 and r["total_gb"] <= r["usable_gb"] == pytest.approx(72.0) and r["warnings"][0].startswith("kiln has no ZeRO-1")
@@ -107,6 +112,7 @@ def test_fit_from_a_csv_with_a_plot(tmp_path: Path, capsys: pytest.CaptureFixtur
         (["plan", "flops", "--preset", "llama-7b", "--tokens", "1e9", "--d-attn", "128"], "d_attn (--d-attn) goes only with params (--params)"),
         (["plan", "memory", "--params", "7e9", "--hidden", "4096"], "needs all of n_layers (--layers), d_model (--hidden) and n_heads (--heads), or none of them"),
         (["plan", "memory", "--preset", "llama-7b", "--headroom", "1"], "headroom = 1 must be in [0, 1)"),
+        (["plan", "memory", "--preset", "llama-7b", "--cp", "2", "--pp", "2", "--zero", "3"], "cp = 2 with pp = 2: kiln runs context parallelism without pipeline stages"),
         (["plan", "chinchilla", "--flops", "1e23", "--mfu", "1.5"], "mfu = 1.5 must be in (0, 1]"),
         (["plan", "chinchilla", "--usd", "0", "--usd-per-gpu-hour", "2"], "usd = 0 must be above 0"),
         (["plan", "memory", "--params", "7e9", "--preset", "llama-7b"], "exactly one of --params N or --preset NAME"),

@@ -52,11 +52,12 @@ def test_a_ranks_mask_is_the_whole_windows_at_its_queries_and_the_gathered_keys(
 
 
 def test_what_context_parallelism_cannot_split_is_refused_with_the_reason() -> None:
-    check_context_parallel(2, [32, 64], 1, False)
+    check_context_parallel(2, [32, 64], 1)
+    check_context_parallel(2, [32, 64], 1, sequence_parallel_tp=2)  # 16 and 32 positions per rank, split over tp 2
     with pytest.raises(ConfigError, match=r"parallel.cp=4 cannot split this training: train.seq_len \(and seq_len_schedule\) 36 is not a multiple of 2 x parallel.cp \(8\)"):
-        check_context_parallel(4, [36, 64], 1, False)
-    with pytest.raises(ConfigError, match=r"parallel.pp=2: pipeline stages pass fixed-shape hidden states.*; parallel.sequence_parallel: it splits positions"):
-        check_context_parallel(2, [64], 2, True)
+        check_context_parallel(4, [36, 64], 1)
+    with pytest.raises(ConfigError, match=r"train.seq_len \(and seq_len_schedule\) 24: each rank's 12 positions are not a multiple of parallel.tp \(8\).*; parallel.pp=2: pipeline stages pass fixed-shape hidden states"):
+        check_context_parallel(2, [24, 64], 2, sequence_parallel_tp=8)
 
 
 @pytest.fixture(scope="module")

@@ -131,6 +131,7 @@ def add_plan_subcommands(plan: argparse.ArgumentParser) -> None:
     p.add_argument("--dp", type=int, default=1, help="Data-parallel degree (ZeRO shards over it).")
     p.add_argument("--tp", type=int, default=1, help="Tensor-parallel degree (must divide the heads).")
     p.add_argument("--pp", type=int, default=1, help="Pipeline-parallel degree (must divide the layers).")
+    p.add_argument("--cp", type=int, default=1, help="Context-parallel degree: each sequence split over this many GPUs (seq_len must split into 2 x cp chunks; ZeRO 2 or 3).")
     p.add_argument("--zero", type=int, default=0, help="ZeRO stage: 0 (DDP), 1 (optimizer), 2 (+ gradients), 3 (+ weights; = FSDP full shard).")
     _micro(p)
     p.add_argument("--activation-checkpointing", choices=["none", "selective", "full"], default="none", help="Activation recompute (with flash attention selective stores the same as none).")
@@ -147,6 +148,7 @@ def add_plan_subcommands(plan: argparse.ArgumentParser) -> None:
     p.add_argument("--global-batch", type=int, help="Sequences per optimizer step (default: 4 x pp micro-batches per data-parallel rank, 1 without a pipeline).")
     p.add_argument("--tp", type=int, help="Fix the tensor-parallel degree.")
     p.add_argument("--pp", type=int, help="Fix the pipeline-parallel degree.")
+    p.add_argument("--cp", type=int, help="Fix the context-parallel degree (by default 1 unless sequences do not fit whole without full recompute).")
     p.add_argument("--zero", type=int, help="Fix the ZeRO stage.")
     p.add_argument("--activation-checkpointing", choices=["none", "selective", "full"], help="Fix the activation recompute (default: the cheapest that fits: none, selective with eager attention, then full).")
     _attention(p)
@@ -237,7 +239,7 @@ def _memory(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[st
 
     shape, seq_len = _shape(args)
     gpu = resolve_gpu(args.gpu, None, args.gpu_memory_gb)
-    r = plan_memory(shape, args.dp, args.tp, args.pp, args.zero, args.micro_batch, _seq_len(args, seq_len), args.precision, args.activation_checkpointing, args.sequence_parallel, gpu.memory_gb, attention=args.attention, headroom=args.headroom)
+    r = plan_memory(shape, args.dp, args.tp, args.pp, args.zero, args.micro_batch, _seq_len(args, seq_len), args.precision, args.activation_checkpointing, args.sequence_parallel, gpu.memory_gb, attention=args.attention, headroom=args.headroom, cp=args.cp)
     return r, format_memory
 
 
@@ -247,7 +249,7 @@ def _layout(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[st
 
     shape, seq_len = _shape(args)
     gpu = resolve_gpu(args.gpu, None, args.gpu_memory_gb)
-    r = propose_layout(shape, args.gpus, args.gpus_per_node, gpu.memory_gb, _seq_len(args, seq_len), args.micro_batch, args.global_batch, args.precision, args.tp, args.pp, args.zero, args.activation_checkpointing, args.attention, args.headroom)
+    r = propose_layout(shape, args.gpus, args.gpus_per_node, gpu.memory_gb, _seq_len(args, seq_len), args.micro_batch, args.global_batch, args.precision, args.tp, args.pp, args.zero, args.activation_checkpointing, args.attention, args.headroom, args.cp)
     return r, format_layout
 
 

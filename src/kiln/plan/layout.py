@@ -4,17 +4,22 @@ Every candidate is checked with kiln.plan.memory against the GPU's memory less `
 among those that fit, the first in this order wins, each step a rule of thumb with its source:
   1. no full recompute if avoidable: it repeats the forward pass, about 33% more compute
      (Korthikanti et al. 2022, Section 5); selective recompute costs a few percent and counts as free;
-  2. no extra data-parallel traffic if avoidable. Per step, DDP all-reduces the gradients once
+  2. no context parallelism if avoidable: it gathers every layer's keys and values over cp GPUs;
+     where sequences are too long to fit otherwise it is preferred to full recompute (it costs
+     communication, not compute), with pp = 1 as kiln runs it, and only down to MIN_CP_POSITIONS
+     positions per GPU unless asked for (kiln's rule of thumb: below that the gathers outweigh the
+     attention they feed);
+  3. no extra data-parallel traffic if avoidable. Per step, DDP all-reduces the gradients once
      (a reduce-scatter and an all-gather, 2 x the gradients' size); ZeRO-1 moves the same (ZeRO
      paper, Section 7). With m micro-batches per step ZeRO-2 must reduce-scatter after each one
      to keep its gradient shard ((m + 1) / 2 x DDP), and ZeRO-3 gathers the weights for forward
      and backward and reduce-scatters the gradients for each (1.5 m x DDP; 1.5x at m = 1, the
      paper's figure);
-  3. the smallest model-parallel size tp * pp, leaving the most data parallelism;
-  4. tensor parallelism before pipeline parallelism, tp kept inside a node on the fast links
-     (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
+  4. the smallest model-parallel size tp * pp * cp, leaving the most data parallelism;
+  5. tensor parallelism before pipeline or context parallelism, tp kept inside a node on the fast
+     links (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
      Using Megatron-LM", Takeaways 1 and 2);
-  5. the least data-parallel traffic, the lowest ZeRO stage, then no recompute over selective.
+  6. the least data-parallel traffic, the lowest ZeRO stage, then no recompute over selective.
 With pp > 1 only ZeRO-1 (or 0) is considered: kiln shards each pipeline stage with FSDP2, and
 torch.distributed.pipelining keeps an FSDP stage's weights and gradients whole from the step's
 first micro-batch to its last, reduce-scattering once: ZeRO-1's memory and traffic.
@@ -30,8 +35,8 @@ The pipeline bubble, the share of a step each stage idles with 1F1B or GPipe sch
 (pp - 1) / (m + pp - 1) for m micro-batches per step (Narayanan et al. 2021, Section 2.2.1;
 Huang et al. 2019). Without a global batch, m = 4 * pp keeps it near 20% or below; a warning
 says when a given global batch leaves more.
-Not handled here: interleaved pipeline schedules, context/expert parallelism, and speed
-(the layout that fits is proposed; its throughput is not modelled).
+Not handled here: interleaved pipeline schedules, expert parallelism, and speed (the layout
+that fits is proposed; its throughput is not modelled).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from kiln.plan.memory import (
     DEFAULT_HEADROOM,
     Shape,
     check_checkpointing,
+    check_context,
     check_layout,
     check_shape,
     divisors,
@@ -53,6 +59,7 @@ from kiln.plan.memory import (
 from kiln.plan.report import count, fixed, table
 
 MAX_BUBBLE = 0.2  # above this share of a step idle, the layout warns
+MIN_CP_POSITIONS = 4096  # context parallelism is proposed only where each GPU keeps at least this many positions
 
 
 def dp_traffic(zero: int, micro_batches: int) -> float:
@@ -65,8 +72,8 @@ def dp_traffic(zero: int, micro_batches: int) -> float:
 
 
 def _rank(c: dict[str, Any]) -> tuple:
-    traffic = dp_traffic(c["zero"], c["micro_batches"]) if c["dp"] > 1 else 1.0
-    return (c["activation_checkpointing"] == "full", traffic > 1, c["tp"] * c["pp"], c["pp"], traffic, c["zero"], c["activation_checkpointing"] == "selective")
+    traffic = dp_traffic(c["zero"], c["micro_batches"]) if c["dp"] * c["cp"] > 1 else 1.0
+    return (c["activation_checkpointing"] == "full", c["cp"] > 1, traffic > 1, c["tp"] * c["pp"] * c["cp"], c["pp"], c["cp"], traffic, c["zero"], c["activation_checkpointing"] == "selective")
 
 
 def bubble_fraction(pp: int, micro_batches: int) -> float:
@@ -74,7 +81,8 @@ def bubble_fraction(pp: int, micro_batches: int) -> float:
 
 
 def _summary(c: dict[str, Any]) -> str:
-    return f"tp={c['tp']} pp={c['pp']} dp={c['dp']} ZeRO-{c['zero']}, recompute {c['activation_checkpointing']}"
+    context = f" cp={c['cp']}" if c["cp"] > 1 else ""
+    return f"tp={c['tp']} pp={c['pp']}{context} dp={c['dp']} ZeRO-{c['zero']}, recompute {c['activation_checkpointing']}"
 
 
 def propose_layout(
@@ -92,6 +100,7 @@ def propose_layout(
     checkpointing: str | None = None,
     attention: str = "flash",
     headroom: float = DEFAULT_HEADROOM,
+    cp: int | None = None,
 ) -> dict[str, Any]:
     """The preferred fitting layout with the reason for each degree, or a ConfigError saying why none fits."""
     check_shape(shape)
@@ -119,6 +128,10 @@ def propose_layout(
     check_layout(shape, 1, tp or 1, pp or 1, zero if zero is not None else 0)
     if zero is not None and zero >= 2 and pp is not None and pp > 1:
         raise ConfigError(f"zero = {zero} with pp = {pp}: kiln's FSDP2 keeps a pipeline stage's weights and gradients whole until the step's last micro-batch, which is ZeRO-1; use zero 1 (--zero 1) or pp 1 (--pp 1)")
+    if cp is not None:
+        if gpus % cp:
+            raise ConfigError(f"cp = {cp} does not divide gpus = {gpus}; valid cp: {', '.join(str(k) for k in divisors(gpus) if seq_len % (2 * k) == 0)}")
+        check_context(seq_len, cp, pp or 1, zero if zero is not None else 3)
 
     tps = [tp] if tp is not None else [k for k in divisors(node) if shape.n_heads % k == 0 and gpus % k == 0]
     pps = [pp] if pp is not None else ([1] if zero is not None and zero >= 2 else divisors(shape.n_layers))
@@ -128,24 +141,28 @@ def propose_layout(
     batch_mismatch = []
     for t in tps:
         for p in pps:
-            if gpus % (t * p):
-                continue
-            dp = gpus // (t * p)
-            if global_batch is None:
-                m = 4 * p if p > 1 else 1
-            elif global_batch % (dp * micro_batch):
-                batch_mismatch.append(dp)
-                continue
-            else:
-                m = global_batch // (dp * micro_batch)
-            zeros = [zero] if zero is not None else ([0] if dp == 1 else [1] if p > 1 else [1, 2, 3])
-            for z in zeros:
-                if dp == 1 and z > 0:
-                    continue  # one data-parallel rank: nothing to shard (a ZeRO stage asked for rules these out)
-                for ck in recomputes:
-                    mem = plan_memory(shape, dp, t, p, z, micro_batch, seq_len, precision, ck, True, gpu_memory_gb, micro_batches=m, attention=attention, headroom=headroom)
-                    cand = {"tp": t, "pp": p, "dp": dp, "zero": z, "activation_checkpointing": ck, "micro_batches": m, "memory": mem}
-                    (fits if mem["fits"] else tried).append(cand)
+            # Context parallelism (kiln runs it without a pipeline) over GPUs left after tp and pp.
+            cps = [cp] if cp is not None else [1] if p > 1 or gpus % (t * p) else [k for k in divisors(gpus // (t * p)) if k == 1 or (seq_len % (2 * k) == 0 and seq_len // k >= MIN_CP_POSITIONS)]
+            for c in cps:
+                if gpus % (t * p * c) or (c > 1 and p > 1):
+                    continue
+                dp = gpus // (t * p * c)
+                if global_batch is None:
+                    m = 4 * p if p > 1 else 1
+                elif global_batch % (dp * micro_batch):
+                    batch_mismatch.append(dp)
+                    continue
+                else:
+                    m = global_batch // (dp * micro_batch)
+                # kiln shards a context-parallel group with FSDP2 (ZeRO 2 or 3 over dp x cp).
+                zeros = [zero] if zero is not None else ([2, 3] if c > 1 else [0] if dp == 1 else [1] if p > 1 else [1, 2, 3])
+                for z in zeros:
+                    if dp * c == 1 and z > 0 or (c > 1 and z < 2):
+                        continue  # nothing to shard, or a group kiln shards anyway (a ZeRO stage asked for rules these out)
+                    for ck in recomputes:
+                        mem = plan_memory(shape, dp, t, p, z, micro_batch, seq_len, precision, ck, True, gpu_memory_gb, micro_batches=m, attention=attention, headroom=headroom, cp=c)
+                        cand = {"tp": t, "pp": p, "cp": c, "dp": dp, "zero": z, "activation_checkpointing": ck, "micro_batches": m, "memory": mem}
+                        (fits if mem["fits"] else tried).append(cand)
     if not fits:
         if not tried and zero:
             raise ConfigError(f"zero = {zero} shards over data-parallel ranks, but every layout of {gpus} GPU{'s' if gpus != 1 else ''} with these degrees leaves dp = 1 (nothing to shard); use zero 0 (--zero 0), more GPUs, or a smaller tp or pp")
@@ -160,30 +177,30 @@ def propose_layout(
         )
     choice = min(fits, key=_rank)
     ahead = sorted((c for c in tried if _rank(c) < _rank(choice)), key=_rank)
-    asked = {k for k, v in (("tp", tp), ("pp", pp), ("zero", zero), ("activation_checkpointing", checkpointing)) if v is not None}
+    asked = {k for k, v in (("tp", tp), ("pp", pp), ("cp", cp), ("zero", zero), ("activation_checkpointing", checkpointing)) if v is not None}
     result = describe(choice, ahead, shape, gpus, node, micro_batch, len(fits) + len(tried), global_batch, sorted(set(batch_mismatch), reverse=True), asked)
     result["recipe"] = recipe_keys(result, seq_len)
-    if choice["zero"] == 1 and choice["pp"] == 1:  # what kiln's replicas need instead
+    if choice["zero"] == 1 and choice["pp"] == 1 and choice["cp"] == 1:  # what kiln's replicas need instead
         ddp = plan_memory(shape, choice["dp"], choice["tp"], choice["pp"], 0, micro_batch, seq_len, precision, choice["activation_checkpointing"], True, gpu_memory_gb, micro_batches=choice["micro_batches"], attention=attention, headroom=headroom)
         result["warnings"].append(f"kiln has no ZeRO-1: the recipe keys run replicas (DDP) with full optimizer states, {ddp['total_gb']:.1f} GB per GPU, which {'fits' if ddp['fits'] else 'does not fit'} in {ddp['usable_gb']:.1f} GB; --zero 2 or 3 shards them with FSDP2")
     return result
 
 
 def planner_layout(degrees: dict[str, int], reshard_after_forward: bool) -> dict[str, int]:
-    """The planner's dp, tp, pp and ZeRO stage for a kiln layout (kiln.train.mesh's degrees), the
-    inverse of recipe_keys: FSDP2 is ZeRO-1 over a pipeline stage's data ranks, else ZeRO-3
+    """The planner's dp, tp, pp, cp and ZeRO stage for a kiln layout (kiln.train.mesh's degrees),
+    the inverse of recipe_keys: FSDP2 is ZeRO-1 over a pipeline stage's data ranks, else ZeRO-3
     resharding after forward and ZeRO-2 without; replicas alone are ZeRO-0. Under HSDP the states
-    are sharded over dp_shard only, so that is the dp the memory sees; with context parallelism
-    over dp_shard x cp (a context-parallel group holds the same weights)."""
-    pp, shard = degrees.get("pp", 1), degrees["dp_shard"] * degrees.get("cp", 1)
-    zero = 0 if shard == 1 else 1 if pp > 1 else 3 if reshard_after_forward else 2
-    return {"dp": shard if zero else degrees["dp_replicate"], "tp": degrees.get("tp", 1), "pp": pp, "zero": zero}
+    are sharded over dp_shard only, so that is the dp the memory sees (the planner shards over
+    dp x cp with context parallelism, as FSDP2 does over dp_shard x cp)."""
+    pp, shard, cp = degrees.get("pp", 1), degrees["dp_shard"], degrees.get("cp", 1)
+    zero = 0 if shard * cp == 1 else 1 if pp > 1 else 3 if reshard_after_forward else 2
+    return {"dp": shard if zero else degrees["dp_replicate"], "tp": degrees.get("tp", 1), "pp": pp, "cp": cp, "zero": zero}
 
 
 def recipe_keys(r: dict[str, Any], seq_len: int) -> dict[str, Any]:
     """How kiln runs a layout: the `parallel` and `train` keys (`kiln train --set KEY=VALUE`)."""
     sharded = r["zero"] >= 2 or (r["zero"] == 1 and r["pp"] > 1)  # FSDP2 over a stage's data ranks is ZeRO-1
-    keys: dict[str, Any] = {"parallel.pp": r["pp"], "parallel.dp_replicate": 1 if sharded else r["dp"], "parallel.dp_shard": r["dp"] if sharded else 1, "parallel.tp": r["tp"]}
+    keys: dict[str, Any] = {"parallel.pp": r["pp"], "parallel.dp_replicate": 1 if sharded else r["dp"], "parallel.dp_shard": r["dp"] if sharded else 1, "parallel.cp": r.get("cp", 1), "parallel.tp": r["tp"]}
     if r["zero"] >= 2:
         keys["parallel.reshard_after_forward"] = r["zero"] == 3
     if r["tp"] > 1:
@@ -194,9 +211,9 @@ def recipe_keys(r: dict[str, Any], seq_len: int) -> dict[str, Any]:
 
 def describe(c: dict[str, Any], ahead: list[dict[str, Any]], shape: Shape, gpus: int, node: int, micro_batch: int, checked: int, global_batch: int | None = None, ruled_out_dp: list[int] | None = None, asked: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
     """The layout's result dict: degrees, memory, reasons (why each choice) and warnings."""
-    t, p, dp, z, ck, m = c["tp"], c["pp"], c["dp"], c["zero"], c["activation_checkpointing"], c["micro_batches"]
+    t, p, cp, dp, z, ck, m = c["tp"], c["pp"], c["cp"], c["dp"], c["zero"], c["activation_checkpointing"], c["micro_batches"]
     mem = c["memory"]
-    traffic = dp_traffic(z, m) if dp > 1 else None
+    traffic = dp_traffic(z, m) if dp * cp > 1 else None
     bubble = bubble_fraction(p, m)
     reasons = []
     if ruled_out_dp:
@@ -214,7 +231,9 @@ def describe(c: dict[str, Any], ahead: list[dict[str, Any]], shape: Shape, gpus:
         reasons.append("pp=1: no pipeline, so no bubble")
     else:
         reasons.append(f"pp={p}: {shape.n_layers // p} layers per stage{' across nodes' if t * p > node else ''}; {m} micro-batch{'es' if m != 1 else ''} per step leave a {bubble:.1%} bubble")  # type: ignore[operator]
-    reasons.append(f"dp={dp}: the remaining GPUs each train on their own micro-batches" if dp > 1 else "dp=1: no data parallelism; tp x pp uses every GPU")
+    if cp > 1:
+        reasons.append(f"cp={cp}: each sequence's {mem['seq_len']} positions split over {cp} GPUs ({mem['seq_len'] // cp} each), which gather every layer's keys and values" + (" (as asked)" if "cp" in asked else "; cheaper than full recompute where whole sequences do not fit"))
+    reasons.append(f"dp={dp}: the remaining GPUs each train on their own micro-batches" if dp > 1 else f"dp=1: no data parallelism; tp x pp{' x cp' if cp > 1 else ''} uses every GPU")
     why = " (as asked)" if "zero" in asked else ", needed to fit"
     if z == 0:
         reasons.append("ZeRO-0: a single data-parallel replica, nothing to shard" if dp == 1 else "ZeRO-0 (plain DDP): every replica keeps full optimizer states; one gradient all-reduce per step" + (" (as asked)" if "zero" in asked else ""))
@@ -244,6 +263,7 @@ def describe(c: dict[str, Any], ahead: list[dict[str, Any]], shape: Shape, gpus:
         "nodes": max(1, gpus // node),
         "tp": t,
         "pp": p,
+        "cp": cp,
         "dp": dp,
         "zero": z,
         "activation_checkpointing": ck,
@@ -272,6 +292,7 @@ def format_layout(r: dict[str, Any]) -> str:
         ("GPUs", f"{r['gpus']} ({r['nodes']} node{'s' if r['nodes'] != 1 else ''} of {r['gpus_per_node']})"),
         ("tensor parallel (tp)", str(r["tp"])),
         ("pipeline parallel (pp)", str(r["pp"])),
+        ("context parallel (cp)", str(r["cp"])),
         ("data parallel (dp)", str(r["dp"])),
         ("ZeRO stage", str(r["zero"])),
         ("activation recompute", f"{r['activation_checkpointing']} ({r['attention']} attention)"),

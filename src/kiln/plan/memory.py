@@ -35,6 +35,11 @@ Korthikanti's formula is derived for GPT blocks; kiln's SwiGLU blocks are of the
 With 1F1B pipelining the first stage holds min(pp, micro-batches) micro-batches of its L/pp
 layers, i.e. L layers' worth at most; where pp does not divide L (kiln balances uneven stages),
 the stage with the most layers, ceil(L/pp), is the one priced.
+Context parallelism (cp, kiln.train.context_parallel) splits each sequence over cp GPUs: a GPU
+holds the activations of s/cp positions, plus, in every layer it does not recompute, the keys and
+values it gathered from the whole window for backward, 2 x 2 x s*b*h/t bytes less its own share
+(priced at full width: a grouped-query model's are narrower). kiln shards the states of a
+context-parallel group with FSDP2 over dp x cp, so ZeRO 2 or 3 there, and runs cp with pp = 1.
 "Fits" leaves `headroom` (default 10%) of the GPU free for what is not counted here: the output
 logits (s*b*V*4 bytes on the last stage), communication buffers, allocator fragmentation and
 the CUDA context. Not handled here: activation offload, and replicated key/value heads when tp
@@ -130,6 +135,19 @@ def check_layout(shape: Shape, dp: int, tp: int, pp: int, zero: int) -> None:
         raise ConfigError(f"pp = {pp} exceeds n_layers = {shape.n_layers}: each pipeline stage holds at least one layer; valid pp: 1 to {shape.n_layers}")
 
 
+def check_context(seq_len: int, cp: int, pp: int, zero: int) -> None:
+    """Reject a context-parallel degree kiln cannot run, with the reason."""
+    require_at_least("cp", cp, 1, "a parallel degree; 1 means not split")
+    if cp == 1:
+        return
+    if seq_len % (2 * cp):
+        raise ConfigError(f"cp = {cp} needs seq_len = {seq_len} to split into 2 x cp = {2 * cp} equal chunks (each GPU holds two); valid cp: {', '.join(str(k) for k in divisors(seq_len) if seq_len % (2 * k) == 0)}")
+    if pp > 1:
+        raise ConfigError(f"cp = {cp} with pp = {pp}: kiln runs context parallelism without pipeline stages; use pp 1")
+    if zero < 2:
+        raise ConfigError(f"cp = {cp} with zero = {zero}: kiln shards a context-parallel group's states with FSDP2 (ZeRO 2 or 3 over dp x cp)")
+
+
 def model_state_bytes(params: float, dp: int, tp: int, pp: int, zero: int, precision: str = "bf16") -> tuple[float, float, float]:
     """(weights, gradients, optimizer states) in bytes on one GPU."""
     w, g, o = STATE_BYTES[precision]
@@ -171,11 +189,12 @@ def plan_memory(
     micro_batches: int | None = None,
     attention: str = "flash",
     headroom: float = DEFAULT_HEADROOM,
+    cp: int = 1,
 ) -> dict[str, Any]:
     """Memory per GPU (GB = 1e9 bytes) and whether it fits in (1 - headroom) of the GPU; activations need the model's shape.
 
     micro_batches is the number per optimizer step and pipeline; None assumes at least pp, so
-    the first stage holds pp of them in flight.
+    the first stage holds pp of them in flight. cp: context-parallel degree (dp counts data ranks only).
     """
     check_layout(shape, dp, tp, pp, zero)
     require_choice("precision", precision, tuple(STATE_BYTES))
@@ -187,7 +206,8 @@ def plan_memory(
         require_at_least("micro_batches", micro_batches, 1, "micro-batches per optimizer step")
     require_positive("gpu_memory_gb", gpu_memory_gb, "one GPU's memory in GB, e.g. 80")
     require_fraction("headroom", headroom, "the share of GPU memory kept free, e.g. 0.1")
-    weights, grads, optimizer = model_state_bytes(shape.params, dp, tp, pp, zero, precision)
+    check_context(seq_len, cp, pp, zero)
+    weights, grads, optimizer = model_state_bytes(shape.params, dp * cp, tp, pp, zero, precision)
     states = weights + grads + optimizer
 
     activations = None
@@ -195,8 +215,12 @@ def plan_memory(
         assert shape.n_layers is not None and shape.d_model is not None and shape.n_heads is not None
         in_flight = pp if micro_batches is None else min(pp, micro_batches)
 
+        # With cp, the keys and values gathered from the other GPUs' positions (2 tensors of 2 bytes).
+        gathered = 4 * seq_len * micro_batch * shape.d_model / tp * (1 - 1 / cp)
+
         def per_layer(ck: str) -> float:
-            return activation_bytes_per_layer(seq_len, micro_batch, shape.d_model, shape.n_heads, tp, sequence_parallel, ck, attention)  # type: ignore[arg-type]
+            own = activation_bytes_per_layer(seq_len // cp, micro_batch, shape.d_model, shape.n_heads, tp, sequence_parallel, ck, attention)  # type: ignore[arg-type]
+            return own + (gathered if ck != "full" else 0.0)
 
         activations = per_layer(checkpointing) * -(-shape.n_layers // pp) * in_flight  # the stage with the most layers
         if checkpointing == "full":
@@ -211,10 +235,11 @@ def plan_memory(
         warnings.append(f"ZeRO-{zero} with pp = {pp}: kiln's FSDP2 keeps a pipeline stage's weights and gradients whole until the step's last micro-batch (ZeRO-1's memory); plan --zero 1 with pp > 1")
     return {
         "params": shape.params,
-        "gpus": dp * tp * pp,
+        "gpus": dp * tp * pp * cp,
         "dp": dp,
         "tp": tp,
         "pp": pp,
+        "cp": cp,
         "zero": zero,
         "precision": precision,
         "micro_batch": micro_batch,
@@ -238,15 +263,16 @@ def plan_memory(
 
 
 def format_memory(r: dict[str, Any]) -> str:
+    context = f" cp={r['cp']}" if r["cp"] > 1 else ""
     rows = [
         ("parameters", count(r["params"])),
-        ("layout", f"dp={r['dp']} tp={r['tp']} pp={r['pp']} ({r['gpus']} GPU{'s' if r['gpus'] != 1 else ''}), ZeRO stage {r['zero']}, {r['precision']}"),
+        ("layout", f"dp={r['dp']} tp={r['tp']} pp={r['pp']}{context} ({r['gpus']} GPU{'s' if r['gpus'] != 1 else ''}), ZeRO stage {r['zero']}, {r['precision']}"),
         ("parameters per GPU (after tp, pp)", count(r["params_per_gpu"])),
         ("weights (GB per GPU)", fixed(r["weights_gb"])),
         ("gradients (GB per GPU)", fixed(r["grads_gb"])),
         ("optimizer states (GB per GPU)", fixed(r["optimizer_gb"])),
         ("model states (GB per GPU)", fixed(r["model_states_gb"])),
-        ("activations (GB per GPU)", "n/a (give --preset or --layers, --hidden, --heads)" if r["activations_gb"] is None else f"{fixed(r['activations_gb'])} (micro-batch {r['micro_batch']} x {r['seq_len']} tokens, checkpointing {r['activation_checkpointing']}, {r['attention']} attention)"),
+        ("activations (GB per GPU)", "n/a (give --preset or --layers, --hidden, --heads)" if r["activations_gb"] is None else f"{fixed(r['activations_gb'])} (micro-batch {r['micro_batch']} x {r['seq_len'] // r['cp']} tokens, checkpointing {r['activation_checkpointing']}, {r['attention']} attention)"),
         ("total (GB per GPU)", fixed(r["total_gb"])),
         ("fits", f"{'yes' if r['fits'] else 'no'} ({fixed(r['usable_gb'])} GB usable of {r['gpu_memory_gb']:g} GB per GPU)"),
     ]

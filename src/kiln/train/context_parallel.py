@@ -15,16 +15,18 @@ Why not ring attention: PyTorch 2.13's context-parallel API (torch.distributed.t
 runs its ring only through the CUDA SDPA kernels (flash, memory-efficient, cuDNN) and only with
 is_causal or no mask, and its flex-attention path gathers keys and values as kiln does. kiln's
 rules also mask documents and prefixes, and its ranks may be CPUs, so kiln gathers (as Llama 3
-was trained): every rank holds the whole window's keys and values of one layer at a time (K heads,
-few with grouped-query attention). Every rule is supported: causal, full (MLM), prefix-LM, each
+was trained): each layer keeps the whole window's keys and values it gathered for backward,
+unless it is recomputed (K heads, few with grouped-query attention). Every rule is supported: causal, full (MLM), prefix-LM, each
 with or without document masking; also RoPE positions restarting per document, and the
 sequence-length schedule (every length must split into 2 x cp chunks).
 The loss is each rank's positions' share of the step's kept-token sum; FSDP2 shards the weights
 over dp_shard x cp and averages gradients over those ranks (kiln.train.distributed,
 `Ranks.grad_scale`), so the group's gradients are summed as data ranks' are.
 Shape legend: B rows, T window positions, Q this rank's positions (T / cp), K key/value heads, E head dim.
-Not handled here: pipeline stages or sequence parallelism with cp (refused, with the reason);
-evaluation, which scores whole windows on every rank.
+With tensor parallelism each rank's positions go through the tp plan as a whole window would
+(sequence parallelism splits them further over tp; each rank's share must divide by tp).
+Not handled here: pipeline stages with cp (refused, with the reason); evaluation, which scores
+whole windows on every rank.
 """
 
 from __future__ import annotations
@@ -40,13 +42,15 @@ from kiln.model.batch import Batch
 from kiln.train.loss import Loss
 
 
-def check_context_parallel(cp: int, lengths: list[int], pp: int, sequence_parallel: bool) -> None:
-    """A ConfigError, with the reason, for training that cp ranks cannot split."""
+def check_context_parallel(cp: int, lengths: list[int], pp: int, sequence_parallel_tp: int = 1) -> None:
+    """A ConfigError, with the reason, for training that cp ranks cannot split.
+
+    sequence_parallel_tp: the tensor-parallel degree sequence parallelism splits each rank's
+    positions over (1 without it)."""
     problems = [f"train.seq_len (and seq_len_schedule) {n} is not a multiple of 2 x parallel.cp ({2 * cp}): each rank holds two of 2 x cp equal chunks of every window" for n in lengths if n % (2 * cp)]
+    problems += [f"train.seq_len (and seq_len_schedule) {n}: each rank's {n // cp} positions are not a multiple of parallel.tp ({sequence_parallel_tp}), which sequence parallelism splits them over" for n in lengths if n % (2 * cp) == 0 and (n // cp) % sequence_parallel_tp]
     if pp > 1:
         problems.append(f"parallel.pp={pp}: pipeline stages pass fixed-shape hidden states and carry no attention mask between them; use cp with pp = 1")
-    if sequence_parallel:
-        problems.append("parallel.sequence_parallel: it splits positions over the tensor-parallel ranks as cp splits them over its group; use one of the two")
     if problems:
         raise ConfigError(f"parallel.cp={cp} cannot split this training: " + "; ".join(problems))
 

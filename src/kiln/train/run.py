@@ -217,7 +217,7 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
     if ranks.tp > 1 and parallel.sequence_parallel:
         check_sequence_parallel(ranks.tp, lengths, cfg.probe_every)
     if ranks.cp > 1:
-        check_context_parallel(ranks.cp, lengths, ranks.pp, parallel.sequence_parallel and ranks.tp > 1)
+        check_context_parallel(ranks.cp, lengths, ranks.pp, ranks.tp if parallel.sequence_parallel else 1)
     check_pipeline(model_cfg, ranks.pp, parallel.pp_layers, {o: cfg.masks_documents(o) for o in cfg.objectives}, parallel.sequence_parallel and ranks.tp > 1, parallel.pp_schedule, parallel.pp_stages_per_rank)
     stage = None
     if ranks.is_main:  # inputs are hashed and checked once, here
