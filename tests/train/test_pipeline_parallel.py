@@ -79,6 +79,15 @@ def test_what_a_pipeline_cannot_take_is_refused_with_the_reason() -> None:
         check_pipeline(untied, 2, [2, 2], {"clm": False}, schedule="interleaved_1f1b", per_rank=2)
 
 
+def test_micro_batch_counts_worked_by_hand() -> None:
+    assert micro_batch_count(16, 4, 2, "1f1b") == (4, "1f1b")  # 4 of the largest size given
+    assert micro_batch_count(2, 2, 4, "1f1b") == (2, "gpipe")  # fewer rows than stages: one each
+    assert micro_batch_count(2, 2, 4, "interleaved_1f1b") == (2, "interleaved_1f1b")  # one round of 2
+    assert micro_batch_count(10, 2, 4, "interleaved_1f1b") == (5, "interleaved_1f1b")  # 5 is 1 round of 4 and 1 over, allowed
+    assert micro_batch_count(10, 2, 2, "interleaved_1f1b") == (10, "interleaved_1f1b")  # 5 would be 2 rounds and 1 over: 10 make 5 rounds of 2
+    assert micro_batch_count(5, 1, 2, "interleaved_1f1b") == (5, "looped_bfs")  # 5 micro-batches of 1 make no whole rounds of 2
+
+
 @settings(max_examples=200, deadline=None)
 @given(rows=st.integers(1, 48), largest=st.integers(1, 16), pp=st.integers(2, 4), kind=st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b"]))
 def test_a_step_splits_into_equal_micro_batches_each_schedule_takes(rows: int, largest: int, pp: int, kind: str) -> None:
@@ -88,7 +97,8 @@ def test_a_step_splits_into_equal_micro_batches_each_schedule_takes(rows: int, l
     fits = [d for d in range(1, rows + 1) if rows % d == 0 and rows // d <= largest]
     if kind == "interleaved_1f1b":
         takes = [d for d in fits if d % max(1, d // pp) == 0]  # a whole number of rounds of micro-batches
-        assert (runs, m) == ((kind, min([d for d in takes if d >= pp] or takes)) if takes else ("looped_bfs", min(fits)))
+        full = [d for d in takes if d >= pp]  # else one round of fewer than pp, as many as fit
+        assert (runs, m) == ((kind, min(full) if full else max(takes)) if takes else ("looped_bfs", min(fits)))
     else:
         assert (runs, m) == ((kind, min(d for d in fits if d >= pp)) if max(fits) >= pp else ("gpipe", rows))
 

@@ -223,6 +223,12 @@ class Transformer(nn.Module):
             sdpa_kwargs = cache.begin(T, idx_BT.device, valid_BT)
         embeds = self.embed is not None if layers is None else layers.start == 0
         x_BTD = self.embed(idx_BT) if embeds else idx_BT  # a later pipeline stage is given hidden states
+        if cache is None and (mask := sdpa_kwargs.get("attn_mask")) is not None:
+            # SDPA makes a boolean mask additive on every call and saves that copy for backward: one per
+            # layer. Made additive once, in the dtype the projections compute in, every layer shares it.
+            device = x_BTD.device.type
+            dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x_BTD.dtype
+            sdpa_kwargs = {**sdpa_kwargs, "attn_mask": torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))}
         keys = [key for key in self.blocks if layers is None or int(key) in layers]
         for key in keys:
             # Training calls a block with exactly these four arguments (what compile and activation checkpointing see).

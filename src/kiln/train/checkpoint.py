@@ -55,7 +55,7 @@ def gather_stages(model_state: dict[str, Any], optimizer_state: dict[str, Any], 
     theirs; the other pipelines hold copies and send nothing). Empty elsewhere."""
     import torch.distributed as dist
 
-    if any(ranks.mesh.get_local_rank(dim) for dim in ("dp_replicate", "dp_shard", "tp")):
+    if any(ranks.mesh.get_local_rank(dim) for dim in ("dp_replicate", "dp_shard", "cp", "tp")):
         return {}, {}
     group = ranks.stage_group
     parts: list[Any] = [None] * ranks.pp if ranks.is_main else []

@@ -1,5 +1,6 @@
-"""Pipeline parallelism with `torch.distributed.pipelining`: the layer stack split into stages, one
-per rank of the mesh's "pp" dimension, and a schedule that runs a step's micro-batches through them.
+"""Pipeline parallelism with `torch.distributed.pipelining`: the layer stack split into stages over
+the ranks of the mesh's "pp" dimension (one each, or several interleaved), and a schedule that runs
+a step's micro-batches through them.
 
 Stages are balanced by parameter count: the blocks are all alike, the first stage also holds the
 embedding and the last the final norm and output layer, and the split of the layers into
@@ -139,12 +140,14 @@ def micro_batch_count(rows: int, largest: int, pp: int, kind: str) -> tuple[int,
     The fewest that keep each within the largest micro-batch given and number at least pp (fewer
     leave a stage nothing to do, and 1F1B refuses them); interleaved 1F1B also needs them to be a
     multiple of their rounds (m // pp). Where the rows allow no such count (a short batch-size
-    warmup step), one row each through GPipe, or the fewest that fit through looped BFS (GPipe's
-    order over several stages per rank)."""
+    warmup step): one row each, through GPipe, or interleaved in one round of fewer than pp; and
+    where interleaving can make no whole rounds at all, the fewest that fit through looped BFS
+    (GPipe's order over several stages per rank)."""
     fits = [d for d in range(1, rows + 1) if rows % d == 0 and d >= -(-rows // largest)]
     if kind == "interleaved_1f1b":
         turns = [d for d in fits if d % max(1, d // pp) == 0]
-        return (min([d for d in turns if d >= pp] or turns), kind) if turns else (fits[0], "looped_bfs")
+        full = [d for d in turns if d >= pp]
+        return (min(full) if full else max(turns), kind) if turns else (fits[0], "looped_bfs")
     m = min(d for d in fits if d >= pp or d == rows)
     return m, kind if m >= pp else "gpipe"
 
@@ -224,8 +227,8 @@ class Pipeline:
 
     def step(self, micro_batches: list[Batch], step_tokens: int) -> tuple[Loss | None, list[float]]:
         """Forward and backward of the step's rows through the pipeline; the last stage's per-row
-        losses (None on the other stages) and each stage's idle share of the pipeline's span (a
-        collective). The stage that idles least is the slowest; its idle share is the bubble
+        losses (None on the other ranks) and each rank's idle share of the pipeline's span (a
+        collective). The rank that idles least is the slowest; its idle share is the bubble
         proper, what the schedule leaves empty while the pipeline fills and drains. The others
         also wait on it.
 
