@@ -123,7 +123,10 @@ def test_first_run_is_quick(demo: dict[str, Any]) -> None:
 
 
 def test_second_demo_skips_every_stage(demo: dict[str, Any]) -> None:
-    done, seconds = kiln_demo(demo["runs_dir"])
+    # Nothing is redone: every manifest is byte for byte the first run's. (It used to assert a
+    # wall-clock bound too, half the first run's time; on a shared 2-core host the skipping run's
+    # imports and input hashing took 5-8 s against 13-18 s, and the bound failed a CI run.)
+    done, _ = kiln_demo(demo["runs_dir"])
     run_dir = demo["run_dir"]
     for stage in STAGES:
         again = json.loads((run_dir / stage / "manifest.json").read_text())
@@ -131,7 +134,6 @@ def test_second_demo_skips_every_stage(demo: dict[str, Any]) -> None:
     assert "up to date" in done.stderr
     assert json.loads((run_dir / "summary.json").read_text()) == demo["summary"]
     assert done.stdout == demo["stdout"]
-    assert seconds < max(0.5 * demo["seconds"], 5.0)  # measured 2 s against 10 s
 
 
 def test_capped_sources_keep_about_val_fraction_for_validation(demo: dict[str, Any]) -> None:
