@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from kiln.model.config import ModelConfig
 from kiln.pipeline import layout_memory
@@ -127,6 +129,14 @@ def launch(tokenized_run: Path, root: Path, nproc: int, *overrides: str, micro: 
     finally:
         torch.set_num_threads(threads)
     return step_records(root / "runs")
+
+
+def assert_same_weights(root: Path, reference: Path, atol: float = 1e-4) -> None:
+    """The final checkpoints of the runs under root and reference (each holding runs/run) have the
+    same tensors, within 1e-3 relative and atol absolute."""
+    ours, theirs = (load_file(r / "runs" / "run" / "train" / "checkpoint" / "model.safetensors") for r in (root, reference))
+    assert ours.keys() == theirs.keys()
+    assert all(torch.allclose(ours[k], theirs[k], rtol=1e-3, atol=atol) for k in ours), [k for k in ours if not torch.allclose(ours[k], theirs[k], rtol=1e-3, atol=atol)]
 
 
 def assert_same_losses(got: list[dict[str, Any]], want: list[dict[str, Any]], steps: int = STEPS) -> None:

@@ -17,9 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from launches import ENV, STEPS, assert_same_losses, command, copy_run, free_port, kill_after, launch, nodes_command, run, run_nodes, step_records, write_recipe
-from safetensors.torch import load_file
+from launches import ENV, STEPS, assert_same_losses, assert_same_weights, command, copy_run, free_port, kill_after, launch, nodes_command, run, run_nodes, step_records, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -45,10 +43,7 @@ def test_two_processes_match_one_with_the_same_global_batch(layout: str, overrid
         two = step_records(tmp_path / "runs")
     assert_same_losses(two, one)
     # One writer, the same consolidated checkpoint format whatever the layout.
-    ours = load_file(tmp_path / "runs" / "run" / "train" / "checkpoint" / "model.safetensors")
-    theirs = load_file(one_root / "runs" / "run" / "train" / "checkpoint" / "model.safetensors")
-    assert ours.keys() == theirs.keys()
-    assert all(torch.allclose(ours[k], theirs[k], rtol=1e-3, atol=1e-5) for k in ours), layout
+    assert_same_weights(tmp_path, one_root, atol=1e-5)
     manifest = json.loads((tmp_path / "runs" / "run" / "train" / "manifest.json").read_text())
     assert manifest["counts"]["processes"] == 2
 

@@ -13,11 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from launches import assert_same_losses, assert_states_as_planned, command, copy_run, kill_after, launch, run, step_records, write_recipe
-from safetensors.torch import load_file
+from launches import assert_same_losses, assert_same_weights, assert_states_as_planned, command, copy_run, kill_after, launch, run, step_records, write_recipe
 
 from kiln.core.errors import ConfigError
 from kiln.model.config import ModelConfig, count_params
@@ -121,9 +119,7 @@ def test_two_stages_with_gpipe_match_one_process_and_idle_as_the_schedule_says(s
     # cores, whose preemptions read as idle time. The bound holds both and no schedule without a
     # bubble (0) or with stages run one after another (0.5).
     assert 0.1 < bubble[len(bubble) // 2] < 0.45, bubble
-    ours = load_file(tmp_path / "runs" / "run" / "train" / "checkpoint" / "model.safetensors")
-    theirs = load_file(one_root / "runs" / "run" / "train" / "checkpoint" / "model.safetensors")
-    assert ours.keys() == theirs.keys() and all(torch.allclose(ours[k], theirs[k], rtol=1e-3, atol=1e-4) for k in ours)  # both stages' weights, gathered
+    assert_same_weights(tmp_path, one_root)  # both stages' weights, gathered
     manifest = json.loads((tmp_path / "runs" / "run" / "train" / "manifest.json").read_text())
     assert manifest["counts"]["parallel"]["pp"] == 2
     assert_states_as_planned(manifest, 0.02)  # the stages are balanced to within one layer's norms
@@ -165,7 +161,5 @@ def test_a_state_resumes_across_pipeline_context_and_tensor_parallel_layouts(sin
     assert 6 <= int(done.stderr.split("resuming after step ")[1].split()[0]) < STEPS  # a state the cp group wrote
     assert "mesh pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 2 over 4 processes" in done.stderr
     assert_same_losses(step_records(runs_dir), one, STEPS)
-    ours = load_file(runs_dir / "run" / "train" / "checkpoint" / "model.safetensors")
-    theirs = load_file(one_root / "runs" / "run" / "train" / "checkpoint" / "model.safetensors")
-    assert ours.keys() == theirs.keys() and all(torch.allclose(ours[k], theirs[k], rtol=1e-3, atol=1e-4) for k in ours)
+    assert_same_weights(tmp_path, one_root)
     assert_states_as_planned(json.loads((runs_dir / "run" / "train" / "manifest.json").read_text()), 0.01)

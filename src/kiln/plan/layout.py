@@ -200,7 +200,7 @@ def planner_layout(degrees: dict[str, int], reshard_after_forward: bool) -> dict
 def recipe_keys(r: dict[str, Any], seq_len: int) -> dict[str, Any]:
     """How kiln runs a layout: the `parallel` and `train` keys (`kiln train --set KEY=VALUE`)."""
     sharded = r["zero"] >= 2 or (r["zero"] == 1 and r["pp"] > 1)  # FSDP2 over a stage's data ranks is ZeRO-1
-    keys: dict[str, Any] = {"parallel.pp": r["pp"], "parallel.dp_replicate": 1 if sharded else r["dp"], "parallel.dp_shard": r["dp"] if sharded else 1, "parallel.cp": r.get("cp", 1), "parallel.tp": r["tp"]}
+    keys: dict[str, Any] = {"parallel.pp": r["pp"], "parallel.dp_replicate": 1 if sharded else r["dp"], "parallel.dp_shard": r["dp"] if sharded else 1, "parallel.cp": r["cp"], "parallel.tp": r["tp"]}
     if r["zero"] >= 2:
         keys["parallel.reshard_after_forward"] = r["zero"] == 3
     if r["tp"] > 1:

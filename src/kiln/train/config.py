@@ -109,7 +109,7 @@ class TrainConfig(Section):
         if isinstance(self.objective, dict) and not any(w > 0 for w in self.objective.values()):
             raise ValueError(f"objective weights {self.objective} give no objective a positive weight")
         if "span_corruption" in self.objectives:
-            for length in sorted({self.seq_len, *(p.seq_len for p in self.seq_len_schedule or [])}):
+            for length in self.seq_lens:
                 try:
                     span_plan(length, self.span_corruption)
                 except ValueError as e:
@@ -134,6 +134,11 @@ class TrainConfig(Section):
     def geometry(self, step: int) -> StepGeometry:
         """Sequence length, rows and RoPE base of optimizer step `step` (1-based)."""
         return step_geometry(step, self.steps, self.seq_len, self.micro_batch_size, self.tokens_per_step, self.data_ranks, self.seq_len_schedule, self.batch_warmup)
+
+    @property
+    def seq_lens(self) -> list[int]:
+        """Every row length training uses: seq_len and the seq_len_schedule phases', ascending."""
+        return sorted({self.seq_len, *(p.seq_len for p in self.seq_len_schedule or [])})
 
     @property
     def objectives(self) -> dict[str, float]:

@@ -38,7 +38,6 @@ from kiln.core.ranks import world_size
 log = logging.getLogger("kiln.train")
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
 class ParallelConfig(Section):

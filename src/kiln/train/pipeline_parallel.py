@@ -204,11 +204,9 @@ class Pipeline:
             for stage in stages:
                 self.time(stage)
             # The loss is each micro-batch's share of the step already: no rescaling by the schedule.
-            kwargs: dict[str, Any] = {"loss_fn": lambda value, _target: value, "scale_grads": False}
-            if kind in ("interleaved_1f1b", "looped_bfs"):
-                self.built[key] = {"interleaved_1f1b": ScheduleInterleaved1F1B, "looped_bfs": ScheduleLoopedBFS}[kind](stages, micro_batches, **kwargs)
-            else:
-                self.built[key] = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[kind](stages[0], micro_batches, **kwargs)
+            schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B, "looped_bfs": ScheduleLoopedBFS}[kind]
+            several = kind in ("interleaved_1f1b", "looped_bfs")  # these take a list of the rank's stages
+            self.built[key] = schedule(stages if several else stages[0], micro_batches, loss_fn=lambda value, _target: value, scale_grads=False)
         return self.built[key]
 
     def time(self, stage: Any) -> None:
@@ -255,10 +253,10 @@ class Pipeline:
         every = [torch.zeros(2, device=self.ranks.device) for _ in range(self.ranks.pp)]
         dist.all_gather(every, timing, group=self.group)
         span = max(float(t[1]) for t in every)
-        idle_by_stage = [1 - float(t[0]) / max(span, 1e-9) for t in every]
+        idle_by_rank = [1 - float(t[0]) / max(span, 1e-9) for t in every]
         if not self.last:
-            return None, idle_by_stage
-        return Loss(torch.zeros(()), torch.cat([m for m, _ in self.row_stats]), torch.cat([t for _, t in self.row_stats])), idle_by_stage
+            return None, idle_by_rank
+        return Loss(torch.zeros(()), torch.cat([m for m, _ in self.row_stats]), torch.cat([t for _, t in self.row_stats])), idle_by_rank
 
 
 class StageLayers(nn.Module):

@@ -213,11 +213,10 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
     if cfg.optim.name == "muon" and split:
         raise ConfigError(f"train.optim.name=muon orthogonalises whole matrices, and parallel ({ranks.describe()}) splits them over ranks; use DDP (parallel.dp_replicate={ranks.world}, parallel.dp_shard=1, parallel.tp=1, parallel.pp=1, parallel.cp=1) or adamw")
     check_tensor_parallel(model_cfg, ranks.tp)
-    lengths = sorted({cfg.seq_len, *(p.seq_len for p in cfg.seq_len_schedule or [])})
     if ranks.tp > 1 and parallel.sequence_parallel:
-        check_sequence_parallel(ranks.tp, lengths, cfg.probe_every)
+        check_sequence_parallel(ranks.tp, cfg.seq_lens, cfg.probe_every)
     if ranks.cp > 1:
-        check_context_parallel(ranks.cp, lengths, ranks.pp, ranks.tp if parallel.sequence_parallel else 1)
+        check_context_parallel(ranks.cp, cfg.seq_lens, ranks.pp, ranks.tp if parallel.sequence_parallel else 1)
     check_pipeline(model_cfg, ranks.pp, parallel.pp_layers, {o: cfg.masks_documents(o) for o in cfg.objectives}, parallel.sequence_parallel and ranks.tp > 1, parallel.pp_schedule, parallel.pp_stages_per_rank)
     stage = None
     if ranks.is_main:  # inputs are hashed and checked once, here
