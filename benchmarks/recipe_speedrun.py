@@ -5,7 +5,7 @@ biases, GELU MLP of 4 x d_model, multi-head attention through SDPA with is_causa
 linear, input and output embeddings tied), GPT-2's init (std 0.02, residual projections scaled by
 1/sqrt(2 x layers), position table std 0.01), AdamW (betas 0.9/0.95, eps 1e-8, weight decay 0.1
 on every 2-D tensor, none on biases and LayerNorm gains), the recipe's warmup + cosine to 10%
-(kiln.train.schedule.lr_at with the recipe's warmup_steps, whatever kiln's own schedule), global-norm clip
+(kiln.train.schedule.lr_at with the recipe's warmup in steps, whatever kiln's own schedule), global-norm clip
 1.0, fp32, for `--steps` steps (default: the recipe's, 450 of 16 x 256 tokens on the demo).
 Its width is chosen so its parameter count is within 2% of kiln's model at the same depth and
 heads (demo: d_model 248, 5,060,688 against kiln's 5,049,088). Parameters are counted as
@@ -175,11 +175,10 @@ def train_baseline(recipe: Recipe, run_dir: Path, cfg: GPT2Config, lr: float, st
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95), eps=1e-8)
-    schedule = train_cfg.schedule
     started = time.perf_counter()
     model.train()
     for step in range(1, steps + 1):
-        lr_now = lr_at(step, lr, schedule.warmup_steps, steps, BASELINE_MIN_LR_RATIO, "cosine")
+        lr_now = lr_at(step, lr, recipe.train.warmup_steps, steps, BASELINE_MIN_LR_RATIO, "cosine")
         for group in optimizer.param_groups:
             group["lr"] = lr_now
         shape = train_cfg.geometry(step)
@@ -334,7 +333,8 @@ def main() -> None:
                 print(f"   reached {target:.4f} at step {found[optim]:.1f} (between evaluations at {bracket[0]} and {bracket[1]}): {found[optim] / steps:.3f} of the baseline's steps")
             print(f"   sized to {sized_steps} steps ({GOAL_RATIO:.0%} of the baseline's)", flush=True)
             copy_run(args.run, runs_dir, f"{optim}-sized")
-            sized_settings = [*settings[1:], f"train.steps={sized_steps}"]  # validation at the end only
+            # Validation at the end only; the warmup stays the recipe's in steps (not a share of the fewer steps).
+            sized_settings = [*settings[1:], f"train.steps={sized_steps}", f"train.schedule.warmup_steps={recipe.train.warmup_steps}", "train.schedule.warmup_fraction=null"]
             sized[optim] = run_kiln(args.recipe, runs_dir, f"{optim}-sized", sized_settings, float("-inf"))[-1][1]
             print(f"   final validation loss {sized[optim]:.4f} after {sized_steps} steps against the baseline's {target:.4f} after {steps}: "
                   f"{'reached' if sized[optim] <= target else 'not reached'}", flush=True)

@@ -106,7 +106,7 @@ def benchmark_config(cfg: TrainConfig, steps: int) -> TrainConfig:
         "steps": steps,
         "eval_at_start": False,
         "eval_every": None,
-        "schedule": cfg.schedule.model_copy(update={"warmup_steps": 1}),
+        "schedule": cfg.schedule.model_copy(update={"warmup_steps": 1, "warmup_fraction": None}),
         "checkpoint": cfg.checkpoint.model_copy(update={"every": None}),
     })
 
@@ -243,7 +243,7 @@ def measure_reference(model: nn.Module, logits_of: Callable[[torch.Tensor], torc
             synchronize(device)
             t0 = time.perf_counter()
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg.optim.lr, s.warmup_steps, cfg.steps, s.min_lr_ratio, s.kind, s.decay_fraction)
+            group["lr"] = lr_at(step, cfg.optim.lr, cfg.warmup_steps, cfg.steps, s.min_lr_ratio, s.kind, s.decay_fraction)
         step_loss = torch.zeros((), device=device)
         for ids_BT, targets_BT in micro_batches:
             ids_BT, targets_BT = ids_BT.to(device, non_blocking=True), targets_BT.to(device, non_blocking=True)

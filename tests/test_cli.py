@@ -112,9 +112,9 @@ def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_plan_follows_overrides(capsys: pytest.CaptureFixture[str]) -> None:
-    _, out, _ = run_main(["plan", "--json", "--set", "model.d_model=512", "--set", "train.steps=10", "--set", "train.schedule.warmup_steps=2"], capsys)
+    _, out, _ = run_main(["plan", "--json", "--set", "model.d_model=512", "--set", "train.steps=10", "--set", "train.schedule.warmup_fraction=0.2"], capsys)
     plan = json.loads(out)
-    recipe = load_recipe("demo", ["model.d_model=512", "train.steps=10", "train.schedule.warmup_steps=2"])
+    recipe = load_recipe("demo", ["model.d_model=512", "train.steps=10", "train.schedule.warmup_fraction=0.2"])
     assert plan == plan_training(recipe.model, recipe.train.seq_len, recipe.train.steps * recipe.train.tokens_per_step, recipe.tokenizer.vocab_size)
     assert plan["tokens"] == 10 * recipe.train.tokens_per_step == 10 * recipe.train.global_batch_tokens
     assert plan["params"] > json.loads(run_main(["plan", "--json"], capsys)[1])["params"]

@@ -180,7 +180,7 @@ def test_continued_pretraining_starts_from_the_demo_model_replays_its_data_and_r
     # weights, a quarter of the rows replayed from its sources.
     runs_dir, base = demo["runs_dir"], demo["run_dir"]
     overrides = [o for o in OVERRIDES if not o.startswith(("curate.", "tokenizer."))] + [
-        "curate.max_total_mb=1", f"tokenizer.from_run={base}", f"train.init_from={base / 'train' / 'checkpoint'}", f"mix.replay.run={base}", "train.steps=30", "train.schedule.warmup_steps=3",
+        "curate.max_total_mb=1", f"tokenizer.from_run={base}", f"train.init_from={base / 'train' / 'checkpoint'}", f"mix.replay.run={base}", "train.steps=30", "train.schedule.warmup_fraction=0.1",
     ]
     done, _ = kiln_demo(runs_dir, "continued", overrides)
     run_dir = runs_dir / "continued"
@@ -212,7 +212,7 @@ def test_the_exported_demo_imports_back_scores_a_file_and_continues_pretraining(
     assert set(scored["sources"]) == {"json_module"} and scored["all"]["loss"] < 6.0  # the trained model knows Python: below ln 512
     # Continued pretraining from the imported run, with its tokenizer and checkpoint.
     overrides = [o for o in OVERRIDES if not o.startswith(("curate.", "tokenizer."))] + [
-        "name=from_import", "curate.max_total_mb=1", f"tokenizer.from_run={imported}", f"train.init_from={imported / 'train' / 'checkpoint'}", "mix.replay=null", "train.steps=20", "train.schedule.warmup_steps=2",
+        "name=from_import", "curate.max_total_mb=1", f"tokenizer.from_run={imported}", f"train.init_from={imported / 'train' / 'checkpoint'}", "mix.replay=null", "train.steps=20", "train.schedule.warmup_fraction=0.1",
     ]
     kiln_demo(runs_dir, "continued", overrides)
     change = json.loads((runs_dir / "from_import" / "train" / "manifest.json").read_text())["counts"]["val_change"]

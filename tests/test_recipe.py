@@ -209,8 +209,22 @@ def test_out_of_range_value_names_path_and_rule(override, path, rule):
 
 
 def test_section_validator_error_names_section():
-    message = load_error("demo", ["train.steps=300", "train.schedule.warmup_steps=300"])
+    message = load_error("demo", ["train.steps=300", "train.schedule.warmup_fraction=null", "train.schedule.warmup_steps=300"])
     assert "train: schedule.warmup_steps (300) must be below steps (300)" in message
+
+
+def test_shipped_recipes_warm_up_over_a_share_of_any_step_count():
+    # `--set train.steps=40` on the demo stopped at "warmup_steps (40) must be below steps (40)".
+    assert load_recipe("demo").train.warmup_steps == 40  # its 450 steps keep their 40 warmup steps
+    assert load_recipe("demo", ["train.steps=40"]).train.warmup_steps == 4
+    for name in ("continued", "curriculum", "fim-code", "span-corruption"):
+        cfg = load_recipe(name).train
+        assert cfg.warmup_steps == cfg.steps // 10, name  # what their warmup_steps were
+        assert load_recipe(name, ["train.steps=20"]).train.warmup_steps == 2, name
+    # An absolute warmup on top of the recipe's fraction says which one to drop.
+    message = load_error("demo", ["train.schedule.warmup_steps=5"])
+    assert "train.schedule: warmup_steps (5) and warmup_fraction (0.089) are both set; keep one" in message
+    assert "--set train.schedule.warmup_fraction=null" in message
 
 
 def test_old_train_keys_name_their_new_home():

@@ -89,7 +89,7 @@ def plan_sweep(recipe: str, overrides: list[str], sizes: list[tuple[int, int]], 
         for s in steps:
             point_overrides = (
                 f"model.d_model={d}", f"model.n_layers={layers}", f"model.n_heads={heads}", f"model.n_kv_heads={heads}",
-                f"train.steps={s}", f"train.schedule.warmup_steps={max(1, s // 10)}", "train.eval_at_start=false",
+                f"train.steps={s}", f"train.schedule.warmup_steps={max(1, s // 10)}", "train.schedule.warmup_fraction=null", "train.eval_at_start=false",
             )
             r = load_recipe(recipe, [*overrides, *point_overrides])  # validates the point before any work
             cfg = r.model.resolved(vocab)

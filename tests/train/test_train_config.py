@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from kiln.core.manifest import config_hash
+from kiln.core.manifest import config_hash, hashed_settings
 from kiln.train.config import TrainConfig
 
 
@@ -28,6 +28,44 @@ def test_warmup_must_be_below_steps() -> None:
     with pytest.raises(ValidationError, match=r"schedule.warmup_steps \(10\) must be below steps \(10\)"):
         TrainConfig(steps=10, schedule={"warmup_steps": 10})
     assert TrainConfig(steps=10, schedule={"warmup_steps": 9}).schedule.warmup_steps == 9
+
+
+@pytest.mark.parametrize(
+    ("fraction", "steps", "warmup"),
+    [
+        (0.1, 40, 4),  # the case: the share of a short run
+        (0.089, 450, 40),  # the demo recipe: 40.05 -> 40, its former warmup_steps
+        (0.29, 100, 29),  # 0.29 * 100 is 28.999... in floats: rounded, not truncated
+        (0.05, 30, 2),  # 1.5 -> 2 (nearest, halves to even)
+        (0.0, 10, 0),  # no warmup
+        (0.99, 3, 2),  # 2.97 -> 3 would leave no step after warmup: at most steps - 1
+        (0.5, 1, 0),
+    ],
+)
+def test_warmup_fraction_is_a_share_of_the_steps(fraction: float, steps: int, warmup: int) -> None:
+    cfg = TrainConfig(steps=steps, schedule={"warmup_fraction": fraction})
+    assert cfg.warmup_steps == warmup
+    assert cfg.schedule.warmup_steps is None  # the default of 30 steps gave way to the fraction
+
+
+def test_warmup_is_given_one_way() -> None:
+    with pytest.raises(ValidationError, match=r"warmup_steps \(5\) and warmup_fraction \(0.1\) are both set; keep one"):
+        TrainConfig(schedule={"warmup_steps": 5, "warmup_fraction": 0.1})
+    with pytest.raises(ValidationError, match="warmup_steps is null and warmup_fraction is not set"):
+        TrainConfig(schedule={"warmup_steps": None})
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValidationError, match="warmup_fraction"):
+            TrainConfig(schedule={"warmup_fraction": bad})
+    assert TrainConfig(steps=10, schedule={"warmup_steps": None, "warmup_fraction": 0.2}).warmup_steps == 2
+    assert TrainConfig(steps=100).warmup_steps == 30  # neither: the default in steps
+
+
+def test_warmup_fraction_left_unset_keeps_the_hash_of_earlier_runs() -> None:
+    # Unset optional keys are not hashed (kiln.core.manifest.hashed_settings): runs trained before
+    # warmup_fraction existed stay current; a fraction is a new identity even where it gives the same steps.
+    assert "warmup_fraction" not in hashed_settings({"train": TrainConfig()})["train"]["schedule"]
+    steps = config_hash({"train": TrainConfig(steps=100, schedule={"warmup_steps": 10})})
+    assert config_hash({"train": TrainConfig(steps=100, schedule={"warmup_fraction": 0.1})}) != steps
 
 
 @pytest.mark.parametrize(

@@ -152,8 +152,8 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _geometry(self) -> TrainConfig:
-        if self.schedule.warmup_steps >= self.steps:
-            raise ValueError(f"schedule.warmup_steps ({self.schedule.warmup_steps}) must be below steps ({self.steps})")
+        if self.schedule.warmup_steps is not None and self.schedule.warmup_steps >= self.steps:
+            raise ValueError(f"schedule.warmup_steps ({self.schedule.warmup_steps}) must be below steps ({self.steps}); lower it, or give schedule.warmup_fraction (a share of the steps) instead")
         per_micro_step = self.micro_batch_size * self.seq_len * self.data_ranks
         if self.global_batch_tokens is not None and self.global_batch_tokens % per_micro_step:
             raise ValueError(
@@ -162,6 +162,11 @@ class TrainConfig(Section):
                 f" {max(1, round(self.global_batch_tokens / per_micro_step)) * per_micro_step}"
             )
         return self
+
+    @property
+    def warmup_steps(self) -> int:
+        """Warmup steps of this run: schedule.warmup_steps, or schedule.warmup_fraction of steps."""
+        return self.schedule.warmup(self.steps)
 
     @property
     def grad_accum_steps(self) -> int:

@@ -353,7 +353,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                 if (theta := shape.rope_theta if shape.rope_theta is not None else model_cfg.rope_theta) != core.cfg.rope_theta:
                     core.set_rope_theta(theta)  # a long-context phase begins (or, rolled back, has not yet)
                     log.info("train: step %d: seq_len %d, RoPE base %g", step, shape.seq_len, theta)
-                lr = lr_at(step, cfg.optim.lr, cfg.schedule.warmup_steps, cfg.steps, cfg.schedule.min_lr_ratio, cfg.schedule.kind, cfg.schedule.decay_fraction) * guard.lr_scale(step)
+                lr = lr_at(step, cfg.optim.lr, cfg.warmup_steps, cfg.steps, cfg.schedule.min_lr_ratio, cfg.schedule.kind, cfg.schedule.decay_fraction) * guard.lr_scale(step)
                 for group in optimizer.param_groups:
                     group["lr"] = lr * group["lr_scale"]  # Muon's matrices have their own peak
                 # Per-source sums of per-row mean losses and row counts, kept on the device: no sync per micro-batch.

@@ -92,7 +92,7 @@ PROBE_STEPS = 4
 
 def measure_tokens_per_s(model_cfg: ModelConfig, cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], ids: TokenIds, run_dir: Path) -> float:
     """Tokens per second of a few real optimizer steps of this model and batch, in a throwaway folder."""
-    probe = cfg.model_copy(update={"steps": PROBE_STEPS, "eval_at_start": False, "schedule": cfg.schedule.model_copy(update={"warmup_steps": 1}), "checkpoint": cfg.checkpoint.model_copy(update={"every": None})})
+    probe = cfg.model_copy(update={"steps": PROBE_STEPS, "eval_at_start": False, "schedule": cfg.schedule.model_copy(update={"warmup_steps": 1, "warmup_fraction": None}), "checkpoint": cfg.checkpoint.model_copy(update={"every": None})})
     with tempfile.TemporaryDirectory() as tmp:
         train(model_cfg, probe, build_collator(make_rows(cfg.seq_len, "train"), probe, ids), ScoringConfig(max_tokens_per_source=cfg.seq_len + 1, batch_size=1), run_dir, Path(tmp))
         records = [json.loads(line) for line in (Path(tmp) / RunLayout(run_dir).metrics.name).read_text().splitlines()]

@@ -1,6 +1,7 @@
 """The `train.schedule` section and the learning rate it gives: linear warmup, then a decay to a floor.
 
-lr(step) for step = 1..steps: warmup reaches the peak (train.optim.lr) at step warmup_steps; then
+lr(step) for step = 1..steps: warmup reaches the peak (train.optim.lr) at step warmup_steps (given as a
+number, or as warmup_fraction of the steps: round(fraction x steps), at most steps - 1); then
   cosine  falls along half a cosine to min_lr_ratio * peak at the last step;
   linear  falls in a straight line to the floor at the last step;
   wsd     (warmup-stable-decay) holds the peak, then falls linearly to the floor over the last
@@ -12,18 +13,44 @@ Not handled here: per-group learning rates (kiln.train.optim scales them from th
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from kiln.core.config import Section
 
 
 class ScheduleConfig(Section):
     kind: Literal["cosine", "linear", "wsd"] = Field(default="cosine", description="Decay after warmup: cosine, linear, or wsd (constant, then a linear decay over the last decay_fraction of the steps).")
-    warmup_steps: int = Field(default=30, ge=0, description="Linear warmup steps from 0 to train.optim.lr; below train.steps.")
+    warmup_steps: int | None = Field(default=30, ge=0, description="Linear warmup steps from 0 to train.optim.lr; below train.steps. Not with warmup_fraction.")
+    warmup_fraction: float | None = Field(default=None, ge=0, lt=1, description="Warmup as a share of train.steps instead of warmup_steps: round(fraction x steps) steps, at most steps - 1, so it fits any run length.")
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="The floor the decay ends at, as a fraction of train.optim.lr.")
     decay_fraction: float = Field(default=0.2, gt=0, le=1, description="wsd: share of all steps spent decaying at the end.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_warmup(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if data.get("warmup_fraction") is None:
+            if "warmup_steps" in data and data["warmup_steps"] is None:
+                raise ValueError("warmup_steps is null and warmup_fraction is not set; give one of them, e.g. warmup_fraction: 0.1")
+            return data
+        if data.get("warmup_steps") is not None:
+            raise ValueError(
+                f"warmup_steps ({data['warmup_steps']}) and warmup_fraction ({data['warmup_fraction']}) are both set; keep one"
+                " (on the command line, --set train.schedule.warmup_fraction=null or train.schedule.warmup_steps=null drops the other)"
+            )
+        return {**data, "warmup_steps": None}  # the default of 30 steps does not apply: the fraction decides
+
+    def warmup(self, steps: int) -> int:
+        """Warmup steps of a run of `steps` steps: warmup_steps, or the fraction's share of them."""
+        if self.warmup_fraction is None:
+            assert self.warmup_steps is not None  # _one_warmup leaves one of the two
+            return self.warmup_steps
+        # Round to the nearest step (round() also absorbs float noise: 0.29 * 100 is 28.999...);
+        # at most steps - 1, so that a fraction near 1 of a short run still leaves a step after warmup.
+        return min(round(self.warmup_fraction * steps), steps - 1)
 
 
 def lr_at(step: int, peak: float, warmup_steps: int, total_steps: int, min_lr_ratio: float, kind: str = "cosine", decay_fraction: float = 0.2) -> float:
