@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from kiln.cli import main
+from kiln.cli import build_parser, main, recipe_and_overrides
 from kiln.plan.flops import plan_training
 from kiln.recipe import load_recipe
 
@@ -118,6 +120,20 @@ def test_plan_follows_overrides(capsys: pytest.CaptureFixture[str]) -> None:
     assert plan == plan_training(recipe.model, recipe.train.seq_len, recipe.train.steps * recipe.train.tokens_per_step, recipe.tokenizer.vocab_size)
     assert plan["tokens"] == 10 * recipe.train.tokens_per_step == 10 * recipe.train.global_batch_tokens
     assert plan["params"] > json.loads(run_main(["plan", "--json"], capsys)[1])["params"]
+
+
+PARSER = build_parser()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text())
+def test_generate_prompt_takes_any_text_as_it_is(text: str) -> None:
+    # `kiln generate --prompt TEXT`: quotes, `: `, a leading - or #, line breaks arrive unchanged.
+    args = PARSER.parse_args(["generate", f"--prompt={text}"])
+    assert load_recipe(*recipe_and_overrides(args)).generate.prompt == text
+    # A later --set of the same key wins, as for every flag that stands for a key.
+    args = PARSER.parse_args(["generate", "--prompt", "a", "--set", "generate.prompt=def main(argv):"])
+    assert load_recipe(*recipe_and_overrides(args)).generate.prompt == "def main(argv):"
 
 
 def test_plan_table(capsys: pytest.CaptureFixture[str]) -> None:

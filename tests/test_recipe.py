@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kiln.core.errors import ConfigError
-from kiln.recipe import RECIPES_DIR, apply_override, load_recipe, validate_recipe
+from kiln.recipe import RECIPES_DIR, apply_override, literal_override, load_recipe, validate_recipe
 from kiln.train.config import TrainConfig
 
 
@@ -127,6 +129,46 @@ def test_apply_override_on_plain_dicts():
     apply_override(data, "a.b.d={x: 1}")
     apply_override(data, "train.name=")  # empty value stays the empty string
     assert data == {"train": {"lr": 0.5, "name": ""}, "a": {"b": {"c": [1, "two", 3.0], "d": {"x": 1}}}}
+
+
+@pytest.mark.parametrize(
+    ("value", "prompt"),
+    [
+        ("def main(argv):", "def main(argv):"),  # YAML: the mapping {'def main(argv)': None}
+        ("[1, 2]", "[1, 2]"),  # a list
+        ("12", "12"), ("0x10", "0x10"), ("true", "true"), ("null", "null"),  # an int (16 in YAML), a bool, a null
+        ("x: [", "x: ["), ("- a", "- a"),  # not YAML at all; a sequence
+        ("a # b", "a # b"), (" x ", " x "), ("a\n  b", "a\n  b"),  # YAML would drop the comment, the spaces, the line break
+        ("'x'", "x"), ("'it''s'", "it's"), ('"tab\\there"', "tab\there"),  # one YAML quoted string: unquoted
+        ("'a' # note", "'a' # note"), ("'a' 'b'", "'a' 'b'"),  # more than one quoted string: the text
+    ],
+)
+def test_a_key_that_takes_text_takes_the_value_as_given(value, prompt):
+    assert load_recipe("demo", [f"generate.prompt={value}"]).generate.prompt == prompt
+
+
+def test_text_keys_keep_yaml_null_and_choices_and_other_keys_keep_yaml():
+    # A key that may be None still reads YAML's nulls; one that may not takes them as text.
+    assert load_recipe("demo", ["generate.prompt_file=null"]).generate.prompt_file is None
+    assert load_recipe("demo", ["train.init_from=~"]).train.init_from is None
+    assert load_recipe("demo", ["generate.prompt_file='null'"]).generate.prompt_file == "null"
+    assert load_recipe("demo", ["generate.prompt_file=notes.txt # a"]).generate.prompt_file == "notes.txt # a"
+    # A Literal of strings is text too, still checked against its choices (YAML 1.1 read `no` as false).
+    assert "train.precision.device: input should be 'auto', 'cpu' or 'cuda'; got 'no'" in load_error("demo", ["train.precision.device=no"])
+    assert load_recipe("demo", ["train.precision.device=cpu"]).train.precision.device == "cpu"
+    # Keys of other types read YAML as before: a number, a mapping, a union with a mapping.
+    recipe = load_recipe("demo", ["train.steps=0x10", "mix.weights={code: 2}", "train.objective={clm: 1, mlm: 1}"])
+    assert (recipe.train.steps, recipe.mix.weights, recipe.train.objective) == (16, {"code": 2.0}, {"clm": 1.0, "mlm": 1.0})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_any_text_arrives_unchanged(text):
+    # --set: any text but one written whole as a YAML quoted string (that one is unquoted);
+    # literal_override (kiln generate --prompt): any text at all.
+    if text.strip()[:1] not in ("'", '"'):
+        assert load_recipe(None, ["name=x", f"generate.prompt={text}"]).generate.prompt == text
+    assert load_recipe(None, ["name=x", literal_override("generate.prompt", text)]).generate.prompt == text
 
 
 @pytest.mark.parametrize("assignment", ["train.lr", "", "=3", "  =3"])

@@ -66,7 +66,7 @@ EPILOG = """examples:
   kiln curate --recipe recipes/demo.yaml --set curate.max_total_mb=10
   kiln quality train-classifier --recipe demo --set quality.reference_source=prose   then curate with --set curate.quality_classifier.enabled=true
   kiln train --recipe demo --set train.steps=500 --set train.optim.lr=1e-3
-  kiln generate --recipe demo --set generate.prompt='import os'
+  kiln generate --recipe demo --prompt 'def main(argv):'      any text, taken as it is (also --set generate.prompt=...)
   kiln eval --data notes.jsonl --task arc_easy.jsonl           perplexity of any file, zero-shot multiple choice
   kiln export --format hf ./my-model                          a folder transformers' Auto classes load
   kiln import-hf ./my-model --run mine                        a Hugging Face Llama with kiln's tokenizer as a run
@@ -103,7 +103,7 @@ def _show(value: object) -> str:
 
 def _common(p: argparse.ArgumentParser, force: bool = True) -> None:
     p.add_argument("--recipe", metavar="FILE|NAME", help="Recipe YAML file, or the name of one shipped in recipes/ (default: demo; for `curate --input`, every default).")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="Override one recipe value (YAML syntax), e.g. --set train.optim.lr=3e-4; repeatable.")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="Override one recipe value (YAML syntax; a key that takes text takes the value as it is, unless it is one quoted YAML string), e.g. --set train.optim.lr=3e-4; repeatable.")
     if force:
         p.add_argument("--force", action="store_true", help="Redo the stage even when its manifest says it is up to date.")
 
@@ -132,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--data", dest="data_files", action="append", default=[], metavar="PATH", help="Also score this text, JSONL or Parquet file (per file and per `source` field); repeatable; replaces eval.data.")
             p.add_argument("--task", dest="tasks", action="append", default=[], metavar="TASK.jsonl", help="Also score this multiple-choice task (JSONL: context or query, choices, label) zero-shot; repeatable; replaces eval.tasks.")
         if verb == "generate":
+            p.add_argument("--prompt", metavar="TEXT", help="Complete TEXT, taken as it is (same as --set generate.prompt=TEXT; write --prompt=TEXT for a text that starts with -).")
             p.add_argument("--prompt-file", metavar="FILE", help="Complete every prompt of FILE (JSONL with a `prompt` field, or one prompt per line) into generate/samples.jsonl (same as --set generate.prompt_file=FILE).")
         if verb == "export":
             p.add_argument("out", nargs="?", metavar="OUT", help="Also copy the folder here (same as --set export.out=OUT); an existing non-empty folder is replaced only when it holds a config.json (an earlier export), or with --force.")
@@ -196,6 +197,10 @@ def recipe_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str
         overrides.insert(0, "eval.tasks=" + json.dumps(args.tasks))
     if getattr(args, "prompt_file", None):
         overrides.insert(0, f"generate.prompt_file={json.dumps(args.prompt_file)}")
+    if getattr(args, "prompt", None) is not None:
+        from kiln.recipe import literal_override
+
+        overrides.insert(0, literal_override("generate.prompt", args.prompt))
     if getattr(args, "out", None):
         overrides.insert(0, f"export.out={json.dumps(args.out)}")
     if getattr(args, "export_format", None):

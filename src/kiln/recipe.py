@@ -9,8 +9,11 @@ Not handled here: running stages (kiln.pipeline) or writing manifests (kiln.core
 from __future__ import annotations
 
 import copy
+import math
+import types
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -77,7 +80,11 @@ def resolve_recipe_path(recipe: str) -> Path:
 
 
 def apply_override(data: dict[str, Any], assignment: str) -> None:
-    """Apply one `section.key=value` to nested dicts; the value is parsed as a YAML scalar."""
+    """Apply one `section.key=value` to nested dicts. The value is YAML, except for a key that takes
+    text (str, a Literal of strings, either or None): there it is the text as given, so that
+    `--set generate.prompt=def main(argv):` is that prompt, not a YAML mapping. Such a value written
+    whole as one YAML quoted string is unquoted (`'null'` is the text null), and a YAML null (null,
+    Null, NULL, ~) of a key that may be None is None."""
     key, sep, raw = assignment.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set {assignment!r}: expected section.key=value, e.g. --set train.optim.lr=3e-4")
@@ -88,10 +95,64 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"--set {assignment!r}: {part!r} is a value, not a section")
         node = child
+    annotation = _annotation(parts)
+    if raw.strip() and annotation is not None and _takes_text_only(annotation):
+        quoted = _quoted(raw)
+        if quoted is not None:
+            node[parts[-1]] = quoted
+        elif raw.strip() in YAML_NULLS and type(None) in typing.get_args(annotation):
+            node[parts[-1]] = None
+        else:
+            node[parts[-1]] = raw
+        return
     try:
         node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else raw
     except yaml.YAMLError as e:
         raise ConfigError(f"--set {assignment!r}: the value is not valid YAML ({e})") from None
+
+
+def literal_override(key: str, text: str) -> str:
+    """`key=value` that apply_override reads back as exactly `text`, whatever it holds (quotes,
+    `: `, a leading #, line breaks, characters YAML cannot hold raw): one escaped double-quoted string."""
+    return key + "=" + yaml.safe_dump(text, default_style='"', width=math.inf).rstrip()
+
+
+YAML_NULLS = frozenset({"null", "Null", "NULL", "~"})
+
+
+def _quoted(raw: str) -> str | None:
+    """The text a value written whole as one YAML quoted string means (`'it''s'` -> it's); None otherwise."""
+    text = raw.strip()
+    if text[:1] not in ("'", '"'):
+        return None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    # subtle: `'a' # note` is a quoted string and a comment; only a string ending where the value ends counts.
+    if isinstance(node, yaml.ScalarNode) and node.style == text[0] and node.end_mark.index == len(text):
+        return str(node.value)
+    return None
+
+
+def _annotation(parts: list[str]) -> Any:
+    """The declared type of the recipe key `parts` (e.g. generate.prompt); None for a key no section declares."""
+    model: type[BaseModel] = Recipe
+    for part in parts[:-1]:
+        field = model.model_fields.get(part)
+        inner = _model_in(field.annotation) if field is not None else None
+        if inner is None:
+            return None
+        model = inner
+    field = model.model_fields.get(parts[-1])
+    return field.annotation if field is not None else None
+
+
+def _takes_text_only(annotation: Any) -> bool:
+    """Whether every value of this type but None is text: str, a Literal of strings, a union of them (and None)."""
+    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (annotation,)
+    kinds = [typing.get_args(m)[0] if typing.get_origin(m) is typing.Annotated else m for m in members if m is not type(None)]
+    return bool(kinds) and all(k is str or (typing.get_origin(k) is Literal and all(isinstance(v, str) for v in typing.get_args(k))) for k in kinds)
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
