@@ -145,6 +145,7 @@ def build_corpus(path: Path, min_mb: float) -> tuple[int, int]:
     """Write documents of local text to `path` (JSONL) until at least `min_mb` MB; return (documents, bytes of text)."""
     docs = nbytes = 0
     tmp = path.with_suffix(".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)  # benchmarks/.cache/ on a fresh clone, whichever benchmark runs first
     with tmp.open("w", encoding="utf-8") as out:
 
         def emit(doc_id: str, source: str, text: str) -> None:
