@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +67,59 @@ def test_a_missing_ray_is_named_by_the_section_that_asked_for_it(monkeypatch: py
     monkeypatch.setattr(builtins, "__import__", no_ray)
     with pytest.raises(FatalError, match=r"^tokenize\.executor\.kind=ray needs the `ray` package"):
         build_executor(ExecutorConfig(kind="ray"), "tokenize.executor")
+
+
+# A parent that starts a local pool on two slow tasks: each worker records its pid, then keeps
+# appending to a file (as a shard task writes its output) for a minute.
+POOL_PARENT = """
+import os, sys, time
+from pathlib import Path
+from kiln.core.executors.local import LocalExecutor
+
+def write_on(folder):
+    folder = Path(folder)
+    (folder / f"{os.getpid()}.pid").touch()
+    with open(folder / f"{os.getpid()}.out", "a") as out:
+        for _ in range(1200):
+            out.write("x")
+            out.flush()
+            time.sleep(0.05)
+
+if __name__ == "__main__":
+    list(LocalExecutor(2).imap_unordered(write_on, [sys.argv[1]] * 2))
+"""
+
+
+def alive(pid: int) -> bool:
+    """Whether pid runs (a zombie, dead but not yet reaped by whoever adopted it, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads processes from /proc")
+def test_pool_workers_end_with_a_killed_parent(tmp_path: Path) -> None:
+    # kill -9 of `kiln tokenize` left its pool workers writing into tokenize.partial while the next
+    # run took the lock. SIGKILL gives the parent no chance to stop them: they must go by themselves.
+    script = tmp_path / "parent.py"
+    script.write_text(POOL_PARENT)
+    parent = subprocess.Popen([sys.executable, str(script), str(tmp_path)])
+    deadline = time.monotonic() + 60
+    while len(pids := [int(p.stem) for p in tmp_path.glob("*.pid")]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(pids) == 2, "the workers did not start"
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 5
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert not any(alive(p) for p in pids), "a worker outlived its killed parent"
+        sizes = [p.stat().st_size for p in tmp_path.glob("*.out")]
+        time.sleep(0.3)
+        assert [p.stat().st_size for p in tmp_path.glob("*.out")] == sizes  # nothing writes on
+    finally:
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
