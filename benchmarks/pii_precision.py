@@ -74,6 +74,11 @@ PHONES = [
     "phone: [[020 7946 0958]]", "Tel. [[030 901820]]", "Mobile: [[07700 900123]]", "appelez le [[01 42 68 53 00]]",
     "Handy: [[0171 1234567]]", "call [[(02) 9374 4000]]", "Ph: [[+64 9 379 1234]]", "[[+353 1 234 5678]] (Dublin)",
     "Call [[+1 (646) 555-0199]] to book.",
+    # Area codes no one is assigned (968, 987, 292, 375, 462, 538): libphonenumber calls these invalid;
+    # the phone word right before says what they are.
+    "# Contact Ann Lee, mobile [[968.909.5111]].", "Phone: [[987-654-3210]]", "tel:[[+12925550123]]", "Tel. [[(375) 909-5111]]",
+    "Mob: [[+1 462 555 0188]]", "ph: [[538.555.0147]]", "fax [[968-555-0100]] (office)", "Call me at [[1-987-555-0166]] after six",
+    "\"phone\": \"[[292-555-0139]]\"", "Cell:\n[[(968) 555-0177]]",
 ]
 IPS = [
     "Failed password for root from [[61.177.172.13]] port 22 ssh2", "client [[93.184.216.34]] connected", "X-Forwarded-For: [[81.2.69.160]]",
@@ -86,6 +91,12 @@ IPS = [
     "proxy [[195.154.122.113]] open", "login attempt from [[118.25.6.39]]", "peer [[213.180.204.3]] dropped",
     "src=[[91.198.174.192]] dst=[[208.80.154.224]]", "The attacker used [[5.188.10.176]].", "geo lookup for [[49.36.128.9]]",
     "[[2001:67c:2e8:22::c100:68b]] is our mirror", "IP address: [[202.12.27.33]]", "allow from [[130.89.148.77]];",
+    # Near the word "version", capitalized at a line's start, or in log lines with dates: still addresses.
+    "version check from [[93.184.216.34]] failed", "\"version\": \"2.1\", \"server\": \"[[151.101.1.69]]\"",
+    "__version__ = '2.1'  # served from [[185.199.108.153]]", "release notes mirror: [[130.89.148.77]]",
+    "Server [[77.88.55.60]] refused the connection", "Added [[45.33.32.156]] to the blocklist", "From [[61.177.172.13]]: GET /version",
+    "2024-10-12 10:01:02 [[118.25.6.39]] GET /update/version.json 200", "[[31.13.72.36]] - 2024-10-12 10:01:02 banned",
+    "Trying [[52.95.110.1]]...",
 ]
 cards = [
     ("4", 16), ("4", 16), ("4", 13), ("4", 19), ("51", 16), ("53", 16), ("55", 16), ("2221", 16), ("2720", 16), ("34", 15), ("37", 15),
@@ -148,6 +159,8 @@ PHONE_LOOKALIKES = [
     "(555) 123-4567", "offset +36000 s", "total: +1 234", "E = mc^2 + 10 20 30 40", "port 8080-8090", "v1.2.3-4567",
     "timestamp=1699999999999", "a = b + 0800 1234", "score 10-20-30", "0.0.0.0/0", "x += 16777216", "seed = 20240115",
     "ranges 100-200-3000", "sha1 356a192b7913b04c54574d18c28d46e6395428ab", "+44", "call 911", "order #4155552671",
+    # An unassigned area code and no phone word right before: validity decides, as without the word.
+    "ticket 968.909.5111", "968-909-5111", "(987) 654-3210 rows", "mobile build 968-909-5111", "Hotel 987-555-0123",
 ]
 IP_LOOKALIKES = [
     "Bump Standards-Version to 4.6.0.1", "Standards-Version: 4.5.0.2", "xft (2.3.2.1-7) unstable; urgency=low", "libfoo (1.2.3.4+dfsg-1) sid",
@@ -155,6 +168,10 @@ IP_LOOKALIKES = [
     "upgrade to 5.15.0.1", "Table 2.3.1.4", "firmware 4.1.1.2", "Release: 10.2.0.1", "v2.7.15.1", "1.2.3.4.5.6", "999.1.1.1",
     "private 192.168.0.10", "loopback 127.0.0.1", "169.254.1.1", "listen 0.0.0.0:80", "192.0.2.55", "198.51.100.7", "203.0.113.9",
     "2001:db8::10", "fe80::1ff:fe23:4567:890a", "::1", "12:34:56", "de:ad:be:ef:00:01", "nameserver 8.8.8.8", "10.0.0.1",
+    # Four-part versions that are public addresses: after a product's name, in a changelog heading, assigned to a version name.
+    "XFree86 4.3.0.1", "built with Python 3.11.7.1", "OpenSSL 1.2.11.4 fixes", "linux-4.3.0.1.tar.gz",
+    "Changes in 1.2.11.4 (10 August 2003)", "## 1.2.3.4 - 2020-01-01", "What's new in at-spi2-core 2.44.1.1:", "Release 2.0.1.5",
+    "__version__ = \"1.2.11.4\"", "VERSION='4.3.0.1'", "\"version\": \"1.0.0.2\"", "[assembly: AssemblyVersion(\"4.3.0.1\")]",
 ]
 CARD_LOOKALIKES = [
     luhn_complete("1", 16), luhn_complete("7", 16), luhn_complete("8", 16), luhn_complete("9", 16), luhn_complete("0", 16),

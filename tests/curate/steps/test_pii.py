@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 import time
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from kiln.core.document import Document
 from kiln.curate.audit import Ledger
-from kiln.curate.steps.pii import PIIConfig, RedactPII, luhn_valid, random_looking, ssn_valid
+from kiln.curate.steps.pii import PIIConfig, RedactPII, ip_range, luhn_valid, random_looking, ssn_valid
 
 REDACT = RedactPII(PIIConfig())
 
@@ -274,3 +275,163 @@ def test_an_ipv4_marked_as_a_version_or_section_is_never_redacted(ip: str, revis
 def test_an_identifier_assigned_to_a_secret_name_is_kept(name: str):
     text = f"password = {name}"
     assert REDACT.redact(text)[0] == text and not random_looking(name)
+
+
+# --- phone words and version contexts --------------------------------------------------------------
+# 968 is no assigned area code, so libphonenumber calls these numbers invalid; a phone word right
+# before one says it is a phone all the same. 93.184.216.34, 4.3.0.1, 1.2.11.4, ... are public
+# addresses, so only their context keeps them.
+
+PHONE_WORD_FOUND = [
+    ("# Contact Jane Doe, mobile 968.909.5111.", "# Contact Jane Doe, mobile <PHONE>."),
+    ("Phone: 968-909-5111", "Phone: <PHONE>"),
+    ("tel:+19689095111", "tel:<PHONE>"),
+    ('<a href="tel:+1-968-909-5111">', '<a href="tel:<PHONE>">'),
+    ("Tel. (968) 909-5111", "Tel. <PHONE>"),
+    ("Mob: +1 968 909 5111", "Mob: <PHONE>"),
+    ("ph: 968.909.5111", "ph: <PHONE>"),
+    ("Fax 968-909-5111", "Fax <PHONE>"),
+    ("call me at 968-909-5111 after six", "call me at <PHONE> after six"),
+    ("Cell: 1-968-909-5111", "Cell: <PHONE>"),
+    ("TELEPHONE NUMBER: (968) 909-5111", "TELEPHONE NUMBER: <PHONE>"),
+    ('"phone": "968-909-5111"', '"phone": "<PHONE>"'),
+    ("Phone:\n968-909-5111", "Phone:\n<PHONE>"),
+    ("Phone: 555-123-4567", "Phone: <PHONE>"),  # 555 is no area code either: the word decides
+    ("telephone +44 99 9999 9999", "telephone <PHONE>"),  # a possible length for +44, an unassigned range
+    ("Tel: +1 968 909 5111 (24/7 line)", "Tel: <PHONE> (24/7 line)"),
+]
+PHONE_WORD_KEPT = [
+    "968.909.5111", "968-909-5111", "(968) 909-5111", "+1 968 909 5111", "+19689095111", "1-968-909-5111",  # no word
+    "contact 968.909.5111", "Hotel 968-909-5111", "Telephony 968-909-5111",  # no phone word, or one inside another
+    "mobile app build 968-909-5111", "phone 1 968.909.5111.2",  # not right before, or not a phone shape
+    "call 911", "Tel: +44 99",  # too short for any number
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), PHONE_WORD_FOUND)
+def test_a_phone_word_right_before_makes_any_phone_shape_a_phone(text: str, expected: str):
+    assert redacted(text) == expected
+
+
+@pytest.mark.parametrize("text", PHONE_WORD_KEPT)
+def test_without_a_phone_word_right_before_validity_decides(text: str):
+    assert redacted(text) == text
+
+
+def test_a_phone_word_keeps_national_formats_to_phone_regions():
+    assert redacted("Tel. 030 901820", phone_regions=["US"]) == "Tel. 030 901820"  # no US number has 9 digits
+
+
+VERSION_KEPT = [
+    # after a product's name
+    "XFree86 4.3.0.1", "Python 3.11.7.1", "built with Python 3.11.7.1 today", "OpenSSL 1.2.11.4", "linux-4.3.0.1.tar.gz",
+    # changelog headings
+    "Changes in 1.2.11.4 (10 August 2003)", "Changes in XFree86 4.3.0.1", "What's new in at-spi2-core 2.44.1.1:",
+    "## 1.2.3.4 - 2020-01-01", "## [4.3.0.1] - 2003-08-10", "## 4.3.0.1", "# 4.3.0.1 (2003-08-10)", "== 4.3.0.1 ==",
+    "Release 2.0.1.5",
+    # assigned to a version name
+    '__version__ = "1.2.11.4"', "VERSION='4.3.0.1'", '"version": "1.0.0.2"', "version: '4.3.0.1'",
+    'AssemblyVersion("4.3.0.1")', "<version>4.3.0.1</version>", "APP_VERSION_STRING := 4.3.0.1", "release_version=4.3.0.1",
+]
+LOG_LINE = '93.184.216.34 - - [12/Oct/2024:10:01:02 +0000] "GET / HTTP/1.1" 200'
+IP_STILL_FOUND = [
+    ("connected to 93.184.216.34", "connected to <IP_ADDRESS>"),
+    ("server 93.184.216.34 refused", "server <IP_ADDRESS> refused"),
+    ("Server 93.184.216.34 refused", "Server <IP_ADDRESS> refused"),  # capitalized, but a networking word
+    ("Blocked 45.33.32.156 after 5 attempts", "Blocked <IP_ADDRESS> after 5 attempts"),  # a verb form, -ed or -ing
+    ("Trying 93.184.216.34...", "Trying <IP_ADDRESS>..."),
+    ("Add 93.184.216.34 to the blocklist", "Add <IP_ADDRESS> to the blocklist"),
+    ("From 93.184.216.34", "From <IP_ADDRESS>"),
+    ("IPv4 93.184.216.34", "IPv4 <IP_ADDRESS>"),
+    ("IP 93.184.216.34 > 45.33.32.156: Flags [S]", "IP <IP_ADDRESS> > <IP_ADDRESS>: Flags [S]"),  # capitals: no product
+    ("web-01 93.184.216.34", "web-01 <IP_ADDRESS>"),  # a host name in lower case
+    ("host=93.184.216.34", "host=<IP_ADDRESS>"),
+    ('"version": "2.1", "server": "93.184.216.34"', '"version": "2.1", "server": "<IP_ADDRESS>"'),
+    ("__version__ = '2.1'; HOST = '93.184.216.34'", "__version__ = '2.1'; HOST = '<IP_ADDRESS>'"),
+    ("conversion = 93.184.216.34", "conversion = <IP_ADDRESS>"),  # a name that only ends in "version"
+    ("version check from 93.184.216.34 failed", "version check from <IP_ADDRESS> failed"),
+    (LOG_LINE, LOG_LINE.replace("93.184.216.34", "<IP_ADDRESS>")),
+    ("2024-10-12 10:01:02 93.184.216.34 GET /", "2024-10-12 10:01:02 <IP_ADDRESS> GET /"),
+    ("93.184.216.34 - 2024-10-12 10:01:02 banned", "<IP_ADDRESS> - 2024-10-12 10:01:02 banned"),  # a date and a time
+    ("banned 93.184.216.34 (2024-10-12)", "banned <IP_ADDRESS> (2024-10-12)"),  # a date, but no heading
+    ("93.184.216.34\n45.33.32.156", "<IP_ADDRESS>\n<IP_ADDRESS>"),  # a list of addresses, one per line
+    ("# 93.184.216.34", "# <IP_ADDRESS>"),  # a comment, not a heading
+    ("## Hosts\n93.184.216.34", "## Hosts\n<IP_ADDRESS>"),
+]
+
+
+@pytest.mark.parametrize("text", VERSION_KEPT)
+def test_a_four_part_version_is_not_an_address(text: str):
+    assert redacted(text) == text
+
+
+@pytest.mark.parametrize(("text", "expected"), IP_STILL_FOUND)
+def test_an_address_in_prose_or_logs_is_still_found(text: str, expected: str):
+    assert redacted(text) == expected
+
+
+def test_the_addresses_of_the_issue_go_when_their_ranges_are_not_kept():
+    text = "connected to 10.0.12.7\nserver 192.168.1.20 refused\nhost=8.8.8.8"
+    expected = "connected to <IP_ADDRESS>\nserver <IP_ADDRESS> refused\nhost=<IP_ADDRESS>"
+    assert redacted(text, keep_ip_ranges=[]) == expected
+
+
+PHONE_WORDS = [
+    "phone", "Phone:", "tel", "Tel.", "telephone", "mobile", "Mob:", "cell", "fax", "call", "ph:", "PHONE NO.", "tel:",
+]
+NANP_SHAPES = ["{a}-{e}-{n}", "{a}.{e}.{n}", "({a}) {e}-{n}", "+1 {a} {e} {n}", "1-{a}-{e}-{n}", "+1{a}{e}{n}"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(PHONE_WORDS),
+    st.sampled_from([str, str.upper, str.title]),
+    st.sampled_from([" ", "  ", "\t", " - ", ": "]),
+    st.sampled_from(NANP_SHAPES),
+    st.from_regex(r"[0-9]{3}", fullmatch=True),
+    st.from_regex(r"[0-9]{3}", fullmatch=True),
+    st.from_regex(r"[0-9]{4}", fullmatch=True),
+)
+def test_any_nanp_shape_with_any_area_after_a_phone_word_is_a_phone(
+    word: str, case: Callable[[str], str], gap: str, shape: str, area: str, exchange: str, number: str
+):
+    text = case(word) + gap + shape.format(a=area, e=exchange, n=number)
+    assert REDACT.redact(text)[0] == case(word) + gap + "<PHONE>"
+
+
+VERSION_CONTEXTS = [
+    '__version__ = "{}"', "VERSION='{}'", '"version": "{}"', "XFree86 {}", "Python {} on Linux",
+    "Changes in {} (10 August 2003)", "## {} - 2020-01-01",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.ip_addresses(v=4).map(str), st.sampled_from(VERSION_CONTEXTS))
+def test_any_dotted_quad_in_a_version_context_is_kept(ip: str, template: str):
+    text = template.format(ip)
+    assert REDACT.redact(text)[0] == text
+
+
+NETWORK_CONTEXTS = [
+    "connected to {}", "server {} refused", "Server {} refused", "host={}", '"server": "{}"', "From {}",
+    "{} - - [12/Oct/2024:10:01:02 +0000]",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.ip_addresses(v=4).filter(lambda a: ip_range(a) is None).map(str), st.sampled_from(NETWORK_CONTEXTS))
+def test_any_public_address_after_a_network_word_is_redacted(ip: str, template: str):
+    assert REDACT.redact(template.format(ip))[0] == template.format("<IP_ADDRESS>")
+
+
+CONTEXT_FRAGMENTS = (
+    [t for t, _ in PHONE_WORD_FOUND + IP_STILL_FOUND] + PHONE_WORD_KEPT + VERSION_KEPT + PHONE_WORDS
+    + [" ", "\n", "## ", "968-909-5111", "4.3.0.1", "-"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(CONTEXT_FRAGMENTS), max_size=10).map("".join))
+def test_redaction_is_idempotent_around_phone_words_and_versions(text: str):
+    once, _ = REDACT.redact(text)
+    assert REDACT.redact(once) == (once, dict.fromkeys(REDACT.redact("")[1], 0))

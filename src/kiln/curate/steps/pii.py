@@ -7,12 +7,14 @@ a candidate is redacted once Python confirms it by its validity and its context:
   .local, .internal, ...), image names (`icon@2x.png`) or SCP-style remotes (`git@host:path`);
 - phones: `phonenumbers` (libphonenumber's metadata) says the number is valid: with a `+` country
   code, in the North American formats, or in a national format (trunk 0 and groups) of one of
-  `phone_regions`; a `+` right after an operand (`x)+4155552671`) or a bare digit run never is;
+  `phone_regions`; right after a phone word (`Phone:`, `mobile`, `tel:`), a possible length is
+  enough, whatever its area code; a `+` right after an operand (`x)+4155552671`) or a bare digit
+  run never is;
 - IP addresses: `ipaddress` parses it; by default not the reserved ranges of `keep_ip_ranges`
   (private, loopback, link-local, unspecified, documentation, multicast, other reserved, public
-  DNS resolvers), and not an IPv4 that the text marks as a version or a number: a word before it
-  (`version`, `Standards-Version to`, `upgrade to`, `section`, `§`, `Table`), a Debian package
-  header (`xft (2.3.2.1-7)`), a revision after it (`-7)`, `-1ubuntu1`, `+dfsg`, `~rc1`; not a range's end, `-40`), or more than four parts;
+  DNS resolvers), not an IPv4 that the text marks as a version or a number (pii_context: a version
+  word, version name or product name before it, a changelog heading, a section word, a Debian
+  package header, a revision after it), and not one of more than four parts;
 - cards: Luhn, and an issuer's prefix with one of its lengths (Visa, Mastercard, Amex, Discover,
   Diners, JCB, UnionPay, Maestro, Mir);
 - SSNs: the SSA's allocation rules, and not the numbers printed in advertising (078-05-1120, ...);
@@ -41,6 +43,7 @@ from pydantic import Field, field_validator
 from kiln.core.config import Section
 from kiln.core.document import Document
 from kiln.curate.audit import Ledger
+from kiln.curate.steps.pii_context import after_phone_word, ipv4_is_version
 
 IPRange = Literal["private", "loopback", "link_local", "unspecified", "documentation", "multicast", "reserved", "resolvers"]
 
@@ -48,7 +51,7 @@ IPRange = Literal["private", "loopback", "link_local", "unspecified", "documenta
 class PIIConfig(Section):
     enabled: bool = Field(True, description="Run PII redaction.")
     emails: bool = Field(True, description="Replace email addresses with <EMAIL>.")
-    phones: bool = Field(True, description="Replace phone numbers that libphonenumber validates (+country code; US (212) 555-0143, 212-555-0143, 212.555.0143; national formats of phone_regions) with <PHONE>.")
+    phones: bool = Field(True, description="Replace phone numbers that libphonenumber validates (+country code; US (212) 555-0143, 212-555-0143, 212.555.0143; national formats of phone_regions), or of a possible length right after a phone word (Phone:, mobile, tel:), with <PHONE>.")
     phone_regions: list[str] = Field(["GB", "DE", "FR", "IT", "ES", "NL", "AU", "IE", "IN"], description="Regions (ISO 3166 codes) whose national formats, trunk 0 and groups (020 7946 0958), are checked; numbers with a + country code and the North American formats are checked for every region.")
     ip_addresses: bool = Field(True, description="Replace IPv4 and IPv6 addresses with <IP_ADDRESS>.")
     keep_ip_ranges: list[IPRange] = Field(["private", "loopback", "link_local", "unspecified", "documentation", "multicast", "reserved", "resolvers"], description="Address ranges left as they are: private (RFC 1918, 100.64/10, fc00::/7), loopback, link_local (169.254/16, fe80::/10), unspecified (0.0.0.0/8, ::), documentation (192.0.2/24, 198.51.100/24, 203.0.113/24, 2001:db8::/32), multicast, reserved (any other range not routed on the internet), resolvers (public DNS resolvers such as 8.8.8.8); [] redacts every address.")
@@ -175,25 +178,6 @@ _IPV6 = re.compile(r"(?<![\w:.])(?:[0-9A-Fa-f]{1,4})?:(?:[0-9A-Fa-f]{1,4})?:[0-9
 _IPV6_HINT = re.compile(r":[0-9A-Fa-f]{0,4}:")
 _IPV6_RUN = re.compile(r"[0-9A-Fa-f:.]*")
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
-# 1.2.3.4 is a valid public address and a common version or section number: the text around decides.
-# A version word, then at most three linking words or version-like tokens (Standards-Version to ...,
-# upgrade from 1.2.3.4 to ...); a section word or sign right before; a Debian changelog header
-# (`package (`); a revision right after (-7, +dfsg, ~rc1).
-_VERSION_BEFORE = re.compile(
-    r"(?i)\b(?:versions?|releases?|released|upstream|updated?|updates|upgraded?|upgrades|bump(?:ed|s)?|firmware|build|ver|v|rev|revision|kernel|patch(?:ed)?)\b"
-    r"(?:[\s:=#,]+(?:to|is|was|of|at|now|number|no\.?|string|\d[\w.+~-]*)){0,3}[\s:=#,(]*\Z"
-    # a version constraint: (>= 3.5.30.1), foo==1.2.3.4, (< 2.0.0.1); `ip.addr == 1.2.3.4` is a filter, not one
-    r"|(?:[<>~]=|\w[=!]=|>>|<<|\([ \t]*[<>=])[ \t]*\Z"
-)
-_SECTION_BEFORE = re.compile(
-    r"(?i)(?:\b(?:section|sect|sec|chapter|chap|clause|paragraph|para|figure|fig|table|tab|appendix|annex|article|art|"
-    r"exercise|equation|eq|lemma|theorem|definition|listing)\.?|§§?)\s*\Z"
-)
-_PACKAGE_HEADER = re.compile(r"[a-z0-9][a-z0-9+.-]* \(\Z")  # from the start of the line
-# A revision is glued to what follows it or closes a parenthesis (1.2.3.4-7), 1.2.3.4-1ubuntu1), unlike
-# the end of an address range (93.184.216.34-40).
-_REVISION_AFTER = re.compile(r"-\d+(?=\)|[A-Za-z+~])|[+~][A-Za-z0-9]")
-_CONTEXT_CHARS = 64
 # Public resolvers: printed in every networking tutorial, they identify no person.
 _WELL_KNOWN_IPS = frozenset({
     "8.8.8.8", "8.8.4.4", "1.1.1.1", "1.0.0.1", "9.9.9.9", "149.112.112.112", "208.67.222.222", "208.67.220.220",
@@ -318,6 +302,33 @@ def phone_valid(text: str, region: str | None) -> bool:
         return phonenumbers.is_valid_number(phonenumbers.parse(text, region))
     except phonenumbers.NumberParseException:
         return False
+
+
+def phone_possible(text: str, region: str | None) -> bool:
+    """Whether `text` has a length that its country's numbers have (libphonenumber's possible lengths), whatever
+    its area code or range: enough right after a phone word, where a number is a phone even in an unassigned area."""
+    try:
+        number = phonenumbers.parse(text, region)
+    except phonenumbers.NumberParseException:
+        return False
+    # IS_POSSIBLE_LOCAL_ONLY is a number without its area code (555-0143): not a whole number.
+    return phonenumbers.is_possible_number_with_reason(number) == phonenumbers.ValidationResult.IS_POSSIBLE
+
+
+PhoneCheck = Callable[[str, str | None], bool]
+
+
+def _longest_number(candidate: str, check: PhoneCheck) -> str | None:
+    """The longest prefix of an international candidate that `check` accepts: "+44 20 7946 0958 (24/7 line)" is
+    matched up to "(24"; digits that follow a number are not its own."""
+    while sum(c.isdigit() for c in candidate) >= MIN_PHONE_DIGITS:
+        if sum(c.isdigit() for c in candidate) <= MAX_PHONE_DIGITS and check(candidate, None):
+            return candidate
+        cut = max(candidate.rfind(" "), candidate.rfind("-"), candidate.rfind("("))
+        if cut <= 0:
+            return None
+        candidate = candidate[:cut].rstrip(" -(")
+    return None
 
 
 class RedactPII:
@@ -552,7 +563,9 @@ class RedactPII:
             elif kind == "ssn":
                 ok = ssn_valid(found[0:3], found[4:6], found[7:11]) and found not in _PUBLISHED_SSNS
             else:
-                ok = phone_valid("".join(c for c in found if c.isdigit())[-10:], "US")  # after a 1 trunk prefix, its last 10 digits
+                # after a 1 trunk prefix, its last 10 digits; a phone word before it makes any area do
+                digits = "".join(c for c in found if c.isdigit())
+                ok = phone_valid(digits[-10:], "US") or after_phone_word(m.string, m.start())
             if not ok:
                 return None
             hits[kind] += 1
@@ -567,41 +580,41 @@ class RedactPII:
             return False
         if not self._redactable_ip(addr):
             return False
-        text, start = m.string, m.start()
-        line_start = text.rfind("\n", 0, start) + 1
-        before = text[max(line_start, start - _CONTEXT_CHARS) : start]
-        if _VERSION_BEFORE.search(before) or _SECTION_BEFORE.search(before) or _REVISION_AFTER.match(text, m.end()):
-            return False
-        return not (start - line_start <= _CONTEXT_CHARS and _PACKAGE_HEADER.fullmatch(before))
+        return not ipv4_is_version(m.string, m.start(), m.end())
 
-    def _national_phone(self, found: str) -> bool:
+    def _national_phone(self, found: str, check: PhoneCheck = phone_valid) -> bool:
         digits = sum(c.isdigit() for c in found)
-        return MIN_NATIONAL_DIGITS <= digits <= MAX_NATIONAL_DIGITS and any(phone_valid(found, region) for region in self._phone_regions)
+        return MIN_NATIONAL_DIGITS <= digits <= MAX_NATIONAL_DIGITS and any(check(found, region) for region in self._phone_regions)
+
+    def _phone(self, m: re.Match[str], region: str | None) -> bool:
+        """Whether a phone-shaped match is a phone: valid, or possible right after a phone word (`Phone: 968-909-5111`);
+        read in `region`, or None for the national formats of phone_regions."""
+        found = m.group(0)
+        if self._national_phone(found) if region is None else phone_valid(found, region):
+            return True
+        if not after_phone_word(m.string, m.start()):
+            return False
+        return self._national_phone(found, phone_possible) if region is None else phone_possible(found, region)
 
     def _redact_phones(self, text: str, hits: dict[str, int]) -> str:
         def international(m: re.Match[str]) -> str | None:
-            # The longest prefix that is a valid number: "+44 20 7946 0958 (24/7 line)" matched up to "(24".
             found = m.group(0)
             candidate = found
             if candidate.count("(") > candidate.count(")"):  # "(10-18 Uhr)" opens after the number: not part of it
                 candidate = candidate[: candidate.rfind("(")].rstrip(" -(")
-            while sum(c.isdigit() for c in candidate) >= MIN_PHONE_DIGITS:
-                if sum(c.isdigit() for c in candidate) <= MAX_PHONE_DIGITS and phone_valid(candidate, None):
-                    return PLACEHOLDERS["phone"] + found[len(candidate) :]
-                cut = max(candidate.rfind(" "), candidate.rfind("-"), candidate.rfind("("))
-                if cut <= 0:
-                    break
-                candidate = candidate[:cut].rstrip(" -(")
-            return None
+            number = _longest_number(candidate, phone_valid)
+            if number is None and after_phone_word(m.string, m.start()):
+                number = _longest_number(candidate, phone_possible)
+            return None if number is None else PLACEHOLDERS["phone"] + found[len(number) :]
 
         def national(m: re.Match[str]) -> str | None:
+            text = m.string
             if _NOT_NATIONAL.fullmatch(m.group(0)) or _IN_NUMBER_RUN.match(text, m.end()) or _NUMBER_RUN_BEFORE.search(text, max(0, m.start() - 8), m.start()):
                 return None  # a shape declined before, or a row of a table of numbers
-            return PLACEHOLDERS["phone"] if self._national_phone(m.group(0)) else None
+            return PLACEHOLDERS["phone"] if self._phone(m, None) else None
 
         def parentheses(m: re.Match[str]) -> str | None:
-            valid = self._national_phone(m.group(0)) if m["area"][0] == "0" else phone_valid(m.group(0), "US")
-            return PLACEHOLDERS["phone"] if valid else None
+            return PLACEHOLDERS["phone"] if self._phone(m, None if m["area"][0] == "0" else "US") else None
 
         if "+" in text:
             text = _substitute(_PHONE_INTERNATIONAL, text, international, hits, "phone")
@@ -617,10 +630,11 @@ _VALUE_EDGE = frozenset(" \t\n\r\f\v\"'`,;<>([")
 
 def _touches_placeholder(text: str, secrets: bool) -> bool:
     """Whether a placeholder is glued to a character that a match can end with (before it) or
-    start with (after it); with secrets, also any character an assigned value can hold."""
+    start with (after it), or that a context rule reads (`=` after it: `x==1.2.3.4` pins a version,
+    `<PHONE>==1.2.3.4` does not); with secrets, also any character an assigned value can hold."""
     for m in _PLACEHOLDER.finditer(text):
         before, after = text[m.start() - 1 : m.start()], text[m.end() : m.end() + 1]
-        if after and (after.isalnum() or after in "_%+(:-"):
+        if after and (after.isalnum() or after in "_%+(:-="):
             return True
         if before and (before.isalnum() or before in "_:/+-" or (secrets and before not in _VALUE_EDGE and not before.isspace())):
             return True
