@@ -73,7 +73,7 @@ def main() -> None:
     train_state = {"batches": {}, "mixture": {}, "tokens_trained": 0, "train_flops": 0, "val_before": None, "guard": {}}
     print(f"{args.recipe}: {count_params(model_cfg):,} params on {device}, {step_s:.3f} s per optimizer step of {cfg.tokens_per_step:,} tokens")
     with tempfile.TemporaryDirectory() as tmp:
-        sync = States(Path(tmp) / "sync", dp, keep_last=1, keep_every=None)
+        sync = States(Path(tmp) / "sync", dp, every=None, keep_last=1, keep_every=None)
         sync_s = []
         for i in range(args.repeats):
             t0 = time.perf_counter()
@@ -82,7 +82,7 @@ def main() -> None:
         newest = sync.complete()[-1]
         size_mb = sum(p.stat().st_size for p in newest.iterdir()) / 2**20
         files = ", ".join(sorted(p.name for p in newest.iterdir()))
-        lazy = States(Path(tmp) / "async", dp, keep_last=1, keep_every=None, async_save=True)
+        lazy = States(Path(tmp) / "async", dp, every=None, keep_last=1, keep_every=None, async_save=True)
         blocked, total, slowdown = [], [], []
         for i in range(args.repeats):
             t0 = time.perf_counter()

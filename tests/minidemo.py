@@ -9,6 +9,7 @@ Measured: about 10 s on 2 cores for the first run.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 
 DEMO_STAGES = ("curate", "tokenizer", "tokenize", "train", "eval", "generate", "export")
 KILN = Path(sys.executable).with_name("kiln")
+COPIED = ("stdlib_code", "usr_share_doc")  # the built-in inputs read from the machine's own files
 OVERRIDES = [
     "curate.max_total_mb=2",
     "tokenizer.vocab_size=512",
@@ -37,7 +39,38 @@ OVERRIDES = [
 ]
 
 
+def snapshot_corpus(recipe: str, overrides: list[str], dest: Path) -> str:
+    """Copy the built-in files the recipe would read (its cap applied) under dest/<format>/, once per
+    format; returns the override pointing its inputs there, so that a package installed while the
+    suite runs changes nothing the tests read. pydoc topics stay where they are: they come with
+    this Python. A later recipe reuses a format's copy (with its own cap over it)."""
+    import json
+
+    from kiln.curate.readers import plan_reads
+    from kiln.recipe import load_recipe
+
+    r = load_recipe(recipe, overrides)
+    inputs = [i.model_dump(exclude_none=True) for i in r.curate.inputs]
+    missing = {i for i, cfg in enumerate(r.curate.inputs) if cfg.format in COPIED and not (dest / cfg.format).is_dir()}
+    if missing:
+        # Planned over the machine's own files, so the cap picks the files the recipe would read.
+        for task in plan_reads(r.curate.inputs, None if r.curate.max_total_mb is None else int(r.curate.max_total_mb * 1_000_000), 1 << 40):
+            if task.input_index in missing:
+                for unit in task.units:
+                    target = dest / task.input.format / unit.name.split("/", 1)[1]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(unit.path, target)
+        for i in missing:
+            (dest / r.curate.inputs[i].format).mkdir(parents=True, exist_ok=True)
+    for i, cfg in enumerate(r.curate.inputs):
+        if cfg.format in COPIED:
+            inputs[i]["path"] = str(dest / cfg.format)
+    return "curate.inputs=" + json.dumps(inputs)
+
+
 def kiln_demo(runs_dir: Path, recipe: str = "demo", overrides: list[str] = OVERRIDES) -> tuple[subprocess.CompletedProcess[str], float]:
+    """`kiln demo` through the installed command on a copy of the corpus (runs_dir/../corpus, made on the first call)."""
+    overrides = [*overrides, snapshot_corpus(recipe, overrides, Path(runs_dir).parent / "corpus")]
     args = [str(KILN), "demo", "--recipe", recipe, "--set", f"runs_dir={runs_dir}"]
     for override in overrides:
         args += ["--set", override]

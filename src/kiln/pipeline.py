@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.core.errors import FatalError, KilnError
-from kiln.core.layout import RunLayout
+from kiln.core.layout import CURATE, RunLayout
 from kiln.core.ranks import is_main_process
 from kiln.recipe import Recipe, load_recipe, recipe_to_yaml
 
@@ -183,7 +183,25 @@ def run_stage(stage: str, recipe: Recipe, force: bool = False, **options: Any) -
     return manifest
 
 
+def corpus_files(curate_dir: Path) -> dict[str, dict[str, Any]]:
+    """The files a finished curate stage read, path -> {bytes, sha256} (its manifest's inputs); {} before any."""
+    path = Path(curate_dir) / "manifest.json"
+    return {i["path"]: i for i in json.loads(path.read_text())["inputs"]} if path.is_file() else {}
+
+
+def corpus_changes(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What the demo read this time against the last time: the files and bytes, and which changed, came or went."""
+    changed = sorted(p for p in before.keys() & after.keys() if before[p] != after[p])
+    added, removed = sorted(after.keys() - before.keys()), sorted(before.keys() - after.keys())
+    since = {"changed": len(changed), "added": len(added), "removed": len(removed), "examples": (changed + added + removed)[:5]} if before else None
+    return {"files": len(after), "bytes": sum(i["bytes"] for i in after.values()), "since_last_demo": since}
+
+
 def run_demo(recipe: Recipe, force: bool = False) -> dict[str, Any]:
+    """Every stage in order, each skipped when current; a stage whose inputs changed is redone, and
+    so are the stages after it (a finished training run of other data is moved aside, kept)."""
+    layout = RunLayout(recipe.run_dir)
+    read_before = corpus_files(layout.stage(CURATE))  # what the last demo read, to say what changed since
     manifests = {}
     for stage in STAGES:
         try:
@@ -193,6 +211,7 @@ def run_demo(recipe: Recipe, force: bool = False) -> dict[str, Any]:
                 raise
             log.warning("demo: not exported: %s", e)  # a model option transformers' Llama and Qwen3 lack
     summary = build_summary(manifests)
+    summary["corpus"] = corpus_changes(read_before, corpus_files(layout.stage(CURATE)))  # files, sizes and sha256: curate/manifest.json
     try:  # the page reads the stages' files, not summary.json; a page that fails costs no finished stage
         summary["report"] = str(build_report(recipe.run_dir))
     except Exception as e:  # noqa: BLE001 - reported, and `kiln report` can be run again
@@ -226,6 +245,7 @@ def build_summary(m: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "val_bpb_after": {**{s: r["bpb"] for s, r in after["sources"].items()}, "all": after["all"]["bpb"]},
         "sample": m["generate"]["counts"]["sample"],
         "hf_folder": m["export"]["counts"]["folder"] if "export" in m else None,
+        "previous_train_run": train.get("previous_run"),  # a finished run of other inputs or settings, moved aside
     }
     drop = 1 - after["all"]["loss"] / before["all"]["loss"]
     summary["val_loss_drop"] = round(drop, 4)
@@ -243,12 +263,18 @@ def build_summary(m: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def format_summary(s: dict[str, Any]) -> str:
+    corpus, since = s["corpus"], s["corpus"]["since_last_demo"]
     lines = [
+        f"corpus: {corpus['files']:,} files, {corpus['bytes'] / 1e6:.1f} MB read (each with its size and sha256 in curate/manifest.json); "
+        + ("first demo of this run" if since is None else "unchanged since the last demo" if not any(since[k] for k in ("changed", "added", "removed"))
+           else f"since the last demo {since['changed']} changed, {since['added']} added, {since['removed']} gone (e.g. {', '.join(since['examples'][:3])})"),
         f"documents: {s['docs_in']:,} in, {s['docs_out']:,} kept, {s['quarantined']} quarantined",
         "removed: " + (", ".join(f"{r}={n}" for r, n in s["removed"].items()) or "none"),
         f"tokenizer: {s['tokenizer_bytes_per_token']} bytes/token on held-out text" if s["tokenizer_bytes_per_token"] else "tokenizer: bytes/token not measured (no held-out documents)",
         f"model: {s['params']:,} params trained on {s['tokens_trained']:,} tokens",
     ]
+    if s.get("previous_train_run"):
+        lines.append(f"  the training run before it, of other data or settings, is kept in {s['previous_train_run']}")
     lines.append(f"validation loss: {s['val_loss_before']:.3f} -> {s['val_loss_after']:.3f} nats/token ({100 * s['val_loss_drop']:.1f}% lower)")
     for source, after in s["val_bpb_after"].items():
         lines.append(f"  bits/byte {source:<6} {s['val_bpb_before'][source]:.3f} -> {after:.3f}")

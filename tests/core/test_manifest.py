@@ -353,3 +353,33 @@ def test_upstream_manifest_without_fingerprint_redoes_downstream(tmp_path, input
     del old["fingerprint"]  # as written by an older kiln
     path.write_text(json.dumps(old))
     assert Stage(run_dir, "tokenize", CFG, inputs, ["curate"]).current_manifest() is None
+
+
+def test_a_stage_refuses_an_upstream_made_from_an_earlier_version_of_its_own_upstream(tmp_path, inputs):
+    # tokenizer -> tokenize -> train, then the tokenizer is redone: the model was trained on the
+    # old tokenizer's ids, so a stage reading it (generate, export) must not serve it with the new one.
+    run_dir = tmp_path / "run"
+    finish_stage(run_dir, inputs, name="tokenizer")
+    finish_stage(run_dir, inputs, upstream=["tokenizer"], name="tokenize")
+    finish_stage(run_dir, inputs, upstream=["tokenize"], name="train")
+    Stage(run_dir, "export", CFG, inputs, upstream=["train"])  # the chain is current
+    finish_stage(run_dir, inputs, name="tokenizer", payload=b"other merges")
+    with pytest.raises(FatalError, match=rf"export: {run_dir / 'tokenize'} was made from an earlier tokenizer stage .* rerun the stages after tokenizer"):
+        Stage(run_dir, "export", CFG, inputs, upstream=["train"])
+    with pytest.raises(FatalError, match=r"train: .*tokenize was made from an earlier tokenizer stage"):
+        Stage(run_dir, "train", CFG, inputs, upstream=["tokenize"])  # nor is a model trained on the stale shards
+    finish_stage(run_dir, inputs, upstream=["tokenizer"], name="tokenize")
+    with pytest.raises(FatalError, match=r"export: .*/train was made from an earlier tokenize stage"):
+        Stage(run_dir, "export", CFG, inputs, upstream=["train"])
+    finish_stage(run_dir, inputs, upstream=["tokenize"], name="train")
+    Stage(run_dir, "export", CFG, inputs, upstream=["train"])  # every stage redone in order: current again
+
+
+def test_a_live_holders_lock_is_checked_before_anything_is_moved_aside(tmp_path, inputs):
+    run_dir = tmp_path / "run"
+    finish_stage(run_dir, inputs)
+    holder = Stage(run_dir, "stage", CFG, inputs)
+    holder.lock_path.write_text(json.dumps({"host": "another-host", "pid": 1, "since": "now"}))
+    with pytest.raises(FatalError, match="being built by pid 1 on another-host"):
+        Stage(run_dir, "stage", CFG, inputs).set_aside(run_dir / "stage", "--force")
+    assert (run_dir / "stage" / MANIFEST).is_file() and not list(run_dir.glob("stage.old-*"))

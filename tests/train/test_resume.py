@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import socket
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -116,7 +119,7 @@ def test_a_changed_setting_is_named_and_a_checkpoint_setting_is_not_one(runs: An
 
 def test_from_step_without_an_interrupted_run_is_refused(runs: Any) -> None:
     fresh, _ = runs
-    with pytest.raises(FatalError, match=r"--from 4 resumes an interrupted run, and .*train\.partial/checkpoints holds no complete state"):
+    with pytest.raises(FatalError, match=r"--from 4 resumes a saved state, and .*train\.partial/checkpoints holds no complete state \(nor is there a finished run to extend\)"):
         train(fresh("nothing"), cfg(), from_step=4)
 
 
@@ -139,4 +142,70 @@ def test_kiln_train_from_on_the_command_line(runs: Any, tmp_path: Path, capsys: 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"name: {run_dir.name}\nruns_dir: {run_dir.parent}\nmodel: {json.dumps(MODEL.model_dump(exclude_none=True))}\ntrain: {{seq_len: 64}}\n")
     assert main(["train", "--recipe", str(recipe), "--from", "3"]) == 2
-    assert "--from 3 resumes an interrupted run" in capsys.readouterr().err
+    assert "--from 3 resumes a saved state" in capsys.readouterr().err
+
+
+def test_a_kill_during_the_first_save_leaves_nothing_to_resume_and_the_same_command_starts_again(runs: Any) -> None:
+    fresh, whole = runs
+    run_dir = crashed(fresh, "first-save", after_step=6)
+    states = run_dir / "train.partial" / "checkpoints"
+    # As a kill -9 inside the first save leaves it: a `.tmp` folder with no complete.json.
+    (states / "step-0000004" / "complete.json").unlink()
+    (states / "step-0000004").rename(states / "step-0000004.tmp")
+    train(run_dir, cfg())  # not "holds checkpoints of another training run"
+    assert losses(run_dir) == whole
+
+
+def wsd(**update: Any) -> TrainConfig:
+    return cfg(schedule={"warmup_steps": 2, "kind": "wsd", "decay_fraction": 0.25}, checkpoint={"every": None}, **update)
+
+
+def test_a_finished_wsd_run_given_more_steps_goes_on_from_its_last_stable_state(runs: Any, caplog: pytest.LogCaptureFixture) -> None:
+    fresh, _ = runs
+    longer = fresh("wsd-longer")
+    train(longer, wsd(steps=24))
+    run_dir = fresh("wsd")
+    train(run_dir, wsd())  # 16 steps: stable until step 12, where a state is kept with no checkpoint.every
+    assert sorted(p.name for p in (run_dir / "train" / "checkpoints").iterdir()) == ["step-0000012"]
+    first = losses(run_dir)
+    with caplog.at_level(logging.INFO, logger="kiln.train"):
+        manifest = train(run_dir, wsd(steps=24))
+    previous = list(run_dir.glob("train.old-*"))
+    assert len(previous) == 1 and losses(run_dir, previous[0].name) == first  # the finished run is kept as it was
+    assert manifest["counts"]["extended_from"] == {"run": str(previous[0]), "step": 12}
+    assert any("resuming after step 12" in r.getMessage() for r in caplog.records)
+    # Up to step 12 both schedules hold the peak: the extended run is the 24-step run, bit for bit.
+    assert losses(run_dir) == losses(longer)
+    assert "extended the finished run" in (run_dir / "train" / "summary.txt").read_text()
+
+
+def test_a_finished_run_of_other_settings_is_moved_aside_and_trained_again(runs: Any, caplog: pytest.LogCaptureFixture) -> None:
+    fresh, whole = runs
+    run_dir = fresh("other")
+    train(run_dir, cfg(optim={"lr": 5e-3}))
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        manifest = train(run_dir, cfg(steps=STEPS))  # the lr back at 1e-2: not an extension, started over
+        train(run_dir, cfg(steps=STEPS + 4))  # a cosine schedule cannot be extended: started over, and said why
+    assert losses(run_dir)[STEPS] != whole[STEPS]  # 20 steps of their own cosine
+    kept = sorted(run_dir.glob("train.old-*"))
+    assert len(kept) == 2 and manifest["counts"]["previous_run"] == str(kept[0])
+    assert all((k / "manifest.json").is_file() for k in kept)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("train.optim.lr: 0.005 -> 0.01" in m and "it is kept" in m for m in said)
+    assert any("not extended but started over: a cosine schedule" in m for m in said)
+
+
+def test_force_while_another_run_holds_the_lock_moves_nothing(runs: Any) -> None:
+    fresh, _ = runs
+    run_dir = crashed(fresh, "live")
+    held = sorted(p.name for p in (run_dir / "train.partial" / "checkpoints").iterdir())
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a live train on this host
+    try:
+        (run_dir / "train.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": live.pid, "since": "now"}))
+        with pytest.raises(FatalError, match=rf"being built by pid {live.pid}"):
+            train(run_dir, cfg(), force=True)
+    finally:
+        live.kill()
+        live.wait()
+    assert sorted(p.name for p in (run_dir / "train.partial" / "checkpoints").iterdir()) == held
+    assert not list(run_dir.glob("train.old-*"))

@@ -10,9 +10,12 @@ A stage's life never destroys what it has not replaced. It builds its outputs in
 `<stage>.partial/` beside the finished `<stage>/` and swaps them in only when it succeeds, so a
 failed re-run leaves the previous outputs as they were. It refuses a directory that kiln did
 not write (no manifest.json, no in_progress.json), and holds `<stage>.lock` (host, pid) while it
-builds: a second command on the same stage stops with the holder's name; a lock left by a dead
-process on this host is taken over. Inputs that an upstream stage wrote are checked against the
-sizes and sha256 that stage's manifest recorded before anything reads them.
+builds, and before it moves anything aside: a second command on the same stage stops with the
+holder's name before it touches anything; a lock left by a dead process on this host is taken
+over. Inputs that an upstream stage wrote are checked against the sizes and sha256 that stage's
+manifest recorded before anything reads them, and the chain above them must be current: a stage
+refuses to read an upstream stage that was made from an earlier version of its own upstream
+(a model trained on token shards that have been redone since, say), naming what to rerun.
 
 A manifest's `fingerprint` is the sha256 of what identifies its result: config hash, inputs,
 upstream fingerprints and outputs, not timings. Downstream stages record it, so a model traces
@@ -145,6 +148,7 @@ class Stage:
             raise FatalError(f"{name}: input files missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; rerun the stage that makes them with --force")
         self.inputs = describe_files(inputs)
         self._check_upstream_records(upstream_manifests)
+        self._check_upstream_chain(upstream_manifests)
         self.config_hash = config_hash(self.config)
         self.log = logging.getLogger(f"kiln.{name}")
         self._t0 = self._cpu0 = 0.0
@@ -167,6 +171,30 @@ class Stage:
                         f"{self.name}: {path} changed after the {u} stage wrote it ({found['bytes']:,} bytes now, {want['bytes']:,} recorded"
                         f"{'' if want['bytes'] != found['bytes'] else ', same size but a different sha256'}); rerun `{u}` with --force to rebuild it"
                     )
+
+    def _check_upstream_chain(self, manifests: Mapping[str, Mapping[str, Any]]) -> None:
+        """Every stage above this one, followed through the manifests' upstream records, must have
+        been made from the current manifest of each stage it read (a stage since removed is not
+        judged). Otherwise what this stage would read is stale: a FatalError names the stage to rerun."""
+        seen: set[str] = set()
+        pending = dict(manifests)
+        while pending:
+            name, manifest = pending.popitem()
+            if name in seen:
+                continue
+            seen.add(name)
+            for above, recorded in (manifest.get("upstream") or {}).items():
+                path = self.run_dir / above / MANIFEST
+                if not path.is_file():
+                    continue
+                current = json.loads(path.read_text())
+                if current.get("fingerprint") != recorded:
+                    raise FatalError(
+                        f"{self.name}: {self.run_dir / name} was made from an earlier {above} stage ({str(recorded)[:12]}), and {above} has "
+                        f"been redone since ({str(current.get('fingerprint'))[:12]}), so it is stale; rerun the stages after {above} "
+                        f"(`kiln demo` reruns every stale stage in order) before {self.name}"
+                    )
+                pending.setdefault(above, current)
 
     def current_manifest(self) -> dict[str, Any] | None:
         """The finished manifest if this stage is up to date, else None (with the reason logged)."""
@@ -203,11 +231,23 @@ class Stage:
             return
         if not force:
             raise FatalError(f"{self.name}: {held[0]} holds {why}; pass --force to move it aside (kept as {self.final_dir.name}.old-<time>/) and start over")
-        stamp = time.strftime("%Y%m%d-%H%M%S")
         for d in held:
-            aside = d.with_name(f"{self.final_dir.name}.old-{stamp}{'-partial' if d == self.partial_dir else ''}")
-            d.rename(aside)
-            self.log.warning("%s: moved %s aside to %s (--force)", self.name, d, aside)
+            self.set_aside(d, "--force")
+
+    def set_aside(self, folder: Path, why: str) -> Path:
+        """Rename the finished or partial folder to `<stage>.old-<time>[-partial]/` (kept, never
+        deleted) under the stage's lock, logging where it went and why; returns the new path."""
+        self.lock()  # subtle: a live run's folder is never moved: its holder's lock stops us first
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        suffix = "-partial" if folder == self.partial_dir else ""
+        aside = folder.with_name(f"{self.final_dir.name}.old-{stamp}{suffix}")
+        n = 1
+        while aside.exists():  # two set aside within one second
+            n += 1
+            aside = folder.with_name(f"{self.final_dir.name}.old-{stamp}-{n}{suffix}")
+        folder.rename(aside)
+        self.log.warning("%s: moved %s aside to %s (%s); it is kept", self.name, folder, aside, why)
+        return aside
 
     def _identity(self) -> dict[str, Any]:
         return {"config_hash": self.config_hash, "inputs": self.inputs, "upstream": self.upstream}
@@ -223,7 +263,19 @@ class Stage:
         marker = self.partial_dir / IN_PROGRESS
         if not marker.is_file():
             return []
-        old = json.loads(marker.read_text())
+        return self._changes(json.loads(marker.read_text()))
+
+    def finished_changes(self) -> list[str]:
+        """What differs between the finished outputs in `<stage>/` and this attempt, as partial_changes says it."""
+        old = read_manifest(self.final_dir)
+        settings = {}
+        for key, dump in old.get("config", {}).items():  # the manifest keeps whole sections: drop what is not hashed
+            section = self.config.get(key)
+            skipped = section.NOT_HASHED if section is not None else frozenset()
+            settings[key] = _without_none({k: v for k, v in dump.items() if k not in skipped})
+        return self._changes({**old, "settings": settings})
+
+    def _changes(self, old: Mapping[str, Any]) -> list[str]:
         if {k: old.get(k) for k in self._identity()} == self._identity():
             return []
         changes = changed_settings(old["settings"], hashed_settings(self.config)) if "settings" in old else []
@@ -241,7 +293,7 @@ class Stage:
         finished tasks left completion markers). Returns whether earlier work was kept."""
         for d in (self.final_dir, self.partial_dir):
             check_owned(d)
-        self._lock()
+        self.lock()
         marker = self.partial_dir / IN_PROGRESS
         kept = resume and self.partial_matches()
         if not kept:
@@ -299,7 +351,9 @@ class Stage:
             shutil.rmtree(old)
         self.dir = self.final_dir
 
-    def _lock(self) -> None:
+    def lock(self) -> None:
+        """Hold `<stage>.lock` (host, pid) until finish(); a no-op when this process holds it already.
+        Stops with the holder's name when another live process holds it."""
         me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
         while True:
@@ -309,12 +363,14 @@ class Stage:
                 holder = _read_lock(self.lock_path)
                 if holder is None:
                     continue  # released (or half-written) between our two calls: try again
-                if holder.get("host") != me["host"] or (holder.get("pid") != me["pid"] and _alive(holder.get("pid"))):
+                if holder.get("host") == me["host"] and holder.get("pid") == me["pid"]:
+                    return  # ours: taken earlier in this command (or by this process's earlier attempt)
+                if holder.get("host") != me["host"] or _alive(holder.get("pid")):
                     raise FatalError(
                         f"{self.name}: {self.final_dir} is being built by pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}; "
                         f"wait for it to finish, or if that process is gone, delete {self.lock_path}"
                     ) from None
-                # A dead process on this host (or this process, after a failed attempt) left it.
+                # A dead process on this host left it.
                 self.log.warning("%s: taking over %s left by pid %s, which is no longer running", self.name, self.lock_path, holder.get("pid"))
                 self.lock_path.unlink(missing_ok=True)
                 continue
@@ -324,6 +380,15 @@ class Stage:
 
     def _unlock(self) -> None:
         self.lock_path.unlink(missing_ok=True)
+
+
+def _without_none(value: Any) -> Any:
+    """A JSON tree without the keys whose value is None (as hashed_settings leaves them out)."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_none(v) for v in value]
+    return value
 
 
 def check_owned(folder: Path) -> None:

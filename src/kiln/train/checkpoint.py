@@ -74,16 +74,16 @@ def gather_stages(model_state: dict[str, Any], optimizer_state: dict[str, Any], 
     return merged_model, {"state": merged_state, "param_groups": list(groups.values())}
 
 
-def maybe_checkpoint(folder: Path, states: States, every: int | None, step: int, last_step: int, model: nn.Module, core: Transformer, optimizer: torch.optim.Optimizer, batches: BatchSource, ranks: Ranks, resumable: Callable[[], dict[str, Any]]) -> list[Path] | None:
-    """After `step`: a resumable state every `every` steps (into `states`; `resumable()` gives
-    its JSON part), and after the last step the consolidated checkpoint; the consolidated paths
-    written (on rank 0), else None.
+def maybe_checkpoint(folder: Path, states: States, step: int, last_step: int, model: nn.Module, core: Transformer, optimizer: torch.optim.Optimizer, batches: BatchSource, ranks: Ranks, resumable: Callable[[], dict[str, Any]]) -> list[Path] | None:
+    """After `step`: a resumable state when `states` says one is due (`resumable()` gives its JSON
+    part), and after the last step the consolidated checkpoint; the consolidated paths written (on
+    rank 0), else None.
 
     With several ranks the full model and optimizer states are gathered to rank 0 (a collective)
     and written from there; the optimizer state is then keyed by parameter name.
     """
     if step != last_step:
-        if every and step % every == 0:
+        if states.due(step):
             states.save(step, model, optimizer, resumable())
         return None
     states.wait()  # a pending asynchronous save completes before the stage can finish

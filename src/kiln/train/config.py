@@ -28,7 +28,7 @@ from kiln.train.geometry import BatchWarmupConfig, SeqLenPhase, StepGeometry, st
 from kiln.train.objectives import MASKS_DOCUMENTS_BY_DEFAULT, MLMConfig, Objective, PrefixLMConfig, SpanCorruptionConfig, span_plan
 from kiln.train.optim import OptimConfig
 from kiln.train.rollback import RollbackConfig
-from kiln.train.schedule import ScheduleConfig
+from kiln.train.schedule import ScheduleConfig, lr_at
 
 # Keys of the flat train section (kiln before sub-sections) -> where they live now.
 MOVED = {
@@ -167,6 +167,16 @@ class TrainConfig(Section):
     def warmup_steps(self) -> int:
         """Warmup steps of this run: schedule.warmup_steps, or schedule.warmup_fraction of steps."""
         return self.schedule.warmup(self.steps)
+
+    def lr(self, step: int) -> float:
+        """The schedule's learning rate at optimizer step `step` (1-based), before any rollback's lowering."""
+        s = self.schedule
+        return lr_at(step, self.optim.lr, self.warmup_steps, self.steps, s.min_lr_ratio, s.kind, s.decay_fraction)
+
+    @property
+    def stable_until(self) -> int | None:
+        """wsd: the last step at the peak lr, where a finished run can be extended from (kiln.train.extend); else None."""
+        return self.schedule.stable_until(self.steps)
 
     @property
     def grad_accum_steps(self) -> int:

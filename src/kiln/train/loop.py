@@ -56,7 +56,6 @@ from kiln.train.optim import build_optimizer
 from kiln.train.pipeline_parallel import Pipeline, StagesInTurn, keep_stage, last_stage_results, rank_stages, stage_layers
 from kiln.train.resume import STATES, States
 from kiln.train.rollback import Guard
-from kiln.train.schedule import lr_at
 from kiln.train.tensor_parallel import WholeWindows, apply_tensor_parallel, vocab_parallel_loss
 
 log = logging.getLogger("kiln.train")
@@ -300,7 +299,9 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
         evaluate = last_stage_results(evaluate, ranks)
         probe = probe and last_stage_results(probe, ranks)
     mixture = MixtureWindows(batches.sources, cfg.steps, report_windows)
-    states = States(out_dir / STATES, ranks, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, cfg.checkpoint.async_save)
+    # A wsd run keeps a state at its last stable step: a longer run goes on from there (kiln.train.extend).
+    keep = frozenset({cfg.stable_until}) if cfg.stable_until is not None and cfg.stable_until < cfg.steps else frozenset()
+    states = States(out_dir / STATES, ranks, cfg.checkpoint.every, cfg.checkpoint.keep_last, cfg.checkpoint.keep_every, cfg.checkpoint.async_save, keep)
     # With fp16 an overflowing gradient is the loss scaler's to handle (it skips the step).
     guard = Guard(cfg.rollback, check_grad_norm=not scaler.is_enabled())
     metrics_path = out_dir / RunLayout(run_dir).metrics.name
@@ -353,7 +354,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                 if (theta := shape.rope_theta if shape.rope_theta is not None else model_cfg.rope_theta) != core.cfg.rope_theta:
                     core.set_rope_theta(theta)  # a long-context phase begins (or, rolled back, has not yet)
                     log.info("train: step %d: seq_len %d, RoPE base %g", step, shape.seq_len, theta)
-                lr = lr_at(step, cfg.optim.lr, cfg.warmup_steps, cfg.steps, cfg.schedule.min_lr_ratio, cfg.schedule.kind, cfg.schedule.decay_fraction) * guard.lr_scale(step)
+                lr = cfg.lr(step) * guard.lr_scale(step)
                 for group in optimizer.param_groups:
                     group["lr"] = lr * group["lr_scale"]  # Muon's matrices have their own peak
                 # Per-source sums of per-row mean losses and row counts, kept on the device: no sync per micro-batch.
@@ -425,7 +426,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                     monitor.write({"step": step, "mixture": window})
                 maybe_adapt(evaluate, scored, batches, monitor, step, cfg.geometry(step + 1).progress, adapt_every, cfg)  # for the rows drawn next
                 # The checkpoint is on disk before the final validation, which could still fail.
-                checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, states, cfg.checkpoint.every, step, cfg.steps, model, core, optimizer, batches, ranks, resumable) or checkpoint
+                checkpoint = maybe_checkpoint(out_dir / CHECKPOINT, states, step, cfg.steps, model, core, optimizer, batches, ranks, resumable) or checkpoint
                 val_after = maybe_eval(evaluate, scored, monitor, step, cfg) or val_after  # None until the last step
                 maybe_probe(probe, scored, monitor, step, cfg)
                 if step < cfg.steps and stop.agreed(ranks):  # sync point with several ranks: all stop at the same step

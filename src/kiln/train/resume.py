@@ -8,6 +8,8 @@ never pickles) and every rank its RNG states (`rng-<rank>.json`). The folder is 
 half-written state is never loaded; a state is loaded only after those checksums match (DCP's
 reader unpickles its metadata). After each save the last `keep_last` states stay, and every
 `keep_every`-th step's.
+A wsd run also saves, and keeps, a state at its last stable step, whatever `every` says: a
+finished run is extended from there (kiln.train.extend).
 With `train.checkpoint.async_save`, DCP copies the states to CPU memory and writes them from a
 background thread while training goes on (on a process group of its own, so its collectives never
 interleave with the loop's); rank 0 completes the folder once every rank's shards are written
@@ -109,8 +111,9 @@ class States:
     """The run's resumable states under `root`. Every rank makes one; save, wait and load are
     collectives (every rank calls them together), complete and settle are not."""
 
-    def __init__(self, root: Path, ranks: Ranks, keep_last: int, keep_every: int | None, async_save: bool = False):
-        self.root, self.ranks, self.keep_last, self.keep_every, self.async_save = root, ranks, keep_last, keep_every, async_save
+    def __init__(self, root: Path, ranks: Ranks, every: int | None, keep_last: int, keep_every: int | None, async_save: bool = False, keep_steps: frozenset[int] = frozenset()):
+        self.root, self.ranks, self.every, self.keep_last, self.keep_every, self.async_save = root, ranks, every, keep_last, keep_every, async_save
+        self.keep_steps = keep_steps  # saved whatever `every` says, and never pruned (a wsd run's last stable step)
         self.pending: threading.Thread | None = None
         self.failure: BaseException | None = None
         # Async saves run collectives from a thread: on a group of their own (a CPU backend, as DCP needs).
@@ -118,6 +121,10 @@ class States:
 
     def complete(self) -> list[Path]:
         return complete_states(self.root)
+
+    def due(self, step: int) -> bool:
+        """Whether a state is saved after `step`: every `every` steps, and at each of keep_steps."""
+        return bool(self.every and step % self.every == 0) or step in self.keep_steps
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, train_state: dict[str, Any], wait: bool = False) -> None:
         """Write the state after `step`; async unless `wait` or the config says otherwise (returns once
@@ -176,7 +183,7 @@ class States:
 
     def _prune(self) -> None:
         for old in self.complete()[:-self.keep_last]:
-            if not (self.keep_every and state_step(old) % self.keep_every == 0):
+            if not (self.keep_every and state_step(old) % self.keep_every == 0) and state_step(old) not in self.keep_steps:
                 shutil.rmtree(old)
 
     def load(self, folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

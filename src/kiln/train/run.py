@@ -17,9 +17,11 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
+import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ import torch
 
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError, FatalError
-from kiln.core.layout import CHECKPOINT, MANIFEST, TOKENIZE, TRAIN, RunLayout
+from kiln.core.layout import MANIFEST, TOKENIZE, TRAIN, RunLayout
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs, sha256_file
 from kiln.core.ranks import world_size
 from kiln.model.batch import Batch, RowSource
@@ -41,12 +43,13 @@ from kiln.train.collate import build_collator
 from kiln.train.config import TrainConfig
 from kiln.train.context_parallel import check_context_parallel
 from kiln.train.data_plan import format_plan, plan_data
+from kiln.train.extend import EXTENDABLE, extension_state, old_config
 from kiln.train.loop import MakeProbe, build_precision, train
 from kiln.train.mesh import ParallelConfig, Ranks, init_ranks
 from kiln.train.monitor import TENSORBOARD, peak_rss_mb, reset_peak_rss
 from kiln.train.objectives import TokenIds, check_objectives, fim_middles, token_ids
 from kiln.train.pipeline_parallel import check_pipeline
-from kiln.train.resume import STATES, complete_states, set_aside_after, state_step
+from kiln.train.resume import COMPLETE, STATES, complete_states, set_aside_after, state_step
 from kiln.train.tensor_parallel import check_sequence_parallel, check_tensor_parallel
 
 # Validation rows for an objective's own loss: at most this many micro-batches.
@@ -162,29 +165,82 @@ def format_change(change: dict[str, dict[str, float]], init_from: str) -> str:
     return "\n".join(lines)
 
 
-def pick_state(stage: Stage, force: bool, from_step: int | None) -> Path | None:
-    """The resumable state to continue from (the newest complete one, or from_step's), or None to
-    start afresh; stops when an interrupted run's settings changed (naming them), when from_step
-    names no complete state, and before checkpoints of another run would be replaced (--force
-    moves them aside)."""
+@dataclass(frozen=True)
+class Start:
+    """Where this attempt starts: `resume`, a state of this run's interrupted attempt; `extend`, a
+    state of the finished run it goes on from (copied into the new attempt once it has begun);
+    neither, from the start. `previous`: where the finished run was moved to, if it was."""
+
+    resume: Path | None = None
+    extend: Path | None = None
+    previous: Path | None = None
+
+
+def holds_states(folder: Path) -> bool:
+    """Whether a train folder holds any complete resumable state (set aside by --from ones too)."""
+    return any((folder / STATES).glob(f"**/{COMPLETE}"))
+
+
+def pick_state(stage: Stage, cfg: TrainConfig, force: bool, from_step: int | None) -> Start:
+    """Where to start (see Start), moving a finished run of other inputs or settings aside (kept,
+    never deleted). Stops when an interrupted run with complete states has other settings (naming
+    them), and when from_step names no state to go on from. --force moves both folders aside.
+
+    Everything here happens under the stage's lock: a live run's folders are never moved."""
+    stage.lock()
+    if from_step is not None and force:
+        raise FatalError(f"train: --from {from_step} resumes the interrupted run and --force starts over; give one of them")
     states = complete_states(stage.partial_dir / STATES)
     changes = stage.partial_changes()
     if states and changes and not force:
         raise FatalError(f"train: {stage.partial_dir} holds an interrupted run whose settings differ from these: {'; '.join(changes)}. Resuming would not continue the same run: restore them, or pass --force to move it aside and start over")
-    resumable = bool(states) and stage.partial_matches() and not force
-    if from_step is not None and force:
-        raise FatalError(f"train: --from {from_step} resumes the interrupted run and --force starts over; give one of them")
-    if from_step is not None and not resumable:
-        raise FatalError(f"train: --from {from_step} resumes an interrupted run, and {stage.partial_dir / STATES} holds no complete state to resume")
-    if (stage.final_dir / CHECKPOINT).exists() or not resumable:
-        stage.refuse_to_replace([CHECKPOINT, STATES], "checkpoints of another training run (a different config, data, or a finished run)", force)
-        return None
-    if from_step is None:
-        return states[-1]
-    chosen = [s for s in states if state_step(s) == from_step]
-    if not chosen:
-        raise FatalError(f"train: --from {from_step}: no complete state for that step under {stage.partial_dir / STATES}; there are states after steps {', '.join(str(state_step(s)) for s in states)}")
-    return chosen[0]
+    finished = (stage.final_dir / MANIFEST).is_file()
+    if force:
+        for folder in (stage.final_dir, stage.partial_dir):
+            if (folder / MANIFEST).is_file() or holds_states(folder):
+                stage.set_aside(folder, "--force: starting over")
+        return Start()
+    if states and stage.partial_matches():
+        previous = stage.set_aside(stage.final_dir, "the interrupted run resumes in its place") if finished else None
+        if from_step is None:
+            return Start(resume=states[-1], previous=previous)
+        chosen = [s for s in states if state_step(s) == from_step]
+        if not chosen:
+            raise FatalError(f"train: --from {from_step}: no complete state for that step under {stage.partial_dir / STATES}; there are states after steps {', '.join(str(state_step(s)) for s in states)}")
+        return Start(resume=chosen[0], previous=previous)
+    if holds_states(stage.partial_dir):  # only states set aside by --from: never deleted with the attempt
+        stage.set_aside(stage.partial_dir, "an interrupted attempt with no state to resume")
+    if not finished:  # a first save cut short leaves no complete state: that attempt is started again
+        if from_step is not None:
+            raise FatalError(f"train: --from {from_step} resumes a saved state, and {stage.partial_dir / STATES} holds no complete state (nor is there a finished run to extend)")
+        return Start()
+    changes = stage.finished_changes()
+    old = old_config(read_manifest(stage.final_dir)["config"].get("train", {}), cfg)
+    state, why = extension_state(changes, old, cfg, stage.final_dir / STATES, from_step) if old is not None else (None, "its train section no longer validates")
+    if state is None and from_step is not None:
+        raise FatalError(f"train: --from {from_step}: the finished run in {stage.final_dir} cannot be extended: {why}")
+    if state is None and changes and all(c.startswith(tuple(f"{k}:" for k in EXTENDABLE)) for c in changes):
+        log.warning("train: the finished run is not extended but started over: %s", why)
+    previous = stage.set_aside(stage.final_dir, "; ".join(changes[:3]) + (" ..." if len(changes) > 3 else ""))
+    if state is None:
+        return Start(previous=previous)
+    log.info("train: extending the finished run (now %s): this run %s", previous, why)
+    return Start(extend=previous / STATES / state.name, previous=previous)
+
+
+def seed_attempt(out_dir: Path, state: Path) -> Path:
+    """Copy a finished run's state and its metrics up to it into the new attempt (files hard-linked
+    where the filesystem allows: states are never written in place); returns the copy."""
+    copy = out_dir / STATES / state.name
+    try:
+        shutil.copytree(state, copy, copy_function=os.link)
+    except OSError:
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(state, copy)
+    metrics = state.parent.parent / RunLayout(out_dir).metrics.name
+    if metrics.is_file():
+        shutil.copyfile(metrics, out_dir / metrics.name)  # the loop keeps the records up to the state's step
+    return copy
 
 
 def reference_inputs(layout: RunLayout, reference_runs: Sequence[Path], init_from: str | None) -> list[Path]:
@@ -226,7 +282,6 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
     done = ranks.broadcast(stage.up_to_date(force, lambda m: f"{m['counts']['steps']} steps, val loss {m['counts']['val_after']['all']['loss']:.3f}") if stage else None)
     if done:
         return done
-    resume_from = pick_state(stage, force, from_step) if stage is not None else None
     vocab_size = tokenized["counts"]["vocab_size"]
     if model_cfg.vocab_size is not None and model_cfg.vocab_size < vocab_size:
         raise ConfigError(f"model.vocab_size {model_cfg.vocab_size} is below the tokenizer's {vocab_size} ids; leave it unset to take the tokenizer's")
@@ -236,10 +291,13 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
     rows, ids, planned = prepare_data(cfg, make_rows, layout, tokenized)
     batches = build_collator(rows, cfg, ids, ranks.data_rank, ranks.data_world)
     val_batches = objective_val_batches(make_rows, cfg, scoring, ids)
-    if stage is not None:
-        stage.begin(resume=resume_from is not None)
-        if resume_from is not None and from_step is not None:
-            set_aside_after(resume_from.parent, from_step)  # the abandoned later states are kept, out of the way
+    start = Start()
+    if stage is not None:  # after every check: a finished run is moved aside only for a run that starts
+        start = pick_state(stage, cfg, force, from_step)
+        stage.begin(resume=start.resume is not None)
+        if start.resume is not None and from_step is not None:
+            set_aside_after(start.resume.parent, from_step)  # the abandoned later states are kept, out of the way
+    resume_from = start.resume or (seed_attempt(stage.dir, start.extend) if stage is not None and start.extend else None)
     out_dir, resume_from = ranks.broadcast((str(stage.dir), resume_from) if stage else None)  # only rank 0 writes into out_dir
     reset_peak_rss()
     result = train(model_cfg, cfg, batches, scoring, run_dir, Path(out_dir), val_batches, rows.adapt_every, rows.report_windows, ranks, parallel, resume_from, reference_runs, make_probe)
@@ -268,6 +326,10 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
         "rollbacks": result.rollbacks,
         "mixture": {"planned": planned["total"], "realized": result.mixture},
     }
+    if start.previous is not None:  # a finished run of other inputs or settings, kept
+        counts["previous_run"] = str(start.previous)
+    if start.extend is not None:
+        counts["extended_from"] = {"run": str(start.previous), "step": state_step(start.extend)}
     before, after = result.val_before, result.val_after
     lines = [f"{n_params:,} params, {cfg.steps} steps, {result.tokens_trained:,} tokens on {result.device}" + (f" x {ranks.world} processes ({ranks.describe()})" if ranks.world > 1 else "")]
     if before:
@@ -279,6 +341,10 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
     if cfg.init_from and before:
         counts["val_change"] = {s: {"before": before["sources"][s]["loss"], "after": r["loss"], "change": round(r["loss"] - before["sources"][s]["loss"], 5)} for s, r in after["sources"].items()}
         lines.append(format_change(counts["val_change"], cfg.init_from))
+    if start.extend is not None:
+        lines.append(f"extended the finished run (kept in {start.previous}) from its state after step {state_step(start.extend)}")
+    elif start.previous is not None:
+        lines.append(f"the earlier run of this stage, of other inputs or settings, is kept in {start.previous}")
     seen, plan = batches.tokens_by_source(), planned["total"]
     lines.append("tokens read per source (share, planned share): " + ", ".join(f"{s} {n:,} ({n / max(sum(seen.values()), 1):.1%}, {plan[s]['tokens'] / max(sum(p['tokens'] for p in plan.values()), 1):.1%})" for s, n in seen.items()))
     extra = {"model": model_cfg.model_dump(mode="json"), "monitoring_eval": scoring.model_dump(mode="json")}

@@ -52,14 +52,22 @@ class ScheduleConfig(Section):
         # at most steps - 1, so that a fraction near 1 of a short run still leaves a step after warmup.
         return min(round(self.warmup_fraction * steps), steps - 1)
 
+    def stable_until(self, steps: int) -> int | None:
+        """wsd: the last step at the peak lr (the decay takes the steps after it); None for other kinds."""
+        return wsd_decay_start(self.warmup(steps), steps, self.decay_fraction) if self.kind == "wsd" else None
+
+
+def wsd_decay_start(warmup_steps: int, total_steps: int, decay_fraction: float) -> int:
+    """The last step of a wsd schedule's stable phase: its decay takes round(decay_fraction x steps) steps (at least one) after it."""
+    return max(total_steps - max(1, round(decay_fraction * total_steps)), warmup_steps)
+
 
 def lr_at(step: int, peak: float, warmup_steps: int, total_steps: int, min_lr_ratio: float, kind: str = "cosine", decay_fraction: float = 0.2) -> float:
     if step <= warmup_steps:
         return peak * step / max(warmup_steps, 1)
     floor = peak * min_lr_ratio
     if kind == "wsd":
-        decay_steps = max(1, round(decay_fraction * total_steps))
-        decay_start = max(total_steps - decay_steps, warmup_steps)
+        decay_start = wsd_decay_start(warmup_steps, total_steps, decay_fraction)
         if step <= decay_start:
             return peak
         return peak + (floor - peak) * min((step - decay_start) / max(total_steps - decay_start, 1), 1.0)

@@ -2,7 +2,8 @@
 
 stdlib_code: the standard library's .py files (code); pydoc_topics: the docs text in
 `pydoc_data.topics` (prose); usr_share_doc: READMEs, changelogs and licenses under
-/usr/share/doc (docs). Ids are exactly those of the original reader, so the demo's shards and
+/usr/share/doc (docs). `path` points stdlib_code and usr_share_doc at another root (a copy of
+them, as the tests take so that a package installed meanwhile changes nothing). Ids are exactly those of the original reader, so the demo's shards and
 its cap sample do not change. A missing source is skipped with a warning. Not handled here:
 reading the files (stdlib and /usr/share/doc files are read as text files, see textfile.py).
 """
@@ -28,7 +29,10 @@ def list_builtin(cfg: InputConfig) -> list[ReadUnit]:
     """All documents of one built-in input, or [] with a warning when this machine lacks it."""
     source = cfg.source or BUILTIN_SOURCES[cfg.format]
     if cfg.format == "stdlib_code":
-        root = Path(sysconfig.get_paths()["stdlib"])
+        root = Path(cfg.path or sysconfig.get_paths()["stdlib"]).absolute()
+        if not root.is_dir():
+            log.warning("input %s: %s does not exist on this machine; skipped", source, root)
+            return []
         files = [p for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file()]
         return [ReadUnit(str(p), f"{source}/{p.relative_to(root).as_posix()}", source, "stdlib_code", p.stat().st_size) for p in files]
     if cfg.format == "pydoc_topics":
