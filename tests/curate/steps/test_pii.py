@@ -342,6 +342,7 @@ IP_STILL_FOUND = [
     ("Trying 93.184.216.34...", "Trying <IP_ADDRESS>..."),
     ("Add 93.184.216.34 to the blocklist", "Add <IP_ADDRESS> to the blocklist"),
     ("From 93.184.216.34", "From <IP_ADDRESS>"),
+    ("See 93.184.216.34 for details", "See <IP_ADDRESS> for details"),  # a capital initial, but no version's parts
     ("IPv4 93.184.216.34", "IPv4 <IP_ADDRESS>"),
     ("IP 93.184.216.34 > 45.33.32.156: Flags [S]", "IP <IP_ADDRESS> > <IP_ADDRESS>: Flags [S]"),  # capitals: no product
     ("web-01 93.184.216.34", "web-01 <IP_ADDRESS>"),  # a host name in lower case
@@ -400,7 +401,7 @@ def test_any_nanp_shape_with_any_area_after_a_phone_word_is_a_phone(
 
 
 VERSION_CONTEXTS = [
-    '__version__ = "{}"', "VERSION='{}'", '"version": "{}"', "XFree86 {}", "Python {} on Linux",
+    '__version__ = "{}"', "VERSION='{}'", '"version": "{}"', "XFree86 {}", "OpenSSL {} fixes",
     "Changes in {} (10 August 2003)", "## {} - 2020-01-01",
 ]
 

@@ -586,15 +586,15 @@ class RedactPII:
         digits = sum(c.isdigit() for c in found)
         return MIN_NATIONAL_DIGITS <= digits <= MAX_NATIONAL_DIGITS and any(check(found, region) for region in self._phone_regions)
 
-    def _phone(self, m: re.Match[str], region: str | None) -> bool:
-        """Whether a phone-shaped match is a phone: valid, or possible right after a phone word (`Phone: 968-909-5111`);
-        read in `region`, or None for the national formats of phone_regions."""
+    def _phone(self, m: re.Match[str], north_american: bool, national: bool) -> bool:
+        """Whether a phone-shaped match is a phone: valid, or possible right after a phone word (`Phone: 968-909-5111`),
+        read as a North American number, or in the national formats of phone_regions."""
         found = m.group(0)
-        if self._national_phone(found) if region is None else phone_valid(found, region):
-            return True
-        if not after_phone_word(m.string, m.start()):
-            return False
-        return self._national_phone(found, phone_possible) if region is None else phone_possible(found, region)
+
+        def passes(check: PhoneCheck) -> bool:
+            return (north_american and check(found, "US")) or (national and self._national_phone(found, check))
+
+        return passes(phone_valid) or (after_phone_word(m.string, m.start()) and passes(phone_possible))
 
     def _redact_phones(self, text: str, hits: dict[str, int]) -> str:
         def international(m: re.Match[str]) -> str | None:
@@ -611,10 +611,12 @@ class RedactPII:
             text = m.string
             if _NOT_NATIONAL.fullmatch(m.group(0)) or _IN_NUMBER_RUN.match(text, m.end()) or _NUMBER_RUN_BEFORE.search(text, max(0, m.start() - 8), m.start()):
                 return None  # a shape declined before, or a row of a table of numbers
-            return PLACEHOLDERS["phone"] if self._phone(m, None) else None
+            return PLACEHOLDERS["phone"] if self._phone(m, north_american=False, national=True) else None
 
         def parentheses(m: re.Match[str]) -> str | None:
-            return PLACEHOLDERS["phone"] if self._phone(m, None if m["area"][0] == "0" else "US") else None
+            # (020) 7946 0958 is a national format; any three-digit area (968) 909-5111 has the North American shape.
+            national = m["area"][0] == "0"
+            return PLACEHOLDERS["phone"] if self._phone(m, not national or len(m["area"]) == 3, national) else None
 
         if "+" in text:
             text = _substitute(_PHONE_INTERNATIONAL, text, international, hits, "phone")
