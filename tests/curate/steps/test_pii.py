@@ -297,6 +297,7 @@ PHONE_WORD_FOUND = [
     ('"phone": "968-909-5111"', '"phone": "<PHONE>"'),
     ("Phone:\n968-909-5111", "Phone:\n<PHONE>"),
     ("Phone: 555-123-4567", "Phone: <PHONE>"),  # 555 is no area code either: the word decides
+    ("Phone: (001) 913-3578", "Phone: <PHONE>"),  # a leading 0 in parentheses: North American shape all the same
     ("telephone +44 99 9999 9999", "telephone <PHONE>"),  # a possible length for +44, an unassigned range
     ("Tel: +1 968 909 5111 (24/7 line)", "Tel: <PHONE> (24/7 line)"),
 ]
