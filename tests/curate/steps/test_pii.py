@@ -238,7 +238,8 @@ ADVERSARIAL = {
 def test_one_megabyte_adversarial_string_is_fast(name: str):
     start = time.perf_counter()
     REDACT.redact(ADVERSARIAL[name])
-    assert time.perf_counter() - start < 1.0  # measured 0.06-0.2 s; backtracking would take minutes
+    # Measured 0.06-0.3 s idle and up to 0.9 s on a loaded 2-core host; backtracking would take minutes.
+    assert time.perf_counter() - start < 5.0
 
 
 def test_step_pickles_for_workers():
