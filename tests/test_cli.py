@@ -7,6 +7,7 @@ exit status. None of them trains anything.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln.cli import build_parser, main, recipe_and_overrides
+from kiln.cli import build_parser, cpu_process_limit, main, recipe_and_overrides, record_for_launcher, report_failed_launch
 from kiln.plan.flops import plan_training
 from kiln.recipe import load_recipe
 
@@ -142,6 +143,91 @@ def test_plan_table(capsys: pytest.CaptureFixture[str]) -> None:
     plan = plan_training(recipe.model, recipe.train.seq_len, recipe.train.steps * recipe.train.tokens_per_step, recipe.tokenizer.vocab_size)
     assert code == 0
     assert f"{plan['params']:,}" in out and f"{plan['train_flops']:.3e}" in out
+
+
+# A small model on the CPU: a launch of 2 processes fits its batch (2 rows x 64 x 2 ranks divide 1024 tokens).
+SMALL = """\
+name: run
+runs_dir: {runs}
+model: {{d_model: 64, n_layers: 2, n_heads: 2, n_kv_heads: 1, max_seq_len: 64}}
+train: {{steps: 4, seq_len: 64, micro_batch_size: 2, global_batch_tokens: 1024, schedule: {{warmup_steps: 1}}, precision: {{device: cpu}}}}
+"""
+LAUNCH_ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+
+
+def small_recipe(tmp_path: Path) -> Path:
+    recipe = tmp_path / "small.yaml"
+    recipe.write_text(SMALL.format(runs=tmp_path / "runs"))
+    return recipe
+
+
+def kiln_train(recipe: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(KILN), "train", "--recipe", str(recipe), *args], capture_output=True, text=True, timeout=120, env=LAUNCH_ENV)
+
+
+def test_nproc_beyond_this_machine_is_refused_before_any_process_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--nproc 99999` started hundreds of workers, `--nproc 0` trained one process without a word.
+    recipe, limit = small_recipe(tmp_path), cpu_process_limit()
+    for n in (0, -1):
+        code, _, err = run_main(["train", "--recipe", str(recipe), "--nproc", str(n)], capsys)
+        assert (code, err) == (2, f"kiln train: error: --nproc {n}: give the number of processes to start, 1 or more\n")
+    for n in (limit + 1, 99999):
+        code, _, err = run_main(["train", "--recipe", str(recipe), "--nproc", str(n)], capsys)
+        assert code == 2 and err.startswith(f"kiln train: error: --nproc {n}: at most {limit} CPU processes here") and f"use --nproc {limit} or fewer" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_bad_layout_is_told_once_before_any_process_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # With --nproc 8 a bad layout printed the same error 8 times, then torchrun's ChildFailedError traceback.
+    done = kiln_train(small_recipe(tmp_path), "--nproc", "2", "--set", "parallel.tp=3")  # the real command
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["kiln train: error: parallel.pp (1) x parallel.dp_replicate (1) x parallel.dp_shard (-1) x parallel.cp (1) x parallel.tp (3)"
+                                        " must multiply to the world size, the 2 processes torchrun started; the world size must be a multiple of pp x dp_replicate x cp x tp = 3"]
+    # A model the layout cannot split: kiln.train.run.check_layout, the ranks' own check, run first.
+    monkeypatch.setenv("WORLD_SIZE", "1")  # main() sets it for the N processes: monkeypatch takes it back after the test
+    code, _, err = run_main(["train", "--recipe", str(small_recipe(tmp_path)), "--nproc", "2", "--set", "parallel.tp=2"], capsys)
+    assert code == 2 and err.startswith("kiln train: error: parallel.tp=2 cannot split this model: model.n_kv_heads (1) is not a multiple of parallel.tp (2)")
+    assert len(err.splitlines()) == 1 and not (tmp_path / "runs").exists()
+    code, _, err = run_main(["train", "--recipe", str(small_recipe(tmp_path)), "--nproc", "2", "--set", "train.optim.name=muon"], capsys)
+    assert code == 2 and "muon orthogonalises whole matrices, and parallel (pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 1) splits them" in err
+    assert "use DDP (parallel.dp_replicate=2, parallel.dp_shard=1" in err
+
+
+@pytest.mark.slow
+def test_an_error_of_every_rank_is_told_once_without_a_traceback(tmp_path: Path) -> None:
+    # A layout that passes, then every rank stops on missing data (no tokenize stage): rank 0 says it,
+    # rank 1 hands its error to the launcher, which adds nothing; no traceback. About 12 s on 2 cores.
+    done = kiln_train(small_recipe(tmp_path), "--nproc", "2")
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower() or "Traceback" in line]
+    assert errors == [f"kiln train: error: {tmp_path / 'runs' / 'run' / 'tokenize'}: no manifest.json; run that stage first (or `kiln demo`)"], done.stderr[-3000:]
+
+
+def test_a_failed_launch_is_reported_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # What the launcher of `kiln train --nproc` says from torchrun's failure records (rank -> ProcessFailure).
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    error_file = tmp_path / "rank1" / "error.json"
+    error_file.parent.mkdir()
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    record_for_launcher("train: shard 3 is truncated")  # what rank 1's main() does with a kiln error
+    stopped = ProcessFailure(local_rank=0, pid=10, exitcode=-15, error_file=str(tmp_path / "none.json"))
+    told = ProcessFailure(local_rank=1, pid=11, exitcode=2, error_file=str(error_file))
+    # Rank 1 alone failed on a kiln error, rank 0 was stopped: rank 1's message, once.
+    assert report_failed_launch({0: stopped, 1: told}, 2) == 2
+    assert capsys.readouterr().err == "kiln train: error: train: shard 3 is truncated (process 1 of 2)\n"
+    # Rank 0 printed its own kiln error (and recorded it), whether it then exited or torchrun stopped it: nothing more.
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "rank0.json"))
+    record_for_launcher("train: shard 3 is truncated")
+    for code in (2, -15):
+        said = ProcessFailure(local_rank=0, pid=10, exitcode=code, error_file=str(tmp_path / "rank0.json"))
+        assert report_failed_launch({0: said, 1: told}, 2) == 2 and capsys.readouterr().err == ""
+    # A crash (its traceback is above) or a signal: which process, and how.
+    crashed = ProcessFailure(local_rank=1, pid=11, exitcode=1, error_file=str(tmp_path / "none.json"))
+    assert report_failed_launch({1: crashed}, 4) == 1
+    assert capsys.readouterr().err == "kiln train: error: process 1 of 4 exited with status 1 (its messages are above); the others were stopped\n"
+    killed = ProcessFailure(local_rank=3, pid=13, exitcode=-9, error_file=str(tmp_path / "none.json"))
+    assert report_failed_launch({3: killed}, 4) == 1 and "process 3 of 4 was killed by SIGKILL" in capsys.readouterr().err
 
 
 def test_entry_point_exit_status(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -127,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         if verb == "train":
             p.add_argument("--dry-run", action="store_true", help="Print the planned data mixture over training (a table per phase: weights, tokens and epochs per source) and stop; nothing is trained or written.")
             p.add_argument("--from", dest="from_step", type=int, metavar="STEP", help="Resume the interrupted run from its resumable state after STEP instead of the newest (later states are moved aside into checkpoints/superseded-<time>/).")
-            p.add_argument("--nproc", type=int, metavar="N", help="Train with N processes on this machine: runs `torchrun --standalone --nproc-per-node N -m kiln train` with the other arguments (the parallel section lays them out); with --dry-run, plans for N processes without starting them.")
+            p.add_argument("--nproc", type=int, metavar="N", help="Train with N processes on this machine (at most one per visible GPU; on the CPU one per core, at least 8): checks the recipe's layout for N processes (the parallel section lays them out), then runs `torchrun --standalone --nproc-per-node N -m kiln train` with the other arguments; with --dry-run, plans for N processes without starting them.")
         if verb == "eval":
             p.add_argument("--data", dest="data_files", action="append", default=[], metavar="PATH", help="Also score this text, JSONL or Parquet file (per file and per `source` field); repeatable; replaces eval.data.")
             p.add_argument("--task", dest="tasks", action="append", default=[], metavar="TASK.jsonl", help="Also score this multiple-choice task (JSONL: context or query, choices, label) zero-shot; repeatable; replaces eval.tasks.")
@@ -243,8 +244,57 @@ def run_verb(args: argparse.Namespace, recipe: Recipe) -> dict[str, Any]:
     return manifest
 
 
-def exec_torchrun(argv: list[str], nproc: int) -> None:
-    """Replace this process by torchrun running the same command on `nproc` local processes."""
+def cpu_process_limit() -> int:
+    """The most CPU processes `kiln train --nproc` starts: one per core this process may use, or 8
+    where that is more. Processes beyond the cores only take turns on them (each also holds its own
+    torch, about 0.3 GB), and a runaway N (99999) started hundreds before anything failed; 8 lets a
+    small machine still lay out three degrees of 2 (dp 2 x tp 2 x pp 2) to try a recipe. torchrun
+    started by hand has no such bound."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(8, cores)
+
+
+def check_process_count(recipe: Recipe, nproc: int) -> None:
+    """Stop `kiln train --nproc N` for an N beyond this machine: one process per visible GPU, or on
+    the CPU cpu_process_limit."""
+    import torch
+
+    from kiln.model.precision import resolve_precision
+
+    device = resolve_precision(recipe.train.precision, "train").device
+    if device.type == "cuda" and nproc > (gpus := torch.cuda.device_count()):
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+        raise ConfigError(f"--nproc {nproc}: each process trains on a GPU of its own, and {gpus} are visible here{where}; use --nproc {gpus} or fewer, or train.precision.device=cpu")
+    if device.type == "cpu" and nproc > (limit := cpu_process_limit()):
+        raise ConfigError(f"--nproc {nproc}: at most {limit} CPU processes here (one per core, at least 8; more only take turns on the cores);"
+                          f" use --nproc {limit} or fewer, or start torchrun yourself")
+
+
+def check_layout_for(recipe: Recipe, nproc: int) -> None:
+    """Stop `kiln train --nproc N` before any process starts for a parallel layout N processes cannot
+    form, or a model or training that layout cannot split (recipe: validated for N processes).
+    Checks that need the data (the tokenizer's vocabulary, the shards) run on the ranks."""
+    from kiln.model.precision import resolve_precision
+    from kiln.train.mesh import MESH_DIMS
+    from kiln.train.run import check_layout
+
+    # One process trains alone whatever the parallel section says (kiln.train.mesh.init_ranks).
+    degrees = recipe.parallel.degrees(nproc) if nproc > 1 else dict.fromkeys(MESH_DIMS, 1)
+    check_layout(recipe.model, recipe.train, recipe.parallel, degrees, resolve_precision(recipe.train.precision, "train").amp_dtype)
+
+
+def launch_torchrun(argv: list[str], nproc: int) -> int:
+    """Run the same command (without --nproc) on `nproc` local processes: torchrun's launcher, in this
+    process, as `torchrun --standalone --nproc-per-node N -m kiln ...`; the exit status.
+
+    A failure is told once. Rank 0 prints its own error, the other ranks hand theirs to the launcher
+    (record_for_launcher); the ChildFailedError traceback and per-process log lines torchrun adds
+    would only repeat it, so this prints one line where rank 0 has not already spoken."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
     rest, skip = [], False
     for arg in argv:  # drop --nproc N / --nproc=N
         if skip:
@@ -253,8 +303,43 @@ def exec_torchrun(argv: list[str], nproc: int) -> None:
             skip = True
         elif not arg.startswith("--nproc="):
             rest.append(arg)
-    torchrun = Path(sys.executable).with_name("torchrun")
-    os.execv(str(torchrun), [str(torchrun), "--standalone", f"--nproc-per-node={nproc}", "-m", "kiln", *rest])
+    # Its "failed (exitcode: 2)" and "Sending process ... closing signal SIGTERM" lines: said below.
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    try:
+        run(get_args_parser().parse_args(["--standalone", f"--nproc-per-node={nproc}", "-m", "kiln", *rest]))
+    except ChildFailedError as e:
+        return report_failed_launch(e.failures, nproc)
+    except SignalException:  # SIGTERM or SIGINT to this launcher: passed on to every process, which report themselves
+        return 130
+    return 0
+
+
+def report_failed_launch(failures: dict[int, Any], nproc: int) -> int:
+    """One line for a launch of nproc processes where some failed (global rank -> torch.distributed.elastic
+    ProcessFailure), unless rank 0 already printed its kiln error; the exit status."""
+    # The ranks that stopped on a kiln error and recorded it (record_for_launcher; torchrun names a
+    # missing error file <N/A>). subtle: not their exit status: torchrun may stop rank 0 with SIGTERM
+    # between its message and its exit, once another rank has failed.
+    told = sorted(rank for rank, f in failures.items() if f.error_file != "<N/A>")
+    if 0 in told:
+        return 2  # rank 0 printed it
+    if told:
+        print(f"kiln train: error: {failures[told[0]].message} (process {told[0]} of {nproc})", file=sys.stderr)
+        return 2
+    rank = min(failures, key=lambda r: failures[r].timestamp)  # the first to fail; the others were stopped
+    first = failures[rank]
+    how = f"was killed by {first.signal_name()}" if first.exitcode < 0 else f"exited with status {first.exitcode}"
+    print(f"kiln train: error: process {rank} of {nproc} {how} (its messages are above); the others were stopped", file=sys.stderr)
+    return 1
+
+
+def record_for_launcher(message: str) -> None:
+    """Under torchrun, hand this rank's kiln error to the launcher (its error file, the convention of
+    torch.distributed.elastic): `kiln train --nproc` then knows whether rank 0 printed it, and prints
+    another rank's, which only records it; plain torchrun shows it in its summary."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        Path(path).write_text(json.dumps({"message": message, "timestamp": int(time.time())}), encoding="utf-8")
 
 
 # Errors of the place a stage writes to, not of kiln: reported as one line naming the path.
@@ -264,14 +349,13 @@ STORAGE_ERRORS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    if getattr(args, "nproc", None):
-        if args.nproc < 1:
-            print("kiln train: error: --nproc must be at least 1", file=sys.stderr)
+    nproc = getattr(args, "nproc", None)
+    if nproc is not None:
+        if nproc < 1:
+            print(f"kiln train: error: --nproc {nproc}: give the number of processes to start, 1 or more", file=sys.stderr)
             return 2
         if getattr(args, "dry_run", False):  # plan for that launch: the batch and memory per rank of N processes, timed on one
-            os.environ["WORLD_SIZE"] = str(args.nproc)
-        else:
-            exec_torchrun(argv, args.nproc)
+            os.environ["WORLD_SIZE"] = str(nproc)
     # Under torchrun only rank 0 tells the user what happens; the others report problems only.
     quiet = args.quiet or not is_main_process()
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
@@ -287,6 +371,11 @@ def main(argv: list[str] | None = None) -> int:
         from kiln.recipe import load_recipe
 
         recipe = load_recipe(*recipe_and_overrides(args))
+        if nproc is not None and not args.dry_run:
+            check_process_count(recipe, nproc)
+            os.environ["WORLD_SIZE"] = str(nproc)  # the recipe again, for N processes: the batch arithmetic counts them
+            check_layout_for(load_recipe(*recipe_and_overrides(args)), nproc)
+            return launch_torchrun(argv, nproc)
         if args.verb == "plan":
             from kiln.plan.flops import format_plan, plan_training
 
@@ -320,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
             print((RunLayout(recipe.run_dir).stage(manifest["stage"]) / SUMMARY).read_text().rstrip())
         return 0
     except KilnError as e:
-        print(f"kiln {args.verb}: error: {e}", file=sys.stderr)
+        if is_main_process():  # under torchrun every rank usually fails alike: rank 0 says it once
+            print(f"kiln {args.verb}: error: {e}", file=sys.stderr)
+        record_for_launcher(str(e))
         return 2
     except OSError as e:
         if e.errno not in STORAGE_ERRORS:

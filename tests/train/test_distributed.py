@@ -30,7 +30,7 @@ def single(tokenized_run: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
 
 @pytest.mark.parametrize(("layout", "overrides"), [("ddp", ("parallel.dp_replicate=2", "parallel.dp_shard=1")), ("fsdp2", ("parallel.dp_shard=-1",))])
 def test_two_processes_match_one_with_the_same_global_batch(layout: str, overrides: tuple[str, ...], single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
-    # DDP through `kiln train --nproc 2` (which execs torchrun); FSDP2 as two torchrun "nodes" of
+    # DDP through `kiln train --nproc 2` (which runs torchrun); FSDP2 as two torchrun "nodes" of
     # one process each on this machine, meeting at a c10d rendezvous (--nnodes 2), as on a cluster.
     one, one_root = single
     if layout == "ddp":

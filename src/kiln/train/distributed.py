@@ -1,7 +1,7 @@
 """What is applied to the model from outside: activation checkpointing, torch.compile, and data
 parallelism over the mesh of kiln.train.mesh (DDP or FSDP2).
 
-`torchrun --nproc-per-node N -m kiln train ...` (or `kiln train --nproc N`, which execs it) starts
+`torchrun --nproc-per-node N -m kiln train ...` (or `kiln train --nproc N`, which checks the layout and starts it) starts
 N processes with RANK, WORLD_SIZE and LOCAL_RANK set; each joins one process group (gloo on the
 CPU, nccl on CUDA, one GPU per process by LOCAL_RANK) and the mesh the `parallel` section lays
 out. The data ranks are `dp_replicate` x `dp_shard`: the model is replicated with DDP when only

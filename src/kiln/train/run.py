@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -259,21 +260,29 @@ def reference_inputs(layout: RunLayout, reference_runs: Sequence[Path], init_fro
     return inputs
 
 
+def check_layout(model_cfg: ModelConfig, cfg: TrainConfig, parallel: ParallelConfig, degrees: dict[str, int], amp_dtype: torch.dtype | None) -> None:
+    """A ConfigError for a layout (kiln.train.mesh's degrees) this model and training cannot take.
+    It reads no data, so `kiln train --nproc N` runs it before starting any process (and each rank again)."""
+    split = degrees["dp_shard"] > 1 or degrees["tp"] > 1 or degrees["pp"] > 1 or degrees["cp"] > 1
+    if amp_dtype == torch.float16 and split:
+        raise ConfigError("train.precision.dtype=fp16 skips a step when any gradient overflows, which ranks holding parts of the model cannot agree on; use bf16 with FSDP2, tensor or pipeline parallelism, or DDP (parallel.dp_shard=1, parallel.tp=1, parallel.pp=1, parallel.cp=1)")
+    if cfg.optim.name == "muon" and split:
+        layout = " x ".join(f"{name} {degree}" for name, degree in degrees.items())
+        raise ConfigError(f"train.optim.name=muon orthogonalises whole matrices, and parallel ({layout}) splits them over ranks; use DDP (parallel.dp_replicate={math.prod(degrees.values())}, parallel.dp_shard=1, parallel.tp=1, parallel.pp=1, parallel.cp=1) or adamw")
+    tp, pp, cp = degrees["tp"], degrees["pp"], degrees["cp"]
+    check_tensor_parallel(model_cfg, tp)
+    if tp > 1 and parallel.sequence_parallel:
+        check_sequence_parallel(tp, cfg.seq_lens, cfg.probe_every)
+    if cp > 1:
+        check_context_parallel(cp, cfg.seq_lens, pp, tp if parallel.sequence_parallel else 1)
+    check_pipeline(model_cfg, pp, parallel.pp_layers, {o: cfg.masks_documents(o) for o in cfg.objectives}, parallel.sequence_parallel and tp > 1, parallel.pp_schedule, parallel.pp_stages_per_rank)
+
+
 def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool, parallel: ParallelConfig, precision: Precision, ranks: Ranks, from_step: int | None = None, reference_runs: Sequence[Path] = (), make_probe: MakeProbe | None = None) -> dict[str, Any]:
     layout = RunLayout(run_dir)
     tokenize_dir = layout.token_shards
     tokenized = read_manifest(tokenize_dir)
-    split = ranks.shard > 1 or ranks.tp > 1 or ranks.pp > 1 or ranks.cp > 1
-    if precision.amp_dtype == torch.float16 and split:
-        raise ConfigError("train.precision.dtype=fp16 skips a step when any gradient overflows, which ranks holding parts of the model cannot agree on; use bf16 with FSDP2, tensor or pipeline parallelism, or DDP (parallel.dp_shard=1, parallel.tp=1, parallel.pp=1, parallel.cp=1)")
-    if cfg.optim.name == "muon" and split:
-        raise ConfigError(f"train.optim.name=muon orthogonalises whole matrices, and parallel ({ranks.describe()}) splits them over ranks; use DDP (parallel.dp_replicate={ranks.world}, parallel.dp_shard=1, parallel.tp=1, parallel.pp=1, parallel.cp=1) or adamw")
-    check_tensor_parallel(model_cfg, ranks.tp)
-    if ranks.tp > 1 and parallel.sequence_parallel:
-        check_sequence_parallel(ranks.tp, cfg.seq_lens, cfg.probe_every)
-    if ranks.cp > 1:
-        check_context_parallel(ranks.cp, cfg.seq_lens, ranks.pp, ranks.tp if parallel.sequence_parallel else 1)
-    check_pipeline(model_cfg, ranks.pp, parallel.pp_layers, {o: cfg.masks_documents(o) for o in cfg.objectives}, parallel.sequence_parallel and ranks.tp > 1, parallel.pp_schedule, parallel.pp_stages_per_rank)
+    check_layout(model_cfg, cfg, parallel, ranks.degrees, precision.amp_dtype)
     stage = None
     if ranks.is_main:  # inputs are hashed and checked once, here
         inputs = [layout.tokenizer_json, *(p for p in recorded_outputs(tokenize_dir) if p.suffix in (".bin", ".idx", ".npy")), *reference_inputs(layout, reference_runs, cfg.init_from)]
