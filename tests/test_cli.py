@@ -239,3 +239,17 @@ def test_entry_point_exit_status(tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert "curate.bogus_key: unknown key" in bad.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name", ["plain", "with space", "emoji 😀 and 中文", "tab\there"])
+def test_paths_given_as_flags_arrive_unchanged(name: str) -> None:
+    # A path's characters beyond U+FFFF were JSON-escaped as surrogate pairs, which YAML read as two broken characters.
+    parser = build_parser()
+    export = load_recipe(*recipe_and_overrides(parser.parse_args(["export", f"out/{name}"])))
+    assert export.export.out == f"out/{name}"
+    generate = load_recipe(*recipe_and_overrides(parser.parse_args(["generate", "--prompt-file", f"{name}.jsonl"])))
+    assert generate.generate.prompt_file == f"{name}.jsonl"
+    curate = load_recipe(*recipe_and_overrides(parser.parse_args(["curate", "--input", f"data/{name}.jsonl", "--run", "r", "--decontaminate", f"{name}.jsonl"])))
+    assert curate.curate.inputs[0].path == f"data/{name}.jsonl" and curate.curate.decontaminate.eval_sets[0].path == f"{name}.jsonl"
+    scored = load_recipe(*recipe_and_overrides(parser.parse_args(["eval", "--data", f"{name}.txt", "--task", f"{name}.jsonl"])))
+    assert scored.eval.data == [f"{name}.txt"] and scored.eval.tasks == [f"{name}.jsonl"]

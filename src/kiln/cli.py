@@ -182,28 +182,34 @@ def vocab_sizes(text: str) -> list[int]:
     return sizes
 
 
+def as_yaml(value: object) -> str:
+    """A flag's value as the YAML of an override: JSON with characters outside ASCII kept as they are
+    (JSON's escapes of characters beyond U+FFFF are surrogate pairs, which YAML reads as two broken characters)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
 def recipe_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
     """The recipe to load and the overrides, with curate's --input and --run turned into overrides."""
     recipe, overrides = args.recipe, list(args.overrides)
     inputs, run, eval_sets = getattr(args, "inputs", []), getattr(args, "run", None), getattr(args, "eval_sets", [])
     if inputs:
-        overrides.insert(0, "curate.inputs=" + json.dumps([{"path": p} for p in inputs]))
+        overrides.insert(0, "curate.inputs=" + as_yaml([{"path": p} for p in inputs]))
     if eval_sets:
-        overrides.insert(0, "curate.decontaminate.eval_sets=" + json.dumps([{"path": p} for p in eval_sets]))
+        overrides.insert(0, "curate.decontaminate.eval_sets=" + as_yaml([{"path": p} for p in eval_sets]))
     if run:
-        overrides.insert(0, f"name={json.dumps(run)}")
+        overrides.insert(0, f"name={as_yaml(run)}")
     if getattr(args, "data_files", None):
-        overrides.insert(0, "eval.data=" + json.dumps(args.data_files))
+        overrides.insert(0, "eval.data=" + as_yaml(args.data_files))
     if getattr(args, "tasks", None):
-        overrides.insert(0, "eval.tasks=" + json.dumps(args.tasks))
+        overrides.insert(0, "eval.tasks=" + as_yaml(args.tasks))
     if getattr(args, "prompt_file", None):
-        overrides.insert(0, f"generate.prompt_file={json.dumps(args.prompt_file)}")
+        overrides.insert(0, f"generate.prompt_file={as_yaml(args.prompt_file)}")
     if getattr(args, "prompt", None) is not None:
         from kiln.recipe import literal_override
 
         overrides.insert(0, literal_override("generate.prompt", args.prompt))
     if getattr(args, "out", None):
-        overrides.insert(0, f"export.out={json.dumps(args.out)}")
+        overrides.insert(0, f"export.out={as_yaml(args.out)}")
     if getattr(args, "export_format", None):
         overrides.insert(0, f"export.format={args.export_format}")
     if recipe is None and not inputs:
