@@ -4,7 +4,11 @@ logits; an exported kiln run comes back bit for bit; folders kiln cannot reprodu
 from __future__ import annotations
 
 import json
+import logging
+import re
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,7 @@ import torch
 
 from kiln.core.errors import FatalError
 from kiln.core.layout import RunLayout
+from kiln.core.manifest import Stage, sha256_file
 from kiln.evaluate.config import ExportConfig, GenerateConfig, ImportConfig
 from kiln.evaluate.export import run as export
 from kiln.evaluate.generate import run as generate
@@ -21,6 +26,8 @@ from kiln.model.init import build_model
 from kiln.model.weights import checkpoint_config, load_trained_model, load_weights_into, save_weights
 from kiln.text.specials import special_tokens
 from kiln.text.tokenizer import KilnTokenizer, train_bpe
+from kiln.tokenize.config import TokenizerConfig
+from kiln.train.config import TrainConfig
 
 transformers = pytest.importorskip("transformers")
 
@@ -95,7 +102,8 @@ def test_an_imported_run_scores_any_file_as_transformers_does(tmp_path: Path, to
     assert scored["sources"]["mine"]["loss"] == pytest.approx(loss, abs=1e-4)
 
 
-def test_export_then_import_gives_back_the_same_weights(tmp_path: Path, tokenizer: KilnTokenizer) -> None:
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_export_then_import_gives_back_the_same_weights(tmp_path: Path, tokenizer: KilnTokenizer, dtype: str) -> None:
     source = tmp_path / "runs" / "source"
     layout = RunLayout(source)
     layout.tokenizer_json.parent.mkdir(parents=True)
@@ -104,13 +112,14 @@ def test_export_then_import_gives_back_the_same_weights(tmp_path: Path, tokenize
     model = build_model(cfg, 3, "cpu")
     layout.checkpoint.parent.mkdir(parents=True)
     save_weights(layout.checkpoint, model)
-    export(ExportConfig(), GenerateConfig(), source)
+    export(ExportConfig(dtype=dtype), GenerateConfig(), source)  # type: ignore[arg-type]
     back = tmp_path / "runs" / "back"
     import_hf(ImportConfig(source=str(source / "export" / "hf")), back)
     again = load_trained_model(RunLayout(back).checkpoint)
     shape = lambda c: {k: v for k, v in c.model_dump().items() if k not in ("ffn_hidden", "ffn_multiplier")} | {"hidden": c.hidden}  # noqa: E731
     assert shape(again.cfg) == shape(cfg)  # the width comes back as ffn_hidden
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True))
+    stored = getattr(torch, dtype)  # bf16 weights come back as the fp32 values of the stored bf16 ones
+    assert all(torch.equal(a.to(stored).float(), b) and b.dtype == torch.float32 for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True))
 
 
 @pytest.mark.parametrize(
@@ -141,3 +150,164 @@ def test_a_foreign_tokenizer_is_refused_with_the_reason(tmp_path: Path, tokenize
     shutil.copyfile(tokenizer.path, folder / "tokenizer.json")  # type: ignore[arg-type]
     with pytest.raises(FatalError, match="kiln does not unpickle weights"):
         import_hf(ImportConfig(source=str(folder)), tmp_path / "runs" / "x")
+
+
+@pytest.fixture(scope="module")
+def saved_llama(tmp_path_factory: pytest.TempPathFactory, tokenizer: KilnTokenizer) -> Path:
+    return llama_folder(tmp_path_factory.mktemp("saved"), tokenizer)[0]
+
+
+def edit_json(name: str, change: Callable[[dict], object]) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        (folder / name).write_text(json.dumps(change(json.loads((folder / name).read_text()))))
+    return edit
+
+
+def index_naming(shard: str) -> Callable[[Path], None]:
+    """An index that maps every tensor to model.safetensors, except the output projection to `shard`."""
+    def edit(folder: Path) -> None:
+        from safetensors import safe_open
+
+        with safe_open(folder / "model.safetensors", "pt") as f:
+            names = list(f.keys())
+        weight_map = {n: shard if n == "lm_head.weight" else "model.safetensors" for n in names}
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return edit
+
+
+def truncate(folder: Path) -> None:
+    path = folder / "model.safetensors"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def link(name: str, target: str) -> Callable[[Path], None]:
+    def edit(folder: Path) -> None:
+        (folder / name).unlink()
+        (folder / name).symlink_to(target if target.startswith("/") else folder.parent / target)
+    return edit
+
+
+def outside_copy(folder: Path) -> None:
+    shutil.copyfile(folder / "model.safetensors", folder.parent / "elsewhere.safetensors")
+    link("model.safetensors", "elsewhere.safetensors")(folder)
+
+
+HOSTILE = {
+    "config not JSON": (lambda f: (f / "config.json").write_text('{"vocab_size": 360,'), "config.json: not valid JSON"),
+    "config a list": (lambda f: (f / "config.json").write_text("[1, 2]"), "config.json: a JSON list, not an object"),
+    "config a folder": (lambda f: ((f / "config.json").unlink(), (f / "config.json").mkdir()), "config.json: not a regular file"),
+    "config linked to /dev/zero": (link("config.json", "/dev/zero"), "config.json: a symlink to /dev/zero"),
+    "no heads": (edit_json("config.json", lambda c: c | {"num_attention_heads": 0}), "config.json: num_attention_heads is 0; it must be a positive integer"),
+    "negative heads": (edit_json("config.json", lambda c: c | {"num_attention_heads": -4}), "num_attention_heads is -4"),
+    "heads a string": (edit_json("config.json", lambda c: c | {"num_attention_heads": "4"}), 'num_attention_heads is "4"'),
+    "heads a float": (edit_json("config.json", lambda c: c | {"num_attention_heads": 4.5}), "num_attention_heads is 4.5"),
+    "no hidden size": (edit_json("config.json", lambda c: {k: v for k, v in c.items() if k != "hidden_size"}), "config.json: hidden_size is missing"),
+    "rope a list": (edit_json("config.json", lambda c: c | {"rope_parameters": [1], "rope_scaling": None}), "config.json: not a config kiln can read"),
+    "a billion layers": (edit_json("config.json", lambda c: c | {"num_hidden_layers": 10**9}), r"config.json: importing [\d,]+ parameters .* needs [\d,.]+ GB of memory and this machine has [\d,.]+ GB available"),
+    "1e11 tokens": (edit_json("config.json", lambda c: c | {"vocab_size": 10**11}), r"config.json: importing 12,800,\d{3},\d{3},\d{3} parameters .* needs [\d,.]+ GB"),
+    "truncated weights": (truncate, "model.safetensors: cannot be read as safetensors"),
+    "weights not safetensors": (lambda f: (f / "model.safetensors").write_text("hello"), "model.safetensors: cannot be read as safetensors"),
+    "weights linked to a system file": (link("model.safetensors", "/etc/passwd"), "model.safetensors: a symlink to /etc/passwd, outside"),
+    "weights linked to /dev/zero": (link("model.safetensors", "/dev/zero"), "model.safetensors: a symlink to /dev/zero, outside"),
+    "weights linked outside the folder": (outside_copy, "model.safetensors: a symlink to .*elsewhere.safetensors, outside"),
+    "weights a dangling link": (link("model.safetensors", "gone.safetensors"), "model.safetensors: no such file"),
+    "index to /dev/zero": (index_naming("/dev/zero"), "model.safetensors.index.json: '/dev/zero' is not a file of"),
+    "index to a parent folder": (index_naming("../elsewhere.safetensors"), "model.safetensors.index.json: '../elsewhere.safetensors' is not a file of"),
+    "index to a missing shard": (index_naming("model-00002-of-00002.safetensors"), r"model-00002-of-00002.safetensors: no such file \(named in .*model.safetensors.index.json\)"),
+    "index to a folder": (lambda f: ((f / "shards").mkdir(), index_naming("shards")(f)), r"shards: not a regular file \(named in"),
+    "index without weight_map": (lambda f: (f / "model.safetensors.index.json").write_text('{"metadata": {}}'), "model.safetensors.index.json: no weight_map"),
+    "index a list": (lambda f: (f / "model.safetensors.index.json").write_text("[]"), "model.safetensors.index.json: no weight_map"),
+    "index not JSON": (lambda f: (f / "model.safetensors.index.json").write_text("{"), "model.safetensors.index.json: not valid JSON"),
+    "tokenizer linked to /dev/zero": (link("tokenizer.json", "/dev/zero"), "tokenizer.json: a symlink to /dev/zero"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_a_hostile_folder_stops_the_cli_with_one_line_naming_the_file(tmp_path: Path, saved_llama: Path, case: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from kiln.cli import main
+
+    folder = tmp_path / "hf"
+    shutil.copytree(saved_llama, folder)
+    edit, message = HOSTILE[case]
+    edit(folder)
+    t0 = time.perf_counter()
+    code = main(["-q", "import-hf", str(folder), "--run", "x", "--set", f"runs_dir={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("kiln import-hf: error: ") and re.search(message, err), err
+    assert time.perf_counter() - t0 < 20  # checked, not allocated: a billion layers stop at once
+    assert not (tmp_path / "runs" / "x").exists()
+
+
+def test_a_hugging_face_cache_snapshot_of_links_into_its_blobs_imports(tmp_path: Path, saved_llama: Path) -> None:
+    repo = tmp_path / "hub" / "models--someone--tiny"
+    snapshot, blobs = repo / "snapshots" / "0123abc", repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for i, path in enumerate(sorted(saved_llama.iterdir())):  # the hub's layout: every file a link to its blob
+        shutil.copyfile(path, blobs / f"blob{i}")
+        (snapshot / path.name).symlink_to(Path("../../blobs") / f"blob{i}")
+    manifest = import_hf(ImportConfig(source=str(snapshot)), tmp_path / "runs" / "cached")
+    assert manifest["counts"]["architecture"] == "LlamaForCausalLM"
+
+
+def tree(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def trained_run(run_dir: Path, tokenizer: KilnTokenizer) -> None:
+    """A run as `kiln train` leaves it: a tokenizer stage with its report, a train stage with its
+    config section, checkpoint, metrics and TensorBoard events."""
+    tok = Stage(run_dir, "tokenizer", {"tokenizer": TokenizerConfig(vocab_size=tokenizer.vocab_size)}, inputs=[])
+    tok.begin()
+    assert tokenizer.path is not None
+    outputs = KilnTokenizer.load(tokenizer.path).save(tok.dir / "tokenizer.json")  # a copy: saving moves a tokenizer's path
+    (tok.dir / "report.json").write_text('{"bytes_per_token": 3.9}\n')
+    tok.finish([*outputs, tok.dir / "report.json"], {"vocab_size": tokenizer.vocab_size}, "trained tokenizer")
+    model_cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=64, n_layers=2, n_heads=4)
+    train = Stage(run_dir, "train", {"model": model_cfg, "train": TrainConfig(steps=300)}, inputs=[], upstream=["tokenizer"])
+    train.begin()
+    outputs = save_weights(train.dir / "checkpoint", build_model(model_cfg, 0, "cpu"))
+    (train.dir / "metrics.jsonl").write_text('{"step": 1, "loss": 5.9}\n')
+    (train.dir / "tensorboard").mkdir()
+    (train.dir / "tensorboard" / "events.out.tfevents.1").write_bytes(b"\0" * 64)
+    train.finish(outputs, {"steps": 300}, "300 steps", logs=[train.dir / "metrics.jsonl"])
+
+
+def test_importing_into_a_trained_run_stops_and_force_keeps_the_run_aside(tmp_path: Path, tokenizer: KilnTokenizer, saved_llama: Path, caplog: pytest.LogCaptureFixture) -> None:
+    run_dir = tmp_path / "runs" / "demo"
+    trained_run(run_dir, tokenizer)
+    before = tree(run_dir)
+    with pytest.raises(FatalError, match=r"tokenizer: .*runs/demo/tokenizer holds kiln_tokenizer.json, manifest.json, report.json, summary.txt, tokenizer.json \(not written by an import of .*\); pass --force"):
+        import_hf(ImportConfig(source=str(saved_llama)), run_dir)
+    assert tree(run_dir) == before  # nothing touched
+    import_hf(ImportConfig(source=str(saved_llama)), run_dir, force=True)
+    aside = {p.name.split(".old-")[0]: p for p in run_dir.iterdir() if ".old-" in p.name}
+    assert sorted(aside) == ["tokenizer", "train"]  # both moved aside whole, nothing deleted
+    assert {f"{stage}/{rel}": h for stage, p in aside.items() for rel, h in tree(p).items()} == before
+    assert json.loads((run_dir / "train" / "manifest.json").read_text())["config"] == {"import": {"source": str(saved_llama)}}
+    # The same folder again: up to date, nothing redone or moved.
+    caplog.set_level(logging.INFO, logger="kiln")
+    now = tree(run_dir)
+    import_hf(ImportConfig(source=str(saved_llama)), run_dir)
+    assert tree(run_dir) == now and "train: up to date" in caplog.text
+    # Another folder's import is not this one's to replace either.
+    other, _ = llama_folder(tmp_path / "other", tokenizer, num_hidden_layers=1)
+    with pytest.raises(FatalError, match=r"\(not written by an import of .*other/hf-llama\)"):
+        import_hf(ImportConfig(source=str(other)), run_dir)
+    assert tree(run_dir) == now
+
+
+def test_an_interrupted_training_in_the_run_is_kept_aside_by_a_forced_reimport(tmp_path: Path, tokenizer: KilnTokenizer, saved_llama: Path) -> None:
+    run_dir = tmp_path / "runs" / "demo"
+    import_hf(ImportConfig(source=str(saved_llama)), run_dir)
+    partial = run_dir / "train.partial"  # continued pretraining in the same run, interrupted after step 10
+    (partial / "states" / "step-00000010").mkdir(parents=True)
+    (partial / "in_progress.json").write_text(json.dumps({"config_hash": "x", "settings": {"model": {}, "train": {"steps": 100}}}))
+    (partial / "states" / "step-00000010" / "model.pt").write_bytes(b"\1" * 32)
+    import_hf(ImportConfig(source=str(saved_llama)), run_dir)  # up to date: the interrupted run is not touched
+    assert (partial / "states" / "step-00000010" / "model.pt").is_file()
+    import_hf(ImportConfig(source=str(saved_llama)), run_dir, force=True)  # redone; the interrupted run moved aside, whole
+    (aside,) = run_dir.glob("train.old-*-partial")
+    assert (aside / "states" / "step-00000010" / "model.pt").read_bytes() == b"\1" * 32
+    assert not partial.exists() and (run_dir / "train" / "checkpoint" / "model.safetensors").is_file()

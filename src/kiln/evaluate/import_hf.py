@@ -9,6 +9,14 @@ kiln's parameters and loaded strictly, and its tokenizer.json must be one kiln m
 config.json). From there `kiln generate`, `kiln export`, `kiln eval --data FILE`, and continued
 pretraining (`train.init_from: runs/NAME/train/checkpoint`, `tokenizer.from_run: runs/NAME`,
 the model section printed at the end) work as on a run kiln trained.
+
+Before anything is read into memory every file is checked: config.json is one JSON object whose
+sizes are positive integers, every file is a regular file of the folder (a symlink may point only
+into it, or in a Hugging Face hub cache snapshot into the repository's blobs/; never at a device
+or a system file), the index's weight_map names only the folder's own files, and the model (fp32)
+plus the safetensors read fit in the memory this machine has available. A run whose tokenizer/ or
+train/ was not made by an import of this same folder (a run kiln trained, another import) is not
+replaced: --force moves those folders aside (`<stage>.old-<time>/`, never deleted).
 Not handled here: PyTorch pickles (`pytorch_model.bin`: kiln never unpickles downloaded files),
 tokenizers of other kinds, architectures other than Llama and Qwen3.
 """
@@ -22,13 +30,15 @@ from typing import Any
 
 import torch
 import yaml
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from kiln.core.errors import FatalError
-from kiln.core.layout import TOKENIZER, TRAIN, RunLayout
-from kiln.core.manifest import Stage
+from kiln.core.hardware import GB, available_memory, check_memory
+from kiln.core.layout import MANIFEST, TOKENIZER, TOKENIZER_JSON, TRAIN, RunLayout
+from kiln.core.manifest import IN_PROGRESS, Stage
 from kiln.evaluate.config import ImportConfig
-from kiln.model.config import ModelConfig, count_params
+from kiln.model.config import ModelConfig, build_bytes, count_params
 from kiln.model.hf import architecture, from_hf_state, model_config_from_hf
 from kiln.model.transformer import Transformer
 from kiln.model.weights import save_weights
@@ -36,59 +46,146 @@ from kiln.text.tokenizer import KilnTokenizer, adopt
 
 log = logging.getLogger("kiln.import")
 INDEX = "model.safetensors.index.json"
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+
+
+def present(path: Path) -> bool:
+    return path.exists() or path.is_symlink()  # a dangling symlink is there, and refused by name
+
+
+def folder_file(folder: Path, name: str, named_in: Path | None = None) -> Path:
+    """`folder/name` when it is a regular file of the folder; FatalError naming it otherwise.
+
+    The name must stay inside the folder (no absolute path, no `..`), and a symlink must resolve
+    into the folder or, in a Hugging Face hub cache snapshot (`snapshots/<revision>/`), into that
+    repository's `blobs/`. named_in: the index that names the file, for the message."""
+    source = f" (named in {named_in})" if named_in else ""
+    if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise FatalError(f"{named_in or folder}: {name!r} is not a file of {folder}; every weight file must be one of the folder's own files")
+    path = folder / name
+    try:
+        real = path.resolve(strict=True)
+    except FileNotFoundError:
+        raise FatalError(f"{path}: no such file{source}; the folder is incomplete: download it again") from None
+    except (OSError, RuntimeError) as e:  # a symlink loop
+        raise FatalError(f"{path}: cannot be resolved ({e}){source}") from None
+    home = folder.resolve()
+    blobs = home.parent.parent / "blobs" if home.parent.name == "snapshots" else None
+    if not real.is_relative_to(home) and real.parent != blobs:
+        raise FatalError(f"{path}: a symlink to {real}, outside {folder}{source}; kiln reads only the folder's own files: copy the file into the folder")
+    if not real.is_file():  # follows the link: false for a folder, a device, a pipe
+        raise FatalError(f"{path}: not a regular file{source}; give the folder's real files")
+    return path
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise FatalError(f"{path}: not valid JSON ({e}); the file is damaged, or not a Hugging Face file") from None
 
 
 def weight_files(folder: Path) -> list[Path]:
-    """The folder's safetensors files: model.safetensors, or the shards its index lists."""
-    if (folder / INDEX).is_file():
-        index = json.loads((folder / INDEX).read_text())
-        return [folder / name for name in sorted(set(index["weight_map"].values()))]
-    if (folder / "model.safetensors").is_file():
-        return [folder / "model.safetensors"]
+    """The folder's safetensors files: model.safetensors, or the shards its index lists (each checked)."""
+    if present(folder / INDEX):
+        index_path = folder_file(folder, INDEX)
+        index = read_json(index_path)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
+            raise FatalError(f"{index_path}: no weight_map (an object of tensor names to shard file names); the index is damaged: download it again")
+        return [folder_file(folder, name, index_path) for name in sorted(set(weight_map.values()))]
+    if present(folder / WEIGHTS):
+        return [folder_file(folder, WEIGHTS)]
     pickles = sorted(p.name for p in folder.glob("*.bin"))
-    raise FatalError(f"{folder}: no model.safetensors or {INDEX}" + (f" (found {', '.join(pickles)}: kiln does not unpickle weights; save them with safe_serialization=True)" if pickles else ""))
+    raise FatalError(f"{folder}: no {WEIGHTS} or {INDEX}" + (f" (found {', '.join(pickles)}: kiln does not unpickle weights; save them with safe_serialization=True)" if pickles else ""))
 
 
-def read_folder(folder: Path) -> tuple[ModelConfig, Transformer, KilnTokenizer]:
-    """The model (fp32, on the CPU) and tokenizer a Hugging Face folder holds; FatalError naming the first problem."""
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise FatalError(f"{folder}: no config.json; give a Hugging Face model folder")
-    cfg = model_config_from_hf(json.loads(config_path.read_text()), str(config_path))
-    tokenizer = adopt(folder / "tokenizer.json") if (folder / "tokenizer.json").is_file() else None
-    if tokenizer is None:
-        raise FatalError(f"{folder}: no tokenizer.json (kiln needs the model's tokenizer to encode text for it)")
+def check_folder(folder: Path) -> tuple[ModelConfig, KilnTokenizer, list[Path]]:
+    """The model config, the tokenizer and the weight files of a Hugging Face folder, each checked,
+    and the memory the import takes checked against this machine's, with no tensor read yet."""
+    if not folder.is_dir():
+        raise FatalError(f"{folder}: no such folder; give a Hugging Face model folder")
+    if not present(folder / CONFIG):
+        raise FatalError(f"{folder}: no {CONFIG}; give a Hugging Face model folder")
+    config_path = folder_file(folder, CONFIG)
+    cfg = model_config_from_hf(read_json(config_path), str(config_path))
+    files = weight_files(folder)
+    read = sum(p.stat().st_size for p in files)  # load_file holds every tensor of the files at once
+    check_memory(f"{config_path}: importing {count_params(cfg):,} parameters (fp32, after reading {read / GB:,.1f} GB of safetensors)", build_bytes(cfg) + read,
+                 available_memory(), "this machine", "import on a machine with more memory, or check the sizes in config.json")
+    if not present(folder / TOKENIZER_JSON):
+        raise FatalError(f"{folder}: no {TOKENIZER_JSON} (kiln needs the model's tokenizer to encode text for it)")
+    tokenizer = adopt(folder_file(folder, TOKENIZER_JSON))
     if tokenizer.vocab_size > (cfg.vocab_size or 0):
         raise FatalError(f"{folder}: the tokenizer has {tokenizer.vocab_size} tokens, the model's embedding only {cfg.vocab_size} rows")
+    return cfg, tokenizer, files
+
+
+def load_model(folder: Path, cfg: ModelConfig, files: list[Path]) -> Transformer:
+    """The model (fp32, on the CPU) the weight files hold; FatalError naming the first problem."""
     state: dict[str, torch.Tensor] = {}
-    for path in weight_files(folder):
-        state |= load_file(str(path))
+    for path in files:
+        try:
+            state |= load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise FatalError(f"{path}: cannot be read as safetensors ({type(e).__name__}: {e}); the file is truncated or damaged: download it again") from None
     model = Transformer(cfg)
     names = [n for n, _ in model.named_parameters()]  # a tied weight once
-    weights = {k: v.float() for k, v in from_hf_state(state, cfg, names, str(folder)).items()}
+    # No fp32 copies: load_state_dict copies bf16 or fp16 tensors into the fp32 parameters itself.
+    weights = from_hf_state(state, cfg, names, str(folder))
     if cfg.tie_embeddings:
         weights["lm_head.weight"] = weights["embed.weight"]
     shapes = [f"{k}: {tuple(v.shape)} in the folder, {tuple(p.shape)} for the config" for k, v in weights.items() if (p := model.state_dict()[k]).shape != v.shape]
     if shapes:
-        raise FatalError(f"{folder}: weights do not fit config.json: {'; '.join(shapes[:3])}")
+        raise FatalError(f"{folder}: weights do not fit {CONFIG}: {'; '.join(shapes[:3])}")
     model.load_state_dict(weights, strict=True)
-    return cfg, model.eval(), tokenizer
+    return model.eval()
+
+
+def same_import(folder: Path, marker: str, key: str, source: str) -> bool:
+    """Whether the stage folder's record (its manifest's config, or an unfinished attempt's
+    settings) is an import of `source` and nothing else."""
+    try:
+        record = json.loads((folder / marker).read_text())[key]
+        return record.keys() == {"import"} and Path(record["import"]["source"]).resolve() == Path(source).resolve()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # no record, or not kiln's
+        return False
+
+
+def refuse_other_work(stage: Stage, source: str, force: bool) -> None:
+    """Stop before replacing a stage folder (finished or unfinished) that an import of `source` did
+    not make: a run kiln trained (checkpoints, metrics, the tokenizer report), another folder's
+    import. With --force they are moved aside (Stage.refuse_to_replace), never deleted."""
+    records = ((stage.final_dir, MANIFEST, "config"), (stage.partial_dir, IN_PROGRESS, "settings"))
+    others = [d for d, marker, key in records if d.is_dir() and any(d.iterdir()) and not same_import(d, marker, key, source)]
+    held = sorted({p.name for d in others for p in d.iterdir()})
+    if held:
+        stage.refuse_to_replace(held, f"{', '.join(held[:6])}{' ...' if len(held) > 6 else ''} (not written by an import of {source})", force)
 
 
 def run(cfg: ImportConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
     folder, run_dir = Path(cfg.source), Path(run_dir)
     layout = RunLayout(run_dir)
-    model_cfg, model, tokenizer = read_folder(folder)
+    model_cfg, tokenizer, weights = check_folder(folder)
     arch = architecture(model_cfg)
-    files = [folder / "config.json", folder / "tokenizer.json", *weight_files(folder)]
-    tok_stage = Stage(run_dir, TOKENIZER, {"import": cfg}, inputs=[folder / "tokenizer.json"])
-    if not tok_stage.up_to_date(force):
+    files = [folder / CONFIG, folder / TOKENIZER_JSON, *weights]
+    tok_stage = Stage(run_dir, TOKENIZER, {"import": cfg}, inputs=[folder / TOKENIZER_JSON])
+    tok_done = tok_stage.up_to_date(force)
+    # The train stage's Stage hashes the weights and needs a finished tokenizer stage: made once, when it can be.
+    stage = Stage(run_dir, TRAIN, {"import": cfg}, inputs=files, upstream=[TOKENIZER]) if tok_done else None
+    if stage and (done := stage.up_to_date(force, lambda m: f"{m['counts']['params']:,} params from {folder}")):
+        return done
+    # Every folder this call replaces is checked before either is written (a bare Stage: its folders only).
+    for replaced in ([] if tok_done else [tok_stage]) + [stage or Stage(run_dir, TRAIN, {"import": cfg}, inputs=[])]:
+        refuse_other_work(replaced, cfg.source, force)
+    model = load_model(folder, model_cfg, weights)  # a damaged file stops here, before the run is written
+    if not tok_done:
         tok_stage.begin()
         outputs = tokenizer.save(tok_stage.dir / layout.tokenizer_json.name)
         tok_stage.finish(outputs, {"vocab_size": tokenizer.vocab_size, "imported_from": str(folder)}, f"vocab {tokenizer.vocab_size:,}, imported from {folder}")
-    stage = Stage(run_dir, TRAIN, {"import": cfg}, inputs=files, upstream=[TOKENIZER])
-    if done := stage.up_to_date(force, lambda m: f"{m['counts']['params']:,} params from {folder}"):
-        return done
+        stage = Stage(run_dir, TRAIN, {"import": cfg}, inputs=files, upstream=[TOKENIZER])
+    assert stage is not None
     stage.begin()
     outputs = save_weights(stage.dir / layout.checkpoint.name, model)
     section = yaml.safe_dump({"model": {k: v for k, v in model_cfg.model_dump(mode="json").items() if v is not None}}, sort_keys=False)

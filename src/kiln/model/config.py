@@ -111,6 +111,13 @@ def count_params(cfg: ModelConfig, include_embeddings: bool = True) -> int:
     return body + emb + (0 if cfg.tie_embeddings else emb)
 
 
+def build_bytes(cfg: ModelConfig) -> int:
+    """Peak bytes of memory building Transformer(cfg) takes: its fp32 parameters, and the RoPE tables
+    (max_seq_len x head_dim/2 angles, cos and sin computed in float64 and kept in float32: 24 bytes
+    each at the peak). What stages check against the machine's memory before building a model."""
+    return 4 * count_params(cfg) + 24 * cfg.max_seq_len * (cfg.head_dim // 2)
+
+
 def matmul_params(cfg: ModelConfig) -> int:
     """Weights that take part in a matrix product per token: every block matrix and the output projection."""
     assert cfg.vocab_size is not None, "resolve vocab_size first"

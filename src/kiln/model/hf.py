@@ -16,6 +16,7 @@ Not handled here: files (kiln.evaluate.export), tokenizer files, other architect
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
@@ -41,6 +42,9 @@ BLOCK_NAMES = {
     "mlp.w_down.weight": "mlp.down_proj.weight",
 }
 TOP_NAMES = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight", "lm_head.weight": "lm_head.weight"}
+# The sizes in config.json kiln reads, each a positive integer; the optional ones may be absent or null.
+OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", *OPTIONAL_SIZES)
 
 
 def architecture(cfg: ModelConfig) -> str:
@@ -90,12 +94,21 @@ def hf_config(cfg: ModelConfig, eot_id: int, pad_id: int) -> dict[str, Any]:
     return config
 
 
-def model_config_from_hf(config: dict[str, Any], where: str) -> ModelConfig:
+def model_config_from_hf(config: Any, where: str) -> ModelConfig:
     """The kiln ModelConfig of a Llama or Qwen3 config.json; FatalError naming each setting kiln
-    cannot reproduce (where: the file, for the message)."""
+    cannot reproduce (config: the parsed JSON, of any kind; where: the file, for the message)."""
+    if not isinstance(config, dict):
+        raise FatalError(f"{where}: a JSON {type(config).__name__}, not an object; a Hugging Face config.json is one object of settings")
+    for key in SIZES:
+        value = config.get(key)
+        if value is None and key in OPTIONAL_SIZES:
+            continue
+        # bool is an int to Python, and a float (1e9) is not a size transformers writes.
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise FatalError(f"{where}: {key} is {'missing' if key not in config else json.dumps(value)}; it must be a positive integer")
     try:
         return _model_config_from_hf(config, where)
-    except (KeyError, TypeError, ValueError) as e:  # a missing key, or a value ModelConfig refuses
+    except (AttributeError, KeyError, TypeError, ValueError) as e:  # a value of the wrong kind, or one ModelConfig refuses
         raise FatalError(f"{where}: not a config kiln can read ({type(e).__name__}: {e})") from None
 
 
@@ -115,8 +128,8 @@ def _model_config_from_hf(config: dict[str, Any], where: str) -> ModelConfig:
     if config.get("use_sliding_window"):
         differ.append("use_sliding_window true (kiln attends over the whole window)")
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    if config.get("head_dim", hidden // heads) * heads != hidden:
-        differ.append(f"head_dim {config['head_dim']} x {heads} heads != hidden_size {hidden} (kiln's heads split d_model)")
+    if (head_dim := config.get("head_dim") or hidden // heads) * heads != hidden:
+        differ.append(f"head_dim {head_dim} x {heads} heads != hidden_size {hidden} (kiln's heads split d_model)")
     if differ:
         raise FatalError(f"{where}: kiln cannot reproduce this model: " + "; ".join(differ))
     return ModelConfig(
