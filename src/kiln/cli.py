@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--prompt", metavar="TEXT", help="Complete TEXT, taken as it is (same as --set generate.prompt=TEXT; write --prompt=TEXT for a text that starts with -).")
             p.add_argument("--prompt-file", metavar="FILE", help="Complete every prompt of FILE (JSONL with a `prompt` field, or one prompt per line) into generate/samples.jsonl (same as --set generate.prompt_file=FILE).")
         if verb == "export":
-            p.add_argument("out", nargs="?", metavar="OUT", help="Also copy the folder here (same as --set export.out=OUT); an existing non-empty folder is replaced only when it holds a config.json (an earlier export), or with --force.")
+            p.add_argument("out", nargs="?", metavar="OUT", help="Also copy the folder here (same as --set export.out=OUT); an existing folder is replaced only when it is empty or holds an earlier kiln export (kiln_export.json) and nothing else, --force or not.")
             p.add_argument("--format", dest="export_format", choices=["hf"], help="Output format (same as --set export.format=...): hf, a Hugging Face transformers folder.")
         if verb == "train-tokenizer":
             p.add_argument("--sweep", metavar="N,N,...", type=vocab_sizes, help="Train one tokenizer per vocabulary size on the same sample into tokenizer-sweep/ and print their reports side by side (the stage's own tokenizer is left as it is).")

@@ -4,6 +4,8 @@ same tokens, and its tokenizer gives the same ids; options no Llama-family model
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 
 from kiln.core.errors import FatalError
 from kiln.core.layout import RunLayout
+from kiln.core.manifest import Stage
 from kiln.evaluate.config import ExportConfig, GenerateConfig
 from kiln.evaluate.export import run as export
 from kiln.model.config import ModelConfig
@@ -141,14 +144,94 @@ def test_options_without_a_transformers_counterpart_are_refused_by_name(tmp_path
     assert not (run_dir / "export").exists()
 
 
-def test_a_copy_goes_to_out_and_a_foreign_folder_there_is_not_replaced(tmp_path: Path, tokenizer: KilnTokenizer) -> None:
+def tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_copy_goes_to_out_with_its_marker_and_replaces_only_an_earlier_export(tmp_path: Path, tokenizer: KilnTokenizer) -> None:
     run_dir, _ = make_run(tmp_path, tokenizer)
     out = tmp_path / "hub" / "model"
-    export(ExportConfig(out=str(out)), GenerateConfig(), run_dir)
-    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (run_dir / "export" / "hf").iterdir())
-    foreign = tmp_path / "mine"
-    foreign.mkdir()
-    (foreign / "notes.txt").write_text("keep me")
-    with pytest.raises(FatalError, match="not an exported model"):
-        export(ExportConfig(out=str(foreign)), GenerateConfig(), run_dir)
-    assert (foreign / "notes.txt").read_text() == "keep me"
+    manifest = export(ExportConfig(out=str(out)), GenerateConfig(), run_dir)
+    hf = run_dir / "export" / "hf"
+    assert sorted(p.name for p in out.iterdir()) == sorted([p.name for p in hf.iterdir()] + ["kiln_export.json"])
+    marker = json.loads((out / "kiln_export.json").read_text())
+    assert marker == {"format": "kiln-export v1", "run": str(run_dir.resolve()), "fingerprint": manifest["fingerprint"]}
+    (out / "model.safetensors").write_bytes(b"stale")
+    export(ExportConfig(out=str(out)), GenerateConfig(), run_dir, force=True)  # an earlier export: replaced
+    assert (out / "model.safetensors").read_bytes() == (hf / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("force", [False, True])
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        ({"config.json": "{}", "important.txt": "notes", "data/raw.bin": "x"}, "config.json, data, important.txt"),  # looks like a model folder
+        ({"config.json": "{}", "model.safetensors": "mine"}, "config.json, model.safetensors"),  # an export from elsewhere, unmarked
+        ({"kiln_export.json": '{"format": "kiln-export v1"}', "config.json": "{}", "notes.txt": "keep"}, "notes.txt"),  # a kiln export plus the user's notes
+        ({"kiln_export.json": '{"format": "kiln-export v1"}', "tokenizer.json/inside.txt": "x"}, "tokenizer.json"),  # an export's name, not its file
+    ],
+)
+def test_a_folder_kiln_did_not_write_is_never_replaced_even_with_force(tmp_path: Path, tokenizer: KilnTokenizer, make: dict[str, str], named: str, force: bool) -> None:
+    run_dir, _ = make_run(tmp_path, tokenizer)
+    mine = tmp_path / "mine"
+    for rel, text in make.items():
+        (mine / rel).parent.mkdir(parents=True, exist_ok=True)
+        (mine / rel).write_text(text)
+    before = tree(mine)
+    with pytest.raises(FatalError, match=rf"export.out {mine}: {mine} holds {named}, which kiln did not write.*Choose another folder, or remove it yourself"):
+        export(ExportConfig(out=str(mine)), GenerateConfig(), run_dir, force)
+    assert tree(mine) == before
+    assert not (run_dir / "export").exists()  # stopped before any work
+
+
+def test_the_staging_folders_beside_out_are_not_removed_when_kiln_did_not_write_them(tmp_path: Path, tokenizer: KilnTokenizer) -> None:
+    run_dir, _ = make_run(tmp_path, tokenizer)
+    out, beside = tmp_path / "model", tmp_path / "model.old"
+    beside.mkdir()
+    (beside / "thesis.tex").write_text("years of work")
+    with pytest.raises(FatalError, match=r"model.old holds thesis.tex, which kiln did not write"):
+        export(ExportConfig(out=str(out)), GenerateConfig(), run_dir)
+    assert (beside / "thesis.tex").read_text() == "years of work"
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        (lambda run: run / "train" / "checkpoint", "inside the run directory"),  # the trained model itself
+        (lambda run: run / "export" / "hf", "inside the run directory"),
+        (lambda run: run / "export", "inside the run directory"),
+        (lambda run: run, "the run directory itself"),
+        (lambda run: run.parent, "a folder that holds the run directory"),
+        (lambda run: run.parent.parent / "other" / "train" / "checkpoint", r"inside .*other-root/run/train, a stage folder of another kiln run"),
+        (lambda run: run.parent.parent / "link-to-train", "inside the run directory"),  # a symlink to the run's train/
+    ],
+)
+def test_out_inside_the_run_or_any_stage_folder_is_refused_before_any_work(tmp_path: Path, tokenizer: KilnTokenizer, where: Callable[[Path], Path], message: str) -> None:
+    run_dir, _ = make_run(tmp_path / "runs", tokenizer)
+    other = Stage(tmp_path / "other-root" / "run", "train", {}, inputs=[])  # another run's train stage
+    other.begin()
+    (other.dir / "checkpoint").mkdir()
+    (other.dir / "checkpoint" / "config.json").write_text("{}")
+    other.finish([other.dir / "checkpoint" / "config.json"], {}, "trained")
+    (tmp_path / "other").symlink_to(other.run_dir)
+    (tmp_path / "link-to-train").symlink_to(run_dir / "train", target_is_directory=True)
+    before = tree(run_dir)
+    with pytest.raises(FatalError, match=message):
+        export(ExportConfig(out=str(where(run_dir))), GenerateConfig(), run_dir)
+    assert tree(run_dir) == before and not (run_dir / "export").exists()
+
+
+def test_an_up_to_date_export_copies_to_a_new_out_and_says_so(tmp_path: Path, tokenizer: KilnTokenizer, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    from kiln.cli import main
+
+    run_dir, _ = make_run(tmp_path / "runs", tokenizer)
+    first, second = tmp_path / "first", tmp_path / "second"
+    args = ["export", "--set", f"runs_dir={run_dir.parent}", "--set", "name=run"]
+    assert main([*args, str(first)]) == 0
+    capsys.readouterr()
+    caplog.set_level(logging.INFO, logger="kiln")
+    assert main([*args, str(second)]) == 0
+    printed = capsys.readouterr().out
+    assert "export: up to date" in caplog.text and f"copied {run_dir / 'export' / 'hf'} to {second}" in caplog.text
+    assert str(first) not in printed and str(first) not in (run_dir / "export" / "summary.txt").read_text()
+    assert tree(second) == tree(first)

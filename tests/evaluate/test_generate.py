@@ -4,16 +4,22 @@ against full recomputation (alone and in left-padded batches)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 
+from kiln.core.errors import FatalError
+from kiln.core.layout import RunLayout
+from kiln.core.manifest import Stage
 from kiln.evaluate.config import GenerateConfig
 from kiln.evaluate.generate import complete, filter_logits, generate, penalize_repeats, positions
+from kiln.evaluate.generate import run as generate_stage
 from kiln.model.config import ModelConfig
 from kiln.model.init import build_model
 from kiln.model.kv_cache import KVCache
 from kiln.model.transformer import Transformer
+from kiln.model.weights import save_weights
 from kiln.text.specials import FIXED_SPECIALS
 from kiln.text.tokenizer import KilnTokenizer, train_bpe
 
@@ -238,3 +244,27 @@ def test_a_stop_string_ends_the_completion_before_it(tokenizer: KilnTokenizer, a
     for c in done:
         assert (c.completion, c.new_tokens, c.finish_reason) == (piece[:-1], 2, "stop")
     assert complete(model, tokenizer, ["The "], GenerateConfig(max_new_tokens=3, temperature=0))[0].finish_reason == "length"
+
+
+def trained_run(run_dir: Path, tokenizer: KilnTokenizer) -> None:
+    """A run with the two stages generate reads: a tokenizer, and a train stage with its checkpoint."""
+    layout = RunLayout(run_dir)
+    tok = Stage(run_dir, "tokenizer", {}, inputs=[])
+    tok.begin()
+    tok.finish(tokenizer.save(tok.dir / layout.tokenizer_json.name), {}, "tokenizer")
+    train = Stage(run_dir, "train", {}, inputs=[], upstream=["tokenizer"])
+    train.begin()
+    train.finish(save_weights(train.dir / layout.checkpoint.name, model_for(tokenizer)), {}, "trained")
+
+
+@pytest.mark.parametrize("kind", ["missing", "a folder"])
+def test_a_missing_prompt_file_is_named_as_the_setting_not_as_a_stage_to_redo(tmp_path: Path, tokenizer: KilnTokenizer, kind: str) -> None:
+    run_dir = tmp_path / "runs" / "demo"
+    trained_run(run_dir, tokenizer)
+    prompts = tmp_path / "prompts.jsonl"
+    if kind == "a folder":
+        prompts.mkdir()
+    what = "no such file" if kind == "missing" else "a folder, not a file"
+    with pytest.raises(FatalError, match=rf"^generate.prompt_file {prompts}: {what}; give a JSONL file") as raised:
+        generate_stage(GenerateConfig(prompt_file=str(prompts)), run_dir)
+    assert "--force" not in str(raised.value) and not (run_dir / "generate").exists()

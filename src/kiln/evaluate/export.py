@@ -8,6 +8,13 @@ spellings in text stay text as kiln encodes them, no clean-up of spaces on decod
 generation_config.json from the recipe's generate section, and a model card (README.md) written
 from the run's manifests: sources and tokens, curation steps, tokenizer, training and compute,
 validation bits per byte, and each stage's fingerprint.
+
+OUT is the user's place, so kiln never deletes there what it did not write: OUT (and the staging
+folders `<OUT>.tmp`, `<OUT>.old` beside it) is replaced only when missing, empty, or holding an
+earlier kiln export (kiln_export.json, written into every copy, and nothing but the files an export
+writes); anything else stops before any work, naming what kiln did not write. OUT inside the run
+directory or inside any kiln stage folder (train/checkpoint, export/ itself), or OUT holding the
+run, is refused too (symlinks resolved). `--force` redoes the stage; it never widens what OUT may hold.
 Not handled here: reading a Hugging Face folder back (kiln.evaluate.import_hf), GGUF or other formats.
 """
 
@@ -26,7 +33,8 @@ from kiln.core.atomic import replace_dir
 from kiln.core.config import Section
 from kiln.core.errors import FatalError
 from kiln.core.layout import CURATE, EVAL, EXPORT, MANIFEST, TOKENIZE, TOKENIZER, TRAIN, RunLayout
-from kiln.core.manifest import Stage, read_manifest
+from kiln.core.manifest import FORMAT as MANIFEST_FORMAT
+from kiln.core.manifest import IN_PROGRESS, Stage, read_manifest
 from kiln.evaluate.config import ExportConfig, GenerateConfig
 from kiln.model.config import count_params
 from kiln.model.hf import architecture, hf_config, to_hf_state
@@ -38,6 +46,11 @@ from kiln.text.tokenizer import KilnTokenizer
 log = logging.getLogger("kiln.export")
 HF_FOLDER = "hf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Every file of an exported folder, in the order they are written and listed.
+MODEL_FILES = ("config.json", "model.safetensors", "generation_config.json", "README.md")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# What marks a copy at OUT as kiln's: the run and the export it came from.
+MARKER, MARKER_FORMAT = "kiln_export.json", "kiln-export v1"
 
 
 class GenerationDefaults(Section):
@@ -52,7 +65,8 @@ class GenerationDefaults(Section):
 def tokenizer_files(folder: Path, tokenizer: KilnTokenizer, max_len: int) -> list[Path]:
     """tokenizer.json as kiln wrote it, and the two files that make AutoTokenizer read it as kiln does."""
     assert tokenizer.path is not None, "a loaded tokenizer knows its file"
-    shutil.copyfile(tokenizer.path, folder / "tokenizer.json")
+    paths = [folder / name for name in TOKENIZER_FILES]
+    shutil.copyfile(tokenizer.path, paths[0])
     others = [s for s in tokenizer.specials if s not in (EOT, PAD, MASK)]
     special = {"bos_token": EOT, "eos_token": EOT, "pad_token": PAD, "mask_token": MASK, "additional_special_tokens": others}
     config = {
@@ -66,7 +80,6 @@ def tokenizer_files(folder: Path, tokenizer: KilnTokenizer, max_len: int) -> lis
         # Byte-level decoding is exact; transformers' clean-up would drop spaces before punctuation.
         "clean_up_tokenization_spaces": False,
     }
-    paths = [folder / "tokenizer.json", folder / "tokenizer_config.json", folder / "special_tokens_map.json"]
     paths[1].write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     paths[2].write_text(json.dumps(special, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return paths
@@ -84,7 +97,7 @@ def write_hf_folder(folder: Path, model: Transformer, tokenizer: KilnTokenizer, 
     cfg = model.cfg
     config = hf_config(cfg, tokenizer.eot_id, tokenizer.pad_id) | {"torch_dtype": dtype}
     state = {k: v.detach().to(DTYPES[dtype]).contiguous() for k, v in to_hf_state(model.state_dict(), cfg).items()}
-    paths = [folder / "config.json", folder / "model.safetensors", folder / "generation_config.json", folder / "README.md"]
+    paths = [folder / name for name in MODEL_FILES]
     paths[0].write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save_file(state, str(paths[1]), metadata={"format": "pt"})  # transformers reads the "pt" format tag
     paths[2].write_text(json.dumps(generation_config(gen, tokenizer), indent=2) + "\n", encoding="utf-8")
@@ -149,35 +162,93 @@ def model_card(run_dir: Path, model: Transformer, tokenizer: KilnTokenizer, arch
 
 
 def run(cfg: ExportConfig, gen: GenerateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
+    """The export stage (force: redo it even when up to date), then the copy at export.out."""
     run_dir = Path(run_dir)
     layout = RunLayout(run_dir)
+    out = check_out(cfg.out, run_dir)  # before any work: a copy kiln may not make stops here
     ckpt, tok_path = layout.checkpoint, layout.tokenizer_json
     upstream = [s for s in (CURATE, TOKENIZER, TOKENIZE, TRAIN, EVAL) if (layout.stage(s) / MANIFEST).is_file()]
     # Only the sampling defaults that generation_config.json carries identify the export.
     defaults = GenerationDefaults(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p)
     stage = Stage(run_dir, EXPORT, {"export": cfg, "generation_defaults": defaults}, [ckpt / WEIGHTS, ckpt / CONFIG, tok_path], upstream=upstream)
-    if done := stage.up_to_date(force, lambda m: f"the Hugging Face folder is {layout.stage(EXPORT) / HF_FOLDER}"):
-        copy_out(layout.stage(EXPORT) / HF_FOLDER, cfg.out, force)
-        return done
-    model = load_trained_model(ckpt)
-    arch = architecture(model.cfg)  # refuses options Llama and Qwen3 lack before any work
-    tokenizer = KilnTokenizer.load(tok_path)
-    stage.begin()
-    folder = stage.dir / HF_FOLDER
-    folder.mkdir(parents=True)
-    paths = write_hf_folder(folder, model, tokenizer, gen, cfg.dtype, model_card(run_dir, model, tokenizer, arch))
-    summary = f"{arch} ({cfg.dtype}) with kiln's tokenizer: {layout.stage(EXPORT) / HF_FOLDER}" + (f", copied to {cfg.out}" if cfg.out else "")
-    manifest = stage.finish(paths, {"architecture": arch, "dtype": cfg.dtype, "params": count_params(model.cfg), "folder": str(layout.stage(EXPORT) / HF_FOLDER), "files": [p.name for p in paths]}, summary)
-    copy_out(layout.stage(EXPORT) / HF_FOLDER, cfg.out, force)
+    if not (manifest := stage.up_to_date(force, lambda m: f"the Hugging Face folder is {layout.stage(EXPORT) / HF_FOLDER}")):
+        model = load_trained_model(ckpt)
+        arch = architecture(model.cfg)  # refuses options Llama and Qwen3 lack before any work
+        tokenizer = KilnTokenizer.load(tok_path)
+        stage.begin()
+        folder = stage.dir / HF_FOLDER
+        folder.mkdir(parents=True)
+        paths = write_hf_folder(folder, model, tokenizer, gen, cfg.dtype, model_card(run_dir, model, tokenizer, arch))
+        # No OUT in the summary: it is written once, and a later call may copy somewhere else.
+        summary = f"{arch} ({cfg.dtype}) with kiln's tokenizer: {layout.stage(EXPORT) / HF_FOLDER}"
+        manifest = stage.finish(paths, {"architecture": arch, "dtype": cfg.dtype, "params": count_params(model.cfg), "folder": str(layout.stage(EXPORT) / HF_FOLDER), "files": [p.name for p in paths]}, summary)
+    if out is not None:
+        copy_out(layout.stage(EXPORT) / HF_FOLDER, out, {"format": MARKER_FORMAT, "run": str(run_dir.resolve()), "fingerprint": manifest["fingerprint"]})
     return manifest
 
 
-def copy_out(folder: Path, out: str | None, force: bool) -> None:
-    """The finished folder also at `out`; an existing folder there is replaced only with --force or when it holds an earlier export."""
+def check_out(out: str | None, run_dir: Path) -> Path | None:
+    """export.out resolved (symlinks followed), or FatalError when kiln may not write there: inside
+    the run directory or any stage folder, holding the run, or holding what no export wrote."""
     if out is None:
-        return
-    target = Path(out)
-    if target.exists() and any(target.iterdir()) and not force and not (target / "config.json").is_file():
-        raise FatalError(f"{target}: exists and is not an exported model; choose another folder, or pass --force to replace it")
-    replace_dir(target, lambda tmp: shutil.copytree(folder, tmp, dirs_exist_ok=True))
-    log.info("export: copied to %s", target)
+        return None
+    target, run = Path(out).resolve(), run_dir.resolve()
+    if target.is_relative_to(run) or run.is_relative_to(target):
+        where = "the run directory itself" if target == run else f"inside the run directory {run}" if target.is_relative_to(run) else f"a folder that holds the run directory {run}"
+        raise FatalError(f"export.out {out}: {where}; the copy goes outside the run (the run's own export is {RunLayout(run_dir).stage(EXPORT) / HF_FOLDER}): choose another folder")
+    stage_dir = next((a for a in target.parents if is_stage_folder(a)), None)
+    if stage_dir is not None:
+        raise FatalError(f"export.out {out}: inside {stage_dir}, a stage folder of another kiln run; choose a folder outside every run")
+    for folder in (target, *staging(target)):
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+            raise FatalError(f"export.out {out}: {folder} exists and is not a folder; choose another folder, or remove it yourself")
+        if foreign := not_exported(folder):
+            hint = "" if (folder / MARKER).is_file() else f" (no {MARKER}: not a kiln export, or one from a kiln before it marked its copies)"
+            raise FatalError(
+                f"export.out {out}: {folder} holds {', '.join(foreign[:6])}{' ...' if len(foreign) > 6 else ''}, which kiln did not write{hint}; "
+                f"kiln replaces a folder only when it holds an earlier export and nothing else. Choose another folder, or remove it yourself "
+                f"(--force redoes the export; it never replaces a folder kiln did not write)"
+            )
+    return target
+
+
+def is_stage_folder(folder: Path) -> bool:
+    """Whether kiln's manifest (or an unfinished stage's marker) is in `folder`: a web app's
+    manifest.json is not kiln's."""
+    try:
+        return (folder / IN_PROGRESS).is_file() or json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("format") == MANIFEST_FORMAT
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return False
+
+
+def staging(target: Path) -> tuple[Path, Path]:
+    """The folders kiln.core.atomic.replace_dir writes beside `target` and removes when it finds them."""
+    return target.with_name(target.name + ".tmp"), target.with_name(target.name + ".old")
+
+
+def not_exported(folder: Path) -> list[str]:
+    """The names in `folder` that an export did not write: none when it is missing, empty, or an
+    earlier export (its marker, and only the files an export writes, each a plain file)."""
+    if not folder.is_dir():
+        return []
+    names = sorted(p.name for p in folder.iterdir())
+    try:
+        marked = json.loads((folder / MARKER).read_text(encoding="utf-8")).get("format") == MARKER_FORMAT
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):  # no marker, or not kiln's
+        marked = False
+    if not marked:
+        return names
+    ours = {MARKER, *MODEL_FILES, *TOKENIZER_FILES}
+    return [n for n in names if n not in ours or (folder / n).is_symlink() or not (folder / n).is_file()]
+
+
+def copy_out(folder: Path, target: Path, marker: dict[str, Any]) -> None:
+    """The finished folder also at `target` (checked by check_out), with its marker, swapped in whole."""
+
+    def write(tmp: Path) -> None:
+        # The marker first: a copy interrupted half-way is still recognisably kiln's, and is replaced.
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        shutil.copytree(folder, tmp, dirs_exist_ok=True)
+
+    replace_dir(target, write)
+    log.info("export: copied %s to %s", folder, target)

@@ -208,6 +208,9 @@ def run(cfg: GenerateConfig, run_dir: Path, force: bool = False) -> dict[str, An
     layout = RunLayout(run_dir)
     ckpt, tok_path = layout.checkpoint, layout.tokenizer_json
     prompt_file = [Path(cfg.prompt_file)] if cfg.prompt_file else []
+    if prompt_file and not prompt_file[0].is_file():  # the user's file, not an output a stage could remake
+        what = "a folder, not a file" if prompt_file[0].is_dir() else "no such file"
+        raise FatalError(f"generate.prompt_file {cfg.prompt_file}: {what}; give a JSONL file with a `prompt` field per line, or a text file with one prompt per line (--prompt-file FILE)")
     stage = Stage(run_dir, GENERATE, {"generate": cfg}, [ckpt / WEIGHTS, ckpt / CONFIG, tok_path, *prompt_file], upstream=[TRAIN])
     if done := stage.up_to_date(force, lambda m: f"the samples are in {stage.final_dir / (SAMPLES if cfg.prompt_file else SUMMARY)}"):
         return done
