@@ -410,6 +410,15 @@ def test_generate_before_train_is_fatal(trained: tuple[Path, dict], tmp_path: Pa
         generate_stage(GenerateConfig(), copy)
 
 
+@pytest.mark.parametrize("absurd", [{"n_layers": 10**9}, {"vocab_size": 10**11}])
+def test_a_model_larger_than_this_machines_memory_stops_before_it_is_built(tokenized: Path, tmp_path: Path, absurd: dict) -> None:
+    copy = copy_tokenized(tokenized, tmp_path / "copy")
+    t0 = time.perf_counter()
+    with pytest.raises(FatalError, match=r"train: a [\d,]+-parameter model \(1 process\(es\) on this host, fp32\) needs [\d,.]+ GB of memory and this machine has [\d,.]+ GB available"):
+        train(MODEL.model_copy(update=absurd), TRAIN, MIX, EVAL, copy)
+    assert time.perf_counter() - t0 < 30  # counted, not allocated: a billion layers would take hours
+
+
 def test_mix_weights_steer_training_tokens(trained: tuple[Path, dict], tmp_path: Path) -> None:
     copy = copy_tokenized(trained[0], tmp_path / "copy")
     cfg = train_cfg(steps=2, schedule={"warmup_steps": 1}, eval_at_start=False)

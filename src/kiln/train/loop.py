@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -37,9 +38,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from kiln.core.errors import FatalError
+from kiln.core.hardware import available_memory, check_memory
 from kiln.core.layout import CHECKPOINT, RunLayout
 from kiln.model.batch import Batch, BatchSource
-from kiln.model.config import ModelConfig, count_params, flops_per_token, matmul_params
+from kiln.model.config import ModelConfig, build_bytes, count_params, flops_per_token, matmul_params
 from kiln.model.init import build_model
 from kiln.model.perplexity import ScoringConfig, validation_scorer
 from kiln.model.precision import Precision, resolve_precision
@@ -227,9 +229,32 @@ def build_loss(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision, t
     return plain
 
 
+# Bytes per parameter of the model states a rank keeps, all fp32 (kiln's master weights): weights 4,
+# gradients 4, AdamW's two moments 8 (kiln.plan.memory's fp32 figure); Muon keeps one momentum for
+# the blocks' matrices (AdamW's two for the rest), so at least 12.
+STATE_BYTES = {"adamw": 16, "muon": 12}
+
+
+def check_model_fits(model_cfg: ModelConfig, cfg: TrainConfig, ranks: Ranks) -> None:
+    """Stop before building a model this process cannot hold. Every process on this host builds the
+    whole fp32 model on the CPU (kiln.model.init) before any sharding; on the CPU its share of the
+    model states then stays there, on a GPU it must fit in the device's free memory."""
+    params = count_params(model_cfg)
+    states = STATE_BYTES[cfg.optim.name] * params / (ranks.tp * ranks.pp * ranks.shard * ranks.cp)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's processes on this host
+    host = local * max(build_bytes(model_cfg), states if ranks.device.type == "cpu" else 0)
+    fix = "choose a smaller model section (`kiln plan memory` sizes one), or train on a machine with more memory"
+    check_memory(f"train: a {params:,}-parameter model ({local} process(es) on this host, fp32)", host, available_memory(), "this machine", fix)
+    if ranks.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(ranks.device)  # host-device sync, once
+        check_memory(f"train: the model states of {params:,} parameters (fp32 weights, gradients and {cfg.optim.name} state over {ranks.describe()})", states, free, str(ranks.device),
+                     "shard them over more GPUs (parallel.dp_shard, tp, pp; `kiln plan memory` gives a layout) or choose a smaller model section")
+
+
 def build_parallel_model(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision, ranks: Ranks, parallel: ParallelConfig, layers: list[range]) -> tuple[nn.Module, Transformer]:
     """(the model the loop steps: wrapped for data parallelism, the Transformer inside it); layers:
     every pipeline stage's layers (with pp > 1)."""
+    check_model_fits(model_cfg, cfg, ranks)
     core = build_model(model_cfg, cfg.seed, ranks.device)  # the same seed on every rank: the same initial weights
     if cfg.init_from:  # continued pretraining: every rank reads the same starting weights
         load_weights_into(core, Path(cfg.init_from))
