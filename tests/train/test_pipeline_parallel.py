@@ -1,8 +1,10 @@
-"""Pipeline parallelism through torchrun on the CPU (gloo), on the tiny preset with untied
-embeddings (a pipeline keeps the embedding on its first stage and the output layer on its last):
-the layouts (GPipe, 1F1B, interleaved 1F1B) train as one process does with the same global batch,
-10 steps, losses within 1e-4 relative; the bubble measured is GPipe's (p - 1) / (m + p - 1); and a state saved by pipeline
-stages resumes under context parallelism, and that one under FSDP2 x tensor parallelism.
+"""Pipeline parallelism through torchrun on the CPU (gloo), on the tiny preset: the layouts (GPipe,
+1F1B, interleaved 1F1B) train as one process does with the same global batch, 10 steps, losses
+within 1e-4 relative; the bubble measured is GPipe's (p - 1) / (m + p - 1). GPipe trains the model
+untied; interleaved 1F1B x tp 2 trains it with tied embeddings (the first and last stage each hold
+the matrix and sum their gradients) and QK-norm (the gains replicated over tp); and a state saved
+by a context-parallel group of that model resumes under pipeline stages, whose state resumes under
+FSDP2 x tensor parallelism.
 """
 
 from __future__ import annotations
@@ -13,16 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from launches import assert_same_losses, assert_same_weights, assert_states_as_planned, command, copy_run, kill_after, launch, run, step_records, write_recipe
 
 from kiln.core.errors import ConfigError
 from kiln.model.config import ModelConfig, count_params
-from kiln.train.pipeline_parallel import balance_layers, check_pipeline, micro_batch_count
+from kiln.model.init import build_model
+from kiln.train.pipeline_parallel import balance_layers, check_pipeline, keep_stage, micro_batch_count
 
 STEPS = 10
 UNTIED = "{preset: tiny, max_seq_len: 64, tie_embeddings: false}"
+TIED_QK = "{preset: tiny, max_seq_len: 64, tie_embeddings: true, qk_norm: true}"  # as the demo recipe's model
+PROBE = ("train.probe_every=10", "eval.probe.max_new_tokens=8")  # after the last step: the probe set's document losses and greedy continuations
 
 
 def stage_params(cfg: ModelConfig, counts: list[int]) -> list[int]:
@@ -58,8 +64,7 @@ def test_the_balance_is_the_best_contiguous_split(layers: int, stages: int, voca
 def test_what_a_pipeline_cannot_take_is_refused_with_the_reason() -> None:
     untied = ModelConfig(preset="tiny", tie_embeddings=False)
     check_pipeline(untied, 2, None, {"clm": False})
-    with pytest.raises(ConfigError, match=r"model.tie_embeddings.*set model.tie_embeddings: false"):
-        check_pipeline(ModelConfig(preset="tiny"), 2, None, {"clm": False})
+    check_pipeline(ModelConfig(preset="tiny"), 2, None, {"clm": False})  # tied: the first and last stage each hold the matrix
     with pytest.raises(ConfigError, match=r"parallel.pp_layers \[3, 2\] must give each of the 2 stages at least one layer, 4 in all"):
         check_pipeline(untied, 2, [3, 2], {"clm": False})
     with pytest.raises(ConfigError, match=r"train.objective mlm, prefix_lm: a stage builds plain causal attention"):
@@ -75,6 +80,19 @@ def test_what_a_pipeline_cannot_take_is_refused_with_the_reason() -> None:
         check_pipeline(untied, 2, None, {"clm": False}, schedule="interleaved_1f1b", per_rank=3)
     with pytest.raises(ConfigError, match=r"parallel.pp_layers \[2, 2\] must give each of the 4 stages"):
         check_pipeline(untied, 2, [2, 2], {"clm": False}, schedule="interleaved_1f1b", per_rank=2)
+
+
+def test_a_tied_embedding_is_held_by_the_first_and_the_last_stage_under_one_process_names() -> None:
+    # 3 stages of the tied tiny model: the first looks ids up, the last keeps the embedding as its
+    # output matrix (one parameter, named as one process names it), the middle holds neither.
+    cfg = ModelConfig(preset="tiny", vocab_size=64, max_seq_len=64)
+    first, middle, last = (build_model(cfg, 0, "cpu") for _ in range(3))
+    for s, (model, layers) in enumerate(zip((first, middle, last), ({0}, {1, 2}, {3}), strict=True)):
+        keep_stage(model, layers, s == 0, s == 2)
+    assert first.lm_head is None and middle.embed is None and middle.lm_head is None
+    assert last.lm_head.weight is last.embed.weight and torch.equal(last.embed.weight, first.embed.weight)  # the same initial weights
+    assert [n for n, _ in last.named_parameters() if not n.startswith("blocks.")] == ["embed.weight", "norm.weight"]
+    assert {"embed.weight", "lm_head.weight"} <= last.state_dict().keys()  # as one process's state holds them
 
 
 def test_micro_batch_counts_worked_by_hand() -> None:
@@ -107,6 +125,12 @@ def single(tokenized_run: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
     return launch(tokenized_run, root, 1, steps=STEPS, model=UNTIED), root
 
 
+@pytest.fixture(scope="module")
+def single_tied(tokenized_run: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], Path]:
+    root = tmp_path_factory.mktemp("single_tied_qk")
+    return launch(tokenized_run, root, 1, *PROBE, steps=STEPS, model=TIED_QK), root
+
+
 @pytest.mark.slow
 def test_two_stages_with_gpipe_match_one_process_and_idle_as_the_schedule_says(single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
     # 2 stages, 4 micro-batches of 4 rows per step (as one process accumulates them): GPipe idles
@@ -127,38 +151,48 @@ def test_two_stages_with_gpipe_match_one_process_and_idle_as_the_schedule_says(s
 
 
 @pytest.mark.slow
-def test_tensor_and_interleaved_pipeline_parallel_with_fsdp2_match_one_process(single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
+def test_tensor_and_interleaved_pipeline_parallel_with_fsdp2_match_one_process(single_tied: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
     # 4 processes: 2 ranks of 2 stages each (interleaved 1F1B; the 4 layers one per stage, rank 0
     # holding layers 0 and 2, rank 1 layers 1 and 3) x tp 2, FSDP2 over the one data rank of each.
-    # Validation runs the 4 stages in turn over the 2 ranks.
-    one, one_root = single
-    four = launch(tokenized_run, tmp_path, 4, "parallel.pp=2", "parallel.pp_schedule=interleaved_1f1b", "parallel.pp_stages_per_rank=2", "parallel.tp=2", steps=STEPS, model=UNTIED)
+    # The model is tied: rank 0's embedding and rank 1's copy (vocabulary-split over tp, as DTensors)
+    # sum their gradients every step, and the grad norm counts the matrix once; with QK-norm each tp
+    # rank's gain gradient covers its 2 of the 4 heads and is summed over the pair. Validation and the
+    # probe set's decoding (a KV cache of each rank's heads, normed) run the 4 stages in turn over the 2 ranks.
+    one, one_root = single_tied
+    four = launch(tokenized_run, tmp_path, 4, "parallel.pp=2", "parallel.pp_schedule=interleaved_1f1b", "parallel.pp_stages_per_rank=2", "parallel.tp=2", *PROBE, steps=STEPS, model=TIED_QK)
     assert_same_losses(four, one, STEPS)
     assert all(0 <= r["pipeline_bubble"] < 1 for r in four)
     val = [json.loads((root / "runs" / "run" / "train" / "manifest.json").read_text())["counts"]["val_after"]["all"]["loss"] for root in (tmp_path, one_root)]
     assert val[0] == pytest.approx(val[1], rel=1e-4)
+    probes = [next(json.loads(line)["probe"] for line in (root / "runs" / "run" / "train" / "metrics.jsonl").read_text().splitlines() if '"probe"' in line) for root in (tmp_path, one_root)]
+    assert probes[0]["generations"] == probes[1]["generations"] and probes[0]["generations"]
+    assert all(probes[0]["documents"][d]["loss"] == pytest.approx(r["loss"], rel=1e-4) for d, r in probes[1]["documents"].items())
+    assert_same_weights(tmp_path, one_root)  # the tied matrix once, gathered from the two stages
 
 
 @pytest.mark.slow
-def test_a_state_resumes_across_pipeline_context_and_tensor_parallel_layouts(single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
-    # States every 2 steps, keyed by parameter name whatever the layout. 2 pipeline stages, each
-    # writing its own layers and their optimizer states in the background, killed once step 4 is
-    # logged; resumed by a context-parallel group of 2 (every rank now holds every layer, sharded
-    # over the group) killed once step 7 is logged; resumed on 4 processes, FSDP2 over 2 data ranks
-    # x tp 2 with sequence parallelism (head-split and vocabulary-split matrices). Micro-batches
-    # of 2 rows throughout (the same recipe, so the same stage): the 2 stages and the cp group take
-    # 8 per step, each data rank of the last layout 4.
-    one, one_root = single
+def test_a_state_resumes_across_context_pipeline_and_tensor_parallel_layouts(single_tied: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
+    # States every 2 steps, keyed by parameter name whatever the layout, of the tied QK-norm model.
+    # A context-parallel group of 2 (every rank holds every layer, sharded over the group) killed
+    # once step 4 is logged; resumed by 2 pipelines of 2 stages, FSDP2 over their 2 data ranks (4
+    # processes), the first stage loading the tied matrix as its embedding and the last as its
+    # output layer, the two summing their shards' gradients, each writing its own layers and their
+    # optimizer states in the background, killed once step 7 is logged; resumed on 4 processes,
+    # FSDP2 over 2 data ranks x tp 2 with sequence parallelism (head-split and vocabulary-split
+    # matrices, the q/k norm gains replicated), which load the matrix the two stages wrote once.
+    # Micro-batches of 2 rows throughout (the same recipe, so the same stage): the cp group takes 8
+    # per step, each data rank of the other layouts 4.
+    one, one_root = single_tied
     runs_dir = tmp_path / "runs"
     copy_run(tokenized_run, runs_dir)
-    recipe = write_recipe(tmp_path, STEPS, 2, UNTIED)
+    recipe = write_recipe(tmp_path, STEPS, 2, TIED_QK)
     metrics = runs_dir / "run" / "train.partial" / "metrics.jsonl"
-    kill_after(command(recipe, 2, "parallel.pp=2", "train.checkpoint.every=2", "train.checkpoint.async_save=true"), metrics, 4)
-    context = kill_after(command(recipe, 2, "parallel.cp=2", "train.checkpoint.every=2"), metrics, 7)
-    assert int(context.split("resuming after step ")[1].split()[0]) in (2, 4)
-    assert "mesh pp 1 x dp_replicate 1 x dp_shard 1 x cp 2 x tp 1 over 2 processes" in context
+    kill_after(command(recipe, 2, "parallel.cp=2", "train.checkpoint.every=2"), metrics, 4)
+    stages = kill_after(command(recipe, 4, "parallel.pp=2", "parallel.dp_shard=2", "train.checkpoint.every=2", "train.checkpoint.async_save=true"), metrics, 7)
+    assert int(stages.split("resuming after step ")[1].split()[0]) in (2, 4)
+    assert "mesh pp 2 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 1 over 4 processes" in stages
     done = run(command(recipe, 4, "parallel.dp_shard=2", "parallel.tp=2", "parallel.sequence_parallel=true", "train.checkpoint.every=2"))
-    assert 6 <= int(done.stderr.split("resuming after step ")[1].split()[0]) < STEPS  # a state the cp group wrote
+    assert 6 <= int(done.stderr.split("resuming after step ")[1].split()[0]) < STEPS  # a state the 2 stages wrote
     assert "mesh pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 2 over 4 processes" in done.stderr
     assert_same_losses(step_records(runs_dir), one, STEPS)
     assert_same_weights(tmp_path, one_root)

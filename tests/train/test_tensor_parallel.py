@@ -1,7 +1,8 @@
-"""Tensor parallelism: the shapes it refuses, and a tied output matrix kept tied. Training under
-it is tested through torchrun in tests/train/test_pipeline_parallel.py: 2 pipeline stages x tp 2,
-and a state saved by pipeline stages resumed under FSDP2 (dp_shard 2) x tp 2 with sequence
-parallelism, each against one process on the tiny preset.
+"""Tensor parallelism: the shapes it refuses, a tied output matrix kept tied and the q/k norms'
+gains replicated. Training under it is tested through torchrun in
+tests/train/test_pipeline_parallel.py, on the tiny preset tied and with QK-norm, each against one
+process: 2 pipeline stages x tp 2, and a state saved by pipeline stages resumed under FSDP2
+(dp_shard 2) x tp 2 with sequence parallelism.
 """
 
 from __future__ import annotations
@@ -22,26 +23,31 @@ def test_shapes_tensor_parallelism_cannot_split_are_refused_with_the_reason() ->
         check_tensor_parallel(ModelConfig(preset="tiny"), 4)
     with pytest.raises(ConfigError, match=r"model.n_heads \(4\) is not a multiple of parallel.tp \(3\)"):
         check_tensor_parallel(ModelConfig(preset="tiny", n_kv_heads=None), 3)
-    with pytest.raises(ConfigError, match=r"model.qk_norm.*; model.z_loss"):
+    check_tensor_parallel(ModelConfig(preset="tiny", qk_norm=True), 2)  # the q/k norms' gains are replicated over tp
+    with pytest.raises(ConfigError, match=r"parallel.tp=2 cannot split this model: model.z_loss: its log-normaliser needs every vocabulary shard's logits"):
         check_tensor_parallel(ModelConfig(preset="tiny", qk_norm=True, z_loss=1e-4), 2)
 
 
 def test_a_tied_output_matrix_stays_tied_and_the_logits_are_the_models(tmp_path: Path) -> None:
     # One gloo rank: the plans make DTensors (of one shard) through the same code as with several,
-    # and the tied embedding and output layer must be one parameter again afterwards.
+    # and the tied embedding and output layer must be one parameter again afterwards. The q/k
+    # norms' gains, shared by the heads each rank splits, are replicated (their gradients summed).
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate
 
     from kiln.model.init import build_model
     from kiln.train.tensor_parallel import apply_tensor_parallel
 
-    cfg = ModelConfig(preset="tiny", vocab_size=256, max_seq_len=64)
+    cfg = ModelConfig(preset="tiny", vocab_size=256, max_seq_len=64, qk_norm=True)
     plain, split = build_model(cfg, 0, "cpu"), build_model(cfg, 0, "cpu")
     ids_BT = torch.randint(0, 256, (2, 16))
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         apply_tensor_parallel(split, init_device_mesh("cpu", (1,), mesh_dim_names=("tp",)), sequence_parallel=False)
         assert split.lm_head.weight is split.embed.weight and len(list(split.parameters())) == len(list(plain.parameters()))
+        gains = [p for name, p in split.named_parameters() if name.endswith(("q_norm.weight", "k_norm.weight"))]
+        assert len(gains) == 2 * cfg.n_layers and all(isinstance(g, DTensor) and g.placements == (Replicate(),) for g in gains)
         torch.testing.assert_close(split(ids_BT), plain(ids_BT))
     finally:
         dist.destroy_process_group()

@@ -52,7 +52,9 @@ def save_checkpoint(folder: Path, model: Transformer, train_state: dict[str, Any
 
 def gather_stages(model_state: dict[str, Any], optimizer_state: dict[str, Any], ranks: Ranks) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every pipeline stage's full states merged on rank 0 (the stages of rank 0's pipeline send
-    theirs; the other pipelines hold copies and send nothing). Empty elsewhere."""
+    theirs; the other pipelines hold copies and send nothing). Empty elsewhere. A tied embedding
+    comes from the first and the last stage under the same names (kiln.train.pipeline_parallel),
+    equal: it is kept once."""
     import torch.distributed as dist
 
     if any(ranks.mesh.get_local_rank(dim) for dim in ("dp_replicate", "dp_shard", "cp", "tp")):
@@ -63,6 +65,8 @@ def gather_stages(model_state: dict[str, Any], optimizer_state: dict[str, Any], 
     if not ranks.is_main:
         return {}, {}
     merged_model = {k: v for part, _ in parts for k, v in part.items()}
+    if "embed.weight" in parts[-1][0]:  # a tied embedding: the last stage's copy is the first's
+        assert torch.equal(parts[0][0]["embed.weight"], parts[-1][0]["embed.weight"]), "the tied embedding's copies on the first and last stage differ"
     merged_state = {k: v for _, part in parts for k, v in part["state"].items()}  # keyed by parameter name
     # A stage has only the groups its parameters fall in (a middle stage has no embedding), so
     # groups are matched by their settings, not by position.
@@ -70,7 +74,8 @@ def gather_stages(model_state: dict[str, Any], optimizer_state: dict[str, Any], 
     for _, part in parts:
         for group in part["param_groups"]:
             settings = repr(sorted((k, v) for k, v in group.items() if k != "params"))
-            groups.setdefault(settings, dict(group, params=[]))["params"].extend(group["params"])
+            params = groups.setdefault(settings, dict(group, params=[]))["params"]
+            params.extend(name for name in group["params"] if name not in params)  # a tied embedding's copies: once
     return merged_model, {"state": merged_state, "param_groups": list(groups.values())}
 
 

@@ -88,7 +88,7 @@ def apply_compile(model: nn.Module) -> None:
         block.compile()
 
 
-def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float, stages: Any = None) -> torch.Tensor:
+def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float, stages: Any = None, uncounted: list[nn.Parameter] | None = None) -> torch.Tensor:
     """Clip gradients to a global 2-norm of max_norm; the norm before clipping, a plain scalar tensor.
 
     torch.nn.utils.clip_grad_norm_ stacks the per-tensor norms and scales every gradient by one
@@ -97,15 +97,21 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float, stages: Any 
     made whole (a collective over it), the squares summed, and each mesh's gradients scaled by
     the factor as a replicated DTensor of their own mesh. No host sync. With pipeline stages
     (`stages`: the "pp" process group) each rank holds its stage's parameters only, so the squares
-    are summed over the stages too.
+    are summed over the stages too; `uncounted`: parameters that copy another stage's (a tied
+    embedding's on the last stage), scaled but left out of the norm, so the matrix counts once.
     """
     from torch.distributed.tensor import DTensor, Replicate
 
     by_mesh: dict[Any, list[torch.Tensor]] = {}
+    counted: dict[Any, list[torch.Tensor]] = {}
+    copies = {id(p) for p in uncounted or []}
     for p in parameters:
         if p.grad is not None:
-            by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p.grad)
-    norms = [torch.nn.utils.get_total_norm(grads) for grads in by_mesh.values()]
+            mesh = p.grad.device_mesh if isinstance(p.grad, DTensor) else None
+            by_mesh.setdefault(mesh, []).append(p.grad)
+            if id(p) not in copies:
+                counted.setdefault(mesh, []).append(p.grad)
+    norms = [torch.nn.utils.get_total_norm(grads) for grads in counted.values()]
     squares = torch.stack([n.full_tensor() if isinstance(n, DTensor) else n for n in norms]).square().sum() if norms else torch.zeros(())
     if stages is not None:
         torch.distributed.all_reduce(squares, group=stages)

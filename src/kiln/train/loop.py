@@ -400,6 +400,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                 bubble = None
                 if pipeline:  # forward and backward of every micro-batch through the stages; per-row losses on the last
                     rows_loss, idle = pipeline.step(micro_batches, step_tokens)
+                    pipeline.sum_tied_grads()  # a tied embedding: its copies on the first and last stage each get both gradients
                     bubble = min(idle)  # the slowest stage's idle share; the others also wait on it
                     if rows_loss is not None:
                         source_B = torch.cat([b.source_B for b in micro_batches]).to(device)
@@ -422,7 +423,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
                     source_rows.index_add_(0, batch.source_B, (row_tokens_B > 0).to(source_rows.dtype))
                 scaler.unscale_(optimizer)  # fp16: gradients back to their true scale before the norm (no-op otherwise)
                 # The pre-clip norm over every shard; with grad_clip None we still measure it (max_norm=inf).
-                grad_norm = clip_grad_norm(parameters, cfg.optim.grad_clip or float("inf"), stages)
+                grad_norm = clip_grad_norm(parameters, cfg.optim.grad_clip or float("inf"), stages, pipeline.copies if pipeline else None)
                 scaler.step(optimizer)  # fp16: skipped when a gradient overflowed, and the scale shrinks
                 scaler.update()
                 if not held:  # what the planner's memory model counts, measured where it can be (on a CPU too)

@@ -7,8 +7,16 @@ embedding and the last the final norm and output layer, and the split of the lay
 contiguous runs minimises the largest stage (`parallel.pp_layers` gives the layers per stage
 instead). A stage is the Transformer with the other stages' blocks deleted (the embedding on the
 first only, the output layer on the last only), so parameter names, and so checkpoints, are those
-of the whole model. A tied output matrix would live on the first and the last stage at once:
-pipeline parallelism needs `model.tie_embeddings: false`.
+of the whole model. A tied embedding (`model.tie_embeddings`) is held twice, as Megatron-LM holds
+it: the first stage looks the ids up in it, and the last stage keeps the embedding module too,
+unused for lookups, as its output matrix (so its names are one process's: `embed.weight`, and
+`lm_head.weight` the same tensor). Every rank builds the same initial weights, so the two copies
+start equal; after each step's backward the first and the last stage of each pipeline sum their
+gradients (`Pipeline.sum_tied_grads`, a collective between those two ranks), so both take the
+same optimizer step and stay equal. The gradient norm counts the matrix once (the last stage's
+copy is left out of it); resumable states carry one process's names (DCP writes the two stages'
+equal `embed.weight` once), so they load under any layout, and the consolidated checkpoint
+stores the matrix once.
 The step's micro-batches (train.global_batch_tokens / micro_batch_size per data rank) go through
 the schedule `parallel.pp_schedule`: GPipe (every forward, then every backward), 1F1B (one
 forward, one backward, in steady state; the same bubble, fewer micro-batches in flight), or
@@ -26,7 +34,7 @@ schedule), the last stage scores, and its results are sent to every rank.
 Rows must be plain causal ones (clm, fim) without document masking: a stage computes its RoPE
 positions and causal mask itself from the sequence length.
 Shape legend: B rows, T positions, D model width, V vocabulary.
-Not handled here: tied embeddings; the zero-bubble schedules (split weight and input gradients).
+Not handled here: the zero-bubble schedules (split weight and input gradients).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from kiln.core.errors import ConfigError
 from kiln.model.batch import Batch
@@ -61,8 +70,6 @@ def check_pipeline(cfg: ModelConfig, pp: int, layers: list[int] | None, objectiv
         return
     problems = []
     stages = pp * per_rank
-    if cfg.tie_embeddings:
-        problems.append("model.tie_embeddings: the embedding lives on the first stage and the output layer on the last, so one matrix cannot serve both; set model.tie_embeddings: false")
     if schedule == "interleaved_1f1b" and per_rank < 2:
         problems.append("parallel.pp_schedule=interleaved_1f1b takes turns between the stages of a rank: set parallel.pp_stages_per_rank to 2 or more")
     if schedule != "interleaved_1f1b" and per_rank > 1:
@@ -124,14 +131,28 @@ def rank_stages(stages: int, pp: int, rank: int) -> list[int]:
 
 def keep_stage(model: Transformer, layers: set[int], first: bool, last: bool) -> None:
     """Trim the whole model to one rank's stages, in place: their blocks, the embedding on the
-    first rank, the final norm and output layer on the last. Parameter names stay the whole model's."""
+    first rank, the final norm and output layer on the last (with a tied embedding, the embedding
+    too: it is the output matrix). Parameter names stay the whole model's."""
     for key in [k for k in model.blocks if int(k) not in layers]:
         del model.blocks[key]
-    if not first:
+    if not first and not (last and model.cfg.tie_embeddings):
         model.embed = None  # type: ignore[assignment]
     if not last:
         model.norm = None  # type: ignore[assignment]
         model.lm_head = None  # type: ignore[assignment]
+
+
+def tied_group(ranks: Ranks) -> Any:
+    """The process group of this rank's pipeline's first and last stage ranks (pp coordinates 0 and
+    pp - 1 at this rank's other coordinates); every rank creates every pipeline's group, as
+    new_group requires."""
+    by_pipeline = ranks.mesh.mesh.movedim(0, -1).reshape(-1, ranks.pp)  # one row per pipeline: its ranks by stage
+    mine = None
+    for row in by_pipeline.tolist():
+        group = dist.new_group([row[0], row[-1]])
+        if ranks.rank in row:
+            mine = group
+    return mine
 
 
 def micro_batch_count(rows: int, largest: int, pp: int, kind: str) -> tuple[int, str]:
@@ -173,6 +194,22 @@ class Pipeline:
         self.step_tokens, self.next = 1, 0
         self.row_stats: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.busy_s = 0.0
+        # A tied embedding: the first rank's, or the last rank's copy (the last stage, pp x v - 1, is on
+        # rank pp - 1, never rank 0; a rank holding both ends would hold one matrix, nothing to sum).
+        self.tied = core.embed.weight if core.cfg.tie_embeddings and self.first != self.last else None  # type: ignore[union-attr]
+        self.tied_group = tied_group(ranks) if core.cfg.tie_embeddings else None
+        self.copies = [self.tied] if self.tied is not None and self.last else []  # left out of the gradient norm: the first rank's counts
+
+    def sum_tied_grads(self) -> None:
+        """A tied embedding: the first and the last stage each get the sum of both copies'
+        gradients, as the one matrix of one process gets both (a collective between the two ranks of
+        each pipeline). Their gradients are laid out alike (FSDP2 and tp split both copies by
+        vocabulary row the same way), so each rank sums its own shard."""
+        if self.tied is None:
+            return
+        grad = self.tied.grad
+        assert grad is not None, "both ends of the pipeline use the tied embedding in every step"
+        dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad, group=self.tied_group)  # to_local: a view, summed in place
 
     def last_forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         """The last stage on the next micro-batch: its loss value (times the data ranks, which

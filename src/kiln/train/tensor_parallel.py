@@ -10,12 +10,16 @@ both are sharded by vocabulary row alike.
 With sequence parallelism (`parallel.sequence_parallel`) the norms and the residual stream
 between blocks hold 1/tp of the positions on each rank; the all-reduces become a
 reduce-scatter and an all-gather (Korthikanti et al. 2022).
+Per-head query and key norms (`model.qk_norm`) have one gain shared by every head, and each rank
+normalises only its heads: the gain is replicated over the tp ranks and its gradient, partial on
+each, is summed over them in backward, as a sequence-parallel norm's is (the same DTensor style
+with the heads as the split dimension); the gradient norm counts it once.
 The training loss never gathers the logits: each rank computes its (B, T, V/tp) slice and
 `torch.distributed.tensor.parallel.loss_parallel` takes the cross-entropy over the shards
 (the loop runs forward and backward inside `Ranks.loss_context`). Evaluation and generation call
 the model without a head and get the full logits, gathered.
 Shape legend: B rows, T positions, D model width, V vocabulary.
-Not handled here: the z-loss and per-head q/k norms under tp (refused, with the reason), and the
+Not handled here: the z-loss under tp (refused, with the reason), and the
 fused chunked loss (kiln.train.loss; tp takes the loss over vocabulary shards instead).
 """
 
@@ -45,8 +49,6 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
         problems.append(f"model.n_kv_heads ({cfg.kv_heads}) is not a multiple of parallel.tp ({tp}): each rank holds whole key/value heads for its query heads (grouped-query attention splits only when tp divides the key/value heads)")
     if cfg.hidden % tp:
         problems.append(f"the feed-forward width ({cfg.hidden}) is not a multiple of parallel.tp ({tp})")
-    if cfg.qk_norm:
-        problems.append("model.qk_norm: the per-head norms' gains would get each rank's heads' gradients only; train with tp = 1 or without qk_norm")
     if cfg.z_loss:
         problems.append("model.z_loss: its log-normaliser needs every vocabulary shard's logits; set it to 0 or train with tp = 1")
     if problems:
@@ -114,6 +116,9 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, sequence_parallel: boo
         }
         if block.mlp.w_gate is not None:
             plan["mlp.w_gate"] = ColwiseParallel()
+        if block.attn.q_norm is not None:  # (B, H/tp, T, E): this rank's heads, split on dim 1, one gain for all
+            heads = SequenceParallel(sequence_dim=1, use_local_output=True)
+            plan |= {"attn.q_norm": heads, "attn.k_norm": heads}
         if sequence_parallel:
             plan |= {"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel()}
         parallelize_module(block, tp_mesh, {k: v for k, v in plan.items() if v is not None})
