@@ -296,15 +296,14 @@ def test_same_seed_trains_identically_and_rerun_is_skipped_unless_forced(trained
     assert skipped == json.loads((copy / "train" / "manifest.json").read_text()) == second
     assert marker.exists()
 
-    # Another config over a folder with checkpoints: refused before any work, nothing touched.
-    with pytest.raises(FatalError, match=r"holds checkpoints of another training run .*pass --force to move it aside"):
-        train(MODEL, train_cfg(seed=5), MIX, EVAL, copy)
-    assert marker.exists() and not (copy / "train.partial").exists()
+    # Another config over the finished run: it is moved aside, whole, and the new run trains.
+    other = train(MODEL, train_cfg(seed=5), MIX, EVAL, copy)
+    [aside] = [p for p in copy.iterdir() if p.name.startswith("train.old-")]
+    assert (aside / "marker").exists() and (aside / "checkpoint" / "model.safetensors").is_file()
+    assert other["counts"]["previous_run"] == str(aside) and not (copy / "train" / "marker").exists()
 
     forced = train(MODEL, TRAIN, MIX, EVAL, copy, force=True)
-    assert not marker.exists()  # a fresh stage directory was built ...
-    [aside] = [p for p in copy.iterdir() if p.name.startswith("train.old-")]
-    assert (aside / "marker").exists() and (aside / "checkpoint" / "model.safetensors").is_file()  # ... and the old one kept
+    assert len([p for p in copy.iterdir() if p.name.startswith("train.old-")]) == 2  # the seed-5 run kept too
     assert forced["counts"]["final_train_loss"] == second["counts"]["final_train_loss"]
     assert len(step_records(copy)) == STEPS  # metrics were rewritten, not appended
     # Same weights, new timings in metrics.jsonl: the fingerprint (what downstream stages check) is unchanged.
