@@ -43,6 +43,8 @@ def _damage(folder: Path, how: str) -> None:
         weights.unlink()
     elif how == "config not json":
         config.write_text("{not json")
+    elif how == "config too big to build":  # a hand-edited layer count: refused before any tensor exists
+        config.write_text(config.read_text().replace('"n_layers": 2', '"n_layers": 1000000000'))
     elif how == "config out of range":
         config.write_text(config.read_text().replace('"d_model": 64', '"d_model": -3'))
     else:  # a config that disagrees with the weights it sits beside
@@ -57,6 +59,7 @@ def _damage(folder: Path, how: str) -> None:
         ("missing weights", r"model.safetensors: missing; the checkpoint folder holds only config.json"),
         ("config not json", r"config.json: not a kiln checkpoint config \(JSONDecodeError"),
         ("config out of range", r"config.json: model.d_model: Input should be greater than or equal to 8; the file is damaged"),
+        ("config too big to build", r"config.json: a [0-9,]+-parameter model \(fp32\) needs [0-9,.]+ GB of memory and this machine has [0-9,.]+ GB available"),
         ("config disagrees", r"model.safetensors: the weights do not match .*config.json \(size mismatch for .*\); the two files are from different models"),
     ],
 )

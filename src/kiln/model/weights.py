@@ -18,7 +18,8 @@ from safetensors.torch import load_model, save_model
 
 from kiln.core.atomic import replace_dir
 from kiln.core.errors import FatalError
-from kiln.model.config import ModelConfig
+from kiln.core.hardware import available_memory, check_memory
+from kiln.model.config import ModelConfig, build_bytes, count_params
 from kiln.model.transformer import Transformer
 
 FORMAT = "kiln-checkpoint v1"
@@ -90,6 +91,10 @@ def load_weights_into(model: Transformer, folder: Path) -> None:
 
 
 def load_trained_model(folder: Path, device: str | torch.device = "cpu") -> Transformer:
-    model = Transformer(checkpoint_config(folder))
+    """The checkpoint's model, in eval mode on `device`; stops before building one this machine cannot hold."""
+    cfg = checkpoint_config(folder)
+    check_memory(f"{folder / CONFIG}: a {count_params(cfg):,}-parameter model (fp32)", build_bytes(cfg), available_memory(), "this machine",
+                 "the config is damaged or the model too big for this machine")
+    model = Transformer(cfg)
     _load(model, folder, str(device))
     return model.to(device).eval()
