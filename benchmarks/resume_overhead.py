@@ -28,11 +28,12 @@ from kiln.model.batch import Batch
 from kiln.model.config import count_params
 from kiln.model.init import build_model
 from kiln.recipe import load_recipe
-from kiln.train.distributed import DataParallel
 from kiln.train.loop import build_precision
 from kiln.train.loss import lm_loss
+from kiln.train.mesh import one_process
 from kiln.train.optim import build_optimizer
 from kiln.train.resume import States
+from kiln.train.state_files import drawn_by
 
 
 def main() -> None:
@@ -69,15 +70,23 @@ def main() -> None:
     for _ in range(3):
         step()  # warm-up; the optimizer now holds its moments
     step_s = statistics.median(step() for _ in range(5))
-    dp = DataParallel(0, 1, 1, 1, device)
-    train_state = {"batches": {}, "mixture": {}, "tokens_trained": 0, "train_flops": 0, "val_before": None, "guard": {}}
+    dp = one_process(device)
+
+    def train_state(step: int) -> dict:
+        """What the loop saves besides model, optimizer and RNGs, as the resume checks want it: one source that drew the run's rows."""
+        rows, tokens = drawn_by(cfg, step, [(1, 1)], {})
+        stream = {"epoch": 0, "turn": 0, "position": [0], "offset": [0], "switched_at": []}
+        sampler = {"sources": ["random"], "rows_drawn": rows, "drawn": [rows], "streams": [stream], "factors": [1.0], "last_val": {}}
+        return {"batches": {"rows": sampler, "seen": [0]}, "mixture": {"first_step": 1, "start_tokens": [0.0], "intended": [0.0], "records": []}, "tokens_trained": tokens,
+                "train_flops": 0, "val_before": None, "guard": {"history": [], "rollbacks": 0, "skips": {}, "low_lr_until": 0}, "scaler": {}}
+
     print(f"{args.recipe}: {count_params(model_cfg):,} params on {device}, {step_s:.3f} s per optimizer step of {cfg.tokens_per_step:,} tokens")
     with tempfile.TemporaryDirectory() as tmp:
         sync = States(Path(tmp) / "sync", dp, every=None, keep_last=1, keep_every=None)
         sync_s = []
         for i in range(args.repeats):
             t0 = time.perf_counter()
-            sync.save(i + 1, model, optimizer, train_state)
+            sync.save(i + 1, model, optimizer, train_state(i + 1))
             sync_s.append(time.perf_counter() - t0)
         newest = sync.complete()[-1]
         size_mb = sum(p.stat().st_size for p in newest.iterdir()) / 2**20
@@ -86,7 +95,7 @@ def main() -> None:
         blocked, total, slowdown = [], [], []
         for i in range(args.repeats):
             t0 = time.perf_counter()
-            lazy.save(i + 1, model, optimizer, train_state)
+            lazy.save(i + 1, model, optimizer, train_state(i + 1))
             blocked.append(time.perf_counter() - t0)
             while lazy.pending is not None and lazy.pending.is_alive():
                 slowdown.append(step() - step_s)  # training goes on while the thread writes
@@ -95,7 +104,7 @@ def main() -> None:
         load_s = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            sync.load(newest, model, optimizer)
+            sync.load(newest, model, optimizer, cfg)
             load_s.append(time.perf_counter() - t0)
     sync_save, async_blocked, async_total = statistics.median(sync_s), statistics.median(blocked), statistics.median(total)
     async_cost = async_blocked + sum(slowdown) / args.repeats  # per save: the copy, plus what the writer took from the steps

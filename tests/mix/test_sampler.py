@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -256,6 +257,21 @@ def test_adaptive_sampler_applies_a_floor_and_keeps_its_factors_in_the_state(sha
 def test_state_from_other_sources_is_refused(shards: dict[str, TokenShard]) -> None:
     state = Sampler(shards, MixConfig(weights={"a": 1}), SEQ_LEN).state_dict()
     with pytest.raises(FatalError, match=r"drew from \['a'\], this run has \['a', 'b'\]"):
+        Sampler(shards, MixConfig(), SEQ_LEN).load_state_dict(state)
+
+
+@pytest.mark.parametrize(("key", "edit", "reason"), [
+    ("position", lambda s: [s["position"][0] + 100, *s["position"][1:]], r"lane 0: position \d+ \(or switched_at \d+\) lies past its \d+ documents"),
+    ("offset", lambda s: [10**6, *s["offset"][1:]], r"lane 0: offset 1000000 lies past the \d+ tokens of its document"),
+    ("turn", lambda s: 99, r"the state has \d+ lane\(s\) \(turn 99\), this stream \d+"),
+])
+def test_a_stream_state_past_its_documents_is_refused(shards: dict[str, TokenShard], key: str, edit: Any, reason: str) -> None:
+    # Loaded as it was, the stream would index past its lanes (or, an offset past its document, never end a row).
+    sampler = Sampler(shards, MixConfig(), SEQ_LEN)
+    draw(sampler, 20)
+    state = sampler.state_dict()
+    state["streams"][0][key] = edit(state["streams"][0])
+    with pytest.raises(FatalError, match=rf"checkpoint sampler, source a: {reason}; the state belongs to other data or was edited"):
         Sampler(shards, MixConfig(), SEQ_LEN).load_state_dict(state)
 
 

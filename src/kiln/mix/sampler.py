@@ -170,8 +170,11 @@ class Sampler:
             raise FatalError(f"checkpoint sampler drew from {state['sources']}, this run has {self.sources}; the data changed")
         self.rows_drawn = state["rows_drawn"]
         self.drawn = np.array(state["drawn"], dtype=np.int64)
-        for stream, s in zip(self.streams, state["streams"], strict=True):
-            stream.load_state_dict(s)
+        for source, stream, s in zip(self.sources, self.streams, state["streams"], strict=True):
+            try:
+                stream.load_state_dict(s)
+            except ValueError as e:
+                raise FatalError(f"checkpoint sampler, source {source}: {e}; the state belongs to other data or was edited") from None
         self.factors = np.array(state["factors"], dtype=np.float64)
         self.last_val = dict(state["last_val"])
 

@@ -134,4 +134,20 @@ class SourceStream:
         return asdict(self.state)
 
     def load_state_dict(self, state: dict) -> None:
-        self.state = StreamState(**{k: (list(v) if isinstance(v, list) else v) for k, v in state.items()})
+        """Go on from a saved position; ValueError when it does not fit this stream's documents (the
+        state of other data, or an edited one: the stream would index past its lanes or loop forever)."""
+        loaded = StreamState(**{k: (list(v) if isinstance(v, list) else v) for k, v in state.items()})
+        sizes = [len(range(k, self.shard.n_docs, self.lanes)) for k in range(self.lanes)]  # documents per lane, in any order
+        lanes_fit = len(loaded.position) == len(loaded.offset) == self.lanes and len(loaded.switched_at) in (0, self.lanes)
+        if not lanes_fit or loaded.turn >= self.lanes:
+            raise ValueError(f"the state has {len(loaded.position)} lane(s) (turn {loaded.turn}), this stream {self.lanes}")
+        for k, (n, p, cut) in enumerate(zip(sizes, loaded.position, loaded.switched_at or sizes, strict=True)):
+            if p > n or cut > n:
+                raise ValueError(f"lane {k}: position {p} (or switched_at {cut}) lies past its {n} documents")
+        before, self.state = self.state, loaded
+        lanes = self.lane_docs()
+        for k, (docs, p, o) in enumerate(zip(lanes, loaded.position, loaded.offset, strict=True)):
+            length = int(self.offsets[docs[p] + 1] - self.offsets[docs[p]]) if p < len(docs) else 1  # an exhausted lane: offset 0
+            if o >= length:
+                self.state = before
+                raise ValueError(f"lane {k}: offset {o} lies past the {length} tokens of its document")

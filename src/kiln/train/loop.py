@@ -334,7 +334,7 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, batches: BatchSource, scorin
     def restore(folder: Path, rollback: bool = False) -> dict[str, Any]:
         """Load a resumable state into everything the loop carries; a rollback keeps the guard's
         rollbacks, skips and lowered-lr window as they are now."""
-        saved = states.load(folder, model, optimizer)
+        saved = states.load(folder, model, optimizer, cfg)
         batches.load_state_dict(saved["batches"])
         mixture.load_state_dict(saved["mixture"])
         if "guard" in saved:  # states written before rollbacks existed have none

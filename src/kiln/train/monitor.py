@@ -6,7 +6,9 @@ batch-size warmup and sequence-length phases change it), seq_len, tokens_per_s, 
 (host time drawing the step's batches), peak_memory_mb (CUDA's high-water mark in the step; None
 on a CPU), rollbacks (so far, kiln.train.rollback), elapsed_s. A rollback writes a line of kind
 `rollback` (the step it went back to, the faulting step, the reason, its rows and sources) after
-the file is cut back to that step.
+the file is cut back to that step. A resumed run cuts it back the same way (`truncate_metrics`),
+dropping a last line torn by a write cut short (a full disk, a crash) with a warning; a write that
+fails stops the run with the file and the reason.
 The same curves go to TensorBoard event files in `tensorboard/` beside it (`tensorboard --logdir
 runs/<name>/train`). `MixtureWindows` adds, per window of steps, the tokens each source actually gave against the
 intended weights (the realized mixture). MFU is achieved model FLOP/s over the device's dense bf16 peak; it is reported only
@@ -17,10 +19,13 @@ Not handled here: sinks other than metrics.jsonl and TensorBoard.
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import math
 import time
 from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +33,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from kiln.core.errors import FatalError
 from kiln.core.hardware import peak_flops_of
 from kiln.core.ranks import is_main_process
 
 TENSORBOARD = "tensorboard"  # the event files' folder beside metrics.jsonl
+
+log = logging.getLogger("kiln.train")
 
 
 def device_peak_flops(device: torch.device) -> float | None:
@@ -60,15 +68,45 @@ def peak_rss_mb() -> float | None:
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """Keep the records of steps up to `step` (a resumed run writes the later ones again)."""
-    if path.is_file():
-        kept = [line for line in path.read_text(encoding="utf-8").splitlines() if json.loads(line)["step"] <= step]
-        path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+    """Keep the records of steps up to `step` (a resumed run writes the later ones again): the file is
+    cut before its first later record. A last line that is not a record (a write cut short: a full
+    disk, a crash) is dropped with a warning, and blank lines are passed over; any other line that is
+    not a record stops the run, naming it."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    last = max((n for n, line in enumerate(lines) if line.strip()), default=-1)
+    cut, start = None, 0  # cut: bytes kept
+    for n, line in enumerate(lines):
+        if line.strip():
+            try:
+                record = json.loads(line)
+                if not (isinstance(record, dict) and type(record.get("step")) is int):
+                    raise ValueError("a record of the trainer is a JSON object with an integer step")
+            except ValueError as e:
+                if n < last:
+                    raise FatalError(f"{path}: line {n + 1} is not a metrics record ({e}); remove that line "
+                                     "(or the file, losing the curves so far) and run again") from None
+                log.warning("train: %s: its last line (line %d, %d bytes) is not a whole record, as a write cut short leaves it: dropped",
+                            path, n + 1, len(line))
+                cut = start if cut is None else cut
+            else:
+                if record["step"] > step and cut is None:
+                    cut = start
+        start += len(line) + 1
+    cut = len(data) if cut is None else cut
+    # subtle: cut in place, not replaced: a rollback cuts the file while the Monitor appends to it.
+    with open(path, "r+b") as f:
+        f.truncate(cut)
+        if cut and data[cut - 1 : cut] != b"\n":  # a whole last record without its newline
+            f.seek(cut)
+            f.write(b"\n")
 
 
 class Monitor:
     def __init__(self, path: Path, total_steps: int, device: torch.device, world: int = 1):
-        self.writes = is_main_process()
+        self.writes, self.path = is_main_process(), path
         self.file = open(path, "a", encoding="utf-8") if self.writes else None
         self.board = None
         if self.writes:
@@ -84,8 +122,16 @@ class Monitor:
 
     def write(self, record: dict[str, Any]) -> None:
         if self.file is not None:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
+            try:
+                self.file.write(json.dumps(record) + "\n")
+                self.file.flush()
+            except OSError as e:  # the disk is full: the line may be torn, which the resumed run drops
+                file, self.file = self.file, None
+                with suppress(OSError):
+                    file.close()  # the unwritten rest goes with it, not in a second error at exit
+                fix = "free space on that disk" if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else "make it writable"
+                raise FatalError(f"cannot write {self.path}: {e.strerror}; {fix} and run the same command again: "
+                                 "finished work is kept (training resumes from its newest complete state)") from e
 
     def log_eval(self, step: int, results: dict[str, Any], kind: str) -> None:
         """kind: start (before step 1), periodic (every train.eval_every steps), adaptive (for the mixture) or final."""

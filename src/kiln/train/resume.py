@@ -5,9 +5,14 @@ states with `torch.distributed.checkpoint` (DCP), so a state saved by N processe
 Beside them, rank 0 writes `train_state.json` (step, counters, sampler and mixture state: JSON,
 never pickles) and every rank its RNG states (`rng-<rank>.json`). The folder is written as
 `step-NNNNNNN.tmp` and renamed only after `complete.json`, the sha256 of every file in it, so a
-half-written state is never loaded; a state is loaded only after those checksums match (DCP's
-reader unpickles its metadata). After each save the last `keep_last` states stay, and every
-`keep_every`-th step's.
+half-written state is never loaded; a state is loaded only after those checksums match and
+kiln.train.state_files has read every file back: DCP's metadata as JSON (never a pickle: a folder
+holding DCP's pickled `.metadata`, as kiln wrote before, is refused unread), train_state.json and
+the RNG files against their schemas, the rows the data stream drew against the run's steps. The
+optimizer's group settings (lr, betas, ...) are not saved: they come from the recipe, which a
+resumed run shares. A save that cannot write (a full disk) removes its `.tmp` folder and stops
+with the file and the reason; the states before it stay. After each save the last `keep_last`
+states stay, and every `keep_every`-th step's.
 A wsd run also saves, and keeps, a state at its last stable step, whatever `every` says: a
 finished run is extended from there (kiln.train.extend).
 With `train.checkpoint.async_save`, DCP copies the states to CPU memory and writes them from a
@@ -21,6 +26,7 @@ Not handled here: the consolidated safetensors checkpoint the stage outputs (kil
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import logging
 import random
@@ -28,23 +34,29 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from pydantic import RootModel
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict
 
 from kiln.core.errors import FatalError
 from kiln.core.manifest import sha256_file
 from kiln.train.mesh import Ranks
+from kiln.train.state_files import NOT_LOADED, PICKLED_METADATA, Reader, Writer, check_rng_state, check_train_state, read_json, read_metadata, write_text
+
+if TYPE_CHECKING:
+    from kiln.train.config import TrainConfig
 
 STATES = "checkpoints"  # beside metrics.jsonl in the train stage's folder
-# subtle: optimizer states keyed by parameter name, group settings included. Unflattened, DCP keys
-# each parameter group by its index and keeps one rank's copy, so pipeline stages (whose groups
-# hold different parameters) would load another stage's group lists and lose their settings.
+# subtle: optimizer states keyed by parameter name. Unflattened, DCP keys each parameter group by
+# its index and keeps one rank's copy, so pipeline stages (whose groups hold different parameters)
+# would load another stage's group lists and lose their settings.
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 TRAIN_STATE_JSON, COMPLETE = "train_state.json", "complete.json"
 
@@ -87,11 +99,58 @@ def complete_states(root: Path) -> list[Path]:
     return sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp") and (p / COMPLETE).is_file()) if root.is_dir() else []
 
 
-def verify(folder: Path) -> None:
-    recorded = json.loads((folder / COMPLETE).read_text())
+class Checksums(RootModel[dict[str, str]]):
+    """complete.json: file name -> sha256."""
+
+
+def verify(folder: Path, cfg: TrainConfig) -> None:
+    """Everything a rank will read from the state, checked before any rank reads it (on rank 0):
+    FatalError naming the file, the key and what was found otherwise."""
+    if (folder / PICKLED_METADATA).exists():
+        raise FatalError(
+            f"{folder / PICKLED_METADATA}: DCP's metadata as a pickle, which kiln wrote before it kept metadata.json. Unpickling runs whatever code "
+            f"the file names, and its checksum in {COMPLETE} shows only that it is unchanged since it was summed, not who wrote it, so it is not "
+            "loaded: resume from a state this kiln wrote with --from STEP, or pass --force to start over"
+        )
+    recorded = read_json(folder / COMPLETE, Checksums).root
     present = {p.name for p in folder.iterdir() if p.name != COMPLETE}
     if present != set(recorded) or any(sha256_file(folder / name) != digest for name, digest in recorded.items()):
         raise FatalError(f"{folder}: its files do not match the checksums in {COMPLETE}; it was changed or damaged. Move it away to resume from the one before, or pass --force to start over")
+    read_metadata(folder)
+    check_train_state(folder / TRAIN_STATE_JSON, state_step(folder), cfg)
+    for rng in sorted(folder.glob("rng-*.json")):
+        check_rng_state(rng, set_rng_state)
+    if not (folder / "rng-0.json").is_file():
+        raise FatalError(f"{folder}: no rng-0.json, the random states of rank 0; {NOT_LOADED}")
+
+
+def disk_error(failure: BaseException) -> OSError | None:
+    """The OSError behind a failed save: the failure itself, one that DCP's CheckpointException holds
+    (one per failed rank), or one it was raised from; None for any other failure."""
+    seen, todo = set(), [failure]
+    while todo:
+        e = todo.pop()
+        if isinstance(e, OSError):
+            return e
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, CheckpointException):
+            todo += [exc for exc, _ in e.failures.values()]
+        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+    return None
+
+
+def tensors_only(optimizer_state: dict[str, Any]) -> dict[str, Any]:
+    """What DCP saves of the optimizer (FLAT): each parameter's state, every value a tensor (Muon's
+    step counts become 0-d tensors), so DCP pickles nothing. Group settings are left out."""
+    def tensor(key: str, value: Any) -> torch.Tensor:
+        assert isinstance(value, torch.Tensor | int | float), f"{key}: an optimizer state of {type(value).__name__}"
+        if isinstance(value, torch.Tensor):
+            return value
+        return torch.tensor(value, dtype=torch.int64 if isinstance(value, int) else torch.float64)
+
+    return {k: tensor(k, v) for k, v in optimizer_state.items() if k.startswith("state.")}
 
 
 def set_aside_after(root: Path, step: int) -> list[Path]:
@@ -115,7 +174,10 @@ class States:
         self.root, self.ranks, self.every, self.keep_last, self.keep_every, self.async_save = root, ranks, every, keep_last, keep_every, async_save
         self.keep_steps = keep_steps  # saved whatever `every` says, and never pruned (a wsd run's last stable step)
         self.pending: threading.Thread | None = None
+        self.pending_step = 0  # the step the pending async save is of
         self.failure: BaseException | None = None
+        # (first step, data-parallel ranks) of each stretch of steps: the rows a state's stream drew (kiln.train.state_files).
+        self.data_ranks: list[tuple[int, int]] = [(1, ranks.data_world)]
         # Async saves run collectives from a thread: on a group of their own (a CPU backend, as DCP needs).
         self.group = dist.new_group(backend="gloo") if async_save and ranks.world > 1 else None
 
@@ -131,24 +193,46 @@ class States:
         the states are copied to CPU memory)."""
         self.wait()
         final, tmp = self.root / step_name(step), self.root / (step_name(step) + ".tmp")
-        if self.ranks.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)  # a save cut short earlier
-            tmp.mkdir(parents=True)
-        self.ranks.barrier()
-        (tmp / f"rng-{self.ranks.rank}.json").write_text(json.dumps(rng_state()))
-        if self.ranks.is_main:
-            (tmp / TRAIN_STATE_JSON).write_text(json.dumps({**train_state, "step": step, "processes": self.ranks.world}))
-        state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer, options=FLAT)}
-        if not self.async_save or wait:
-            dcp.save(state, checkpoint_id=str(tmp))
-            self.ranks.barrier()  # every rank's rng file and shards are written
+        try:
             if self.ranks.is_main:
-                self._finish(tmp, final)
+                shutil.rmtree(tmp, ignore_errors=True)  # a save cut short earlier
+                tmp.mkdir(parents=True)
             self.ranks.barrier()
-            return
-        upload = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self.group)
+            write_text(tmp / f"rng-{self.ranks.rank}.json", json.dumps(rng_state()))
+            if self.ranks.is_main:
+                saved = {**train_state, "step": step, "processes": self.ranks.world, "data_ranks": self.data_ranks}
+                write_text(tmp / TRAIN_STATE_JSON, json.dumps(saved))
+            optimizer_state = tensors_only(get_optimizer_state_dict(model, optimizer, options=FLAT))
+            state = {"model": get_model_state_dict(model), "optimizer": optimizer_state}
+            if not self.async_save or wait:
+                dcp.save(state, storage_writer=Writer(tmp))
+                self.ranks.barrier()  # every rank's rng file and shards are written
+                if self.ranks.is_main:
+                    self._finish(tmp, final)
+                self.ranks.barrier()
+                return
+            upload = dcp.async_save(state, storage_writer=Writer(tmp), process_group=self.group)
+        except (OSError, CheckpointException) as e:
+            if (error := self.unsaved(step, e)) is e:
+                raise
+            raise error from e
         self.pending = threading.Thread(target=self._finish_async, args=(upload, tmp, final), name=f"kiln-save-{step}", daemon=True)
+        self.pending_step = step
         self.pending.start()
+
+    def unsaved(self, step: int, failure: BaseException) -> BaseException:
+        """The error to stop with after the save of `step` failed: for a disk's error (a full disk, a
+        folder that cannot be written), a FatalError naming the file and the reason, its `.tmp` folder
+        removed (on rank 0); any other failure as it is."""
+        if (disk := disk_error(failure)) is None:
+            return failure
+        if self.ranks.is_main:
+            shutil.rmtree(self.root / (step_name(step) + ".tmp"), ignore_errors=True)
+        kept = self.complete()
+        where = f"training resumes from {kept[-1]}" if kept else f"no state was saved before step {step}, so training starts over"
+        fix = "free space on that disk" if disk.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else "make it writable"
+        return FatalError(f"cannot write {disk.filename or self.root}: {disk.strerror}; {fix} and run the same command again: "
+                          f"finished work is kept ({where}; the state after step {step} was not saved)")
 
     def _finish_async(self, upload: Any, tmp: Path, final: Path) -> None:
         try:
@@ -159,7 +243,7 @@ class States:
             self.failure = e
 
     def _finish(self, tmp: Path, final: Path) -> None:
-        (tmp / COMPLETE).write_text(json.dumps({p.name: sha256_file(p) for p in sorted(tmp.iterdir())}, indent=1))
+        write_text(tmp / COMPLETE, json.dumps({p.name: sha256_file(p) for p in sorted(tmp.iterdir())}, indent=1))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         self._prune()
@@ -172,7 +256,10 @@ class States:
             self.ranks.barrier()  # rank 0 has completed the folder
             if self.failure is not None:
                 failure, self.failure = self.failure, None
-                raise FatalError(f"train: an asynchronous save under {self.root} failed: {failure}") from failure
+                error = self.unsaved(self.pending_step, failure)
+                if error is failure:
+                    raise FatalError(f"train: an asynchronous save under {self.root} failed: {failure}") from failure
+                raise error from failure
 
     def settle(self) -> None:
         """After a failure: let a pending async save finish on this rank (no collective: other
@@ -180,26 +267,44 @@ class States:
         if self.pending is not None:
             self.pending.join()
             self.pending = None
+            if self.failure is not None and self.ranks.is_main:  # its partial folder goes; the run's failure is reported
+                shutil.rmtree(self.root / (step_name(self.pending_step) + ".tmp"), ignore_errors=True)
 
     def _prune(self) -> None:
         for old in self.complete()[:-self.keep_last]:
             if not (self.keep_every and state_step(old) % self.keep_every == 0) and state_step(old) not in self.keep_steps:
                 shutil.rmtree(old)
 
-    def load(self, folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """Load a verified state into model and optimizer (any number of ranks); rank-local RNGs where the rank saved one.
+    def load(self, folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> dict[str, Any]:
+        """Load a state verified against this run (`cfg`) into model and optimizer (any number of ranks);
+        rank-local RNGs where the rank saved one.
 
         Returns train_state.json. A state saved by fewer ranks gives the extra ranks rank 0's RNGs:
         kiln draws its data from seeded generators, not from these.
         """
         self.wait()
         if self.ranks.is_main:
-            verify(folder)
+            verify(folder, cfg)
         self.ranks.barrier()
-        state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer, options=FLAT)}
-        dcp.load(state, checkpoint_id=str(folder))
+        optimizer_state = get_optimizer_state_dict(model, optimizer, options=FLAT)  # the group settings of this run's recipe
+        state = {"model": get_model_state_dict(model), "optimizer": tensors_only(optimizer_state)}
+        try:
+            dcp.load(state, storage_reader=Reader(folder))
+        except CheckpointException as e:  # a shard torch.load(weights_only=True) refuses, or that does not fit the model
+            exc = next(iter(e.failures.values()))[0]
+            first_line = (str(exc).splitlines() or [""])[0]
+            raise FatalError(f"{folder}: its model and optimizer shards cannot be loaded ({type(exc).__name__}: {first_line}); {NOT_LOADED}") from None
+        # Muon's step counts were saved as tensors: back to the numbers the optimizer keeps.
+        for key, value in state["optimizer"].items():
+            if not isinstance(optimizer_state[key], torch.Tensor):
+                optimizer_state[key] = type(optimizer_state[key])(value.item())
         set_model_state_dict(model, state["model"])
-        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=FLAT)
+        set_optimizer_state_dict(model, optimizer, optimizer_state, options=FLAT)
         rng = folder / f"rng-{self.ranks.rank}.json"
         set_rng_state(json.loads((rng if rng.is_file() else folder / "rng-0.json").read_text()))
-        return json.loads((folder / TRAIN_STATE_JSON).read_text())
+        saved = json.loads((folder / TRAIN_STATE_JSON).read_text())
+        stretches = [(first, world) for first, world in saved["data_ranks"]]
+        # From the step after this state on, the stream is drawn by this run's data ranks.
+        world = self.ranks.data_world
+        self.data_ranks = stretches if stretches[-1][1] == world else [*stretches, (saved["step"] + 1, world)]
+        return saved
