@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from interrupt import Crash, CrashAfter
 
 from kiln.cli import main
 from kiln.core.errors import FatalError
@@ -37,25 +38,6 @@ STEPS, ROWS = 16, 8
 def cfg(**update: Any) -> TrainConfig:
     base = {"steps": STEPS, "seq_len": 64, "micro_batch_size": ROWS, "optim": {"lr": 1e-2}, "schedule": {"warmup_steps": 2}, "precision": {"device": "cpu"}, "eval_at_start": False, "checkpoint": {"every": 4, "keep_last": 3}}
     return TrainConfig.model_validate({**base, **update})
-
-
-class Crash(Exception):
-    pass
-
-
-class CrashAfter:
-    """mix's sampler that raises once `limit` rows have been drawn."""
-
-    def __init__(self, inner: Any, limit: int):
-        self.inner, self.limit = inner, limit
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def next_rows(self, lengths: Any, progress: float, keep: slice) -> Any:
-        if self.inner.rows_drawn >= self.limit:
-            raise Crash(f"disk gone after {self.limit} rows")
-        return self.inner.next_rows(lengths, progress, keep)
 
 
 def make_rows(run_dir: Path, crash_after_step: int | None, seq_len: int, split: str = "train") -> Any:

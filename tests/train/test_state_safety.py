@@ -29,6 +29,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from interrupt import Crash, CrashAfter
 
 from kiln.core.errors import FatalError
 from kiln.mix.config import MixConfig
@@ -61,25 +62,6 @@ def cfg(**update: Any) -> TrainConfig:
         "precision": {"device": "cpu"}, "eval_at_start": False, "checkpoint": {"every": 2, "keep_last": 3},
     }
     return TrainConfig.model_validate({**base, **update})
-
-
-class Crash(Exception):
-    pass
-
-
-class CrashAfter:
-    """mix's sampler that raises once `limit` rows have been drawn."""
-
-    def __init__(self, inner: Any, limit: int):
-        self.inner, self.limit = inner, limit
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def next_rows(self, lengths: Any, progress: float, keep: slice) -> Any:
-        if self.inner.rows_drawn >= self.limit:
-            raise Crash(f"disk gone after {self.limit} rows")
-        return self.inner.next_rows(lengths, progress, keep)
 
 
 def make_rows(run_dir: Path, crash: bool, seq_len: int, split: str = "train") -> Any:
@@ -140,19 +122,25 @@ def test_states_are_written_without_pickles(runs: Any) -> None:
     assert saved["step"] == 6 and saved["data_ranks"] == [[1, 1]] and saved["batches"]["rows"]["rows_drawn"] == 6 * ROWS
 
 
+class RunsCode:
+    """An object whose unpickling runs a command (it creates `marker`): what a forged state would hold."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
 def test_a_pickled_metadata_is_refused_unread_and_an_older_state_resumes_exactly(runs: Any, tmp_path: Path) -> None:
     _, crashed, whole, _ = runs
     run_dir = crashed()
     state = run_dir / "train.partial" / "checkpoints" / "step-0000006"
     marker = tmp_path / "code-ran"
 
-    class RunsCode:
-        def __reduce__(self) -> tuple[Any, ...]:
-            return (os.system, (f"touch {marker}",))
-
     # A state as an earlier kiln wrote it (DCP's pickled .metadata), made hostile, its checksums recomputed.
     (state / "metadata.json").unlink(missing_ok=True)
-    (state / ".metadata").write_bytes(pickle.dumps(RunsCode()))
+    (state / ".metadata").write_bytes(pickle.dumps(RunsCode(marker)))
     recompute_checksums(state)
     with pytest.raises(FatalError, match=r"step-0000006/\.metadata: DCP's metadata as a pickle.* so it is not loaded: resume from a state this kiln wrote with --from STEP, or pass --force"):
         train(run_dir)
@@ -167,12 +155,8 @@ def test_a_shard_that_would_run_code_is_refused_by_weights_only(runs: Any, tmp_p
     state = run_dir / "train.partial" / "checkpoints" / "step-0000006"
     marker = tmp_path / "code-ran"
 
-    class RunsCode:
-        def __reduce__(self) -> tuple[Any, ...]:
-            return (os.system, (f"touch {marker}",))
-
     # The embedding's chunk now points at a torch.save record whose unpickling runs a command.
-    torch.save(RunsCode(), state / "__0_1.distcp")
+    torch.save(RunsCode(marker), state / "__0_1.distcp")
     described = json.loads((state / "metadata.json").read_text())
     entry = next(e for e in described["storage"] if e["fqn"] == "model.embed.weight")
     entry.update(file="__0_1.distcp", start=0, length=(state / "__0_1.distcp").stat().st_size)
