@@ -38,7 +38,7 @@ from kiln.core.document import Document
 from kiln.core.split import is_heldout
 from kiln.curate.audit import Ledger
 from kiln.curate.quality.sample import read_selection, reference_and_corpus, select
-from kiln.curate.steps.pipeline import groups, run_documents
+from kiln.curate.steps.chain import groups, run_documents
 from kiln.curate.steps.quality import ClassifierFilter, ClassifierFilterConfig, PerplexityConfig, PerplexityFilter
 from kiln.recipe import load_recipe
 
@@ -102,7 +102,7 @@ def write_jsonl(path: Path, docs: list[Document], ids: list[str]) -> None:
 
 def _score(args: tuple[str, list[Document]]) -> float:
     """Seconds the curate step takes over `docs` as curate's filter phase runs it (groups of
-    documents, kiln.curate.steps.pipeline), its model loaded before the clock starts."""
+    documents, kiln.curate.steps.chain), its model loaded before the clock starts."""
     step, ledger = PerplexityFilter(PerplexityConfig(enabled=True), Path(args[0])), Ledger(0)
     started = time.perf_counter()
     for group in groups(args[1]):

@@ -46,7 +46,7 @@ from kiln.curate.dedup.near import bucket_task, components_task, decisions_for_t
 from kiln.curate.readers import ReadLimits, ReadTask, read_task
 from kiln.curate.steps.base import Step
 from kiln.curate.steps.lines import LineCounts, document_line_keys
-from kiln.curate.steps.pipeline import code_steps, early_steps, groups, prose_steps, run_document, run_documents
+from kiln.curate.steps.chain import code_steps, early_steps, groups, prose_steps, run_document, run_documents
 from kiln.text.code import doc_is_code
 
 MB = 1_000_000

@@ -26,7 +26,7 @@ from kiln.curate.phases import CLUSTERS_SCHEMA, LEDGER_PHASES, MB, REMOVED_SCHEM
 from kiln.curate.readers import ReadTask, task_paths
 from kiln.curate.steps.decontaminate import build_report
 from kiln.curate.steps.pii import EXAMPLES_PER_KIND
-from kiln.curate.steps.pipeline import BRANCHES, enabled
+from kiln.curate.steps.chain import BRANCHES, enabled
 
 
 def load_ledger(summary: dict[str, Any], sample_size: int) -> Ledger:
@@ -146,7 +146,7 @@ def totals(ledger: Ledger) -> dict[str, Any]:
 
 
 def format_summary(counts: dict[str, Any], rows: list[str], cfg: CurateConfig, top_reasons: int = 5) -> str:
-    """The funnel per source (documents and MB after each step, in pipeline order, zeros shown),
+    """The funnel per source (documents and MB after each step, in chain order, zeros shown),
     the settings the source has of its own, and its top removal reasons. A branch (prose or code
     rules) is shown when documents entered it, a step's row when the source runs that step."""
     lines = []

@@ -25,7 +25,7 @@ from kiln.core.manifest import MANIFEST
 from kiln.curate.audit import Ledger
 from kiln.curate.quality.classifier import HashedClassifier
 from kiln.curate.quality.ngram import NGramLM
-from kiln.curate.steps import pipeline
+from kiln.curate.steps import chain
 from kiln.curate.steps.normalize import normalize_text
 from kiln.curate.steps.quality import ClassifierFilter, ClassifierFilterConfig, PerplexityConfig, PerplexityFilter
 
@@ -206,11 +206,11 @@ def test_groups_scored_in_one_call_give_the_per_document_outcome(corpus, monkeyp
     calls = []
     score = step.model.perplexities
     monkeypatch.setattr(step.model, "perplexities", lambda texts: calls.append(len(texts)) or score(texts))
-    monkeypatch.setattr(pipeline, "GROUP_CHARS", 5000)  # a few documents a group
+    monkeypatch.setattr(chain, "GROUP_CHARS", 5000)  # a few documents a group
     ledger = Ledger(0)
-    outcomes = [out for group in pipeline.groups(web_docs(corpus)) for out in pipeline.run_documents(group, [step], ledger, "prose")]
+    outcomes = [out for group in chain.groups(web_docs(corpus)) for out in chain.run_documents(group, [step], ledger, "prose")]
     assert [(d.id, d.meta) for d in outcomes if d is not None] == one_by_one
-    sizes = [len(g) for g in pipeline.groups(web_docs(corpus))]
+    sizes = [len(g) for g in chain.groups(web_docs(corpus))]
     assert calls == sizes and len(sizes) > 10  # one call a group, not one a document
     assert ledger.tally("web").funnel["prose/perplexity"][0] == len(one_by_one)
 
@@ -222,7 +222,7 @@ def test_groups_scored_in_one_call_give_the_per_document_outcome(corpus, monkeyp
 
     monkeypatch.setattr(step.model, "perplexities", fails_on_shuffled0)
     ledger = Ledger(0)
-    outcomes = [out for group in pipeline.groups(web_docs(corpus)) for out in pipeline.run_documents(group, [step], ledger, "prose")]
+    outcomes = [out for group in chain.groups(web_docs(corpus)) for out in chain.run_documents(group, [step], ledger, "prose")]
     assert [(d.id, d.meta) for d in outcomes if d is not None] == [(i, m) for i, m in one_by_one if i != "shuffled0"]
     assert [q["id"] for q in ledger.quarantined] == ["shuffled0"]
 

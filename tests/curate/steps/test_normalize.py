@@ -1,4 +1,4 @@
-"""kiln.curate.steps.normalize and the pipeline: normalization by hand and as properties, the length filter, run_document."""
+"""kiln.curate.steps.normalize and the step chain (kiln.curate.steps.chain): normalization by hand and as properties, the length filter, run_document."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
 from kiln.curate.steps.lines import line_key
 from kiln.curate.steps.normalize import LengthConfig, LengthFilter, Normalize, normalize_text
-from kiln.curate.steps.pipeline import code_steps, early_steps, prose_steps, run_document
+from kiln.curate.steps.chain import code_steps, early_steps, prose_steps, run_document
 
 PROSE = (
     "The kiln was fired slowly over three days, and the potters watched the colour of the flame "
@@ -115,10 +115,10 @@ def test_length_filter_bounds_are_inclusive():
         assert ledger.removed == [{"id": "web/a.txt", "source": "web", "step": "length", "reason": f"length:{rule}", "value": float(len(text)), "threshold": float(limit), "note": None, "kept_id": None}]
 
 
-# --- the pipeline -----------------------------------------------------------------------------------
+# --- the chain --------------------------------------------------------------------------------------
 
 
-def test_pipelines_hold_the_enabled_steps_in_order():
+def test_chains_hold_the_enabled_steps_in_order():
     cfg = CurateConfig()
     assert [s.name for s in early_steps(cfg)] == ["normalize", "url_filter"]
     assert [s.name for s in prose_steps(cfg)] == ["line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "pii", "length"]

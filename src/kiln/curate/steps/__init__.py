@@ -1,1 +1,1 @@
-"""Curation steps, one module each; `pipeline` puts them in order for code and prose."""
+"""Curation steps, one module each; `chain` puts them in order for code and prose."""

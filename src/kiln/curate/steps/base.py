@@ -7,7 +7,7 @@ and can be rebuilt in any worker. A filter implements only `check`, returning No
 `Drop` naming the failed rule. A step may also have `prepare(docs)`: given a group of documents
 before their `process` calls, it computes what it can in one pass (the model filters score the
 group in one model call) into each document's `cache`, never into the step. Not handled here: which steps run on which documents (code or
-prose) and in what order (kiln.curate.steps builds the pipeline).
+prose) and in what order (kiln.curate.steps.chain builds the chain).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ model.npz and the model's sorted scores of a corpus sample), write their score i
 document's meta, and keep by a cutoff taken from that sample: perplexity buckets head / middle /
 tail at two percentiles (CCNet: 30 and 60), or the classifier's top fraction (DCLM: 10%);
 or by an absolute threshold instead. A worker loads each model once (cached by path), and curate
-scores a group of documents in one call (`prepare`, kiln.curate.steps.pipeline.run_documents).
+scores a group of documents in one call (`prepare`, kiln.curate.steps.chain.run_documents).
 Not handled here: training the models (kiln.curate.quality), code documents (these filters run in the
 prose branch only).
 """

@@ -1,4 +1,4 @@
-"""The curation pipeline: which steps run, in what order, on which documents.
+"""The chain of document steps: which steps run, in what order, on which documents.
 
 Steps run in two phases around the global line count (see kiln.curate.phases):
 - early (while reading): normalize, URL filter;
@@ -93,7 +93,7 @@ def _build(cfg: CurateConfig, name: str, boilerplate: Iterable[int], index: Path
 
 
 def funnel_rows(cfg: CurateConfig) -> list[str]:
-    """Every funnel row the config can produce, in pipeline order (the summary shows them all,
+    """Every funnel row the config can produce, in chain order (the summary shows them all,
     zeros included): the steps enabled for all sources or for any one of them."""
     configs = [cfg, *(cfg.for_source(s) for s in cfg.sources)]
     rows = ["read", "normalize", *(["url_filter"] if any(c.url_filter.enabled for c in configs) else [])]
