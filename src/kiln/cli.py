@@ -283,7 +283,7 @@ def check_layout_for(recipe: Recipe, nproc: int) -> None:
     Checks that need the data (the tokenizer's vocabulary, the shards) run on the ranks."""
     from kiln.model.precision import resolve_precision
     from kiln.train.mesh import MESH_DIMS
-    from kiln.train.run import check_layout
+    from kiln.train.mesh import check_layout
 
     # One process trains alone whatever the parallel section says (kiln.train.mesh.init_ranks).
     degrees = recipe.parallel.degrees(nproc) if nproc > 1 else dict.fromkeys(MESH_DIMS, 1)

@@ -19,7 +19,8 @@ from launches import TINY, assert_same_losses, assert_same_weights, assert_state
 
 from kiln.core.errors import ConfigError
 from kiln.model.attention import AttentionRule
-from kiln.train.context_parallel import check_context_parallel, load_balanced_index
+from kiln.train.context_parallel import load_balanced_index
+from kiln.train.mesh import check_context_parallel
 
 STEPS = 10
 # Every rule at once: each row draws clm, prefix-LM or MLM, attention stays inside each document,

@@ -23,7 +23,8 @@ from launches import assert_same_losses, assert_same_weights, assert_states_as_p
 from kiln.core.errors import ConfigError
 from kiln.model.config import ModelConfig, count_params
 from kiln.model.init import build_model
-from kiln.train.pipeline_parallel import balance_layers, check_pipeline, keep_stage, micro_batch_count
+from kiln.train.mesh import ParallelConfig, check_pipeline
+from kiln.train.pipeline_parallel import balance_layers, keep_stage, micro_batch_count
 
 STEPS = 10
 UNTIED = "{preset: tiny, max_seq_len: 64, tie_embeddings: false}"
@@ -63,23 +64,23 @@ def test_the_balance_is_the_best_contiguous_split(layers: int, stages: int, voca
 
 def test_what_a_pipeline_cannot_take_is_refused_with_the_reason() -> None:
     untied = ModelConfig(preset="tiny", tie_embeddings=False)
-    check_pipeline(untied, 2, None, {"clm": False})
-    check_pipeline(ModelConfig(preset="tiny"), 2, None, {"clm": False})  # tied: the first and last stage each hold the matrix
+    check_pipeline(untied, ParallelConfig(pp=2), {"clm": False})
+    check_pipeline(ModelConfig(preset="tiny"), ParallelConfig(pp=2), {"clm": False})  # tied: the first and last stage each hold the matrix
     with pytest.raises(ConfigError, match=r"parallel.pp_layers \[3, 2\] must give each of the 2 stages at least one layer, 4 in all"):
-        check_pipeline(untied, 2, [3, 2], {"clm": False})
+        check_pipeline(untied, ParallelConfig(pp=2, pp_layers=[3, 2]), {"clm": False})
     with pytest.raises(ConfigError, match=r"train.objective mlm, prefix_lm: a stage builds plain causal attention"):
-        check_pipeline(untied, 2, None, {"clm": False, "mlm": True, "prefix_lm": True})
+        check_pipeline(untied, ParallelConfig(pp=2), {"clm": False, "mlm": True, "prefix_lm": True})
     with pytest.raises(ConfigError, match=r"parallel.sequence_parallel"):
-        check_pipeline(untied, 2, None, {"clm": False}, sequence_parallel=True)
-    check_pipeline(untied, 2, [1, 1, 1, 1], {"clm": False}, schedule="interleaved_1f1b", per_rank=2)  # 4 stages of one layer
+        check_pipeline(untied, ParallelConfig(pp=2, tp=2, sequence_parallel=True), {"clm": False})
+    check_pipeline(untied, ParallelConfig(pp=2, pp_layers=[1, 1, 1, 1], pp_schedule="interleaved_1f1b", pp_stages_per_rank=2), {"clm": False})  # 4 stages of one layer
     with pytest.raises(ConfigError, match=r"interleaved_1f1b takes turns between the stages of a rank: set parallel.pp_stages_per_rank to 2 or more"):
-        check_pipeline(untied, 2, None, {"clm": False}, schedule="interleaved_1f1b")
+        check_pipeline(untied, ParallelConfig(pp=2, pp_schedule="interleaved_1f1b"), {"clm": False})
     with pytest.raises(ConfigError, match=r"parallel.pp_stages_per_rank=2: only pp_schedule: interleaved_1f1b runs several stages per rank"):
-        check_pipeline(untied, 2, None, {"clm": False}, per_rank=2)
+        check_pipeline(untied, ParallelConfig(pp=2, pp_stages_per_rank=2), {"clm": False})
     with pytest.raises(ConfigError, match=r"model.n_layers \(4\) is below the 6 stages \(parallel.pp x parallel.pp_stages_per_rank\)"):
-        check_pipeline(untied, 2, None, {"clm": False}, schedule="interleaved_1f1b", per_rank=3)
+        check_pipeline(untied, ParallelConfig(pp=2, pp_schedule="interleaved_1f1b", pp_stages_per_rank=3), {"clm": False})
     with pytest.raises(ConfigError, match=r"parallel.pp_layers \[2, 2\] must give each of the 4 stages"):
-        check_pipeline(untied, 2, [2, 2], {"clm": False}, schedule="interleaved_1f1b", per_rank=2)
+        check_pipeline(untied, ParallelConfig(pp=2, pp_layers=[2, 2], pp_schedule="interleaved_1f1b", pp_stages_per_rank=2), {"clm": False})
 
 
 def test_a_tied_embedding_is_held_by_the_first_and_the_last_stage_under_one_process_names() -> None:

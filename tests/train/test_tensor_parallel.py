@@ -14,7 +14,7 @@ import torch
 
 from kiln.core.errors import ConfigError
 from kiln.model.config import ModelConfig
-from kiln.train.tensor_parallel import check_tensor_parallel
+from kiln.train.mesh import check_tensor_parallel
 
 
 def test_shapes_tensor_parallelism_cannot_split_are_refused_with_the_reason() -> None:

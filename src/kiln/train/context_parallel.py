@@ -25,7 +25,7 @@ over dp_shard x cp and averages gradients over those ranks (kiln.train.distribut
 Shape legend: B rows, T window positions, Q this rank's positions (T / cp), K key/value heads, E head dim.
 With tensor parallelism each rank's positions go through the tp plan as a whole window would
 (sequence parallelism splits them further over tp; each rank's share must divide by tp).
-Not handled here: pipeline stages with cp (refused, with the reason); evaluation, which scores
+Not handled here: pipeline stages with cp (refused, with the reason, by kiln.train.mesh.check_layout); evaluation, which scores
 whole windows on every rank.
 """
 
@@ -36,23 +36,9 @@ import dataclasses
 import torch
 import torch.distributed._functional_collectives as funcol
 
-from kiln.core.errors import ConfigError
 from kiln.model.attention import ContextShard
 from kiln.model.batch import Batch
 from kiln.train.loss import Loss
-
-
-def check_context_parallel(cp: int, lengths: list[int], pp: int, sequence_parallel_tp: int = 1) -> None:
-    """A ConfigError, with the reason, for training that cp ranks cannot split.
-
-    sequence_parallel_tp: the tensor-parallel degree sequence parallelism splits each rank's
-    positions over (1 without it)."""
-    problems = [f"train.seq_len (and seq_len_schedule) {n} is not a multiple of 2 x parallel.cp ({2 * cp}): each rank holds two of 2 x cp equal chunks of every window" for n in lengths if n % (2 * cp)]
-    problems += [f"train.seq_len (and seq_len_schedule) {n}: each rank's {n // cp} positions are not a multiple of parallel.tp ({sequence_parallel_tp}), which sequence parallelism splits them over" for n in lengths if n % (2 * cp) == 0 and (n // cp) % sequence_parallel_tp]
-    if pp > 1:
-        problems.append(f"parallel.pp={pp}: pipeline stages pass fixed-shape hidden states and carry no attention mask between them; use cp with pp = 1")
-    if problems:
-        raise ConfigError(f"parallel.cp={cp} cannot split this training: " + "; ".join(problems))
 
 
 def load_balanced_index(T: int, cp: int, rank: int) -> torch.Tensor:

@@ -14,7 +14,11 @@ Data: the ranks of one tensor-parallel group, of one context-parallel group, and
 pipeline train on the same rows. The data rank is the (dp_replicate, dp_shard) coordinate
 flattened, and the batch arithmetic of kiln.train.config counts data ranks (world / (tp x pp x
 cp)), not processes.
-Not handled here: applying the layout to the model (kiln.train.distributed, tensor_parallel).
+What a layout cannot split is checked here, beside the section (`check_layout`): fp16 and Muon
+with split weights, heads and widths tp does not divide, lengths cp or sequence parallelism do not
+divide, pipeline stages without a layer or with rows a stage cannot mask.
+Not handled here: applying the layout to the model (kiln.train.distributed, tensor_parallel,
+context_parallel, pipeline_parallel).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import math
 import os
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -34,6 +38,10 @@ from pydantic import Field, ValidationError, field_validator
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError
 from kiln.core.ranks import world_size
+from kiln.model.config import ModelConfig
+
+if TYPE_CHECKING:  # kiln.train.config imports this module (through the checkpoint section)
+    from kiln.train.config import TrainConfig
 
 log = logging.getLogger("kiln.train")
 
@@ -82,6 +90,97 @@ class ParallelConfig(Section):
         """(replicas, shards) of data parallelism for `world` processes."""
         d = self.degrees(world)
         return d["dp_replicate"], d["dp_shard"]
+
+
+# The layouts a model and its training can take: each check names the keys, the values and the fix.
+# check_layout runs them all before any process starts (kiln train --nproc) and on every rank.
+
+
+def check_layout(model_cfg: ModelConfig, cfg: TrainConfig, parallel: ParallelConfig, degrees: dict[str, int], amp_dtype: torch.dtype | None) -> None:
+    """A ConfigError for a layout (`degrees`, ParallelConfig.degrees) this model and training cannot
+    take. It reads no data, so `kiln train --nproc N` runs it before starting any process (and each
+    rank again)."""
+    split = degrees["dp_shard"] > 1 or degrees["tp"] > 1 or degrees["pp"] > 1 or degrees["cp"] > 1
+    if amp_dtype == torch.float16 and split:
+        raise ConfigError("train.precision.dtype=fp16 skips a step when any gradient overflows, which ranks holding parts of the model cannot agree on; use bf16 with FSDP2, tensor or pipeline parallelism, or DDP (parallel.dp_shard=1, parallel.tp=1, parallel.pp=1, parallel.cp=1)")
+    if cfg.optim.name == "muon" and split:
+        layout = " x ".join(f"{name} {degree}" for name, degree in degrees.items())
+        raise ConfigError(f"train.optim.name=muon orthogonalises whole matrices, and parallel ({layout}) splits them over ranks; use DDP (parallel.dp_replicate={math.prod(degrees.values())}, parallel.dp_shard=1, parallel.tp=1, parallel.pp=1, parallel.cp=1) or adamw")
+    tp, pp, cp = degrees["tp"], degrees["pp"], degrees["cp"]  # parallel's own: only dp_shard is resolved
+    check_tensor_parallel(model_cfg, tp)
+    if tp > 1 and parallel.sequence_parallel:
+        check_sequence_parallel(tp, cfg.seq_lens, cfg.probe_every)
+    if cp > 1:
+        check_context_parallel(cp, cfg.seq_lens, pp, tp if parallel.sequence_parallel else 1)
+    check_pipeline(model_cfg, parallel, {o: cfg.masks_documents(o) for o in cfg.objectives})
+
+
+def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
+    """A ConfigError, with the reason, for a model tp ranks cannot split evenly."""
+    if tp == 1:
+        return
+    problems = []
+    if cfg.n_heads % tp:
+        problems.append(f"model.n_heads ({cfg.n_heads}) is not a multiple of parallel.tp ({tp}): each rank computes whole query heads")
+    if cfg.kv_heads % tp:
+        problems.append(f"model.n_kv_heads ({cfg.kv_heads}) is not a multiple of parallel.tp ({tp}): each rank holds whole key/value heads for its query heads (grouped-query attention splits only when tp divides the key/value heads)")
+    if cfg.hidden % tp:
+        problems.append(f"the feed-forward width ({cfg.hidden}) is not a multiple of parallel.tp ({tp})")
+    if cfg.z_loss:
+        problems.append("model.z_loss: its log-normaliser needs every vocabulary shard's logits; set it to 0 or train with tp = 1")
+    if problems:
+        raise ConfigError(f"parallel.tp={tp} cannot split this model: " + "; ".join(problems))
+
+
+def check_sequence_parallel(tp: int, lengths: list[int], probe_every: int | None) -> None:
+    """A ConfigError, with the reason, for training that sequence parallelism cannot split: each
+    rank holds 1/tp of the positions, so every training length must divide by tp; decoding one
+    position at a time (the probe set's continuations) cannot be split at all."""
+    problems = [f"train.seq_len (and seq_len_schedule) {n} is not a multiple of parallel.tp ({tp})" for n in lengths if n % tp]
+    if probe_every:
+        problems.append("train.probe_every: the probe's continuations decode one position at a time, which 1/tp of the positions per rank cannot hold; drop train.probe_every or parallel.sequence_parallel")
+    if problems:
+        raise ConfigError("parallel.sequence_parallel splits the positions over the tp ranks: " + "; ".join(problems))
+
+
+def check_context_parallel(cp: int, lengths: list[int], pp: int, sequence_parallel_tp: int = 1) -> None:
+    """A ConfigError, with the reason, for training that cp ranks cannot split.
+
+    sequence_parallel_tp: the tensor-parallel degree sequence parallelism splits each rank's
+    positions over (1 without it)."""
+    problems = [f"train.seq_len (and seq_len_schedule) {n} is not a multiple of 2 x parallel.cp ({2 * cp}): each rank holds two of 2 x cp equal chunks of every window" for n in lengths if n % (2 * cp)]
+    problems += [f"train.seq_len (and seq_len_schedule) {n}: each rank's {n // cp} positions are not a multiple of parallel.tp ({sequence_parallel_tp}), which sequence parallelism splits them over" for n in lengths if n % (2 * cp) == 0 and (n // cp) % sequence_parallel_tp]
+    if pp > 1:
+        problems.append(f"parallel.pp={pp}: pipeline stages pass fixed-shape hidden states and carry no attention mask between them; use cp with pp = 1")
+    if problems:
+        raise ConfigError(f"parallel.cp={cp} cannot split this training: " + "; ".join(problems))
+
+
+def check_pipeline(cfg: ModelConfig, parallel: ParallelConfig, objectives: dict[str, bool]) -> None:
+    """A ConfigError, with the reason, for a model or rows that parallel.pp ranks of
+    parallel.pp_stages_per_rank stages cannot take (kiln.train.pipeline_parallel).
+
+    objectives: each training objective -> whether its rows mask documents."""
+    pp, layers, schedule, per_rank = parallel.pp, parallel.pp_layers, parallel.pp_schedule, parallel.pp_stages_per_rank
+    if pp == 1:
+        return
+    problems = []
+    stages = pp * per_rank
+    if schedule == "interleaved_1f1b" and per_rank < 2:
+        problems.append("parallel.pp_schedule=interleaved_1f1b takes turns between the stages of a rank: set parallel.pp_stages_per_rank to 2 or more")
+    if schedule != "interleaved_1f1b" and per_rank > 1:
+        problems.append(f"parallel.pp_stages_per_rank={per_rank}: only pp_schedule: interleaved_1f1b runs several stages per rank")
+    if layers is not None and (len(layers) != stages or sum(layers) != cfg.n_layers or min(layers) < 1):
+        problems.append(f"parallel.pp_layers {layers} must give each of the {stages} stages at least one layer, {cfg.n_layers} in all")
+    elif cfg.n_layers < stages:
+        problems.append(f"model.n_layers ({cfg.n_layers}) is below the {stages} stages (parallel.pp x parallel.pp_stages_per_rank): every stage needs a layer")
+    unfit = sorted(o for o, masked in objectives.items() if o not in ("clm", "fim") or masked)
+    if unfit:
+        problems.append(f"train.objective {', '.join(unfit)}: a stage builds plain causal attention over 0..T-1 itself, so rows must be clm or fim without document masking (train.document_masking: false)")
+    if parallel.sequence_parallel and parallel.tp > 1:
+        problems.append("parallel.sequence_parallel: stages pass whole hidden states to each other; set it to false with pp > 1")
+    if problems:
+        raise ConfigError(f"parallel.pp={pp} cannot split this run: " + "; ".join(problems))
 
 
 def data_ranks(parallel: dict[str, Any] | None) -> int:

@@ -32,7 +32,7 @@ step, (p - 1) / (m + p - 1) in theory for p stages and m micro-batches of equal 
 Evaluation and generation run the stages one after another with point-to-point sends (no
 schedule), the last stage scores, and its results are sent to every rank.
 Rows must be plain causal ones (clm, fim) without document masking: a stage computes its RoPE
-positions and causal mask itself from the sequence length.
+positions and causal mask itself from the sequence length (kiln.train.mesh.check_layout refuses others).
 Shape legend: B rows, T positions, D model width, V vocabulary.
 Not handled here: the zero-bubble schedules (split weight and input gradients).
 """
@@ -51,7 +51,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from kiln.core.errors import ConfigError
 from kiln.model.batch import Batch
 from kiln.model.config import ModelConfig, count_params
 from kiln.model.transformer import Transformer
@@ -59,32 +58,6 @@ from kiln.train.loss import Loss
 from kiln.train.mesh import Ranks
 
 log = logging.getLogger("kiln.train")
-
-
-def check_pipeline(cfg: ModelConfig, pp: int, layers: list[int] | None, objectives: dict[str, bool], sequence_parallel: bool = False, schedule: str = "1f1b", per_rank: int = 1) -> None:
-    """A ConfigError, with the reason, for a model or rows pp ranks of per_rank stages cannot take.
-
-    objectives: each training objective -> whether its rows mask documents. sequence_parallel:
-    whether tensor parallelism splits the positions between blocks."""
-    if pp == 1:
-        return
-    problems = []
-    stages = pp * per_rank
-    if schedule == "interleaved_1f1b" and per_rank < 2:
-        problems.append("parallel.pp_schedule=interleaved_1f1b takes turns between the stages of a rank: set parallel.pp_stages_per_rank to 2 or more")
-    if schedule != "interleaved_1f1b" and per_rank > 1:
-        problems.append(f"parallel.pp_stages_per_rank={per_rank}: only pp_schedule: interleaved_1f1b runs several stages per rank")
-    if layers is not None and (len(layers) != stages or sum(layers) != cfg.n_layers or min(layers) < 1):
-        problems.append(f"parallel.pp_layers {layers} must give each of the {stages} stages at least one layer, {cfg.n_layers} in all")
-    elif cfg.n_layers < stages:
-        problems.append(f"model.n_layers ({cfg.n_layers}) is below the {stages} stages (parallel.pp x parallel.pp_stages_per_rank): every stage needs a layer")
-    unfit = sorted(o for o, masked in objectives.items() if o not in ("clm", "fim") or masked)
-    if unfit:
-        problems.append(f"train.objective {', '.join(unfit)}: a stage builds plain causal attention over 0..T-1 itself, so rows must be clm or fim without document masking (train.document_masking: false)")
-    if sequence_parallel:
-        problems.append("parallel.sequence_parallel: stages pass whole hidden states to each other; set it to false with pp > 1")
-    if problems:
-        raise ConfigError(f"parallel.pp={pp} cannot split this run: " + "; ".join(problems))
 
 
 def balance_layers(cfg: ModelConfig, stages: int) -> list[int]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -42,16 +41,13 @@ from kiln.model.weights import CONFIG, WEIGHTS
 from kiln.text.tokenizer import KilnTokenizer
 from kiln.train.collate import build_collator
 from kiln.train.config import TrainConfig
-from kiln.train.context_parallel import check_context_parallel
 from kiln.train.data_plan import format_plan, plan_data
 from kiln.train.extend import EXTENDABLE, extension_state, old_config
 from kiln.train.loop import MakeProbe, build_precision, train
-from kiln.train.mesh import ParallelConfig, Ranks, init_ranks
+from kiln.train.mesh import ParallelConfig, Ranks, check_layout, init_ranks
 from kiln.train.monitor import TENSORBOARD, peak_rss_mb, reset_peak_rss
 from kiln.train.objectives import TokenIds, check_objectives, fim_middles, token_ids
-from kiln.train.pipeline_parallel import check_pipeline
 from kiln.train.resume import COMPLETE, STATES, complete_states, set_aside_after, state_step
-from kiln.train.tensor_parallel import check_sequence_parallel, check_tensor_parallel
 
 # Validation rows for an objective's own loss: at most this many micro-batches.
 MAX_OBJECTIVE_VAL_BATCHES = 32
@@ -258,24 +254,6 @@ def reference_inputs(layout: RunLayout, reference_runs: Sequence[Path], init_fro
     if init_from:
         inputs += [Path(init_from) / WEIGHTS, Path(init_from) / CONFIG]
     return inputs
-
-
-def check_layout(model_cfg: ModelConfig, cfg: TrainConfig, parallel: ParallelConfig, degrees: dict[str, int], amp_dtype: torch.dtype | None) -> None:
-    """A ConfigError for a layout (kiln.train.mesh's degrees) this model and training cannot take.
-    It reads no data, so `kiln train --nproc N` runs it before starting any process (and each rank again)."""
-    split = degrees["dp_shard"] > 1 or degrees["tp"] > 1 or degrees["pp"] > 1 or degrees["cp"] > 1
-    if amp_dtype == torch.float16 and split:
-        raise ConfigError("train.precision.dtype=fp16 skips a step when any gradient overflows, which ranks holding parts of the model cannot agree on; use bf16 with FSDP2, tensor or pipeline parallelism, or DDP (parallel.dp_shard=1, parallel.tp=1, parallel.pp=1, parallel.cp=1)")
-    if cfg.optim.name == "muon" and split:
-        layout = " x ".join(f"{name} {degree}" for name, degree in degrees.items())
-        raise ConfigError(f"train.optim.name=muon orthogonalises whole matrices, and parallel ({layout}) splits them over ranks; use DDP (parallel.dp_replicate={math.prod(degrees.values())}, parallel.dp_shard=1, parallel.tp=1, parallel.pp=1, parallel.cp=1) or adamw")
-    tp, pp, cp = degrees["tp"], degrees["pp"], degrees["cp"]
-    check_tensor_parallel(model_cfg, tp)
-    if tp > 1 and parallel.sequence_parallel:
-        check_sequence_parallel(tp, cfg.seq_lens, cfg.probe_every)
-    if cp > 1:
-        check_context_parallel(cp, cfg.seq_lens, pp, tp if parallel.sequence_parallel else 1)
-    check_pipeline(model_cfg, pp, parallel.pp_layers, {o: cfg.masks_documents(o) for o in cfg.objectives}, parallel.sequence_parallel and tp > 1, parallel.pp_schedule, parallel.pp_stages_per_rank)
 
 
 def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool, parallel: ParallelConfig, precision: Precision, ranks: Ranks, from_step: int | None = None, reference_runs: Sequence[Path] = (), make_probe: MakeProbe | None = None) -> dict[str, Any]:

@@ -19,8 +19,8 @@ The training loss never gathers the logits: each rank computes its (B, T, V/tp) 
 (the loop runs forward and backward inside `Ranks.loss_context`). Evaluation and generation call
 the model without a head and get the full logits, gathered.
 Shape legend: B rows, T positions, D model width, V vocabulary.
-Not handled here: the z-loss under tp (refused, with the reason), and the
-fused chunked loss (kiln.train.loss; tp takes the loss over vocabulary shards instead).
+Not handled here: the z-loss under tp (refused, with the reason, by kiln.train.mesh.check_layout),
+and the fused chunked loss (kiln.train.loss; tp takes the loss over vocabulary shards instead).
 """
 
 from __future__ import annotations
@@ -32,38 +32,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module
 
-from kiln.core.errors import ConfigError
 from kiln.model.batch import Batch
 from kiln.model.config import ModelConfig
 from kiln.train.loss import Loss, logits_loss
-
-
-def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
-    """A ConfigError, with the reason, for a model tp ranks cannot split evenly."""
-    if tp == 1:
-        return
-    problems = []
-    if cfg.n_heads % tp:
-        problems.append(f"model.n_heads ({cfg.n_heads}) is not a multiple of parallel.tp ({tp}): each rank computes whole query heads")
-    if cfg.kv_heads % tp:
-        problems.append(f"model.n_kv_heads ({cfg.kv_heads}) is not a multiple of parallel.tp ({tp}): each rank holds whole key/value heads for its query heads (grouped-query attention splits only when tp divides the key/value heads)")
-    if cfg.hidden % tp:
-        problems.append(f"the feed-forward width ({cfg.hidden}) is not a multiple of parallel.tp ({tp})")
-    if cfg.z_loss:
-        problems.append("model.z_loss: its log-normaliser needs every vocabulary shard's logits; set it to 0 or train with tp = 1")
-    if problems:
-        raise ConfigError(f"parallel.tp={tp} cannot split this model: " + "; ".join(problems))
-
-
-def check_sequence_parallel(tp: int, lengths: list[int], probe_every: int | None) -> None:
-    """A ConfigError, with the reason, for training that sequence parallelism cannot split: each
-    rank holds 1/tp of the positions, so every training length must divide by tp; decoding one
-    position at a time (the probe set's continuations) cannot be split at all."""
-    problems = [f"train.seq_len (and seq_len_schedule) {n} is not a multiple of parallel.tp ({tp})" for n in lengths if n % tp]
-    if probe_every:
-        problems.append("train.probe_every: the probe's continuations decode one position at a time, which 1/tp of the positions per rank cannot hold; drop train.probe_every or parallel.sequence_parallel")
-    if problems:
-        raise ConfigError("parallel.sequence_parallel splits the positions over the tp ranks: " + "; ".join(problems))
 
 
 class WholeWindows(nn.Module):
