@@ -65,6 +65,13 @@ def test_no_stage_imports_another_stage_and_shared_layers_import_no_stage() -> N
     assert not edges, "imports across the layering:\n  " + "\n  ".join(edges)
 
 
+def test_curate_dedup_imports_nothing_from_curate_steps() -> None:
+    # dedup holds the data structures (n-gram index, Bloom filter) that steps build on: steps import dedup, never back.
+    dedup = sorted((SRC / "curate" / "dedup").rglob("*.py"))
+    edges = sorted({f"{p.relative_to(SRC.parent)}:{line}" for p in dedup for line, m in imports(p) if m.startswith("kiln.curate.steps")})
+    assert not edges, "curate/dedup imports curate/steps at:\n  " + "\n  ".join(edges)
+
+
 @pytest.mark.parametrize(
     ("source", "expected"),
     [

@@ -45,8 +45,8 @@ from kiln.curate.dedup.exact import HashTable, dedup_partition, removals_for_tas
 from kiln.curate.dedup.near import bucket_task, components_task, decisions_for_task, sign_task, verify_task
 from kiln.curate.readers import ReadLimits, ReadTask, read_task
 from kiln.curate.steps.base import Step
-from kiln.curate.steps.lines import LineCounts, document_line_keys
 from kiln.curate.steps.chain import code_steps, early_steps, groups, prose_steps, run_document, run_documents
+from kiln.curate.steps.lines import LineCounts, document_line_keys
 from kiln.text.code import doc_is_code
 
 MB = 1_000_000

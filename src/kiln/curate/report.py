@@ -24,9 +24,9 @@ from kiln.curate.audit import Ledger, SourceTally
 from kiln.curate.config import CurateConfig
 from kiln.curate.phases import CLUSTERS_SCHEMA, LEDGER_PHASES, MB, REMOVED_SCHEMA
 from kiln.curate.readers import ReadTask, task_paths
+from kiln.curate.steps.chain import BRANCHES, enabled
 from kiln.curate.steps.decontaminate import build_report
 from kiln.curate.steps.pii import EXAMPLES_PER_KIND
-from kiln.curate.steps.chain import BRANCHES, enabled
 
 
 def load_ledger(summary: dict[str, Any], sample_size: int) -> Ledger:

@@ -39,8 +39,8 @@ from kiln.curate.phases import MB, PHASES, Job, duplicate_ids, run_job, save_ren
 from kiln.curate.quality.config import CLASSIFIER_DIR, LM_DIR
 from kiln.curate.readers import ReadTask, plan_reads, task_paths
 from kiln.curate.report import account, format_pii, format_summary, totals, write_audit, write_decontamination, write_pii_examples
-from kiln.curate.steps.decontaminate import format_report
 from kiln.curate.steps.chain import funnel_rows
+from kiln.curate.steps.decontaminate import format_report
 from kiln.curate.steps.quality import CLASSIFIER_SCORES, LM_SCORES, ClassifierFilter, PerplexityFilter, model_files, model_folder, release_models
 
 log = logging.getLogger("kiln.curate")

@@ -22,8 +22,8 @@ from pydantic import ValidationError
 from kiln.core.document import Document
 from kiln.core.errors import FatalError
 from kiln.curate.audit import Ledger
+from kiln.curate.dedup.bloom import BloomFilter
 from kiln.curate.dedup.ngram_index import build_index, item_texts, load_index, set_name
-from kiln.curate.steps.bloom import BloomFilter
 from kiln.curate.steps.decontaminate import Decontaminate, DecontaminateConfig, EvalSetConfig, build_report, format_report
 from kiln.text.shingles import words
 

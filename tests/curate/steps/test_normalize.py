@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from kiln.core.document import Document
 from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
+from kiln.curate.steps.chain import code_steps, early_steps, prose_steps, run_document
 from kiln.curate.steps.lines import line_key
 from kiln.curate.steps.normalize import LengthConfig, LengthFilter, Normalize, normalize_text
-from kiln.curate.steps.chain import code_steps, early_steps, prose_steps, run_document
 
 PROSE = (
     "The kiln was fired slowly over three days, and the potters watched the colour of the flame "

@@ -8,7 +8,9 @@ each n-gram's hash and where it occurs, and confirms every hash hit against the 
 words, so a hash collision never reports a match. Bloom mode keeps one Bloom filter per set: far
 smaller, but a hit names only the set (never the item) and is wrong with the filter's
 false-positive rate per n-gram looked up.
-Not handled here: what a match does to a document, the config and the report
+The index reads its settings through `IndexSettings` (the step's DecontaminateConfig is one), so
+this module imports nothing from kiln.curate.steps: the step builds on the index, never the reverse.
+Not handled here: what a match does to a document, the step's config and the report
 (kiln.curate.steps.decontaminate); scripts written without spaces (see kiln.text.shingles).
 """
 
@@ -21,26 +23,48 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, Protocol
 
 import numpy as np
+from pydantic import Field
 
 from kiln.core.atomic import save_npy, write_atomically
+from kiln.core.config import Section
 from kiln.core.errors import FatalError
+from kiln.curate.dedup.bloom import BloomFilter
 from kiln.curate.readers.streams import STREAM_ERRORS, open_decompressed
-from kiln.curate.steps.bloom import BloomFilter
 from kiln.text.shingles import SHINGLE_VERSION, ngram_hashes, text_hashes, word_hashes, words
 
 log = logging.getLogger("kiln.curate")
-
-if TYPE_CHECKING:  # the step's config; the step imports this module, so not at run time
-    from kiln.curate.steps.decontaminate import DecontaminateConfig, EvalSetConfig
 
 INDEX_FORMAT = "kiln-decontamination-index v1"
 # Exact mode's prefilter: one bit per value of a hash's top bits, about PREFILTER_BITS_PER_NGRAM
 # bits per n-gram (so ~3% of them set), capped at 2^30 bits (128 MB).
 PREFILTER_BITS_PER_NGRAM = 32
 _ENTRY = np.dtype([("set", "<i4"), ("item", "<i8"), ("text", "<i4"), ("row", "<i8"), ("pos", "<i4")])
+
+
+class EvalSetConfig(Section):
+    path: str = Field(description="JSONL file of evaluation items, one JSON object per line (.gz and .zst read too).")
+    name: str | None = Field(None, min_length=1, description="Name in reasons and reports; None uses the file name without .jsonl/.json/.gz/.zst.")
+    fields: tuple[str, ...] = Field((), description="Keys of an item that hold its text; empty uses every string value, inside lists and nested objects too.")
+
+
+class IndexSettings(Protocol):
+    """What build_index reads of curate.decontaminate (kiln.curate.steps.decontaminate.DecontaminateConfig)."""
+
+    @property
+    def eval_sets(self) -> tuple[EvalSetConfig, ...]: ...
+    @property
+    def ngram(self) -> int: ...
+    @property
+    def mode(self) -> Literal["exact", "bloom"]: ...
+    @property
+    def bloom_fp_rate(self) -> float: ...
+    @property
+    def fold_digits(self) -> bool: ...
+    @property
+    def action(self) -> str: ...  # recorded in index.json for the report, never read by the index
 
 
 def set_name(es: EvalSetConfig) -> str:
@@ -104,7 +128,7 @@ def read_eval_set(es: EvalSetConfig) -> Iterator[tuple[int, list[str]]]:
 # --- building the index ---------------------------------------------------------------------------
 
 
-def build_index(cfg: DecontaminateConfig, folder: Path) -> dict[str, Any]:
+def build_index(cfg: IndexSettings, folder: Path) -> dict[str, Any]:
     """Read every evaluation set and write the index into `folder` (index.json last, so its presence
     means the rest is whole). Returns the summary that index.json holds: per set items,
     items_too_short (no text of `ngram` words: those cannot be checked), ngrams (distinct), and in

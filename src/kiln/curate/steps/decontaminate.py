@@ -6,7 +6,8 @@ shared between a training document and a benchmark item marks the document. Eval
 JSONL files, one item per line (the item's index is its 0-based line number). This module holds
 the config, the step (each document looked up in the index, then removed or flagged) and the
 report (`audit/decontamination.json`).
-Not handled here: building and looking up the index (kiln.curate.dedup.ngram_index); GPT-3's
+Not handled here: building and looking up the index, and the evaluation set's own settings
+(EvalSetConfig; kiln.curate.dedup.ngram_index, which imports nothing from here); GPT-3's
 cutting of the matched span (plus 200 characters) out of the document, since a document is
 removed or flagged whole; n-grams common in ordinary prose that happen to occur in a benchmark
 (licences, boilerplate) also match.
@@ -24,17 +25,11 @@ from kiln.core.config import Section
 from kiln.core.document import Document
 from kiln.core.errors import FatalError
 from kiln.curate.audit import Ledger
-from kiln.curate.dedup.ngram_index import Hit, load_index, set_name
+from kiln.curate.dedup.ngram_index import EvalSetConfig, Hit, load_index, set_name
 from kiln.text.shingles import MAX_N
 
 REPORT_FORMAT = "kiln-decontamination-report v1"
 NOTE_CHARS = 300  # a removal note's length cap: the matched items, then one matching n-gram
-
-
-class EvalSetConfig(Section):
-    path: str = Field(description="JSONL file of evaluation items, one JSON object per line (.gz and .zst read too).")
-    name: str | None = Field(None, min_length=1, description="Name in reasons and reports; None uses the file name without .jsonl/.json/.gz/.zst.")
-    fields: tuple[str, ...] = Field((), description="Keys of an item that hold its text; empty uses every string value, inside lists and nested objects too.")
 
 
 class DecontaminateConfig(Section):
