@@ -8,7 +8,7 @@
   `--set SECTION.KEY=VALUE` names a key of `kiln.recipe.Recipe` (below a list or mapping field,
   such as curate.inputs or mix.weights, only the field itself is checked).
 - Every file and module named in inline code exists: a path under a top folder of the repository
-  (`tests/train/test_loss.py`), a `.py` path below src/kiln (`core/layout.py`), and a dotted name
+  (`tests/train/test_loss.py`), a `.py` file below src/kiln (`core/layout.py`, `cli.py`) or a dotted name
   (`kiln.train.loop.train`: a module, or a name a module defines at its top level).
 - Every YAML block that is a recipe (it has a top-level `name`) validates as one.
 - Prose lines (outside code blocks and table rows) stay within 120 characters, inline code spans
@@ -349,7 +349,7 @@ def names_a_file(span: str) -> bool:
     Placeholders, globs and braces (`<source>/val_ids.txt`) are not paths to check; nor is `.py`."""
     if not re.fullmatch(r"[\w./-]+", span) or re.fullmatch(r"\.\w+", span):
         return False
-    return span.startswith(TOP_FOLDERS) or (span.endswith(".py") and "/" in span)
+    return span.startswith(TOP_FOLDERS) or span.endswith(".py")
 
 
 def named_file_problem(span: str) -> str | None:
