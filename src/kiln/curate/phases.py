@@ -14,7 +14,9 @@
    decided, write `shards/<source>-<task>.jsonl.zst` and the task's rows of `clusters.parquet`.
 Every task writes its outputs atomically and then a completion marker holding its ledger (the
 read, filter and write phases) or its counts. Shard contents depend only on the inputs and the
-config, never on the executor or the number of workers.
+config, never on the executor or the number of workers. Each phase is a `Phase` (kiln.curate.jobs)
+holding its function; its jobs carry its settings record (`ReadSettings`, ...: only what it reads,
+built from the curate config by `<Name>Settings.of`), never the whole config.
 Not handled here: running the phases in order and skipping finished tasks (kiln.curate.run), and
 merging the ledgers into the audit and the funnel (kiln.curate.report).
 """
@@ -23,11 +25,9 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,16 +41,17 @@ from kiln.core.document import Document
 from kiln.core.layout import SHARDS
 from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
-from kiln.curate.dedup.exact import HashTable, dedup_partition, removals_for_task
-from kiln.curate.dedup.near import bucket_task, components_task, decisions_for_task, sign_task, verify_task
-from kiln.curate.readers import ReadLimits, ReadTask, read_task
+from kiln.curate.dedup.exact import ExactDedupConfig, HashTable, dedup_partition, removals_for_task
+from kiln.curate.dedup.minhash import MinHashConfig
+from kiln.curate.dedup.near import NearDecision, bucket_task, components_task, decisions_for_task, sign_task, verify_task
+from kiln.curate.jobs import Job, Phase, WorkDir
+from kiln.curate.readers import ReadLimits, read_task
 from kiln.curate.steps.base import Step
-from kiln.curate.steps.chain import code_steps, early_steps, groups, prose_steps, run_document, run_documents
+from kiln.curate.steps.chain import SourceSteps, code_steps, early_steps, groups, prose_steps, run_document, run_documents
 from kiln.curate.steps.lines import LineCounts, document_line_keys
 from kiln.text.code import doc_is_code
 
 MB = 1_000_000
-PHASES = ("read", "lines", "filter", "dedup", "sign", "buckets", "verify", "components", "write")
 LEDGER_PHASES = ("read", "filter", "write")  # the phases whose tasks save a ledger (save_ledger)
 MAX_OPEN_SHARDS = 64  # shard writers one write task keeps open at once
 # The rows of clusters.parquet and removed.parquet; each task writes its part in the same schema.
@@ -61,42 +62,77 @@ REMOVED_SCHEMA = pa.schema([
 ])
 
 
+# --- what each phase reads: one frozen record per phase, built from the curate config --------------
+
+
 @dataclass(frozen=True)
-class Job:
-    """One task of one phase. `index` is the read task's index, or the partition's."""
+class ReadSettings:
+    steps: SourceSteps  # the early steps (normalize, url_filter) per source
+    limits: ReadLimits
+    count_lines: bool  # line_dedup.enabled: count each prose document's distinct lines for the lines phase
+    sample_size: int
 
-    phase: str
-    index: int
-    stage_dir: Path
-    cfg: CurateConfig
+    @classmethod
+    def of(cls, cfg: CurateConfig) -> ReadSettings:
+        limits = ReadLimits(max_doc_bytes=int(cfg.max_doc_mb * MB), extract_timeout_s=cfg.extract_timeout_s)
+        return cls(SourceSteps.of(cfg), limits, cfg.line_dedup.enabled, cfg.sample_size)
+
+
+@dataclass(frozen=True)
+class LinesSettings:
     partitions: int
-    task: ReadTask | None = None
-    tasks: int = 0  # read tasks in the run (their indices are 0..tasks-1)
-
-    @property
-    def folder(self) -> Path:
-        return self.stage_dir / "work" / self.phase
-
-    @property
-    def marker(self) -> Path:
-        return self.folder / f"{self.index:05d}.done"
-
-    def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
-        """Write the completion marker (after every other output of the task) and return its content,
-        with the process's peak resident memory so far (the phase's memory figure)."""
-        summary = {**summary, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-        write_atomically(self.marker, lambda p: p.write_text(json.dumps(summary, ensure_ascii=False), encoding="utf-8"))
-        return summary
+    max_docs: int  # line_dedup.max_docs: a line in more documents of a source than this is boilerplate
 
 
-def save_ledger(job: Job, ledger: Ledger, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FilterSettings:
+    steps: SourceSteps  # the prose and code branches per source
+    boilerplate: bool  # line_dedup.enabled: the lines phase left a boilerplate list
+    exact_dedup: ExactDedupConfig
+    partitions: int  # of the text hashes the dedup phase reads
+    sample_size: int
+
+    @classmethod
+    def of(cls, cfg: CurateConfig, partitions: int) -> FilterSettings:
+        return cls(SourceSteps.of(cfg), cfg.line_dedup.enabled, cfg.exact_dedup, partitions, cfg.sample_size)
+
+
+@dataclass(frozen=True)
+class SignSettings:
+    exact: bool  # exact_dedup.enabled: its duplicates are not signed
+    near: MinHashConfig
+    priority: tuple[str, ...]  # CurateConfig.near_priority
+
+
+@dataclass(frozen=True)
+class BucketSettings:
+    subs: int  # bucket-key ranges per band (kiln.curate.run.key_ranges)
+    near: MinHashConfig
+
+
+@dataclass(frozen=True)
+class VerifySettings:
+    partitions: int
+    tasks: int  # read tasks in the run (their indices are 0..tasks-1)
+    near: MinHashConfig
+
+
+@dataclass(frozen=True)
+class WriteSettings:
+    exact: bool  # exact_dedup.enabled
+    near: MinHashConfig
+    sample_size: int
+
+def save_ledger(job: Job[Any], ledger: Ledger, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the ledger's removed and quarantined rows beside the marker, then the marker itself (last).
     The marker holds the counts and samples (kiln.curate.report.load_ledger reads them back)."""
-    base = job.folder / f"{job.index:05d}"
-    write_atomically(base.with_suffix(".removed.parquet"), lambda p: pq.write_table(pa.Table.from_pylist(ledger.removed, schema=REMOVED_SCHEMA), p))
-    write_atomically(base.with_suffix(".quarantine.jsonl"), lambda p: p.write_text("".join(json.dumps(q, ensure_ascii=False) + "\n" for q in ledger.quarantined), encoding="utf-8"))
-    records = "".join(json.dumps({"kind": kind, "row": row}, ensure_ascii=False) + "\n" for kind, rows in sorted(ledger.records.items()) for row in rows)
-    write_atomically(base.with_suffix(".records.jsonl"), lambda p: p.write_text(records, encoding="utf-8"))
+    removed = pa.Table.from_pylist(ledger.removed, schema=REMOVED_SCHEMA)
+    write_atomically(job.file(".removed.parquet"), lambda p: pq.write_table(removed, p))
+    quarantined = "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in ledger.quarantined)
+    write_atomically(job.file(".quarantine.jsonl"), lambda p: p.write_text(quarantined, encoding="utf-8"))
+    rows = ((kind, row) for kind, kind_rows in sorted(ledger.records.items()) for row in kind_rows)
+    records = "".join(json.dumps({"kind": kind, "row": row}, ensure_ascii=False) + "\n" for kind, row in rows)
+    write_atomically(job.file(".records.jsonl"), lambda p: p.write_text(records, encoding="utf-8"))
     summary = {
         "sources": {s: t.to_json() for s, t in ledger.sources.items()},
         "samples": {f"{s}\x00{r}": ledger.sample(s, r) for s, r in ledger.samples},
@@ -108,87 +144,89 @@ def save_ledger(job: Job, ledger: Ledger, extra: dict[str, Any] | None = None) -
 # --- the phases ---------------------------------------------------------------------------------
 
 
-def read_phase(job: Job) -> dict[str, Any]:
+def read_phase(job: Job[ReadSettings]) -> dict[str, Any]:
     assert job.task is not None
-    cfg, task = job.cfg, job.task
-    ledger = Ledger(cfg.sample_size)
+    settings, task = job.settings, job.task
+    ledger = Ledger(settings.sample_size)
     steps: dict[str, list[Step]] = {}  # per source: its own url_filter settings, if any
-    limits = ReadLimits(max_doc_bytes=int(cfg.max_doc_mb * MB), extract_timeout_s=cfg.extract_timeout_s)
     lines = LineCounts()
     docs = 0
     id_hashes: list[bytes] = []  # of the documents written, in order: duplicate ids are found across tasks (duplicate_ids)
-    with ShardWriter(job.folder / f"{job.index:05d}{SUFFIX}", level=1) as writer:
-        for doc in read_task(task, limits, ledger):
+    with ShardWriter(job.file(SUFFIX), level=1) as writer:
+        for doc in read_task(task, settings.limits, ledger):
             ledger.seen(doc.source, len(doc.text.encode("utf-8", "surrogatepass")))
             ledger.passed("read", doc)
             docs += 1
             if doc.source not in steps:
-                steps[doc.source] = early_steps(cfg.for_source(doc.source))
+                steps[doc.source] = early_steps(settings.steps.for_source(doc.source))
             out = run_document(doc, steps[doc.source], ledger)
             if out is None:
                 continue
             writer.write(out)
             id_hashes.append(xxhash.xxh3_128_digest(out.id.encode("utf-8", "surrogatepass")))
-            if cfg.line_dedup.enabled and not doc_is_code(out, task.input.code):
+            if settings.count_lines and not doc_is_code(out, task.input.code):
                 lines.add(document_line_keys(out))
-    save_npy(job.folder / f"{job.index:05d}.ids.npy", np.frombuffer(b"".join(id_hashes), dtype=ID_HASH).copy())
+    save_npy(job.file(".ids.npy"), np.frombuffer(b"".join(id_hashes), dtype=ID_HASH).copy())
     keys, counts = lines.result()
-    save_npy(job.folder / f"{job.index:05d}.keys.npy", keys)
-    save_npy(job.folder / f"{job.index:05d}.counts.npy", counts)
+    save_npy(job.file(".keys.npy"), keys)
+    save_npy(job.file(".counts.npy"), counts)
     return save_ledger(job, ledger, {"docs": docs})
 
 
-def lines_phase(job: Job) -> dict[str, Any]:
+def lines_phase(job: Job[LinesSettings]) -> dict[str, Any]:
     """Sum one key range of every read task's line counts; keep the keys over the threshold."""
-    bits = job.partitions.bit_length() - 1
+    partitions = job.settings.partitions
+    bits = partitions.bit_length() - 1
     lo = np.uint64(job.index << (64 - bits)) if bits else np.uint64(0)
+    hi = np.uint64((job.index + 1) << (64 - bits)) if bits and job.index + 1 < partitions else None
     parts_keys, parts_counts = [], []
-    for keys_path in sorted((job.stage_dir / "work" / "read").glob("*.keys.npy")):
+    for keys_path in sorted(job.work.phase("read").glob("*.keys.npy")):
         keys = np.load(keys_path, mmap_mode="r")
         counts = np.load(keys_path.with_name(keys_path.name.replace(".keys.", ".counts.")), mmap_mode="r")
         start = np.searchsorted(keys, lo) if bits else 0
-        stop = np.searchsorted(keys, np.uint64((job.index + 1) << (64 - bits))) if bits and job.index + 1 < job.partitions else len(keys)
+        stop = np.searchsorted(keys, hi) if hi is not None else len(keys)
         parts_keys.append(np.asarray(keys[start:stop]))
         parts_counts.append(np.asarray(counts[start:stop]))
     keys = np.concatenate(parts_keys) if parts_keys else np.zeros(0, np.uint64)
     counts = np.concatenate(parts_counts) if parts_counts else np.zeros(0, np.int64)
     unique, inverse = np.unique(keys, return_inverse=True)
     totals = np.bincount(inverse.ravel(), weights=counts, minlength=len(unique)) if len(unique) else np.zeros(0)
-    boilerplate = unique[totals > job.cfg.line_dedup.max_docs]
-    save_npy(job.folder / f"{job.index:05d}.npy", boilerplate)
+    boilerplate = unique[totals > job.settings.max_docs]
+    save_npy(job.file(".npy"), boilerplate)
     return job.finish({"boilerplate_lines": int(len(boilerplate))})
 
 
-def filter_phase(job: Job) -> dict[str, Any]:
+def filter_phase(job: Job[FilterSettings]) -> dict[str, Any]:
     assert job.task is not None
-    cfg = job.cfg
-    ledger = Ledger(cfg.sample_size)
-    boilerplate = np.load(job.stage_dir / "work" / "lines" / "boilerplate.npy") if cfg.line_dedup.enabled else np.zeros(0, np.uint64)
-    index = job.stage_dir / "work" / "decontaminate"
+    settings, work = job.settings, job.work
+    ledger = Ledger(settings.sample_size)
+    boilerplate = np.load(work.boilerplate) if settings.boilerplate else np.zeros(0, np.uint64)
+    index = work.decontamination_index
     branches: dict[str, tuple[list[Step], list[Step]]] = {}
     boilerplate_keys = boilerplate.tolist()
 
     def steps_of(source: str) -> tuple[list[Step], list[Step]]:
         """The prose and code steps for one source's documents (its own settings applied)."""
         if source not in branches:
-            own = cfg.for_source(source)
+            own = settings.steps.for_source(source)
             branches[source] = prose_steps(own, boilerplate_keys, index), code_steps(own, index)
         return branches[source]
 
-    hashes = HashTable(job.index, cfg.exact_dedup.source_priority)
-    renames = load_renames(job.stage_dir / "work" / "read", job.index)
+    exact = settings.exact_dedup
+    hashes = HashTable(job.index, exact.source_priority)
+    renames = load_renames(work, job.index)
     kept = seen = 0
-    source, target = job.stage_dir / "work" / "read" / f"{job.index:05d}{SUFFIX}", job.folder / f"{job.index:05d}{SUFFIX}"
+    source, target = work.file("read", job.index, SUFFIX), job.file(SUFFIX)
     # perf: with no step in either branch (a dedup-only run) no document changes here, so the read
     # phase's file is linked rather than encoded and compressed again (0.4 s of 0.8 s per 33 MB).
-    unchanged = not cfg.sources and not renames and steps_of("") == ([], [])
+    unchanged = not settings.steps.own and not renames and steps_of("") == ([], [])
     with nullcontext() if unchanged else ShardWriter(target, level=1) as writer:
         for group in groups(renamed(read_shard(source), renames, ledger)):
             seen += len(group)
             for out in branch_outcomes(group, job.task.input.code, steps_of, ledger):
                 if out is None:
                     continue
-                if cfg.exact_dedup.enabled:
+                if exact.enabled:
                     hashes.add(kept, out.id, out.source, out.text)
                 if writer is not None:
                     writer.write(out)
@@ -198,8 +236,8 @@ def filter_phase(job: Job) -> dict[str, Any]:
         link.unlink(missing_ok=True)
         os.link(source, link)
         os.replace(link, target)
-    if cfg.exact_dedup.enabled:
-        hashes.write(job.folder, job.partitions)
+    if exact.enabled:
+        hashes.write(job.folder, settings.partitions)
     return save_ledger(job, ledger, {"docs": seen, "kept": kept})
 
 
@@ -208,10 +246,10 @@ def filter_phase(job: Job) -> dict[str, Any]:
 ID_HASH = np.dtype([("high", "<u8"), ("low", "<u8")])  # xxh3_128 of a document id
 
 
-def duplicate_ids(read_dir: Path, tasks: int) -> dict[int, dict[int, int]]:
+def duplicate_ids(work: WorkDir, tasks: int) -> dict[int, dict[int, int]]:
     """Per task, the positions (in its read output) of documents whose id an earlier document
     (in task order, then read order) already has, and which occurrence each is (2, 3, ...)."""
-    per_task = [np.load(read_dir / f"{t:05d}.ids.npy") for t in range(tasks)]
+    per_task = [np.load(work.file("read", t, ".ids.npy")) for t in range(tasks)]
     every = np.concatenate(per_task) if per_task else np.zeros(0, ID_HASH)
     _, inverse, counts = np.unique(every, return_inverse=True, return_counts=True)
     repeated = np.flatnonzero(counts[inverse] > 1)
@@ -227,13 +265,14 @@ def duplicate_ids(read_dir: Path, tasks: int) -> dict[int, dict[int, int]]:
     return found
 
 
-def save_renames(read_dir: Path, renames: dict[int, dict[int, int]], tasks: int) -> None:
+def save_renames(work: WorkDir, renames: dict[int, dict[int, int]], tasks: int) -> None:
     for task in range(tasks):
-        write_atomically(read_dir / f"{task:05d}.renames.json", lambda p, t=task: p.write_text(json.dumps({str(k): v for k, v in renames.get(t, {}).items()})))
+        text = json.dumps({str(k): v for k, v in renames.get(task, {}).items()})
+        write_atomically(work.file("read", task, ".renames.json"), lambda p, text=text: p.write_text(text))
 
 
-def load_renames(read_dir: Path, task: int) -> dict[int, int]:
-    path = read_dir / f"{task:05d}.renames.json"
+def load_renames(work: WorkDir, task: int) -> dict[int, int]:
+    path = work.file("read", task, ".renames.json")
     return {int(k): v for k, v in json.loads(path.read_text()).items()} if path.is_file() else {}
 
 
@@ -277,48 +316,51 @@ def branch_outcomes(group: list[Document], marked: bool | None, steps_of: Callab
     return outcomes
 
 
-def dedup_phase(job: Job) -> dict[str, Any]:
-    removed = dedup_partition(job.stage_dir / "work" / "filter", job.index, job.folder / f"{job.index:05d}.parquet")
+def dedup_phase(job: Job[None]) -> dict[str, Any]:
+    removed = dedup_partition(job.work.phase("filter"), job.index, job.file(".parquet"))
     return job.finish({"duplicates": removed})
 
 
-def exact_removals(job: Job) -> dict[int, str]:
-    return removals_for_task(job.stage_dir / "work" / "dedup", job.index) if job.cfg.exact_dedup.enabled else {}
+def exact_removals(work: WorkDir, task: int, exact: bool) -> dict[int, str]:
+    """The task's exact duplicates (by position in its filtered file), each with the id of the copy kept."""
+    return removals_for_task(work.phase("dedup"), task) if exact else {}
 
 
-def sign_phase(job: Job) -> dict[str, Any]:
-    filtered = job.stage_dir / "work" / "filter" / f"{job.index:05d}{SUFFIX}"
-    return job.finish(sign_task(filtered, job.folder, job.index, exact_removals(job), job.cfg.minhash_dedup, job.cfg.near_priority))
+def sign_phase(job: Job[SignSettings]) -> dict[str, Any]:
+    settings, work = job.settings, job.work
+    skip = exact_removals(work, job.index, settings.exact)
+    filtered = work.file("filter", job.index, SUFFIX)
+    return job.finish(sign_task(filtered, job.folder, job.index, skip, settings.near, settings.priority))
 
 
-def bucket_phase(job: Job) -> dict[str, Any]:
-    band, sub = divmod(job.index, job.partitions)
-    work = job.stage_dir / "work"
-    return job.finish(bucket_task(work / "sign", job.folder / f"{job.index:05d}.npy", band, sub, job.partitions, job.cfg.minhash_dedup))
+def bucket_phase(job: Job[BucketSettings]) -> dict[str, Any]:
+    subs = job.settings.subs
+    band, sub = divmod(job.index, subs)
+    return job.finish(bucket_task(job.work.phase("sign"), job.file(".npy"), band, sub, subs, job.settings.near))
 
 
-def verify_phase(job: Job) -> dict[str, Any]:
-    work = job.stage_dir / "work"
-    return job.finish(verify_task(work / "buckets", work / "sign", job.folder / f"{job.index:05d}.parquet", job.index, job.partitions, job.tasks, job.cfg.minhash_dedup))
+def verify_phase(job: Job[VerifySettings]) -> dict[str, Any]:
+    settings, work = job.settings, job.work
+    found = verify_task(work.phase("buckets"), work.phase("sign"), job.file(".parquet"), job.index, settings.partitions, settings.tasks, settings.near)
+    return job.finish(found)
 
 
-def components_phase(job: Job) -> dict[str, Any]:
-    work = job.stage_dir / "work"
-    return job.finish(components_task(work / "verify", work / "sign", job.folder / "assign.parquet"))
+def components_phase(job: Job[None]) -> dict[str, Any]:
+    work = job.work
+    return job.finish(components_task(work.phase("verify"), work.phase("sign"), work.assignments))
 
 
-def write_phase(job: Job) -> dict[str, Any]:
+def write_phase(job: Job[WriteSettings]) -> dict[str, Any]:
     """Drop the task's exact and near duplicates, as the dedup phases decided, and write one shard
     per source. A task whose documents carry more than MAX_OPEN_SHARDS sources is written in
     several passes over its filtered file, so the number of open files stays bounded."""
-    cfg = job.cfg
-    ledger = Ledger(cfg.sample_size)
-    work = job.stage_dir / "work"
-    removals = exact_removals(job)
-    near = cfg.minhash_dedup
-    decisions = decisions_for_task(work / "components" / "assign.parquet", work / "sign", job.index, near) if near.enabled else {}
+    settings, work = job.settings, job.work
+    ledger = Ledger(settings.sample_size)
+    removals = exact_removals(work, job.index, settings.exact)
+    near = settings.near
+    decisions = decisions_for_task(work.assignments, work.phase("sign"), job.index, near) if near.enabled else {}
     clusters: dict[str, list[Any]] = {name: [] for name in CLUSTERS_SCHEMA.names}
-    filtered = work / "filter" / f"{job.index:05d}{SUFFIX}"
+    filtered = work.file("filter", job.index, SUFFIX)
     finished: set[str] = set()
     shards, docs, more = [], 0, True
     while more:
@@ -332,21 +374,10 @@ def write_phase(job: Job) -> dict[str, Any]:
                         more = True  # a later pass takes this source
                         continue
                     batch.add(doc.source)
-                if ordinal in removals:
-                    ledger.remove(doc, "exact_dedup", "duplicate", note=f"duplicate of {removals[ordinal]}", kept_id=removals[ordinal])
+                if not survives_dedup(doc, ordinal, removals, decisions, settings, ledger, clusters):
                     continue
-                if cfg.exact_dedup.enabled:
-                    ledger.passed("exact_dedup", doc)
-                if (decided := decisions.get(ordinal)) is not None:
-                    for name, value in zip(CLUSTERS_SCHEMA.names, (doc.id, decided.cluster, decided.kept, decided.jaccard_to_kept)):
-                        clusters[name].append(value)
-                    if not decided.kept:
-                        ledger.remove(doc, "minhash_dedup", "near_duplicate", decided.jaccard_to_kept, decided.threshold, note=decided.note, kept_id=decided.kept_id)
-                        continue
-                if near.enabled:
-                    ledger.passed("minhash_dedup", doc)
                 if doc.source not in writers:
-                    writers[doc.source] = ShardWriter(job.stage_dir / SHARDS / f"{doc.source}-{job.index:05d}{SUFFIX}")
+                    writers[doc.source] = ShardWriter(work.stage_dir / SHARDS / f"{doc.source}-{job.index:05d}{SUFFIX}")
                 writers[doc.source].write_line(line)  # kept as the filter phase wrote it
                 ledger.kept(doc)
         except BaseException:
@@ -360,16 +391,38 @@ def write_phase(job: Job) -> dict[str, Any]:
         finished |= batch
     # every row of a source is written in that source's pass: sort so the file never depends on passes
     table = pa.table(clusters, schema=CLUSTERS_SCHEMA).sort_by([("cluster", "ascending"), ("id", "ascending")])
-    write_atomically(job.folder / f"{job.index:05d}.clusters.parquet", lambda p: pq.write_table(table, p))
+    write_atomically(job.file(".clusters.parquet"), lambda p: pq.write_table(table, p))
     return save_ledger(job, ledger, {"docs": docs, "shards": sorted(shards)})
 
 
-PHASE_FUNCTIONS = {
-    "read": read_phase, "lines": lines_phase, "filter": filter_phase, "dedup": dedup_phase, "sign": sign_phase,
-    "buckets": bucket_phase, "verify": verify_phase, "components": components_phase, "write": write_phase,
-}
+def survives_dedup(doc: Document, ordinal: int, removals: dict[int, str], decisions: dict[int, NearDecision], settings: WriteSettings,
+                   ledger: Ledger, clusters: dict[str, list[Any]]) -> bool:
+    """Whether the filtered document at `ordinal` is neither an exact nor a near duplicate removed; the
+    removal, the steps it passed and its cluster row (when clustered) go to `ledger` and `clusters`."""
+    if ordinal in removals:
+        ledger.remove(doc, "exact_dedup", "duplicate", note=f"duplicate of {removals[ordinal]}", kept_id=removals[ordinal])
+        return False
+    if settings.exact:
+        ledger.passed("exact_dedup", doc)
+    if (decided := decisions.get(ordinal)) is not None:
+        for name, value in zip(CLUSTERS_SCHEMA.names, (doc.id, decided.cluster, decided.kept, decided.jaccard_to_kept)):
+            clusters[name].append(value)
+        if not decided.kept:
+            ledger.remove(doc, "minhash_dedup", "near_duplicate", decided.jaccard_to_kept, decided.threshold,
+                          note=decided.note, kept_id=decided.kept_id)
+            return False
+    if settings.near.enabled:
+        ledger.passed("minhash_dedup", doc)
+    return True
 
 
-def run_job(job: Job) -> tuple[int, dict[str, Any]]:
-    """The executor's entry point: run one task of its phase; return its index and marker content."""
-    return job.index, PHASE_FUNCTIONS[job.phase](job)
+READ: Phase[ReadSettings] = Phase("read", read_phase)
+LINES: Phase[LinesSettings] = Phase("lines", lines_phase)
+FILTER: Phase[FilterSettings] = Phase("filter", filter_phase)
+DEDUP: Phase[None] = Phase("dedup", dedup_phase)
+SIGN: Phase[SignSettings] = Phase("sign", sign_phase)
+BUCKETS: Phase[BucketSettings] = Phase("buckets", bucket_phase)
+VERIFY: Phase[VerifySettings] = Phase("verify", verify_phase)
+COMPONENTS: Phase[None] = Phase("components", components_phase)
+WRITE: Phase[WriteSettings] = Phase("write", write_phase)
+PHASES: tuple[Phase[Any], ...] = (READ, LINES, FILTER, DEDUP, SIGN, BUCKETS, VERIFY, COMPONENTS, WRITE)  # in run order

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from kiln.core.layout import audit_sample
 from kiln.curate.audit import Ledger, SourceTally
 from kiln.curate.config import CurateConfig
+from kiln.curate.jobs import WorkDir
 from kiln.curate.phases import CLUSTERS_SCHEMA, LEDGER_PHASES, MB, REMOVED_SCHEMA
 from kiln.curate.readers import ReadTask, task_paths
 from kiln.curate.steps.chain import BRANCHES, enabled
@@ -57,20 +58,20 @@ def account(cfg: CurateConfig, tasks: list[ReadTask], phases: list[dict[int, dic
 def write_audit(ledger: Ledger, stage_dir: Path, phases: list[dict[int, dict[str, Any]]], tasks: list[ReadTask]) -> tuple[list[Path], dict[str, list[dict[str, Any]]]]:
     """removed.parquet, quarantine.jsonl, clusters.parquet, and under audit/ the per-reason table
     and the samples. Returns the files and the steps' records by kind (for their reports)."""
-    work = stage_dir / "work"
+    work = WorkDir(stage_dir)
     removed_path, quarantine_path = stage_dir / "removed.parquet", stage_dir / "quarantine.jsonl"
     with pq.ParquetWriter(removed_path, REMOVED_SCHEMA) as writer:
         for task in tasks:
             for phase in LEDGER_PHASES:
-                writer.write_table(pq.read_table(work / phase / f"{task.index:05d}.removed.parquet", schema=REMOVED_SCHEMA))
+                writer.write_table(pq.read_table(work.file(phase, task.index, ".removed.parquet"), schema=REMOVED_SCHEMA))
     with open(quarantine_path, "w", encoding="utf-8") as out:
         for task in tasks:
             for phase in LEDGER_PHASES:
-                out.write((work / phase / f"{task.index:05d}.quarantine.jsonl").read_text(encoding="utf-8"))
+                out.write(work.file(phase, task.index, ".quarantine.jsonl").read_text(encoding="utf-8"))
     records: dict[str, list[dict[str, Any]]] = {}
     for task in tasks:
         for phase in LEDGER_PHASES:
-            with open(work / phase / f"{task.index:05d}.records.jsonl", encoding="utf-8") as f:
+            with open(work.file(phase, task.index, ".records.jsonl"), encoding="utf-8") as f:
                 for line in f:
                     entry = json.loads(line)
                     records.setdefault(entry["kind"], []).append(entry["row"])
@@ -79,7 +80,7 @@ def write_audit(ledger: Ledger, stage_dir: Path, phases: list[dict[int, dict[str
     reasons = {s: {r: {"docs": n, "bytes": t.removed_bytes[r]} for r, n in sorted(t.removed.items())} for s, t in sorted(ledger.sources.items())}
     (audit / "reasons.json").write_text(json.dumps(reasons, indent=2) + "\n")
     outputs = [removed_path, quarantine_path, audit / "reasons.json"]
-    cluster_files = [work / "write" / f"{task.index:05d}.clusters.parquet" for task in tasks]
+    cluster_files = [work.file("write", task.index, ".clusters.parquet") for task in tasks]
     clusters = pa.concat_tables([pq.read_table(f, schema=CLUSTERS_SCHEMA) for f in cluster_files])  # empty with minhash_dedup off
     pq.write_table(clusters.sort_by([("cluster", "ascending"), ("kept", "descending"), ("id", "ascending")]), stage_dir / "clusters.parquet")
     outputs.append(stage_dir / "clusters.parquet")

@@ -2,8 +2,9 @@
 
 `run(cfg, run_dir)` decides whether the stage is up to date (its inputs: the input files, the
 evaluation sets, the quality models), builds the executor, and runs each phase's tasks
-(kiln.curate.phases) whose completion marker is missing, so an interrupted run, re-run with the
-same config and inputs, skips finished tasks. Between phases it does the small global steps
+(kiln.curate.phases; `PhaseRunner` builds their jobs, each with the phase's own settings) whose
+completion marker is missing, so an interrupted run, re-run with the same config and inputs, skips
+finished tasks. Between phases it does the small global steps
 (the boilerplate line list, the decontamination index). The run ends with the accounting check
 (input = kept + removed + quarantined, per task and per source), the audit (`removed.parquet`,
 `quarantine.jsonl`, `clusters.parquet`, `audit/`) and the funnel per source (kiln.curate.report).
@@ -20,8 +21,9 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from tqdm import tqdm
@@ -32,10 +34,33 @@ from kiln.core.errors import FatalError
 from kiln.core.executors import Executor, build_executor
 from kiln.core.layout import CURATE, SHARDS, SUMMARY
 from kiln.core.manifest import Stage
+from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
 from kiln.curate.dedup.minhash import memory_estimate
 from kiln.curate.dedup.ngram_index import build_index
-from kiln.curate.phases import MB, PHASES, Job, duplicate_ids, run_job, save_renames
+from kiln.curate.jobs import Job, Phase, WorkDir, run_job
+from kiln.curate.phases import (
+    BUCKETS,
+    COMPONENTS,
+    DEDUP,
+    FILTER,
+    LINES,
+    MB,
+    PHASES,
+    READ,
+    SIGN,
+    VERIFY,
+    WRITE,
+    BucketSettings,
+    FilterSettings,
+    LinesSettings,
+    ReadSettings,
+    SignSettings,
+    VerifySettings,
+    WriteSettings,
+    duplicate_ids,
+    save_renames,
+)
 from kiln.curate.quality.config import CLASSIFIER_DIR, LM_DIR
 from kiln.curate.readers import ReadTask, plan_reads, task_paths
 from kiln.curate.report import account, format_pii, format_summary, totals, write_audit, write_decontamination, write_pii_examples
@@ -44,6 +69,8 @@ from kiln.curate.steps.decontaminate import format_report
 from kiln.curate.steps.quality import CLASSIFIER_SCORES, LM_SCORES, ClassifierFilter, PerplexityFilter, model_files, model_folder, release_models
 
 log = logging.getLogger("kiln.curate")
+S = TypeVar("S")
+PIIExamples = dict[str, dict[str, list[dict[str, str]]]]  # per source and kind (kiln.curate.report.write_pii_examples)
 
 
 def partition_count(tasks: int) -> int:
@@ -52,8 +79,9 @@ def partition_count(tasks: int) -> int:
     return 1 << (target.bit_length() - 1)
 
 
-def run_phase(executor: Executor, jobs: list[Job], desc: str, weight: Callable[[Job], int] = lambda job: 1, unit: str = "task") -> dict[int, dict[str, Any]]:
-    """Run the jobs whose marker is missing, with a progress bar; return every job's marker content by index."""
+def run_phase(executor: Executor, jobs: list[Job[Any]], desc: str, weight: Callable[[Job[Any]], int], unit: str) -> dict[int, dict[str, Any]]:
+    """Run the jobs whose marker is missing, with a progress bar (`weight` of each job, in `unit`); return every job's
+    marker content by index."""
     results: dict[int, dict[str, Any]] = {}
     todo = []
     for job in jobs:
@@ -63,7 +91,7 @@ def run_phase(executor: Executor, jobs: list[Job], desc: str, weight: Callable[[
         else:
             todo.append(job)
     if jobs and len(todo) < len(jobs):
-        log.info("curate: %s phase: %d of %d tasks already finished, skipped", jobs[0].phase, len(jobs) - len(todo), len(jobs))
+        log.info("curate: %s phase: %d of %d tasks already finished, skipped", jobs[0].phase.name, len(jobs) - len(todo), len(jobs))
     by_index = {job.index: job for job in jobs}
     started, docs = time.perf_counter(), 0
     with tqdm(total=sum(map(weight, jobs)), initial=sum(weight(by_index[i]) for i in results), desc=desc, unit=unit, unit_scale=unit == "B", dynamic_ncols=True, leave=False) as bar:
@@ -73,6 +101,33 @@ def run_phase(executor: Executor, jobs: list[Job], desc: str, weight: Callable[[
             bar.update(weight(by_index[index]))
             bar.set_postfix_str(f"{docs / max(time.perf_counter() - started, 1e-9):,.0f} docs/s", refresh=False)
     return results
+
+
+@dataclass
+class PhaseRunner:
+    """Runs the phases' jobs on one executor: one job per read task, or per partition; keeps each
+    phase's time and peak memory (the manifest's `phases`)."""
+
+    executor: Executor
+    tasks: list[ReadTask]
+    work: WorkDir
+    timings: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def per_task(self, phase: Phase[S], settings: S) -> dict[int, dict[str, Any]]:
+        """One job per read task, the progress counted in raw input bytes."""
+        jobs = [Job(phase, t.index, self.work, settings, t) for t in self.tasks]
+        return self._run(phase, jobs, lambda job: job.task.size if job.task else 0, "B")
+
+    def per_partition(self, phase: Phase[S], settings: S, count: int) -> dict[int, dict[str, Any]]:
+        """One job per partition 0..count-1."""
+        return self._run(phase, [Job(phase, p, self.work, settings) for p in range(count)], lambda job: 1, "task")
+
+    def _run(self, phase: Phase[S], jobs: list[Job[S]], weight: Callable[[Job[Any]], int], unit: str) -> dict[int, dict[str, Any]]:
+        started = time.perf_counter()
+        results = run_phase(self.executor, jobs, f"curate {PHASES.index(phase) + 1}/{len(PHASES)} {phase.name}", weight, unit)
+        peak = max((r.get("rss_mb", 0) for r in results.values()), default=0)
+        self.timings[phase.name] = {"seconds": round(time.perf_counter() - started, 3), "max_rss_mb": round(peak, 1)}
+        return results
 
 
 def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
@@ -92,89 +147,92 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     check_quality_models(cfg_for_tasks)
     stage.begin(resume=not force)
     (stage.dir / SHARDS).mkdir(exist_ok=True)
-    stage_dir = stage.dir.resolve()  # tasks may run on other machines (ray): no path relative to this process's cwd
+    work = WorkDir(stage.dir.resolve())  # tasks may run on other machines (ray): no path relative to this process's cwd
     partitions = partition_count(len(tasks))
     executor = build_executor(cfg.executor, "curate.executor")
-    total_bytes = sum(t.size for t in tasks)
     log.info("curate: %d read tasks (%.1f MB) from %d inputs, %d partitions, %s executor with %d workers",
-             len(tasks), total_bytes / MB, len(cfg.inputs), partitions, cfg.executor.kind, executor.workers)
-
-    def jobs(phase: str, count: int | None = None, parts: int = partitions) -> list[Job]:
-        if count is None:
-            return [Job(phase, t.index, stage_dir, cfg_for_tasks, parts, t, len(tasks)) for t in tasks]
-        return [Job(phase, p, stage_dir, cfg_for_tasks, parts, tasks=len(tasks)) for p in range(count)]
-
-    timings: dict[str, dict[str, float]] = {}
-
-    def phase(name: str, phase_jobs: list[Job], weight: Callable[[Job], int] = lambda job: 1, unit: str = "task") -> dict[int, dict[str, Any]]:
-        started = time.perf_counter()
-        results = run_phase(executor, phase_jobs, f"curate {PHASES.index(name) + 1}/{len(PHASES)} {name}", weight, unit)
-        timings[name] = {"seconds": round(time.perf_counter() - started, 3), "max_rss_mb": round(max((r.get("rss_mb", 0) for r in results.values()), default=0), 1)}
-        return results
-
-    raw_bytes: Callable[[Job], int] = lambda job: job.task.size if job.task else 0
-    near: dict[str, Any] = {}
-    contamination_index = None
+             len(tasks), sum(t.size for t in tasks) / MB, len(cfg.inputs), partitions, cfg.executor.kind, executor.workers)
+    runner = PhaseRunner(executor, tasks, work)
     try:
         # First: a malformed evaluation set stops the run before any document is read.
-        contamination_index = build_contamination_index(cfg, stage.dir / "work" / "decontaminate") if eval_sets else None
-        read = phase("read", jobs("read"), raw_bytes, "B")
-        settle_duplicate_ids(cfg, stage.dir / "work" / "read", len(tasks))
-        boilerplate_path = stage.dir / "work" / "lines" / "boilerplate.npy"
-        if cfg.line_dedup.enabled and not boilerplate_path.is_file():
-            phase("lines", jobs("lines", partitions))
-            parts = [np.load(stage.dir / "work" / "lines" / f"{p:05d}.npy") for p in range(partitions)]
-            save_npy(boilerplate_path, np.concatenate(parts))
-        filtered = phase("filter", jobs("filter"), raw_bytes, "B")
-        if cfg.exact_dedup.enabled:
-            phase("dedup", jobs("dedup", partitions))
-        if cfg.minhash_dedup.enabled:
-            near = near_dedup(cfg, filtered, len(tasks), partitions, phase, jobs, raw_bytes)
-        written = phase("write", jobs("write"), raw_bytes, "B")
+        contamination_index = build_contamination_index(cfg, work.decontamination_index) if eval_sets else None
+        results, near = run_phases(cfg_for_tasks, runner, partitions)
     finally:
         executor.close()
 
-    ledger = account(cfg, tasks, [read, filtered, written])  # the accounting check: raises when a document is lost
-    outputs, records = write_audit(ledger, stage.dir, [read, filtered, written], tasks)
-    report = None
-    if contamination_index is not None:
-        report, report_path = write_decontamination(contamination_index, records.get("contamination", []), stage.dir)
-        outputs.append(report_path)
-    examples, examples_path = write_pii_examples(records.get("pii_example", []), stage.dir)
-    outputs.append(examples_path)
-    duplicates_path = stage.dir / "audit" / "duplicate_ids.json"
-    duplicates_path.write_text(json.dumps(records.get("duplicate_id", [])[: max(cfg.sample_size, 1)], indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    outputs.append(duplicates_path)
-    shutil.rmtree(stage.dir / "work")
+    ledger = account(cfg, tasks, results)  # the accounting check: raises when a document is lost
+    outputs, report, examples = write_reports(cfg, ledger, tasks, results, contamination_index, stage.dir)
+    shutil.rmtree(work.root)
     counts = {**totals(ledger), **({"minhash": near} if near else {})}
     shards = sorted((stage.dir / SHARDS).glob("*" + SUFFIX))
+    summary = summarize(cfg, counts, examples, report, stage)
+    # phase timings vary from run to run: beside the counts, never in them
+    return stage.finish(shards + outputs, counts, summary, extra={"phases": runner.timings})
+
+
+def run_phases(cfg: CurateConfig, runner: PhaseRunner, partitions: int) -> tuple[list[dict[int, dict[str, Any]]], dict[str, Any]]:
+    """The phases in order, those of a step turned off left out, and the small global steps between them.
+    Returns the results of the phases that keep a ledger (read, filter, write) and the near-dedup counts."""
+    work, tasks = runner.work, len(runner.tasks)
+    read = runner.per_task(READ, ReadSettings.of(cfg))
+    settle_duplicate_ids(cfg, work, tasks)
+    if cfg.line_dedup.enabled and not work.boilerplate.is_file():
+        runner.per_partition(LINES, LinesSettings(partitions, cfg.line_dedup.max_docs), partitions)
+        save_npy(work.boilerplate, np.concatenate([np.load(work.file("lines", p, ".npy")) for p in range(partitions)]))
+    filtered = runner.per_task(FILTER, FilterSettings.of(cfg, partitions))
+    if cfg.exact_dedup.enabled:
+        runner.per_partition(DEDUP, None, partitions)
+    near = near_dedup(cfg, filtered, runner, partitions) if cfg.minhash_dedup.enabled else {}
+    written = runner.per_task(WRITE, WriteSettings(cfg.exact_dedup.enabled, cfg.minhash_dedup, cfg.sample_size))
+    return [read, filtered, written], near
+
+
+def write_reports(cfg: CurateConfig, ledger: Ledger, tasks: list[ReadTask], results: list[dict[int, dict[str, Any]]],
+                  contamination_index: dict[str, Any] | None, stage_dir: Path) -> tuple[list[Path], dict[str, Any] | None, PIIExamples]:
+    """The audit (kiln.curate.report.write_audit), the decontamination report, the PII examples and the renamed
+    duplicate ids; returns the files, the decontamination report and the PII examples (for the summary)."""
+    outputs, records = write_audit(ledger, stage_dir, results, tasks)
+    report = None
+    if contamination_index is not None:
+        report, report_path = write_decontamination(contamination_index, records.get("contamination", []), stage_dir)
+        outputs.append(report_path)
+    examples, examples_path = write_pii_examples(records.get("pii_example", []), stage_dir)
+    outputs.append(examples_path)
+    duplicates_path = stage_dir / "audit" / "duplicate_ids.json"
+    duplicates = records.get("duplicate_id", [])[: max(cfg.sample_size, 1)]
+    duplicates_path.write_text(json.dumps(duplicates, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    outputs.append(duplicates_path)
+    return outputs, report, examples
+
+
+def summarize(cfg: CurateConfig, counts: dict[str, Any], examples: PIIExamples, report: dict[str, Any] | None, stage: Stage) -> str:
+    """summary.txt: the funnel per source, the PII redactions, the decontamination report; warns of an empty
+    result and of settings for a source no input produced."""
     if counts["docs_out"] == 0:
         log.warning("curate: no document was kept (%d in); see %s and %s", counts["docs_in"], stage.final_dir / SUMMARY, stage.final_dir / "quarantine.jsonl")
-    # phase timings vary from run to run: beside the counts, never in them
     pii = format_pii(counts, examples)
     for source in sorted(set(cfg.sources) - set(counts["per_source"])):
         log.warning("curate: curate.sources.%s sets steps for a source no input produced (sources: %s)", source, ", ".join(counts["per_source"]) or "none")
-    summary = format_summary(counts, funnel_rows(cfg), cfg) + ("\n" + pii if pii else "") + ("\n" + format_report(report) if report is not None else "")
-    return stage.finish(shards + outputs, counts, summary, extra={"phases": timings})
+    return format_summary(counts, funnel_rows(cfg), cfg) + ("\n" + pii if pii else "") + ("\n" + format_report(report) if report is not None else "")
 
 
 # --- the stage's inputs and global steps between phases -------------------------------------------
 
 
-def settle_duplicate_ids(cfg: CurateConfig, read_dir: Path, tasks: int) -> None:
+def settle_duplicate_ids(cfg: CurateConfig, work: WorkDir, tasks: int) -> None:
     """Find ids that several documents share (across every read task); rename the later holders
     in the filter phase (curate.duplicate_ids: rename) or stop naming the first (refuse)."""
-    found = duplicate_ids(read_dir, tasks)
+    found = duplicate_ids(work, tasks)
     if found and cfg.duplicate_ids == "refuse":
         task, positions = min(found.items())
         position = min(positions)
-        doc = next(d for i, d in enumerate(read_shard(read_dir / f"{task:05d}{SUFFIX}")) if i == position)
+        doc = next(d for i, d in enumerate(read_shard(work.file("read", task, SUFFIX))) if i == position)
         total = sum(len(p) for p in found.values())
         raise FatalError(f"curate: {total} input document(s) repeat an id another document has, the first {doc.id!r} (source {doc.source}); "
                          "give every record its own id, or set curate.duplicate_ids=rename to have later ones renamed <id>#<n>")
     if found:
         log.warning("curate: %d document(s) repeat an id another document has; renamed <id>#<n> (audit/duplicate_ids.json)", sum(len(p) for p in found.values()))
-    save_renames(read_dir, found, tasks)
+    save_renames(work, found, tasks)
 
 
 def refuse_own_outputs(tasks: list[ReadTask], stage_dir: Path) -> None:
@@ -244,19 +302,18 @@ def key_ranges(docs: int, budget_bytes: float = 256e6) -> int:
     return 1 << (need - 1).bit_length()
 
 
-def near_dedup(cfg: CurateConfig, filtered: dict[int, dict[str, Any]], tasks: int, partitions: int, phase: Callable[..., dict[int, dict[str, Any]]],
-               jobs: Callable[..., list[Job]], raw_bytes: Callable[[Job], int]) -> dict[str, Any]:
+def near_dedup(cfg: CurateConfig, filtered: dict[int, dict[str, Any]], runner: PhaseRunner, partitions: int) -> dict[str, Any]:
     """The four MinHash phases; returns their counts. Logs the memory estimate before they start."""
-    near = cfg.minhash_dedup
+    near, tasks = cfg.minhash_dedup, len(runner.tasks)
     docs = sum(r["kept"] for r in filtered.values())
     subs = key_ranges(docs)
     estimate = memory_estimate(docs, tasks, near.bands * subs, partitions, near)
     log.info("curate: near-dedup of up to %s documents, %d bands x %d rows; estimated peak memory per process: %s",
              f"{docs:,}", near.bands, near.rows, ", ".join(f"{k} {v:,.0f} MB" for k, v in estimate.items()))
-    signed = phase("sign", jobs("sign"), raw_bytes, "B")
-    buckets = phase("buckets", jobs("buckets", near.bands * subs, subs))
-    verified = phase("verify", jobs("verify", partitions))
-    clustered = phase("components", jobs("components", 1))[0]
+    signed = runner.per_task(SIGN, SignSettings(cfg.exact_dedup.enabled, near, cfg.near_priority))
+    buckets = runner.per_partition(BUCKETS, BucketSettings(subs, near), near.bands * subs)
+    verified = runner.per_partition(VERIFY, VerifySettings(partitions, tasks, near), partitions)
+    clustered = runner.per_partition(COMPONENTS, None, 1)[0]
     return {
         "signed": sum(r["signed"] for r in signed.values()), "no_words": sum(r["no_words"] for r in signed.values()),
         "shingles": sum(r["shingles"] for r in signed.values()), "bucket_pairs": sum(r["candidates"] for r in buckets.values()),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pickle
 import unicodedata
+from dataclasses import fields
 
 import pytest
 from hypothesis import given, settings
@@ -10,8 +12,8 @@ from hypothesis import strategies as st
 
 from kiln.core.document import Document
 from kiln.curate.audit import Ledger
-from kiln.curate.config import CurateConfig
-from kiln.curate.steps.chain import code_steps, early_steps, prose_steps, run_document
+from kiln.curate.config import PER_SOURCE_STEPS, CurateConfig
+from kiln.curate.steps.chain import SourceSteps, StepSettings, code_steps, early_steps, prose_steps, run_document
 from kiln.curate.steps.lines import line_key
 from kiln.curate.steps.normalize import LengthConfig, LengthFilter, Normalize, normalize_text
 
@@ -125,6 +127,23 @@ def test_chains_hold_the_enabled_steps_in_order():
     assert [s.name for s in code_steps(cfg)] == ["code_quality", "pii", "length"]
     off = CurateConfig(language={"enabled": False}, c4={"enabled": False}, pii={"enabled": False}, line_dedup={"enabled": False})
     assert [s.name for s in prose_steps(off)] == ["gopher_repetition", "gopher_quality", "fineweb", "length"]
+
+
+def test_a_job_carries_each_sources_step_settings_and_builds_the_same_chain_as_the_config():
+    # What a read or filter job carries instead of the whole curate config: every step a source can set.
+    assert {f.name for f in fields(StepSettings)} == set(PER_SOURCE_STEPS)
+    cfg = CurateConfig(sources={"docs": {"c4": {"enabled": False}, "pii": {"phones": False}}})
+    steps = pickle.loads(pickle.dumps(SourceSteps.of(cfg)))  # as a process pool or Ray worker gets it
+    assert set(steps.own) == {"docs"}
+    for source in ("docs", "web"):
+        own, reference = steps.for_source(source), cfg.for_source(source)
+        assert [s.name for s in early_steps(own)] == [s.name for s in early_steps(reference)]
+        assert [s.name for s in prose_steps(own)] == [s.name for s in prose_steps(reference)]
+        assert [s.name for s in code_steps(own)] == [s.name for s in code_steps(reference)]
+        assert own.pii == reference.pii
+    assert "c4" not in [s.name for s in prose_steps(steps.for_source("docs"))]
+    assert "c4" in [s.name for s in prose_steps(steps.for_source("web"))]
+    assert steps.for_source("docs").pii.phones is False and steps.for_source("web").pii.phones is True
 
 
 class Explodes:

@@ -18,14 +18,17 @@ document with the error, never the run, and every step's output is counted in th
 `<branch>/<step>` (the early steps under their own names). `run_documents` does the same for a
 group of documents step by step, so that a step with a `prepare` (the model filters) scores the
 whole group in one call before its per-document decisions; the outcome is run_document's.
-A source with settings of its own (curate.sources) gets its own step lists, built from
-`cfg.for_source(source)` by the phases. Not handled here: global work (line counts, exact and near dedup; kiln.curate.phases).
+A source with settings of its own (curate.sources) gets its own step lists: the phases' jobs carry
+`SourceSteps`, every document step's section per source (`StepSettings`), never the whole curate
+config; the builders take a StepSettings or a CurateConfig alike. Not handled here: global work
+(line counts, exact and near dedup; kiln.curate.phases).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +37,17 @@ from kiln.core.document import Document
 from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
 from kiln.curate.steps.base import Step
-from kiln.curate.steps.c4 import C4
-from kiln.curate.steps.code import CodeQuality
-from kiln.curate.steps.decontaminate import Decontaminate
-from kiln.curate.steps.fineweb import FineWebQuality
-from kiln.curate.steps.gopher import GopherQuality, GopherRepetition
-from kiln.curate.steps.language import LanguageID
-from kiln.curate.steps.lines import BoilerplateLines
-from kiln.curate.steps.normalize import LengthFilter, Normalize
-from kiln.curate.steps.pii import RedactPII
-from kiln.curate.steps.quality import ClassifierFilter, PerplexityFilter
-from kiln.curate.steps.url import URLFilter
+from kiln.curate.steps.c4 import C4, C4Config
+from kiln.curate.steps.code import CodeConfig, CodeQuality
+from kiln.curate.steps.decontaminate import Decontaminate, DecontaminateConfig
+from kiln.curate.steps.fineweb import FineWebQuality, FineWebQualityConfig
+from kiln.curate.steps.gopher import GopherQuality, GopherQualityConfig, GopherRepetition, GopherRepetitionConfig
+from kiln.curate.steps.language import LanguageConfig, LanguageID
+from kiln.curate.steps.lines import BoilerplateLines, LineDedupConfig
+from kiln.curate.steps.normalize import LengthConfig, LengthFilter, Normalize
+from kiln.curate.steps.pii import PIIConfig, RedactPII
+from kiln.curate.steps.quality import ClassifierFilter, ClassifierFilterConfig, PerplexityConfig, PerplexityFilter
+from kiln.curate.steps.url import URLFilter, URLFilterConfig
 
 log = logging.getLogger("kiln.curate")
 
@@ -61,25 +64,67 @@ _BUILD: dict[str, Callable[[Section], Step]] = {
 }
 
 
-def enabled(cfg: CurateConfig, names: Iterable[str]) -> list[str]:
+@dataclass(frozen=True)
+class StepSettings:
+    """curate.<step> of every document step, with one source's own keys applied (CurateConfig.for_source):
+    what a read or filter job builds its steps from. A CurateConfig has the same attributes."""
+
+    url_filter: URLFilterConfig
+    line_dedup: LineDedupConfig
+    language: LanguageConfig
+    gopher_repetition: GopherRepetitionConfig
+    gopher_quality: GopherQualityConfig
+    c4: C4Config
+    fineweb: FineWebQualityConfig
+    perplexity: PerplexityConfig
+    quality_classifier: ClassifierFilterConfig
+    code_quality: CodeConfig
+    pii: PIIConfig
+    length: LengthConfig
+    decontaminate: DecontaminateConfig
+
+    @classmethod
+    def of(cls, cfg: CurateConfig) -> StepSettings:
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class SourceSteps:
+    """Every source's step settings: the sources with settings of their own (curate.sources), and the rest."""
+
+    default: StepSettings
+    own: dict[str, StepSettings]
+
+    @classmethod
+    def of(cls, cfg: CurateConfig) -> SourceSteps:
+        return cls(StepSettings.of(cfg), {source: StepSettings.of(cfg.for_source(source)) for source in cfg.sources})
+
+    def for_source(self, source: str) -> StepSettings:
+        return self.own.get(source, self.default)
+
+
+Steps = CurateConfig | StepSettings  # what the builders below read a source's step sections from
+
+
+def enabled(cfg: Steps, names: Iterable[str]) -> list[str]:
     return [name for name in names if getattr(cfg, name).enabled and (name != "decontaminate" or cfg.decontaminate.eval_sets)]
 
 
-def early_steps(cfg: CurateConfig) -> list[Step]:
+def early_steps(cfg: Steps) -> list[Step]:
     return [Normalize(), *([URLFilter(cfg.url_filter)] if cfg.url_filter.enabled else [])]
 
 
-def prose_steps(cfg: CurateConfig, boilerplate: Iterable[int] = (), index: Path | None = None) -> list[Step]:
+def prose_steps(cfg: Steps, boilerplate: Iterable[int] = (), index: Path | None = None) -> list[Step]:
     """The prose branch; `index` is the decontamination index folder (kiln.curate.dedup.ngram_index.build_index).
     The quality filters' `model` folders must be set (kiln.curate.run.quality_models sets them)."""
     return [_build(cfg, name, boilerplate, index) for name in enabled(cfg, PROSE_STEPS)]
 
 
-def code_steps(cfg: CurateConfig, index: Path | None = None) -> list[Step]:
+def code_steps(cfg: Steps, index: Path | None = None) -> list[Step]:
     return [_build(cfg, name, (), index) for name in enabled(cfg, CODE_STEPS)]
 
 
-def _build(cfg: CurateConfig, name: str, boilerplate: Iterable[int], index: Path | None) -> Step:
+def _build(cfg: Steps, name: str, boilerplate: Iterable[int], index: Path | None) -> Step:
     if name == "line_dedup":
         return BoilerplateLines(boilerplate)
     if name == "decontaminate":
