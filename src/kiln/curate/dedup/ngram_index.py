@@ -21,7 +21,7 @@ import json
 import logging
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -139,32 +139,9 @@ def build_index(cfg: IndexSettings, folder: Path) -> dict[str, Any]:
     (folder / "index.json").unlink(missing_ok=True)  # a rebuild that fails halfway leaves no index, never a mixed one
     n = cfg.ngram
     sets: list[dict[str, Any]] = []
-    all_hashes: list[np.ndarray] = []
-    all_entries: list[np.ndarray] = []
-    rows: list[bytes] = []  # exact mode: each checkable text's normalized words, space-separated
+    exact = ExactParts()
     for s, es in enumerate(cfg.eval_sets):
-        set_hashes: list[np.ndarray] = []
-        items = too_short = 0
-        too_short_sample: list[int] = []
-        for item, texts in read_eval_set(es):
-            items += 1
-            checkable = False
-            for t, text in enumerate(texts):
-                ws = words(text, cfg.fold_digits)
-                if len(ws) < n:
-                    continue  # shingles gives a shorter text one n-gram of all its words; never a match here
-                checkable = True
-                h = ngram_hashes(word_hashes(ws), n)
-                set_hashes.append(h)
-                if cfg.mode == "exact":
-                    e = np.zeros(len(h), dtype=_ENTRY)
-                    e["set"], e["item"], e["text"], e["row"], e["pos"] = s, item, t, len(rows), np.arange(len(h))
-                    all_entries.append(e)
-                    rows.append(" ".join(ws).encode("utf-8", "surrogatepass") + b"\n")
-            if not checkable:
-                too_short += 1
-                if len(too_short_sample) < 10:
-                    too_short_sample.append(item)
+        set_hashes, items, too_short_sample, too_short = read_set(s, es, cfg, exact)
         distinct = np.unique(np.concatenate(set_hashes)) if set_hashes else np.zeros(0, dtype=np.uint64)
         if items == 0 or too_short == items:
             what = "holds no item" if items == 0 else f"has no item of {n} words or more (all {items} too short)"
@@ -178,12 +155,39 @@ def build_index(cfg: IndexSettings, folder: Path) -> dict[str, Any]:
             save_npy(folder / f"bloom_{s}.npy", bloom.bits)
             info.update(bits=bloom.m, hashes=bloom.k, fp_rate=bloom.fp_rate(len(distinct)))
         else:
-            all_hashes.extend(set_hashes)
+            exact.hashes.extend(set_hashes)
         sets.append(info)
 
+    summary: dict[str, Any] = {
+        "format": INDEX_FORMAT, "shingles": SHINGLE_VERSION, "mode": cfg.mode, "ngram": n,
+        "fold_digits": cfg.fold_digits, "action": cfg.action, "sets": sets,
+    }
     if cfg.mode == "exact":
-        hashes = np.concatenate(all_hashes) if all_hashes else np.zeros(0, dtype=np.uint64)
-        entries = np.concatenate(all_entries) if all_entries else np.zeros(0, dtype=_ENTRY)
+        summary["prefilter_log2"] = exact.write(folder)
+    write_atomically(folder / "index.json", lambda p: p.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8"))
+    return summary
+
+
+@dataclass
+class ExactParts:
+    """Exact mode's index as it is read: every set's n-gram hashes, one entry per hash (set, item, text, row,
+    position), and each checkable text's normalized words, space-separated (its row)."""
+
+    hashes: list[np.ndarray] = field(default_factory=list)
+    entries: list[np.ndarray] = field(default_factory=list)
+    rows: list[bytes] = field(default_factory=list)
+
+    def add(self, s: int, item: int, t: int, h: np.ndarray, ws: list[str]) -> None:
+        """Text `t` of item `item` of set `s`: its n-gram hashes `h` and its words `ws` (the hashes go in by set)."""
+        e = np.zeros(len(h), dtype=_ENTRY)
+        e["set"], e["item"], e["text"], e["row"], e["pos"] = s, item, t, len(self.rows), np.arange(len(h))
+        self.entries.append(e)
+        self.rows.append(" ".join(ws).encode("utf-8", "surrogatepass") + b"\n")
+
+    def write(self, folder: Path) -> int:
+        """Write the sorted hashes, their entries, the texts and the prefilter; returns the prefilter's log2 size."""
+        hashes = np.concatenate(self.hashes) if self.hashes else np.zeros(0, dtype=np.uint64)
+        entries = np.concatenate(self.entries) if self.entries else np.zeros(0, dtype=_ENTRY)
         # Sorted by hash with repeats (one entry per text holding it); within a text only the first
         # occurrence is kept, since every occurrence carries the same words.
         order = np.lexsort((entries["pos"], entries["row"], hashes))
@@ -191,8 +195,8 @@ def build_index(cfg: IndexSettings, folder: Path) -> dict[str, Any]:
         first = np.ones(len(hashes), dtype=bool)
         first[1:] = (hashes[1:] != hashes[:-1]) | (entries["row"][1:] != entries["row"][:-1])
         hashes, entries = hashes[first], entries[first]
-        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum([len(r) for r in rows], out=offsets[1:])
+        offsets = np.zeros(len(self.rows) + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in self.rows], out=offsets[1:])
         prefilter_log2 = min(30, max(16, math.ceil(math.log2(PREFILTER_BITS_PER_NGRAM * max(1, len(hashes))))))
         on = np.zeros(1 << prefilter_log2, dtype=bool)
         on[hashes >> np.uint64(64 - prefilter_log2)] = True
@@ -200,16 +204,33 @@ def build_index(cfg: IndexSettings, folder: Path) -> dict[str, Any]:
         save_npy(folder / "hashes.npy", hashes)
         save_npy(folder / "entries.npy", entries)
         save_npy(folder / "text_offsets.npy", offsets)
-        write_atomically(folder / "texts.txt", lambda p: p.write_bytes(b"".join(rows)))
+        write_atomically(folder / "texts.txt", lambda p: p.write_bytes(b"".join(self.rows)))
+        return prefilter_log2
 
-    summary: dict[str, Any] = {
-        "format": INDEX_FORMAT, "shingles": SHINGLE_VERSION, "mode": cfg.mode, "ngram": n,
-        "fold_digits": cfg.fold_digits, "action": cfg.action, "sets": sets,
-    }
-    if cfg.mode == "exact":
-        summary["prefilter_log2"] = prefilter_log2
-    write_atomically(folder / "index.json", lambda p: p.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8"))
-    return summary
+
+def read_set(s: int, es: EvalSetConfig, cfg: IndexSettings, exact: ExactParts) -> tuple[list[np.ndarray], int, list[int], int]:
+    """Set `s`'s n-gram hashes per checkable text (added to `exact` in exact mode), its item count, the first
+    ten items with no text of `ngram` words, and how many such items it has."""
+    set_hashes: list[np.ndarray] = []
+    items = too_short = 0
+    too_short_sample: list[int] = []
+    for item, texts in read_eval_set(es):
+        items += 1
+        checkable = False
+        for t, text in enumerate(texts):
+            ws = words(text, cfg.fold_digits)
+            if len(ws) < cfg.ngram:
+                continue  # shingles gives a shorter text one n-gram of all its words; never a match here
+            checkable = True
+            h = ngram_hashes(word_hashes(ws), cfg.ngram)
+            set_hashes.append(h)
+            if cfg.mode == "exact":
+                exact.add(s, item, t, h, ws)
+        if not checkable:
+            too_short += 1
+            if len(too_short_sample) < 10:
+                too_short_sample.append(item)
+    return set_hashes, items, too_short_sample, too_short
 
 
 # --- loading and looking up -----------------------------------------------------------------------
