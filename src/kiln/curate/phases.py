@@ -16,7 +16,7 @@ Every task writes its outputs atomically and then a completion marker holding it
 read, filter and write phases) or its counts. Shard contents depend only on the inputs and the
 config, never on the executor or the number of workers. Each phase is a `Phase` (kiln.curate.jobs)
 holding its function; its jobs carry its settings record (`ReadSettings`, ...: only what it reads,
-built from the curate config by `<Name>Settings.of`), never the whole config.
+built from the curate config by kiln.curate.run), never the whole config.
 Not handled here: running the phases in order and skipping finished tasks (kiln.curate.run), and
 merging the ledgers into the audit and the funnel (kiln.curate.report).
 """
