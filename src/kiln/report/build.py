@@ -21,7 +21,7 @@ from kiln.core.atomic import write_atomically
 from kiln.report.curation import curation_sections
 from kiln.report.html import TITLES, Section, missing, page
 from kiln.report.results import evaluation, lineage, samples, tokenizer
-from kiln.report.run_files import Hooks, RunFiles, now_utc, scan_run
+from kiln.report.run_files import Hooks, RunFiles, in_stage_order, now_utc, scan_run
 from kiln.report.series import TrainMetrics, read_metrics
 from kiln.report.training import metrics_path, training_sections
 
@@ -59,7 +59,7 @@ def build_sections(run: RunFiles, hooks: Hooks) -> list[Section]:
             *guarded(lambda: [samples(run, read[0].probes if read else [])], ["samples"]),
         ]
     }
-    built["lineage"] = guarded(lambda: [lineage(run)], ["lineage"])[0]  # last: it lists the files the others could not read
+    built["lineage"] = guarded(lambda: [lineage(run, hooks.stages)], ["lineage"])[0]  # last: it lists the files the others could not read
     return [built[sid] for sid in TITLES]
 
 
@@ -68,8 +68,9 @@ def build_report(run_dir: Path, hooks: Hooks | None = None) -> Path:
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
     run = scan_run(run_dir)
-    sections = build_sections(run, hooks or Hooks())
-    state = "".join(f"; {stage} {run.state(stage)}" for stage in sorted(run.running))
+    hooks = hooks or Hooks()
+    sections = build_sections(run, hooks)
+    state = "".join(f"; {stage} {run.state(stage)}" for stage in in_stage_order(run.running, hooks.stages))
     html = page(f"kiln run {run_dir.name}", f"{run_dir}, built {now_utc()}{state}", sections)
     out = run_dir / REPORT_DIR / INDEX
     out.parent.mkdir(parents=True, exist_ok=True)

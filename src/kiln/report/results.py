@@ -13,7 +13,7 @@ from typing import Any
 
 from kiln.core.layout import EVAL, EXPORT, GENERATE, TOKENIZER, TOKENIZER_SWEEP, TRAIN
 from kiln.report.html import MB, Section, details, missing, para, pre, table
-from kiln.report.run_files import RunFiles
+from kiln.report.run_files import RunFiles, in_stage_order
 
 INPUTS_SHOWN = 10
 SAMPLES_SHOWN = 10
@@ -31,17 +31,20 @@ def short(fingerprint: str | None) -> str:
     return (fingerprint or "")[:12]
 
 
-def lineage(run: RunFiles) -> Section:
+def lineage(run: RunFiles, order: tuple[str, ...] = ()) -> Section:
+    """The resolved recipe, a row per stage (finished or not) in the run's stage order, where the
+    model comes from, and curate's raw inputs."""
     recipe = run.root / "recipe.yaml"
     parts = [details("recipe.yaml (the resolved recipe of the last stage run)", pre(recipe.read_text(encoding="utf-8", errors="replace"))) if recipe.is_file() else para("No recipe.yaml in the run directory yet.", "missing")]
     rows = []
-    for stage, m in run.manifests.items():
+    for stage in in_stage_order(run.manifests.keys() | run.running.keys(), order):
+        m = run.manifests.get(stage)
+        if m is None:
+            rows.append([stage, run.state(stage), "", "", "", None, ""])
+            continue
         inputs = m.get("inputs", [])
         rows.append([stage, f"finished; a new attempt is {run.state(stage)}" if stage in run.running else "finished", short(m.get("fingerprint")), ", ".join(f"{u} {short(f)}" for u, f in m.get("upstream", {}).items()),
                      f"{len(inputs):,} files, {sum(i.get('bytes', 0) for i in inputs) / MB:,.1f} MB", m.get("wall_seconds"), m.get("finished_at", "")])
-    for stage in run.running:
-        if stage not in run.manifests:
-            rows.append([stage, run.state(stage), "", "", "", None, ""])
     parts.append(table(["stage", "state", "fingerprint", "upstream", "inputs", "wall s", "finished"], rows) if rows else missing("No stage has run in this directory yet."))
     model = next((s for s in (EXPORT, TRAIN) if s in run.manifests), None)
     if model:

@@ -10,7 +10,7 @@ Not handled here: runs on remote storage.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,11 +22,12 @@ from kiln.core.manifest import IN_PROGRESS
 
 @dataclass(frozen=True)
 class Hooks:
-    """What the report needs from other stages' code, handed in by the caller (kiln.pipeline)."""
+    """What the report needs from other stages' code, handed in by the caller (kiln.report_hooks)."""
 
     redact: Callable[[str], str] = lambda text: text
     explain: Callable[[list[str]], dict[str, str]] | None = None  # ids -> what `kiln curate --explain` prints
     estimate: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None  # train manifest -> planner figures
+    stages: tuple[str, ...] = ()  # stage folders in the order a run makes them (kiln.verbs); others follow by name
 
 
 @dataclass
@@ -81,6 +82,12 @@ def scan_run(root: Path) -> RunFiles:
             if isinstance(manifest, dict):
                 run.manifests[folder.name] = manifest
     return run
+
+
+def in_stage_order(stages: Iterable[str], order: Sequence[str]) -> list[str]:
+    """These stage folders in the run's order (Hooks.stages); folders it does not name after them, by name."""
+    rank = {stage: i for i, stage in enumerate(order)}
+    return sorted(stages, key=lambda stage: (rank.get(stage, len(rank)), stage))
 
 
 def now_utc() -> str:
