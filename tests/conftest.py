@@ -1,5 +1,5 @@
 """Shared fixtures: one local Ray instance (2 CPUs) for every Ray test (curate and quality), and one
-miniature `kiln demo` run (tests/minidemo.py) for tests/test_pipeline.py and tests/report/."""
+miniature `kiln demo` run (tests/minidemo.py) for tests/test_demo.py and tests/report/."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The miniature `kiln demo` run that tests/conftest.py's `demo_run` fixture makes once per session,
-and the helper that runs `kiln demo` through the installed command (tests/test_pipeline.py reruns it).
+and the helper that runs `kiln demo` through the installed command (tests/test_demo.py reruns it).
 
 The demo recipe reads text already on the machine (stdlib code, pydoc topics, /usr/share/doc),
 capped here at 2 MB, trains a 512-token BPE and a 2-layer d_model 64 model for 60 steps on CPU.

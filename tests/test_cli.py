@@ -1,4 +1,4 @@
-"""The `kiln` command: help for every verb, override errors, and `plan`.
+"""The `kiln` command: help for every verb, override errors, and `plan`; the verb table it is built from.
 
 Most tests call kiln.cli.main in-process; one runs the installed entry point to check the real
 exit status. None of them trains anything.
@@ -6,6 +6,7 @@ exit status. None of them trains anything.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -16,9 +17,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln.cli import build_parser, cpu_process_limit, main, recipe_and_overrides, record_for_launcher, report_failed_launch
+from kiln.cli import build_parser, main
+from kiln.commands import recipe_and_overrides
+from kiln.launch import cpu_process_limit, record_for_launcher, report_failed_launch
 from kiln.plan.flops import plan_training
 from kiln.recipe import load_recipe
+from kiln.verbs import DEMO_STAGES, Verb, resolve
+from kiln.verbs import VERBS as TABLE
 
 KILN = Path(sys.executable).with_name("kiln")
 VERBS = ["curate", "train-tokenizer", "tokenize", "train", "eval", "generate", "plan", "demo"]
@@ -67,6 +72,57 @@ def test_verb_help_lists_only_the_sections_it_reads(capsys: pytest.CaptureFixtur
     _, out, _ = run_main(["eval", "--help"], capsys)
     assert "  eval.batch_size [default: 8]" in out
     assert "  train.optim [default" not in out and "  curate.inputs [default" not in out
+
+
+def verb_paths(verbs: tuple[Verb, ...] = TABLE, above: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Verb]]:
+    """Every verb and subcommand of the table with the words that name it: (("plan", "flops"), verb)."""
+    return [pair for v in verbs for pair in [((*above, v.name), v), *(verb_paths(v.group.verbs, (*above, v.name)) if v.group else [])]]
+
+
+def test_the_parser_has_exactly_the_tables_verbs_with_their_functions() -> None:
+    # One declaration per verb: the parser's verbs and subcommands are the table's, and every
+    # function the table names (command, run, flags, parser class) exists.
+    def choices(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        return next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+
+    parser = build_parser()
+    assert list(choices(parser)) == [v.name for v in TABLE]
+    for path, verb in verb_paths():
+        level = parser
+        for word in path:
+            level = choices(level)[word]
+        assert level.get_default("declared_verb") is verb, path
+        assert list(choices(level)) == ([v.name for v in verb.group.verbs] if verb.group else []), path
+        for name in (verb.command, verb.run, verb.arguments, verb.group and verb.group.parser_class):
+            assert name is None or callable(resolve(name)), (path, name)
+
+
+@pytest.mark.parametrize("path", [" ".join(path) for path, _ in verb_paths()])
+def test_every_verb_and_subcommand_describes_itself_in_its_help(path: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # `kiln plan flops --help` said nothing of what flops computes; every --help now opens with the table's text.
+    verb = dict((" ".join(p), v) for p, v in verb_paths())[path]
+    code, out, _ = run_main([*path.split(), "--help"], capsys)
+    assert code == 0
+    assert " ".join(verb.help.split()[:8]) in " ".join(out.split())
+
+
+def test_the_demo_help_names_its_stages_and_every_section_they_read(capsys: pytest.CaptureFixture[str]) -> None:
+    # The demo's stage list and recipe keys come from its stages' entries; parallel.* was missing, though train reads it.
+    _, out, _ = run_main(["demo", "--help"], capsys)
+    assert f"Run every stage ({', '.join(v.name for v in DEMO_STAGES)})" in " ".join(out.split())
+    for verb in DEMO_STAGES:
+        for section in verb.sections:
+            assert f"\n  {section}." in out, section
+    assert "  parallel.tp [default: 1]" in out
+
+
+def test_importing_the_cli_imports_no_stage_and_no_torch() -> None:
+    # The local executor's spawned workers import the `kiln` script: each paid about 4 s of imports
+    # when kiln.cli imported the recipe (and with it torch and pydantic) at module level.
+    code = "import sys, kiln.cli; print(' '.join(sorted(m for m in sys.modules if m.startswith(('kiln', 'torch', 'pydantic')))))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert not [m for m in loaded if m.startswith(("torch", "pydantic"))], loaded
+    assert {m.split(".")[1] for m in loaded if m.count(".") >= 1} <= {"cli", "core", "launch", "verbs"}, loaded
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

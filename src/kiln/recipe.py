@@ -3,7 +3,7 @@
 `load_recipe` reads a file (or a name shipped in recipes/), applies `--set a.b=value`
 overrides to a copy, and validates everything at once. Every problem is reported in one
 ConfigError naming the key path, the bad value and what is allowed.
-Not handled here: running stages (kiln.pipeline) or writing manifests (kiln.core.manifest).
+Not handled here: running stages (kiln.stages) or writing manifests (kiln.core.manifest).
 """
 
 from __future__ import annotations

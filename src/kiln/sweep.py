@@ -1,7 +1,7 @@
 """`kiln sweep`: a grid of small training runs (model sizes x step counts) to feed `kiln plan fit`.
 
-The data stages run once, in the base recipe's own run directory (curate, train-tokenizer,
-tokenize; each skipped when current). Each grid point is a run directory under
+The data stages run once, in the base recipe's own run directory (the stages kiln.verbs orders
+before training: curate, train-tokenizer, tokenize; each skipped when current). Each grid point is a run directory under
 `<base run>/sweep/<point>/` whose `tokenizer/` and `tokenize/` are symbolic links to the base
 run's, so every point reads the same tokens and the same manifests (its train manifest records
 the base tokenize stage's fingerprint). Each point then runs only the train stage, with
@@ -26,17 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from kiln.core.errors import ConfigError
-from kiln.core.layout import CURATE, TOKENIZE, TOKENIZER, TRAIN, RunLayout
+from kiln.core.layout import TOKENIZE, TOKENIZER, TRAIN, RunLayout
 from kiln.model.config import count_params, flops_per_token
 from kiln.plan.report import count, sci
 from kiln.recipe import Recipe, load_recipe
+from kiln.stages import run_stage
+from kiln.verbs import stage_verb, stages_before
 
 log = logging.getLogger("kiln.sweep")
 
 DEFAULT_SIZES = "64x2,128x2,192x3,256x4"  # d_model x n_layers
 DEFAULT_STEPS = "100,200,400"
 SHARED_STAGES = (TOKENIZER, TOKENIZE)  # what the train stage reads from a run directory
-DATA_STAGES = (CURATE, TOKENIZER, TOKENIZE)
 
 
 @dataclass(frozen=True)
@@ -120,17 +121,15 @@ def run_sweep(base: Recipe, recipe: str, overrides: list[str], points: list[Swee
     base is plan_sweep's base recipe (`recipe` with `overrides`); each point reloads `recipe`
     with its own overrides added, so every point is validated the same way as the base.
     """
-    from kiln import pipeline  # deferred: planning a sweep needs no torch training code
-
-    for stage in DATA_STAGES:
-        pipeline.run_stage(stage, base, force=False)  # shared data is never redone by a sweep's --force
+    for verb in stages_before(TRAIN):
+        run_stage(verb, base, force=False)  # shared data is never redone by a sweep's --force
     rows = []
     for i, p in enumerate(points, 1):
         # json.dumps quotes the path, so a ':' or '#' in it stays part of the YAML string.
         r = load_recipe(recipe, [*overrides, *p.overrides, f"name={p.name}", f"runs_dir={json.dumps(str(sweep_dir(base)))}"])
         link_shared_stages(base.run_dir, r.run_dir)
         log.info("sweep: point %d/%d %s (%s params, %s tokens)", i, len(points), p.name, f"{p.params:,}", f"{p.tokens:,}")
-        manifest = pipeline.run_stage(TRAIN, r, force)
+        manifest = run_stage(stage_verb(TRAIN), r, force)
         rows.append({**point_row(p), "run_dir": str(r.run_dir), "val_loss": manifest["counts"]["val_after"]["all"]["loss"]})
     return rows
 

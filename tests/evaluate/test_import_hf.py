@@ -80,9 +80,9 @@ def test_a_transformers_llama_imports_with_the_same_logits(tmp_path: Path, token
 
 
 def test_an_imported_run_scores_any_file_as_transformers_does(tmp_path: Path, tokenizer: KilnTokenizer) -> None:
+    from kiln.eval_files import read_for_eval
     from kiln.evaluate.config import EvalConfig
     from kiln.evaluate.run import run as evaluate
-    from kiln.pipeline import read_for_eval
 
     folder, theirs = llama_folder(tmp_path, tokenizer)
     run_dir = tmp_path / "runs" / "imported"

@@ -22,11 +22,12 @@ from kiln.cli import main
 from kiln.core.layout import audit_sample
 from kiln.curate.steps.decontaminate import build_report as build_decontamination_report
 from kiln.model.config import ModelConfig
-from kiln.pipeline import build_report, plan_estimate
 from kiln.report.build import build_sections, watch
 from kiln.report.run_files import Hooks, scan_run
+from kiln.report_hooks import build_report
 from kiln.train.config import TrainConfig
 from kiln.train.mesh import ParallelConfig
+from kiln.train_plan import plan_estimate
 
 pytestmark = pytest.mark.slow  # the session's miniature demo run, a million-step run, a browser
 
@@ -66,6 +67,13 @@ def test_funnel_and_evaluation_agree_with_the_manifests(report: dict[str, Any]) 
     assert 100 < rss < 4096 and f"the process&#x27;s peak resident memory was {rss / 1024:.2f} GiB" in planned and "GB (dp=1 tp=1 pp=1, ZeRO 0, fp32" in planned
     lineage = section_html(page, "lineage")
     assert m["train"]["fingerprint"][:12] in lineage and m["curate"]["fingerprint"][:12] in lineage
+
+
+def test_lineage_lists_the_stages_in_the_order_the_run_made_them(report: dict[str, Any]) -> None:
+    # The order is kiln.verbs' (the demo's); the rows used to follow the folders' names: curate, eval, export, generate...
+    lineage = section_html(report["page"], "lineage")
+    rows = [lineage.index(f"<tr><td>{stage}</td>") for stage in ("curate", "tokenizer", "tokenize", "train", "eval", "generate", "export")]
+    assert rows == sorted(rows)
 
 
 def test_removed_examples_carry_their_explanation(report: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from kiln.model.config import ModelConfig
-from kiln.pipeline import layout_memory
+from kiln.train_plan import layout_memory
 
 KILN = Path(sys.executable).with_name("kiln")
 TORCHRUN = Path(sys.executable).with_name("torchrun")

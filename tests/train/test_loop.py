@@ -1,4 +1,4 @@
-"""The train stage (kiln.train.run, kiln.train.loop) on a real miniature run, wired as kiln.pipeline
+"""The train stage (kiln.train.run, kiln.train.loop) on a real miniature run, wired as kiln.stages
 wires it, then the eval and generate stages on its checkpoint.
 
 The run is built once per module: curate (stdlib email package as `code`, the system's license
@@ -55,7 +55,7 @@ EVAL = EvalConfig(max_tokens_per_source=4096, batch_size=8)
 
 
 def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: EvalConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
-    """The train stage as kiln.pipeline wires it: mix's sampler over the run's train split."""
+    """The train stage as kiln.stages wires it: mix's sampler over the run's train split."""
     return run(model_cfg, cfg, mix, partial(build_sampler, Path(run_dir) / "tokenize", mix), eval_cfg.scoring(), run_dir, force)
 
 
@@ -197,7 +197,7 @@ def test_loaded_checkpoint_reproduces_the_in_training_validation(trained: tuple[
 
 
 def test_eval_stage_scores_data_files_as_it_scores_the_validation_split(trained: tuple[Path, dict], cpu_only: None, tmp_path: Path) -> None:
-    from kiln.pipeline import read_for_eval
+    from kiln.eval_files import read_for_eval
 
     run_dir, manifest = trained
     tokenizer = KilnTokenizer.load(run_dir / "tokenizer" / "tokenizer.json")

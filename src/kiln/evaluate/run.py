@@ -6,7 +6,7 @@ trainer's own initialization), or loads the starting checkpoint of a continued r
 (train.init_from), so before and after are measured on the same windows with the same settings
 whenever eval runs. Device and autocast come from eval.precision
 (kiln.model.precision); with the defaults they match the trainer's, and so do the numbers.
-A `--data` file is read with curate's readers (wired in by kiln.pipeline: the format from its
+A `--data` file is read with curate's readers (wired in by kiln.stages: the format from its
 extension, records that cannot be read are counted and named, never scored), each document
 encoded with the run's tokenizer and followed by end of document, and scored like a validation
 split: per file and per `source` field. A run without token shards (one made by `kiln
@@ -70,7 +70,7 @@ def score_files(model: Any, tokenizer: KilnTokenizer, read_file: ReadFile, paths
 
 
 def run(cfg: EvalConfig, run_dir: Path, force: bool = False, read_file: ReadFile | None = None) -> dict[str, Any]:
-    """read_file: how `--data` files are read (kiln.pipeline passes curate's readers); needed only with eval.data."""
+    """read_file: how `--data` files are read (kiln.stages passes curate's readers); needed only with eval.data."""
     run_dir = Path(run_dir)
     layout = RunLayout(run_dir)
     trained = read_manifest(layout.stage(TRAIN))
@@ -101,7 +101,7 @@ def run(cfg: EvalConfig, run_dir: Path, force: bool = False, read_file: ReadFile
         raise FatalError(f"eval.seq_len {cfg.seq_len} exceeds the checkpoint's max_seq_len {model.cfg.max_seq_len}; lower eval.seq_len")
     task_items = {task_name(t): read_task(t) for t in tasks}  # a bad line stops here, before any work
     if data and read_file is None:
-        raise FatalError("eval.data needs a file reader; run `kiln eval` (kiln.pipeline wires curate's readers in)")
+        raise FatalError("eval.data needs a file reader; run `kiln eval` (kiln.stages wires curate's readers in)")
     stage.begin()
     counts: dict[str, Any] = {}
     summary = []

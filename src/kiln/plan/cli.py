@@ -1,9 +1,10 @@
 """Argument parsing and dispatch for `kiln plan <subcommand>` (the CLI layer).
 
-kiln.cli creates the `plan` verb and hands it here: add_plan_subcommands adds the subcommands,
-and run_plan runs one. Each subcommand prints a table, or with --json one JSON object whose
+kiln.verbs declares each subcommand, naming its flags here (`<name>_arguments`) and the function
+that computes it (`<name>`: parsed arguments -> result and its table format); run_plan prints one.
+Each subcommand prints a table, or with --json one JSON object whose
 fields the README lists with their units (`kiln plan --json SUBCOMMAND` works too). `kiln plan`
-with no subcommand (the recipe's own compute) is kiln.cli's, since it reads a whole recipe.
+with no subcommand (the recipe's own compute) is kiln.commands', since it reads a whole recipe.
 A subcommand's errors are reported as `kiln plan SUBCOMMAND: error: ...`, exit 2.
 Numbers accept 7e9, 7B, 1.4T, 500K or 70M, and negative ones (`--flops -1e23`) parse so that
 the module can reject them by name. Not handled here: any computation (each lives in its own
@@ -41,7 +42,8 @@ def number(text: str) -> float:
 
 
 class PlanParser(argparse.ArgumentParser):
-    """A subcommand's parser: negative numbers such as -1e23 or -7B are values, not options.
+    """A subcommand's parser: negative numbers such as -1e23 or -7B are values, not options, and
+    --help shows each real default (HelpFormatter).
 
     argparse only treats -5 and -.5 as numbers; everything else after a dash looked like an
     unknown option, so `--flops -1e23` failed with "expected one argument" before the module
@@ -49,7 +51,7 @@ class PlanParser(argparse.ArgumentParser):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **{**kwargs, "formatter_class": HelpFormatter})
         self._negative_number_matcher = re.compile(r"^-(\d[\d_,]*\.?\d*|\.\d+)(e[+-]?\d+)?[kmbt]?$", re.IGNORECASE)
 
 
@@ -90,14 +92,7 @@ def _gpu(p: argparse.ArgumentParser, memory: bool) -> None:
         p.add_argument("--peak-tflops", type=float, help="Peak TFLOP/s of one GPU; overrides the preset's (e.g. 1000 for a round H100 figure).")
 
 
-def add_plan_subcommands(plan: argparse.ArgumentParser) -> None:
-    """The subcommands of `kiln plan`; without one, `plan` reports the recipe's compute."""
-    from kiln.plan.hardware import DEFAULT_MFU
-
-    sub = plan.add_subparsers(dest="plan_command", metavar="SUBCOMMAND", title="subcommands (each takes --json; see `kiln plan SUBCOMMAND --help`)", parser_class=PlanParser)
-    fmt = HelpFormatter
-
-    p = sub.add_parser("flops", help="Training FLOPs from parameters and tokens: 6ND, and exact with attention (PaLM App. B) from a preset or layers, d_attn and seq_len.", formatter_class=fmt)
+def flops_arguments(p: argparse.ArgumentParser) -> None:
     _model(p, shape=False)
     p.add_argument("--tokens", type=number, required=True, help="Training tokens D.")
     p.add_argument("--seq-len", type=int, help="Sequence length T (default: the preset's max_seq_len; with --params, needed for the attention term).")
@@ -105,7 +100,10 @@ def add_plan_subcommands(plan: argparse.ArgumentParser) -> None:
     p.add_argument("--d-attn", type=int, help="Attention width H*Q (heads x head dim), with --params (not --preset), for the attention term.")
     _json(p)
 
-    p = sub.add_parser("chinchilla", help="Compute-optimal parameters and tokens for a FLOP budget, a dollar budget or a fixed size, with GPU-hours, days and cost.", formatter_class=fmt)
+
+def chinchilla_arguments(p: argparse.ArgumentParser) -> None:
+    from kiln.plan.hardware import DEFAULT_MFU
+
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--flops", type=number, help="Training compute budget in FLOPs.")
     budget.add_argument("--usd", type=number, help="Dollar budget for GPU time (needs --usd-per-gpu-hour).")
@@ -117,7 +115,8 @@ def add_plan_subcommands(plan: argparse.ArgumentParser) -> None:
     p.add_argument("--usd-per-gpu-hour", type=number, help="Price of one GPU for one hour (USD).")
     _json(p)
 
-    p = sub.add_parser("inference-aware", help="The size and tokens minimising training + inference FLOPs for a target loss (Sardana et al. 2023), beside the Chinchilla-optimal choice.", formatter_class=fmt)
+
+def inference_aware_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inference-tokens", type=number, required=True, help="Tokens the model will process over its lifetime at inference.")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--loss", type=float, help="Target loss in nats/token.")
@@ -126,7 +125,8 @@ def add_plan_subcommands(plan: argparse.ArgumentParser) -> None:
     p.add_argument("--fit", choices=["hoffmann", "epoch"], default="epoch", help="Coefficients of the parametric loss.")
     _json(p)
 
-    p = sub.add_parser("memory", help="Bytes per GPU for weights, gradients, optimizer states (ZeRO paper) and activations (Korthikanti et al. 2022); fits or not.", formatter_class=fmt)
+
+def memory_arguments(p: argparse.ArgumentParser) -> None:
     _model(p, shape=True)
     p.add_argument("--dp", type=int, default=1, help="Data-parallel degree (ZeRO shards over it).")
     p.add_argument("--tp", type=int, default=1, help="Tensor-parallel degree (must divide the heads).")
@@ -140,7 +140,8 @@ def add_plan_subcommands(plan: argparse.ArgumentParser) -> None:
     _gpu(p, memory=True)
     _json(p)
 
-    p = sub.add_parser("layout", help="Proposes tp (inside a node), pp, dp, ZeRO stage, recompute and micro-batching that fit, with reasons and the pipeline bubble.", formatter_class=fmt)
+
+def layout_arguments(p: argparse.ArgumentParser) -> None:
     _model(p, shape=True)
     p.add_argument("--gpus", type=int, required=True, help="GPUs in all.")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (tp stays inside one).")
@@ -155,7 +156,8 @@ def add_plan_subcommands(plan: argparse.ArgumentParser) -> None:
     _gpu(p, memory=True)
     _json(p)
 
-    p = sub.add_parser("checkpoint-interval", help="Young/Daly optimal checkpoint interval and the expected share of time lost.", formatter_class=fmt)
+
+def checkpoint_interval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write-minutes", type=float, required=True, help="Minutes one checkpoint blocks training.")
     p.add_argument("--mtbf-minutes", type=float, help="Mean time between failures of the whole job, in minutes.")
     p.add_argument("--gpus", type=int, help="GPUs in the job (with --failures-per-gpu-day, instead of --mtbf-minutes).")
@@ -163,7 +165,8 @@ def add_plan_subcommands(plan: argparse.ArgumentParser) -> None:
     p.add_argument("--restart-minutes", type=float, default=0.0, help="Minutes to restart and reload after a failure.")
     _json(p)
 
-    p = sub.add_parser("fit", help="Fits L(N, D) = E + A/N^alpha + B/D^beta (Huber on log loss, L-BFGS, as Hoffmann et al.) to kiln runs or a CSV; bootstrap intervals, prediction, plot.", formatter_class=fmt)
+
+def fit_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--runs", type=Path, nargs="+", help="Run directories, or folders of them (e.g. runs/demo/sweep).")
     src.add_argument("--csv", type=Path, help="CSV with columns params, tokens, loss (and optionally name).")
@@ -212,13 +215,13 @@ def _seq_len(args: argparse.Namespace, default: int) -> int:
     return default if args.seq_len is None else args.seq_len
 
 
-def _flops(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
+def flops(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
     from kiln.plan.flops import count_flops, format_flops
 
     return count_flops(args.tokens, args.params, args.preset, args.seq_len, args.layers, args.d_attn), format_flops
 
 
-def _chinchilla(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
+def chinchilla(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
     from kiln.plan.chinchilla import format_size, size_for_budget
     from kiln.plan.hardware import resolve_gpu
 
@@ -226,14 +229,14 @@ def _chinchilla(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dic
     return size_for_budget(args.fit, gpu, args.mfu, args.gpus, args.flops, args.usd, args.params, args.usd_per_gpu_hour), format_size
 
 
-def _inference(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
+def inference_aware(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
     from kiln.plan.inference import format_inference, inference_aware
     from kiln.plan.scaling import get_law
 
     return inference_aware(get_law(args.fit), args.inference_tokens, args.loss, args.flops, args.params), format_inference
 
 
-def _memory(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
+def memory(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
     from kiln.plan.hardware import resolve_gpu
     from kiln.plan.memory import format_memory, plan_memory
 
@@ -243,7 +246,7 @@ def _memory(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[st
     return r, format_memory
 
 
-def _layout(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
+def layout(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
     from kiln.plan.hardware import resolve_gpu
     from kiln.plan.layout import format_layout, propose_layout
 
@@ -253,13 +256,13 @@ def _layout(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[st
     return r, format_layout
 
 
-def _interval(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
+def checkpoint_interval(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
     from kiln.plan.checkpoint_interval import format_interval, plan_interval
 
     return plan_interval(args.write_minutes, args.mtbf_minutes, args.gpus, args.failures_per_gpu_day, args.restart_minutes), format_interval
 
 
-def _fit(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
+def fit(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
     from kiln.plan.fit import fit_runs, format_fit, read_csv, read_runs
 
     if args.plot is not None:
@@ -281,11 +284,8 @@ def _fit(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, 
     return result, fmt
 
 
-SUBCOMMANDS = {"flops": _flops, "chinchilla": _chinchilla, "inference-aware": _inference, "memory": _memory, "layout": _layout, "checkpoint-interval": _interval, "fit": _fit}
-
-
-def run_plan(args: argparse.Namespace) -> int:
-    """Run `kiln plan SUBCOMMAND`.
+def run_plan(args: argparse.Namespace, compute: Callable[[argparse.Namespace], tuple[Any, Callable[[Any], str]]]) -> int:
+    """Run `kiln plan SUBCOMMAND`: compute is its function (flops, chinchilla, ...).
 
     A subcommand's KilnError is reported here as `kiln plan SUBCOMMAND: error: ...` (exit 2), the
     same prefix argparse gives its usage errors.
@@ -294,7 +294,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from kiln.core.errors import KilnError
 
     try:
-        result, fmt = SUBCOMMANDS[command](args)
+        result, fmt = compute(args)
         require_finite(result)
     except KilnError as e:
         print(f"kiln plan {command}: error: {e}", file=sys.stderr)

@@ -118,6 +118,14 @@ def test_the_probe_set_is_scored_during_training_with_its_continuations(demo: di
     assert mean[-1] < mean[0]  # the model learns between the first and the last probe
 
 
+def test_the_demo_runs_the_stages_of_the_verb_table_in_its_order(demo: dict[str, Any]) -> None:
+    from kiln.verbs import DEMO_STAGES
+
+    assert tuple(v.stage for v in DEMO_STAGES) == STAGES
+    finished = [demo["manifests"][stage]["finished_at"] for stage in STAGES]
+    assert finished == sorted(finished)
+
+
 def test_first_run_is_quick(demo: dict[str, Any]) -> None:
     assert demo["seconds"] < 100  # measured about 10 s on 2 cores
 
