@@ -71,8 +71,8 @@ from kiln.model.perplexity import validation_scorer
 from kiln.recipe import Recipe, load_recipe
 from kiln.text.tokenizer import KilnTokenizer
 from kiln.train.collate import build_collator
-from kiln.train.loop import build_precision
 from kiln.train.objectives import token_ids
+from kiln.train.parts import build_precision
 from kiln.train.schedule import lr_at
 
 ROOT = Path(__file__).resolve().parent.parent

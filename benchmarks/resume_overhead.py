@@ -28,10 +28,11 @@ from kiln.model.batch import Batch
 from kiln.model.config import count_params
 from kiln.model.init import build_model
 from kiln.recipe import load_recipe
-from kiln.train.loop import build_precision
+from kiln.train.checkpoint import CheckpointConfig
 from kiln.train.loss import lm_loss
 from kiln.train.mesh import one_process
 from kiln.train.optim import build_optimizer
+from kiln.train.parts import build_precision
 from kiln.train.resume import States
 from kiln.train.state_files import drawn_by
 
@@ -82,7 +83,7 @@ def main() -> None:
 
     print(f"{args.recipe}: {count_params(model_cfg):,} params on {device}, {step_s:.3f} s per optimizer step of {cfg.tokens_per_step:,} tokens")
     with tempfile.TemporaryDirectory() as tmp:
-        sync = States(Path(tmp) / "sync", dp, every=None, keep_last=1, keep_every=None)
+        sync = States(Path(tmp) / "sync", dp, CheckpointConfig(keep_last=1))
         sync_s = []
         for i in range(args.repeats):
             t0 = time.perf_counter()
@@ -91,7 +92,7 @@ def main() -> None:
         newest = sync.complete()[-1]
         size_mb = sum(p.stat().st_size for p in newest.iterdir()) / 2**20
         files = ", ".join(sorted(p.name for p in newest.iterdir()))
-        lazy = States(Path(tmp) / "async", dp, every=None, keep_last=1, keep_every=None, async_save=True)
+        lazy = States(Path(tmp) / "async", dp, CheckpointConfig(keep_last=1, async_save=True))
         blocked, total, slowdown = [], [], []
         for i in range(args.repeats):
             t0 = time.perf_counter()

@@ -58,10 +58,11 @@ from kiln.recipe import Recipe, load_recipe
 from kiln.text.tokenizer import KilnTokenizer
 from kiln.train.collate import build_collator
 from kiln.train.config import TrainConfig
-from kiln.train.loop import build_precision, train
+from kiln.train.loop import train
 from kiln.train.monitor import device_peak_flops
 from kiln.train.objectives import token_ids
 from kiln.train.optim import FUSED_ADAMW_DEVICES, OptimConfig
+from kiln.train.parts import TrainData, Validation, build_precision
 from kiln.train.schedule import lr_at
 
 IMPLEMENTATIONS = ("kiln", "kiln_compiled", "torch", "hf")
@@ -121,7 +122,7 @@ def measure_kiln(recipe: Recipe, model_cfg: ModelConfig, cfg: TrainConfig, warmu
     """
     with tempfile.TemporaryDirectory() as tmp:
         scoring = ScoringConfig(max_tokens_per_source=cfg.seq_len + 1, batch_size=1)
-        train(model_cfg, cfg, batch_source(recipe, cfg), scoring, recipe.run_dir, Path(tmp))
+        train(model_cfg, cfg, TrainData(batch_source(recipe, cfg)), Validation(recipe.run_dir, scoring), Path(tmp))
         lines = (Path(tmp) / RunLayout(recipe.run_dir).metrics.name).read_text().splitlines()
     steps = [r for r in map(json.loads, lines) if "tokens_per_s" in r]
     # elapsed_s is taken when each step's record is written (after its host sync), so the

@@ -72,25 +72,13 @@ def run_train(r: Recipe, force: bool, from_step: int | None = None) -> dict[str,
     shards, built once train knows its seq_len; the mix section is hashed with it."""
     from kiln.evaluate.probe import build_probe
     from kiln.mix.sampler import build_sampler
-    from kiln.train.run import run
+    from kiln.train.run import TrainInputs, run
 
     make_rows = partial(build_sampler, RunLayout(r.run_dir).token_shards, r.mix)
     replay = [Path(r.mix.replay.run)] if r.mix.replay else []
     # The probe set is evaluate's; the trainer only knows when to call it (train.probe_every).
     make_probe = partial(build_probe, r.run_dir, r.eval.probe)
-    return run(
-        r.model,
-        r.train,
-        r.mix,
-        make_rows,
-        r.eval.scoring(),
-        r.run_dir,
-        force,
-        r.parallel,
-        from_step,
-        replay,
-        make_probe,
-    )
+    return run(r.model, r.train, TrainInputs(r.mix, make_rows, r.eval.scoring(), r.parallel, replay, make_probe), r.run_dir, force, from_step)
 
 
 def run_eval(r: Recipe, force: bool) -> dict[str, Any]:

@@ -66,7 +66,7 @@ def test_default_forward_is_the_is_causal_kernel_bit_for_bit() -> None:
     m, idx = model(), tokens()
     attn = m.blocks["0"].attn
     x_BTD = m.embed(idx)
-    cos, sin = m.rope_cos[:T], m.rope_sin[:T]
+    cos, sin = m.rope.cos[:T], m.rope.sin[:T]
     with torch.no_grad():
         ours = attn(x_BTD, cos, sin, CAUSAL.sdpa_kwargs(T, CPU))
         B = idx.shape[0]
@@ -133,6 +133,6 @@ def test_rule_matches_a_hand_built_mask_in_the_model() -> None:
     with torch.no_grad():
         x = m.embed(idx)
         for block in m.blocks.values():
-            x = block(x, m.rope_cos[:T], m.rope_sin[:T], {"attn_mask": hand[:, None]})
+            x = block(x, m.rope.cos[:T], m.rope.sin[:T], {"attn_mask": hand[:, None]})
         by_hand = m.lm_head(m.norm(x)).float()
         assert torch.equal(m(idx, rule=rule), by_hand)

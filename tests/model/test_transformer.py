@@ -161,7 +161,7 @@ def assert_initialised(model: Transformer) -> None:
     for norm in (model.norm, model.blocks["0"].attn_norm, model.blocks["7"].mlp_norm):
         assert torch.equal(norm.weight, torch.ones(256))
     cos, sin = rope_tables(model.cfg.max_seq_len, model.cfg.head_dim, model.cfg.rope_theta)
-    assert torch.equal(model.rope_cos, cos) and torch.equal(model.rope_sin, sin)
+    assert torch.equal(model.rope.cos, cos) and torch.equal(model.rope.sin, sin)
 
 
 def test_init_scales_residual_outputs() -> None:
@@ -172,7 +172,7 @@ def test_init_weights_on_a_model_built_on_meta() -> None:
     cfg = ModelConfig(vocab_size=64, d_model=256, n_layers=8, n_heads=4)
     with torch.device("meta"):
         model = Transformer(cfg)
-    assert model.embed.weight.is_meta and model.rope_cos.is_meta  # no storage yet
+    assert model.embed.weight.is_meta and model.rope.cos.is_meta  # no storage yet
     model.to_empty(device="cpu")  # storage, uninitialised: norm gains and RoPE tables hold garbage
     model.init_weights()
     assert_initialised(model)

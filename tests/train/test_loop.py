@@ -39,12 +39,13 @@ from kiln.model.weights import load_trained_model
 from kiln.text.tokenizer import KilnTokenizer
 from kiln.tokenize.config import FimConfig, TokenizeConfig
 from kiln.tokenize.encode import run as encode
-from kiln.train import loop
+from kiln.train import parts
 from kiln.train.config import TrainConfig
-from kiln.train.loop import build_precision
+from kiln.train.loop import train as train_loop
 from kiln.train.loss import lm_loss
-from kiln.train.monitor import Monitor
-from kiln.train.run import run
+from kiln.train.monitor import Monitor, StepLog
+from kiln.train.parts import TrainData, Validation, build_precision
+from kiln.train.run import TrainInputs, run
 from kiln.train.schedule import lr_at
 
 STEPS = 40
@@ -56,7 +57,7 @@ EVAL = EvalConfig(max_tokens_per_source=4096, batch_size=8)
 
 def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: EvalConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
     """The train stage as kiln.stages wires it: mix's sampler over the run's train split."""
-    return run(model_cfg, cfg, mix, partial(build_sampler, Path(run_dir) / "tokenize", mix), eval_cfg.scoring(), run_dir, force)
+    return run(model_cfg, cfg, TrainInputs(mix, partial(build_sampler, Path(run_dir) / "tokenize", mix), eval_cfg.scoring()), run_dir, force)
 
 
 def train_cfg(**update: Any) -> TrainConfig:
@@ -351,7 +352,7 @@ def test_gradient_accumulation_equals_one_big_batch(trained: tuple[Path, dict], 
 def test_step_one_throughput_excludes_the_baseline_evaluation(trained: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_dir, _ = trained
     copy = copy_tokenized(run_dir, tmp_path / "copy")
-    real = loop.validation_scorer
+    real = parts.validation_scorer
 
     def slow_scorer(*args: Any, **kwargs: Any) -> Any:
         score = real(*args, **kwargs)
@@ -366,7 +367,7 @@ def test_step_one_throughput_excludes_the_baseline_evaluation(trained: tuple[Pat
 
         return slow_evaluate
 
-    monkeypatch.setattr(loop, "validation_scorer", slow_scorer)
+    monkeypatch.setattr(parts, "validation_scorer", slow_scorer)
     train(MODEL, train_cfg(steps=2, schedule={"warmup_steps": 1}), MIX, EvalConfig(max_tokens_per_source=64), copy)
     first = step_records(copy)[0]
     # One step of 512 tokens on a 130k-parameter model takes milliseconds (a second on a busy
@@ -512,7 +513,7 @@ def test_the_loop_trains_on_any_batch_source_with_its_masks_and_documents(traine
     source = HalfMaskedDocuments(run_dir, TRAIN.seq_len)
     cfg = train_cfg(steps=2, schedule={"warmup_steps": 1}, eval_at_start=False)
     (tmp_path / "out").mkdir()
-    result = loop.train(MODEL.resolved(512), cfg, source, ScoringConfig(max_tokens_per_source=64), run_dir, tmp_path / "out")
+    result = train_loop(MODEL.resolved(512), cfg, TrainData(source), Validation(run_dir, ScoringConfig(max_tokens_per_source=64)), tmp_path / "out")
     assert result.val_before is None and result.val_after["all"]["tokens"] > 0
     assert [p.name for p in result.checkpoint] == ["model.safetensors", "config.json", "train_state.pt"]
     # Step 1's logged loss is the untrained model's loss on the kept half of its batch, with
@@ -532,12 +533,12 @@ def test_only_rank_0_writes_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monitor = Monitor(tmp_path / "metrics.jsonl", total_steps=1, device=torch.device("cpu"))
     monitor.log_eval(0, {"sources": {}, "all": {"loss": 1.0}}, "start")
     monitor.start(step=0)
-    monitor.log_step(1, 2.0, {"code": 2.0}, 1e-3, 0.5, tokens=8, seq_len=4, flops_per_token=1)
+    monitor.log_step(StepLog(1, 2.0, {"code": 2.0}, 1e-3, 0.5, tokens=8, seq_len=4, flops_per_token=1))
     monitor.close()
     assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "tensorboard").exists()
     monkeypatch.setenv("RANK", "0")
     monitor = Monitor(tmp_path / "metrics.jsonl", total_steps=1, device=torch.device("cpu"))
-    monitor.log_step(1, 2.0, {"code": 2.0}, 1e-3, 0.5, tokens=8, seq_len=4, flops_per_token=1)
+    monitor.log_step(StepLog(1, 2.0, {"code": 2.0}, 1e-3, 0.5, tokens=8, seq_len=4, flops_per_token=1))
     monitor.close()
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["loss"] == 2.0
 
@@ -593,7 +594,7 @@ def test_sequence_length_phases_batch_warmup_and_the_rope_switch(tokenized: Path
 def test_adaptive_mixture_reweights_from_validation_losses_and_logs_why(tokenized: Path, tmp_path: Path) -> None:
     copy = copy_tokenized(tokenized, tmp_path / "copy")
     mix = MixConfig(adaptive={"every": 4, "step_size": 0.3, "floor": 0.1})
-    run(MODEL, train_cfg(steps=12, schedule={"warmup_steps": 2}, eval_at_start=False), mix, partial(build_sampler, copy / "tokenize", mix), EvalConfig(max_tokens_per_source=512).scoring(), copy)
+    run(MODEL, train_cfg(steps=12, schedule={"warmup_steps": 2}, eval_at_start=False), TrainInputs(mix, partial(build_sampler, copy / "tokenize", mix), EvalConfig(max_tokens_per_source=512).scoring()), copy)
     records = read_metrics(copy)
     assert [r["step"] for r in records if "eval" in r] == [4, 8, 12]  # every 4 steps; the last is the final validation
     changes = [r for r in records if "adaptive" in r]

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.model.batch import Batch
-from kiln.train.loss import fused_lm_loss, lm_loss
+from kiln.train.loss import LossOptions, fused_lm_loss, lm_loss
 
 
 def batch(targets: list[list[int]], mask: list[list[bool]] | None = None) -> Batch:
@@ -115,7 +115,7 @@ def head_losses(B: int, T: int, V: int, seed: int, chunk: int, z_loss: float, la
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
         with torch.autocast(device, dtype=amp or torch.float32, enabled=amp is not None):
             if fused:
-                loss = fused_lm_loss(h, w, softcap, b, step_tokens, z_loss, late, chunk, compiled)
+                loss = fused_lm_loss(h, w, softcap, b, step_tokens, LossOptions(z_loss, late, chunk, compiled))
             else:
                 logits = (h @ w.t()).float()  # the model's output layer: the autocast dtype, then fp32
                 if softcap is not None:

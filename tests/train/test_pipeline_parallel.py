@@ -23,8 +23,9 @@ from launches import assert_same_losses, assert_same_weights, assert_states_as_p
 from kiln.core.errors import ConfigError
 from kiln.model.config import ModelConfig, count_params
 from kiln.model.init import build_model
+from kiln.model.kv_cache import KVCache
 from kiln.train.mesh import ParallelConfig, check_pipeline
-from kiln.train.pipeline_parallel import balance_layers, keep_stage, micro_batch_count
+from kiln.train.pipeline_parallel import StageModel, balance_layers, micro_batch_count
 
 STEPS = 10
 UNTIED = "{preset: tiny, max_seq_len: 64, tie_embeddings: false}"
@@ -87,13 +88,41 @@ def test_a_tied_embedding_is_held_by_the_first_and_the_last_stage_under_one_proc
     # 3 stages of the tied tiny model: the first looks ids up, the last keeps the embedding as its
     # output matrix (one parameter, named as one process names it), the middle holds neither.
     cfg = ModelConfig(preset="tiny", vocab_size=64, max_seq_len=64)
-    first, middle, last = (build_model(cfg, 0, "cpu") for _ in range(3))
-    for s, (model, layers) in enumerate(zip((first, middle, last), ({0}, {1, 2}, {3}), strict=True)):
-        keep_stage(model, layers, s == 0, s == 2)
+    first, middle, last = (StageModel(build_model(cfg, 0, "cpu"), layers, s == 0, s == 2) for s, layers in enumerate(({0}, {1, 2}, {3})))
     assert first.lm_head is None and middle.embed is None and middle.lm_head is None
     assert last.lm_head.weight is last.embed.weight and torch.equal(last.embed.weight, first.embed.weight)  # the same initial weights
     assert [n for n, _ in last.named_parameters() if not n.startswith("blocks.")] == ["embed.weight", "norm.weight"]
     assert {"embed.weight", "lm_head.weight"} <= last.state_dict().keys()  # as one process's state holds them
+
+
+def test_stages_built_from_the_models_modules_compute_what_the_model_computes() -> None:
+    # Two ranks of the interleaved layout on one process: rank A holds stages 0 and 2 (layers 0, 2),
+    # rank B stages 1 and 3, each with its own KV cache, as StagesInTurn runs them. Taken in turn
+    # they give the Transformer's own logits bit for bit, for scoring and for a prefill and a
+    # decoding step with padded rows (positions, valid_BT, last_only).
+    cfg = ModelConfig(preset="tiny", vocab_size=64, max_seq_len=32, qk_norm=True)
+    model = build_model(cfg, 0, "cpu").eval()
+    a, b = StageModel(model, {0, 2}, True, False), StageModel(model, {1, 3}, False, True)
+    turns = [(a, range(0, 1)), (b, range(1, 2)), (a, range(2, 3)), (b, range(3, 4))]
+
+    def in_turn(ids: torch.Tensor, caches: dict | None = None, **kwargs: Any) -> torch.Tensor:
+        x = ids
+        for stage, layers in turns:
+            x = stage(x, layers, **kwargs, **({"cache": caches[id(stage)]} if caches else {}))
+        return x
+
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    valid = torch.ones(2, 12, dtype=torch.bool)
+    valid[1, :3] = False  # a left-padded row
+    positions = (valid.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        assert torch.equal(in_turn(ids), model(ids))
+        whole, caches = KVCache(cfg.n_layers, 16), {id(a): KVCache(cfg.n_layers, 16), id(b): KVCache(cfg.n_layers, 16)}
+        step = {"positions_BT": positions, "valid_BT": valid, "last_only": True}
+        assert torch.equal(in_turn(ids, caches, **step), model(ids, cache=whole, **step))
+        after = {"positions_BT": positions[:, -1:] + 1, "last_only": True}
+        assert torch.equal(in_turn(ids[:, :1], caches, **after), model(ids[:, :1], cache=whole, **after))
+    assert all(c.length == whole.length == 13 for c in caches.values())  # each rank's cache advanced once per pass
 
 
 def test_micro_batch_counts_worked_by_hand() -> None:

@@ -27,7 +27,7 @@ from kiln.mix.sampler import build_sampler
 from kiln.model.config import ModelConfig
 from kiln.model.perplexity import ScoringConfig
 from kiln.train.config import TrainConfig
-from kiln.train.run import run
+from kiln.train.run import TrainInputs, run
 
 MODEL = ModelConfig(d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=64)
 MIX = MixConfig(seed=0)
@@ -46,7 +46,7 @@ def make_rows(run_dir: Path, crash_after_step: int | None, seq_len: int, split: 
 
 
 def train(run_dir: Path, train_cfg: TrainConfig, crash_after_step: int | None = None, force: bool = False, from_step: int | None = None) -> dict[str, Any]:
-    return run(MODEL, train_cfg, MIX, partial(make_rows, run_dir, crash_after_step), SCORING, run_dir, force, from_step=from_step)
+    return run(MODEL, train_cfg, TrainInputs(MIX, partial(make_rows, run_dir, crash_after_step), SCORING), run_dir, force, from_step=from_step)
 
 
 def losses(run_dir: Path, folder: str = "train") -> dict[int, float]:

@@ -27,10 +27,10 @@ from kiln.mix.config import MixConfig
 from kiln.mix.sampler import build_sampler
 from kiln.model.config import ModelConfig
 from kiln.model.perplexity import ScoringConfig
-from kiln.train import loop
+from kiln.train import parts
 from kiln.train.config import TrainConfig
 from kiln.train.rollback import Guard, RollbackConfig
-from kiln.train.run import run
+from kiln.train.run import TrainInputs, run
 from kiln.train.schedule import lr_at
 
 ROWS = 8  # rows per step (one micro-batch of 8 x 64)
@@ -86,14 +86,14 @@ def rows_of(step: int) -> list[int]:
 
 def poisonous_embeddings(monkeypatch: pytest.MonkeyPatch) -> None:
     """Models the loop builds turn the POISON id's embedding into NaN."""
-    build = loop.build_model
+    build = parts.build_model
 
     def build_with_hook(*args: Any) -> Any:
         model = build(*args)
         model.embed.register_forward_hook(lambda module, ids, out: out.masked_fill((ids[0] == POISON)[..., None], float("nan")))
         return model
 
-    monkeypatch.setattr(loop, "build_model", build_with_hook)
+    monkeypatch.setattr(parts, "build_model", build_with_hook)
 
 
 def train_corrupted(run_dir: Path, train_cfg: TrainConfig, corrupt: dict[int, str]) -> dict[str, Any]:
@@ -101,7 +101,7 @@ def train_corrupted(run_dir: Path, train_cfg: TrainConfig, corrupt: dict[int, st
         sampler = build_sampler(run_dir / "tokenize", MIX, seq_len, split)
         return CorruptRows(sampler, corrupt) if split == "train" else sampler
 
-    return run(MODEL, train_cfg, MIX, make_rows, ScoringConfig(max_tokens_per_source=2048, batch_size=8), run_dir)
+    return run(MODEL, train_cfg, TrainInputs(MIX, make_rows, ScoringConfig(max_tokens_per_source=2048, batch_size=8)), run_dir)
 
 
 def records(run_dir: Path, folder: str = "train") -> list[dict[str, Any]]:

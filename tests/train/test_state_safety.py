@@ -38,6 +38,7 @@ from kiln.model.config import ModelConfig
 from kiln.model.init import build_model
 from kiln.model.perplexity import ScoringConfig
 from kiln.text.tokenizer import KilnTokenizer
+from kiln.train.checkpoint import CheckpointConfig
 from kiln.train.collate import build_collator
 from kiln.train.config import TrainConfig
 from kiln.train.geometry import step_geometry
@@ -47,7 +48,7 @@ from kiln.train.objectives import token_ids
 from kiln.train.optim import build_optimizer
 from kiln.train.resume import States, verify
 from kiln.train.rollback import Guard
-from kiln.train.run import run
+from kiln.train.run import TrainInputs, run
 from kiln.train.state_files import drawn_by
 
 MODEL = ModelConfig(d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=64)
@@ -70,7 +71,7 @@ def make_rows(run_dir: Path, crash: bool, seq_len: int, split: str = "train") ->
 
 
 def train(run_dir: Path, train_cfg: TrainConfig | None = None, crash: bool = False, from_step: int | None = None) -> dict[str, Any]:
-    return run(MODEL, train_cfg or cfg(), MIX, partial(make_rows, run_dir, crash), SCORING, run_dir, from_step=from_step)
+    return run(MODEL, train_cfg or cfg(), TrainInputs(MIX, partial(make_rows, run_dir, crash), SCORING), run_dir, from_step=from_step)
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -208,8 +209,7 @@ def test_the_rows_a_state_must_have_drawn_are_the_sum_over_its_steps(
     rows_drawn = tokens = 0
     for s in range(1, step + 1):
         world = [w for first, w in data_ranks if first <= s][-1]
-        c = train_cfg
-        shape = step_geometry(s, c.steps, c.seq_len, c.micro_batch_size, c.tokens_per_step, world, c.seq_len_schedule, c.batch_warmup)
+        shape = step_geometry(s, train_cfg, world)
         rows_drawn += shape.rows_per_rank * world * (1 + skips.get(s, 0))
         tokens += shape.tokens(world)
     assert drawn_by(train_cfg, step, data_ranks, skips) == (rows_drawn, tokens)
@@ -270,7 +270,7 @@ def resume_short_of_training(state: Path, run_dir: Path) -> None:
     ids = token_ids(KilnTokenizer.load(run_dir / "tokenizer" / "tokenizer.json"))
     batches = build_collator(build_sampler(run_dir / "tokenize", MIX, train_cfg.seq_len), train_cfg, ids)
     model = build_model(MODEL.resolved(512), train_cfg.seed, ranks.device)
-    states = States(state.parent, ranks, every=None, keep_last=3, keep_every=None)
+    states = States(state.parent, ranks, CheckpointConfig(keep_last=3))
     saved = states.load(state, model, build_optimizer(model, train_cfg.optim), train_cfg)
     batches.load_state_dict(saved["batches"])
     MixtureWindows(batches.sources, train_cfg.steps, 10).load_state_dict(saved["mixture"])

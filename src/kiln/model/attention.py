@@ -4,21 +4,19 @@ A rule is a small frozen record the model takes per forward pass: causal (a deco
 (bidirectional, an encoder), or prefix-LM (bidirectional inside the positions marked as prefix,
 causal after them), each optionally restricted to one document per position (block-diagonal
 masking of packed sequences). With documents, each document has its own prefix: a prefix key is
-visible to every query of its document and, through the document mask, to no other. Plain causal without document ids takes SDPA's `is_causal=True` fast path
-(no mask tensor; flash kernels where the device has them); every other rule builds a boolean
-(B, 1, T, T) mask, True where a query may attend to a key. Every rule lets a position see
-itself, so no row of the mask is empty (an empty row would give NaN).
-Shape legend: B batch, T sequence length.
-Context parallelism (kiln.train.context_parallel) splits each window's positions over ranks: a
-rule carrying a ContextShard masks this rank's queries against every rank's keys, by their
-places in the window; its prefix and document ids then cover the whole window.
+visible to every query of its document and, through the document mask, to no other. Plain causal
+without document ids takes SDPA's `is_causal=True` fast path (no mask tensor; flash kernels where
+the device has them); every other rule builds a boolean (B, 1, T, T) mask, True where a query may
+attend to a key. Every rule lets a position see itself, so no row of the mask is empty (an empty
+row would give NaN). `mask_BQK` masks queries and keys at any window positions (context
+parallelism, kiln.train.context_parallel, holds some of each window's queries).
+Shape legend: B batch, T sequence length, Q queries, K keys.
 Not handled here: sliding windows, or building the document ids and prefix lengths (the data side).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,21 +24,10 @@ import torch
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensor fields have no single truth value
-class ContextShard:
-    """One context-parallel rank's share of a window of T positions: its queries attend over every rank's keys."""
-
-    query_index_Q: torch.Tensor  # int64: the window positions this rank holds, in its order
-    key_index_T: torch.Tensor  # int64: the window position of each gathered key, in gather order
-    # (B, K, Q, E) keys and values of this rank -> (B, K, T, E) of every rank, in key_index_T's order
-    gather_kv: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-
-
-@dataclass(frozen=True, eq=False)  # eq=False: tensor fields have no single truth value
 class AttentionRule:
     kind: Literal["causal", "full", "prefix"]
     prefix_BT: torch.Tensor | None = None  # prefix rule, bool: keys every query (of the same document) may see
     doc_ids_BT: torch.Tensor | None = None  # a query sees only keys with the same document id
-    context: ContextShard | None = None  # context parallelism: this rank's queries, every rank's keys
 
     def __post_init__(self) -> None:
         assert (self.kind == "prefix") == (self.prefix_BT is not None), "prefix_BT goes with kind='prefix' only"
@@ -73,13 +60,7 @@ class AttentionRule:
         return allowed
 
     def sdpa_kwargs(self, T: int, device: torch.device) -> dict[str, Any]:
-        """Keyword arguments for F.scaled_dot_product_attention that apply this rule to T positions.
-
-        With a context shard, T is this rank's share of the window and the arguments also carry
-        `gather_kv`, which the attention calls on its keys and values before SDPA (and drops)."""
-        if self.context is not None:  # every rule takes a mask: the queries and keys are not in window order
-            c = self.context
-            return {"attn_mask": self.mask_BQK(c.query_index_Q.to(device), c.key_index_T.to(device))[:, None], "gather_kv": c.gather_kv}
+        """Keyword arguments for F.scaled_dot_product_attention that apply this rule to T positions."""
         if self.doc_ids_BT is None and self.kind == "causal":
             return {"is_causal": True}  # the fast path: no mask tensor is built
         if self.doc_ids_BT is None and self.kind == "full":

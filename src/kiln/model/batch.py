@@ -20,7 +20,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import torch
 
-from kiln.model.attention import AttentionRule, ContextShard
+from kiln.model.attention import AttentionRule
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: array fields have no single truth value
@@ -44,13 +44,15 @@ class Batch:
     prefix_BT: torch.Tensor | None = None  # bool, with attention="prefix": positions every query of the document sees
     positions_BT: torch.Tensor | None = None  # int64 RoPE position per token; None means 0..T-1 in every row
     index_B: torch.Tensor | None = None  # int64 place of each row in the global stream (Rows.index_B), for logs; stays on the host
-    # Context parallelism (kiln.train.context_parallel): the other (B, T) fields hold this rank's
-    # positions of each window (context.query_index_Q), doc_ids_BT and prefix_BT the whole window.
-    context: ContextShard | None = None
 
     def rule(self) -> AttentionRule:
         """The attention rule the model applies to this batch."""
-        return AttentionRule(self.attention, prefix_BT=self.prefix_BT, doc_ids_BT=self.doc_ids_BT, context=self.context)
+        return AttentionRule(self.attention, prefix_BT=self.prefix_BT, doc_ids_BT=self.doc_ids_BT)
+
+    def window_positions(self) -> tuple[torch.Tensor | None, int]:
+        """(each column's position in its window, None for 0..T-1; the window's length). A batch
+        holding some of each window's positions (context parallelism) says which."""
+        return None, self.targets_BT.shape[1]
 
     def to(self, device: torch.device) -> Batch:
         """The same batch on `device` (copies start without waiting where the device allows)."""
@@ -59,7 +61,7 @@ class Batch:
 
         return Batch(
             move(self.input_ids_BT), move(self.targets_BT), move(self.loss_mask_BT), move(self.doc_ids_BT), move(self.source_B),
-            self.attention, move(self.prefix_BT), move(self.positions_BT), self.index_B, self.context,
+            self.attention, move(self.prefix_BT), move(self.positions_BT), self.index_B,
         )
 
 

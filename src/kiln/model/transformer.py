@@ -7,13 +7,18 @@ initialisation. Positions default to 0..T-1; a caller packing several documents 
 would see alone.
 
 Only model math lives here: parallelism, activation checkpointing and torch.compile are applied
-from outside (kiln.train), the loss lives with the trainer (kiln.train.loss). Attention goes
-through PyTorch's scaled_dot_product_attention, which picks a flash or memory-efficient kernel
-where the device has one; which positions see which is the caller's AttentionRule
-(kiln.model.attention; causal by default). The constructor allocates (with PyTorch's per-layer
-defaults); `init_weights()` draws kiln's initial weights and fills the RoPE tables, so a model
-can be built on the meta device, materialised with `to_empty(device=...)` and initialised
-there (kiln.model.init).
+from outside (kiln.train), by wrapping or rebuilding modules, the loss lives with the trainer
+(kiln.train.loss). A forward pass is three named parts, which a pipeline stage
+(kiln.train.pipeline_parallel) composes from some of the model's modules as `Transformer.forward`
+does from all of them: `layer_inputs` (the RoPE angles and SDPA arguments every block of a pass
+shares), the blocks, `output` (final norm and output layer, or the trainer's loss head).
+Attention goes through PyTorch's scaled_dot_product_attention (`ScaledDotProduct`, a module of
+its own without parameters, which context parallelism wraps), which picks a flash or
+memory-efficient kernel where the device has one; which positions see which is the caller's
+AttentionRule (kiln.model.attention; causal by default). The constructor allocates (with
+PyTorch's per-layer defaults); `init_weights()` draws kiln's initial weights and fills the RoPE
+tables, so a model can be built on the meta device, materialised with `to_empty(device=...)` and
+initialised there (kiln.model.init).
 
 Shape legend:
     B batch, T sequence length, D d_model, H query heads, K key/value heads,
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -60,6 +66,32 @@ def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor
     return angles_TE2.cos().float(), angles_TE2.sin().float()
 
 
+class Rotary(nn.Module):
+    """RoPE's cos and sin tables, (max_seq_len, E/2) each: buffers, not saved (rebuilt from the config
+    on load and by `fill`)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    @torch.no_grad()
+    def fill(self, cfg: ModelConfig) -> None:
+        """The tables of cfg's RoPE base, in place (after to_empty() they hold garbage)."""
+        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
+        self.cos.copy_(cos)
+        self.sin.copy_(sin)
+
+    def angles(self, start: int, T: int, positions_BT: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of positions start..start+T-1, (T, E/2) shared by every row and head, or of
+        each row's positions_BT, (B, 1, T, E/2)."""
+        assert start + T <= len(self.cos), f"sequence of {start + T} tokens exceeds max_seq_len {len(self.cos)}"
+        if positions_BT is None:
+            return self.cos[start : start + T], self.sin[start : start + T]
+        return self.cos[positions_BT][:, None], self.sin[positions_BT][:, None]
+
+
 def apply_rope(x_BHTE: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate by the angles in cos/sin: (T, E/2) shared by every row, or (B, 1, T, E/2) per row."""
     # Rotate (first half, second half) pairs, the "rotate_half" layout Hugging Face Llama uses,
@@ -69,10 +101,28 @@ def apply_rope(x_BHTE: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     return out.type_as(x_BHTE)
 
 
+class ScaledDotProduct(nn.Module):
+    """Attention proper: SDPA over queries (B, H, T, E) and keys and values (B, K, S, E), each
+    key/value head serving H/K query heads. Training copies them per head (SDPA's enable_gqa sums
+    the K/V gradients in another order); decoding passes enable_gqa instead. No parameters: a
+    parallelism may wrap it (kiln.train.context_parallel gathers every rank's keys and values first)."""
+
+    def __init__(self, groups: int):
+        super().__init__()
+        self.groups = groups  # H / K: query heads per key/value head (the same under tensor parallelism)
+
+    def forward(self, q_BHTE: torch.Tensor, k_BKSE: torch.Tensor, v_BKSE: torch.Tensor, sdpa_kwargs: dict[str, Any]) -> torch.Tensor:
+        if self.groups > 1 and not sdpa_kwargs.get("enable_gqa"):
+            k_BKSE = k_BKSE.repeat_interleave(self.groups, dim=1)
+            v_BKSE = v_BKSE.repeat_interleave(self.groups, dim=1)
+        # sdpa_kwargs: is_causal=True (the fast path), nothing (full), or a mask (B, 1, T, S), shared by the heads.
+        return F.scaled_dot_product_attention(q_BHTE, k_BKSE, v_BKSE, **sdpa_kwargs)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.head_dim = cfg.head_dim
         self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
         self.wk = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
@@ -80,6 +130,7 @@ class Attention(nn.Module):
         # One gain vector per projection, shared by its heads (as OLMo 2 and Qwen 3 normalise per head).
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.sdpa = ScaledDotProduct(cfg.n_heads // cfg.kv_heads)
 
     def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sdpa_kwargs: dict[str, Any], cache: LayerCache | None = None) -> torch.Tensor:
         B, T, _ = x_BTD.shape
@@ -92,17 +143,7 @@ class Attention(nn.Module):
         q_BHTE, k_BKTE = apply_rope(q_BHTE, cos, sin), apply_rope(k_BKTE, cos, sin)
         if cache is not None:  # decoding: attend over the cached positions and these (S of them)
             k_BKTE, v_BKTE = cache.store(k_BKTE, v_BKTE)
-        if (gather_kv := sdpa_kwargs.get("gather_kv")) is not None:  # context parallel: every rank's keys and values
-            k_BKTE, v_BKTE = gather_kv(k_BKTE, v_BKTE)
-            sdpa_kwargs = {"attn_mask": sdpa_kwargs["attn_mask"]}
-        # Grouped-query: each K/V head serves H/K query heads. Training copies them (SDPA's
-        # enable_gqa sums the K/V gradients in another order); decoding passes enable_gqa instead.
-        if self.n_kv != self.n_heads and not sdpa_kwargs.get("enable_gqa"):
-            k_BKTE = k_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-            v_BKTE = v_BKTE.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-        # sdpa_kwargs: is_causal=True (the fast path), nothing (full), or a (B, 1, T, T) bool attn_mask
-        # ((B, 1, T/cp, T) under context parallelism: this rank's queries, every rank's keys).
-        y_BHTE = F.scaled_dot_product_attention(q_BHTE, k_BKTE, v_BKTE, **sdpa_kwargs)
+        y_BHTE = self.sdpa(q_BHTE, k_BKTE, v_BKTE, sdpa_kwargs)
         return self.wo(y_BHTE.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -138,31 +179,71 @@ class Block(nn.Module):
         return x_BTD + self.mlp(self.mlp_norm(x_BTD))
 
 
+@dataclass(frozen=True, eq=False)  # eq=False: tensor fields have no single truth value
+class LayerInputs:
+    """What every block of one forward pass is given besides the hidden states."""
+
+    cos: torch.Tensor  # RoPE angles of the pass's positions (Rotary.angles)
+    sin: torch.Tensor
+    sdpa_kwargs: dict[str, Any]  # the attention rule's SDPA arguments, built once for every layer
+    cache: KVCache | None = None  # decoding
+
+    def run(self, block: Block, layer: int, x_BTD: torch.Tensor) -> torch.Tensor:
+        """Block `layer` (its index in the whole stack: its part of the cache) on x_BTD."""
+        if self.cache is None:  # training calls a block with exactly these four arguments (what compile and activation checkpointing see)
+            return block(x_BTD, self.cos, self.sin, self.sdpa_kwargs)
+        return block(x_BTD, self.cos, self.sin, self.sdpa_kwargs, self.cache.layer(layer))
+
+
+def layer_inputs(rope: Rotary, T: int, x_BTD: torch.Tensor, rule: AttentionRule = CAUSAL, positions_BT: torch.Tensor | None = None, cache: KVCache | None = None, valid_BT: torch.Tensor | None = None) -> LayerInputs:
+    """The LayerInputs of a pass over T positions whose hidden states x_BTD enter the first block
+    (Transformer.forward's arguments say what `rule`, positions_BT, cache and valid_BT mean).
+
+    T is the pass's own: x_BTD may hold a share of its positions (tensor parallelism's sequence
+    parallelism splits the embedding's output); x_BTD gives the device and the dtype."""
+    device = x_BTD.device
+    cos, sin = rope.angles(cache.length if cache is not None else 0, T, positions_BT)
+    if cache is not None:
+        return LayerInputs(cos, sin, cache.begin(T, device, valid_BT), cache)
+    sdpa_kwargs = rule.sdpa_kwargs(T, device)  # any mask is built once, shared by every layer
+    if (mask := sdpa_kwargs.get("attn_mask")) is not None:
+        # SDPA makes a boolean mask additive on every call and saves that copy for backward: one per
+        # layer. Made additive once, in the dtype the projections compute in, every layer shares it.
+        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else x_BTD.dtype
+        sdpa_kwargs = {**sdpa_kwargs, "attn_mask": torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))}
+    return LayerInputs(cos, sin, sdpa_kwargs)
+
+
+def output(x_BTD: torch.Tensor, norm: RMSNorm, lm_head: nn.Linear, softcap: float | None, head: Head | None = None) -> Any:
+    """Logits (B, T, V) in fp32 of the last block's hidden states, or what head(final normed hidden
+    states, output matrix, logit soft-cap) returns instead."""
+    if head is not None:
+        return head(norm(x_BTD), lm_head.weight, softcap)
+    logits_BTV = lm_head(norm(x_BTD)).float()
+    if softcap is not None:  # smooth clamp to (-cap, cap), in fp32
+        logits_BTV = softcap * torch.tanh(logits_BTV / softcap)
+    return logits_BTV
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         assert cfg.vocab_size is not None, "resolve model.vocab_size from the tokenizer first"
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        # Keyed by layer index ("0", "1", ...: the names a ModuleList gives): a pipeline stage keeps
-        # some of them (kiln.train.pipeline_parallel) and parameter names stay the whole model's.
+        # Keyed by layer index ("0", "1", ...: the names a ModuleList gives): a pipeline stage holds
+        # some of them (kiln.train.pipeline_parallel) under the whole model's parameter names.
         self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layers)})
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
-        # Not parameters and not saved: rebuilt from the config on load and by init_weights().
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.rope = Rotary(cfg)
 
-    @torch.no_grad()
     def set_rope_theta(self, theta: float) -> None:
         """Switch the RoPE base (a long-context phase); the config, and so a saved checkpoint, follows."""
         self.cfg = self.cfg.model_copy(update={"rope_theta": theta})
-        cos, sin = rope_tables(self.cfg.max_seq_len, self.cfg.head_dim, theta)
-        self.rope_cos.copy_(cos)
-        self.rope_sin.copy_(sin)
+        self.rope.fill(self.cfg)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -176,9 +257,7 @@ class Transformer(nn.Module):
         Matrices are drawn in named_parameters() order from the default generator, so
         `torch.manual_seed(s)`, construction on the CPU, then this, always give the same weights.
         """
-        cos, sin = rope_tables(self.cfg.max_seq_len, self.cfg.head_dim, self.cfg.rope_theta)
-        self.rope_cos.copy_(cos)  # after to_empty() the buffers hold garbage
-        self.rope_sin.copy_(sin)
+        self.rope.fill(self.cfg)
         std = self.cfg.init_std
         for name, p in self.named_parameters():  # a tied weight comes once
             if p.dim() < 2:
@@ -190,15 +269,8 @@ class Transformer(nn.Module):
                 scale = 1 / math.sqrt(2 * depth)
             nn.init.normal_(p, mean=0.0, std=std * scale)
 
-    def forward(self, idx_BT: torch.Tensor, rule: AttentionRule = CAUSAL, positions_BT: torch.Tensor | None = None, cache: KVCache | None = None, valid_BT: torch.Tensor | None = None, last_only: bool = False, head: Head | None = None, layers: range | None = None) -> Any:
+    def forward(self, idx_BT: torch.Tensor, rule: AttentionRule = CAUSAL, positions_BT: torch.Tensor | None = None, cache: KVCache | None = None, valid_BT: torch.Tensor | None = None, last_only: bool = False, head: Head | None = None) -> Any:
         """Logits (B, T, V) in fp32 for a batch of token ids, attending as `rule` allows.
-
-        A pipeline stage (kiln.train.pipeline_parallel) may lack the embedding (it is given the
-        hidden states (B, T, D) of the stage before instead of ids) or the output layer (it returns
-        its hidden states). `layers`: run only those layers of the stack (one of the pipeline
-        stages a rank holds, whose blocks this model keeps): it is given ids where the run starts
-        at layer 0 and hidden states otherwise, and returns hidden states unless it ends at the
-        last layer. None: every block this model holds.
 
         positions_BT: each token's RoPE position (restarting per packed document); None means
         0..T-1, or with a cache the positions after the cached ones.
@@ -210,40 +282,12 @@ class Transformer(nn.Module):
         matrix (V, D), logit soft-cap) returns: the trainer's fused loss (kiln.train.loss), run
         inside forward so data-parallel wrappers see the output matrix used where they expect.
         """
-        T = idx_BT.shape[1]
-        start = cache.length if cache is not None else 0
-        assert start + T <= self.cfg.max_seq_len, f"sequence of {start + T} tokens exceeds max_seq_len {self.cfg.max_seq_len}"
-        if positions_BT is None:
-            cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]  # (T, E/2), broadcast over rows and heads
-        else:
-            cos, sin = self.rope_cos[positions_BT][:, None], self.rope_sin[positions_BT][:, None]  # (B, 1, T, E/2)
-        if cache is None:
-            sdpa_kwargs = rule.sdpa_kwargs(T, idx_BT.device)  # any mask is built once, shared by every layer
-        else:
-            sdpa_kwargs = cache.begin(T, idx_BT.device, valid_BT)
-        embeds = self.embed is not None if layers is None else layers.start == 0
-        x_BTD = self.embed(idx_BT) if embeds else idx_BT  # a later pipeline stage is given hidden states
-        if cache is None and (mask := sdpa_kwargs.get("attn_mask")) is not None:
-            # SDPA makes a boolean mask additive on every call and saves that copy for backward: one per
-            # layer. Made additive once, in the dtype the projections compute in, every layer shares it.
-            device = x_BTD.device.type
-            dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x_BTD.dtype
-            sdpa_kwargs = {**sdpa_kwargs, "attn_mask": torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))}
-        keys = [key for key in self.blocks if layers is None or int(key) in layers]
-        for key in keys:
-            # Training calls a block with exactly these four arguments (what compile and activation checkpointing see).
-            block = self.blocks[key]
-            x_BTD = block(x_BTD, cos, sin, sdpa_kwargs) if cache is None else block(x_BTD, cos, sin, sdpa_kwargs, cache.layer(int(key)))
-        if cache is not None and keys[-1] == list(self.blocks)[-1]:  # once per pass through the stack: after the last block this model holds
-            cache.advance(T)
-        if self.lm_head is None or (layers is not None and layers.stop < self.cfg.n_layers):  # a stage before the last: its hidden states go to the next
-            return x_BTD
+        x_BTD = self.embed(idx_BT)
+        inputs = layer_inputs(self.rope, idx_BT.shape[1], x_BTD, rule, positions_BT, cache, valid_BT)
+        for key, block in self.blocks.items():
+            x_BTD = inputs.run(block, int(key), x_BTD)
+        if cache is not None:
+            cache.advance(idx_BT.shape[1])  # the pass is done: its positions are cached
         if last_only:
             x_BTD = x_BTD[:, -1:]
-        if head is not None:
-            return head(self.norm(x_BTD), self.lm_head.weight, self.cfg.logit_softcap)
-        logits_BTV = self.lm_head(self.norm(x_BTD)).float()
-        if self.cfg.logit_softcap is not None:  # smooth clamp to (-cap, cap), in fp32
-            cap = self.cfg.logit_softcap
-            logits_BTV = cap * torch.tanh(logits_BTV / cap)
-        return logits_BTV
+        return output(x_BTD, self.norm, self.lm_head, self.cfg.logit_softcap, head)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from pydantic import Field
@@ -79,21 +79,41 @@ def gather_stages(model_state: dict[str, Any], optimizer_state: dict[str, Any], 
     return merged_model, {"state": merged_state, "param_groups": list(groups.values())}
 
 
-def maybe_checkpoint(folder: Path, states: States, step: int, last_step: int, model: nn.Module, core: Transformer, optimizer: torch.optim.Optimizer, batches: BatchSource, ranks: Ranks, resumable: Callable[[], dict[str, Any]]) -> list[Path] | None:
-    """After `step`: a resumable state when `states` says one is due (`resumable()` gives its JSON
-    part), and after the last step the consolidated checkpoint; the consolidated paths written (on
-    rank 0), else None.
+class Trained(Protocol):
+    """What checkpoints are taken of (kiln.train.parts.TrainParts is one)."""
+
+    @property
+    def model(self) -> nn.Module: ...  # as stepped: wrapped for data parallelism, or sharded in place
+
+    @property
+    def core(self) -> nn.Module: ...  # the Transformer inside it (a pipeline rank: its stages)
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+
+    @property
+    def ranks(self) -> Ranks: ...
+
+    @property
+    def states(self) -> States: ...
+
+
+def maybe_checkpoint(trained: Trained, step: int, last_step: int, folder: Path, batches: BatchSource, resumable: Callable[[], dict[str, Any]]) -> list[Path] | None:
+    """After `step`: a resumable state when trained.states says one is due (`resumable()` gives its
+    JSON part), and after the last step the consolidated checkpoint in `folder`; the consolidated
+    paths written (on rank 0), else None.
 
     With several ranks the full model and optimizer states are gathered to rank 0 (a collective)
     and written from there; the optimizer state is then keyed by parameter name.
     """
+    states, model, optimizer, ranks = trained.states, trained.model, trained.optimizer, trained.ranks
     if step != last_step:
         if states.due(step):
             states.save(step, model, optimizer, resumable())
         return None
     states.wait()  # a pending asynchronous save completes before the stage can finish
     if ranks.world == 1:
-        optimizer_state, weights_of = optimizer.state_dict(), core
+        optimizer_state, weights_of = optimizer.state_dict(), trained.core
     else:
         model_state, optimizer_state = full_state(model, optimizer, every_rank=ranks.pp > 1)
         if ranks.pp > 1:  # each stage holds its own layers: rank 0's pipeline sends them all to it
@@ -101,7 +121,7 @@ def maybe_checkpoint(folder: Path, states: States, step: int, last_step: int, mo
         if not ranks.is_main:
             return None
         with torch.random.fork_rng():  # the copy's throwaway initialisation must not move the run's RNG
-            weights_of = Transformer(core.cfg)  # a CPU copy holding the gathered weights, for the one writer
+            weights_of = Transformer(trained.core.cfg)  # a CPU copy holding the gathered weights, for the one writer
         weights_of.load_state_dict(model_state)
     train_state = {"step": step, "optimizer": optimizer_state, "sampler": batches.state_dict(), "torch_rng": torch.get_rng_state()}
     return save_checkpoint(folder, weights_of, train_state)

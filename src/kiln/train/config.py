@@ -133,7 +133,7 @@ class TrainConfig(Section):
 
     def geometry(self, step: int) -> StepGeometry:
         """Sequence length, rows and RoPE base of optimizer step `step` (1-based)."""
-        return step_geometry(step, self.steps, self.seq_len, self.micro_batch_size, self.tokens_per_step, self.data_ranks, self.seq_len_schedule, self.batch_warmup)
+        return step_geometry(step, self, self.data_ranks)
 
     @property
     def seq_lens(self) -> list[int]:

@@ -12,10 +12,14 @@ Not handled here: what rows hold (kiln.train.objectives, kiln.mix).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from kiln.core.config import Section
+
+if TYPE_CHECKING:  # the train section imports this module
+    from kiln.train.config import TrainConfig
 
 
 class SeqLenPhase(Section):
@@ -47,16 +51,18 @@ class StepGeometry:
         return self.rows_per_rank * world * self.seq_len
 
 
-def step_geometry(step: int, steps: int, seq_len: int, micro_batch_size: int, tokens_per_step: int, world: int, phases: list[SeqLenPhase] | None, warmup: BatchWarmupConfig | None) -> StepGeometry:
-    progress = (step - 1) / steps
-    length, theta = seq_len, None
-    for phase in phases or []:
+def step_geometry(step: int, cfg: TrainConfig, world: int) -> StepGeometry:
+    """Step `step` of the train section `cfg` on `world` data ranks (TrainConfig.geometry: its own;
+    a resumed run's earlier stretches were drawn by other numbers of ranks, kiln.train.state_files)."""
+    progress = (step - 1) / cfg.steps
+    length, theta = cfg.seq_len, None
+    for phase in cfg.seq_len_schedule or []:
         if progress >= phase.start:
             length = phase.seq_len
             theta = phase.rope_theta or theta
-    tokens = tokens_per_step
+    tokens, warmup = cfg.tokens_per_step, cfg.batch_warmup
     if warmup is not None and step <= warmup.steps:
         share = warmup.start_fraction + (1 - warmup.start_fraction) * (step - 1) / warmup.steps
-        tokens = int(tokens_per_step * share)
+        tokens = int(cfg.tokens_per_step * share)
     rows_per_rank = max(1, tokens // (length * world))
-    return StepGeometry(progress, length, rows_per_rank, micro_batch_size * seq_len // length, theta)
+    return StepGeometry(progress, length, rows_per_rank, cfg.micro_batch_size * cfg.seq_len // length, theta)

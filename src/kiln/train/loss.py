@@ -36,6 +36,18 @@ from torch.distributed.tensor import DTensor
 from kiln.model.batch import Batch
 
 
+@dataclass(frozen=True)
+class LossOptions:
+    """How a loss head (logits_loss, fused_lm_loss) takes the loss, besides the batch."""
+
+    z_loss: float = 0.0  # model.z_loss: weight of logsumexp(logits)^2 per kept position
+    late_position_weight: float = 0.0  # train.late_position_weight
+    chunk: int = 256  # fused_lm_loss: positions per chunk through the output layer
+    compiled: bool = False  # fused_lm_loss: each chunk through torch.compile
+
+
+PLAIN = LossOptions()  # no z-loss, every position alike
+
 @dataclass(frozen=True, eq=False)  # eq=False: tensor fields have no single truth value
 class Loss:
     value: torch.Tensor  # scalar with grad: this micro-batch's share of the step's loss
@@ -51,9 +63,9 @@ def position_weights(T: int, late: float, device: torch.device) -> torch.Tensor:
 
 def window_weights(batch: Batch, late: float, device: torch.device) -> torch.Tensor:
     """position_weights of the batch's positions by their place in the window: (T,), or this rank's (Q,) under context parallelism."""
-    if batch.context is None:
-        return position_weights(batch.targets_BT.shape[1], late, device)
-    return position_weights(len(batch.context.key_index_T), late, device)[batch.context.query_index_Q.to(device)]
+    index_Q, length = batch.window_positions()
+    weights_T = position_weights(length, late, device)
+    return weights_T if index_Q is None else weights_T[index_Q.to(device)]
 
 
 def lm_loss(logits_BTV: torch.Tensor, batch: Batch, step_tokens: int | None = None, z_loss: float = 0.0, late_position_weight: float = 0.0) -> Loss:
@@ -81,14 +93,14 @@ def lm_loss(logits_BTV: torch.Tensor, batch: Batch, step_tokens: int | None = No
     return Loss(value, row_mean_B, tokens_B)
 
 
-def logits_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch, step_tokens: int | None = None, z_loss: float = 0.0, late_position_weight: float = 0.0) -> Loss:
+def logits_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch, step_tokens: int | None = None, options: LossOptions = PLAIN) -> Loss:
     """lm_loss of the logits hidden_BTD @ weight_VD.T (soft-capped), made whole in fp32: the loss as
     a model head where the chunked one is not used (a pipeline's last stage with fp16 or
     train.fused_loss off; over vocabulary shards, kiln.train.tensor_parallel)."""
     logits_BTV = F.linear(hidden_BTD, weight_VD).float()
     if softcap is not None:
         logits_BTV = softcap * torch.tanh(logits_BTV / softcap)
-    return lm_loss(logits_BTV, batch, step_tokens, z_loss, late_position_weight)
+    return lm_loss(logits_BTV, batch, step_tokens, options.z_loss, options.late_position_weight)
 
 
 # Zero rows pad the output matrix to a multiple of this for the fused loss's matmuls: cuBLAS ran
@@ -138,6 +150,15 @@ def compiled_head_chunk() -> Callable[..., tuple[torch.Tensor, torch.Tensor, tor
     return torch.compile(head_chunk)  # built on first use: importing torch's compiler takes seconds
 
 
+@dataclass(frozen=True, eq=False)  # eq=False: tensor fields have no single truth value
+class HeadTargets:
+    """Per position of the flattened rows (N): the target id and the weights of its cross-entropy and its z-loss."""
+
+    targets_N: torch.Tensor
+    ce_weight_N: torch.Tensor
+    z_weight_N: torch.Tensor
+
+
 class _ChunkedHeadLoss(torch.autograd.Function):
     """sum_n ce_weight_N[n] * ce_N[n] + z_weight_N[n] * lse_N[n]^2 through the output matrix, chunk by chunk.
 
@@ -149,10 +170,10 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, hidden_ND: torch.Tensor, weight_VD: torch.Tensor, targets_N: torch.Tensor, ce_weight_N: torch.Tensor, z_weight_N: torch.Tensor, softcap: float | None, chunk: int, compiled: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        device = hidden_ND.device.type
+    def forward(ctx: Any, hidden_ND: torch.Tensor, weight_VD: torch.Tensor, at: HeadTargets, softcap: float | None, options: LossOptions) -> tuple[torch.Tensor, torch.Tensor]:
+        device, chunk = hidden_ND.device.type, options.chunk
         mm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden_ND.dtype
-        step = compiled_head_chunk() if compiled else head_chunk
+        step = compiled_head_chunk() if options.compiled else head_chunk
         with torch.autocast(device, enabled=False):
             V = weight_VD.shape[0]
             h_ND, w_PD = hidden_ND.to(mm_dtype), weight_VD.to(mm_dtype)
@@ -166,7 +187,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
             for start in range(0, N, chunk):
                 end = min(start + chunk, N)
                 h_CD = h_ND[start:end]
-                grad_CP, ce_N[start:end], chunk_value = step(h_CD, w_PD, targets_N[start:end], ce_weight_N[start:end], z_weight_N[start:end], V, softcap)
+                grad_CP, ce_N[start:end], chunk_value = step(h_CD, w_PD, at.targets_N[start:end], at.ce_weight_N[start:end], at.z_weight_N[start:end], V, softcap)
                 value += chunk_value
                 torch.mm(grad_CP, w_PD, out=grad_h_ND[start:end])
                 if mm_dtype == torch.float32:
@@ -187,12 +208,12 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     def backward(ctx: Any, grad_value: torch.Tensor, _grad_ce: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grad_h_ND, grad_w_VD = ctx.saved_tensors
         h_dtype, w_dtype = ctx.dtypes
-        return (grad_h_ND * grad_value).to(h_dtype), (grad_w_VD * grad_value).to(w_dtype), None, None, None, None, None, None
+        return (grad_h_ND * grad_value).to(h_dtype), (grad_w_VD * grad_value).to(w_dtype), None, None, None
 
 
-def fused_lm_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch, step_tokens: int | None = None, z_loss: float = 0.0, late_position_weight: float = 0.0, chunk: int = 256, compiled: bool = False) -> Loss:
-    """lm_loss of the logits hidden_BTD @ weight_VD.T (soft-capped), `chunk` positions at a time
-    (each chunk through torch.compile when `compiled`).
+def fused_lm_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch, step_tokens: int | None = None, options: LossOptions = PLAIN) -> Loss:
+    """lm_loss of the logits hidden_BTD @ weight_VD.T (soft-capped), options.chunk positions at a time
+    (each chunk through torch.compile with options.compiled).
 
     The model calls it in place of its output layer (Transformer.forward's `head`), with its
     final normed hidden states, its output matrix and its logit soft-cap.
@@ -202,9 +223,10 @@ def fused_lm_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: fl
     tokens_B = batch.loss_mask_BT.sum(dim=1)
     kept = step_tokens if step_tokens else tokens_B.sum().clamp(min=1)
     ce_weight_BT = mask_BT / kept
-    if late_position_weight:
-        ce_weight_BT = ce_weight_BT * window_weights(batch, late_position_weight, mask_BT.device)
-    z_weight_BT = mask_BT * (z_loss / kept)
-    value, ce_N = _ChunkedHeadLoss.apply(hidden_BTD.flatten(0, 1), weight_VD, batch.targets_BT.flatten(), ce_weight_BT.flatten(), z_weight_BT.flatten(), softcap, chunk, compiled)
+    if options.late_position_weight:
+        ce_weight_BT = ce_weight_BT * window_weights(batch, options.late_position_weight, mask_BT.device)
+    z_weight_BT = mask_BT * (options.z_loss / kept)
+    at = HeadTargets(batch.targets_BT.flatten(), ce_weight_BT.flatten(), z_weight_BT.flatten())
+    value, ce_N = _ChunkedHeadLoss.apply(hidden_BTD.flatten(0, 1), weight_VD, at, softcap, options)
     kept_BT = ce_N.view(B, T) * mask_BT
     return Loss(value, kept_BT.mean(dim=1) * (T / tokens_B.clamp(min=1)), tokens_B)

@@ -26,6 +26,7 @@ import math
 import time
 from collections.abc import Sequence
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,23 @@ def truncate_metrics(path: Path, step: int) -> None:
             f.write(b"\n")
 
 
+@dataclass(frozen=True)
+class StepLog:
+    """What the loop knows of a finished step, for its metrics line."""
+
+    step: int
+    loss: float  # the step's training loss (nats per token: each row's mean, rows alike)
+    loss_by_source: dict[str, float]  # the same over each source's rows in the step
+    lr: float
+    grad_norm: float  # before clipping
+    tokens: int  # the step's, over every data rank
+    seq_len: int
+    flops_per_token: int  # at this seq_len (MFU's numerator)
+    data_wait_s: float = 0.0  # host time drawing the step's batches
+    rollbacks: int = 0  # so far
+    bubble: float | None = None  # pipeline parallelism: the slowest stage's idle share of the step
+
+
 class Monitor:
     def __init__(self, path: Path, total_steps: int, device: torch.device, world: int = 1):
         self.writes, self.path = is_main_process(), path
@@ -164,39 +182,39 @@ class Monitor:
             self.bar.refresh()
         self.t_last = time.perf_counter()
 
-    def log_step(self, step: int, loss: float, loss_by_source: dict[str, float], lr: float, grad_norm: float, tokens: int, seq_len: int, flops_per_token: int, data_wait_s: float = 0.0, rollbacks: int = 0, bubble: float | None = None) -> None:
+    def log_step(self, s: StepLog) -> None:
         now = time.perf_counter()
-        tokens_per_s = tokens / max(now - self.t_last, 1e-9)
+        tokens_per_s = s.tokens / max(now - self.t_last, 1e-9)
         peak_memory = None
         if self.device.type == "cuda":  # the step's high-water mark of allocated memory, then reset
             peak_memory = round(torch.cuda.max_memory_allocated(self.device) / 2**20, 1)
             torch.cuda.reset_peak_memory_stats(self.device)
         self.t_last = now
         self.write({
-            "step": step,
-            "loss": round(loss, 5),
-            "loss_by_source": {s: round(v, 5) for s, v in loss_by_source.items()},
-            "lr": lr,
-            "grad_norm": round(grad_norm, 5),
-            "tokens": tokens,
-            "seq_len": seq_len,
+            "step": s.step,
+            "loss": round(s.loss, 5),
+            "loss_by_source": {source: round(v, 5) for source, v in s.loss_by_source.items()},
+            "lr": s.lr,
+            "grad_norm": round(s.grad_norm, 5),
+            "tokens": s.tokens,
+            "seq_len": s.seq_len,
             "tokens_per_s": round(tokens_per_s, 1),
-            "mfu": round(tokens_per_s * flops_per_token / self.peak, 4) if self.peak else None,
-            "data_wait_s": round(data_wait_s, 4),
+            "mfu": round(tokens_per_s * s.flops_per_token / self.peak, 4) if self.peak else None,
+            "data_wait_s": round(s.data_wait_s, 4),
             "peak_memory_mb": peak_memory,
-            "rollbacks": rollbacks,
+            "rollbacks": s.rollbacks,
             "elapsed_s": round(now - self.t0, 3),
-            **({"pipeline_bubble": round(bubble, 4)} if bubble is not None else {}),  # the slowest pipeline stage's idle share of the step
+            **({"pipeline_bubble": round(s.bubble, 4)} if s.bubble is not None else {}),
         })
         if self.board is not None:
-            for name, value in (("loss", loss), ("lr", lr), ("grad_norm", grad_norm), ("tokens_per_s", tokens_per_s), ("data_wait_s", data_wait_s)):
-                self.board.add_scalar(f"train/{name}", value, step)
-            for source, value in loss_by_source.items():
-                self.board.add_scalar(f"train_loss/{source}", value, step)
+            for name, value in (("loss", s.loss), ("lr", s.lr), ("grad_norm", s.grad_norm), ("tokens_per_s", tokens_per_s), ("data_wait_s", s.data_wait_s)):
+                self.board.add_scalar(f"train/{name}", value, s.step)
+            for source, value in s.loss_by_source.items():
+                self.board.add_scalar(f"train_loss/{source}", value, s.step)
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+            self.bar.set_postfix(loss=f"{s.loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
             self.bar.update(1)
-            if step == self.total_steps:
+            if s.step == self.total_steps:
                 self.bar.close()
 
     def close(self) -> None:

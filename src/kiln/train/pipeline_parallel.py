@@ -5,14 +5,17 @@ a step's micro-batches through them.
 Stages are balanced by parameter count: the blocks are all alike, the first stage also holds the
 embedding and the last the final norm and output layer, and the split of the layers into
 contiguous runs minimises the largest stage (`parallel.pp_layers` gives the layers per stage
-instead). A stage is the Transformer with the other stages' blocks deleted (the embedding on the
-first only, the output layer on the last only), so parameter names, and so checkpoints, are those
-of the whole model. A tied embedding (`model.tie_embeddings`) is held twice, as Megatron-LM holds
+instead). A rank's stages are a `StageModel` built here from the Transformer's own modules: the
+blocks of its stages, the embedding on the first rank only, the final norm and output layer on
+the last only (the others are dropped), under the whole model's names, so parameter names, and so
+checkpoints, are those of the whole model; it runs one stage's layers as `Transformer.forward`
+runs them all (kiln.model.transformer's layer_inputs and output), and the model knows nothing of
+stages. A tied embedding (`model.tie_embeddings`) is held twice, as Megatron-LM holds
 it: the first stage looks the ids up in it, and the last stage keeps the embedding module too,
 unused for lookups, as its output matrix (so its names are one process's: `embed.weight`, and
 `lm_head.weight` the same tensor). Every rank builds the same initial weights, so the two copies
 start equal; after each step's backward the first and the last stage of each pipeline sum their
-gradients (`Pipeline.sum_tied_grads`, a collective between those two ranks), so both take the
+gradients (`PipelineSchedule.sum_tied_grads`, a collective between those two ranks), so both take the
 same optimizer step and stay equal. The gradient norm counts the matrix once (the last stage's
 copy is left out of it); resumable states carry one process's names (DCP writes the two stages'
 equal `embed.weight` once), so they load under any layout, and the consolidated checkpoint
@@ -22,11 +25,10 @@ the schedule `parallel.pp_schedule`: GPipe (every forward, then every backward),
 forward, one backward, in steady state; the same bubble, fewer micro-batches in flight), or
 interleaved 1F1B (Narayanan et al. 2021): each rank holds `parallel.pp_stages_per_rank` = v
 stages, r, r + pp, r + 2 pp, ... of pp x v, and the schedule takes them in turn, which divides the
-bubble by about v at v times the sends. A rank's stages are one model holding their blocks (and
-the embedding on rank 0, the output layer on the last rank); each stage runs its own layers of it. The
+bubble by about v at v times the sends. Each stage runs its own layers of the rank's StageModel. The
 loss is taken on the last stage, each micro-batch's share of the step's token mean as in the
 plain loop; the schedule does not rescale gradients. Each rank times its compute (forward and
-backward of its chunks) against the step's wall time: the idle share is the bubble, logged per
+backward of its chunks, `TimedStage`: torch's PipelineStage subclassed) against the step's wall time: the idle share is the bubble, logged per
 step, (p - 1) / (m + p - 1) in theory for p stages and m micro-batches of equal cost,
 (p - 1) / (v m + p - 1) interleaved.
 Evaluation and generation run the stages one after another with point-to-point sends (no
@@ -42,18 +44,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleLoopedBFS
 from torch.distributed.tensor import DTensor
 
 from kiln.model.batch import Batch
 from kiln.model.config import ModelConfig, count_params
-from kiln.model.transformer import Transformer
+from kiln.model.precision import Precision
+from kiln.model.transformer import Transformer, layer_inputs, output
 from kiln.train.loss import Loss
 from kiln.train.mesh import Ranks
 
@@ -102,17 +106,44 @@ def rank_stages(stages: int, pp: int, rank: int) -> list[int]:
     return list(range(rank, stages, pp))
 
 
-def keep_stage(model: Transformer, layers: set[int], first: bool, last: bool) -> None:
-    """Trim the whole model to one rank's stages, in place: their blocks, the embedding on the
-    first rank, the final norm and output layer on the last (with a tied embedding, the embedding
-    too: it is the output matrix). Parameter names stay the whole model's."""
-    for key in [k for k in model.blocks if int(k) not in layers]:
-        del model.blocks[key]
-    if not first and not (last and model.cfg.tie_embeddings):
-        model.embed = None  # type: ignore[assignment]
-    if not last:
-        model.norm = None  # type: ignore[assignment]
-        model.lm_head = None  # type: ignore[assignment]
+class StageModel(nn.Module):
+    """One rank's pipeline stages of a Transformer, built from its modules: the blocks of `layers`,
+    the embedding on the first rank, the final norm and output layer on the last (with a tied
+    embedding the embedding too: it is the output matrix). Parameter names are the whole model's;
+    the Transformer's other modules are left to it (once it is dropped, freed)."""
+
+    def __init__(self, model: Transformer, layers: set[int], first: bool, last: bool):
+        super().__init__()
+        self.cfg = model.cfg
+        # Registered in the Transformer's order (embedding, blocks, norm, output): parameters come in the same order.
+        self.embed = model.embed if first or (last and model.cfg.tie_embeddings) else None
+        self.blocks = nn.ModuleDict({key: block for key, block in model.blocks.items() if int(key) in layers})
+        self.norm = model.norm if last else None
+        self.lm_head = model.lm_head if last else None
+        self.rope = model.rope
+
+    def set_rope_theta(self, theta: float) -> None:
+        """As Transformer.set_rope_theta: the tables and the config (a checkpoint's) follow."""
+        self.cfg = self.cfg.model_copy(update={"rope_theta": theta})
+        self.rope.fill(self.cfg)
+
+    def forward(self, x: torch.Tensor, layers: range | None = None, last_only: bool = False, head: Any = None, **attention: Any) -> Any:
+        """One of the rank's stages, `layers` (None: every block it holds, one stage's), as
+        Transformer.forward runs the whole stack: it is given ids where it starts at layer 0 and
+        hidden states (B, T, D) otherwise, and returns hidden states unless it ends at the last
+        layer. attention: Transformer.forward's rule, positions_BT, cache and valid_BT."""
+        keys = [key for key in self.blocks if layers is None or int(key) in layers]
+        x_BTD = self.embed(x) if keys[0] == "0" else x  # type: ignore[misc]
+        inputs = layer_inputs(self.rope, x.shape[1], x_BTD, **attention)
+        for key in keys:
+            x_BTD = inputs.run(self.blocks[key], int(key), x_BTD)  # type: ignore[arg-type]
+        if inputs.cache is not None and keys[-1] == list(self.blocks)[-1]:  # once per pass: after the last block the rank holds
+            inputs.cache.advance(x.shape[1])
+        if int(keys[-1]) < self.cfg.n_layers - 1:  # a stage before the last: its hidden states go to the next
+            return x_BTD
+        if last_only:
+            x_BTD = x_BTD[:, -1:]
+        return output(x_BTD, self.norm, self.lm_head, self.cfg.logit_softcap, head)  # type: ignore[arg-type]
 
 
 def tied_group(ranks: Ranks) -> Any:
@@ -146,7 +177,37 @@ def micro_batch_count(rows: int, largest: int, pp: int, kind: str) -> tuple[int,
     return m, kind if m >= pp else "gpipe"
 
 
-class Pipeline:
+@dataclass
+class BusyTime:
+    """Seconds a rank's stages computed in a step (TimedStage adds to it)."""
+
+    seconds: float = 0.0
+
+
+class TimedStage(PipelineStage):
+    """torch's PipelineStage, adding the seconds it computes (the forward and backward of each
+    chunk, not its sends and receives) to `busy`."""
+
+    def __init__(self, busy: BusyTime, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.busy = busy
+
+    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return super().forward_one_chunk(*args, **kwargs)
+        finally:
+            self.busy.seconds += time.perf_counter() - t0  # a CPU computes synchronously; on a GPU, synchronize first (not done)
+
+    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return super().backward_one_chunk(*args, **kwargs)
+        finally:
+            self.busy.seconds += time.perf_counter() - t0
+
+
+class PipelineSchedule:
     """This rank's stages and the schedules that run a step's micro-batches through them.
 
     The last stage takes the training loss inside its forward (the model's loss head, as the plain
@@ -154,8 +215,9 @@ class Pipeline:
     micro-batch after another in the order the schedules run them, and outputs each micro-batch's
     loss value; the schedule's loss function passes it on."""
 
-    def __init__(self, core: Transformer, ranks: Ranks, schedule: str, layers: list[range], head: Callable[..., Loss], hidden_dtype: torch.dtype, autocast: Callable[[], AbstractContextManager[Any]]):
-        self.core, self.ranks, self.kind, self.layers, self.head, self.hidden_dtype, self.autocast = core, ranks, schedule, layers, head, hidden_dtype, autocast
+    def __init__(self, core: StageModel, ranks: Ranks, schedule: str, layers: list[range], head: Callable[..., Loss], precision: Precision):
+        self.core, self.ranks, self.kind, self.layers, self.head = core, ranks, schedule, layers, head
+        self.autocast, self.hidden_dtype = precision.autocast, precision.amp_dtype or torch.float32  # the dtype stages pass on
         self.group, self.stages = ranks.stage_group, len(layers)
         self.local = rank_stages(self.stages, ranks.pp, ranks.stage)  # this rank's stages
         self.first, self.last = ranks.stage == 0, self.local[-1] == self.stages - 1  # holds the first stage, the last
@@ -166,7 +228,7 @@ class Pipeline:
         self.micro: list[Batch] = []
         self.step_tokens, self.next = 1, 0
         self.row_stats: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.busy_s = 0.0
+        self.busy = BusyTime()
         # A tied embedding: the first rank's, or the last rank's copy (the last stage, pp x v - 1, is on
         # rank pp - 1, never rank 0; a rank holding both ends would hold one matrix, nothing to sum).
         self.tied = core.embed.weight if core.cfg.tie_embeddings and self.first != self.last else None  # type: ignore[union-attr]
@@ -200,38 +262,20 @@ class Pipeline:
         key = (micro_batches, rows, seq_len, kind)
         if key not in self.built:
             self.built.clear()
-            from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleLoopedBFS
-
             b, device = rows // micro_batches, self.ranks.device
 
             def hidden() -> torch.Tensor:  # requires_grad: the hidden states between stages carry gradients back (the ids do not)
                 return torch.empty(b, seq_len, self.core.cfg.d_model, dtype=self.hidden_dtype, device=device, requires_grad=True)
 
             stages = [
-                PipelineStage(module, s, self.stages, device, input_args=torch.zeros(b, seq_len, dtype=torch.long, device=device) if s == 0 else hidden(), output_args=torch.zeros((), device=device) if s == self.stages - 1 else hidden(), group=self.group)
+                TimedStage(self.busy, module, s, self.stages, device, input_args=torch.zeros(b, seq_len, dtype=torch.long, device=device) if s == 0 else hidden(), output_args=torch.zeros((), device=device) if s == self.stages - 1 else hidden(), group=self.group)
                 for s, module in zip(self.local, self.modules, strict=True)
             ]
-            for stage in stages:
-                self.time(stage)
             # The loss is each micro-batch's share of the step already: no rescaling by the schedule.
             schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B, "looped_bfs": ScheduleLoopedBFS}[kind]
             several = kind in ("interleaved_1f1b", "looped_bfs")  # these take a list of the rank's stages
             self.built[key] = schedule(stages if several else stages[0], micro_batches, loss_fn=lambda value, _target: value, scale_grads=False)
         return self.built[key]
-
-    def time(self, stage: Any) -> None:
-        """Count the time the stage computes (forward and backward of its chunks) in busy_s."""
-        for name in ("forward_one_chunk", "backward_one_chunk"):
-            compute = getattr(stage, name)
-
-            def timed(*args: Any, _compute: Callable[..., Any] = compute, **kwargs: Any) -> Any:
-                t0 = time.perf_counter()
-                try:
-                    return _compute(*args, **kwargs)
-                finally:
-                    self.busy_s += time.perf_counter() - t0  # a CPU computes synchronously; on a GPU, synchronize first (not done)
-
-            setattr(stage, name, timed)
 
     def step(self, micro_batches: list[Batch], step_tokens: int) -> tuple[Loss | None, list[float]]:
         """Forward and backward of the step's rows through the pipeline; the last stage's per-row
@@ -247,7 +291,7 @@ class Pipeline:
         schedule = self.schedule_for(m, rows, whole.shape[1], kind)
         if self.last:
             self.micro = [Batch(i, t, k, None, s) for i, t, k, s in zip(*(torch.cat([getattr(b, f) for b in micro_batches]).to(self.ranks.device).tensor_split(m) for f in ("input_ids_BT", "targets_BT", "loss_mask_BT", "source_B")), strict=True)]
-        self.step_tokens, self.next, self.row_stats, self.busy_s = step_tokens, 0, [], 0.0
+        self.step_tokens, self.next, self.row_stats, self.busy.seconds = step_tokens, 0, [], 0.0
         t0 = time.perf_counter()
         with self.autocast(), self.ranks.loss_context():
             # The loss is the last stage's output (so no outputs to merge); the target only sets the count.
@@ -259,7 +303,7 @@ class Pipeline:
                 schedule.step(return_outputs=False)
         # The stages start together (after the step's collectives) and end apart: each idles for the
         # share of the whole pipeline's span (the latest end) it did not compute.
-        timing = torch.tensor([self.busy_s, time.perf_counter() - t0], device=self.ranks.device)
+        timing = torch.tensor([self.busy.seconds, time.perf_counter() - t0], device=self.ranks.device)
         every = [torch.zeros(2, device=self.ranks.device) for _ in range(self.ranks.pp)]
         dist.all_gather(every, timing, group=self.group)
         span = max(float(t[1]) for t in every)
@@ -271,9 +315,9 @@ class Pipeline:
 
 class StageLayers(nn.Module):
     """The module the schedule runs for one stage of several on a rank, or for the last stage: the
-    model on that stage's layers, the last with the loss head (Pipeline.last_forward)."""
+    model on that stage's layers, the last with the loss head (PipelineSchedule.last_forward)."""
 
-    def __init__(self, core: Transformer, layers: range, pipeline: Pipeline | None):
+    def __init__(self, core: StageModel, layers: range, pipeline: PipelineSchedule | None):
         super().__init__()
         self.core, self.layers = core, layers
         self.pipeline = [pipeline] if pipeline else []  # in a list: not a submodule
@@ -292,7 +336,7 @@ class StagesInTurn(nn.Module):
     intermediates on them), so the caller's scoring runs alike on every rank, and
     `last_stage_results` keeps the last stage's."""
 
-    def __init__(self, stage: Transformer, ranks: Ranks, layers: list[range]):
+    def __init__(self, stage: StageModel, ranks: Ranks, layers: list[range]):
         super().__init__()
         self.stage, self.layers = stage, layers
         self.group = ranks.stage_group

@@ -51,6 +51,7 @@ from kiln.train.mesh import Ranks
 from kiln.train.state_files import NOT_LOADED, PICKLED_METADATA, Reader, Writer, check_rng_state, check_train_state, read_json, read_metadata, write_text
 
 if TYPE_CHECKING:
+    from kiln.train.checkpoint import CheckpointConfig
     from kiln.train.config import TrainConfig
 
 STATES = "checkpoints"  # beside metrics.jsonl in the train stage's folder
@@ -167,11 +168,13 @@ def set_aside_after(root: Path, step: int) -> list[Path]:
 
 
 class States:
-    """The run's resumable states under `root`. Every rank makes one; save, wait and load are
-    collectives (every rank calls them together), complete and settle are not."""
+    """The run's resumable states under `root`, saved and kept as train.checkpoint (`cfg`) says, and
+    at each of keep_steps. Every rank makes one; save, wait and load are collectives (every rank
+    calls them together), complete and settle are not."""
 
-    def __init__(self, root: Path, ranks: Ranks, every: int | None, keep_last: int, keep_every: int | None, async_save: bool = False, keep_steps: frozenset[int] = frozenset()):
-        self.root, self.ranks, self.every, self.keep_last, self.keep_every, self.async_save = root, ranks, every, keep_last, keep_every, async_save
+    def __init__(self, root: Path, ranks: Ranks, cfg: CheckpointConfig, keep_steps: frozenset[int] = frozenset()):
+        self.root, self.ranks = root, ranks
+        self.every, self.keep_last, self.keep_every, self.async_save = cfg.every, cfg.keep_last, cfg.keep_every, cfg.async_save
         self.keep_steps = keep_steps  # saved whatever `every` says, and never pruned (a wsd run's last stable step)
         self.pending: threading.Thread | None = None
         self.pending_step = 0  # the step the pending async save is of
@@ -179,7 +182,7 @@ class States:
         # (first step, data-parallel ranks) of each stretch of steps: the rows a state's stream drew (kiln.train.state_files).
         self.data_ranks: list[tuple[int, int]] = [(1, ranks.data_world)]
         # Async saves run collectives from a thread: on a group of their own (a CPU backend, as DCP needs).
-        self.group = dist.new_group(backend="gloo") if async_save and ranks.world > 1 else None
+        self.group = dist.new_group(backend="gloo") if cfg.async_save and ranks.world > 1 else None
 
     def complete(self) -> list[Path]:
         return complete_states(self.root)

@@ -1,6 +1,6 @@
 """The train stage: skip-or-redo, then kiln.train.loop.train, then counts, summary and manifest.
 
-The caller (kiln.pipeline) wires in the data: `make_rows(seq_len, split)` builds a RowSource
+The caller wires in the data (`TrainInputs`): `make_rows(seq_len, split)` builds a RowSource
 (kiln.mix's sampler in a kiln run) and `data_config` is the recipe section that configured it,
 hashed with `model` and `train` so that different data redoes the stage. The objective's
 collator (kiln.train.collate) turns its windows into batches; for any objective but plain clm,
@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +36,18 @@ from kiln.core.ranks import world_size
 from kiln.model.batch import Batch, RowSource
 from kiln.model.config import ModelConfig, count_params, flops_per_token
 from kiln.model.perplexity import ScoringConfig
-from kiln.model.precision import Precision
+from kiln.model.precision import resolve_precision
 from kiln.model.weights import CONFIG, WEIGHTS
 from kiln.text.tokenizer import KilnTokenizer
 from kiln.train.collate import build_collator
 from kiln.train.config import TrainConfig
 from kiln.train.data_plan import format_plan, plan_data
 from kiln.train.extend import EXTENDABLE, extension_state, old_config
-from kiln.train.loop import MakeProbe, build_precision, train
+from kiln.train.loop import TrainResult, train
 from kiln.train.mesh import ParallelConfig, Ranks, check_layout, init_ranks
-from kiln.train.monitor import TENSORBOARD, peak_rss_mb, reset_peak_rss
+from kiln.train.monitor import TENSORBOARD
 from kiln.train.objectives import TokenIds, check_objectives, fim_middles, token_ids
+from kiln.train.parts import MakeProbe, Placement, TrainData, Validation, build_precision
 from kiln.train.resume import COMPLETE, STATES, complete_states, set_aside_after, state_step
 
 # Validation rows for an objective's own loss: at most this many micro-batches.
@@ -94,7 +95,7 @@ def measure_tokens_per_s(model_cfg: ModelConfig, cfg: TrainConfig, make_rows: Ca
     """Tokens per second of a few real optimizer steps of this model and batch, in a throwaway folder."""
     probe = cfg.model_copy(update={"steps": PROBE_STEPS, "eval_at_start": False, "schedule": cfg.schedule.model_copy(update={"warmup_steps": 1, "warmup_fraction": None}), "checkpoint": cfg.checkpoint.model_copy(update={"every": None})})
     with tempfile.TemporaryDirectory() as tmp:
-        train(model_cfg, probe, build_collator(make_rows(cfg.seq_len, "train"), probe, ids), ScoringConfig(max_tokens_per_source=cfg.seq_len + 1, batch_size=1), run_dir, Path(tmp))
+        train(model_cfg, probe, TrainData(build_collator(make_rows(cfg.seq_len, "train"), probe, ids)), Validation(run_dir, ScoringConfig(max_tokens_per_source=cfg.seq_len + 1, batch_size=1)), Path(tmp))
         records = [json.loads(line) for line in (Path(tmp) / RunLayout(run_dir).metrics.name).read_text().splitlines()]
     steps = [r for r in records if "tokens_per_s" in r]
     return float(np.median([r["tokens_per_s"] for r in steps[1:]]))
@@ -135,18 +136,35 @@ def format_dry_run(d: dict[str, Any]) -> str:
     ])
 
 
-def run(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool = False, parallel: ParallelConfig | None = None, from_step: int | None = None, reference_runs: Sequence[Path] = (), make_probe: MakeProbe | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TrainInputs:
+    """What the caller wires the train stage to besides its model and train sections."""
+
+    data_config: Section  # the recipe section that configured make_rows (kiln's `mix`), hashed with model and train
+    make_rows: Callable[[int, str], RowSource]  # (seq_len, split) -> the rows of that split
+    scoring: ScoringConfig  # the monitoring evaluations' settings (not hashed: they change no weight)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # the layout over torchrun's processes
+    reference_runs: Sequence[Path] = ()  # runs whose train shards the rows also come from (replay) and whose validation splits are scored
+    make_probe: MakeProbe | None = None  # the probe set's scorer per autocast dtype (train.probe_every)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the command asked of earlier attempts: --force starts over, --from resumes the state
+    after that step of the interrupted run instead of its newest."""
+
+    force: bool = False
+    from_step: int | None = None
+
+
+def run(model_cfg: ModelConfig, cfg: TrainConfig, inputs: TrainInputs, run_dir: Path, force: bool = False, from_step: int | None = None) -> dict[str, Any]:
     """The train stage; under torchrun every rank calls it, rank 0 keeps the books (lock, partial
     folder, manifest) and the others train and return rank 0's manifest. from_step: resume an
-    interrupted run from the state after that step instead of its newest. reference_runs: runs
-    whose train shards the rows also come from (replay) and whose validation splits are scored.
-    make_probe: the probe set's scorer per autocast dtype (train.probe_every)."""
-    parallel = parallel or ParallelConfig()
-    precision = build_precision(cfg)
-    ranks = init_ranks(parallel, precision.device)
+    interrupted run from the state after that step instead of its newest."""
+    ranks = init_ranks(inputs.parallel, build_precision(cfg).device)
     # Not in a `finally`: after a failure the other ranks may be inside a collective, and
     # torchrun stops them when this process exits with the error.
-    manifest = train_stage(model_cfg, cfg, data_config, make_rows, scoring, Path(run_dir), force, parallel, precision, ranks, from_step, reference_runs, make_probe)
+    manifest = train_stage(model_cfg, cfg, inputs, Path(run_dir), ranks, Request(force, from_step))
     # subtle: free the wrapped model (FSDP2 keeps reference cycles) while its process groups still
     # exist; left to interpreter shutdown, gloo's threads sometimes abort the process (exit -6).
     gc.collect()
@@ -256,49 +274,62 @@ def reference_inputs(layout: RunLayout, reference_runs: Sequence[Path], init_fro
     return inputs
 
 
-def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, make_rows: Callable[[int, str], RowSource], scoring: ScoringConfig, run_dir: Path, force: bool, parallel: ParallelConfig, precision: Precision, ranks: Ranks, from_step: int | None = None, reference_runs: Sequence[Path] = (), make_probe: MakeProbe | None = None) -> dict[str, Any]:
+def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, inputs: TrainInputs, run_dir: Path, ranks: Ranks, request: Request) -> dict[str, Any]:
     layout = RunLayout(run_dir)
-    tokenize_dir = layout.token_shards
-    tokenized = read_manifest(tokenize_dir)
-    check_layout(model_cfg, cfg, parallel, ranks.degrees, precision.amp_dtype)
+    tokenized = read_manifest(layout.token_shards)
+    check_layout(model_cfg, cfg, inputs.parallel, ranks.degrees, resolve_precision(cfg.precision, "train").amp_dtype)
     stage = None
     if ranks.is_main:  # inputs are hashed and checked once, here
-        inputs = [layout.tokenizer_json, *(p for p in recorded_outputs(tokenize_dir) if p.suffix in (".bin", ".idx", ".npy")), *reference_inputs(layout, reference_runs, cfg.init_from)]
+        files = [layout.tokenizer_json, *(p for p in recorded_outputs(layout.token_shards) if p.suffix in (".bin", ".idx", ".npy")), *reference_inputs(layout, inputs.reference_runs, cfg.init_from)]
         # data_config is recorded under "mix", the recipe section a kiln run configures its data with.
-        stage = Stage(run_dir, TRAIN, {"model": model_cfg, "train": cfg, "mix": data_config}, inputs, upstream=[TOKENIZE])
-    done = ranks.broadcast(stage.up_to_date(force, lambda m: f"{m['counts']['steps']} steps, val loss {m['counts']['val_after']['all']['loss']:.3f}") if stage else None)
+        stage = Stage(run_dir, TRAIN, {"model": model_cfg, "train": cfg, "mix": inputs.data_config}, files, upstream=[TOKENIZE])
+    done = ranks.broadcast(stage.up_to_date(request.force, lambda m: f"{m['counts']['steps']} steps, val loss {m['counts']['val_after']['all']['loss']:.3f}") if stage else None)
     if done:
         return done
-    vocab_size = tokenized["counts"]["vocab_size"]
-    if model_cfg.vocab_size is not None and model_cfg.vocab_size < vocab_size:
-        raise ConfigError(f"model.vocab_size {model_cfg.vocab_size} is below the tokenizer's {vocab_size} ids; leave it unset to take the tokenizer's")
-    model_cfg = model_cfg.resolved(vocab_size)
+    model_cfg = resolved_vocab(model_cfg, tokenized["counts"]["vocab_size"])
     # Everything up to begin() stops before any output is touched: an objective the tokenizer or
     # shards cannot serve, a window longer than every source's tokens, an over-repeated source.
-    rows, ids, planned = prepare_data(cfg, make_rows, layout, tokenized)
+    rows, ids, planned = prepare_data(cfg, inputs.make_rows, layout, tokenized)
     batches = build_collator(rows, cfg, ids, ranks.data_rank, ranks.data_world)
-    val_batches = objective_val_batches(make_rows, cfg, scoring, ids)
+    val_batches = objective_val_batches(inputs.make_rows, cfg, inputs.scoring, ids)
     start = Start()
     if stage is not None:  # after every check: a finished run is moved aside only for a run that starts
-        start = pick_state(stage, cfg, force, from_step)
+        start = pick_state(stage, cfg, request.force, request.from_step)
         stage.begin(resume=start.resume is not None)
-        if start.resume is not None and from_step is not None:
-            set_aside_after(start.resume.parent, from_step)  # the abandoned later states are kept, out of the way
+        if start.resume is not None and request.from_step is not None:
+            set_aside_after(start.resume.parent, request.from_step)  # the abandoned later states are kept, out of the way
     resume_from = start.resume or (seed_attempt(stage.dir, start.extend) if stage is not None and start.extend else None)
     out_dir, resume_from = ranks.broadcast((str(stage.dir), resume_from) if stage else None)  # only rank 0 writes into out_dir
-    reset_peak_rss()
-    result = train(model_cfg, cfg, batches, scoring, run_dir, Path(out_dir), val_batches, rows.adapt_every, rows.report_windows, ranks, parallel, resume_from, reference_runs, make_probe)
-    peak_rss = peak_rss_mb()
+    data = TrainData(batches, rows.adapt_every, rows.report_windows)
+    validation = Validation(run_dir, inputs.scoring, val_batches, inputs.reference_runs, inputs.make_probe)
+    result = train(model_cfg, cfg, data, validation, Path(out_dir), Placement(ranks, inputs.parallel, resume_from))
     if stage is None:
         return ranks.broadcast(None)  # rank 0's manifest, once it is written
+    counts = stage_counts(model_cfg, cfg, result, batches.tokens_by_source(), planned, ranks)
+    if start.previous is not None:  # a finished run of other inputs or settings, kept
+        counts["previous_run"] = str(start.previous)
+    if start.extend is not None:
+        counts["extended_from"] = {"run": str(start.previous), "step": state_step(start.extend)}
+    extra = {"model": model_cfg.model_dump(mode="json"), "monitoring_eval": inputs.scoring.model_dump(mode="json")}
+    logs = [stage.dir / layout.metrics.name, *sorted((stage.dir / TENSORBOARD).glob("*"))]
+    return ranks.broadcast(stage.finish(result.checkpoint, counts, summary(cfg, result, ranks, start, counts), extra=extra, logs=logs))
 
-    n_params = count_params(model_cfg)
-    counts = {
-        "params": n_params,
+
+def resolved_vocab(model_cfg: ModelConfig, vocab_size: int) -> ModelConfig:
+    """model_cfg with the tokenizer's vocabulary, or a larger one it asks for."""
+    if model_cfg.vocab_size is not None and model_cfg.vocab_size < vocab_size:
+        raise ConfigError(f"model.vocab_size {model_cfg.vocab_size} is below the tokenizer's {vocab_size} ids; leave it unset to take the tokenizer's")
+    return model_cfg.resolved(vocab_size)
+
+
+def stage_counts(model_cfg: ModelConfig, cfg: TrainConfig, result: TrainResult, tokens_by_source: dict[str, int], planned: dict[str, Any], ranks: Ranks) -> dict[str, Any]:
+    """The manifest's counts of a finished run."""
+    return {
+        "params": count_params(model_cfg),
         "params_non_embedding": count_params(model_cfg, include_embeddings=False),
         "steps": cfg.steps,
         "tokens_trained": result.tokens_trained,
-        "tokens_by_source": batches.tokens_by_source(),
+        "tokens_by_source": tokens_by_source,
         "flops_per_token": flops_per_token(model_cfg, cfg.seq_len),
         "train_flops": result.train_flops,
         "final_train_loss": round(result.final_loss, 5),
@@ -306,19 +337,19 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
         "val_after": result.val_after,
         "device": str(result.device),
         "device_name": torch.cuda.get_device_name(result.device) if result.device.type == "cuda" else "cpu",  # what the planner's peak table is matched on
-        "max_rss_mb": peak_rss,  # rank 0's peak resident memory while training (None off Linux)
+        "max_rss_mb": result.max_rss_mb,  # rank 0's peak resident memory while training (None off Linux)
         "model_states_mb": result.model_states_mb,  # per rank: weights, gradients, optimizer states held (MiB)
         "processes": ranks.world,
         "parallel": ranks.degrees,  # kiln.train.mesh's dimensions and their degrees
         "rollbacks": result.rollbacks,
         "mixture": {"planned": planned["total"], "realized": result.mixture},
     }
-    if start.previous is not None:  # a finished run of other inputs or settings, kept
-        counts["previous_run"] = str(start.previous)
-    if start.extend is not None:
-        counts["extended_from"] = {"run": str(start.previous), "step": state_step(start.extend)}
+
+
+def summary(cfg: TrainConfig, result: TrainResult, ranks: Ranks, start: Start, counts: dict[str, Any]) -> str:
+    """The stage's summary lines; with train.init_from, also each source's change (added to counts as val_change)."""
     before, after = result.val_before, result.val_after
-    lines = [f"{n_params:,} params, {cfg.steps} steps, {result.tokens_trained:,} tokens on {result.device}" + (f" x {ranks.world} processes ({ranks.describe()})" if ranks.world > 1 else "")]
+    lines = [f"{counts['params']:,} params, {cfg.steps} steps, {result.tokens_trained:,} tokens on {result.device}" + (f" x {ranks.world} processes ({ranks.describe()})" if ranks.world > 1 else "")]
     if before:
         lines.append(f"validation loss {before['all']['loss']:.3f} -> {after['all']['loss']:.3f} nats/token, bpb {before['all']['bpb']:.3f} -> {after['all']['bpb']:.3f}")
     else:
@@ -332,8 +363,6 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, data_config: Section, 
         lines.append(f"extended the finished run (kept in {start.previous}) from its state after step {state_step(start.extend)}")
     elif start.previous is not None:
         lines.append(f"the earlier run of this stage, of other inputs or settings, is kept in {start.previous}")
-    seen, plan = batches.tokens_by_source(), planned["total"]
+    seen, plan = counts["tokens_by_source"], counts["mixture"]["planned"]
     lines.append("tokens read per source (share, planned share): " + ", ".join(f"{s} {n:,} ({n / max(sum(seen.values()), 1):.1%}, {plan[s]['tokens'] / max(sum(p['tokens'] for p in plan.values()), 1):.1%})" for s, n in seen.items()))
-    extra = {"model": model_cfg.model_dump(mode="json"), "monitoring_eval": scoring.model_dump(mode="json")}
-    logs = [stage.dir / layout.metrics.name, *sorted((stage.dir / TENSORBOARD).glob("*"))]
-    return ranks.broadcast(stage.finish(result.checkpoint, counts, "\n".join(lines), extra=extra, logs=logs))
+    return "\n".join(lines)

@@ -342,7 +342,7 @@ def drawn_by(cfg: TrainConfig, step: int, data_ranks: list[tuple[int, int]], ski
 
     def shape(s: int) -> StepGeometry:
         world = world_at(s)
-        return step_geometry(s, cfg.steps, cfg.seq_len, cfg.micro_batch_size, cfg.tokens_per_step, world, cfg.seq_len_schedule, cfg.batch_warmup)
+        return step_geometry(s, cfg, world)
 
     # A step's shape changes only at a stretch's first step, a phase's first step and during batch-size
     # warmup: between those cuts it is the first step's, so a million steps take milliseconds.

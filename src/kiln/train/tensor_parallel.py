@@ -34,7 +34,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInpu
 
 from kiln.model.batch import Batch
 from kiln.model.config import ModelConfig
-from kiln.train.loss import Loss, logits_loss
+from kiln.train.loss import PLAIN, Loss, LossOptions, logits_loss
 
 
 class WholeWindows(nn.Module):
@@ -95,13 +95,14 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, sequence_parallel: boo
         parallelize_module(block, tp_mesh, {k: v for k, v in plan.items() if v is not None})
 
 
-def vocab_parallel_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch, step_tokens: int | None = None, late_position_weight: float = 0.0) -> Loss:
+def vocab_parallel_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch, step_tokens: int | None = None, options: LossOptions = PLAIN) -> Loss:
     """lm_loss of the logits hidden_BTD @ weight_VD.T, each rank holding its vocabulary shard of
     them (B, T, V/tp); a loss head for Transformer.forward. Call it, and backward, inside
-    loss_parallel (Ranks.loss_context)."""
+    loss_parallel (Ranks.loss_context). Only options.late_position_weight applies (no z-loss under
+    tp, kiln.train.mesh.check_tensor_parallel; the logits are whole in no chunk)."""
     mesh = weight_VD.device_mesh  # type: ignore[attr-defined]
     if isinstance(hidden_BTD, DTensor):  # sequence parallel: every rank needs every position
         hidden_BTD = hidden_BTD.redistribute(mesh, [Replicate()])
     else:
         hidden_BTD = DTensor.from_local(hidden_BTD, mesh, [Replicate()])
-    return logits_loss(hidden_BTD, weight_VD, softcap, batch, step_tokens, 0.0, late_position_weight)  # logits Shard(2): this rank's vocabulary columns
+    return logits_loss(hidden_BTD, weight_VD, softcap, batch, step_tokens, LossOptions(late_position_weight=options.late_position_weight))  # logits Shard(2): this rank's vocabulary columns
