@@ -3,7 +3,7 @@
 kiln.verbs declares each subcommand, naming its flags here (`<name>_arguments`) and the function
 that computes it (`<name>`: parsed arguments -> result and its table format); run_plan prints one.
 Each subcommand prints a table, or with --json one JSON object whose
-fields the README lists with their units (`kiln plan --json SUBCOMMAND` works too). `kiln plan`
+fields docs/planning.md lists with their units (`kiln plan --json SUBCOMMAND` works too). `kiln plan`
 with no subcommand (the recipe's own compute) is kiln.commands', since it reads a whole recipe.
 A subcommand's errors are reported as `kiln plan SUBCOMMAND: error: ...`, exit 2.
 Numbers accept 7e9, 7B, 1.4T, 500K or 70M, and negative ones (`--flops -1e23`) parse so that
@@ -67,7 +67,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def _json(p: argparse.ArgumentParser, inherit: bool = True) -> None:
     # subtle: `kiln plan` has its own --json; a subcommand's default would overwrite the parent's
     # True (`kiln plan --json flops ...`), so subcommands leave the attribute unset unless given.
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS if inherit else False, help="Print one JSON object (fields in the README) instead of the table.")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS if inherit else False, help="Print one JSON object (fields in docs/planning.md) instead of the table.")
 
 
 def _model(p: argparse.ArgumentParser, shape: bool) -> None:
