@@ -111,7 +111,8 @@ class ScaledDotProduct(nn.Module):
         super().__init__()
         self.groups = groups  # H / K: query heads per key/value head (the same under tensor parallelism)
 
-    def forward(self, q_BHTE: torch.Tensor, k_BKSE: torch.Tensor, v_BKSE: torch.Tensor, sdpa_kwargs: dict[str, Any]) -> torch.Tensor:
+    def forward(self, q_BHTE: torch.Tensor, k_BKSE: torch.Tensor, v_BKSE: torch.Tensor,
+                sdpa_kwargs: dict[str, Any]) -> torch.Tensor:
         if self.groups > 1 and not sdpa_kwargs.get("enable_gqa"):
             k_BKSE = k_BKSE.repeat_interleave(self.groups, dim=1)
             v_BKSE = v_BKSE.repeat_interleave(self.groups, dim=1)
@@ -190,12 +191,14 @@ class LayerInputs:
 
     def run(self, block: Block, layer: int, x_BTD: torch.Tensor) -> torch.Tensor:
         """Block `layer` (its index in the whole stack: its part of the cache) on x_BTD."""
-        if self.cache is None:  # training calls a block with exactly these four arguments (what compile and activation checkpointing see)
+        # Training calls a block with exactly these four arguments (what compile and activation checkpointing see).
+        if self.cache is None:
             return block(x_BTD, self.cos, self.sin, self.sdpa_kwargs)
         return block(x_BTD, self.cos, self.sin, self.sdpa_kwargs, self.cache.layer(layer))
 
 
-def layer_inputs(rope: Rotary, T: int, x_BTD: torch.Tensor, rule: AttentionRule = CAUSAL, positions_BT: torch.Tensor | None = None, cache: KVCache | None = None, valid_BT: torch.Tensor | None = None) -> LayerInputs:
+def layer_inputs(rope: Rotary, T: int, x_BTD: torch.Tensor, rule: AttentionRule = CAUSAL,
+                 positions_BT: torch.Tensor | None = None, cache: KVCache | None = None, valid_BT: torch.Tensor | None = None) -> LayerInputs:
     """The LayerInputs of a pass over T positions whose hidden states x_BTD enter the first block
     (Transformer.forward's arguments say what `rule`, positions_BT, cache and valid_BT mean).
 
@@ -210,11 +213,13 @@ def layer_inputs(rope: Rotary, T: int, x_BTD: torch.Tensor, rule: AttentionRule 
         # SDPA makes a boolean mask additive on every call and saves that copy for backward: one per
         # layer. Made additive once, in the dtype the projections compute in, every layer shares it.
         dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else x_BTD.dtype
-        sdpa_kwargs = {**sdpa_kwargs, "attn_mask": torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))}
+        additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+        sdpa_kwargs = {**sdpa_kwargs, "attn_mask": additive}
     return LayerInputs(cos, sin, sdpa_kwargs)
 
 
-def output(x_BTD: torch.Tensor, norm: RMSNorm, lm_head: nn.Linear, softcap: float | None, head: Head | None = None) -> Any:
+def output(x_BTD: torch.Tensor, norm: RMSNorm, lm_head: nn.Linear, softcap: float | None,
+           head: Head | None = None) -> Any:
     """Logits (B, T, V) in fp32 of the last block's hidden states, or what head(final normed hidden
     states, output matrix, logit soft-cap) returns instead."""
     if head is not None:
@@ -269,7 +274,9 @@ class Transformer(nn.Module):
                 scale = 1 / math.sqrt(2 * depth)
             nn.init.normal_(p, mean=0.0, std=std * scale)
 
-    def forward(self, idx_BT: torch.Tensor, rule: AttentionRule = CAUSAL, positions_BT: torch.Tensor | None = None, cache: KVCache | None = None, valid_BT: torch.Tensor | None = None, last_only: bool = False, head: Head | None = None) -> Any:
+    def forward(self, idx_BT: torch.Tensor, rule: AttentionRule = CAUSAL, positions_BT: torch.Tensor | None = None,
+                cache: KVCache | None = None, valid_BT: torch.Tensor | None = None, last_only: bool = False,
+                head: Head | None = None) -> Any:
         """Logits (B, T, V) in fp32 for a batch of token ids, attending as `rule` allows.
 
         positions_BT: each token's RoPE position (restarting per packed document); None means

@@ -98,7 +98,8 @@ class Trained(Protocol):
     def states(self) -> States: ...
 
 
-def maybe_checkpoint(trained: Trained, step: int, last_step: int, folder: Path, batches: BatchSource, resumable: Callable[[], dict[str, Any]]) -> list[Path] | None:
+def maybe_checkpoint(trained: Trained, step: int, last_step: int, folder: Path, batches: BatchSource,
+                     resumable: Callable[[], dict[str, Any]]) -> list[Path] | None:
     """After `step`: a resumable state when trained.states says one is due (`resumable()` gives its
     JSON part), and after the last step the consolidated checkpoint in `folder`; the consolidated
     paths written (on rank 0), else None.

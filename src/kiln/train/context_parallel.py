@@ -22,8 +22,9 @@ is_causal or no mask, and its flex-attention path gathers keys and values as kil
 rules also mask documents and prefixes, and its ranks may be CPUs, so kiln gathers (as Llama 3
 was trained): each layer keeps the whole window's keys and values it gathered for backward,
 unless it is recomputed (K heads, few with grouped-query attention). Every rule is supported:
-causal, full (MLM), prefix-LM, each with or without document masking; also RoPE positions restarting per document, and the
-sequence-length schedule (every length must split into 2 x cp chunks).
+causal, full (MLM), prefix-LM, each with or without document masking; also RoPE positions
+restarting per document, and the sequence-length schedule (every length must split into 2 x cp
+chunks).
 The loss is each rank's positions' share of the step's kept-token sum; FSDP2 shards the weights
 over dp_shard x cp and averages gradients over those ranks (kiln.train.distributed,
 `Ranks.grad_scale`), so the group's gradients are summed as data ranks' are.
@@ -80,7 +81,8 @@ class ContextBatch(Batch):
     key_index_T: torch.Tensor  # int64: every rank's positions in the order all_gather concatenates them
 
     def rule(self) -> AttentionRule:
-        return ShardedRule(self.attention, prefix_BT=self.prefix_BT, doc_ids_BT=self.doc_ids_BT, query_index_Q=self.query_index_Q, key_index_T=self.key_index_T)
+        return ShardedRule(self.attention, prefix_BT=self.prefix_BT, doc_ids_BT=self.doc_ids_BT,
+                           query_index_Q=self.query_index_Q, key_index_T=self.key_index_T)
 
     def window_positions(self) -> tuple[torch.Tensor | None, int]:
         return self.query_index_Q, len(self.key_index_T)
@@ -145,10 +147,11 @@ class GatheredKeys(nn.Module):
         super().__init__()
         self.inner, self.split = inner, split
 
-    def forward(self, q_BHQE: torch.Tensor, k_BKQE: torch.Tensor, v_BKQE: torch.Tensor, sdpa_kwargs: dict[str, Any]) -> torch.Tensor:
+    def forward(self, q_BHQE: torch.Tensor, k_BKQE: torch.Tensor, v_BKQE: torch.Tensor,
+                sdpa_kwargs: dict[str, Any]) -> torch.Tensor:
         if not self.split.active:
             return self.inner(q_BHQE, k_BKQE, v_BKQE, sdpa_kwargs)
-        k_BKTE, v_BKTE = self.split.gather_kv(k_BKQE, v_BKQE)  # sync point: an all-gather per layer, forward and backward
+        k_BKTE, v_BKTE = self.split.gather_kv(k_BKQE, v_BKQE)  # sync point: an all-gather per layer, both ways
         return self.inner(q_BHQE, k_BKTE, v_BKTE, sdpa_kwargs)
 
 

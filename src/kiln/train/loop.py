@@ -66,7 +66,7 @@ class TrainResult:
     train_flops: int  # model FLOPs over all steps (each step at its own sequence length)
     mixture: list[dict[str, Any]]  # realized mixture per window of steps (MixtureWindows)
     rollbacks: int  # rollbacks after a NaN, Inf or loss spike (kiln.train.rollback)
-    model_states_mb: list[dict[str, float]]  # per rank: weights, gradients and optimizer states it held after its first step
+    model_states_mb: list[dict[str, float]]  # per rank: weights, gradients, optimizer states held after its first step
     max_rss_mb: float | None  # this process's peak resident memory while training (None off Linux)
 
 
@@ -93,7 +93,7 @@ class Progress:
     val_after: dict[str, Any] | None = None  # None until the last step
     checkpoint: list[Path] = field(default_factory=list)  # the final checkpoint's files, on rank 0
     loss: float = float("nan")  # the last step's
-    held: dict[str, float] = field(default_factory=dict)  # model states this rank held after the attempt's first step (MiB)
+    held: dict[str, float] = field(default_factory=dict)  # model states held after the attempt's first step (MiB)
 
     def count(self, step: int, loss: float, tokens: int, flops: int) -> None:
         """`step` is done (not rolled back): its loss, tokens and model FLOPs."""
@@ -101,55 +101,63 @@ class Progress:
         self.tokens_trained, self.train_flops = self.tokens_trained + tokens, self.train_flops + flops
 
 
-def train(model_cfg: ModelConfig, cfg: TrainConfig, data: TrainData, validation: Validation, out_dir: Path, place: Placement | None = None) -> TrainResult:
+def train(model_cfg: ModelConfig, cfg: TrainConfig, data: TrainData, validation: Validation, out_dir: Path,
+          place: Placement | None = None) -> TrainResult:
     """Train a model (model_cfg with its vocab_size resolved; fresh, or train.init_from's weights) on
     data.batches; metrics, resumable states and the checkpoint go to out_dir. place: this process's
     ranks, the parallel section and the state to resume from (None: one process, from the start)."""
     reset_peak_rss()  # what training alone needs, not what stages before it in the same process touched
     parts = build_parts(model_cfg, cfg, data, validation, out_dir, place)
+    batches, ranks, guard, monitor = data.batches, parts.ranks, parts.guard, parts.monitor
     cadence = Cadence(cfg.steps, cfg.eval_every, cfg.eval_at_start, cfg.probe_every, data.adapt_every)
-    progress = begin(parts, data.batches, place.resume_from if place else None, cfg, cadence)
-    sources = list(data.batches.sources)
-    state = partial(resumable, parts, data.batches, progress)  # a resumable state's JSON part, as of now
+    progress = begin(parts, batches, place.resume_from if place else None, cfg, cadence)
+    sources = list(batches.sources)
+    state = partial(resumable, parts, batches, progress)  # a resumable state's JSON part, as of now
     try:
         with StopRequest() as stop:  # SIGTERM / SIGINT: finish the step, save a resumable state, stop
             while progress.step < cfg.steps:
                 step = progress.step + 1
-                shape = cfg.geometry(step)  # this step's sequence length, rows and RoPE base (phases, batch-size warmup)
+                shape = cfg.geometry(step)  # seq_len, rows and RoPE base (phases, batch-size warmup)
                 enter_phase(parts.core, shape, model_cfg.rope_theta, step)
-                lr = set_lr(parts.optimizer, cfg.lr(step) * parts.guard.lr_scale(step))
-                micro_batches, data_wait_s = draw_step(data.batches, shape, step, parts.guard.skips.get(step, 0), parts.ranks)
-                step_tokens = kept_positions(micro_batches, parts.ranks)
+                lr = set_lr(parts.optimizer, cfg.lr(step) * guard.lr_scale(step))
+                micro_batches, data_wait_s = draw_step(batches, shape, step, guard.skips.get(step, 0), ranks)
+                step_tokens = kept_positions(micro_batches, ranks)
                 losses, bubble = forward_backward(parts, micro_batches, step_tokens, len(sources))
                 grad_norm = optimizer_step(parts, cfg.optim.grad_clip, progress)
-                loss, by_source = losses.reduce(parts.ranks, sources)
-                if (reason := parts.guard.check(loss, grad_norm)) is not None:  # every rank sees the same loss and norm: the same decision
-                    fault = Fault(step, reason, step_rows(micro_batches, sources, parts.ranks))  # a collective, on every rank alike
-                    if (back_to := roll_back(fault, parts.guard, parts.states, parts.ranks)) is not None:
-                        rewind(progress, restore(parts, data.batches, back_to, cfg, fault))
+                loss, by_source = losses.reduce(ranks, sources)
+                # Every rank has the same loss and norm, so every rank takes the same decision.
+                if (reason := guard.check(loss, grad_norm)) is not None:
+                    fault = Fault(step, reason, step_rows(micro_batches, sources, ranks))  # a collective, on every rank
+                    if (back_to := roll_back(fault, guard, parts.states, ranks)) is not None:
+                        rewind(progress, restore(parts, batches, back_to, cfg, fault))
                         continue
-                tokens, fpt = shape.tokens(parts.ranks.data_world), flops_per_token(parts.core.cfg, shape.seq_len)
+                tokens, fpt = shape.tokens(ranks.data_world), flops_per_token(parts.core.cfg, shape.seq_len)
                 progress.count(step, loss, tokens, tokens * fpt)
-                record = StepLog(step, loss, by_source, lr, grad_norm, tokens, shape.seq_len, fpt, data_wait_s, parts.guard.rollbacks, bubble)
-                parts.monitor.log_step(record)
-                log_mixture(parts, data.batches, step, shape.progress, tokens)
-                maybe_adapt(parts, data.batches, step, cfg.geometry(step + 1).progress, cadence)  # for the rows drawn next
+                monitor.log_step(StepLog(step, loss, by_source, lr, grad_norm, tokens, shape.seq_len, fpt, data_wait_s,
+                                         guard.rollbacks, bubble))
+                log_mixture(parts, batches, step, shape.progress, tokens)
+                maybe_adapt(parts, batches, step, cfg.geometry(step + 1).progress, cadence)  # for the rows drawn next
                 # The checkpoint is on disk before the final validation, which could still fail.
-                progress.checkpoint = maybe_checkpoint(parts, step, cfg.steps, out_dir / CHECKPOINT, data.batches, state) or progress.checkpoint
-                progress.val_after = maybe_eval(parts.evaluate, parts.scored, parts.monitor, step, cadence) or progress.val_after
-                maybe_probe(parts.probe, parts.scored, parts.monitor, step, cadence)
-                if step < cfg.steps and stop.agreed(parts.ranks):  # sync point with several ranks: all stop at the same step
+                saved = maybe_checkpoint(parts, step, cfg.steps, out_dir / CHECKPOINT, batches, state)
+                progress.checkpoint = saved or progress.checkpoint
+                validated = maybe_eval(parts.evaluate, parts.scored, monitor, step, cadence)  # None until the last step
+                progress.val_after = validated or progress.val_after
+                maybe_probe(parts.probe, parts.scored, monitor, step, cadence)
+                if step < cfg.steps and stop.agreed(ranks):  # sync point with several ranks: all stop at the same step
                     stop_now(parts, step, state())
     except BaseException:
         parts.states.settle()  # a state still being written when the run failed is worth completing
         raise
-    parts.monitor.close()
-    assert progress.val_after is not None and (progress.checkpoint or not parts.ranks.is_main), "the last step validates and saves"
-    return TrainResult(parts.ranks.device, progress.loss, progress.val_before, progress.val_after, progress.checkpoint, progress.tokens_trained,
-                       progress.train_flops, parts.mixture.records, parts.guard.rollbacks, parts.ranks.gather(progress.held), peak_rss_mb())
+    monitor.close()
+    saved = progress.checkpoint or not ranks.is_main
+    assert progress.val_after is not None and saved, "the last step validates and saves"
+    return TrainResult(ranks.device, progress.loss, progress.val_before, progress.val_after, progress.checkpoint,
+                       progress.tokens_trained, progress.train_flops, parts.mixture.records, guard.rollbacks,
+                       ranks.gather(progress.held), peak_rss_mb())
 
 
-def begin(parts: TrainParts, batches: BatchSource, resume_from: Path | None, cfg: TrainConfig, cadence: Cadence) -> Progress:
+def begin(parts: TrainParts, batches: BatchSource, resume_from: Path | None, cfg: TrainConfig,
+          cadence: Cadence) -> Progress:
     """Where the run starts: after the resumable state resume_from (loaded into every part), or at
     step 0, after validating the untrained model (every rank scores, FSDP2 gathers shards; rank 0 logs)."""
     if resume_from:
@@ -165,7 +173,8 @@ def begin(parts: TrainParts, batches: BatchSource, resume_from: Path | None, cfg
     return progress
 
 
-def restore(parts: TrainParts, batches: BatchSource, folder: Path, cfg: TrainConfig, fault: Fault | None = None) -> dict[str, Any]:
+def restore(parts: TrainParts, batches: BatchSource, folder: Path, cfg: TrainConfig,
+            fault: Fault | None = None) -> dict[str, Any]:
     """Load the resumable state `folder` (verified against `cfg`) into every part; its train_state.json.
     After a fault (a rollback) the guard keeps its rollbacks, skips and lowered-lr window as they are
     now, and the metrics record the rollback."""
@@ -178,20 +187,24 @@ def restore(parts: TrainParts, batches: BatchSource, folder: Path, cfg: TrainCon
     if parts.ranks.is_main:
         truncate_metrics(parts.monitor.path, saved["step"])
     if fault is not None:
-        rows = {"rows": [i for i, _ in fault.rows], "sources": [s for _, s in fault.rows], "rollbacks": parts.guard.rollbacks}
-        parts.monitor.write({"step": saved["step"], "kind": "rollback", "rollback": {"at_step": fault.step, "to_step": saved["step"], "reason": fault.reason, **rows}})
+        rows, sources = [i for i, _ in fault.rows], [s for _, s in fault.rows]
+        rollback = {"at_step": fault.step, "to_step": saved["step"], "reason": fault.reason, "rows": rows,
+                    "sources": sources, "rollbacks": parts.guard.rollbacks}
+        parts.monitor.write({"step": saved["step"], "kind": "rollback", "rollback": rollback})
         parts.monitor.rewind(saved["step"])
     return saved
 
 
 def rewind(progress: Progress, saved: dict[str, Any]) -> None:
     """Back to a state's step and counts after a rollback (this attempt's results stay)."""
-    progress.step, progress.tokens_trained, progress.train_flops = saved["step"], saved["tokens_trained"], saved["train_flops"]
+    progress.step, progress.tokens_trained, progress.train_flops = (saved["step"], saved["tokens_trained"],
+                                                                    saved["train_flops"])
 
 
 def resumable(parts: TrainParts, batches: BatchSource, progress: Progress) -> dict[str, Any]:
     """What a resumable state holds besides model, optimizer and RNGs (JSON)."""
-    return {"batches": batches.state_dict(), "mixture": parts.mixture.state_dict(), "tokens_trained": progress.tokens_trained, "train_flops": progress.train_flops,
+    return {"batches": batches.state_dict(), "mixture": parts.mixture.state_dict(),
+            "tokens_trained": progress.tokens_trained, "train_flops": progress.train_flops,
             "val_before": progress.val_before, "guard": parts.guard.state_dict(), "scaler": parts.scaler.state_dict()}
 
 
@@ -199,7 +212,8 @@ def enter_phase(core: nn.Module, shape: StepGeometry, base_theta: float, step: i
     """The step's RoPE base: its phase's, or the model's own (base_theta) before any phase sets one
     (also after a rollback to such a step)."""
     if (theta := shape.rope_theta if shape.rope_theta is not None else base_theta) != core.cfg.rope_theta:
-        core.set_rope_theta(theta)  # type: ignore[operator]  # a long-context phase begins (or, rolled back, has not yet)
+        # A long-context phase begins (or, rolled back, has not yet).
+        core.set_rope_theta(theta)  # type: ignore[operator]
         log.info("train: step %d: seq_len %d, RoPE base %g", step, shape.seq_len, theta)
 
 
@@ -209,24 +223,29 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> float:
     return lr
 
 
-def draw_step(batches: BatchSource, shape: StepGeometry, step: int, skips: int, ranks: Ranks) -> tuple[list[Batch], float]:
+def draw_step(batches: BatchSource, shape: StepGeometry, step: int, skips: int,
+              ranks: Ranks) -> tuple[list[Batch], float]:
     """This rank's micro-batches of `step`, drawn on the host: ids, targets, loss mask (B, T),
     source per row (B,), the attention rule's tensors; first the draws a rollback skips (`skips`:
     rows that made this step fault before). Also the host seconds it took. Drawn before any compute
     because the loss divides by the kept positions of the whole step, which the masks give."""
     t_data = time.perf_counter()
+    def draw() -> list[Batch]:
+        return [batches.next_batch(rows, shape.seq_len, shape.progress) for rows in shape.micro_batches]
+
     for _ in range(skips):
-        skipped = step_rows([batches.next_batch(rows, shape.seq_len, shape.progress) for rows in shape.micro_batches], list(batches.sources), ranks)
+        skipped = step_rows(draw(), list(batches.sources), ranks)
         if ranks.is_main:
             log.warning("train: step %d: skipping %s, which faulted before", step, describe_rows(skipped))
-    micro_batches = [batches.next_batch(rows, shape.seq_len, shape.progress) for rows in shape.micro_batches]
+    micro_batches = draw()
     return micro_batches, time.perf_counter() - t_data
 
 
 def kept_positions(micro_batches: list[Batch], ranks: Ranks) -> int:
     """The kept positions of the whole step over every data rank, which the loss divides by; the
     masks are on the host (no device sync), but with several ranks this is a sync point."""
-    return int(ranks.all_sum(torch.tensor([sum(int(b.loss_mask_BT.sum()) for b in micro_batches)], device=ranks.device)).item())
+    kept = torch.tensor([sum(int(b.loss_mask_BT.sum()) for b in micro_batches)], device=ranks.device)
+    return int(ranks.all_sum(kept).item())
 
 
 class SourceLosses:
@@ -246,26 +265,30 @@ class SourceLosses:
         log line and the fault check; a collective with several ranks (the last stage's losses)."""
         ranks.all_sum(self.loss, stages=True), ranks.all_sum(self.rows, stages=True)
         per_source, rows = (self.loss / self.rows.clamp(min=1)).tolist(), self.rows.tolist()
-        return float(self.loss.sum().item() / max(sum(rows), 1)), {s: per_source[i] for i, s in enumerate(sources) if rows[i]}
+        by_source = {s: per_source[i] for i, s in enumerate(sources) if rows[i]}
+        return float(self.loss.sum().item() / max(sum(rows), 1)), by_source
 
 
-def forward_backward(parts: TrainParts, micro_batches: list[Batch], step_tokens: int, n_sources: int) -> tuple[SourceLosses, float | None]:
+def forward_backward(parts: TrainParts, micro_batches: list[Batch], step_tokens: int,
+                     n_sources: int) -> tuple[SourceLosses, float | None]:
     """Forward and backward of the step's rows for the layout in use: through the pipeline schedule,
     or one micro-batch after another; each row's loss by source, and the pipeline's bubble (the
     slowest stage's idle share; the others also wait on it), None without stages."""
     losses = SourceLosses(n_sources, parts.ranks.device)
-    if parts.schedule is not None:  # forward and backward of every micro-batch through the stages; per-row losses on the last
+    if parts.schedule is not None:  # every micro-batch through the stages; per-row losses on the last
         rows_loss, idle = parts.schedule.step(micro_batches, step_tokens)
-        parts.schedule.sum_tied_grads()  # a tied embedding: its copies on the first and last stage each get both gradients
+        parts.schedule.sum_tied_grads()  # a tied embedding: its copies on the first and last stage get both gradients
         if rows_loss is not None:
-            losses.add(torch.cat([b.source_B for b in micro_batches]).to(parts.ranks.device), rows_loss.row_mean_B, rows_loss.row_tokens_B)
+            source_B = torch.cat([b.source_B for b in micro_batches]).to(parts.ranks.device)
+            losses.add(source_B, rows_loss.row_mean_B, rows_loss.row_tokens_B)
         return losses, min(idle)
     for i, batch in enumerate(micro_batches):
         micro_batch_forward_backward(parts, batch, step_tokens, i == len(micro_batches) - 1, losses)
     return losses, None
 
 
-def micro_batch_forward_backward(parts: TrainParts, batch: Batch, step_tokens: int, last: bool, losses: SourceLosses) -> None:
+def micro_batch_forward_backward(parts: TrainParts, batch: Batch, step_tokens: int, last: bool,
+                                 losses: SourceLosses) -> None:
     """One micro-batch (this rank's positions of it with cp): its loss is summed over kept positions
     and divided by step_tokens, so the accumulated gradient is that of the step's token mean.
     Expected: about ln V at step 1 (9.01 nats for 8192 tokens)."""
@@ -274,12 +297,13 @@ def micro_batch_forward_backward(parts: TrainParts, batch: Batch, step_tokens: i
     # DDP all-reduces gradients only after the step's last micro-batch.
     sync = parts.model.no_sync() if isinstance(parts.model, DistributedDataParallel) and not last else nullcontext()
     gather = parts.context.sharded() if parts.context else nullcontext()
-    with sync, parts.ranks.loss_context(), gather:  # forward and backward both inside DDP's no_sync, tp's loss_parallel, cp's gathering
+    # Forward and backward both inside DDP's no_sync, tp's loss_parallel and cp's gathering.
+    with sync, parts.ranks.loss_context(), gather:
         loss = parts.loss_of(parts.model, batch, step_tokens)
         # grad_scale: DDP and FSDP2 average over ranks; the step's gradient is the sum of the ranks' shares.
         parts.scaler.scale(loss.value * parts.ranks.grad_scale).backward()
     # sync point with cp: each row's loss over the positions of the whole group.
-    row_mean_B, row_tokens_B = (loss.row_mean_B, loss.row_tokens_B) if parts.context is None else parts.context.whole_rows(loss)
+    row_mean_B, row_tokens_B = parts.context.whole_rows(loss) if parts.context else (loss.row_mean_B, loss.row_tokens_B)
     losses.add(batch.source_B, row_mean_B, row_tokens_B)
 
 
@@ -292,7 +316,8 @@ def optimizer_step(parts: TrainParts, grad_clip: float | None, progress: Progres
     parts.scaler.step(parts.optimizer)  # fp16: skipped when a gradient overflowed, and the scale shrinks
     parts.scaler.update()
     if not progress.held:  # what the planner's memory model counts, measured where it can be (on a CPU too)
-        progress.held = {k: round(v / 2**20, 3) for k, v in model_state_bytes(parts.parameters, parts.optimizer).items()}
+        held = model_state_bytes(parts.parameters, parts.optimizer)
+        progress.held = {k: round(v / 2**20, 3) for k, v in held.items()}
     parts.optimizer.zero_grad(set_to_none=True)
     return grad_norm.item()
 
@@ -314,7 +339,8 @@ def step_rows(micro_batches: list[Batch], sources: list[str], ranks: Ranks) -> l
     index = torch.cat([b.index_B for b in micro_batches])  # type: ignore[misc]
     source = torch.cat([b.source_B.cpu() for b in micro_batches])
     # The step's rows are one contiguous run of the stream; data rank 0 holds its first rows.
-    first = int(ranks.all_sum(torch.tensor([int(index.min()) if ranks.data_rank == 0 else 0], device=ranks.device)).item())
+    first_row = torch.tensor([int(index.min()) if ranks.data_rank == 0 else 0], device=ranks.device)
+    first = int(ranks.all_sum(first_row).item())
     table = torch.zeros(len(index) * ranks.data_world, dtype=torch.long)
     table[index - first] = source + 1
     table = ranks.all_sum(table.to(ranks.device)).cpu()
@@ -325,7 +351,8 @@ def describe_rows(rows: list[tuple[int, str]]) -> str:
     if not rows:
         return "rows unknown (the batch source gives no row indices)"
     by_source = {s: sum(1 for _, r in rows if r == s) for s in dict.fromkeys(r for _, r in rows)}
-    return f"rows {rows[0][0]}..{rows[-1][0]} of the stream (" + ", ".join(f"{n} {s}" for s, n in by_source.items()) + ")"
+    counts = ", ".join(f"{n} {s}" for s, n in by_source.items())
+    return f"rows {rows[0][0]}..{rows[-1][0]} of the stream ({counts})"
 
 
 def roll_back(fault: Fault, guard: Guard, states: States, ranks: Ranks) -> Path | None:
@@ -340,19 +367,25 @@ def roll_back(fault: Fault, guard: Guard, states: States, ranks: Ranks) -> Path 
             log.warning("%s; no resumable state to roll back to (train.checkpoint.every), going on", where)
         return None
     if found is None:
-        when = f"none is saved before step {states.every}" if states.every else "set train.checkpoint.every to save them"
-        raise FatalError(f"{where}; there is no resumable state to roll back to ({when}); if it recurs, lower train.optim.lr or raise train.schedule.warmup_steps")
+        every = states.every
+        when = f"none is saved before step {every}" if every else "set train.checkpoint.every to save them"
+        raise FatalError(f"{where}; there is no resumable state to roll back to ({when}); "
+                         "if it recurs, lower train.optim.lr or raise train.schedule.warmup_steps")
     if guard.rollbacks >= most:
-        raise FatalError(f"{where}; {guard.rollbacks} rollback(s) already, train.rollback.max_rollbacks is {most}: stopping. Run the same command again to resume from the newest state, "
-                         "with a higher train.rollback.max_rollbacks, or train.rollback.lr_factor and lr_steps to go through this stretch at a lower lr")
+        raise FatalError(f"{where}; {guard.rollbacks} rollback(s) already, train.rollback.max_rollbacks is {most}: "
+                         "stopping. Run the same command again to resume from the newest state, with a higher "
+                         "train.rollback.max_rollbacks, or train.rollback.lr_factor and lr_steps to go through this "
+                         "stretch at a lower lr")
     guard.rolled_back(fault.step)
     if ranks.is_main:
-        log.warning("%s; rolling back to %s (rollback %d of at most %d), and these rows will be skipped", where, found, guard.rollbacks, most)
+        log.warning("%s; rolling back to %s (rollback %d of at most %d), and these rows will be skipped",
+                    where, found, guard.rollbacks, most)
     return Path(found)
 
 
 def log_mixture(parts: TrainParts, batches: BatchSource, step: int, progress: float, tokens: int) -> None:
-    """The realized mixture: at the last step of each window of steps, the tokens each source gave against the intended weights."""
+    """The realized mixture: at the last step of each window of steps, the tokens each source gave
+    against the intended weights."""
     if window := parts.mixture.add(step, batches.tokens_by_source(), batches.weights_at(progress), tokens):
         parts.monitor.write({"step": step, "mixture": window})
 
@@ -369,17 +402,21 @@ def maybe_adapt(parts: TrainParts, batches: BatchSource, step: int, progress: fl
         parts.monitor.write({"step": step, **record})
 
 
-def maybe_eval(evaluate: Scorer, model: nn.Module, monitor: Monitor, step: int, cadence: Cadence) -> dict[str, Any] | None:
+def maybe_eval(evaluate: Scorer, model: nn.Module, monitor: Monitor, step: int,
+               cadence: Cadence) -> dict[str, Any] | None:
     """Validate before step 1 (if train.eval_at_start), every train.eval_every steps, and after the
     last step; the results of the first and the last (the manifest's before and after), else None."""
-    periodic = bool(cadence.eval_every) and 0 < step < cadence.steps and step % cadence.eval_every == 0  # type: ignore[operator]
-    kind = "final" if step == cadence.steps else "start" if step == 0 and cadence.eval_at_start else "periodic" if periodic else None
+    every, last = cadence.eval_every, cadence.steps
+    periodic = bool(every) and 0 < step < last and step % every == 0  # type: ignore[operator]
+    start = step == 0 and cadence.eval_at_start
+    kind = "final" if step == last else "start" if start else "periodic" if periodic else None
     if kind is None:
         return None
     results = evaluate(model)  # switches to eval mode and back; one host sync per validation batch
     monitor.log_eval(step, results, kind)
     if step == 0:
-        log.info("train: step 0 validation loss %.3f (ln V = %.3f)", results["all"]["loss"], math.log(model.cfg.vocab_size or 1))
+        ln_v = math.log(model.cfg.vocab_size or 1)  # type: ignore[union-attr]
+        log.info("train: step 0 validation loss %.3f (ln V = %.3f)", results["all"]["loss"], ln_v)
     return None if kind == "periodic" else results
 
 

@@ -93,7 +93,8 @@ def lm_loss(logits_BTV: torch.Tensor, batch: Batch, step_tokens: int | None = No
     return Loss(value, row_mean_B, tokens_B)
 
 
-def logits_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch, step_tokens: int | None = None, options: LossOptions = PLAIN) -> Loss:
+def logits_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch,
+                step_tokens: int | None = None, options: LossOptions = PLAIN) -> Loss:
     """lm_loss of the logits hidden_BTD @ weight_VD.T (soft-capped), made whole in fp32: the loss as
     a model head where the chunked one is not used (a pipeline's last stage with fp16 or
     train.fused_loss off; over vocabulary shards, kiln.train.tensor_parallel)."""
@@ -170,7 +171,8 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, hidden_ND: torch.Tensor, weight_VD: torch.Tensor, at: HeadTargets, softcap: float | None, options: LossOptions) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(ctx: Any, hidden_ND: torch.Tensor, weight_VD: torch.Tensor, at: HeadTargets, softcap: float | None,
+                options: LossOptions) -> tuple[torch.Tensor, torch.Tensor]:
         device, chunk = hidden_ND.device.type, options.chunk
         mm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden_ND.dtype
         step = compiled_head_chunk() if options.compiled else head_chunk
@@ -187,7 +189,8 @@ class _ChunkedHeadLoss(torch.autograd.Function):
             for start in range(0, N, chunk):
                 end = min(start + chunk, N)
                 h_CD = h_ND[start:end]
-                grad_CP, ce_N[start:end], chunk_value = step(h_CD, w_PD, at.targets_N[start:end], at.ce_weight_N[start:end], at.z_weight_N[start:end], V, softcap)
+                weights_C = at.ce_weight_N[start:end], at.z_weight_N[start:end]
+                grad_CP, ce_N[start:end], chunk_value = step(h_CD, w_PD, at.targets_N[start:end], *weights_C, V, softcap)
                 value += chunk_value
                 torch.mm(grad_CP, w_PD, out=grad_h_ND[start:end])
                 if mm_dtype == torch.float32:
@@ -211,7 +214,8 @@ class _ChunkedHeadLoss(torch.autograd.Function):
         return (grad_h_ND * grad_value).to(h_dtype), (grad_w_VD * grad_value).to(w_dtype), None, None, None
 
 
-def fused_lm_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch, step_tokens: int | None = None, options: LossOptions = PLAIN) -> Loss:
+def fused_lm_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch,
+                  step_tokens: int | None = None, options: LossOptions = PLAIN) -> Loss:
     """lm_loss of the logits hidden_BTD @ weight_VD.T (soft-capped), options.chunk positions at a time
     (each chunk through torch.compile with options.compiled).
 

@@ -207,7 +207,9 @@ class Monitor:
             **({"pipeline_bubble": round(s.bubble, 4)} if s.bubble is not None else {}),
         })
         if self.board is not None:
-            for name, value in (("loss", s.loss), ("lr", s.lr), ("grad_norm", s.grad_norm), ("tokens_per_s", tokens_per_s), ("data_wait_s", s.data_wait_s)):
+            curves = (("loss", s.loss), ("lr", s.lr), ("grad_norm", s.grad_norm), ("tokens_per_s", tokens_per_s),
+                      ("data_wait_s", s.data_wait_s))
+            for name, value in curves:
                 self.board.add_scalar(f"train/{name}", value, s.step)
             for source, value in s.loss_by_source.items():
                 self.board.add_scalar(f"train_loss/{source}", value, s.step)

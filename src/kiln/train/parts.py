@@ -71,9 +71,9 @@ class Validation:
 
     run_dir: Path  # the run whose validation split is scored
     scoring: ScoringConfig
-    objective_batches: list[Batch] | None = None  # held-out batches built by the training objective, scored at each validation
-    reference_runs: Sequence[Path] = ()  # other runs whose validation splits are scored too (continued pretraining's replay)
-    make_probe: MakeProbe | None = None  # the probe set's scorer for an autocast dtype (kiln.pipeline wires eval.probe in), with train.probe_every
+    objective_batches: list[Batch] | None = None  # held-out rows of the training objective, scored at each validation
+    reference_runs: Sequence[Path] = ()  # other runs whose validation splits are scored too (continued pretraining)
+    make_probe: MakeProbe | None = None  # the probe set's scorer for an autocast dtype (kiln.stages: eval.probe)
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class TrainParts:
     ranks: Ranks
     model: nn.Module  # what is stepped: wrapped for data parallelism (DDP), or sharded in place (FSDP2)
     core: nn.Module  # the Transformer inside it (a pipeline rank's StageModel)
-    scored: nn.Module  # what validation and the probe run: core, its stages in turn (pp), or whole windows (sequence parallel)
+    scored: nn.Module  # what validation and the probe run: core, its stages in turn, or windows padded for tp
     optimizer: torch.optim.Optimizer
     parameters: list[nn.Parameter]
     loss_of: LossOf
@@ -109,13 +109,15 @@ class TrainParts:
     monitor: Monitor
 
 
-def build_parts(model_cfg: ModelConfig, cfg: TrainConfig, data: TrainData, validation: Validation, out_dir: Path, place: Placement | None) -> TrainParts:
+def build_parts(model_cfg: ModelConfig, cfg: TrainConfig, data: TrainData, validation: Validation, out_dir: Path,
+                place: Placement | None) -> TrainParts:
     """Every part of a run of `cfg` on model_cfg (its vocab_size resolved); metrics and states go to out_dir."""
     precision = build_precision(cfg)
     place = place or Placement(one_process(precision.device))
     ranks, parallel = place.ranks, place.parallel
     layers = build_layers(model_cfg, ranks, parallel)
-    context = ContextSplit(ranks.cp_group, ranks.cp, ranks.mesh.get_local_rank("cp")) if ranks.cp > 1 else None  # each rank trains on its share of every window
+    # Each rank of a context-parallel group trains on its share of every window.
+    context = ContextSplit(ranks.cp_group, ranks.cp, ranks.mesh.get_local_rank("cp")) if ranks.cp > 1 else None
     core = build_core(model_cfg, cfg.seed, cfg.init_from, cfg.optim.name, ranks)
     core = split_core(core, ranks, parallel, layers, context)
     apply_activation_checkpointing(core, cfg.activation_checkpointing, cfg.checkpoint_every_k_blocks)
@@ -125,23 +127,26 @@ def build_parts(model_cfg: ModelConfig, cfg: TrainConfig, data: TrainData, valid
     options, fused = loss_options(model_cfg, cfg, precision), fuses_loss(cfg.fused_loss, precision)
     loss_of = build_loss(options, fused, precision, ranks.tp)
     optimizer = build_optimizer(model, cfg.optim)
-    # Pipeline stages: the schedule runs each step's micro-batches; evaluation runs the stages in turn.
-    schedule = build_schedule(core, ranks, parallel, layers, build_head(options, fused, ranks.tp), precision) if ranks.pp > 1 else None
+    schedule = None
+    if ranks.pp > 1:  # the schedule runs each step's micro-batches through the stages
+        schedule = build_schedule(core, ranks, parallel, layers, build_head(options, fused, ranks.tp), precision)
     scored = build_scored(core, ranks, parallel, layers)
     evaluate = build_scorer(validation, cfg.seq_len, precision)
-    probe = validation.make_probe(precision.amp_dtype) if validation.make_probe is not None and cfg.probe_every else None
+    make_probe = validation.make_probe
+    probe = make_probe(precision.amp_dtype) if make_probe is not None and cfg.probe_every else None
     if schedule:  # the last stage scores; every rank gets its results
         from kiln.train.pipeline_parallel import last_stage_results
 
         evaluate = last_stage_results(evaluate, ranks)
         probe = probe and last_stage_results(probe, ranks)
     scaler = torch.amp.GradScaler(ranks.device.type, enabled=precision.amp_dtype == torch.float16)
-    return TrainParts(
-        precision, ranks, model, core, scored, optimizer, list(model.parameters()), loss_of, schedule, context, scaler, evaluate, probe,
-        MixtureWindows(data.batches.sources, cfg.steps, data.report_windows), build_states(out_dir, ranks, cfg.checkpoint, cfg.stable_until, cfg.steps),
-        Guard(cfg.rollback, check_grad_norm=not scaler.is_enabled()),  # with fp16 an overflowing gradient is the scaler's to handle (it skips the step)
-        build_monitor(out_dir / RunLayout(validation.run_dir).metrics.name, model_cfg, cfg, ranks),
-    )
+    mixture = MixtureWindows(data.batches.sources, cfg.steps, data.report_windows)
+    states = build_states(out_dir, ranks, cfg.checkpoint, cfg.stable_until, cfg.steps)
+    # With fp16 an overflowing gradient is the loss scaler's to handle (it skips the step), not a fault.
+    guard = Guard(cfg.rollback, check_grad_norm=not scaler.is_enabled())
+    monitor = build_monitor(out_dir / RunLayout(validation.run_dir).metrics.name, model_cfg, cfg, ranks)
+    return TrainParts(precision, ranks, model, core, scored, optimizer, list(model.parameters()), loss_of, schedule,
+                      context, scaler, evaluate, probe, mixture, states, guard, monitor)
 
 
 def build_precision(cfg: TrainConfig) -> Precision:
@@ -175,11 +180,14 @@ def check_model_fits(model_cfg: ModelConfig, optimizer: str, ranks: Ranks) -> No
     local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # torchrun's processes on this host
     host = local * max(build_bytes(model_cfg), states if ranks.device.type == "cpu" else 0)
     fix = "choose a smaller model section (`kiln plan memory` sizes one), or train on a machine with more memory"
-    check_memory(f"train: a {params:,}-parameter model ({local} process(es) on this host, fp32)", host, available_memory(), "this machine", fix)
+    what = f"train: a {params:,}-parameter model ({local} process(es) on this host, fp32)"
+    check_memory(what, host, available_memory(), "this machine", fix)
     if ranks.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(ranks.device)  # host-device sync, once
-        check_memory(f"train: the model states of {params:,} parameters (fp32 weights, gradients and {optimizer} state over {ranks.describe()})", states, free, str(ranks.device),
-                     "shard them over more GPUs (parallel.dp_shard, tp, pp; `kiln plan memory` gives a layout) or choose a smaller model section")
+        what = (f"train: the model states of {params:,} parameters (fp32 weights, gradients and {optimizer} state over "
+                f"{ranks.describe()})")
+        check_memory(what, states, free, str(ranks.device), "shard them over more GPUs (parallel.dp_shard, tp, pp; "
+                     "`kiln plan memory` gives a layout) or choose a smaller model section")
 
 
 def build_core(model_cfg: ModelConfig, seed: int, init_from: str | None, optimizer: str, ranks: Ranks) -> nn.Module:
@@ -193,13 +201,15 @@ def build_core(model_cfg: ModelConfig, seed: int, init_from: str | None, optimiz
     return core
 
 
-def split_core(core: nn.Module, ranks: Ranks, parallel: ParallelConfig, layers: list[range], context: ContextSplit | None) -> nn.Module:
+def split_core(core: nn.Module, ranks: Ranks, parallel: ParallelConfig, layers: list[range],
+               context: ContextSplit | None) -> nn.Module:
     """The whole model split over the ranks that hold parts of it, from outside: this rank's pipeline
     stages (pp), its slices of each matrix (tp), attention over its group's keys and values (cp)."""
     if ranks.pp > 1:  # each rank keeps its stages' modules of the whole model it built
         from kiln.train.pipeline_parallel import StageModel, rank_stages
 
-        core = StageModel(core, {i for s in rank_stages(len(layers), ranks.pp, ranks.stage) for i in layers[s]}, ranks.stage == 0, ranks.stage == ranks.pp - 1)  # type: ignore[arg-type]
+        held = {i for s in rank_stages(len(layers), ranks.pp, ranks.stage) for i in layers[s]}
+        core = StageModel(core, held, ranks.stage == 0, ranks.stage == ranks.pp - 1)  # type: ignore[arg-type]
     if ranks.tp > 1:  # each rank keeps its slices of the whole matrices it built
         apply_tensor_parallel(core, ranks.mesh["tp"], parallel.sequence_parallel)
     if context is not None:
@@ -220,7 +230,8 @@ def fuses_loss(fused_loss: bool, precision: Precision) -> bool:
 def loss_options(model_cfg: ModelConfig, cfg: TrainConfig, precision: Precision) -> LossOptions:
     """The loss's settings: model.z_loss, train.late_position_weight, and the fused loss's chunk
     (train.loss_chunk_tokens, or about 2^23 logits on a CPU, 2^28 on a GPU) and compilation."""
-    chunk = cfg.loss_chunk_tokens or max(1, (2**28 if precision.device.type == "cuda" else 2**23) // (model_cfg.vocab_size or 1))
+    logits = 2**28 if precision.device.type == "cuda" else 2**23
+    chunk = cfg.loss_chunk_tokens or max(1, logits // (model_cfg.vocab_size or 1))
     return LossOptions(model_cfg.z_loss, cfg.late_position_weight, chunk, compiling(cfg.compile, precision.device))
 
 
@@ -240,7 +251,8 @@ def build_loss(options: LossOptions, fused: bool, precision: Precision, tp: int)
 
         def headed(model: nn.Module, batch: Batch, step_tokens: int) -> Loss:
             with precision.autocast():  # the output layer's matmuls in the autocast dtype, the cross-entropy in fp32
-                return model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT, head=partial(head, batch=batch, step_tokens=step_tokens))
+                loss_head = partial(head, batch=batch, step_tokens=step_tokens)
+                return model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT, head=loss_head)
 
         return headed
     # Compiled along with the blocks: one fused pass over the (B, T, V) logits for the log-softmax,
@@ -251,12 +263,14 @@ def build_loss(options: LossOptions, fused: bool, precision: Precision, tp: int)
         # Plain causal rows without document ids take SDPA's is_causal fast path.
         with precision.autocast():
             logits_BTV = model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT)  # (B, T, V) fp32
-        return plain_loss(logits_BTV, batch, step_tokens, options.z_loss, options.late_position_weight)  # outside autocast: fp32
+        # Outside autocast: fp32.
+        return plain_loss(logits_BTV, batch, step_tokens, options.z_loss, options.late_position_weight)
 
     return plain
 
 
-def build_schedule(core: nn.Module, ranks: Ranks, parallel: ParallelConfig, layers: list[range], head: Callable[..., Loss], precision: Precision) -> PipelineSchedule:
+def build_schedule(core: nn.Module, ranks: Ranks, parallel: ParallelConfig, layers: list[range],
+                   head: Callable[..., Loss], precision: Precision) -> PipelineSchedule:
     """The pipeline schedule of parallel.pp_schedule over this rank's stages."""
     from kiln.train.pipeline_parallel import PipelineSchedule
 
@@ -302,7 +316,8 @@ def objective_loss(model: nn.Module, batches: list[Batch], precision: Precision)
     return {"loss": nats / max(kept, 1), "tokens": kept}
 
 
-def build_states(out_dir: Path, ranks: Ranks, checkpoint: CheckpointConfig, stable_until: int | None, steps: int) -> States:
+def build_states(out_dir: Path, ranks: Ranks, checkpoint: CheckpointConfig, stable_until: int | None,
+                 steps: int) -> States:
     """The resumable states train.checkpoint asks for; a wsd run also keeps one at its last stable
     step (stable_until): a longer run goes on from there (kiln.train.extend)."""
     keep = frozenset({stable_until}) if stable_until is not None and stable_until < steps else frozenset()
@@ -313,9 +328,14 @@ def build_monitor(path: Path, model_cfg: ModelConfig, cfg: TrainConfig, ranks: R
     """The metrics writer of train.steps steps (rank 0 writes), and the run described in the log."""
     monitor = Monitor(path, cfg.steps, ranks.device, ranks.world)
     # Printed so that MFU can be compared with other tools' accounting.
-    peak = f"{monitor.peak:.3g} FLOP/s ({ranks.world} x the device's dense bf16 peak)" if monitor.peak else "unknown for this device (MFU not reported)"
-    log.info("train: MFU = tokens/s x FLOPs per token / peak; FLOPs per token = 6 x %s matmul weights + 12 x layers x seq_len x d_attn = %s at seq_len %d (PaLM appendix B, kiln.model.config); peak %s",
+    peak = "unknown for this device (MFU not reported)"
+    if monitor.peak:
+        peak = f"{monitor.peak:.3g} FLOP/s ({ranks.world} x the device's dense bf16 peak)"
+    log.info("train: MFU = tokens/s x FLOPs per token / peak; FLOPs per token = 6 x %s matmul weights + 12 x layers x "
+             "seq_len x d_attn = %s at seq_len %d (PaLM appendix B, kiln.model.config); peak %s",
              f"{matmul_params(model_cfg):,}", f"{flops_per_token(model_cfg, cfg.seq_len):,}", cfg.seq_len, peak)
-    log.info("train: %s params (%s without embeddings) on %s x %d (%s), %d steps of %d tokens (%d micro-batches of %d x %d per data rank)", f"{count_params(model_cfg):,}",
-             f"{count_params(model_cfg, False):,}", ranks.device.type, ranks.world, ranks.describe(), cfg.steps, cfg.tokens_per_step, cfg.grad_accum_steps, cfg.micro_batch_size, cfg.seq_len)
+    log.info("train: %s params (%s without embeddings) on %s x %d (%s), %d steps of %d tokens (%d micro-batches of "
+             "%d x %d per data rank)", f"{count_params(model_cfg):,}", f"{count_params(model_cfg, False):,}",
+             ranks.device.type, ranks.world, ranks.describe(), cfg.steps, cfg.tokens_per_step, cfg.grad_accum_steps,
+             cfg.micro_batch_size, cfg.seq_len)
     return monitor

@@ -25,12 +25,12 @@ the schedule `parallel.pp_schedule`: GPipe (every forward, then every backward),
 forward, one backward, in steady state; the same bubble, fewer micro-batches in flight), or
 interleaved 1F1B (Narayanan et al. 2021): each rank holds `parallel.pp_stages_per_rank` = v
 stages, r, r + pp, r + 2 pp, ... of pp x v, and the schedule takes them in turn, which divides the
-bubble by about v at v times the sends. Each stage runs its own layers of the rank's StageModel. The
-loss is taken on the last stage, each micro-batch's share of the step's token mean as in the
+bubble by about v at v times the sends. Each stage runs its own layers of the rank's StageModel.
+The loss is taken on the last stage, each micro-batch's share of the step's token mean as in the
 plain loop; the schedule does not rescale gradients. Each rank times its compute (forward and
-backward of its chunks, `TimedStage`: torch's PipelineStage subclassed) against the step's wall time: the idle share is the bubble, logged per
-step, (p - 1) / (m + p - 1) in theory for p stages and m micro-batches of equal cost,
-(p - 1) / (v m + p - 1) interleaved.
+backward of its chunks, `TimedStage`: torch's PipelineStage subclassed) against the step's wall
+time: the idle share is the bubble, logged per step, (p - 1) / (m + p - 1) in theory for p stages
+and m micro-batches of equal cost, (p - 1) / (v m + p - 1) interleaved.
 Evaluation and generation run the stages one after another with point-to-point sends (no
 schedule), the last stage scores, and its results are sent to every rank.
 Rows must be plain causal ones (clm, fim) without document masking: a stage computes its RoPE
@@ -51,7 +51,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, ScheduleLoopedBFS
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleLoopedBFS,
+)
 from torch.distributed.tensor import DTensor
 
 from kiln.model.batch import Batch
@@ -127,7 +133,8 @@ class StageModel(nn.Module):
         self.cfg = self.cfg.model_copy(update={"rope_theta": theta})
         self.rope.fill(self.cfg)
 
-    def forward(self, x: torch.Tensor, layers: range | None = None, last_only: bool = False, head: Any = None, **attention: Any) -> Any:
+    def forward(self, x: torch.Tensor, layers: range | None = None, last_only: bool = False, head: Any = None,
+                **attention: Any) -> Any:
         """One of the rank's stages, `layers` (None: every block it holds, one stage's), as
         Transformer.forward runs the whole stack: it is given ids where it starts at layer 0 and
         hidden states (B, T, D) otherwise, and returns hidden states unless it ends at the last
@@ -137,7 +144,7 @@ class StageModel(nn.Module):
         inputs = layer_inputs(self.rope, x.shape[1], x_BTD, **attention)
         for key in keys:
             x_BTD = inputs.run(self.blocks[key], int(key), x_BTD)  # type: ignore[arg-type]
-        if inputs.cache is not None and keys[-1] == list(self.blocks)[-1]:  # once per pass: after the last block the rank holds
+        if inputs.cache is not None and keys[-1] == list(self.blocks)[-1]:  # once per pass: after the rank's last block
             inputs.cache.advance(x.shape[1])
         if int(keys[-1]) < self.cfg.n_layers - 1:  # a stage before the last: its hidden states go to the next
             return x_BTD
@@ -197,7 +204,8 @@ class TimedStage(PipelineStage):
         try:
             return super().forward_one_chunk(*args, **kwargs)
         finally:
-            self.busy.seconds += time.perf_counter() - t0  # a CPU computes synchronously; on a GPU, synchronize first (not done)
+            # A CPU computes synchronously; on a GPU, synchronize first (not done).
+            self.busy.seconds += time.perf_counter() - t0
 
     def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
@@ -215,9 +223,10 @@ class PipelineSchedule:
     micro-batch after another in the order the schedules run them, and outputs each micro-batch's
     loss value; the schedule's loss function passes it on."""
 
-    def __init__(self, core: StageModel, ranks: Ranks, schedule: str, layers: list[range], head: Callable[..., Loss], precision: Precision):
+    def __init__(self, core: StageModel, ranks: Ranks, schedule: str, layers: list[range], head: Callable[..., Loss],
+                 precision: Precision):
         self.core, self.ranks, self.kind, self.layers, self.head = core, ranks, schedule, layers, head
-        self.autocast, self.hidden_dtype = precision.autocast, precision.amp_dtype or torch.float32  # the dtype stages pass on
+        self.autocast, self.hidden_dtype = precision.autocast, precision.amp_dtype or torch.float32  # stages pass this dtype
         self.group, self.stages = ranks.stage_group, len(layers)
         self.local = rank_stages(self.stages, ranks.pp, ranks.stage)  # this rank's stages
         self.first, self.last = ranks.stage == 0, self.local[-1] == self.stages - 1  # holds the first stage, the last
@@ -268,7 +277,9 @@ class PipelineSchedule:
                 return torch.empty(b, seq_len, self.core.cfg.d_model, dtype=self.hidden_dtype, device=device, requires_grad=True)
 
             stages = [
-                TimedStage(self.busy, module, s, self.stages, device, input_args=torch.zeros(b, seq_len, dtype=torch.long, device=device) if s == 0 else hidden(), output_args=torch.zeros((), device=device) if s == self.stages - 1 else hidden(), group=self.group)
+                TimedStage(self.busy, module, s, self.stages, device, group=self.group,
+                           input_args=torch.zeros(b, seq_len, dtype=torch.long, device=device) if s == 0 else hidden(),
+                           output_args=torch.zeros((), device=device) if s == self.stages - 1 else hidden())
                 for s, module in zip(self.local, self.modules, strict=True)
             ]
             # The loss is each micro-batch's share of the step already: no rescaling by the schedule.

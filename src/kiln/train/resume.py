@@ -174,7 +174,8 @@ class States:
 
     def __init__(self, root: Path, ranks: Ranks, cfg: CheckpointConfig, keep_steps: frozenset[int] = frozenset()):
         self.root, self.ranks = root, ranks
-        self.every, self.keep_last, self.keep_every, self.async_save = cfg.every, cfg.keep_last, cfg.keep_every, cfg.async_save
+        self.every, self.keep_last, self.keep_every = cfg.every, cfg.keep_last, cfg.keep_every
+        self.async_save = cfg.async_save
         self.keep_steps = keep_steps  # saved whatever `every` says, and never pruned (a wsd run's last stable step)
         self.pending: threading.Thread | None = None
         self.pending_step = 0  # the step the pending async save is of

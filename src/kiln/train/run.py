@@ -95,7 +95,8 @@ def measure_tokens_per_s(model_cfg: ModelConfig, cfg: TrainConfig, make_rows: Ca
     """Tokens per second of a few real optimizer steps of this model and batch, in a throwaway folder."""
     probe = cfg.model_copy(update={"steps": PROBE_STEPS, "eval_at_start": False, "schedule": cfg.schedule.model_copy(update={"warmup_steps": 1, "warmup_fraction": None}), "checkpoint": cfg.checkpoint.model_copy(update={"every": None})})
     with tempfile.TemporaryDirectory() as tmp:
-        train(model_cfg, probe, TrainData(build_collator(make_rows(cfg.seq_len, "train"), probe, ids)), Validation(run_dir, ScoringConfig(max_tokens_per_source=cfg.seq_len + 1, batch_size=1)), Path(tmp))
+        data = TrainData(build_collator(make_rows(cfg.seq_len, "train"), probe, ids))
+        train(model_cfg, probe, data, Validation(run_dir, ScoringConfig(max_tokens_per_source=cfg.seq_len + 1, batch_size=1)), Path(tmp))
         records = [json.loads(line) for line in (Path(tmp) / RunLayout(run_dir).metrics.name).read_text().splitlines()]
     steps = [r for r in records if "tokens_per_s" in r]
     return float(np.median([r["tokens_per_s"] for r in steps[1:]]))
@@ -144,7 +145,8 @@ class TrainInputs:
     make_rows: Callable[[int, str], RowSource]  # (seq_len, split) -> the rows of that split
     scoring: ScoringConfig  # the monitoring evaluations' settings (not hashed: they change no weight)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # the layout over torchrun's processes
-    reference_runs: Sequence[Path] = ()  # runs whose train shards the rows also come from (replay) and whose validation splits are scored
+    # Runs whose train shards the rows also come from (replay) and whose validation splits are scored.
+    reference_runs: Sequence[Path] = ()
     make_probe: MakeProbe | None = None  # the probe set's scorer per autocast dtype (train.probe_every)
 
 
@@ -157,7 +159,8 @@ class Request:
     from_step: int | None = None
 
 
-def run(model_cfg: ModelConfig, cfg: TrainConfig, inputs: TrainInputs, run_dir: Path, force: bool = False, from_step: int | None = None) -> dict[str, Any]:
+def run(model_cfg: ModelConfig, cfg: TrainConfig, inputs: TrainInputs, run_dir: Path, force: bool = False,
+        from_step: int | None = None) -> dict[str, Any]:
     """The train stage; under torchrun every rank calls it, rank 0 keeps the books (lock, partial
     folder, manifest) and the others train and return rank 0's manifest. from_step: resume an
     interrupted run from the state after that step instead of its newest."""
@@ -274,16 +277,23 @@ def reference_inputs(layout: RunLayout, reference_runs: Sequence[Path], init_fro
     return inputs
 
 
-def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, inputs: TrainInputs, run_dir: Path, ranks: Ranks, request: Request) -> dict[str, Any]:
+def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, inputs: TrainInputs, run_dir: Path, ranks: Ranks,
+                request: Request) -> dict[str, Any]:
     layout = RunLayout(run_dir)
     tokenized = read_manifest(layout.token_shards)
     check_layout(model_cfg, cfg, inputs.parallel, ranks.degrees, resolve_precision(cfg.precision, "train").amp_dtype)
     stage = None
     if ranks.is_main:  # inputs are hashed and checked once, here
-        files = [layout.tokenizer_json, *(p for p in recorded_outputs(layout.token_shards) if p.suffix in (".bin", ".idx", ".npy")), *reference_inputs(layout, inputs.reference_runs, cfg.init_from)]
+        shards = (p for p in recorded_outputs(layout.token_shards) if p.suffix in (".bin", ".idx", ".npy"))
+        files = [layout.tokenizer_json, *shards, *reference_inputs(layout, inputs.reference_runs, cfg.init_from)]
         # data_config is recorded under "mix", the recipe section a kiln run configures its data with.
-        stage = Stage(run_dir, TRAIN, {"model": model_cfg, "train": cfg, "mix": inputs.data_config}, files, upstream=[TOKENIZE])
-    done = ranks.broadcast(stage.up_to_date(request.force, lambda m: f"{m['counts']['steps']} steps, val loss {m['counts']['val_after']['all']['loss']:.3f}") if stage else None)
+        sections = {"model": model_cfg, "train": cfg, "mix": inputs.data_config}
+        stage = Stage(run_dir, TRAIN, sections, files, upstream=[TOKENIZE])
+
+    def finished(m: dict[str, Any]) -> str:
+        return f"{m['counts']['steps']} steps, val loss {m['counts']['val_after']['all']['loss']:.3f}"
+
+    done = ranks.broadcast(stage.up_to_date(request.force, finished) if stage else None)
     if done:
         return done
     model_cfg = resolved_vocab(model_cfg, tokenized["counts"]["vocab_size"])
@@ -297,7 +307,7 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, inputs: TrainInputs, r
         start = pick_state(stage, cfg, request.force, request.from_step)
         stage.begin(resume=start.resume is not None)
         if start.resume is not None and request.from_step is not None:
-            set_aside_after(start.resume.parent, request.from_step)  # the abandoned later states are kept, out of the way
+            set_aside_after(start.resume.parent, request.from_step)  # the abandoned later states are kept aside
     resume_from = start.resume or (seed_attempt(stage.dir, start.extend) if stage is not None and start.extend else None)
     out_dir, resume_from = ranks.broadcast((str(stage.dir), resume_from) if stage else None)  # only rank 0 writes into out_dir
     data = TrainData(batches, rows.adapt_every, rows.report_windows)
@@ -312,17 +322,20 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, inputs: TrainInputs, r
         counts["extended_from"] = {"run": str(start.previous), "step": state_step(start.extend)}
     extra = {"model": model_cfg.model_dump(mode="json"), "monitoring_eval": inputs.scoring.model_dump(mode="json")}
     logs = [stage.dir / layout.metrics.name, *sorted((stage.dir / TENSORBOARD).glob("*"))]
-    return ranks.broadcast(stage.finish(result.checkpoint, counts, summary(cfg, result, ranks, start, counts), extra=extra, logs=logs))
+    lines = summary(cfg, result, ranks, start, counts)
+    return ranks.broadcast(stage.finish(result.checkpoint, counts, lines, extra=extra, logs=logs))
 
 
 def resolved_vocab(model_cfg: ModelConfig, vocab_size: int) -> ModelConfig:
     """model_cfg with the tokenizer's vocabulary, or a larger one it asks for."""
     if model_cfg.vocab_size is not None and model_cfg.vocab_size < vocab_size:
-        raise ConfigError(f"model.vocab_size {model_cfg.vocab_size} is below the tokenizer's {vocab_size} ids; leave it unset to take the tokenizer's")
+        raise ConfigError(f"model.vocab_size {model_cfg.vocab_size} is below the tokenizer's {vocab_size} ids; "
+                          "leave it unset to take the tokenizer's")
     return model_cfg.resolved(vocab_size)
 
 
-def stage_counts(model_cfg: ModelConfig, cfg: TrainConfig, result: TrainResult, tokens_by_source: dict[str, int], planned: dict[str, Any], ranks: Ranks) -> dict[str, Any]:
+def stage_counts(model_cfg: ModelConfig, cfg: TrainConfig, result: TrainResult, tokens_by_source: dict[str, int],
+                 planned: dict[str, Any], ranks: Ranks) -> dict[str, Any]:
     """The manifest's counts of a finished run."""
     return {
         "params": count_params(model_cfg),
@@ -349,7 +362,8 @@ def stage_counts(model_cfg: ModelConfig, cfg: TrainConfig, result: TrainResult, 
 def summary(cfg: TrainConfig, result: TrainResult, ranks: Ranks, start: Start, counts: dict[str, Any]) -> str:
     """The stage's summary lines; with train.init_from, also each source's change (added to counts as val_change)."""
     before, after = result.val_before, result.val_after
-    lines = [f"{counts['params']:,} params, {cfg.steps} steps, {result.tokens_trained:,} tokens on {result.device}" + (f" x {ranks.world} processes ({ranks.describe()})" if ranks.world > 1 else "")]
+    processes = f" x {ranks.world} processes ({ranks.describe()})" if ranks.world > 1 else ""
+    lines = [f"{counts['params']:,} params, {cfg.steps} steps, {result.tokens_trained:,} tokens on {result.device}{processes}"]
     if before:
         lines.append(f"validation loss {before['all']['loss']:.3f} -> {after['all']['loss']:.3f} nats/token, bpb {before['all']['bpb']:.3f} -> {after['all']['bpb']:.3f}")
     else:

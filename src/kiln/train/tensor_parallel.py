@@ -95,7 +95,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, sequence_parallel: boo
         parallelize_module(block, tp_mesh, {k: v for k, v in plan.items() if v is not None})
 
 
-def vocab_parallel_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch, step_tokens: int | None = None, options: LossOptions = PLAIN) -> Loss:
+def vocab_parallel_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch,
+                        step_tokens: int | None = None, options: LossOptions = PLAIN) -> Loss:
     """lm_loss of the logits hidden_BTD @ weight_VD.T, each rank holding its vocabulary shard of
     them (B, T, V/tp); a loss head for Transformer.forward. Call it, and backward, inside
     loss_parallel (Ranks.loss_context). Only options.late_position_weight applies (no z-loss under
@@ -105,4 +106,6 @@ def vocab_parallel_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softc
         hidden_BTD = hidden_BTD.redistribute(mesh, [Replicate()])
     else:
         hidden_BTD = DTensor.from_local(hidden_BTD, mesh, [Replicate()])
-    return logits_loss(hidden_BTD, weight_VD, softcap, batch, step_tokens, LossOptions(late_position_weight=options.late_position_weight))  # logits Shard(2): this rank's vocabulary columns
+    # The logits are Shard(2): this rank's vocabulary columns.
+    return logits_loss(hidden_BTD, weight_VD, softcap, batch, step_tokens,
+                       LossOptions(late_position_weight=options.late_position_weight))
