@@ -113,17 +113,17 @@ def rank_stages(stages: int, pp: int, rank: int) -> list[int]:
 
 
 class StageModel(nn.Module):
-    """One rank's pipeline stages of a Transformer, built from its modules: the blocks of `layers`,
-    the embedding on the first rank, the final norm and output layer on the last (with a tied
+    """One rank's pipeline stages of a Transformer, built from its modules: the blocks it holds
+    (`held`, layer indices), the embedding on the first rank, the final norm and output layer on the last (with a tied
     embedding the embedding too: it is the output matrix). Parameter names are the whole model's;
     the Transformer's other modules are left to it (once it is dropped, freed)."""
 
-    def __init__(self, model: Transformer, layers: set[int], first: bool, last: bool):
+    def __init__(self, model: Transformer, held: set[int], first: bool, last: bool):
         super().__init__()
         self.cfg = model.cfg
         # Registered in the Transformer's order (embedding, blocks, norm, output): parameters come in the same order.
         self.embed = model.embed if first or (last and model.cfg.tie_embeddings) else None
-        self.blocks = nn.ModuleDict({key: block for key, block in model.blocks.items() if int(key) in layers})
+        self.blocks = nn.ModuleDict({key: block for key, block in model.blocks.items() if int(key) in held})
         self.norm = model.norm if last else None
         self.lm_head = model.lm_head if last else None
         self.rope = model.rope
