@@ -239,7 +239,7 @@ def test_a_bad_layout_is_told_once_before_any_process_starts(tmp_path: Path, mon
     assert done.returncode == 2
     assert done.stderr.splitlines() == ["kiln train: error: parallel.pp (1) x parallel.dp_replicate (1) x parallel.dp_shard (-1) x parallel.cp (1) x parallel.tp (3)"
                                         " must multiply to the world size, the 2 processes torchrun started; the world size must be a multiple of pp x dp_replicate x cp x tp = 3"]
-    # A model the layout cannot split: kiln.train.run.check_layout, the ranks' own check, run first.
+    # A model the layout cannot split: kiln.train.mesh.check_layout, the ranks' own check, run first.
     monkeypatch.setenv("WORLD_SIZE", "1")  # main() sets it for the N processes: monkeypatch takes it back after the test
     code, _, err = run_main(["train", "--recipe", str(small_recipe(tmp_path)), "--nproc", "2", "--set", "parallel.tp=2"], capsys)
     assert code == 2 and err.startswith("kiln train: error: parallel.tp=2 cannot split this model: model.n_kv_heads (1) is not a multiple of parallel.tp (2)")
