@@ -57,10 +57,14 @@ metric_list:
 
 def next_line_task(run_dir: Path, tokenizer: KilnTokenizer, n_items: int, context_lines: int, seed: int) -> list[Item]:
     shards = open_split(RunLayout(run_dir).token_shards, "val")
-    docs = [tokenizer.decode(shards["code"].document(i)[:-1].tolist()).split("\n") for i in range(shards["code"].n_docs)]
+    docs = [
+        tokenizer.decode(shards["code"].document(i)[:-1].tolist()).split("\n") for i in range(shards["code"].n_docs)
+    ]
     pool = [(d, line) for d, lines in enumerate(docs) for line in lines if len(line.strip()) >= 20]
     rng = random.Random(seed)
-    candidates = [(d, i) for d, lines in enumerate(docs) for i in range(context_lines, len(lines)) if len(lines[i].strip()) >= 20]
+    candidates = [
+        (d, i) for d, lines in enumerate(docs) for i in range(context_lines, len(lines)) if len(lines[i].strip()) >= 20
+    ]
     items = []
     for d, i in rng.sample(candidates, min(n_items, len(candidates))):
         others = [line for doc, line in rng.sample(pool, 12) if doc != d and line != docs[d][i]][:3]
@@ -72,7 +76,12 @@ def next_line_task(run_dir: Path, tokenizer: KilnTokenizer, n_items: int, contex
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=Path, default=ROOT / "runs" / "demo", help="A run with a train checkpoint and token shards holding a `code` source (`make demo`).")
+    parser.add_argument(
+        "--run",
+        type=Path,
+        default=ROOT / "runs" / "demo",
+        help="A run with a train checkpoint and token shards holding a `code` source (`make demo`).",
+    )
     parser.add_argument("--lm-eval", default="lm_eval", help="The lm-evaluation-harness command.")
     parser.add_argument("--items", type=int, default=200)
     parser.add_argument("--context-lines", type=int, default=6)
@@ -84,25 +93,51 @@ def main() -> None:
     tokenizer = KilnTokenizer.load(layout.tokenizer_json)
     items = next_line_task(args.run, tokenizer, args.items, args.context_lines, args.seed)
     kiln = score_task(model, tokenizer, items, delimiter="")
-    ours = loglikelihoods(model, [encode_pair(tokenizer, it.context, c) for it in items for c in it.choices], batch_size=16)
+    ours = loglikelihoods(
+        model, [encode_pair(tokenizer, it.context, c) for it in items for c in it.choices], batch_size=16
+    )
     with tempfile.TemporaryDirectory(prefix="kiln-lm-eval-") as tmp:
         tmp_path = Path(tmp)
         data = tmp_path / "kiln_next_line.jsonl"
-        data.write_text("".join(json.dumps({"context": it.context, "choices": list(it.choices), "label": it.label}) + "\n" for it in items))
+        data.write_text(
+            "".join(
+                json.dumps({"context": it.context, "choices": list(it.choices), "label": it.label}) + "\n"
+                for it in items
+            )
+        )
         (tmp_path / "tasks").mkdir()
         (tmp_path / "tasks" / "kiln_next_line.yaml").write_text(TASK_YAML.format(data=data))
         folder = tmp_path / "model"
         folder.mkdir()
         write_hf_folder(folder, model, tokenizer, GenerateConfig(temperature=0), "float32", "lm-eval comparison\n")
-        command = [args.lm_eval, "--model", "hf", "--model_args", f"pretrained={folder},dtype=float32", "--tasks", "kiln_next_line",
-                   "--include_path", str(tmp_path / "tasks"), "--device", "cpu", "--batch_size", "16", "--output_path", str(tmp_path / "out"), "--log_samples"]
+        command = [
+            args.lm_eval,
+            "--model",
+            "hf",
+            "--model_args",
+            f"pretrained={folder},dtype=float32",
+            "--tasks",
+            "kiln_next_line",
+            "--include_path",
+            str(tmp_path / "tasks"),
+            "--device",
+            "cpu",
+            "--batch_size",
+            "16",
+            "--output_path",
+            str(tmp_path / "out"),
+            "--log_samples",
+        ]
         print(" ".join(command), flush=True)
         env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp)
         if done.returncode != 0:
             raise SystemExit(f"lm_eval failed ({done.returncode}):\n{done.stderr[-3000:]}")
         results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())["results"]["kiln_next_line"]
-        samples = [json.loads(line) for line in next((tmp_path / "out").rglob("samples_kiln_next_line_*.jsonl")).read_text().splitlines()]
+        samples = [
+            json.loads(line)
+            for line in next((tmp_path / "out").rglob("samples_kiln_next_line_*.jsonl")).read_text().splitlines()
+        ]
     theirs = {}
     for s in samples:  # per choice: [[loglik, is_greedy]]
         for j, resp in enumerate(s["resps"]):
@@ -114,11 +149,21 @@ def main() -> None:
             k += 1
     lm_acc, lm_norm = results["acc,none"], results["acc_norm,none"]
     print(f"{len(items)} items, {sum(len(it.choices) for it in items)} choices")
-    print(f"kiln:    acc {kiln['acc']:.4f}  acc_norm_char {kiln['acc_norm_char']:.4f}  acc_norm_token {kiln['acc_norm_token']:.4f}")
+    print(
+        f"kiln:    acc {kiln['acc']:.4f}  acc_norm_char {kiln['acc_norm_char']:.4f}  acc_norm_token "
+        f"{kiln['acc_norm_token']:.4f}"
+    )
     print(f"lm_eval: acc {lm_acc:.4f}  acc_norm {lm_norm:.4f}")
     print(f"largest log-likelihood difference for the same choice: {max(diffs):.2e} nats")
-    fields = {"items": len(items), "kiln_acc": kiln["acc"], "lm_eval_acc": round(lm_acc, 5), "kiln_acc_norm_char": kiln["acc_norm_char"], "lm_eval_acc_norm": round(lm_norm, 5),
-              "kiln_acc_norm_token": kiln["acc_norm_token"], "max_loglik_diff": f"{max(diffs):.2e}"}
+    fields = {
+        "items": len(items),
+        "kiln_acc": kiln["acc"],
+        "lm_eval_acc": round(lm_acc, 5),
+        "kiln_acc_norm_char": kiln["acc_norm_char"],
+        "lm_eval_acc_norm": round(lm_norm, 5),
+        "kiln_acc_norm_token": kiln["acc_norm_token"],
+        "max_loglik_diff": f"{max(diffs):.2e}",
+    }
     print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
 
 

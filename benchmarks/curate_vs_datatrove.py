@@ -1,4 +1,5 @@
-"""Curation filters against datatrove: do kiln's Gopher, C4 and FineWeb rules keep the same documents, and how much faster.
+"""Curation filters against datatrove: do kiln's Gopher, C4 and FineWeb rules keep the same documents, and how much
+faster.
 
 Builds a corpus of at least `--min-mb` MB from text already on this machine (package docs,
 changelogs and READMEs under /usr/share/doc, man pages under /usr/share/man with their roff
@@ -42,7 +43,12 @@ from kiln.core.docshards import read_shard
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "benchmarks" / ".cache"
 MAX_FILE_CHARS = 60_000
-DATATROVE_PINS = ["datatrove==0.10.1", "spacy==3.8.18", "regex", "orjson"]  # English words come from spacy.blank("en") in 0.10.1
+DATATROVE_PINS = [
+    "datatrove==0.10.1",
+    "spacy==3.8.18",
+    "regex",
+    "orjson",
+]  # English words come from spacy.blank("en") in 0.10.1
 
 # ---------------------------------------------------------------------------------------------
 # corpus
@@ -51,7 +57,27 @@ DATATROVE_PINS = ["datatrove==0.10.1", "spacy==3.8.18", "regex", "orjson"]  # En
 class _HTMLText(html.parser.HTMLParser):
     """Visible text of an HTML page, a newline at each block element (like a boilerplate-free extraction)."""
 
-    _BLOCK = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "section", "table", "ul", "ol", "dt", "dd", "title"}
+    _BLOCK = {
+        "p",
+        "div",
+        "br",
+        "li",
+        "tr",
+        "h1",
+        "h2",
+        "h3",
+        "h4",
+        "h5",
+        "h6",
+        "pre",
+        "section",
+        "table",
+        "ul",
+        "ol",
+        "dt",
+        "dd",
+        "title",
+    }
 
     def __init__(self) -> None:
         super().__init__()
@@ -75,7 +101,9 @@ class _HTMLText(html.parser.HTMLParser):
             self.parts.append(data)
 
 
-_ROFF_TEXT_MACROS = re.compile(r"^[.'](?:SH|SS|B|I|BR|IR|BI|RB|IB|RI|SM|SB|IP|TP|Nm|Nd|Sh|Ss|Fl|Ar|Op|Xr|Pa|Dv|Em)\s+(.*)$")
+_ROFF_TEXT_MACROS = re.compile(
+    r"^[.'](?:SH|SS|B|I|BR|IR|BI|RB|IB|RI|SM|SB|IP|TP|Nm|Nd|Sh|Ss|Fl|Ar|Op|Xr|Pa|Dv|Em)\s+(.*)$"
+)
 _ROFF_ESCAPE = re.compile(r"\\f(?:\[[^\]]*\]|\(..|.)|\\s[-+]?\d|\\\(..|\\\[[^\]]*\]|\\[&|^%:]|\\\*\(..|\\\*.")
 
 
@@ -83,7 +111,7 @@ def _roff_to_text(src: str) -> str:
     """Man page source to rough text: text macros keep their arguments, others are dropped, escapes simplified."""
     out = []
     for line in src.split("\n"):
-        if line.startswith((".\\\"", "'\\\"", '.\\"')):
+        if line.startswith(('.\\"', "'\\\"", '.\\"')):
             continue
         if line.startswith((".", "'")):
             m = _ROFF_TEXT_MACROS.match(line)
@@ -126,7 +154,14 @@ def _corpus_files() -> Iterator[tuple[str, Path]]:
             if source == "share" and str(path).startswith(("/usr/share/doc/", "/usr/share/man/")):
                 continue
             name = path.name.lower()
-            if (name.endswith(text_suffixes) or name.startswith(("readme", "changelog", "news", "copyright", "changes"))) and path.is_file() and not path.is_symlink():
+            if (
+                (
+                    name.endswith(text_suffixes)
+                    or name.startswith(("readme", "changelog", "news", "copyright", "changes"))
+                )
+                and path.is_file()
+                and not path.is_symlink()
+            ):
                 files.append((source, path))
         trees.append(files)
     for i in range(max(map(len, trees), default=0)):
@@ -145,7 +180,9 @@ def build_corpus(path: Path, min_mb: float) -> tuple[int, int]:
     """Write documents of local text to `path` (JSONL) until at least `min_mb` MB; return (documents, bytes of text)."""
     docs = nbytes = 0
     tmp = path.with_suffix(".tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)  # benchmarks/.cache/ on a fresh clone, whichever benchmark runs first
+    path.parent.mkdir(
+        parents=True, exist_ok=True
+    )  # benchmarks/.cache/ on a fresh clone, whichever benchmark runs first
     with tmp.open("w", encoding="utf-8") as out:
 
         def emit(doc_id: str, source: str, text: str) -> None:
@@ -200,10 +237,12 @@ def write_shards(corpus: Path, shard_dir: Path, n_shards: int) -> list[Path]:
 # ---------------------------------------------------------------------------------------------
 # datatrove (the reference), in its own virtualenv
 
-_DATATROVE_PIPELINE = '''
+_DATATROVE_PIPELINE = """
 import sys
 from datatrove.executor import LocalPipelineExecutor
-from datatrove.pipeline.filters import C4QualityFilter, FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
+from datatrove.pipeline.filters import (
+    C4QualityFilter, FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter,
+)
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.writers import JsonlWriter
 
@@ -218,13 +257,15 @@ if __name__ == "__main__":  # the executor starts its workers with forkserver, w
         JsonlWriter(out_dir, compression=None),
     ]
     LocalPipelineExecutor(pipeline=pipeline, tasks=workers, workers=workers, logging_dir=log_dir).run()
-'''
+"""
 
 # Which filter drops each of a few documents (untimed; only for the disagreement breakdown).
-_DATATROVE_REASONS = '''
+_DATATROVE_REASONS = """
 import json, sys
 from datatrove.data import Document
-from datatrove.pipeline.filters import C4QualityFilter, FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
+from datatrove.pipeline.filters import (
+    C4QualityFilter, FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter,
+)
 
 filters = [("gopher_repetition", GopherRepetitionFilter()), ("gopher_quality", GopherQualityFilter()),
            ("c4", C4QualityFilter(filter_no_terminal_punct=False)), ("fineweb", FineWebQualityFilter())]
@@ -237,7 +278,7 @@ for line in sys.stdin:
             reason = f"{name}:{r[1] if isinstance(r, tuple) else 'dropped'}"
             break
     print(json.dumps({"id": d["id"], "reason": reason}))
-'''
+"""
 
 
 def datatrove_python() -> Path:
@@ -258,8 +299,18 @@ def run_datatrove(python: Path, shard_dir: Path, out_dir: Path, workers: int) ->
     for d in (out_dir, out_dir.with_name(out_dir.name + "-logs")):
         subprocess.run(["rm", "-rf", str(d)], check=True)
     t0 = time.perf_counter()
-    done = subprocess.run([str(python), str(script), str(shard_dir), str(out_dir), str(out_dir.with_name(out_dir.name + "-logs")), str(workers)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            str(python),
+            str(script),
+            str(shard_dir),
+            str(out_dir),
+            str(out_dir.with_name(out_dir.name + "-logs")),
+            str(workers),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise SystemExit(f"datatrove failed ({done.returncode}):\n{done.stderr[-3000:]}")
     seconds = time.perf_counter() - t0
@@ -269,8 +320,13 @@ def run_datatrove(python: Path, shard_dir: Path, out_dir: Path, workers: int) ->
 def datatrove_reasons(python: Path, docs: list[dict]) -> dict[str, str]:
     script = CACHE / "datatrove_reasons.py"
     script.write_text(_DATATROVE_REASONS)
-    done = subprocess.run([str(python), str(script)], input="".join(json.dumps(d) + "\n" for d in docs),
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [str(python), str(script)],
+        input="".join(json.dumps(d) + "\n" for d in docs),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return {r["id"]: r["reason"] for r in map(json.loads, done.stdout.splitlines())}
 
 
@@ -286,13 +342,30 @@ def _kept_ids(out_dir: Path) -> set[str]:
 # kiln: the real `kiln curate` on the same shards, with only the four rules datatrove runs.
 
 # Steps datatrove's pipeline does not have are switched off; normalization (always on) stays.
-KILN_ONLY_THE_FOUR_RULES = [f"curate.{step}.enabled=false" for step in ("url_filter", "line_dedup", "language", "code_quality", "pii", "length", "exact_dedup", "minhash_dedup")]
+KILN_ONLY_THE_FOUR_RULES = [
+    f"curate.{step}.enabled=false"
+    for step in (
+        "url_filter",
+        "line_dedup",
+        "language",
+        "code_quality",
+        "pii",
+        "length",
+        "exact_dedup",
+        "minhash_dedup",
+    )
+]
 
 
 def run_kiln(shard_dir: Path, runs_dir: Path, workers: int) -> tuple[float, set[str], dict[str, dict]]:
     """Wall seconds of `kiln curate` (interpreter start to exit), kept ids, and each removed id's row."""
     subprocess.run(["rm", "-rf", str(runs_dir)], check=True)
-    overrides = [f"runs_dir={runs_dir}", f"curate.executor.workers={workers}", "curate.sample_size=0", *KILN_ONLY_THE_FOUR_RULES]
+    overrides = [
+        f"runs_dir={runs_dir}",
+        f"curate.executor.workers={workers}",
+        "curate.sample_size=0",
+        *KILN_ONLY_THE_FOUR_RULES,
+    ]
     command = [sys.executable, "-m", "kiln", "-q", "curate", "--input", str(shard_dir / "*.jsonl"), "--run", "bench"]
     for override in overrides:
         command += ["--set", override]
@@ -305,7 +378,10 @@ def run_kiln(shard_dir: Path, runs_dir: Path, workers: int) -> tuple[float, set[
     kept = set()
     for shard in sorted((stage / "shards").glob("*.jsonl.zst")):
         kept.update(doc.id for doc in read_shard(shard))
-    removed = {r["id"]: r for r in pq.read_table(stage / "removed.parquet", columns=["id", "reason", "value", "threshold"]).to_pylist()}
+    removed = {
+        r["id"]: r
+        for r in pq.read_table(stage / "removed.parquet", columns=["id", "reason", "value", "threshold"]).to_pylist()
+    }
     return seconds, kept, removed
 
 
@@ -342,8 +418,11 @@ def main() -> None:
     dt_s, dt_kept = run_datatrove(python, shard_dir, CACHE / "out-datatrove", args.workers)
     print(f"datatrove: {dt_s:.1f} s, {n_docs / dt_s:.0f} docs/s, {mb / dt_s:.2f} MB/s, kept {len(dt_kept)}", flush=True)
     kiln_s, kiln_kept, removed = run_kiln(shards[0].parent, CACHE / "kiln-runs", args.workers)
-    print(f"kiln:      {kiln_s:.1f} s, {n_docs / kiln_s:.0f} docs/s, {mb / kiln_s:.2f} MB/s, kept {len(kiln_kept)}"
-          f" ({mb / kiln_s / args.workers:.2f} MB/s per worker)", flush=True)
+    print(
+        f"kiln:      {kiln_s:.1f} s, {n_docs / kiln_s:.0f} docs/s, {mb / kiln_s:.2f} MB/s, kept {len(kiln_kept)}"
+        f" ({mb / kiln_s / args.workers:.2f} MB/s per worker)",
+        flush=True,
+    )
 
     agreement = len(dt_kept & kiln_kept) / max(len(dt_kept | kiln_kept), 1)
     ratio = dt_s / kiln_s
@@ -351,8 +430,10 @@ def main() -> None:
     print("kiln removals by reason: " + ", ".join(f"{k} {v}" for k, v in sorted(kiln_reasons.items())))
     differ = sorted(dt_kept ^ kiln_kept)
     dt_why = datatrove_reasons(python, [by_id[i] for i in differ]) if differ else {}
-    print(f"agreement (Jaccard of kept ids): {agreement:.4f}; kept by only one side: {len(differ)} "
-          f"(datatrove only {len(dt_kept - kiln_kept)}, kiln only {len(kiln_kept - dt_kept)})")
+    print(
+        f"agreement (Jaccard of kept ids): {agreement:.4f}; kept by only one side: {len(differ)} "
+        f"(datatrove only {len(dt_kept - kiln_kept)}, kiln only {len(kiln_kept - dt_kept)})"
+    )
     pairs: dict[tuple[str, str], list[str]] = {}
     for i in differ:
         kiln_why = removed[i]["reason"] if i in removed else "kept"
@@ -361,15 +442,29 @@ def main() -> None:
         print(f"  {len(ids):4d}  datatrove {dt_reason:40s} kiln {kiln_reason}")
         for i in ids[: args.examples]:
             row = removed.get(i)
-            measured = f"kiln measured {row['value']:.4g} against {row['threshold']:.4g}" if row and row["value"] is not None and row["threshold"] is not None else ""
+            measured = (
+                f"kiln measured {row['value']:.4g} against {row['threshold']:.4g}"
+                if row and row["value"] is not None and row["threshold"] is not None
+                else ""
+            )
             print(f"        {i}  {measured}")
     if differ:
-        print("why they differ: kiln splits words with one regular expression that follows spaCy's English tokenizer (datatrove's);\n"
-              "  the known systematic differences (unit suffixes such as '10km' stay one token, clitics split after any word,\n"
-              "  a few rare spaCy exceptions, symbol-only tokens such as '©' not counted as words) move a document's measured\n"
-              "  fractions by a token or two, which flips mostly documents within about 0.005 of a threshold (the values above);\n"
-              "  kiln also normalizes text first (trailing spaces, blank-line runs), which datatrove does not. See kiln.text.segments.")
-    print(f"RESULT kiln_docs_s={n_docs / kiln_s:.1f} datatrove_docs_s={n_docs / dt_s:.1f} ratio={ratio:.2f} agreement={agreement:.4f}")
+        print(
+            "why they differ: kiln splits words with one regular expression that follows spaCy's English "
+            "tokenizer (datatrove's);\n"
+            "  the known systematic differences (unit suffixes such as '10km' stay one token, clitics split after "
+            "any word,\n"
+            "  a few rare spaCy exceptions, symbol-only tokens such as '©' not counted as words) move a "
+            "document's measured\n"
+            "  fractions by a token or two, which flips mostly documents within about 0.005 of a threshold (the "
+            "values above);\n"
+            "  kiln also normalizes text first (trailing spaces, blank-line runs), which datatrove does not. See "
+            "kiln.text.segments."
+        )
+    print(
+        f"RESULT kiln_docs_s={n_docs / kiln_s:.1f} datatrove_docs_s={n_docs / dt_s:.1f} ratio={ratio:.2f} "
+        f"agreement={agreement:.4f}"
+    )
 
 
 if __name__ == "__main__":

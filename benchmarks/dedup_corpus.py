@@ -90,17 +90,32 @@ def local_texts() -> Iterator[tuple[str, str, str]]:
     def files(root: str, source: str, pattern: re.Pattern[str]) -> Iterator[tuple[str, str, str]]:
         base = Path(root)
         for path in sorted(base.rglob("*")) if base.is_dir() else []:
-            if pattern.search(path.name.lower()) and path.is_file() and not path.is_symlink() and (text := read_local_file(path)):
+            if (
+                pattern.search(path.name.lower())
+                and path.is_file()
+                and not path.is_symlink()
+                and (text := read_local_file(path))
+            ):
                 yield f"{source}:{path.relative_to(base)}", source, text
 
     def stdlib() -> Iterator[tuple[str, str, str]]:
         root = Path(sysconfig.get_paths()["stdlib"])
         for path in sorted(root.rglob("*.py")):
-            if "site-packages" not in path.parts and "test" not in path.parts and "tests" not in path.parts and (text := _docstrings(path)):
+            if (
+                "site-packages" not in path.parts
+                and "test" not in path.parts
+                and "tests" not in path.parts
+                and (text := _docstrings(path))
+            ):
                 yield f"docstrings:{path.relative_to(root)}", "docstrings", text
 
     doc_names = re.compile(r"^(readme|changelog|changes|news|history|copyright|authors)|\.(txt|md|rst)(\.gz)?$")
-    streams = [pydoc_topics(), files("/usr/share/doc", "doc", doc_names), files("/usr/share/common-licenses", "license", re.compile(".")), stdlib()]
+    streams = [
+        pydoc_topics(),
+        files("/usr/share/doc", "doc", doc_names),
+        files("/usr/share/common-licenses", "license", re.compile(".")),
+        stdlib(),
+    ]
     while streams:
         for stream in list(streams):
             item = next(stream, None)
@@ -160,7 +175,9 @@ def chunks(text: str, rng: random.Random, min_words: int, max_words: int) -> Ite
         yield "\n\n".join(paragraphs)
 
 
-def base_documents(count: int, rng: random.Random, min_words: int = 150, max_words: int = 600, per_file: int = 4) -> list[Doc]:
+def base_documents(
+    count: int, rng: random.Random, min_words: int = 150, max_words: int = 600, per_file: int = 4
+) -> list[Doc]:
     """`count` documents of local text (fewer if the machine has less), no two with Jaccard >= 0.5.
     At most `per_file` documents come from one file, so no file's style dominates."""
     candidates: list[Doc] = []
@@ -216,7 +233,9 @@ def apply_edits(pieces: list[tuple[str, str]], plan: Sequence[tuple[str, float, 
     return "".join(w + s for w, s in out).strip()
 
 
-def variant_in(base: Doc, lo: float, hi: float, rng: random.Random, vocab: Sequence[str]) -> tuple[str, float, int] | None:
+def variant_in(
+    base: Doc, lo: float, hi: float, rng: random.Random, vocab: Sequence[str]
+) -> tuple[str, float, int] | None:
     """A word-edited copy of `base` whose measured Jaccard to it lies in [lo, hi) (hi 1.0: below 1),
     with that Jaccard and the edit count; None when no edit count lands there.
     The first k edits of one random plan are applied, k found by bisection: the Jaccard falls
@@ -251,8 +270,14 @@ def variant_in(base: Doc, lo: float, hi: float, rng: random.Random, vocab: Seque
     return None
 
 
-def plant(bases: list[Doc], rng: random.Random, variant_frac: float = 0.4, two_variant_frac: float = 0.08,
-          base_copy_frac: float = 0.08, variant_copy_frac: float = 0.05) -> list[Doc]:
+def plant(
+    bases: list[Doc],
+    rng: random.Random,
+    variant_frac: float = 0.4,
+    two_variant_frac: float = 0.08,
+    base_copy_frac: float = 0.08,
+    variant_copy_frac: float = 0.05,
+) -> list[Doc]:
     """The bases plus planted duplicates:
     - `variant_frac` of the bases get one variant, `two_variant_frac` two (independent edits of
       the base, so the two variants are a less similar pair of their own); each variant's target
@@ -275,13 +300,37 @@ def plant(bases: list[Doc], rng: random.Random, variant_frac: float = 0.4, two_v
                 failed += 1
                 continue
             text, measured, edits = made
-            variants.append(Doc(f"{base.id}~v{v + 1}", base.source, text, index, "variant", (lo, hi), measured, edits, shingles(text)))
+            variants.append(
+                Doc(
+                    f"{base.id}~v{v + 1}",
+                    base.source,
+                    text,
+                    index,
+                    "variant",
+                    (lo, hi),
+                    measured,
+                    edits,
+                    shingles(text),
+                )
+            )
     docs += variants
     for index in rng.sample(range(len(bases)), int(base_copy_frac * len(bases))):
         base = bases[index]
         docs.append(Doc(f"{base.id}=c1", base.source, base.text, index, "copy", sets=base.sets))
     for variant in rng.sample(variants, int(variant_copy_frac * len(variants))):
-        docs.append(Doc(f"{variant.id}=c1", variant.source, variant.text, variant.base, "variant_copy", variant.target, variant.measured, variant.edits, variant.sets))
+        docs.append(
+            Doc(
+                f"{variant.id}=c1",
+                variant.source,
+                variant.text,
+                variant.base,
+                "variant_copy",
+                variant.target,
+                variant.measured,
+                variant.edits,
+                variant.sets,
+            )
+        )
     if failed:
         print(f"planting: {failed} variants not made (target bucket out of reach for a short base)")
     return docs
@@ -315,8 +364,12 @@ def _pair_codes(members: np.ndarray, n_docs: int) -> np.ndarray:
     return (members[:, i].astype(np.int64) * n_docs + members[:, j]).ravel()
 
 
-def true_pairs(sets: Sequence[np.ndarray], min_jaccard: float, max_docs_per_shingle: int | None = None,
-               chunk_pairs: int = 40_000_000) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def true_pairs(
+    sets: Sequence[np.ndarray],
+    min_jaccard: float,
+    max_docs_per_shingle: int | None = None,
+    chunk_pairs: int = 40_000_000,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every pair (i < j) whose exact Jaccard of shingle sets is >= min_jaccard, sorted by (i, j),
     as arrays (i, j, jaccard). Exhaustive: a pair with a Jaccard above 0 shares a shingle, and
     every pair sharing one is counted (intersection = the number of shingles they share).
@@ -369,7 +422,9 @@ def true_pairs(sets: Sequence[np.ndarray], min_jaccard: float, max_docs_per_shin
         # counts are lower bounds; an upper bound on J is min/max size: re-measure every pair that could reach the floor
         maybe = np.minimum(lengths[i], lengths[j]) / np.maximum(lengths[i], lengths[j]) >= min_jaccard
         i, j = i[maybe], j[maybe]
-        jac = np.fromiter((jaccard(sets[a], sets[b]) for a, b in zip(i.tolist(), j.tolist())), dtype=np.float64, count=len(i))
+        jac = np.fromiter(
+            (jaccard(sets[a], sets[b]) for a, b in zip(i.tolist(), j.tolist())), dtype=np.float64, count=len(i)
+        )
     keep = jac >= min_jaccard
     return i[keep], j[keep], jac[keep]
 
@@ -383,7 +438,11 @@ def cluster_pairs(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     clustered = np.flatnonzero(labels >= 0)
     order = clustered[np.argsort(labels[clustered], kind="stable")]
     sorted_labels = labels[order]
-    starts = np.flatnonzero(np.concatenate(([True], sorted_labels[1:] != sorted_labels[:-1]))) if len(order) else np.zeros(0, np.int64)
+    starts = (
+        np.flatnonzero(np.concatenate(([True], sorted_labels[1:] != sorted_labels[:-1])))
+        if len(order)
+        else np.zeros(0, np.int64)
+    )
     sizes = np.diff(np.append(starts, len(order)))
     a_parts, b_parts = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for size in np.unique(sizes[sizes >= 2]):
@@ -425,8 +484,13 @@ class Score:
     predicted_jaccards: np.ndarray
 
 
-def score(labels: np.ndarray, sets: Sequence[np.ndarray], truth: tuple[np.ndarray, np.ndarray, np.ndarray],
-          threshold: float = DEFAULTS.threshold, floors: Sequence[float] = (0.85, 0.8)) -> Score:
+def score(
+    labels: np.ndarray,
+    sets: Sequence[np.ndarray],
+    truth: tuple[np.ndarray, np.ndarray, np.ndarray],
+    threshold: float = DEFAULTS.threshold,
+    floors: Sequence[float] = (0.85, 0.8),
+) -> Score:
     """Precision (predicted same-cluster pairs with true Jaccard >= threshold) and recall (true
     pairs >= each floor that share a cluster) of cluster labels against the brute-force pairs
     (which must hold every pair down to min(BUCKETS) at least)."""
@@ -435,7 +499,11 @@ def score(labels: np.ndarray, sets: Sequence[np.ndarray], truth: tuple[np.ndarra
     true_of = dict(zip((ti * n + tj).tolist(), tjac.tolist()))
     pa_, pb = cluster_pairs(labels)
     # a predicted pair missing from the truth table is below its floor: measure it exactly
-    pj = np.fromiter((true_of.get(a * n + b, None) or jaccard(sets[a], sets[b]) for a, b in zip(pa_.tolist(), pb.tolist())), dtype=np.float64, count=len(pa_))
+    pj = np.fromiter(
+        (true_of.get(a * n + b, None) or jaccard(sets[a], sets[b]) for a, b in zip(pa_.tolist(), pb.tolist())),
+        dtype=np.float64,
+        count=len(pa_),
+    )
     same = (labels[ti] == labels[tj]) & (labels[ti] >= 0)
     recall, counts = {}, {}
     for floor in floors:
@@ -447,7 +515,16 @@ def score(labels: np.ndarray, sets: Sequence[np.ndarray], truth: tuple[np.ndarra
         mask = (tjac >= lo) & ((tjac < hi) if hi < 1.0 else (tjac <= 1.0))
         rows.append((lo, hi, int(mask.sum()), int(same[mask].sum())))
     good = int((pj >= threshold).sum())
-    return Score(len(pj), len(pj) - good, float(pj.min()) if len(pj) else None, good / len(pj) if len(pj) else float("nan"), recall, counts, rows, pj)
+    return Score(
+        len(pj),
+        len(pj) - good,
+        float(pj.min()) if len(pj) else None,
+        good / len(pj) if len(pj) else float("nan"),
+        recall,
+        counts,
+        rows,
+        pj,
+    )
 
 
 def removal_jaccards(labels: np.ndarray, removed: np.ndarray, sets: Sequence[np.ndarray]) -> np.ndarray:
@@ -498,13 +575,24 @@ class KilnRun:
     manifest: dict
 
 
-def run_kiln(input_glob: str, runs_dir: Path, workers: int, steps_on: Sequence[str], keep_work: bool = False) -> KilnRun:
+def run_kiln(
+    input_glob: str, runs_dir: Path, workers: int, steps_on: Sequence[str], keep_work: bool = False
+) -> KilnRun:
     """Run `kiln curate` on the input with every step that can be switched off switched off except
     `steps_on` (normalization always runs), `workers` processes; read its audit."""
     subprocess.run(["rm", "-rf", str(runs_dir)], check=True)
     defaults = CurateConfig()
-    off = [name for name in CurateConfig.model_fields if hasattr(getattr(defaults, name), "enabled") and name not in steps_on]
-    overrides = [f"runs_dir={runs_dir}", f"curate.executor.workers={workers}", "curate.sample_size=0", *(f"curate.{name}.enabled=false" for name in off)]
+    off = [
+        name
+        for name in CurateConfig.model_fields
+        if hasattr(getattr(defaults, name), "enabled") and name not in steps_on
+    ]
+    overrides = [
+        f"runs_dir={runs_dir}",
+        f"curate.executor.workers={workers}",
+        "curate.sample_size=0",
+        *(f"curate.{name}.enabled=false" for name in off),
+    ]
     launcher = ["-c", _KEEP_WORK] if keep_work else ["-m", "kiln"]
     command = [sys.executable, *launcher, "-q", "curate", "--input", input_glob, "--run", "bench"]
     for override in overrides:
@@ -515,8 +603,13 @@ def run_kiln(input_glob: str, runs_dir: Path, workers: int, steps_on: Sequence[s
     if done.returncode != 0:
         raise SystemExit(f"kiln curate failed ({done.returncode}):\n{done.stderr[-3000:]}")
     stage = runs_dir / "bench" / "curate"
-    return KilnRun(seconds, stage, pq.read_table(stage / "removed.parquet").to_pylist(), pq.read_table(stage / "clusters.parquet").to_pylist(),
-                   json.loads((stage / "manifest.json").read_text()))
+    return KilnRun(
+        seconds,
+        stage,
+        pq.read_table(stage / "removed.parquet").to_pylist(),
+        pq.read_table(stage / "clusters.parquet").to_pylist(),
+        json.loads((stage / "manifest.json").read_text()),
+    )
 
 
 def kiln_labels(run: KilnRun, index_of: dict[str, int]) -> np.ndarray:
@@ -539,7 +632,9 @@ def kiln_labels(run: KilnRun, index_of: dict[str, int]) -> np.ndarray:
     return union_labels(len(index_of), np.array(a, dtype=np.int64), np.array(b, dtype=np.int64))
 
 
-def kept_work_pairs(stage: Path, index_of: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+def kept_work_pairs(
+    stage: Path, index_of: dict[str, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """From a run with keep_work: (candidate pairs (n, 2), verified pairs (m, 2), kiln's Jaccard of
     each verified pair, signed document indices), in document indices; None without work.kept."""
     work = stage / "work.kept"
@@ -557,7 +652,9 @@ def kept_work_pairs(stage: Path, index_of: dict[str, int]) -> tuple[np.ndarray, 
     index = np.array([index_of[i] for i in ids], dtype=np.int64)[order]
 
     def to_index(pairs: np.ndarray) -> np.ndarray:
-        return index[np.searchsorted(numbers_all, pairs.astype(np.uint64))] if len(pairs) else np.zeros((0, 2), np.int64)
+        return (
+            index[np.searchsorted(numbers_all, pairs.astype(np.uint64))] if len(pairs) else np.zeros((0, 2), np.int64)
+        )
 
     candidates = [np.load(p) for p in sorted((work / "buckets").glob("*.npy"))]
     candidates = np.unique(np.concatenate([c for c in candidates if len(c)] or [np.zeros((0, 2), np.uint64)]), axis=0)

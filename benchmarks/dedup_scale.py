@@ -72,11 +72,23 @@ def main() -> None:
     t0 = time.perf_counter()
     files = generate(CACHE / f"dedup-scale-{args.docs}x{args.words}", args.docs, args.words, args.files)
     mb = sum(f.stat().st_size for f in files) / 1e6
-    print(f"corpus: {args.docs:,} documents, {mb:,.0f} MB in {len(files)} files (generated or reused in {time.perf_counter() - t0:.0f} s)")
+    print(
+        f"corpus: {args.docs:,} documents, {mb:,.0f} MB in {len(files)} files (generated or reused in "
+        f"{time.perf_counter() - t0:.0f} s)"
+    )
 
     run = f"dedup-scale-{args.docs}"
     runs = CACHE / "kiln-runs"
-    cmd = [str(Path(sys.executable).with_name("kiln")), "-q", "curate", "--run", run, "--force", "--set", f"curate.executor.workers={args.workers}"]
+    cmd = [
+        str(Path(sys.executable).with_name("kiln")),
+        "-q",
+        "curate",
+        "--run",
+        run,
+        "--force",
+        "--set",
+        f"curate.executor.workers={args.workers}",
+    ]
     for f in files:
         cmd += ["--input", str(f)]
     for step in OFF:
@@ -98,9 +110,15 @@ def main() -> None:
         print(f"  {phase:<12} {row['seconds']:>8.1f} {row['max_rss_mb']:>12,.0f} {est}")
     removed = manifest["counts"]["removed"]
     print(f"  removed: {json.dumps(removed)}")
-    print(f"  minhash: signed {near['signed']:,}, candidates {near['candidates']:,}, verified {near['verified']:,}, clusters {near['clusters']:,}, largest {near['largest_cluster']}")
+    print(
+        f"  minhash: signed {near['signed']:,}, candidates {near['candidates']:,}, verified {near['verified']:,}, "
+        f"clusters {near['clusters']:,}, largest {near['largest_cluster']}"
+    )
     print(f"  largest process (driver or worker): {max_rss_mb:,.0f} MB (goal: under 4,000 MB)")
-    print(f"RESULT docs={args.docs} docs_s={args.docs / wall:.1f} max_rss_mb={max_rss_mb:.0f} near_duplicates={removed.get('minhash_dedup:near_duplicate', 0)}")
+    print(
+        f"RESULT docs={args.docs} docs_s={args.docs / wall:.1f} max_rss_mb={max_rss_mb:.0f} "
+        f"near_duplicates={removed.get('minhash_dedup:near_duplicate', 0)}"
+    )
 
 
 if __name__ == "__main__":

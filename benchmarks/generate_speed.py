@@ -56,14 +56,23 @@ def prompts_from(run_dir: Path, tokenizer: KilnTokenizer, n: int, tokens: int) -
     raise SystemExit(f"{run_dir}: fewer than {n} validation documents of {tokens}+ tokens")
 
 
-def time_kiln(model: torch.nn.Module, tokenizer: KilnTokenizer, prompts: list[str], cfg: GenerateConfig) -> tuple[float, int, list[list[int]]]:
+def time_kiln(
+    model: torch.nn.Module, tokenizer: KilnTokenizer, prompts: list[str], cfg: GenerateConfig
+) -> tuple[float, int, list[list[int]]]:
     t0 = time.perf_counter()
     done = complete(model, tokenizer, prompts, cfg)  # type: ignore[arg-type]
     seconds = time.perf_counter() - t0
     return seconds, sum(c.new_tokens for c in done), [list(c.ids) for c in done]
 
 
-def time_hf(model: transformers.PreTrainedModel, hf_tok: transformers.PreTrainedTokenizerBase, prompts: list[str], new_tokens: int, eot: int, pad: int) -> tuple[float, int, list[list[int]]]:
+def time_hf(
+    model: transformers.PreTrainedModel,
+    hf_tok: transformers.PreTrainedTokenizerBase,
+    prompts: list[str],
+    new_tokens: int,
+    eot: int,
+    pad: int,
+) -> tuple[float, int, list[list[int]]]:
     batch = hf_tok(prompts, return_tensors="pt", padding=True)
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -75,7 +84,12 @@ def time_hf(model: transformers.PreTrainedModel, hf_tok: transformers.PreTrained
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=Path, default=ROOT / "runs" / "demo", help="A run with a train checkpoint and token shards (`make demo`).")
+    parser.add_argument(
+        "--run",
+        type=Path,
+        default=ROOT / "runs" / "demo",
+        help="A run with a train checkpoint and token shards (`make demo`).",
+    )
     parser.add_argument("--batch", type=int, default=1, help="Prompts decoded together.")
     parser.add_argument("--prompt-tokens", type=int, default=32, help="Tokens per prompt.")
     parser.add_argument("--new-tokens", type=int, default=128, help="New tokens per prompt (at most).")
@@ -93,8 +107,12 @@ def main() -> None:
         write_hf_folder(folder, model, tokenizer, GenerateConfig(temperature=0), "float32", "benchmark export\n")
         hf = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
         hf_tok = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True, padding_side="left")
-    print(f"model: {architecture(model.cfg)}, {sum(p.numel() for p in model.parameters()):,} params, context {model.cfg.max_seq_len}; "
-          f"{args.batch} prompt(s) of {args.prompt_tokens} tokens, up to {args.new_tokens} new tokens, greedy; {torch.get_num_threads()} threads; transformers {transformers.__version__}")
+    print(
+        f"model: {architecture(model.cfg)}, {sum(p.numel() for p in model.parameters()):,} params, context "
+        f"{model.cfg.max_seq_len}; "
+        f"{args.batch} prompt(s) of {args.prompt_tokens} tokens, up to {args.new_tokens} new tokens, greedy; "
+        f"{torch.get_num_threads()} threads; transformers {transformers.__version__}"
+    )
     cfg = GenerateConfig(max_new_tokens=args.new_tokens, temperature=0, batch_size=args.batch)
     runs = {
         "kiln_cached": lambda: time_kiln(model, tokenizer, prompts, cfg),
@@ -109,14 +127,24 @@ def main() -> None:
         for name, fn in runs.items():
             seconds, n, ids[name] = fn()
             best[name] = max(best.get(name, 0.0), n / seconds)
-            print(f"repeat {r + 1}  {name:<14} {n:>5} tokens in {seconds:6.2f} s  {n / seconds:8.1f} tokens/s", flush=True)
+            print(
+                f"repeat {r + 1}  {name:<14} {n:>5} tokens in {seconds:6.2f} s  {n / seconds:8.1f} tokens/s", flush=True
+            )
     same = ids["kiln_cached"] == ids["hf"] == ids["kiln_uncached"]
     print(f"greedy tokens identical (kiln cached, kiln uncached, transformers): {same}")
-    print(f"kiln with its cache / transformers: {best['kiln_cached'] / best['hf']:.2f} (goal on a CPU: >= 1); cache speed-up {best['kiln_cached'] / best['kiln_uncached']:.2f}")
+    print(
+        f"kiln with its cache / transformers: {best['kiln_cached'] / best['hf']:.2f} (goal on a CPU: >= 1); cache "
+        f"speed-up {best['kiln_cached'] / best['kiln_uncached']:.2f}"
+    )
     fields = {
-        "kiln_cached_tokens_per_s": f"{best['kiln_cached']:.1f}", "kiln_uncached_tokens_per_s": f"{best['kiln_uncached']:.1f}", "hf_tokens_per_s": f"{best['hf']:.1f}",
-        "cache_speedup": f"{best['kiln_cached'] / best['kiln_uncached']:.2f}", "ratio_vs_hf": f"{best['kiln_cached'] / best['hf']:.2f}",
-        "same_tokens": str(same).lower(), "batch": args.batch, "new_tokens": args.new_tokens,
+        "kiln_cached_tokens_per_s": f"{best['kiln_cached']:.1f}",
+        "kiln_uncached_tokens_per_s": f"{best['kiln_uncached']:.1f}",
+        "hf_tokens_per_s": f"{best['hf']:.1f}",
+        "cache_speedup": f"{best['kiln_cached'] / best['kiln_uncached']:.2f}",
+        "ratio_vs_hf": f"{best['kiln_cached'] / best['hf']:.2f}",
+        "same_tokens": str(same).lower(),
+        "batch": args.batch,
+        "new_tokens": args.new_tokens,
     }
     print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
 

@@ -53,10 +53,12 @@ MAX_VARIANT_CHARS = 20_000  # editing a longer document to a target Jaccard take
 # with xxhash by default; neither is a datatrove 0.10.1 requirement, so the shared venv gets them here.
 DATATROVE_MINHASH_PINS = ["tokenizers==0.23.3", "xxhash==3.5.0"]  # xxhash 4 refuses str, which datatrove 0.10.1 hashes
 
-_DATATROVE_MINHASH = '''
+_DATATROVE_MINHASH = """
 import json, sys, time
 from datatrove.executor import LocalPipelineExecutor
-from datatrove.pipeline.dedup import MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter, MinhashDedupSignature
+from datatrove.pipeline.dedup import (
+    MinhashDedupBuckets, MinhashDedupCluster, MinhashDedupFilter, MinhashDedupSignature,
+)
 from datatrove.pipeline.dedup.minhash import MinhashConfig
 from datatrove.pipeline.readers import JsonlReader
 from datatrove.pipeline.writers import JsonlWriter
@@ -65,11 +67,30 @@ if __name__ == "__main__":  # the executor starts its workers with forkserver, w
     in_dir, work, out_dir, workers = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     config = MinhashConfig(n_grams=5, num_buckets=14, hashes_per_bucket=8)  # field names of datatrove 0.10.1
     stages = {
-        "signatures": (LocalPipelineExecutor, dict(pipeline=[JsonlReader(in_dir, glob_pattern="*.jsonl"), MinhashDedupSignature(output_folder=f"{work}/signatures", config=config)], tasks=workers, workers=workers)),
-        "buckets": (LocalPipelineExecutor, dict(pipeline=[MinhashDedupBuckets(input_folder=f"{work}/signatures", output_folder=f"{work}/buckets", config=config)], tasks=config.num_buckets, workers=workers)),
+        "signatures": (LocalPipelineExecutor, dict(
+            pipeline=[
+                JsonlReader(in_dir, glob_pattern="*.jsonl"),
+                MinhashDedupSignature(output_folder=f"{work}/signatures", config=config),
+            ],
+            tasks=workers, workers=workers)),
+        "buckets": (LocalPipelineExecutor, dict(
+            pipeline=[
+                MinhashDedupBuckets(input_folder=f"{work}/signatures", output_folder=f"{work}/buckets", config=config),
+            ],
+            tasks=config.num_buckets, workers=workers)),
         # save_cluster_id: 8 bytes per clustered document, so the benchmark can score clusters, not only removals
-        "clusters": (LocalPipelineExecutor, dict(pipeline=[MinhashDedupCluster(input_folder=f"{work}/buckets", output_folder=f"{work}/remove_ids", config=config, save_cluster_id=True)], tasks=1)),
-        "filter": (LocalPipelineExecutor, dict(pipeline=[JsonlReader(in_dir, glob_pattern="*.jsonl"), MinhashDedupFilter(input_folder=f"{work}/remove_ids"), JsonlWriter(out_dir, compression=None)], tasks=workers, workers=workers)),
+        "clusters": (LocalPipelineExecutor, dict(
+            pipeline=[MinhashDedupCluster(
+                input_folder=f"{work}/buckets", output_folder=f"{work}/remove_ids", config=config, save_cluster_id=True,
+            )],
+            tasks=1)),
+        "filter": (LocalPipelineExecutor, dict(
+            pipeline=[
+                JsonlReader(in_dir, glob_pattern="*.jsonl"),
+                MinhashDedupFilter(input_folder=f"{work}/remove_ids"),
+                JsonlWriter(out_dir, compression=None),
+            ],
+            tasks=workers, workers=workers)),
     }
     seconds = {}
     for name, (executor, kwargs) in stages.items():
@@ -77,7 +98,7 @@ if __name__ == "__main__":  # the executor starts its workers with forkserver, w
         executor(**kwargs, logging_dir=f"{work}/logs/{name}").run()
         seconds[name] = round(time.perf_counter() - t0, 2)
     print("STAGES " + json.dumps(seconds))
-'''
+"""
 
 
 def build(shard_dir: Path, min_mb: float, n_shards: int, seed: int) -> list[dict]:
@@ -94,10 +115,15 @@ def build(shard_dir: Path, min_mb: float, n_shards: int, seed: int) -> list[dict
             text = normalize_text(record["text"])
             if not text.strip():
                 continue
-            (small if len(text) <= MAX_VARIANT_CHARS else large).append(dc.Doc(record["id"], record["source"], text, -1, "base", sets=dc.shingles(text)))
+            (small if len(text) <= MAX_VARIANT_CHARS else large).append(
+                dc.Doc(record["id"], record["source"], text, -1, "base", sets=dc.shingles(text))
+            )
     for index, d in enumerate(small):
         d.base = index
-    docs = dc.plant(small, rng, variant_frac=0.15, two_variant_frac=0.03, base_copy_frac=0.04, variant_copy_frac=0.05) + large
+    docs = (
+        dc.plant(small, rng, variant_frac=0.15, two_variant_frac=0.03, base_copy_frac=0.04, variant_copy_frac=0.05)
+        + large
+    )
     dc.write_jsonl_shards(docs, shard_dir, n_shards, rng)
     return [d.record() for d in docs]
 
@@ -117,7 +143,13 @@ def load_shards(shard_dir: Path) -> list[dict]:
 def datatrove_minhash_python() -> Path:
     """The datatrove virtualenv's python (benchmarks/curate_vs_datatrove.py creates it), with what MinHash needs."""
     python = datatrove_python()
-    if subprocess.run([str(python), "-c", "import tokenizers, xxhash; assert xxhash.VERSION.startswith(\"3.\")"], capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            [str(python), "-c", 'import tokenizers, xxhash; assert xxhash.VERSION.startswith("3.")'],
+            capture_output=True,
+        ).returncode
+        != 0
+    ):
         print(f"installing {' '.join(DATATROVE_MINHASH_PINS)} into {python.parent.parent} (once)", flush=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", *DATATROVE_MINHASH_PINS], check=True)
     return python
@@ -131,7 +163,9 @@ def run_datatrove(python: Path, shard_dir: Path, workers: int) -> tuple[float, d
     work, out = WORK / "datatrove-work", WORK / "datatrove-out"
     subprocess.run(["rm", "-rf", str(work), str(out)], check=True)
     t0 = time.perf_counter()
-    done = subprocess.run([str(python), str(script), str(shard_dir), str(work), str(out), str(workers)], capture_output=True, text=True)
+    done = subprocess.run(
+        [str(python), str(script), str(shard_dir), str(work), str(out), str(workers)], capture_output=True, text=True
+    )
     seconds = time.perf_counter() - t0
     if done.returncode != 0:
         raise SystemExit(f"datatrove failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -139,7 +173,9 @@ def run_datatrove(python: Path, shard_dir: Path, workers: int) -> tuple[float, d
     return seconds, stages, work, out
 
 
-def datatrove_labels(work: Path, out: Path, shard_dir: Path, tasks: int, index_of: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+def datatrove_labels(
+    work: Path, out: Path, shard_dir: Path, tasks: int, index_of: dict[str, int]
+) -> tuple[np.ndarray, np.ndarray]:
     """datatrove's clusters over document indices and its removed documents (a mask), from its
     `.clusters` files: (document index in
     its task's stream, cluster) as uint32 pairs; task r reads files r, r + tasks, ... in name order.
@@ -159,7 +195,9 @@ def datatrove_labels(work: Path, out: Path, shard_dir: Path, tasks: int, index_o
     clustered = np.flatnonzero(labels >= 0)
     roots = len(np.unique(labels[clustered]))
     removed = len(index_of) - len(kept)
-    assert removed == len(clustered) - roots, f"datatrove removed {removed} documents but its clusters say {len(clustered) - roots}"
+    assert removed == len(clustered) - roots, (
+        f"datatrove removed {removed} documents but its clusters say {len(clustered) - roots}"
+    )
     removed_mask = np.ones(len(index_of), dtype=bool)
     removed_mask[[index_of[i] for i in kept]] = False
     return labels, removed_mask
@@ -179,13 +217,29 @@ def without_partner(docs: np.ndarray, truth: tuple[np.ndarray, np.ndarray, np.nd
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--min-mb", type=float, default=55.0, help="Size of the base corpus (MB of text) before planting.")
+    parser.add_argument(
+        "--min-mb", type=float, default=55.0, help="Size of the base corpus (MB of text) before planting."
+    )
     parser.add_argument("--workers", type=int, default=2, help="Worker processes on each side.")
-    parser.add_argument("--shards", type=int, default=None, help="JSONL input files (None: one per worker). kiln runs one task per file.")
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=None,
+        help="JSONL input files (None: one per worker). kiln runs one task per file.",
+    )
     parser.add_argument("--seed", type=int, default=0, help="Seed of the planting and the shard order.")
-    parser.add_argument("--rebuild", action="store_true", help="Rebuild the planted corpus even when a cached one exists.")
-    parser.add_argument("--repeats", type=int, default=1, help="Timed runs of each tool (alternating); the best counts.")
-    parser.add_argument("--only", choices=("kiln", "datatrove"), default=None, help="Time one tool only (the other's figures are then missing).")
+    parser.add_argument(
+        "--rebuild", action="store_true", help="Rebuild the planted corpus even when a cached one exists."
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="Timed runs of each tool (alternating); the best counts."
+    )
+    parser.add_argument(
+        "--only",
+        choices=("kiln", "datatrove"),
+        default=None,
+        help="Time one tool only (the other's figures are then missing).",
+    )
     args = parser.parse_args()
     shards = args.shards or args.workers
     cfg = dc.DEFAULTS
@@ -201,7 +255,13 @@ def main() -> None:
     mb = sum(len(d["text"].encode("utf-8")) for d in docs) / 1e6
     jsonl_mb = sum(p.stat().st_size for p in shard_dir.glob("*.jsonl")) / 1e6
     planted = {kind: sum(marker in d["id"] for d in docs) for kind, marker in (("variants", "~v"), ("copies", "=c"))}
-    print(f"corpus: {n} documents, {mb:.1f} MB of text, {jsonl_mb:.1f} MB of JSONL in {shards} files; planted {planted['variants']} variants, {planted['copies']} copies", flush=True)
+    print(
+        (
+            f"corpus: {n} documents, {mb:.1f} MB of text, {jsonl_mb:.1f} MB of JSONL in {shards} files; planted "
+            f"{planted['variants']} variants, {planted['copies']} copies"
+        ),
+        flush=True,
+    )
 
     # Timed runs first, alternating, on a quiet machine; the brute force comes after. With
     # --repeats, each tool's best run counts (other processes only ever add time).
@@ -212,29 +272,48 @@ def main() -> None:
         if python is not None:
             seconds, stages, dt_work, dt_out = run_datatrove(python, shard_dir, args.workers)
             dt_times.append(seconds)
-            print(f"datatrove: {seconds:.1f} s end to end, {n / seconds:.0f} docs/s, {mb / seconds:.2f} MB/s; stages "
-                  + ", ".join(f"{k} {v:.1f} s" for k, v in stages.items()), flush=True)
+            print(
+                f"datatrove: {seconds:.1f} s end to end, {n / seconds:.0f} docs/s, {mb / seconds:.2f} MB/s; stages "
+                + ", ".join(f"{k} {v:.1f} s" for k, v in stages.items()),
+                flush=True,
+            )
         if args.only != "datatrove":
             run = dc.run_kiln(str(shard_dir / "*.jsonl"), WORK / "kiln-runs", args.workers, ("minhash_dedup",))
             kiln_times.append(run.seconds)
-            print(f"kiln:      {run.seconds:.1f} s end to end, {n / run.seconds:.0f} docs/s, {mb / run.seconds:.2f} MB/s", flush=True)
+            print(
+                f"kiln:      {run.seconds:.1f} s end to end, {n / run.seconds:.0f} docs/s, {mb / run.seconds:.2f} MB/s",
+                flush=True,
+            )
             kiln = run if kiln is None or run.seconds < kiln.seconds else kiln
     dt_s = min(dt_times) if dt_times else None
     if args.repeats > 1:
-        print(f"best of {args.repeats}: " + ", ".join(f"{name} {min(t):.1f} s (all: {' '.join(f'{x:.1f}' for x in t)})" for name, t in (("datatrove", dt_times), ("kiln", kiln_times)) if t))
+        print(
+            f"best of {args.repeats}: "
+            + ", ".join(
+                f"{name} {min(t):.1f} s (all: {' '.join(f'{x:.1f}' for x in t)})"
+                for name, t in (("datatrove", dt_times), ("kiln", kiln_times))
+                if t
+            )
+        )
     if kiln is not None:
         phases = kiln.manifest.get("phases", {})
         accounted = sum(p["seconds"] for p in phases.values())
-        print("kiln phases: " + ", ".join(f"{name} {p['seconds']:.1f} s ({p['max_rss_mb']:.0f} MB)" for name, p in phases.items())
-              + f"; outside the phases (start, planning, audit, manifest): {kiln.seconds - accounted:.1f} s")
+        print(
+            "kiln phases: "
+            + ", ".join(f"{name} {p['seconds']:.1f} s ({p['max_rss_mb']:.0f} MB)" for name, p in phases.items())
+            + f"; outside the phases (start, planning, audit, manifest): {kiln.seconds - accounted:.1f} s"
+        )
         minhash = kiln.manifest["counts"]["minhash"]
         print(f"kiln minhash: {', '.join(f'{k}={v}' for k, v in minhash.items() if not isinstance(v, dict))}")
 
     t0 = time.perf_counter()
     sets = [dc.shingles(d["text"]) for d in docs]
     truth = dc.true_pairs(sets, min(lo for lo, _ in dc.BUCKETS))
-    print(f"brute force: {len(truth[0])} pairs >= 0.5, {int((truth[2] >= cfg.threshold).sum())} >= {cfg.threshold} "
-          f"(all shingles counted; {time.perf_counter() - t0:.0f} s)", flush=True)
+    print(
+        f"brute force: {len(truth[0])} pairs >= 0.5, {int((truth[2] >= cfg.threshold).sum())} >= {cfg.threshold} "
+        f"(all shingles counted; {time.perf_counter() - t0:.0f} s)",
+        flush=True,
+    )
 
     predicted = {}
     if kiln is not None:
@@ -243,25 +322,45 @@ def main() -> None:
         predicted["kiln"] = (dc.kiln_labels(kiln, index_of), kiln_removed)
     if dt_s is not None:
         predicted["datatrove"] = datatrove_labels(dt_work, dt_out, shard_dir, args.workers, index_of)
-    print(f"precision: of the predicted same-cluster pairs, those with true Jaccard >= {cfg.threshold} (chain pairs, joined through other"
-          " members, count against it); recall: true pairs in one cluster. Per removal: true Jaccard to the cluster's kept copy.")
+    print(
+        f"precision: of the predicted same-cluster pairs, those with true Jaccard >= {cfg.threshold} (chain "
+        "pairs, joined through other"
+        " members, count against it); recall: true pairs in one cluster. Per removal: true Jaccard to the "
+        "cluster's kept copy."
+    )
     results = {}
     for name, (labels, removed) in predicted.items():
         s = dc.score(labels, sets, truth, floors=(0.85, cfg.threshold))
         to_kept = dc.removal_jaccards(labels, removed, sets)
         results[name] = s
-        sizes = np.bincount(np.unique(labels[labels >= 0], return_inverse=True)[1]) if (labels >= 0).any() else np.zeros(1, np.int64)
-        print(f"{name}: precision {s.precision:.4f} ({s.chain_pairs} of {s.predicted_pairs} predicted pairs below {cfg.threshold}, min {s.min_predicted_jaccard:.3f}; "
-              f"{len(sizes)} clusters, largest {sizes.max()}), recall@0.8 {s.recall[cfg.threshold]:.4f}, recall@0.85 {s.recall[0.85]:.4f}")
-        print(f"  removed {int(removed.sum())}: {float((to_kept >= cfg.threshold).mean()) if len(to_kept) else float('nan'):.4f} of them at >= {cfg.threshold} to their kept copy, "
-              f"{int((to_kept < 0.5).sum())} below 0.5, {without_partner(np.flatnonzero(removed), truth, cfg.threshold)} with no true partner >= {cfg.threshold} anywhere")
+        sizes = (
+            np.bincount(np.unique(labels[labels >= 0], return_inverse=True)[1])
+            if (labels >= 0).any()
+            else np.zeros(1, np.int64)
+        )
+        print(
+            f"{name}: precision {s.precision:.4f} ({s.chain_pairs} of {s.predicted_pairs} predicted pairs below "
+            f"{cfg.threshold}, min {s.min_predicted_jaccard:.3f}; "
+            f"{len(sizes)} clusters, largest {sizes.max()}), recall@0.8 {s.recall[cfg.threshold]:.4f}, "
+            f"recall@0.85 {s.recall[0.85]:.4f}"
+        )
+        print(
+            f"  removed {int(removed.sum())}: "
+            f"{float((to_kept >= cfg.threshold).mean()) if len(to_kept) else float('nan'):.4f} of them at >= "
+            f"{cfg.threshold} to their kept copy, "
+            f"{int((to_kept < 0.5).sum())} below 0.5, "
+            f"{without_partner(np.flatnonzero(removed), truth, cfg.threshold)} with no true partner >= "
+            f"{cfg.threshold} anywhere"
+        )
     if results:
         print("recall by true Jaccard bucket (true pairs in one cluster / true pairs); S-curve at the mid-point")
         names = list(results)
         print(f"  {'bucket':<10} {'true pairs':>10} " + " ".join(f"{k:>10}" for k in names) + f" {'S-curve':>8}")
         first = results[names[0]]
         for k, (lo, hi, total, _) in enumerate(first.by_bucket):
-            cells = " ".join(f"{results[name].by_bucket[k][3] / total if total else float('nan'):>10.3f}" for name in names)
+            cells = " ".join(
+                f"{results[name].by_bucket[k][3] / total if total else float('nan'):>10.3f}" for name in names
+            )
             print(f"  {lo:.2f}-{hi:.2f} {total:>10} {cells} {s_curve((lo + hi) / 2, cfg.bands, cfg.rows):>8.3f}")
 
     kiln_docs_s = n / kiln.seconds if kiln else float("nan")
@@ -269,8 +368,11 @@ def main() -> None:
     ratio = kiln_docs_s / dt_docs_s
     print(f"kiln / datatrove documents/s: {ratio:.2f}x (goal: 10x)")
     k = results.get("kiln")
-    print(f"RESULT kiln_docs_s={kiln_docs_s:.1f} datatrove_docs_s={dt_docs_s:.1f} ratio={ratio:.2f} "
-          f"kiln_precision={k.precision if k else float('nan'):.3f} kiln_recall={k.recall[cfg.threshold] if k else float('nan'):.3f}")
+    print(
+        f"RESULT kiln_docs_s={kiln_docs_s:.1f} datatrove_docs_s={dt_docs_s:.1f} ratio={ratio:.2f} "
+        f"kiln_precision={k.precision if k else float('nan'):.3f} "
+        f"kiln_recall={k.recall[cfg.threshold] if k else float('nan'):.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,16 @@ VAL_FRACTION = 0.1  # tokenize.val_fraction and tokenizer.heldout_fraction of th
 HELDOUT = 0.3  # quality.classifier.heldout_fraction: the prose source is small, and what is held out is the yardstick
 # The quality models' run: the demo's two prose-branch sources, so the classifier's negatives (and
 # the corpus sample its top fraction is taken of) are raw docs, the source the filter chooses from.
-MODEL_INPUTS = [{"source": "prose", "format": "pydoc_topics", "code": False}, {"source": "docs", "format": "usr_share_doc", "code": False}]
-QUALITY = ["name=models", "curate.inputs=" + json.dumps(MODEL_INPUTS), "quality.reference_source=prose", f"quality.classifier.heldout_fraction={HELDOUT}"]
+MODEL_INPUTS = [
+    {"source": "prose", "format": "pydoc_topics", "code": False},
+    {"source": "docs", "format": "usr_share_doc", "code": False},
+]
+QUALITY = [
+    "name=models",
+    "curate.inputs=" + json.dumps(MODEL_INPUTS),
+    "quality.reference_source=prose",
+    f"quality.classifier.heldout_fraction={HELDOUT}",
+]
 COMMON = ["--recipe", "demo", "--set", f"runs_dir={WORK}"]
 
 
@@ -58,11 +66,22 @@ def kiln(*args: str) -> None:
     done = subprocess.run([sys.executable, "-m", "kiln", "-q", *args], capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         raise SystemExit(f"kiln {' '.join(args[:2])} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    print(f"  kiln {args[0]}{' ' + args[1] if not args[1].startswith('-') else ''}: {time.perf_counter() - started:.0f} s", flush=True)
+    print(
+        (
+            f"  kiln {args[0]}{' ' + args[1] if not args[1].startswith('-') else ''}: "
+            f"{time.perf_counter() - started:.0f} s"
+        ),
+        flush=True,
+    )
 
 
 def curated(run: str, source: str) -> list[Document]:
-    return [d for shard in list_shards(WORK / run / "curate" / "shards") if shard_source(shard) == source for d in read_shard(shard)]
+    return [
+        d
+        for shard in list_shards(WORK / run / "curate" / "shards")
+        if shard_source(shard) == source
+        for d in read_shard(shard)
+    ]
 
 
 def nbytes(docs: list[Document]) -> int:
@@ -97,7 +116,10 @@ def val_id(base: str) -> str:
 
 
 def write_jsonl(path: Path, docs: list[Document], ids: list[str]) -> None:
-    path.write_text("".join(json.dumps({"id": i, "text": d.text}, ensure_ascii=False) + "\n" for d, i in zip(docs, ids)), encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps({"id": i, "text": d.text}, ensure_ascii=False) + "\n" for d, i in zip(docs, ids)),
+        encoding="utf-8",
+    )
 
 
 def _score(args: tuple[str, list[Document]]) -> float:
@@ -126,7 +148,9 @@ def heldout_reference() -> list[Document]:
     recipe = load_recipe("demo", [f"runs_dir={WORK}", *QUALITY])
     ref_inputs, only, _, _ = reference_and_corpus(recipe.quality, recipe.curate)
     budget = recipe.quality.classifier.max_train_mb
-    docs = read_selection(select(ref_inputs, budget, recipe.quality.seed, only=only), budget, recipe.curate, "reference")
+    docs = read_selection(
+        select(ref_inputs, budget, recipe.quality.seed, only=only), budget, recipe.curate, "reference"
+    )
     return [d for d in docs if is_heldout(d.id, HELDOUT)]
 
 
@@ -141,8 +165,18 @@ def reference_bpb(run_args: list[str], train_set: str, steps: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--top-fraction", type=float, default=0.3, help="The classifier filter's top_fraction (share of its corpus sample kept).")
-    parser.add_argument("--steps", type=int, default=300, help="Training steps of each model (demo model and batch: 4,096 tokens a step).")
+    parser.add_argument(
+        "--top-fraction",
+        type=float,
+        default=0.3,
+        help="The classifier filter's top_fraction (share of its corpus sample kept).",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=300,
+        help="Training steps of each model (demo model and batch: 4,096 tokens a step).",
+    )
     parser.add_argument("--seed", type=int, default=0, help="Seed of the random sample.")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
@@ -156,25 +190,59 @@ def main() -> None:
     print(f"  classifier held out: {report['heldout']}", flush=True)
 
     pool = curated("pool", "docs")
-    step = ClassifierFilter(ClassifierFilterConfig(enabled=True, top_fraction=args.top_fraction), WORK / "models" / "quality" / "classifier")
+    step = ClassifierFilter(
+        ClassifierFilterConfig(enabled=True, top_fraction=args.top_fraction), WORK / "models" / "quality" / "classifier"
+    )
     filtered = list(step.process(pool, Ledger(0)))
     target = nbytes(filtered)
     sample = random_sample(pool, target, args.seed)
     size = nbytes(sample)
     reference = heldout_reference()
-    print(f"2. pool: {len(pool)} curated documents of the docs source ({nbytes(pool) / 1e6:.2f} MB); filter kept {len(filtered)} ({target / 1e6:.2f} MB, cutoff {step.cutoff:.3f}); "
-          f"random sample {len(sample)} ({size / 1e6:.2f} MB), {len({d.id for d in sample} & {d.id for d in filtered})} in both; "
-          f"reference validation: {len(reference)} raw prose documents held out by the classifier ({nbytes(reference) / 1e6:.2f} MB)", flush=True)
+    print(
+        f"2. pool: {len(pool)} curated documents of the docs source ({nbytes(pool) / 1e6:.2f} MB); filter kept "
+        f"{len(filtered)} ({target / 1e6:.2f} MB, cutoff {step.cutoff:.3f}); "
+        f"random sample {len(sample)} ({size / 1e6:.2f} MB), "
+        f"{len({d.id for d in sample} & {d.id for d in filtered})} in both; "
+        f"reference validation: {len(reference)} raw prose documents held out by the classifier "
+        f"({nbytes(reference) / 1e6:.2f} MB)",
+        flush=True,
+    )
 
     data = WORK / "value-data"
     data.mkdir(exist_ok=True)
     write_jsonl(data / "filtered.jsonl", filtered, [f"filtered:{d.id}" for d in filtered])
     write_jsonl(data / "random.jsonl", sample, [f"random:{d.id}" for d in sample])
     write_jsonl(data / "ref.jsonl", reference, [val_id(f"ref:{d.id}") for d in reference])
-    inputs = [{"path": str(data / f"{name}.jsonl"), "source": name, "code": False} for name in ("filtered", "random", "ref")]
-    off = ["url_filter", "line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "pii", "length", "exact_dedup", "minhash_dedup"]
-    value = [*COMMON, "--set", "name=value", "--set", "curate.inputs=" + json.dumps(inputs), *(a for name in off for a in ("--set", f"curate.{name}.enabled=false")),
-             "--set", f"tokenize.val_fraction={VAL_FRACTION}", "--set", f"tokenizer.heldout_fraction={VAL_FRACTION}", "--set", "tokenizer.vocab_size=4096"]
+    inputs = [
+        {"path": str(data / f"{name}.jsonl"), "source": name, "code": False} for name in ("filtered", "random", "ref")
+    ]
+    off = [
+        "url_filter",
+        "line_dedup",
+        "language",
+        "gopher_repetition",
+        "gopher_quality",
+        "c4",
+        "fineweb",
+        "pii",
+        "length",
+        "exact_dedup",
+        "minhash_dedup",
+    ]
+    value = [
+        *COMMON,
+        "--set",
+        "name=value",
+        "--set",
+        "curate.inputs=" + json.dumps(inputs),
+        *(a for name in off for a in ("--set", f"curate.{name}.enabled=false")),
+        "--set",
+        f"tokenize.val_fraction={VAL_FRACTION}",
+        "--set",
+        f"tokenizer.heldout_fraction={VAL_FRACTION}",
+        "--set",
+        "tokenizer.vocab_size=4096",
+    ]
     print("3. one run with both sets: curate, tokenizer, tokenize; then train and evaluate each model", flush=True)
     for verb in ("curate", "train-tokenizer", "tokenize"):
         kiln(verb, *value)
@@ -185,10 +253,19 @@ def main() -> None:
 
     prose = curated("pool", "docs") + curated("pool", "prose")
     ppl_mb_s = perplexity_speed(WORK / "models" / "quality" / "lm", prose)
-    print(f"4. perplexity filter (the curate step): {nbytes(prose) / 1e6:.2f} MB of curated prose-branch text, 2 processes: {ppl_mb_s:.2f} MB/s per core (goal: 2)")
+    print(
+        f"4. perplexity filter (the curate step): {nbytes(prose) / 1e6:.2f} MB of curated prose-branch text, 2 "
+        f"processes: {ppl_mb_s:.2f} MB/s per core (goal: 2)"
+    )
     verdict = "lower" if results["filtered"] < results["random"] else "NOT lower"
-    print(f"filtered data gives {verdict} reference bits/byte: {results['filtered']:.4f} vs {results['random']:.4f} ({100 * (1 - results['filtered'] / results['random']):.1f}%)")
-    print(f"RESULT filtered_bpb={results['filtered']:.4f} random_bpb={results['random']:.4f} classifier_auc={auc:.4f} ppl_mb_s={ppl_mb_s:.2f}")
+    print(
+        f"filtered data gives {verdict} reference bits/byte: {results['filtered']:.4f} vs {results['random']:.4f} "
+        f"({100 * (1 - results['filtered'] / results['random']):.1f}%)"
+    )
+    print(
+        f"RESULT filtered_bpb={results['filtered']:.4f} random_bpb={results['random']:.4f} "
+        f"classifier_auc={auc:.4f} ppl_mb_s={ppl_mb_s:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -108,7 +108,9 @@ class GPT2Block(nn.Module):
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         B, T, D = x_BTD.shape
         q_BTD, k_BTD, v_BTD = self.c_attn(self.ln_1(x_BTD)).split(D, dim=-1)
-        q_BHTE, k_BHTE, v_BHTE = (t.view(B, T, self.n_heads, D // self.n_heads).transpose(1, 2) for t in (q_BTD, k_BTD, v_BTD))
+        q_BHTE, k_BHTE, v_BHTE = (
+            t.view(B, T, self.n_heads, D // self.n_heads).transpose(1, 2) for t in (q_BTD, k_BTD, v_BTD)
+        )
         y_BHTE = F.scaled_dot_product_attention(q_BHTE, k_BHTE, v_BHTE, is_causal=True)
         x_BTD = x_BTD + self.attn_proj(y_BHTE.transpose(1, 2).reshape(B, T, D))
         return x_BTD + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x_BTD)), approximate="tanh"))  # GPT-2's tanh GELU
@@ -155,7 +157,10 @@ def baseline_config(recipe: Recipe, vocab_size: int) -> tuple[GPT2Config, int]:
     """The GPT-2 shape at kiln's depth and heads whose parameter count is nearest kiln's; (config, kiln's count)."""
     kiln_cfg = recipe.model.resolved(vocab_size)
     target = count_params(kiln_cfg)
-    shapes = [GPT2Config(vocab_size, d, kiln_cfg.n_layers, kiln_cfg.n_heads, recipe.train.seq_len) for d in range(kiln_cfg.n_heads, 4 * kiln_cfg.d_model, kiln_cfg.n_heads)]
+    shapes = [
+        GPT2Config(vocab_size, d, kiln_cfg.n_layers, kiln_cfg.n_heads, recipe.train.seq_len)
+        for d in range(kiln_cfg.n_heads, 4 * kiln_cfg.d_model, kiln_cfg.n_heads)
+    ]
     return min(shapes, key=lambda c: abs(gpt2_params(c) - target)), target
 
 
@@ -168,13 +173,20 @@ def train_baseline(recipe: Recipe, run_dir: Path, cfg: GPT2Config, lr: float, st
     ids = token_ids(KilnTokenizer.load(layout.tokenizer_json))
     batches = build_collator(build_sampler(layout.token_shards, recipe.mix, train_cfg.seq_len, "train"), train_cfg, ids)
     scoring = recipe.eval.scoring()
-    evaluate = validation_scorer(run_dir, scoring.model_copy(update={"seq_len": scoring.seq_len or train_cfg.seq_len}), precision.amp_dtype)
+    evaluate = validation_scorer(
+        run_dir, scoring.model_copy(update={"seq_len": scoring.seq_len or train_cfg.seq_len}), precision.amp_dtype
+    )
 
     torch.manual_seed(train_cfg.seed)
     model = GPT2(cfg).to(precision.device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     started = time.perf_counter()
     model.train()
     for step in range(1, steps + 1):
@@ -188,7 +200,9 @@ def train_baseline(recipe: Recipe, run_dir: Path, cfg: GPT2Config, lr: float, st
             with precision.autocast():
                 logits_BTV = model(batch.input_ids_BT)
             # clm keeps every position, so the mean over the batch is the token mean; micro-batches are equal.
-            loss = F.cross_entropy(logits_BTV.float().flatten(0, 1), batch.targets_BT.flatten()) / len(shape.micro_batches)
+            loss = F.cross_entropy(logits_BTV.float().flatten(0, 1), batch.targets_BT.flatten()) / len(
+                shape.micro_batches
+            )
             loss.backward()
             step_loss += loss.item()  # host sync per micro-batch
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -198,7 +212,13 @@ def train_baseline(recipe: Recipe, run_dir: Path, cfg: GPT2Config, lr: float, st
             print(f"    baseline lr {lr:g}: loss {step_loss} at step {step}", flush=True)
             return float("inf")
         if step % 50 == 0 or step == steps:
-            print(f"    baseline lr {lr:g} step {step}/{steps}: train loss {step_loss:.3f}, lr {lr_now:.2e}, {time.perf_counter() - started:.0f} s", flush=True)
+            print(
+                (
+                    f"    baseline lr {lr:g} step {step}/{steps}: train loss {step_loss:.3f}, lr {lr_now:.2e}, "
+                    f"{time.perf_counter() - started:.0f} s"
+                ),
+                flush=True,
+            )
     loss = float(evaluate(model)["all"]["loss"])
     print(f"    baseline lr {lr:g}: validation loss {loss:.4f} after {steps} steps", flush=True)
     return loss
@@ -229,7 +249,16 @@ def run_kiln(recipe_arg: str, runs_dir: Path, name: str, settings: list[str], ta
     """`kiln train` with `settings`, stopped (SIGTERM) after the first evaluation at or below target
     (-inf: trains to the end); its evaluations."""
     run_dir = runs_dir / name
-    command = [sys.executable, "-m", "kiln", "-q", "train", "--recipe", recipe_arg, *(a for s in [f"runs_dir={runs_dir}", f"name={name}", *settings] for a in ("--set", s))]
+    command = [
+        sys.executable,
+        "-m",
+        "kiln",
+        "-q",
+        "train",
+        "--recipe",
+        recipe_arg,
+        *(a for s in [f"runs_dir={runs_dir}", f"name={name}", *settings] for a in ("--set", s)),
+    ]
     print("  " + " ".join(command[2:]), flush=True)
     started = time.perf_counter()
     log_path = runs_dir / f"{name}.log"  # a file, not a pipe: a pipe nobody reads can fill and stall kiln
@@ -275,16 +304,45 @@ def steps_to_reach(losses: list[tuple[int, float]], target: float) -> tuple[floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", default="demo", help="kiln's recipe (file or shipped name), as `kiln train --recipe` takes it.")
-    parser.add_argument("--run", type=Path, default=ROOT / "runs" / "demo", help="A run whose tokenizer and token shards were built with that recipe.")
+    parser.add_argument(
+        "--recipe", default="demo", help="kiln's recipe (file or shipped name), as `kiln train --recipe` takes it."
+    )
+    parser.add_argument(
+        "--run",
+        type=Path,
+        default=ROOT / "runs" / "demo",
+        help="A run whose tokenizer and token shards were built with that recipe.",
+    )
     parser.add_argument("--steps", type=int, default=None, help="Baseline steps (default: the recipe's train.steps).")
     parser.add_argument("--baseline-lr", type=float, default=BASELINE_LR, help="The baseline's peak lr.")
-    parser.add_argument("--sweep", default=None, help="Comma-separated peak lrs: train the baseline at each and take the lowest validation loss as the target.")
-    parser.add_argument("--baseline-loss", type=float, default=None, help="Skip training the baseline and use this final validation loss (from an earlier run with the same steps).")
-    parser.add_argument("--eval-every", type=int, default=25, help="kiln's validation interval in steps (train.eval_every).")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], help="Extra --set for both kiln runs (e.g. train.optim.lr=6e-3).")
+    parser.add_argument(
+        "--sweep",
+        default=None,
+        help="Comma-separated peak lrs: train the baseline at each and take the lowest validation loss as the target.",
+    )
+    parser.add_argument(
+        "--baseline-loss",
+        type=float,
+        default=None,
+        help="Skip training the baseline and use this final validation loss (from an earlier run with the same steps).",
+    )
+    parser.add_argument(
+        "--eval-every", type=int, default=25, help="kiln's validation interval in steps (train.eval_every)."
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        help="Extra --set for both kiln runs (e.g. train.optim.lr=6e-3).",
+    )
     parser.add_argument("--no-muon", action="store_true", help="Skip the Muon run.")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads of every run (train.threads); 1 holds up better on a machine shared with other work.")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads of every run (train.threads); 1 holds up better on a machine shared with other work.",
+    )
     args = parser.parse_args()
 
     threads = [f"train.threads={args.threads}"] if args.threads else []
@@ -296,10 +354,23 @@ def main() -> None:
     assert baseline_params == gpt2_params(gpt2_cfg), "the width search counts what GPT2 holds"
     kiln_body = count_params(recipe.model.resolved(vocab_size), include_embeddings=False)
     gpt2_body = baseline_params - (vocab_size + gpt2_cfg.max_seq_len) * gpt2_cfg.d_model
-    print(f"kiln model: d_model {recipe.model.d_model}, {recipe.model.n_layers} layers, {recipe.model.activation}: {kiln_params:,} params ({kiln_body:,} without the token table)")
-    print(f"baseline:   d_model {gpt2_cfg.d_model}, {gpt2_cfg.n_layers} layers, {gpt2_cfg.n_heads} heads, GELU 4x: {baseline_params:,} params ({gpt2_body:,} without the token and position tables), {baseline_params / kiln_params - 1:+.2%}")
+    print(
+        f"kiln model: d_model {recipe.model.d_model}, {recipe.model.n_layers} layers, {recipe.model.activation}: "
+        f"{kiln_params:,} params ({kiln_body:,} without the token table)"
+    )
+    print(
+        f"baseline:   d_model {gpt2_cfg.d_model}, {gpt2_cfg.n_layers} layers, {gpt2_cfg.n_heads} heads, GELU 4x: "
+        f"{baseline_params:,} params ({gpt2_body:,} without the token and position tables), "
+        f"{baseline_params / kiln_params - 1:+.2%}"
+    )
     assert abs(baseline_params / kiln_params - 1) <= PARAM_TOLERANCE, "no baseline width within 2% of kiln's parameters"
-    print(f"batch: {recipe.train.tokens_per_step:,} tokens per step ({recipe.train.micro_batch_size} x {recipe.train.seq_len} per micro-batch); kiln's recipe runs {recipe.train.steps} steps", flush=True)
+    print(
+        (
+            f"batch: {recipe.train.tokens_per_step:,} tokens per step ({recipe.train.micro_batch_size} x "
+            f"{recipe.train.seq_len} per micro-batch); kiln's recipe runs {recipe.train.steps} steps"
+        ),
+        flush=True,
+    )
 
     with tempfile.TemporaryDirectory(prefix="kiln-speedrun-") as tmp:
         runs_dir = Path(tmp)
@@ -314,7 +385,11 @@ def main() -> None:
             results = {x: train_baseline(recipe, run_dir, gpt2_cfg, x, steps) for x in lrs}
             lr, target = min(results.items(), key=lambda kv: kv[1])
             if len(lrs) > 1:
-                print("   sweep: " + ", ".join(f"lr {x:g} -> {loss:.4f}" for x, loss in results.items()) + f"; best {lr:g}")
+                print(
+                    "   sweep: "
+                    + ", ".join(f"lr {x:g} -> {loss:.4f}" for x, loss in results.items())
+                    + f"; best {lr:g}"
+                )
         print(f"   target: validation loss {target:.4f} after {steps} steps", flush=True)
 
         runs = {"adamw": ["train.optim.name=adamw"]} | ({} if args.no_muon else {"muon": ["train.optim.name=muon"]})
@@ -324,26 +399,66 @@ def main() -> None:
         for i, (optim, extra) in enumerate(runs.items(), start=2):
             print(f"{i}. kiln with {optim}", flush=True)
             copy_run(args.run, runs_dir, optim)
-            settings = [f"train.eval_every={args.eval_every}", "train.eval_at_start=false", *threads, *extra, *args.overrides]
+            settings = [
+                f"train.eval_every={args.eval_every}",
+                "train.eval_at_start=false",
+                *threads,
+                *extra,
+                *args.overrides,
+            ]
             losses = run_kiln(args.recipe, runs_dir, optim, settings, target)
             found[optim], bracket = steps_to_reach(losses, target)
             if bracket is None:
-                print(f"   never reached {target:.4f}: {losses[-1][1] if losses else float('nan'):.4f} at step {losses[-1][0] if losses else 0}")
+                print(
+                    f"   never reached {target:.4f}: {losses[-1][1] if losses else float('nan'):.4f} at step "
+                    f"{losses[-1][0] if losses else 0}"
+                )
             else:
-                print(f"   reached {target:.4f} at step {found[optim]:.1f} (between evaluations at {bracket[0]} and {bracket[1]}): {found[optim] / steps:.3f} of the baseline's steps")
+                print(
+                    f"   reached {target:.4f} at step {found[optim]:.1f} (between evaluations at {bracket[0]} and "
+                    f"{bracket[1]}): {found[optim] / steps:.3f} of the baseline's steps"
+                )
             print(f"   sized to {sized_steps} steps ({GOAL_RATIO:.0%} of the baseline's)", flush=True)
             copy_run(args.run, runs_dir, f"{optim}-sized")
             # Validation at the end only; the warmup stays the recipe's in steps (not a share of the fewer steps).
-            sized_settings = [*settings[1:], f"train.steps={sized_steps}", f"train.schedule.warmup_steps={recipe.train.warmup_steps}", "train.schedule.warmup_fraction=null"]
+            sized_settings = [
+                *settings[1:],
+                f"train.steps={sized_steps}",
+                f"train.schedule.warmup_steps={recipe.train.warmup_steps}",
+                "train.schedule.warmup_fraction=null",
+            ]
             sized[optim] = run_kiln(args.recipe, runs_dir, f"{optim}-sized", sized_settings, float("-inf"))[-1][1]
-            print(f"   final validation loss {sized[optim]:.4f} after {sized_steps} steps against the baseline's {target:.4f} after {steps}: "
-                  f"{'reached' if sized[optim] <= target else 'not reached'}", flush=True)
+            print(
+                f"   final validation loss {sized[optim]:.4f} after {sized_steps} steps against the baseline's "
+                f"{target:.4f} after {steps}: "
+                f"{'reached' if sized[optim] <= target else 'not reached'}",
+                flush=True,
+            )
 
-    print(f"goal: the baseline's loss in at most {GOAL_RATIO:.0%} of its {steps} steps; " + ", ".join(
-        f"{o}: crossing mid-schedule at {s / steps:.3f}, a run of {sized_steps} steps ends at {sized[o]:.4f} ({'met' if sized[o] <= target else 'not met'})" for o, s in found.items()))
-    fields = {"baseline_steps": steps, "baseline_lr": f"{lr:g}", "baseline_val_loss": f"{target:.4f}", "kiln_params": kiln_params, "baseline_params": baseline_params}
+    print(
+        f"goal: the baseline's loss in at most {GOAL_RATIO:.0%} of its {steps} steps; "
+        + ", ".join(
+            (
+                f"{o}: crossing mid-schedule at {s / steps:.3f}, a run of {sized_steps} steps ends at {sized[o]:.4f} "
+                f"({'met' if sized[o] <= target else 'not met'})"
+            )
+            for o, s in found.items()
+        )
+    )
+    fields = {
+        "baseline_steps": steps,
+        "baseline_lr": f"{lr:g}",
+        "baseline_val_loss": f"{target:.4f}",
+        "kiln_params": kiln_params,
+        "baseline_params": baseline_params,
+    }
     for optim, s in found.items():
-        fields |= {f"{optim}_steps": f"{s:.1f}", f"{optim}_ratio": f"{s / steps:.3f}", f"{optim}_sized_steps": sized_steps, f"{optim}_sized_loss": f"{sized[optim]:.4f}"}
+        fields |= {
+            f"{optim}_steps": f"{s:.1f}",
+            f"{optim}_ratio": f"{s / steps:.3f}",
+            f"{optim}_sized_steps": sized_steps,
+            f"{optim}_sized_loss": f"{sized[optim]:.4f}",
+        }
     print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
 
 

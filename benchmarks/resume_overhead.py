@@ -53,7 +53,13 @@ def main() -> None:
     optimizer = build_optimizer(model, cfg.optim)
     B, T = cfg.micro_batch_size, cfg.seq_len
     windows = torch.randint(0, model_cfg.vocab_size, (B, T + 1), device=device)
-    batch = Batch(windows[:, :-1], windows[:, 1:], torch.ones(B, T, dtype=torch.bool, device=device), None, torch.zeros(B, dtype=torch.long, device=device))
+    batch = Batch(
+        windows[:, :-1],
+        windows[:, 1:],
+        torch.ones(B, T, dtype=torch.bool, device=device),
+        None,
+        torch.zeros(B, dtype=torch.long, device=device),
+    )
 
     def step() -> float:
         t0 = time.perf_counter()
@@ -74,14 +80,32 @@ def main() -> None:
     dp = one_process(device)
 
     def train_state(step: int) -> dict:
-        """What the loop saves besides model, optimizer and RNGs, as the resume checks want it: one source that drew the run's rows."""
+        """What the loop saves besides model, optimizer and RNGs, as the resume checks want it: one source that drew the
+        run's rows."""
         rows, tokens = drawn_by(cfg, step, [(1, 1)], {})
         stream = {"epoch": 0, "turn": 0, "position": [0], "offset": [0], "switched_at": []}
-        sampler = {"sources": ["random"], "rows_drawn": rows, "drawn": [rows], "streams": [stream], "factors": [1.0], "last_val": {}}
-        return {"batches": {"rows": sampler, "seen": [0]}, "mixture": {"first_step": 1, "start_tokens": [0.0], "intended": [0.0], "records": []}, "tokens_trained": tokens,
-                "train_flops": 0, "val_before": None, "guard": {"history": [], "rollbacks": 0, "skips": {}, "low_lr_until": 0}, "scaler": {}}
+        sampler = {
+            "sources": ["random"],
+            "rows_drawn": rows,
+            "drawn": [rows],
+            "streams": [stream],
+            "factors": [1.0],
+            "last_val": {},
+        }
+        return {
+            "batches": {"rows": sampler, "seen": [0]},
+            "mixture": {"first_step": 1, "start_tokens": [0.0], "intended": [0.0], "records": []},
+            "tokens_trained": tokens,
+            "train_flops": 0,
+            "val_before": None,
+            "guard": {"history": [], "rollbacks": 0, "skips": {}, "low_lr_until": 0},
+            "scaler": {},
+        }
 
-    print(f"{args.recipe}: {count_params(model_cfg):,} params on {device}, {step_s:.3f} s per optimizer step of {cfg.tokens_per_step:,} tokens")
+    print(
+        f"{args.recipe}: {count_params(model_cfg):,} params on {device}, {step_s:.3f} s per optimizer step of "
+        f"{cfg.tokens_per_step:,} tokens"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         sync = States(Path(tmp) / "sync", dp, CheckpointConfig(keep_last=1))
         sync_s = []
@@ -107,16 +131,31 @@ def main() -> None:
             t0 = time.perf_counter()
             sync.load(newest, model, optimizer, cfg)
             load_s.append(time.perf_counter() - t0)
-    sync_save, async_blocked, async_total = statistics.median(sync_s), statistics.median(blocked), statistics.median(total)
-    async_cost = async_blocked + sum(slowdown) / args.repeats  # per save: the copy, plus what the writer took from the steps
+    sync_save, async_blocked, async_total = (
+        statistics.median(sync_s),
+        statistics.median(blocked),
+        statistics.median(total),
+    )
+    async_cost = (
+        async_blocked + sum(slowdown) / args.repeats
+    )  # per save: the copy, plus what the writer took from the steps
     train_s = args.every * step_s
     print(f"state after a step: {size_mb:.1f} MB ({newest.name}: {files})")
-    print(f"sync save {sync_save:.3f} s (blocks training); async: blocked {async_blocked:.3f} s, written after {async_total:.3f} s, steps meanwhile slowed by {sum(slowdown) / args.repeats:.3f} s in all; load {statistics.median(load_s):.3f} s")
-    print(f"one state every {args.every} steps: sync costs {100 * sync_save / (train_s + sync_save):.2f}% of training time, async {100 * async_cost / (train_s + async_cost):.2f}%")
     print(
-        f"RESULT step_s={step_s:.4f} size_mb={size_mb:.2f} sync_save_s={sync_save:.4f} async_blocked_s={async_blocked:.4f} async_total_s={async_total:.4f}"
+        f"sync save {sync_save:.3f} s (blocks training); async: blocked {async_blocked:.3f} s, written after "
+        f"{async_total:.3f} s, steps meanwhile slowed by {sum(slowdown) / args.repeats:.3f} s in all; load "
+        f"{statistics.median(load_s):.3f} s"
+    )
+    print(
+        f"one state every {args.every} steps: sync costs {100 * sync_save / (train_s + sync_save):.2f}% of "
+        f"training time, async {100 * async_cost / (train_s + async_cost):.2f}%"
+    )
+    print(
+        f"RESULT step_s={step_s:.4f} size_mb={size_mb:.2f} sync_save_s={sync_save:.4f} "
+        f"async_blocked_s={async_blocked:.4f} async_total_s={async_total:.4f}"
         f" async_step_slowdown_s={sum(slowdown) / args.repeats:.4f} load_s={statistics.median(load_s):.4f}"
-        f" sync_overhead_pct_every_{args.every}={100 * sync_save / (train_s + sync_save):.3f} async_overhead_pct_every_{args.every}={100 * async_cost / (train_s + async_cost):.3f}"
+        f" sync_overhead_pct_every_{args.every}={100 * sync_save / (train_s + sync_save):.3f} "
+        f"async_overhead_pct_every_{args.every}={100 * async_cost / (train_s + async_cost):.3f}"
     )
 
 

@@ -16,7 +16,8 @@ best of `--repeats`, then checks that all three give the same ids for every docu
 whole `kiln tokenize` stage on all copies (read shards, encode, write and join token shards)
 with 1 and with 2 worker processes, to show throughput scaling with workers; the copies make
 the work long enough that starting the worker processes (about 0.8 s) does not hide it.
-Ends with: RESULT kiln_mb_s=.. hf_mb_s=.. tiktoken_mb_s=.. ratio_vs_fastest=.. ids_identical=.. stage_1w_mb_s=.. stage_2w_mb_s=..
+Ends with: RESULT kiln_mb_s=.. hf_mb_s=.. tiktoken_mb_s=.. ratio_vs_fastest=.. ids_identical=.. stage_1w_mb_s=..
+stage_2w_mb_s=..
 Not measured here: Ray (same tasks as the process pool), decoding.
 """
 
@@ -48,7 +49,21 @@ CACHE = ROOT / "benchmarks" / ".cache"
 CORPUS = CACHE / "corpus-55mb.jsonl"
 RUNS = CACHE / "runs"
 NAME = "tokenize-speed"
-FILTERS_OFF = [f"curate.{step}.enabled=false" for step in ("line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "code_quality", "pii", "exact_dedup", "minhash_dedup")]
+FILTERS_OFF = [
+    f"curate.{step}.enabled=false"
+    for step in (
+        "line_dedup",
+        "language",
+        "gopher_repetition",
+        "gopher_quality",
+        "c4",
+        "fineweb",
+        "code_quality",
+        "pii",
+        "exact_dedup",
+        "minhash_dedup",
+    )
+]
 
 
 def deal(files: int, copies: int) -> Path:
@@ -79,8 +94,32 @@ def prepare(vocab: int, files: int, copies: int) -> Path:
         build_corpus(CORPUS, 55)
     kiln = [sys.executable, "-m", "kiln", "-q"]
     common = ["--run", NAME, "--set", f"runs_dir={RUNS}"]
-    subprocess.run([*kiln, "curate", "--input", str(deal(files, copies)), *common, *(a for o in FILTERS_OFF for a in ("--set", o))], check=True)
-    subprocess.run([*kiln, "train-tokenizer", "--recipe", "demo", "--set", f"name={NAME}", "--set", f"runs_dir={RUNS}", "--set", f"tokenizer.vocab_size={vocab}"], check=True)
+    subprocess.run(
+        [
+            *kiln,
+            "curate",
+            "--input",
+            str(deal(files, copies)),
+            *common,
+            *(a for o in FILTERS_OFF for a in ("--set", o)),
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [
+            *kiln,
+            "train-tokenizer",
+            "--recipe",
+            "demo",
+            "--set",
+            f"name={NAME}",
+            "--set",
+            f"runs_dir={RUNS}",
+            "--set",
+            f"tokenizer.vocab_size={vocab}",
+        ],
+        check=True,
+    )
     return RUNS / NAME
 
 
@@ -108,7 +147,9 @@ def stage_mb_s(run_dir: Path, workers: int, nbytes: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vocab", type=int, default=32768, help="Vocabulary size of the tokenizer all three encoders use.")
+    parser.add_argument(
+        "--vocab", type=int, default=32768, help="Vocabulary size of the tokenizer all three encoders use."
+    )
     parser.add_argument("--repeats", type=int, default=3, help="Timed passes per encoder; the best counts.")
     parser.add_argument("--files", type=int, default=16, help="JSONL files the corpus is dealt into before curation.")
     parser.add_argument("--copies", type=int, default=4, help="Copies of the corpus the tokenize stage encodes.")
@@ -120,7 +161,13 @@ def main() -> None:
     texts = list(dict.fromkeys(all_texts))
     nbytes = sum(len(t.encode("utf-8")) for t in texts)
     shards = len(list_shards(run_dir / "curate" / "shards"))
-    print(f"{len(texts):,} distinct curated documents, {nbytes / 1e6:.1f} MB ({stage_bytes / 1e6:.1f} MB in {shards} shards with the copies); vocabulary {tok.vocab_size:,}", flush=True)
+    print(
+        (
+            f"{len(texts):,} distinct curated documents, {nbytes / 1e6:.1f} MB ({stage_bytes / 1e6:.1f} MB in "
+            f"{shards} shards with the copies); vocabulary {tok.vocab_size:,}"
+        ),
+        flush=True,
+    )
 
     enc = tiktoken_twin(tok)
     runs = {
@@ -144,7 +191,8 @@ def main() -> None:
         print(f"  {w} worker{'s' if w > 1 else ''}: {mb_s:.2f} MB/s", flush=True)
     print(
         f"RESULT kiln_mb_s={speed['kiln']:.2f} hf_mb_s={speed['hf']:.2f} tiktoken_mb_s={speed['tiktoken']:.2f} "
-        f"ratio_vs_fastest={speed['kiln'] / fastest:.3f} ids_identical={int(identical)} stage_1w_mb_s={stage[1]:.2f} stage_2w_mb_s={stage[2]:.2f}"
+        f"ratio_vs_fastest={speed['kiln'] / fastest:.3f} ids_identical={int(identical)} "
+        f"stage_1w_mb_s={stage[1]:.2f} stage_2w_mb_s={stage[2]:.2f}"
     )
     if not identical:
         sys.exit(1)

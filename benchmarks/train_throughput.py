@@ -1,7 +1,8 @@
 """Training tokens/s of kiln's trainer against a plain PyTorch loop and Hugging Face's Llama, same work.
 
 Four measurements train the recipe's model shape (default: the demo's 5M-parameter decoder,
-without its QK-norm, which LlamaForCausalLM lacks) on the same token batches, in the same precision, with the same optimizer:
+without its QK-norm, which LlamaForCausalLM lacks) on the same token batches, in the same precision, with the same
+optimizer:
   kiln    kiln.train.loop.train(), the train stage's own step path (collator, loss, clipping,
           AdamW, lr schedule, metrics.jsonl, TensorBoard, the progress bar), on the run's token
           shards through kiln's sampler and collator; tokens/s from its metrics.jsonl; eager,
@@ -87,7 +88,11 @@ class Measurement:
 def batch_source(recipe: Recipe, cfg: TrainConfig) -> BatchSource:
     """The BatchSource the train stage builds: kiln's sampler over the run's token shards, the objective's collator."""
     layout = RunLayout(recipe.run_dir)
-    return build_collator(build_sampler(layout.token_shards, recipe.mix, cfg.seq_len), cfg, token_ids(KilnTokenizer.load(layout.tokenizer_json)))
+    return build_collator(
+        build_sampler(layout.token_shards, recipe.mix, cfg.seq_len),
+        cfg,
+        token_ids(KilnTokenizer.load(layout.tokenizer_json)),
+    )
 
 
 def draw_steps(recipe: Recipe, cfg: TrainConfig) -> list[Step]:
@@ -103,13 +108,15 @@ def draw_steps(recipe: Recipe, cfg: TrainConfig) -> list[Step]:
 
 def benchmark_config(cfg: TrainConfig, steps: int) -> TrainConfig:
     """cfg for a short timed run: no validation before step 1, no resumable states, one lr warmup step."""
-    return cfg.model_copy(update={
-        "steps": steps,
-        "eval_at_start": False,
-        "eval_every": None,
-        "schedule": cfg.schedule.model_copy(update={"warmup_steps": 1, "warmup_fraction": None}),
-        "checkpoint": cfg.checkpoint.model_copy(update={"every": None}),
-    })
+    return cfg.model_copy(
+        update={
+            "steps": steps,
+            "eval_at_start": False,
+            "eval_every": None,
+            "schedule": cfg.schedule.model_copy(update={"warmup_steps": 1, "warmup_fraction": None}),
+            "checkpoint": cfg.checkpoint.model_copy(update={"every": None}),
+        }
+    )
 
 
 # --- kiln -----------------------------------------------------------------------------------
@@ -173,7 +180,10 @@ class RefMLP(nn.Module):
 class RefBlock(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.attn_norm, self.mlp_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps), nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn_norm, self.mlp_norm = (
+            nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps),
+            nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps),
+        )
         self.attn, self.mlp = RefAttention(cfg), RefMLP(cfg)
 
     def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -208,11 +218,18 @@ class RefLlama(nn.Module):
 
 # --- Hugging Face ----------------------------------------------------------------------------
 
+
 def hf_llama(cfg: ModelConfig, kiln_state: dict[str, torch.Tensor]) -> transformers.LlamaForCausalLM:
     """LlamaForCausalLM of kiln's shape holding kiln's weights (the config and names `kiln export` writes)."""
-    settings = {k: v for k, v in hf_config(cfg, eot_id=0, pad_id=1).items() if k not in ("architectures", "model_type", "torch_dtype")}
+    settings = {
+        k: v
+        for k, v in hf_config(cfg, eot_id=0, pad_id=1).items()
+        if k not in ("architectures", "model_type", "torch_dtype")
+    }
     # use_cache off: a training loop keeps no KV cache (forward would fill a DynamicCache).
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**settings | {"use_cache": False}, attn_implementation="sdpa"))
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**settings | {"use_cache": False}, attn_implementation="sdpa")
+    )
     missing, unexpected = model.load_state_dict(to_hf_state(kiln_state, cfg), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)  # a tied head is the embedding
     return model
@@ -222,10 +239,16 @@ def hf_llama(cfg: ModelConfig, kiln_state: dict[str, torch.Tensor]) -> transform
 
 
 def adamw(model: nn.Module, o: OptimConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW as kiln configures it by default: weight decay on matrices (embedding included), not on norm gains, the fused kernel where kiln uses it."""
+    """AdamW as kiln configures it by default: weight decay on matrices (embedding included), not on norm gains, the
+    fused kernel where kiln uses it."""
     params = list(model.parameters())  # a tied weight comes once
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay}, {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=1e-8, fused=device.type in FUSED_ADAMW_DEVICES)
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=1e-8, fused=device.type in FUSED_ADAMW_DEVICES
+    )
 
 
 def synchronize(device: torch.device) -> None:
@@ -233,7 +256,14 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)  # host sync: the clock reads finished work
 
 
-def measure_reference(model: nn.Module, logits_of: Callable[[torch.Tensor], torch.Tensor], steps: list[Step], cfg: TrainConfig, precision: Precision, warmup: int) -> Measurement:
+def measure_reference(
+    model: nn.Module,
+    logits_of: Callable[[torch.Tensor], torch.Tensor],
+    steps: list[Step],
+    cfg: TrainConfig,
+    precision: Precision,
+    warmup: int,
+) -> Measurement:
     """A plain training loop: forward, fp32 cross-entropy, backward per micro-batch, then clip and step."""
     device, s = precision.device, cfg.schedule
     model.to(device).train()
@@ -244,7 +274,9 @@ def measure_reference(model: nn.Module, logits_of: Callable[[torch.Tensor], torc
             synchronize(device)
             t0 = time.perf_counter()
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg.optim.lr, cfg.warmup_steps, cfg.steps, s.min_lr_ratio, s.kind, s.decay_fraction)
+            group["lr"] = lr_at(
+                step, cfg.optim.lr, cfg.warmup_steps, cfg.steps, s.min_lr_ratio, s.kind, s.decay_fraction
+            )
         step_loss = torch.zeros((), device=device)
         for ids_BT, targets_BT in micro_batches:
             ids_BT, targets_BT = ids_BT.to(device, non_blocking=True), targets_BT.to(device, non_blocking=True)
@@ -267,22 +299,29 @@ def measure_reference(model: nn.Module, logits_of: Callable[[torch.Tensor], torc
 def check_comparable(model_cfg: ModelConfig, cfg: TrainConfig) -> None:
     """The references implement plain Llama next-token training with AdamW; stop on anything else."""
     unsupported = {
-        "model.activation": model_cfg.activation != "swiglu", "model.qk_norm": model_cfg.qk_norm,
-        "model.logit_softcap": model_cfg.logit_softcap is not None, "model.z_loss": model_cfg.z_loss > 0,
+        "model.activation": model_cfg.activation != "swiglu",
+        "model.qk_norm": model_cfg.qk_norm,
+        "model.logit_softcap": model_cfg.logit_softcap is not None,
+        "model.z_loss": model_cfg.z_loss > 0,
         "train.objective": cfg.objectives.keys() != {"clm"} or cfg.masks_documents("clm"),
         "train.late_position_weight": cfg.late_position_weight > 0,
         "train.optim": cfg.optim.name != "adamw" or not cfg.optim.decay_embeddings or cfg.optim.decay_norms,
         "train.precision.dtype": cfg.precision.dtype == "fp16",
     }
     if any(unsupported.values()):
-        raise SystemExit(f"the references cannot reproduce {[k for k, v in unsupported.items() if v]}; benchmark a recipe with kiln's defaults for them")
+        raise SystemExit(
+            f"the references cannot reproduce {[k for k, v in unsupported.items() if v]}; benchmark a recipe with "
+            "kiln's defaults for them"
+        )
 
 
 def count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # a tied weight counts once
 
 
-def compare(recipe: Recipe, model_cfg: ModelConfig, args: argparse.Namespace, precision: Precision) -> dict[str, list[Measurement]]:
+def compare(
+    recipe: Recipe, model_cfg: ModelConfig, args: argparse.Namespace, precision: Precision
+) -> dict[str, list[Measurement]]:
     """The four measurements, `--repeats` turns each in a rotating order; their results."""
     cfg = benchmark_config(recipe.train, args.warmup + args.steps)
     check_comparable(model_cfg, cfg)
@@ -298,9 +337,14 @@ def compare(recipe: Recipe, model_cfg: ModelConfig, args: argparse.Namespace, pr
     params = {"kiln": count(kiln_model), "torch": count(torch_model()), "hf": count(hf_llama(model_cfg, kiln_state))}
     print(f"params: {', '.join(f'{k} {n:,}' for k, n in params.items())}")
     assert len(set(params.values())) == 1, f"the three models differ in size: {params}"
-    print(f"model d={model_cfg.d_model} layers={model_cfg.n_layers} heads={model_cfg.n_heads}/{model_cfg.kv_heads} ffn={model_cfg.hidden} vocab={model_cfg.vocab_size} tied={model_cfg.tie_embeddings}; "
-          f"{cfg.tokens_per_step:,} tokens/step ({cfg.grad_accum_steps} x {cfg.micro_batch_size} x {cfg.seq_len}); {precision.device}, {precision.amp_dtype or torch.float32}, "
-          f"{torch.get_num_threads()} threads; {args.warmup} warmup + {args.steps} timed steps, {args.repeats} repeats", flush=True)
+    print(
+        f"model d={model_cfg.d_model} layers={model_cfg.n_layers} heads={model_cfg.n_heads}/{model_cfg.kv_heads} "
+        f"ffn={model_cfg.hidden} vocab={model_cfg.vocab_size} tied={model_cfg.tie_embeddings}; "
+        f"{cfg.tokens_per_step:,} tokens/step ({cfg.grad_accum_steps} x {cfg.micro_batch_size} x {cfg.seq_len}); "
+        f"{precision.device}, {precision.amp_dtype or torch.float32}, "
+        f"{torch.get_num_threads()} threads; {args.warmup} warmup + {args.steps} timed steps, {args.repeats} repeats",
+        flush=True,
+    )
 
     def run_torch() -> Measurement:
         model = torch_model()
@@ -308,19 +352,24 @@ def compare(recipe: Recipe, model_cfg: ModelConfig, args: argparse.Namespace, pr
 
     def run_hf() -> Measurement:
         model = hf_llama(model_cfg, kiln_state)
-        return measure_reference(model, lambda ids_BT: model(input_ids=ids_BT).logits, steps, cfg, precision, args.warmup)
+        return measure_reference(
+            model, lambda ids_BT: model(input_ids=ids_BT).logits, steps, cfg, precision, args.warmup
+        )
 
     runs = {
         "kiln": lambda: measure_kiln(recipe, model_cfg, cfg.model_copy(update={"compile": False}), args.warmup),
         "kiln_compiled": lambda: measure_kiln(recipe, model_cfg, cfg.model_copy(update={"compile": True}), args.warmup),
-        "torch": run_torch, "hf": run_hf,
+        "torch": run_torch,
+        "hf": run_hf,
     }
     results: dict[str, list[Measurement]] = {name: [] for name in IMPLEMENTATIONS}
     for r in range(args.repeats):
-        for name in IMPLEMENTATIONS[r % len(IMPLEMENTATIONS):] + IMPLEMENTATIONS[: r % len(IMPLEMENTATIONS)]:
+        for name in IMPLEMENTATIONS[r % len(IMPLEMENTATIONS) :] + IMPLEMENTATIONS[: r % len(IMPLEMENTATIONS)]:
             m = runs[name]()
             results[name].append(m)
-            print(f"repeat {r + 1}  {name:<13} {m.tokens_per_s:>10,.0f} tokens/s  last-step loss {m.loss:.4f}", flush=True)
+            print(
+                f"repeat {r + 1}  {name:<13} {m.tokens_per_s:>10,.0f} tokens/s  last-step loss {m.loss:.4f}", flush=True
+            )
     return results
 
 
@@ -328,37 +377,80 @@ def preset_mfu(recipe: Recipe, name: str, args: argparse.Namespace, peak: float)
     """kiln's trainer on a preset's shape (published vocabulary) in bf16 with torch.compile, on the run's data."""
     seq_len, rows, tokens = PRESET_RUNS[name]
     model_cfg = get_preset(name)
-    cfg = TrainConfig.model_validate({**recipe.train.model_dump(), "seq_len": seq_len, "micro_batch_size": rows, "global_batch_tokens": tokens, "compile": True, "precision": {"device": "cuda", "dtype": "bf16"}})
+    cfg = TrainConfig.model_validate(
+        {
+            **recipe.train.model_dump(),
+            "seq_len": seq_len,
+            "micro_batch_size": rows,
+            "global_batch_tokens": tokens,
+            "compile": True,
+            "precision": {"device": "cuda", "dtype": "bf16"},
+        }
+    )
     # A fresh compile, as a run of this preset gets: blocks compiled before for another shape would make
     # torch.compile recompile them with dynamic shapes (gpt2-124m: 38.7% MFU on an H100 against 40.9%).
     torch.compiler.reset()
     m = measure_kiln(recipe, model_cfg, benchmark_config(cfg, args.warmup + args.steps), args.warmup)
     mfu = m.tokens_per_s * flops_per_token(model_cfg, seq_len) / peak
-    print(f"{name}: {count_params(model_cfg):,} params, {tokens:,} tokens/step ({tokens // (rows * seq_len)} x {rows} x {seq_len}), bf16, compiled: {m.tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%}", flush=True)
+    print(
+        (
+            f"{name}: {count_params(model_cfg):,} params, {tokens:,} tokens/step ({tokens // (rows * seq_len)} x "
+            f"{rows} x {seq_len}), bf16, compiled: {m.tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%}"
+        ),
+        flush=True,
+    )
     return mfu
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", default="demo", help="Recipe whose finished tokenize stage gives the data, and whose model and train sections are measured.")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], help="Recipe override a.b=v (repeatable), e.g. train.compile=true.")
-    parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], help="train.precision.dtype for all three (default: the recipe's; auto is fp32 on a CPU, bf16 on cuda).")
+    parser.add_argument(
+        "--recipe",
+        default="demo",
+        help="Recipe whose finished tokenize stage gives the data, and whose model and train sections are measured.",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        help="Recipe override a.b=v (repeatable), e.g. train.compile=true.",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        help="train.precision.dtype for all three (default: the recipe's; auto is fp32 on a CPU, bf16 on cuda).",
+    )
     parser.add_argument("--steps", type=int, default=10, help="Timed optimizer steps per measurement.")
-    parser.add_argument("--warmup", type=int, default=2, help="Untimed steps before them (allocator, kernel selection, compilation).")
-    parser.add_argument("--repeats", type=int, default=3, help="Measurements of each implementation, taken in turn; the best counts.")
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="Untimed steps before them (allocator, kernel selection, compilation)."
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="Measurements of each implementation, taken in turn; the best counts."
+    )
     args = parser.parse_args()
     if args.warmup < 1 or args.steps < 1 or args.repeats < 1:
         parser.error("--warmup, --steps and --repeats must be at least 1")
     # The references are plain Llama (LlamaForCausalLM has no QK-norm), so the recipe's model is measured without it.
-    recipe = load_recipe(args.recipe, ["model.qk_norm=false", *args.overrides] + ([f"train.precision.dtype={args.precision}"] if args.precision else []))
+    recipe = load_recipe(
+        args.recipe,
+        ["model.qk_norm=false", *args.overrides]
+        + ([f"train.precision.dtype={args.precision}"] if args.precision else []),
+    )
     if not RunLayout(recipe.run_dir).tokenizer_json.is_file():
-        raise SystemExit(f"{recipe.run_dir} has no tokenized data; run `kiln demo` (or the recipe's stages up to tokenize) first")
+        raise SystemExit(
+            f"{recipe.run_dir} has no tokenized data; run `kiln demo` (or the recipe's stages up to tokenize) first"
+        )
     precision = build_precision(recipe.train)  # also train.threads, for all three alike
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if precision.device.type == "cpu" and load > cores / 2:
         # Measured here: with 2 threads on 2 busy cores, single measurements swung by 2.8x.
-        print(f"warning: load average {load:.1f} on {cores} cores: other processes compete for the CPU and torch's threads wait on each other; "
-              "figures will scatter (train.threads=1 scatters less)", flush=True)
+        print(
+            f"warning: load average {load:.1f} on {cores} cores: other processes compete for the CPU and torch's "
+            "threads wait on each other; "
+            "figures will scatter (train.threads=1 scatters less)",
+            flush=True,
+        )
     model_cfg = recipe.model.resolved(read_manifest(RunLayout(recipe.run_dir).token_shards)["counts"]["vocab_size"])
 
     results = compare(recipe, model_cfg, args, precision)
@@ -369,13 +461,22 @@ def main() -> None:
     fastest = max(best["torch"], best["hf"])
     kiln_best = max(best["kiln"], best["kiln_compiled"])
     last = {name: ms[-1].loss for name, ms in results.items()}
-    print(f"last-step loss of the last repeat (same start weights, same batches): {', '.join(f'{n} {v:.5f}' for n, v in last.items())}")
-    print(f"kiln (faster variant) / torch {kiln_best / best['torch']:.3f}, / hf {kiln_best / best['hf']:.3f}, / faster reference {kiln_best / fastest:.3f} "
-          f"(goal on a CPU: 1.1); eager kiln / faster reference {best['kiln'] / fastest:.3f}")
+    print(
+        "last-step loss of the last repeat (same start weights, same batches): "
+        f"{', '.join(f'{n} {v:.5f}' for n, v in last.items())}"
+    )
+    print(
+        f"kiln (faster variant) / torch {kiln_best / best['torch']:.3f}, / hf {kiln_best / best['hf']:.3f}, / "
+        f"faster reference {kiln_best / fastest:.3f} "
+        f"(goal on a CPU: 1.1); eager kiln / faster reference {best['kiln'] / fastest:.3f}"
+    )
     fields = {
         **{f"{name}_tokens_per_s": f"{tps:.1f}" for name, tps in best.items()},
-        "ratio_vs_fastest": f"{kiln_best / fastest:.3f}", "ratio_eager_vs_fastest": f"{best['kiln'] / fastest:.3f}",
-        "ratio_vs_torch": f"{kiln_best / best['torch']:.3f}", "ratio_vs_hf": f"{kiln_best / best['hf']:.3f}", "params": str(count_params(model_cfg)),
+        "ratio_vs_fastest": f"{kiln_best / fastest:.3f}",
+        "ratio_eager_vs_fastest": f"{best['kiln'] / fastest:.3f}",
+        "ratio_vs_torch": f"{kiln_best / best['torch']:.3f}",
+        "ratio_vs_hf": f"{kiln_best / best['hf']:.3f}",
+        "params": str(count_params(model_cfg)),
     }
     peak = device_peak_flops(precision.device)
     if peak:

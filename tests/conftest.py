@@ -29,4 +29,11 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     done, seconds = kiln_demo(runs_dir)
     run_dir = runs_dir / "demo"
     manifests = {s: json.loads((run_dir / s / "manifest.json").read_text()) for s in DEMO_STAGES}
-    return {"runs_dir": runs_dir, "run_dir": run_dir, "stdout": done.stdout, "seconds": seconds, "manifests": manifests, "summary": json.loads((run_dir / "summary.json").read_text())}
+    return {
+        "runs_dir": runs_dir,
+        "run_dir": run_dir,
+        "stdout": done.stdout,
+        "seconds": seconds,
+        "manifests": manifests,
+        "summary": json.loads((run_dir / "summary.json").read_text()),
+    }

@@ -54,7 +54,9 @@ def snapshot_corpus(recipe: str, overrides: list[str], dest: Path) -> str:
     missing = {i for i, cfg in enumerate(r.curate.inputs) if cfg.format in COPIED and not (dest / cfg.format).is_dir()}
     if missing:
         # Planned over the machine's own files, so the cap picks the files the recipe would read.
-        for task in plan_reads(r.curate.inputs, None if r.curate.max_total_mb is None else int(r.curate.max_total_mb * 1_000_000), 1 << 40):
+        for task in plan_reads(
+            r.curate.inputs, None if r.curate.max_total_mb is None else int(r.curate.max_total_mb * 1_000_000), 1 << 40
+        ):
             if task.input_index in missing:
                 for unit in task.units:
                     target = dest / task.input.format / unit.name.split("/", 1)[1]
@@ -68,8 +70,11 @@ def snapshot_corpus(recipe: str, overrides: list[str], dest: Path) -> str:
     return "curate.inputs=" + json.dumps(inputs)
 
 
-def kiln_demo(runs_dir: Path, recipe: str = "demo", overrides: list[str] = OVERRIDES) -> tuple[subprocess.CompletedProcess[str], float]:
-    """`kiln demo` through the installed command on a copy of the corpus (runs_dir/../corpus, made on the first call)."""
+def kiln_demo(
+    runs_dir: Path, recipe: str = "demo", overrides: list[str] = OVERRIDES
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """`kiln demo` through the installed command on a copy of the corpus (runs_dir/../corpus, made on the first
+    call)."""
     overrides = [*overrides, snapshot_corpus(recipe, overrides, Path(runs_dir).parent / "corpus")]
     args = [str(KILN), "demo", "--recipe", recipe, "--set", f"runs_dir={runs_dir}"]
     for override in overrides:

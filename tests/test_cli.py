@@ -76,7 +76,11 @@ def test_verb_help_lists_only_the_sections_it_reads(capsys: pytest.CaptureFixtur
 
 def verb_paths(verbs: tuple[Verb, ...] = TABLE, above: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Verb]]:
     """Every verb and subcommand of the table with the words that name it: (("plan", "flops"), verb)."""
-    return [pair for v in verbs for pair in [((*above, v.name), v), *(verb_paths(v.group.verbs, (*above, v.name)) if v.group else [])]]
+    return [
+        pair
+        for v in verbs
+        for pair in [((*above, v.name), v), *(verb_paths(v.group.verbs, (*above, v.name)) if v.group else [])]
+    ]
 
 
 def test_the_parser_has_exactly_the_tables_verbs_with_their_functions() -> None:
@@ -107,7 +111,8 @@ def test_every_verb_and_subcommand_describes_itself_in_its_help(path: str, capsy
 
 
 def test_the_demo_help_names_its_stages_and_every_section_they_read(capsys: pytest.CaptureFixture[str]) -> None:
-    # The demo's stage list and recipe keys come from its stages' entries; parallel.* was missing, though train reads it.
+    # The demo's stage list and recipe keys come from its stages' entries; parallel.* was missing, though train reads
+    # it.
     _, out, _ = run_main(["demo", "--help"], capsys)
     assert f"Run every stage ({', '.join(v.name for v in DEMO_STAGES)})" in " ".join(out.split())
     for verb in DEMO_STAGES:
@@ -119,8 +124,13 @@ def test_the_demo_help_names_its_stages_and_every_section_they_read(capsys: pyte
 def test_importing_the_cli_imports_no_stage_and_no_torch() -> None:
     # The local executor's spawned workers import the `kiln` script: each paid about 4 s of imports
     # when kiln.cli imported the recipe (and with it torch and pydantic) at module level.
-    code = "import sys, kiln.cli; print(' '.join(sorted(m for m in sys.modules if m.startswith(('kiln', 'torch', 'pydantic')))))"
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    code = (
+        "import sys, kiln.cli; print(' '.join(sorted(m for m in sys.modules if m.startswith(('kiln', 'torch', "
+        "'pydantic')))))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.split()
     assert not [m for m in loaded if m.startswith(("torch", "pydantic"))], loaded
     assert {m.split(".")[1] for m in loaded if m.count(".") >= 1} <= {"cli", "core", "launch", "verbs"}, loaded
 
@@ -145,7 +155,9 @@ def test_unknown_verb_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
         ("train", "expected section.key=value"),
     ],
 )
-def test_bad_override_exits_2_naming_the_key_and_writes_nothing(override: str, named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_override_exits_2_naming_the_key_and_writes_nothing(
+    override: str, named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     runs = tmp_path / "runs"
     code, out, err = run_main(["curate", "--recipe", "demo", "--set", f"runs_dir={runs}", "--set", override], capsys)
     assert code == 2
@@ -166,15 +178,37 @@ def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     plan = json.loads(out)
     recipe = load_recipe("demo")
-    assert plan == plan_training(recipe.model, recipe.train.seq_len, recipe.train.steps * recipe.train.tokens_per_step, recipe.tokenizer.vocab_size)
+    assert plan == plan_training(
+        recipe.model,
+        recipe.train.seq_len,
+        recipe.train.steps * recipe.train.tokens_per_step,
+        recipe.tokenizer.vocab_size,
+    )
     assert plan["train_flops"] == plan["flops_per_token"] * plan["tokens"]
 
 
 def test_plan_follows_overrides(capsys: pytest.CaptureFixture[str]) -> None:
-    _, out, _ = run_main(["plan", "--json", "--set", "model.d_model=512", "--set", "train.steps=10", "--set", "train.schedule.warmup_fraction=0.2"], capsys)
+    _, out, _ = run_main(
+        [
+            "plan",
+            "--json",
+            "--set",
+            "model.d_model=512",
+            "--set",
+            "train.steps=10",
+            "--set",
+            "train.schedule.warmup_fraction=0.2",
+        ],
+        capsys,
+    )
     plan = json.loads(out)
     recipe = load_recipe("demo", ["model.d_model=512", "train.steps=10", "train.schedule.warmup_fraction=0.2"])
-    assert plan == plan_training(recipe.model, recipe.train.seq_len, recipe.train.steps * recipe.train.tokens_per_step, recipe.tokenizer.vocab_size)
+    assert plan == plan_training(
+        recipe.model,
+        recipe.train.seq_len,
+        recipe.train.steps * recipe.train.tokens_per_step,
+        recipe.tokenizer.vocab_size,
+    )
     assert plan["tokens"] == 10 * recipe.train.tokens_per_step == 10 * recipe.train.global_batch_tokens
     assert plan["params"] > json.loads(run_main(["plan", "--json"], capsys)[1])["params"]
 
@@ -196,7 +230,12 @@ def test_generate_prompt_takes_any_text_as_it_is(text: str) -> None:
 def test_plan_table(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_main(["plan"], capsys)
     recipe = load_recipe("demo")
-    plan = plan_training(recipe.model, recipe.train.seq_len, recipe.train.steps * recipe.train.tokens_per_step, recipe.tokenizer.vocab_size)
+    plan = plan_training(
+        recipe.model,
+        recipe.train.seq_len,
+        recipe.train.steps * recipe.train.tokens_per_step,
+        recipe.tokenizer.vocab_size,
+    )
     assert code == 0
     assert f"{plan['params']:,}" in out and f"{plan['train_flops']:.3e}" in out
 
@@ -206,7 +245,8 @@ SMALL = """\
 name: run
 runs_dir: {runs}
 model: {{d_model: 64, n_layers: 2, n_heads: 2, n_kv_heads: 1, max_seq_len: 64}}
-train: {{steps: 4, seq_len: 64, micro_batch_size: 2, global_batch_tokens: 1024, schedule: {{warmup_steps: 1}}, precision: {{device: cpu}}}}
+train: {{steps: 4, seq_len: 64, micro_batch_size: 2, global_batch_tokens: 1024, schedule: {{warmup_steps: 1}},
+        precision: {{device: cpu}}}}
 """
 LAUNCH_ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
 
@@ -218,10 +258,18 @@ def small_recipe(tmp_path: Path) -> Path:
 
 
 def kiln_train(recipe: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(KILN), "train", "--recipe", str(recipe), *args], capture_output=True, text=True, timeout=120, env=LAUNCH_ENV)
+    return subprocess.run(
+        [str(KILN), "train", "--recipe", str(recipe), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=LAUNCH_ENV,
+    )
 
 
-def test_nproc_beyond_this_machine_is_refused_before_any_process_starts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_nproc_beyond_this_machine_is_refused_before_any_process_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # `--nproc 99999` started hundreds of workers, `--nproc 0` trained one process without a word.
     recipe, limit = small_recipe(tmp_path), cpu_process_limit()
     for n in (0, -1):
@@ -229,23 +277,49 @@ def test_nproc_beyond_this_machine_is_refused_before_any_process_starts(tmp_path
         assert (code, err) == (2, f"kiln train: error: --nproc {n}: give the number of processes to start, 1 or more\n")
     for n in (limit + 1, 99999):
         code, _, err = run_main(["train", "--recipe", str(recipe), "--nproc", str(n)], capsys)
-        assert code == 2 and err.startswith(f"kiln train: error: --nproc {n}: at most {limit} CPU processes here") and f"use --nproc {limit} or fewer" in err
+        assert (
+            code == 2
+            and err.startswith(f"kiln train: error: --nproc {n}: at most {limit} CPU processes here")
+            and f"use --nproc {limit} or fewer" in err
+        )
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_bad_layout_is_told_once_before_any_process_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_layout_is_told_once_before_any_process_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # With --nproc 8 a bad layout printed the same error 8 times, then torchrun's ChildFailedError traceback.
     done = kiln_train(small_recipe(tmp_path), "--nproc", "2", "--set", "parallel.tp=3")  # the real command
     assert done.returncode == 2
-    assert done.stderr.splitlines() == ["kiln train: error: parallel.pp (1) x parallel.dp_replicate (1) x parallel.dp_shard (-1) x parallel.cp (1) x parallel.tp (3)"
-                                        " must multiply to the world size, the 2 processes torchrun started; the world size must be a multiple of pp x dp_replicate x cp x tp = 3"]
+    assert done.stderr.splitlines() == [
+        "kiln train: error: parallel.pp (1) x parallel.dp_replicate (1) x parallel.dp_shard (-1) x parallel.cp "
+        "(1) x parallel.tp (3)"
+        " must multiply to the world size, the 2 processes torchrun started; the world size must be a multiple of "
+        "pp x dp_replicate x cp x tp = 3"
+    ]
     # A model the layout cannot split: kiln.train.mesh.check_layout, the ranks' own check, run first.
-    monkeypatch.setenv("WORLD_SIZE", "1")  # main() sets it for the N processes: monkeypatch takes it back after the test
-    code, _, err = run_main(["train", "--recipe", str(small_recipe(tmp_path)), "--nproc", "2", "--set", "parallel.tp=2"], capsys)
-    assert code == 2 and err.startswith("kiln train: error: parallel.tp=2 cannot split this model: model.n_kv_heads (1) is not a multiple of parallel.tp (2)")
+    monkeypatch.setenv(
+        "WORLD_SIZE", "1"
+    )  # main() sets it for the N processes: monkeypatch takes it back after the test
+    code, _, err = run_main(
+        ["train", "--recipe", str(small_recipe(tmp_path)), "--nproc", "2", "--set", "parallel.tp=2"], capsys
+    )
+    assert code == 2 and err.startswith(
+        "kiln train: error: parallel.tp=2 cannot split this model: model.n_kv_heads (1) is not a multiple of "
+        "parallel.tp (2)"
+    )
     assert len(err.splitlines()) == 1 and not (tmp_path / "runs").exists()
-    code, _, err = run_main(["train", "--recipe", str(small_recipe(tmp_path)), "--nproc", "2", "--set", "train.optim.name=muon"], capsys)
-    assert code == 2 and "muon orthogonalises whole matrices, and parallel (pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 1) splits them" in err
+    code, _, err = run_main(
+        ["train", "--recipe", str(small_recipe(tmp_path)), "--nproc", "2", "--set", "train.optim.name=muon"], capsys
+    )
+    assert (
+        code == 2
+        and (
+            "muon orthogonalises whole matrices, and parallel (pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 1) "
+            "splits them"
+        )
+        in err
+    )
     assert "use DDP (parallel.dp_replicate=2, parallel.dp_shard=1" in err
 
 
@@ -256,10 +330,17 @@ def test_an_error_of_every_rank_is_told_once_without_a_traceback(tmp_path: Path)
     done = kiln_train(small_recipe(tmp_path), "--nproc", "2")
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if "error" in line.lower() or "Traceback" in line]
-    assert errors == [f"kiln train: error: {tmp_path / 'runs' / 'run' / 'tokenize'}: no manifest.json; run that stage first (or `kiln demo`)"], done.stderr[-3000:]
+    assert errors == [
+        (
+            f"kiln train: error: {tmp_path / 'runs' / 'run' / 'tokenize'}: no manifest.json; run that stage first (or "
+            "`kiln demo`)"
+        )
+    ], done.stderr[-3000:]
 
 
-def test_a_failed_launch_is_reported_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_failed_launch_is_reported_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # What the launcher of `kiln train --nproc` says from torchrun's failure records (rank -> ProcessFailure).
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
@@ -281,9 +362,14 @@ def test_a_failed_launch_is_reported_in_one_line(tmp_path: Path, monkeypatch: py
     # A crash (its traceback is above) or a signal: which process, and how.
     crashed = ProcessFailure(local_rank=1, pid=11, exitcode=1, error_file=str(tmp_path / "none.json"))
     assert report_failed_launch({1: crashed}, 4) == 1
-    assert capsys.readouterr().err == "kiln train: error: process 1 of 4 exited with status 1 (its messages are above); the others were stopped\n"
+    assert (
+        capsys.readouterr().err
+        == "kiln train: error: process 1 of 4 exited with status 1 (its messages are above); the others were stopped\n"
+    )
     killed = ProcessFailure(local_rank=3, pid=13, exitcode=-9, error_file=str(tmp_path / "none.json"))
-    assert report_failed_launch({3: killed}, 4) == 1 and "process 3 of 4 was killed by SIGKILL" in capsys.readouterr().err
+    assert (
+        report_failed_launch({3: killed}, 4) == 1 and "process 3 of 4 was killed by SIGKILL" in capsys.readouterr().err
+    )
 
 
 def test_entry_point_exit_status(tmp_path: Path) -> None:
@@ -291,7 +377,12 @@ def test_entry_point_exit_status(tmp_path: Path) -> None:
         pytest.skip(f"no kiln script beside {sys.executable}")
     ok = subprocess.run([str(KILN), "plan", "--json"], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and "train_flops" in json.loads(ok.stdout)
-    bad = subprocess.run([str(KILN), "curate", "--set", f"runs_dir={tmp_path / 'runs'}", "--set", "curate.bogus_key=1"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [str(KILN), "curate", "--set", f"runs_dir={tmp_path / 'runs'}", "--set", "curate.bogus_key=1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2
     assert "curate.bogus_key: unknown key" in bad.stderr
     assert not (tmp_path / "runs").exists()
@@ -305,7 +396,18 @@ def test_paths_given_as_flags_arrive_unchanged(name: str) -> None:
     assert export.export.out == f"out/{name}"
     generate = load_recipe(*recipe_and_overrides(parser.parse_args(["generate", "--prompt-file", f"{name}.jsonl"])))
     assert generate.generate.prompt_file == f"{name}.jsonl"
-    curate = load_recipe(*recipe_and_overrides(parser.parse_args(["curate", "--input", f"data/{name}.jsonl", "--run", "r", "--decontaminate", f"{name}.jsonl"])))
-    assert curate.curate.inputs[0].path == f"data/{name}.jsonl" and curate.curate.decontaminate.eval_sets[0].path == f"{name}.jsonl"
-    scored = load_recipe(*recipe_and_overrides(parser.parse_args(["eval", "--data", f"{name}.txt", "--task", f"{name}.jsonl"])))
+    curate = load_recipe(
+        *recipe_and_overrides(
+            parser.parse_args(
+                ["curate", "--input", f"data/{name}.jsonl", "--run", "r", "--decontaminate", f"{name}.jsonl"]
+            )
+        )
+    )
+    assert (
+        curate.curate.inputs[0].path == f"data/{name}.jsonl"
+        and curate.curate.decontaminate.eval_sets[0].path == f"{name}.jsonl"
+    )
+    scored = load_recipe(
+        *recipe_and_overrides(parser.parse_args(["eval", "--data", f"{name}.txt", "--task", f"{name}.jsonl"]))
+    )
     assert scored.eval.data == [f"{name}.txt"] and scored.eval.tasks == [f"{name}.jsonl"]

@@ -21,7 +21,15 @@ from kiln.model.config import ModelConfig, count_params
 pytestmark = pytest.mark.slow
 
 STAGES = ("curate", "tokenizer", "tokenize", "train", "eval", "generate", "export")
-UPSTREAM = {"curate": [], "tokenizer": ["curate"], "tokenize": ["curate", "tokenizer"], "train": ["tokenize"], "eval": ["tokenize", "train"], "generate": ["train"], "export": ["curate", "tokenizer", "tokenize", "train", "eval"]}
+UPSTREAM = {
+    "curate": [],
+    "tokenizer": ["curate"],
+    "tokenize": ["curate", "tokenizer"],
+    "train": ["tokenize"],
+    "eval": ["tokenize", "train"],
+    "generate": ["train"],
+    "export": ["curate", "tokenizer", "tokenize", "train", "eval"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +39,24 @@ def demo(demo_run: dict[str, Any]) -> dict[str, Any]:
 
 def test_summary_has_every_field(demo: dict[str, Any]) -> None:
     s = demo["summary"]
-    for key in ("docs_in", "docs_out", "removed", "quarantined", "per_source", "tokenizer_bytes_per_token", "train_tokens_available", "params", "tokens_trained", "val_loss_before", "val_loss_after", "val_bpb_before", "val_bpb_after", "val_loss_drop", "learned", "sample"):
+    for key in (
+        "docs_in",
+        "docs_out",
+        "removed",
+        "quarantined",
+        "per_source",
+        "tokenizer_bytes_per_token",
+        "train_tokens_available",
+        "params",
+        "tokens_trained",
+        "val_loss_before",
+        "val_loss_after",
+        "val_bpb_before",
+        "val_bpb_after",
+        "val_loss_drop",
+        "learned",
+        "sample",
+    ):
         assert key in s, key
     assert 0 < s["docs_out"] <= s["docs_in"]
     assert s["docs_in"] == s["docs_out"] + sum(s["removed"].values()) + s["quarantined"]
@@ -39,7 +64,18 @@ def test_summary_has_every_field(demo: dict[str, Any]) -> None:
     for t in s["per_source"].values():
         assert t["docs_in"] == t["docs_out"] + sum(t["removed"].values()) + t["quarantined"]
     assert s["tokenizer_bytes_per_token"] > 1.0
-    assert s["params"] == count_params(ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=64, tie_embeddings=True, qk_norm=True))  # QK-norm from recipes/demo.yaml
+    assert s["params"] == count_params(
+        ModelConfig(
+            vocab_size=512,
+            d_model=64,
+            n_layers=2,
+            n_heads=2,
+            n_kv_heads=1,
+            max_seq_len=64,
+            tie_embeddings=True,
+            qk_norm=True,
+        )
+    )  # QK-norm from recipes/demo.yaml
     assert s["tokens_trained"] == 60 * 8 * 64
     sources = set(demo["manifests"]["eval"]["counts"]["after"]["sources"])
     assert set(s["val_bpb_before"]) == set(s["val_bpb_after"]) == sources | {"all"}
@@ -99,7 +135,16 @@ def test_the_exported_demo_model_runs_in_transformers_with_kilns_logits_and_card
     with torch.no_grad():
         assert (ours(torch.tensor([ids])) - hf(torch.tensor([ids])).logits).abs().max().item() < 1e-4
     card = (folder / "README.md").read_text()
-    for expected in ("## Data", "| code |", "## Tokenizer", "## Training", f"{60 * 8 * 64:,} tokens", "## Evaluation", "| all |", "## Lineage"):
+    for expected in (
+        "## Data",
+        "| code |",
+        "## Tokenizer",
+        "## Training",
+        f"{60 * 8 * 64:,} tokens",
+        "## Evaluation",
+        "| all |",
+        "## Lineage",
+    ):
         assert expected in card, expected
     assert demo["manifests"]["train"]["fingerprint"] in card
 
@@ -110,7 +155,9 @@ def test_the_probe_set_is_scored_during_training_with_its_continuations(demo: di
     assert [p["step"] for p in probes] == [20, 40, 60]
     val_docs = {s: n["val"]["docs"] for s, n in demo["manifests"]["tokenize"]["counts"]["per_source"].items()}
     documents = probes[-1]["probe"]["documents"]
-    assert set(documents) == {f"{s}/{i}" for s, n in val_docs.items() for i in range(min(2, n))}  # the same set every time
+    assert set(documents) == {
+        f"{s}/{i}" for s, n in val_docs.items() for i in range(min(2, n))
+    }  # the same set every time
     assert all(set(p["probe"]["documents"]) == set(documents) for p in probes)
     generations = probes[-1]["probe"]["generations"]
     assert len(generations) == len(documents) + 1 and generations[-1]["prompt"] == "def "
@@ -166,7 +213,11 @@ def test_a_changed_corpus_file_redoes_the_stages_after_it_and_keeps_the_earlier_
     assert since == {"changed": 1, "added": 0, "removed": 0, "examples": [str(changed)]}
     assert f"since the last demo 1 changed, 0 added, 0 gone (e.g. {changed})" in done.stdout
     kept = list(run_dir.glob("train.old-*"))  # the model trained on the earlier corpus: moved aside, whole
-    assert len(kept) == 1 and (kept[0] / "checkpoint" / "model.safetensors").is_file() and (kept[0] / "manifest.json").is_file()
+    assert (
+        len(kept) == 1
+        and (kept[0] / "checkpoint" / "model.safetensors").is_file()
+        and (kept[0] / "manifest.json").is_file()
+    )
     assert f"is kept in {kept[0]}" in done.stdout
     train = json.loads((run_dir / "train" / "manifest.json").read_text())
     tokenize = json.loads((run_dir / "tokenize" / "manifest.json").read_text())
@@ -184,12 +235,20 @@ def test_capped_sources_keep_about_val_fraction_for_validation(demo: dict[str, A
 
 # The shipped recipes per idea, at miniature size: the same keys as OVERRIDES, the tiny preset's
 # shape cut to 2 layers, and the curriculum's phases scaled to 64-token rows.
-MINI = [o for o in OVERRIDES if not o.startswith("model.")] + ["model.n_layers=2", "model.max_seq_len=64", "tokenizer.sample_mb=1"]
+MINI = [o for o in OVERRIDES if not o.startswith("model.")] + [
+    "model.n_layers=2",
+    "model.max_seq_len=64",
+    "tokenizer.sample_mb=1",
+]
 RECIPES = {
     "fim-code": [],
     "span-corruption": [],
     # ReLU² as well: a model transformers' Llama cannot hold, so the demo ends without an export.
-    "curriculum": ["train.seq_len_schedule=[{start: 0, seq_len: 32}, {start: 0.8, seq_len: 64, rope_theta: 40000}]", "mix.max_epochs=100", "model.activation=relu2"],
+    "curriculum": [
+        "train.seq_len_schedule=[{start: 0, seq_len: 32}, {start: 0.8, seq_len: 64, rope_theta: 40000}]",
+        "mix.max_epochs=100",
+        "model.activation=relu2",
+    ],
 }
 
 
@@ -204,7 +263,11 @@ def test_each_shipped_recipe_runs_end_to_end_and_learns_its_objective(recipe: st
         assert "objective" not in summary and summary["val_loss_after"] < summary["val_loss_before"] - 0.5
         realized = train["counts"]["mixture"]["realized"]
         assert realized[-1]["intended"]["prose"] > realized[0]["intended"]["prose"]  # annealed towards prose
-        assert summary["hf_folder"] is None and "demo: not exported" in done.stderr and "model.activation=relu2" in done.stderr
+        assert (
+            summary["hf_folder"] is None
+            and "demo: not exported" in done.stderr
+            and "model.activation=relu2" in done.stderr
+        )
     else:
         objective = summary["objective"]
         assert objective["name"] == recipe.replace("-code", "").replace("-", "_")
@@ -212,12 +275,19 @@ def test_each_shipped_recipe_runs_end_to_end_and_learns_its_objective(recipe: st
         assert f"objective {objective['name']}: held-out loss" in done.stdout
 
 
-def test_continued_pretraining_starts_from_the_demo_model_replays_its_data_and_reports_what_changed(demo: dict[str, Any]) -> None:
+def test_continued_pretraining_starts_from_the_demo_model_replays_its_data_and_reports_what_changed(
+    demo: dict[str, Any],
+) -> None:
     # recipes/continued.yaml at miniature size on the module's demo run: its tokenizer and final
     # weights, a quarter of the rows replayed from its sources.
     runs_dir, base = demo["runs_dir"], demo["run_dir"]
     overrides = [o for o in OVERRIDES if not o.startswith(("curate.", "tokenizer."))] + [
-        "curate.max_total_mb=1", f"tokenizer.from_run={base}", f"train.init_from={base / 'train' / 'checkpoint'}", f"mix.replay.run={base}", "train.steps=30", "train.schedule.warmup_fraction=0.1",
+        "curate.max_total_mb=1",
+        f"tokenizer.from_run={base}",
+        f"train.init_from={base / 'train' / 'checkpoint'}",
+        f"mix.replay.run={base}",
+        "train.steps=30",
+        "train.schedule.warmup_fraction=0.1",
     ]
     done, _ = kiln_demo(runs_dir, "continued", overrides)
     run_dir = runs_dir / "continued"
@@ -226,30 +296,46 @@ def test_continued_pretraining_starts_from_the_demo_model_replays_its_data_and_r
     change = counts["val_change"]
     assert set(change) == {"docs", "prose", "demo/code", "demo/docs", "demo/prose"}
     # The starting model is the demo's: its loss on the demo's own validation code is the demo's final one.
-    assert change["demo/code"]["before"] == pytest.approx(demo["manifests"]["train"]["counts"]["val_after"]["sources"]["code"]["loss"], rel=1e-4)
+    assert change["demo/code"]["before"] == pytest.approx(
+        demo["manifests"]["train"]["counts"]["val_after"]["sources"]["code"]["loss"], rel=1e-4
+    )
     assert change["docs"]["change"] < 0 and change["prose"]["change"] < 0  # gained on the new domain
-    replayed = sum(n for s, n in counts["tokens_by_source"].items() if s.startswith("demo/")) / sum(counts["tokens_by_source"].values())
+    replayed = sum(n for s, n in counts["tokens_by_source"].items() if s.startswith("demo/")) / sum(
+        counts["tokens_by_source"].values()
+    )
     assert 0.15 < replayed < 0.35  # mix.replay.fraction 0.25 of 30 steps x 8 rows
     assert "validation loss per source, from the starting model" in done.stdout and "demo/code" in done.stdout
     assert "WARNING" not in done.stdout  # the from-scratch 30% rule is not applied to continued pretraining
 
 
-def test_the_exported_demo_imports_back_scores_a_file_and_continues_pretraining(demo: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_exported_demo_imports_back_scores_a_file_and_continues_pretraining(
+    demo: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from kiln.cli import main  # in this process: a kiln subprocess would spend 4 s on imports
 
     runs_dir = demo["runs_dir"]
     folder = demo["run_dir"] / "export" / "hf"
     assert main(["import-hf", str(folder), "--run", "imported", "--set", f"runs_dir={runs_dir}"]) == 0
     imported = runs_dir / "imported"
-    assert "train.init_from" in capsys.readouterr().out and sha256_file(imported / "train" / "checkpoint" / "model.safetensors") == sha256_file(demo["run_dir"] / "train" / "checkpoint" / "model.safetensors")
+    assert "train.init_from" in capsys.readouterr().out and sha256_file(
+        imported / "train" / "checkpoint" / "model.safetensors"
+    ) == sha256_file(demo["run_dir"] / "train" / "checkpoint" / "model.safetensors")
     data = tmp_path / "held_out.jsonl"
     data.write_text(json.dumps({"text": Path(json.__file__).read_text()[:4000], "source": "json_module"}) + "\n")
     assert main(["eval", "--set", f"runs_dir={runs_dir}", "--set", "name=imported", "--data", str(data)]) == 0
     scored = json.loads((imported / "eval" / "manifest.json").read_text())["counts"]["data"]["held_out.jsonl"]
-    assert set(scored["sources"]) == {"json_module"} and scored["all"]["loss"] < 6.0  # the trained model knows Python: below ln 512
+    assert (
+        set(scored["sources"]) == {"json_module"} and scored["all"]["loss"] < 6.0
+    )  # the trained model knows Python: below ln 512
     # Continued pretraining from the imported run, with its tokenizer and checkpoint.
     overrides = [o for o in OVERRIDES if not o.startswith(("curate.", "tokenizer."))] + [
-        "name=from_import", "curate.max_total_mb=1", f"tokenizer.from_run={imported}", f"train.init_from={imported / 'train' / 'checkpoint'}", "mix.replay=null", "train.steps=20", "train.schedule.warmup_fraction=0.1",
+        "name=from_import",
+        "curate.max_total_mb=1",
+        f"tokenizer.from_run={imported}",
+        f"train.init_from={imported / 'train' / 'checkpoint'}",
+        "mix.replay=null",
+        "train.steps=20",
+        "train.schedule.warmup_fraction=0.1",
     ]
     kiln_demo(runs_dir, "continued", overrides)
     change = json.loads((runs_dir / "from_import" / "train" / "manifest.json").read_text())["counts"]["val_change"]

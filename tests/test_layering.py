@@ -33,7 +33,9 @@ def imports(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             # `from kiln.x import y` may name a module y: count it as an import of kiln.x.y too.
             found += [(node.lineno, base)] + [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
     return [(line, m) for line, m in found if m == "kiln" or m.startswith("kiln.")]
@@ -68,7 +70,14 @@ def test_no_stage_imports_another_stage_and_shared_layers_import_no_stage() -> N
 def test_curate_dedup_imports_nothing_from_curate_steps() -> None:
     # dedup holds the data structures (n-gram index, Bloom filter) that steps build on: steps import dedup, never back.
     dedup = sorted((SRC / "curate" / "dedup").rglob("*.py"))
-    edges = sorted({f"{p.relative_to(SRC.parent)}:{line}" for p in dedup for line, m in imports(p) if m.startswith("kiln.curate.steps")})
+    edges = sorted(
+        {
+            f"{p.relative_to(SRC.parent)}:{line}"
+            for p in dedup
+            for line, m in imports(p)
+            if m.startswith("kiln.curate.steps")
+        }
+    )
     assert not edges, "curate/dedup imports curate/steps at:\n  " + "\n  ".join(edges)
 
 

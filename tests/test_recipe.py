@@ -136,11 +136,20 @@ def test_apply_override_on_plain_dicts():
     [
         ("def main(argv):", "def main(argv):"),  # YAML: the mapping {'def main(argv)': None}
         ("[1, 2]", "[1, 2]"),  # a list
-        ("12", "12"), ("0x10", "0x10"), ("true", "true"), ("null", "null"),  # an int (16 in YAML), a bool, a null
-        ("x: [", "x: ["), ("- a", "- a"),  # not YAML at all; a sequence
-        ("a # b", "a # b"), (" x ", " x "), ("a\n  b", "a\n  b"),  # YAML would drop the comment, the spaces, the line break
-        ("'x'", "x"), ("'it''s'", "it's"), ('"tab\\there"', "tab\there"),  # one YAML quoted string: unquoted
-        ("'a' # note", "'a' # note"), ("'a' 'b'", "'a' 'b'"),  # more than one quoted string: the text
+        ("12", "12"),
+        ("0x10", "0x10"),
+        ("true", "true"),
+        ("null", "null"),  # an int (16 in YAML), a bool, a null
+        ("x: [", "x: ["),
+        ("- a", "- a"),  # not YAML at all; a sequence
+        ("a # b", "a # b"),
+        (" x ", " x "),
+        ("a\n  b", "a\n  b"),  # YAML would drop the comment, the spaces, the line break
+        ("'x'", "x"),
+        ("'it''s'", "it's"),
+        ('"tab\\there"', "tab\there"),  # one YAML quoted string: unquoted
+        ("'a' # note", "'a' # note"),
+        ("'a' 'b'", "'a' 'b'"),  # more than one quoted string: the text
     ],
 )
 def test_a_key_that_takes_text_takes_the_value_as_given(value, prompt):
@@ -154,11 +163,17 @@ def test_text_keys_keep_yaml_null_and_choices_and_other_keys_keep_yaml():
     assert load_recipe("demo", ["generate.prompt_file='null'"]).generate.prompt_file == "null"
     assert load_recipe("demo", ["generate.prompt_file=notes.txt # a"]).generate.prompt_file == "notes.txt # a"
     # A Literal of strings is text too, still checked against its choices (YAML 1.1 read `no` as false).
-    assert "train.precision.device: input should be 'auto', 'cpu' or 'cuda'; got 'no'" in load_error("demo", ["train.precision.device=no"])
+    assert "train.precision.device: input should be 'auto', 'cpu' or 'cuda'; got 'no'" in load_error(
+        "demo", ["train.precision.device=no"]
+    )
     assert load_recipe("demo", ["train.precision.device=cpu"]).train.precision.device == "cpu"
     # Keys of other types read YAML as before: a number, a mapping, a union with a mapping.
     recipe = load_recipe("demo", ["train.steps=0x10", "mix.weights={code: 2}", "train.objective={clm: 1, mlm: 1}"])
-    assert (recipe.train.steps, recipe.mix.weights, recipe.train.objective) == (16, {"code": 2.0}, {"clm": 1.0, "mlm": 1.0})
+    assert (recipe.train.steps, recipe.mix.weights, recipe.train.objective) == (
+        16,
+        {"code": 2.0},
+        {"clm": 1.0, "mlm": 1.0},
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -212,7 +227,9 @@ def test_unknown_top_level_key_lists_sections(tmp_path):
 
 
 def test_unknown_key_inside_an_input_lists_input_keys(tmp_path):
-    path = write_recipe(tmp_path, "name: x\ncurate:\n  inputs:\n    - {source: a, format: text, path: 'x/*', glob: '*.txt'}\n")
+    path = write_recipe(
+        tmp_path, "name: x\ncurate:\n  inputs:\n    - {source: a, format: text, path: 'x/*', glob: '*.txt'}\n"
+    )
     message = load_error(path, [])
     line = next(l for l in message.splitlines() if "glob" in l)
     assert line.strip().startswith("curate.inputs.0.glob: unknown key")
@@ -251,7 +268,9 @@ def test_out_of_range_value_names_path_and_rule(override, path, rule):
 
 
 def test_section_validator_error_names_section():
-    message = load_error("demo", ["train.steps=300", "train.schedule.warmup_fraction=null", "train.schedule.warmup_steps=300"])
+    message = load_error(
+        "demo", ["train.steps=300", "train.schedule.warmup_fraction=null", "train.schedule.warmup_steps=300"]
+    )
     assert "train: schedule.warmup_steps (300) must be below steps (300)" in message
 
 
@@ -272,8 +291,12 @@ def test_shipped_recipes_warm_up_over_a_share_of_any_step_count():
 def test_old_train_keys_name_their_new_home():
     message = load_error("demo", ["train.lr=1e-3", "train.checkpoint_every=50"])
     assert "train: train.lr moved to train.optim.lr; train.checkpoint_every moved to train.checkpoint.every" in message
-    assert "train.precision is a section now: use train.precision.dtype=bf16" in load_error("demo", ["train.precision=bf16"])
-    assert "train.grad_accum_steps is replaced by train.global_batch_tokens" in load_error("demo", ["train.grad_accum_steps=2"])
+    assert "train.precision is a section now: use train.precision.dtype=bf16" in load_error(
+        "demo", ["train.precision=bf16"]
+    )
+    assert "train.grad_accum_steps is replaced by train.global_batch_tokens" in load_error(
+        "demo", ["train.grad_accum_steps=2"]
+    )
 
 
 def test_demo_batch_is_one_micro_batch_and_a_global_batch_must_divide():
@@ -281,7 +304,10 @@ def test_demo_batch_is_one_micro_batch_and_a_global_batch_must_divide():
     assert train.global_batch_tokens == 4096 == 16 * 256 and train.grad_accum_steps == 1
     assert load_recipe("demo", ["train.seq_len=128"]).train.grad_accum_steps == 2  # same tokens per step
     message = load_error("demo", ["train.seq_len=100"])
-    assert "train: global_batch_tokens (4096) is not a multiple of micro_batch_size * seq_len * data-parallel ranks (16 * 100 * 1 = 1600)" in message
+    assert (
+        "train: global_batch_tokens (4096) is not a multiple of micro_batch_size * seq_len * data-parallel ranks "
+        "(16 * 100 * 1 = 1600)"
+    ) in message
 
 
 def test_cross_section_seq_len_exceeds_model():
@@ -291,7 +317,9 @@ def test_cross_section_seq_len_exceeds_model():
 
 def test_cross_section_eval_seq_len_and_vocab():
     assert "eval.seq_len (300) exceeds model.max_seq_len (256)" in load_error("demo", ["eval.seq_len=300"])
-    assert "model.vocab_size (1000) is below tokenizer.vocab_size (8192)" in load_error("demo", ["model.vocab_size=1000"])
+    assert "model.vocab_size (1000) is below tokenizer.vocab_size (8192)" in load_error(
+        "demo", ["model.vocab_size=1000"]
+    )
 
 
 def test_cross_section_mix_weights_unknown_source():
@@ -364,7 +392,10 @@ def test_a_key_given_twice_is_an_error_naming_it(tmp_path):
 
 def test_merge_keys_may_override_and_other_yaml_errors_stay_config_errors(tmp_path):
     path = tmp_path / "merge.yaml"
-    path.write_text("name: merge\ncurate:\n  sources:\n    docs: &loose\n      c4: {enabled: false}\n      fineweb: {enabled: false}\n    prose:\n      <<: *loose\n      c4: {enabled: true}\n")
+    path.write_text(
+        "name: merge\ncurate:\n  sources:\n    docs: &loose\n      c4: {enabled: false}\n      fineweb: {enabled: "
+        "false}\n    prose:\n      <<: *loose\n      c4: {enabled: true}\n"
+    )
     cfg = load_recipe(path).curate
     assert cfg.for_source("prose").c4.enabled is True and cfg.for_source("prose").fineweb.enabled is False
     path.write_text("name: keys\ntrain: {1: a, true: b}\n")  # two different keys, then refused by the schema
@@ -377,11 +408,15 @@ def test_merge_keys_may_override_and_other_yaml_errors_stay_config_errors(tmp_pa
 
 def test_yaml_anchors_still_share_a_mapping(tmp_path):
     path = tmp_path / "anchors.yaml"
-    path.write_text("name: anchors\ncurate:\n  sources:\n    docs: &loose\n      c4: {enabled: false}\n    prose: *loose\n")
+    path.write_text(
+        "name: anchors\ncurate:\n  sources:\n    docs: &loose\n      c4: {enabled: false}\n    prose: *loose\n"
+    )
     assert load_recipe(path).curate.for_source("prose").c4.enabled is False
 
 
-@pytest.mark.parametrize("assignment", ["curate.length.min_chars=true", "train.steps=false", "curate.pii.max_hits=true"])
+@pytest.mark.parametrize(
+    "assignment", ["curate.length.min_chars=true", "train.steps=false", "curate.pii.max_hits=true"]
+)
 def test_a_boolean_for_a_number_is_an_error_naming_the_key(assignment):
     key = assignment.split("=")[0].rsplit(".", 1)[1]
     with pytest.raises(ConfigError, match=rf"{key}: got (true|false), a yes/no value"):

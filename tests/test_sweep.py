@@ -45,7 +45,14 @@ def test_parse_grid() -> None:
 def test_plan_sweep_on_the_demo_recipe() -> None:
     base, points = plan_sweep("demo", [], [(64, 2), (128, 4)], [50, 100, 200])
     assert base.name == "demo" and sweep_dir(base) == Path("runs/demo/sweep")
-    assert [p.name for p in points] == ["d64-l2-s50", "d64-l2-s100", "d64-l2-s200", "d128-l4-s50", "d128-l4-s100", "d128-l4-s200"]
+    assert [p.name for p in points] == [
+        "d64-l2-s50",
+        "d64-l2-s100",
+        "d64-l2-s200",
+        "d128-l4-s50",
+        "d128-l4-s100",
+        "d128-l4-s200",
+    ]
     p = points[4]
     assert (p.d_model, p.n_layers, p.n_heads, p.steps) == (128, 4, 4, 100)
     # Each point is the demo recipe with its overrides: its counts are the model config's.
@@ -104,7 +111,8 @@ curate:
 tokenizer: {{vocab_size: 400, sample_mb: 0.2}}
 tokenize: {{val_fraction: 0.2}}
 model: {{d_model: 16, n_layers: 1, n_heads: 1, n_kv_heads: 1, max_seq_len: 32}}
-train: {{steps: 2, seq_len: 32, micro_batch_size: 4, schedule: {{warmup_steps: 1}}, precision: {{device: cpu}}, threads: 1}}
+train: {{steps: 2, seq_len: 32, micro_batch_size: 4, schedule: {{warmup_steps: 1}}, precision: {{device: cpu}},
+        threads: 1}}
 eval: {{max_tokens_per_source: 512, batch_size: 8}}
 """
 
@@ -125,7 +133,11 @@ def test_run_sweep(tmp_path: Path) -> None:
         assert run.parent == where and (run / "tokenize").is_symlink()
         counts = json.loads((run / "train" / "manifest.json").read_text())["counts"]
         # The point's planned counts are what the trainer recorded.
-        assert (counts["params"], counts["params_non_embedding"], counts["tokens_trained"]) == (point.params, point.params_non_embedding, point.tokens)
+        assert (counts["params"], counts["params_non_embedding"], counts["tokens_trained"]) == (
+            point.params,
+            point.params_non_embedding,
+            point.tokens,
+        )
         assert row["val_loss"] == counts["val_after"]["all"]["loss"] > 0
     # The shared stages ran once, in the base run; a second sweep skips every finished point.
     assert (base.run_dir / "tokenize" / "manifest.json").is_file()

@@ -25,10 +25,12 @@ from kiln.verbs import VERBS, Verb, resolve
 EPILOG = """examples:
   kiln demo                                   whole pipeline on text found on this machine
   kiln curate --input 'data/*.jsonl.zst' --input crawl.warc.gz --run web   every default step, no recipe
-  kiln curate --input 'data/*.jsonl' --run web --decontaminate mmlu.jsonl    also drop documents sharing a 13-gram with mmlu
+  kiln curate --input 'data/*.jsonl' --run web --decontaminate mmlu.jsonl
+                                              also drop documents sharing a 13-gram with mmlu
   kiln curate --run web --explain 'web/part-0.jsonl:17'                      why a document was removed
   kiln curate --recipe recipes/demo.yaml --set curate.max_total_mb=10
-  kiln quality train-classifier --recipe demo --set quality.reference_source=prose   then curate with --set curate.quality_classifier.enabled=true
+  kiln quality train-classifier --recipe demo --set quality.reference_source=prose
+                                              then curate with --set curate.quality_classifier.enabled=true
   kiln train --recipe demo --set train.steps=500 --set train.optim.lr=1e-3
   kiln generate --recipe demo --prompt 'def main(argv):'      any text, taken as it is (also --set generate.prompt=...)
   kiln eval --data notes.jsonl --task arc_easy.jsonl           perplexity of any file, zero-shot multiple choice

@@ -36,30 +36,55 @@ class Recipe(Section):
     name: str = Field(description="Run name; stages write under <runs_dir>/<name>/.", pattern=r"^[A-Za-z0-9_.-]+$")
     runs_dir: str = Field(default="runs", description="Folder holding run directories.")
     curate: CurateConfig = Field(default_factory=CurateConfig, description="Reading and cleaning raw text.")
-    quality: QualityConfig = Field(default_factory=QualityConfig, description="Reference text and training of the model-based quality filters (`kiln quality`).")
+    quality: QualityConfig = Field(
+        default_factory=QualityConfig,
+        description="Reference text and training of the model-based quality filters (`kiln quality`).",
+    )
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="Training the BPE tokenizer.")
-    tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig, description="Encoding curated text to token shards.")
+    tokenize: TokenizeConfig = Field(
+        default_factory=TokenizeConfig, description="Encoding curated text to token shards."
+    )
     mix: MixConfig = Field(default_factory=MixConfig, description="Drawing training sequences from sources.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The decoder's shape.")
-    train: TrainConfig = Field(default_factory=TrainConfig, description="Training: length, batch, seed; optim, schedule, precision and checkpoint sub-sections.")
-    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="How the processes torchrun starts share the model: DDP replicas, FSDP2 shards, tensor and pipeline parallelism, on one device mesh.")
+    train: TrainConfig = Field(
+        default_factory=TrainConfig,
+        description="Training: length, batch, seed; optim, schedule, precision and checkpoint sub-sections.",
+    )
+    parallel: ParallelConfig = Field(
+        default_factory=ParallelConfig,
+        description=(
+            "How the processes torchrun starts share the model: DDP replicas, FSDP2 shards, tensor and pipeline "
+            "parallelism, on one device mesh."
+        ),
+    )
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Validation loss, perplexity, bits per byte.")
-    generate: GenerateConfig = Field(default_factory=GenerateConfig, description="Sampling text from the trained model.")
-    export: ExportConfig = Field(default_factory=ExportConfig, description="Writing the trained model as a Hugging Face folder.")
+    generate: GenerateConfig = Field(
+        default_factory=GenerateConfig, description="Sampling text from the trained model."
+    )
+    export: ExportConfig = Field(
+        default_factory=ExportConfig, description="Writing the trained model as a Hugging Face folder."
+    )
 
     @model_validator(mode="after")
     def _cross_section(self) -> Recipe:
         if self.train.seq_len > self.model.max_seq_len:
-            raise ValueError(f"train.seq_len ({self.train.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})")
+            raise ValueError(
+                f"train.seq_len ({self.train.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})"
+            )
         if self.eval.seq_len is not None and self.eval.seq_len > self.model.max_seq_len:
             raise ValueError(f"eval.seq_len ({self.eval.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})")
         if self.model.vocab_size is not None and self.model.vocab_size < self.tokenizer.vocab_size:
-            raise ValueError(f"model.vocab_size ({self.model.vocab_size}) is below tokenizer.vocab_size ({self.tokenizer.vocab_size})")
+            raise ValueError(
+                f"model.vocab_size ({self.model.vocab_size}) is below tokenizer.vocab_size "
+                f"({self.tokenizer.vocab_size})"
+            )
         if self.mix.weights is not None:
             known = {i.source for i in self.curate.inputs}
             unknown = sorted(set(self.mix.weights) - known)
             if unknown and None not in known:  # an input without a source names them from its data
-                raise ValueError(f"mix.weights names sources {unknown} that curate.inputs does not define ({sorted(known)})")
+                raise ValueError(
+                    f"mix.weights names sources {unknown} that curate.inputs does not define ({sorted(known)})"
+                )
         return self
 
     @property
@@ -76,7 +101,9 @@ def resolve_recipe_path(recipe: str) -> Path:
         if candidate.is_file():
             return candidate
     shipped = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")) if RECIPES_DIR.is_dir() else []
-    raise ConfigError(f"recipe {recipe!r}: no such file, and no shipped recipe of that name (shipped: {', '.join(shipped) or 'none'})")
+    raise ConfigError(
+        f"recipe {recipe!r}: no such file, and no shipped recipe of that name (shipped: {', '.join(shipped) or 'none'})"
+    )
 
 
 def apply_override(data: dict[str, Any], assignment: str) -> None:
@@ -150,13 +177,23 @@ def _annotation(parts: list[str]) -> Any:
 
 def _takes_text_only(annotation: Any) -> bool:
     """Whether every value of this type but None is text: str, a Literal of strings, a union of them (and None)."""
-    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (annotation,)
-    kinds = [typing.get_args(m)[0] if typing.get_origin(m) is typing.Annotated else m for m in members if m is not type(None)]
-    return bool(kinds) and all(k is str or (typing.get_origin(k) is Literal and all(isinstance(v, str) for v in typing.get_args(k))) for k in kinds)
+    members = (
+        typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        else (annotation,)
+    )
+    kinds = [
+        typing.get_args(m)[0] if typing.get_origin(m) is typing.Annotated else m for m in members if m is not type(None)
+    ]
+    return bool(kinds) and all(
+        k is str or (typing.get_origin(k) is Literal and all(isinstance(v, str) for v in typing.get_args(k)))
+        for k in kinds
+    )
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, except that a key given twice in one mapping is an error (plain YAML keeps the last silently)."""
+    """YAML's safe loader, except that a key given twice in one mapping is an error (plain YAML keeps the last
+    silently)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[tuple[type, Any], int] = {}
@@ -170,7 +207,15 @@ class UniqueKeyLoader(yaml.SafeLoader):
             except TypeError:
                 continue  # an unhashable key: the safe constructor reports it
             if repeated:
-                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice in one mapping (lines {seen[marker] + 1} and {key_node.start_mark.line + 1}); YAML would keep only the last", key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    (
+                        f"key {key!r} is given twice in one mapping (lines {seen[marker] + 1} and "
+                        f"{key_node.start_mark.line + 1}); YAML would keep only the last"
+                    ),
+                    key_node.start_mark,
+                )
             seen[marker] = key_node.start_mark.line
         return super().construct_mapping(node, deep)
 
@@ -182,9 +227,12 @@ def load_recipe(recipe: str | Path | None, overrides: list[str] | tuple[str, ...
     else:
         path = resolve_recipe_path(str(recipe))
         try:
-            data = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader) or {}  # noqa: S506 (a SafeLoader)
+            # noqa: S506 (a SafeLoader)
+            data = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader) or {}
         except UnicodeDecodeError as e:
-            raise ConfigError(f"recipe {path}: not UTF-8 text (byte {e.start}: {e.object[e.start : e.start + 1]!r}); save it as UTF-8") from None
+            raise ConfigError(
+                f"recipe {path}: not UTF-8 text (byte {e.start}: {e.object[e.start : e.start + 1]!r}); save it as UTF-8"
+            ) from None
         except yaml.YAMLError as e:
             raise ConfigError(f"recipe {path}: not valid YAML: {e}") from None
         if not isinstance(data, dict):
@@ -203,14 +251,20 @@ def validate_recipe(data: dict[str, Any], origin: str = "recipe") -> Recipe:
         errors = e.errors()
         # Pydantic also fails a container (e.g. "tuple should have at least 1 item") when an item
         # inside it failed; report only the innermost errors.
-        inner = [err for err in errors if not any(len(o["loc"]) > len(err["loc"]) and o["loc"][: len(err["loc"])] == err["loc"] for o in errors)]
+        inner = [
+            err
+            for err in errors
+            if not any(len(o["loc"]) > len(err["loc"]) and o["loc"][: len(err["loc"])] == err["loc"] for o in errors)
+        ]
         lines = [_describe(err) for err in inner]
         raise ConfigError(f"{origin}: {len(lines)} problem(s):\n  " + "\n  ".join(lines)) from None
 
 
 def _describe(err: dict[str, Any]) -> str:
     # Pydantic appends the union branch or validator name to loc; keep only real keys.
-    loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))) or "(top level)"
+    loc = (
+        ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))) or "(top level)"
+    )
     value = err.get("input")
     if err["type"] == "extra_forbidden":
         allowed = _allowed_keys(err["loc"][:-1])
@@ -247,4 +301,3 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 
 def recipe_to_yaml(recipe: Recipe) -> str:
     return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
-

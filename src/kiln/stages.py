@@ -78,7 +78,14 @@ def run_train(r: Recipe, force: bool, from_step: int | None = None) -> dict[str,
     replay = [Path(r.mix.replay.run)] if r.mix.replay else []
     # The probe set is evaluate's; the trainer only knows when to call it (train.probe_every).
     make_probe = partial(build_probe, r.run_dir, r.eval.probe)
-    return run(r.model, r.train, TrainInputs(r.mix, make_rows, r.eval.scoring(), r.parallel, replay, make_probe), r.run_dir, force, from_step)
+    return run(
+        r.model,
+        r.train,
+        TrainInputs(r.mix, make_rows, r.eval.scoring(), r.parallel, replay, make_probe),
+        r.run_dir,
+        force,
+        from_step,
+    )
 
 
 def run_eval(r: Recipe, force: bool) -> dict[str, Any]:

@@ -77,7 +77,9 @@ def parse_steps(text: str) -> list[int]:
     return steps
 
 
-def plan_sweep(recipe: str, overrides: list[str], sizes: list[tuple[int, int]], steps: list[int], head_dim: int = 32) -> tuple[Recipe, list[SweepPoint]]:
+def plan_sweep(
+    recipe: str, overrides: list[str], sizes: list[tuple[int, int]], steps: list[int], head_dim: int = 32
+) -> tuple[Recipe, list[SweepPoint]]:
     """The base recipe and one validated point per (size, steps); nothing is run or written."""
     base = load_recipe(recipe, overrides)
     vocab = base.model.vocab_size or base.tokenizer.vocab_size
@@ -85,17 +87,40 @@ def plan_sweep(recipe: str, overrides: list[str], sizes: list[tuple[int, int]], 
     for d, layers in sizes:
         # Plain multi-head attention (n_kv_heads = n_heads) so any head count is valid.
         if head_dim < 2 or head_dim % 2 or d % head_dim:
-            raise ConfigError(f"sizes: d_model {d} with head_dim {head_dim}: d_model must be a multiple of head_dim (--head-dim), and head_dim even (RoPE rotates pairs); e.g. --head-dim 32 with d_model 64, 96, 128")
+            raise ConfigError(
+                f"sizes: d_model {d} with head_dim {head_dim}: d_model must be a multiple of head_dim "
+                "(--head-dim), and head_dim even (RoPE rotates pairs); e.g. --head-dim 32 with d_model 64, 96, "
+                "128"
+            )
         heads = d // head_dim
         for s in steps:
             point_overrides = (
-                f"model.d_model={d}", f"model.n_layers={layers}", f"model.n_heads={heads}", f"model.n_kv_heads={heads}",
-                f"train.steps={s}", f"train.schedule.warmup_steps={max(1, s // 10)}", "train.schedule.warmup_fraction=null", "train.eval_at_start=false",
+                f"model.d_model={d}",
+                f"model.n_layers={layers}",
+                f"model.n_heads={heads}",
+                f"model.n_kv_heads={heads}",
+                f"train.steps={s}",
+                f"train.schedule.warmup_steps={max(1, s // 10)}",
+                "train.schedule.warmup_fraction=null",
+                "train.eval_at_start=false",
             )
             r = load_recipe(recipe, [*overrides, *point_overrides])  # validates the point before any work
             cfg = r.model.resolved(vocab)
             tokens = s * r.train.tokens_per_step
-            points.append(SweepPoint(f"d{d}-l{layers}-s{s}", d, layers, heads, s, count_params(cfg), count_params(cfg, include_embeddings=False), tokens, flops_per_token(cfg, r.train.seq_len) * tokens, point_overrides))
+            points.append(
+                SweepPoint(
+                    f"d{d}-l{layers}-s{s}",
+                    d,
+                    layers,
+                    heads,
+                    s,
+                    count_params(cfg),
+                    count_params(cfg, include_embeddings=False),
+                    tokens,
+                    flops_per_token(cfg, r.train.seq_len) * tokens,
+                    point_overrides,
+                )
+            )
     return base, points
 
 
@@ -111,11 +136,15 @@ def link_shared_stages(base_run: Path, point_run: Path) -> None:
         if link.is_symlink() or link.exists():
             if link.resolve() == target:
                 continue
-            raise ConfigError(f"{link} exists and is not a link to {target}; remove it or choose another run name (--set name=...)")
+            raise ConfigError(
+                f"{link} exists and is not a link to {target}; remove it or choose another run name (--set name=...)"
+            )
         os.symlink(os.path.relpath(target, point_run.resolve()), link, target_is_directory=True)
 
 
-def run_sweep(base: Recipe, recipe: str, overrides: list[str], points: list[SweepPoint], force: bool = False) -> list[dict[str, Any]]:
+def run_sweep(
+    base: Recipe, recipe: str, overrides: list[str], points: list[SweepPoint], force: bool = False
+) -> list[dict[str, Any]]:
     """Run the data stages once and the train stage per point; return one result row per point.
 
     base is plan_sweep's base recipe (`recipe` with `overrides`); each point reloads `recipe`
@@ -126,11 +155,17 @@ def run_sweep(base: Recipe, recipe: str, overrides: list[str], points: list[Swee
     rows = []
     for i, p in enumerate(points, 1):
         # json.dumps quotes the path, so a ':' or '#' in it stays part of the YAML string.
-        r = load_recipe(recipe, [*overrides, *p.overrides, f"name={p.name}", f"runs_dir={json.dumps(str(sweep_dir(base)))}"])
+        r = load_recipe(
+            recipe, [*overrides, *p.overrides, f"name={p.name}", f"runs_dir={json.dumps(str(sweep_dir(base)))}"]
+        )
         link_shared_stages(base.run_dir, r.run_dir)
-        log.info("sweep: point %d/%d %s (%s params, %s tokens)", i, len(points), p.name, f"{p.params:,}", f"{p.tokens:,}")
+        log.info(
+            "sweep: point %d/%d %s (%s params, %s tokens)", i, len(points), p.name, f"{p.params:,}", f"{p.tokens:,}"
+        )
         manifest = run_stage(stage_verb(TRAIN), r, force)
-        rows.append({**point_row(p), "run_dir": str(r.run_dir), "val_loss": manifest["counts"]["val_after"]["all"]["loss"]})
+        rows.append(
+            {**point_row(p), "run_dir": str(r.run_dir), "val_loss": manifest["counts"]["val_after"]["all"]["loss"]}
+        )
     return rows
 
 
@@ -141,25 +176,47 @@ def point_row(p: SweepPoint) -> dict[str, Any]:
 
 
 def format_sweep(rows: list[dict[str, Any]], where: Path, ran: bool) -> str:
-    """One line per point: N (non-embedding, as `kiln plan fit` counts it), all parameters, tokens, tokens per N, FLOPs."""
-    header = f"{'run':<16} {'N (non-embedding)':>18} {'all params':>18} {'tokens':>18} {'tokens/N':>9} {'train FLOPs':>11}" + ("  val loss (nats/token)" if ran else "")
+    """One line per point: N (non-embedding, as `kiln plan fit` counts it), all parameters, tokens, tokens per N,
+    FLOPs."""
+    header = (
+        f"{'run':<16} {'N (non-embedding)':>18} {'all params':>18} {'tokens':>18} {'tokens/N':>9} {'train FLOPs':>11}"
+        + ("  val loss (nats/token)" if ran else "")
+    )
     lines = [header]
     for r in rows:
         n = r["params_non_embedding"]
-        line = f"{r['name']:<16} {count(n):>18} {count(r['params']):>18} {count(r['tokens']):>18} {r['tokens'] / n:>9.1f} {sci(r['train_flops'], 2):>11}"
+        line = (
+            f"{r['name']:<16} {count(n):>18} {count(r['params']):>18} {count(r['tokens']):>18} "
+            f"{r['tokens'] / n:>9.1f} {sci(r['train_flops'], 2):>11}"
+        )
         lines.append(line + (f"  {r['val_loss']:.4f}" if ran else ""))
     total = sum(r["train_flops"] for r in rows)
     lines.append(f"{len(rows)} runs, {sci(total, 2)} training FLOPs in all, under {where}")
     share = max(1 - r["params_non_embedding"] / r["params"] for r in rows)
-    lines.append(f"note: embeddings are up to {share:.0%} of all parameters here; `kiln plan fit` counts N without them unless --param-count total")
-    lines.append(f"fit with: kiln plan fit --runs {where} --plot {where / 'fit.png'}" if ran else "dry run: nothing trained; drop --dry-run to train these")
+    lines.append(
+        f"note: embeddings are up to {share:.0%} of all parameters here; `kiln plan fit` counts N without them "
+        "unless --param-count total"
+    )
+    lines.append(
+        f"fit with: kiln plan fit --runs {where} --plot {where / 'fit.png'}"
+        if ran
+        else "dry run: nothing trained; drop --dry-run to train these"
+    )
     return "\n".join(lines)
 
 
 def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"Model sizes as d_model x n_layers, comma-separated (default {DEFAULT_SIZES}).")
-    p.add_argument("--steps", default=DEFAULT_STEPS, help=f"Training steps per size, comma-separated (default {DEFAULT_STEPS}).")
-    p.add_argument("--head-dim", type=int, default=32, help="Attention head width; heads = d_model / head_dim (default 32).")
+    p.add_argument(
+        "--sizes",
+        default=DEFAULT_SIZES,
+        help=f"Model sizes as d_model x n_layers, comma-separated (default {DEFAULT_SIZES}).",
+    )
+    p.add_argument(
+        "--steps", default=DEFAULT_STEPS, help=f"Training steps per size, comma-separated (default {DEFAULT_STEPS})."
+    )
+    p.add_argument(
+        "--head-dim", type=int, default=32, help="Attention head width; heads = d_model / head_dim (default 32)."
+    )
     p.add_argument("--dry-run", action="store_true", help="List the grid (params, tokens, FLOPs) without training.")
     p.add_argument("--json", action="store_true", help="Print one JSON object instead of the table.")
 
@@ -176,5 +233,9 @@ def run_verb(args: argparse.Namespace) -> int:
     else:
         rows = run_sweep(base, recipe, args.overrides, points, args.force)
     where = sweep_dir(base)
-    print(json.dumps({"sweep_dir": str(where), "dry_run": args.dry_run, "runs": rows}) if args.json else format_sweep(rows, where, ran=not args.dry_run))
+    print(
+        json.dumps({"sweep_dir": str(where), "dry_run": args.dry_run, "runs": rows})
+        if args.json
+        else format_sweep(rows, where, ran=not args.dry_run)
+    )
     return 0

@@ -22,7 +22,13 @@ JSON_VALUE = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
     max_leaves=10,
 )
-DOCS = st.builds(Document, id=TEXT, text=TEXT, source=st.from_regex(r"[A-Za-z0-9_]{1,12}", fullmatch=True), meta=st.dictionaries(TEXT, JSON_VALUE, max_size=4))
+DOCS = st.builds(
+    Document,
+    id=TEXT,
+    text=TEXT,
+    source=st.from_regex(r"[A-Za-z0-9_]{1,12}", fullmatch=True),
+    meta=st.dictionaries(TEXT, JSON_VALUE, max_size=4),
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -40,12 +46,22 @@ def test_documents_round_trip(tmp_path_factory, docs):
 
 def test_meta_values_survive_as_json_reads_them(tmp_path):
     # orjson would write NaN as null and read integers past 64 bits as floats; meta is json's
-    doc = Document(id="a", text="x\u2028y\x00\ttab \U0001F600", source="web", meta={"nan": math.nan, "big": 2**70, "inf": -math.inf})
+    doc = Document(
+        id="a",
+        text="x\u2028y\x00\ttab \U0001f600",
+        source="web",
+        meta={"nan": math.nan, "big": 2**70, "inf": -math.inf},
+    )
     path = tmp_path / "web-00000.jsonl.zst"
     with ShardWriter(path) as writer:
         writer.write(doc)
     (back,) = read_shard(path)
-    assert back.text == doc.text and back.meta["big"] == 2**70 and math.isnan(back.meta["nan"]) and back.meta["inf"] == -math.inf
+    assert (
+        back.text == doc.text
+        and back.meta["big"] == 2**70
+        and math.isnan(back.meta["nan"])
+        and back.meta["inf"] == -math.inf
+    )
 
 
 def test_lines_copy_verbatim(tmp_path):
@@ -62,7 +78,9 @@ def test_lines_copy_verbatim(tmp_path):
     assert [line for _, line in read_shard_lines(second)] == [encode_line(docs[0]), encode_line(docs[2])]
 
 
-@pytest.mark.parametrize("bad", [b'{"id": "x", "text": "y"', b"\xff\xfe not json", b'["a list"]', b'{"text": "no id", "source": "web"}'])
+@pytest.mark.parametrize(
+    "bad", [b'{"id": "x", "text": "y"', b"\xff\xfe not json", b'["a list"]', b'{"text": "no id", "source": "web"}']
+)
 def test_corrupt_line_names_file_and_line(tmp_path, bad):
     path = tmp_path / "web-00000.jsonl.zst"
     good = encode_line(Document(id="a", text="fine", source="web"))

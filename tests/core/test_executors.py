@@ -30,7 +30,9 @@ def test_local_runs_every_task(workers):
     executor = build_executor(ExecutorConfig(workers=workers), "test.executor")
     try:
         assert sorted(executor.imap_unordered(square, range(10))) == [(i, i * i) for i in range(10)]
-        assert sorted(executor.imap_unordered(square, range(3, 6))) == [(i, i * i) for i in range(3, 6)]  # the pool is reused
+        assert sorted(executor.imap_unordered(square, range(3, 6))) == [
+            (i, i * i) for i in range(3, 6)
+        ]  # the pool is reused
     finally:
         executor.close()
 

@@ -10,7 +10,10 @@ import pytest
 from kiln.core.errors import FatalError
 from kiln.core.hardware import available_memory, check_memory
 
-MEMINFO = "MemTotal:       24683656 kB\nMemFree:        19805008 kB\nMemAvailable:   22597668 kB\nBuffers:          120000 kB\n"
+MEMINFO = (
+    "MemTotal:       24683656 kB\nMemFree:        19805008 kB\nMemAvailable:   22597668 kB\nBuffers:          120000 "
+    "kB\n"
+)
 
 
 def test_available_memory_is_meminfos_memavailable(tmp_path: Path) -> None:
@@ -38,5 +41,7 @@ def test_without_meminfo_the_free_pages_are_counted(tmp_path: Path) -> None:
 def test_check_memory_names_what_needs_how_much_and_what_is_there() -> None:
     check_memory("a model", 1e9, 2e9, "this machine", "use less")
     check_memory("a model", 1e15, None, "this machine", "use less")  # unknown: not checked
-    with pytest.raises(FatalError, match=r"^a model needs 1,500.0 GB of memory and this machine has 2.5 GB available; use less$"):
+    with pytest.raises(
+        FatalError, match=r"^a model needs 1,500.0 GB of memory and this machine has 2.5 GB available; use less$"
+    ):
         check_memory("a model", 1.5e12, 2.5e9, "this machine", "use less")

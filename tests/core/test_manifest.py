@@ -30,7 +30,9 @@ def inputs(tmp_path: Path) -> list[Path]:
 CFG = {"tokenize": TokenizeConfig(val_fraction=0.1)}
 
 
-def finish_stage(run_dir: Path, inputs: list[Path], config=CFG, upstream=(), name="stage", payload=b"token bytes") -> tuple[Stage, dict]:
+def finish_stage(
+    run_dir: Path, inputs: list[Path], config=CFG, upstream=(), name="stage", payload=b"token bytes"
+) -> tuple[Stage, dict]:
     stage = Stage(run_dir, name, config, inputs, upstream)
     stage.begin()
     out = stage.dir / "sub" / "out.bin"
@@ -72,15 +74,26 @@ def test_manifest_contents(tmp_path, inputs):
     assert manifest["config"] == {"tokenize": CFG["tokenize"].model_dump(mode="json")}
     assert manifest["config"]["tokenize"]["val_fraction"] == 0.1
     # NOT_HASHED fields (speed only) and unset (None) ones are left out of the hash; the kiln version is in it.
-    hashed = {"tokenize": {k: v for k, v in manifest["config"]["tokenize"].items() if k not in ("batch_docs", "executor") and v is not None}}
+    hashed = {
+        "tokenize": {
+            k: v
+            for k, v in manifest["config"]["tokenize"].items()
+            if k not in ("batch_docs", "executor") and v is not None
+        }
+    }
     assert manifest["config"]["tokenize"]["fim"] is None and "fim" not in hashed["tokenize"]
-    expected_hash = hashlib.sha256(json.dumps({"kiln": __version__, "sections": hashed}, sort_keys=True).encode()).hexdigest()
+    expected_hash = hashlib.sha256(
+        json.dumps({"kiln": __version__, "sections": hashed}, sort_keys=True).encode()
+    ).hexdigest()
     assert manifest["config_hash"] == expected_hash == config_hash(CFG)
-    expected_fingerprint = hashlib.sha256(json.dumps({k: manifest[k] for k in ("config_hash", "inputs", "upstream", "outputs")}, sort_keys=True).encode()).hexdigest()
+    expected_fingerprint = hashlib.sha256(
+        json.dumps({k: manifest[k] for k in ("config_hash", "inputs", "upstream", "outputs")}, sort_keys=True).encode()
+    ).hexdigest()
     assert manifest["fingerprint"] == expected_fingerprint == fingerprint(manifest)
     assert set(IDENTITY) == {"config_hash", "inputs", "upstream", "outputs"}
     assert manifest["inputs"] == [
-        {"path": str(p), "bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()} for p in sorted(inputs)
+        {"path": str(p), "bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in sorted(inputs)
     ]
     assert manifest["upstream"] == {}
     assert manifest["outputs"] == [{"path": "out.bin", "bytes": 5, "sha256": hashlib.sha256(b"12345").hexdigest()}]
@@ -244,8 +257,13 @@ def test_a_second_command_on_the_same_stage_is_refused_naming_the_holder(tmp_pat
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     # A live process on this host (our parent) holds the stage.
-    (run_dir / "stage.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid(), "since": "2026-11-25T00:00:00Z"}))
-    with pytest.raises(FatalError, match=rf"being built by pid {os.getppid()} on {socket.gethostname()} since 2026-11-25T00:00:00Z; wait for it"):
+    (run_dir / "stage.lock").write_text(
+        json.dumps({"host": socket.gethostname(), "pid": os.getppid(), "since": "2026-11-25T00:00:00Z"})
+    )
+    with pytest.raises(
+        FatalError,
+        match=rf"being built by pid {os.getppid()} on {socket.gethostname()} since 2026-11-25T00:00:00Z; wait for it",
+    ):
         Stage(run_dir, "stage", CFG, inputs).begin()
     assert not (run_dir / "stage.partial").exists()
 
@@ -307,7 +325,13 @@ def test_inputs_from_an_upstream_stage_are_checked_against_its_manifest(tmp_path
     assert out == [run_dir / "curate" / "sub" / "out.bin"]
     Stage(run_dir, "tokenize", CFG, out, ["curate"])  # unchanged: accepted
     out[0].write_bytes(b"01234")  # cut
-    with pytest.raises(FatalError, match=r"out.bin changed after the curate stage wrote it \(5 bytes now, 10 recorded\); rerun `curate` with --force"):
+    with pytest.raises(
+        FatalError,
+        match=(
+            r"out.bin changed after the curate stage wrote it \(5 bytes now, 10 recorded\); rerun `curate` with "
+            r"--force"
+        ),
+    ):
         Stage(run_dir, "tokenize", CFG, out, ["curate"])
     out[0].write_bytes(b"9876543210")  # same size, other bytes
     with pytest.raises(FatalError, match="same size but a different sha256"):
@@ -364,7 +388,13 @@ def test_a_stage_refuses_an_upstream_made_from_an_earlier_version_of_its_own_ups
     finish_stage(run_dir, inputs, upstream=["tokenize"], name="train")
     Stage(run_dir, "export", CFG, inputs, upstream=["train"])  # the chain is current
     finish_stage(run_dir, inputs, name="tokenizer", payload=b"other merges")
-    with pytest.raises(FatalError, match=rf"export: {run_dir / 'tokenize'} was made from an earlier tokenizer stage .* rerun the stages after tokenizer"):
+    with pytest.raises(
+        FatalError,
+        match=(
+            rf"export: {run_dir / 'tokenize'} was made from an earlier tokenizer stage .* rerun the stages after "
+            r"tokenizer"
+        ),
+    ):
         Stage(run_dir, "export", CFG, inputs, upstream=["train"])
     with pytest.raises(FatalError, match=r"train: .*tokenize was made from an earlier tokenizer stage"):
         Stage(run_dir, "train", CFG, inputs, upstream=["tokenize"])  # nor is a model trained on the stale shards

@@ -41,4 +41,3 @@ def test_smaller_fraction_selects_a_subset():
     assert small  # not vacuous
     assert small <= large
     assert len(large) > 3 * len(small)
-

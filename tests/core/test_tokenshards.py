@@ -64,7 +64,15 @@ def test_uint16_round_trip_and_format(tmp_path):
     raw_idx = (tmp_path / "train.idx").read_bytes()
     assert HEADER.size == 48
     offsets = np.array([0, 4, 6, 7, 14], dtype="<u8")
-    assert struct.unpack_from("<8sIIQQQQ", raw_idx) == (b"KILNIDX\x00", 2, 2, 4, 14, xxhash.xxh64(raw_bin).intdigest(), xxhash.xxh64(offsets.tobytes()).intdigest())
+    assert struct.unpack_from("<8sIIQQQQ", raw_idx) == (
+        b"KILNIDX\x00",
+        2,
+        2,
+        4,
+        14,
+        xxhash.xxh64(raw_bin).intdigest(),
+        xxhash.xxh64(offsets.tobytes()).intdigest(),
+    )
     assert raw_idx[48:] == offsets.tobytes()
 
     shard = TokenShard(prefix, verify=True)
@@ -168,7 +176,9 @@ def test_modified_bin_is_fatal_on_open(shard_prefix):
     bin_path.write_bytes(bytes(raw))
     with pytest.raises(FatalError, match="checksum does not match its index"):
         TokenShard(shard_prefix)
-    assert TokenShard(shard_prefix, verify=False).document(0)[0] == 5 ^ 0xFF  # only an explicit opt-out trusts the sizes
+    assert (
+        TokenShard(shard_prefix, verify=False).document(0)[0] == 5 ^ 0xFF
+    )  # only an explicit opt-out trusts the sizes
 
 
 def test_modified_offsets_are_fatal_on_open(shard_prefix):

@@ -1,4 +1,5 @@
-"""kiln.curate.audit: the ledger balances, merges by addition, and samples the same documents whatever the merge order."""
+"""kiln.curate.audit: the ledger balances, merges by addition, and samples the same documents whatever the merge
+order."""
 
 from __future__ import annotations
 
@@ -18,9 +19,22 @@ def test_remove_records_value_threshold_and_reason():
     d = doc(1, "héllo")
     ledger.seen("web", 6)
     ledger.remove(d, "gopher_quality", "mean_word_length", 11.5, 10)
-    assert ledger.removed == [{"id": "web/1", "source": "web", "step": "gopher_quality", "reason": "gopher_quality:mean_word_length", "value": 11.5, "threshold": 10.0, "note": None, "kept_id": None}]
+    assert ledger.removed == [
+        {
+            "id": "web/1",
+            "source": "web",
+            "step": "gopher_quality",
+            "reason": "gopher_quality:mean_word_length",
+            "value": 11.5,
+            "threshold": 10.0,
+            "note": None,
+            "kept_id": None,
+        }
+    ]
     t = ledger.tally("web")
-    assert t.removed == {"gopher_quality:mean_word_length": 1} and t.removed_bytes == {"gopher_quality:mean_word_length": 6}
+    assert t.removed == {"gopher_quality:mean_word_length": 1} and t.removed_bytes == {
+        "gopher_quality:mean_word_length": 6
+    }
     ledger.check_balanced("test")
 
 
@@ -28,7 +42,10 @@ def test_note_and_kept_id_are_recorded():
     ledger = Ledger()
     ledger.remove(doc(1), "language", "not_allowed", 0.93, None, note="detected fr; allowed en")
     ledger.remove(doc(2), "exact_dedup", "duplicate", note="duplicate of web/1", kept_id="web/1")
-    assert [(r["value"], r["note"], r["kept_id"]) for r in ledger.removed] == [(0.93, "detected fr; allowed en", None), (None, "duplicate of web/1", "web/1")]
+    assert [(r["value"], r["note"], r["kept_id"]) for r in ledger.removed] == [
+        (0.93, "detected fr; allowed en", None),
+        (None, "duplicate of web/1", "web/1"),
+    ]
 
 
 def test_quarantine_counts_as_seen_unless_already_counted():
@@ -39,7 +56,13 @@ def test_quarantine_counts_as_seen_unless_already_counted():
     t = ledger.tally("web")
     assert (t.docs_in, t.bytes_in, t.quarantined) == (2, 15, 2)
     assert t.stats == {"quarantined:read:bad_json": 1, "quarantined:step raised": 1}
-    assert ledger.quarantined[0] == {"id": "web/x", "source": "web", "file": "a.jsonl", "position": "3", "error": "read:bad_json"}
+    assert ledger.quarantined[0] == {
+        "id": "web/x",
+        "source": "web",
+        "file": "a.jsonl",
+        "position": "3",
+        "error": "read:bad_json",
+    }
     ledger.check_balanced("test")
 
 
@@ -61,7 +84,11 @@ def test_counters_and_funnel_merge_by_addition():
         ledger.kept(doc(1, "abc"))
     a.merge(b)
     t = a.tally("web")
-    assert t.funnel == {"normalize": [2, 6]} and t.stats == {"pii:email": 4} and (t.docs_in, t.docs_out, t.bytes_out) == (2, 2, 6)
+    assert (
+        t.funnel == {"normalize": [2, 6]}
+        and t.stats == {"pii:email": 4}
+        and (t.docs_in, t.docs_out, t.bytes_out) == (2, 2, 6)
+    )
 
 
 def test_sample_keeps_smallest_id_hashes_whatever_the_merge_order():

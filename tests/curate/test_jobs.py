@@ -25,7 +25,17 @@ def test_the_scratch_layout_by_hand(tmp_path):
 
 
 def test_phases_are_named_once_in_run_order():
-    assert [p.name for p in PHASES] == ["read", "lines", "filter", "dedup", "sign", "buckets", "verify", "components", "write"]
+    assert [p.name for p in PHASES] == [
+        "read",
+        "lines",
+        "filter",
+        "dedup",
+        "sign",
+        "buckets",
+        "verify",
+        "components",
+        "write",
+    ]
 
 
 def test_a_pickled_job_runs_its_phase_function_on_its_settings(tmp_path):

@@ -30,7 +30,9 @@ def tokenizer() -> KilnTokenizer:
 
 
 def random_model(tokenizer: KilnTokenizer, max_seq_len: int = 64) -> Transformer:
-    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=2, max_seq_len=max_seq_len, init_std=0.2)
+    cfg = ModelConfig(
+        vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=2, max_seq_len=max_seq_len, init_std=0.2
+    )
     return build_model(cfg, 0, "cpu").eval()
 
 
@@ -39,7 +41,10 @@ def test_context_whitespace_moves_to_the_continuation(tokenizer: KilnTokenizer) 
     assert encode_pair(tokenizer, "The cat ", "sat") == encode_pair(tokenizer, "The cat", " sat")
     context, continuation = encode_pair(tokenizer, "The cat", " sat on")
     assert context == tokenizer.encode("The cat") and context + continuation == tokenizer.encode("The cat sat on")
-    assert encode_pair(tokenizer, "", " mat") == ([tokenizer.eot_id], tokenizer.encode(" mat"))  # no context: end of document
+    assert encode_pair(tokenizer, "", " mat") == (
+        [tokenizer.eot_id],
+        tokenizer.encode(" mat"),
+    )  # no context: end of document
 
 
 @settings(max_examples=60, deadline=None)
@@ -53,7 +58,12 @@ def test_the_pair_always_encodes_to_the_whole_text(tokenizer: KilnTokenizer, con
 
 def test_batched_loglikelihoods_equal_one_pair_at_a_time(tokenizer: KilnTokenizer) -> None:
     model = random_model(tokenizer, max_seq_len=24)
-    texts = [("The cat", " sat on the mat"), ("A bird sang in the tree by the", " river"), ("", " The dog"), ("The dog ran to the park. " * 3, " A bird")]  # the last passes 24 tokens
+    texts = [
+        ("The cat", " sat on the mat"),
+        ("A bird sang in the tree by the", " river"),
+        ("", " The dog"),
+        ("The dog ran to the park. " * 3, " A bird"),
+    ]  # the last passes 24 tokens
     pairs = [encode_pair(tokenizer, c, x) for c, x in texts]
     batched = loglikelihoods(model, pairs, batch_size=3)
     for (context, continuation), got in zip(pairs, batched, strict=True):
@@ -66,7 +76,9 @@ def test_batched_loglikelihoods_equal_one_pair_at_a_time(tokenizer: KilnTokenize
         assert got < 0
 
 
-def test_known_answers_and_what_length_normalisation_changes(tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]) -> None:
+def test_known_answers_and_what_length_normalisation_changes(
+    tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]
+) -> None:
     the = tokenizer.encode(" the")
     assert len(the) == 1
     model = always_predicts(random_model(tokenizer), the[0])
@@ -83,17 +95,31 @@ def test_known_answers_and_what_length_normalisation_changes(tokenizer: KilnToke
 
 def test_task_files_in_the_common_layout(tmp_path: Path) -> None:
     path = tmp_path / "arc.jsonl"
-    rows = [{"query": "Q: 1+1?", "choices": ["2", "3"], "label": 0}, {"context": "Sky is", "choices": ["blue", "green", "red"], "label": "B"}, {"context": "x", "choices": ["a", "b"], "label": "1"}]
+    rows = [
+        {"query": "Q: 1+1?", "choices": ["2", "3"], "label": 0},
+        {"context": "Sky is", "choices": ["blue", "green", "red"], "label": "B"},
+        {"context": "x", "choices": ["a", "b"], "label": "1"},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
-    assert read_task(path) == [Item("Q: 1+1?", ("2", "3"), 0), Item("Sky is", ("blue", "green", "red"), 1), Item("x", ("a", "b"), 1)]
+    assert read_task(path) == [
+        Item("Q: 1+1?", ("2", "3"), 0),
+        Item("Sky is", ("blue", "green", "red"), 1),
+        Item("x", ("a", "b"), 1),
+    ]
 
 
 @pytest.mark.parametrize(
     ("line", "message"),
     [
         ("{not json", r"task\.jsonl:2: not valid JSON"),
-        ('{"context": "c", "choices": ["a"], "label": 0}', r"task\.jsonl:2: `choices` must be a list of at least two strings"),
-        ('{"context": "c", "choices": ["a", "b"], "label": 2}', r"task\.jsonl:2: `label` 2 is not the index of one of the 2 choices"),
+        (
+            '{"context": "c", "choices": ["a"], "label": 0}',
+            r"task\.jsonl:2: `choices` must be a list of at least two strings",
+        ),
+        (
+            '{"context": "c", "choices": ["a", "b"], "label": 2}',
+            r"task\.jsonl:2: `label` 2 is not the index of one of the 2 choices",
+        ),
         ('{"choices": ["a", "b"], "label": 0}', r"task\.jsonl:2: `context` \(or `query`\) must be a string"),
     ],
 )
@@ -106,8 +132,14 @@ def test_a_bad_line_is_named(tmp_path: Path, line: str, message: str) -> None:
 
 def test_a_choice_that_adds_no_token_is_named_by_file_and_line(tmp_path: Path, tokenizer: KilnTokenizer) -> None:
     path = tmp_path / "merge.jsonl"
-    # With no delimiter, "The ca" + "t" is "The cat", no more tokens than "The ca" alone: the choice merges into the context.
-    path.write_text(json.dumps({"context": "The cat", "choices": [" sat", " ran"], "label": 0}) + "\n" + json.dumps({"context": "The ca", "choices": ["t", " dog"], "label": 0}) + "\n")
+    # With no delimiter, "The ca" + "t" is "The cat", no more tokens than "The ca" alone: the choice merges into the
+    # context.
+    path.write_text(
+        json.dumps({"context": "The cat", "choices": [" sat", " ran"], "label": 0})
+        + "\n"
+        + json.dumps({"context": "The ca", "choices": ["t", " dog"], "label": 0})
+        + "\n"
+    )
     assert len(tokenizer.encode("The cat")) <= len(tokenizer.encode("The ca"))
     with pytest.raises(FatalError, match=r"merge\.jsonl:2: choice 0 \('t'\) adds no token after the context"):
         score_task(random_model(tokenizer), tokenizer, read_task(path), delimiter="")

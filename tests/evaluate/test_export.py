@@ -47,7 +47,8 @@ def make_run(root: Path, tokenizer: KilnTokenizer, **model: object) -> tuple[Pat
     layout = RunLayout(run_dir)
     layout.tokenizer_json.parent.mkdir(parents=True)
     tokenizer.save(layout.tokenizer_json)
-    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=64, n_layers=2, n_heads=4, max_seq_len=96, **model)  # type: ignore[arg-type]
+    # type: ignore[arg-type]
+    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=64, n_layers=2, n_heads=4, max_seq_len=96, **model)
     # init_std 0.2: larger weights than a fresh model's make the logits differ from position to
     # position, so the comparison is not of near-uniform distributions.
     net = build_model(cfg.model_copy(update={"init_std": 0.2}), 0, "cpu").eval()
@@ -69,7 +70,9 @@ def load_hf(folder: Path) -> tuple[torch.nn.Module, object]:
         ({"qk_norm": True, "n_kv_heads": 2, "z_loss": 1e-4}, "Qwen3ForCausalLM"),
     ],
 )
-def test_transformers_computes_kilns_logits_from_the_exported_folder(tmp_path: Path, tokenizer: KilnTokenizer, options: dict, architecture: str) -> None:
+def test_transformers_computes_kilns_logits_from_the_exported_folder(
+    tmp_path: Path, tokenizer: KilnTokenizer, options: dict, architecture: str
+) -> None:
     run_dir, ours = make_run(tmp_path, tokenizer, **options)
     manifest = export(ExportConfig(), GenerateConfig(), run_dir)
     folder = run_dir / "export" / "hf"
@@ -104,10 +107,19 @@ def test_the_folder_describes_the_tokens_and_the_sampling(tmp_path: Path, tokeni
     export(ExportConfig(), GenerateConfig(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=33), run_dir)
     folder = run_dir / "export" / "hf"
     config = json.loads((folder / "config.json").read_text())
-    assert config["eos_token_id"] == config["bos_token_id"] == tokenizer.eot_id and config["pad_token_id"] == tokenizer.pad_id
+    assert (
+        config["eos_token_id"] == config["bos_token_id"] == tokenizer.eot_id
+        and config["pad_token_id"] == tokenizer.pad_id
+    )
     assert json.loads((folder / "generation_config.json").read_text()) == {
-        "bos_token_id": tokenizer.eot_id, "eos_token_id": tokenizer.eot_id, "pad_token_id": tokenizer.pad_id,
-        "max_new_tokens": 33, "do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.9,
+        "bos_token_id": tokenizer.eot_id,
+        "eos_token_id": tokenizer.eot_id,
+        "pad_token_id": tokenizer.pad_id,
+        "max_new_tokens": 33,
+        "do_sample": True,
+        "temperature": 0.7,
+        "top_k": 20,
+        "top_p": 0.9,
     }
     _, hf_tok = load_hf(folder)
     assert hf_tok.eos_token == EOT and hf_tok.eos_token_id == tokenizer.eot_id
@@ -119,11 +131,25 @@ def test_the_folder_describes_the_tokens_and_the_sampling(tmp_path: Path, tokeni
 
 
 @settings(max_examples=150, deadline=None)
-@given(text=st.text(st.characters(exclude_categories=("Cs",)), max_size=200) | st.sampled_from([
-    "<|endoftext|>", "a<|endoftext|>b", "<|pad|><|mask|><|fim_prefix|>", "<|sentinel_0|> x", "\x00\x01\r\n\t  \u200b\ufeff",
-    "   leading and trailing   ", "emoji 👩‍👩‍👧 and combining e\u0301", "def f():\n\n\n    return 1\n", "1234567890 3.14159 1e-9",
-]))
-def test_transformers_tokenizer_gives_kilns_ids_on_any_text(exported_tokenizer: object, tokenizer: KilnTokenizer, text: str) -> None:
+@given(
+    text=st.text(st.characters(exclude_categories=("Cs",)), max_size=200)
+    | st.sampled_from(
+        [
+            "<|endoftext|>",
+            "a<|endoftext|>b",
+            "<|pad|><|mask|><|fim_prefix|>",
+            "<|sentinel_0|> x",
+            "\x00\x01\r\n\t  \u200b\ufeff",
+            "   leading and trailing   ",
+            "emoji 👩‍👩‍👧 and combining e\u0301",
+            "def f():\n\n\n    return 1\n",
+            "1234567890 3.14159 1e-9",
+        ]
+    )
+)
+def test_transformers_tokenizer_gives_kilns_ids_on_any_text(
+    exported_tokenizer: object, tokenizer: KilnTokenizer, text: str
+) -> None:
     ids = tokenizer.encode(text)
     assert exported_tokenizer(text).input_ids == ids  # type: ignore[operator]
     assert exported_tokenizer.decode(ids) == tokenizer.decode(ids)  # type: ignore[attr-defined]
@@ -136,8 +162,17 @@ def exported_tokenizer(tmp_path_factory: pytest.TempPathFactory, tokenizer: Kiln
     return load_hf(run_dir / "export" / "hf")[1]
 
 
-@pytest.mark.parametrize(("options", "named"), [({"activation": "relu2"}, "model.activation=relu2"), ({"activation": "gelu"}, "model.activation=gelu"), ({"logit_softcap": 30.0}, "model.logit_softcap=30.0")])
-def test_options_without_a_transformers_counterpart_are_refused_by_name(tmp_path: Path, tokenizer: KilnTokenizer, options: dict, named: str) -> None:
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"activation": "relu2"}, "model.activation=relu2"),
+        ({"activation": "gelu"}, "model.activation=gelu"),
+        ({"logit_softcap": 30.0}, "model.logit_softcap=30.0"),
+    ],
+)
+def test_options_without_a_transformers_counterpart_are_refused_by_name(
+    tmp_path: Path, tokenizer: KilnTokenizer, options: dict, named: str
+) -> None:
     run_dir, _ = make_run(tmp_path, tokenizer, **options)
     with pytest.raises(FatalError, match=named):
         export(ExportConfig(), GenerateConfig(), run_dir)
@@ -148,7 +183,9 @@ def tree(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_a_copy_goes_to_out_with_its_marker_and_replaces_only_an_earlier_export(tmp_path: Path, tokenizer: KilnTokenizer) -> None:
+def test_a_copy_goes_to_out_with_its_marker_and_replaces_only_an_earlier_export(
+    tmp_path: Path, tokenizer: KilnTokenizer
+) -> None:
     run_dir, _ = make_run(tmp_path, tokenizer)
     out = tmp_path / "hub" / "model"
     manifest = export(ExportConfig(out=str(out)), GenerateConfig(), run_dir)
@@ -165,26 +202,48 @@ def test_a_copy_goes_to_out_with_its_marker_and_replaces_only_an_earlier_export(
 @pytest.mark.parametrize(
     ("make", "named"),
     [
-        ({"config.json": "{}", "important.txt": "notes", "data/raw.bin": "x"}, "config.json, data, important.txt"),  # looks like a model folder
-        ({"config.json": "{}", "model.safetensors": "mine"}, "config.json, model.safetensors"),  # an export from elsewhere, unmarked
-        ({"kiln_export.json": '{"format": "kiln-export v1"}', "config.json": "{}", "notes.txt": "keep"}, "notes.txt"),  # a kiln export plus the user's notes
-        ({"kiln_export.json": '{"format": "kiln-export v1"}', "tokenizer.json/inside.txt": "x"}, "tokenizer.json"),  # an export's name, not its file
+        (
+            {"config.json": "{}", "important.txt": "notes", "data/raw.bin": "x"},
+            "config.json, data, important.txt",
+        ),  # looks like a model folder
+        (
+            {"config.json": "{}", "model.safetensors": "mine"},
+            "config.json, model.safetensors",
+        ),  # an export from elsewhere, unmarked
+        (
+            {"kiln_export.json": '{"format": "kiln-export v1"}', "config.json": "{}", "notes.txt": "keep"},
+            "notes.txt",
+        ),  # a kiln export plus the user's notes
+        (
+            {"kiln_export.json": '{"format": "kiln-export v1"}', "tokenizer.json/inside.txt": "x"},
+            "tokenizer.json",
+        ),  # an export's name, not its file
     ],
 )
-def test_a_folder_kiln_did_not_write_is_never_replaced_even_with_force(tmp_path: Path, tokenizer: KilnTokenizer, make: dict[str, str], named: str, force: bool) -> None:
+def test_a_folder_kiln_did_not_write_is_never_replaced_even_with_force(
+    tmp_path: Path, tokenizer: KilnTokenizer, make: dict[str, str], named: str, force: bool
+) -> None:
     run_dir, _ = make_run(tmp_path, tokenizer)
     mine = tmp_path / "mine"
     for rel, text in make.items():
         (mine / rel).parent.mkdir(parents=True, exist_ok=True)
         (mine / rel).write_text(text)
     before = tree(mine)
-    with pytest.raises(FatalError, match=rf"export.out {mine}: {mine} holds {named}, which kiln did not write.*Choose another folder, or remove it yourself"):
+    with pytest.raises(
+        FatalError,
+        match=(
+            rf"export.out {mine}: {mine} holds {named}, which kiln did not write.*Choose another folder, or remove it "
+            r"yourself"
+        ),
+    ):
         export(ExportConfig(out=str(mine)), GenerateConfig(), run_dir, force)
     assert tree(mine) == before
     assert not (run_dir / "export").exists()  # stopped before any work
 
 
-def test_the_staging_folders_beside_out_are_not_removed_when_kiln_did_not_write_them(tmp_path: Path, tokenizer: KilnTokenizer) -> None:
+def test_the_staging_folders_beside_out_are_not_removed_when_kiln_did_not_write_them(
+    tmp_path: Path, tokenizer: KilnTokenizer
+) -> None:
     run_dir, _ = make_run(tmp_path, tokenizer)
     out, beside = tmp_path / "model", tmp_path / "model.old"
     beside.mkdir()
@@ -202,11 +261,16 @@ def test_the_staging_folders_beside_out_are_not_removed_when_kiln_did_not_write_
         (lambda run: run / "export", "inside the run directory"),
         (lambda run: run, "the run directory itself"),
         (lambda run: run.parent, "a folder that holds the run directory"),
-        (lambda run: run.parent.parent / "other" / "train" / "checkpoint", r"inside .*other-root/run/train, a stage folder of another kiln run"),
+        (
+            lambda run: run.parent.parent / "other" / "train" / "checkpoint",
+            r"inside .*other-root/run/train, a stage folder of another kiln run",
+        ),
         (lambda run: run.parent.parent / "link-to-train", "inside the run directory"),  # a symlink to the run's train/
     ],
 )
-def test_out_inside_the_run_or_any_stage_folder_is_refused_before_any_work(tmp_path: Path, tokenizer: KilnTokenizer, where: Callable[[Path], Path], message: str) -> None:
+def test_out_inside_the_run_or_any_stage_folder_is_refused_before_any_work(
+    tmp_path: Path, tokenizer: KilnTokenizer, where: Callable[[Path], Path], message: str
+) -> None:
     run_dir, _ = make_run(tmp_path / "runs", tokenizer)
     other = Stage(tmp_path / "other-root" / "run", "train", {}, inputs=[])  # another run's train stage
     other.begin()
@@ -221,7 +285,9 @@ def test_out_inside_the_run_or_any_stage_folder_is_refused_before_any_work(tmp_p
     assert tree(run_dir) == before and not (run_dir / "export").exists()
 
 
-def test_an_up_to_date_export_copies_to_a_new_out_and_says_so(tmp_path: Path, tokenizer: KilnTokenizer, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+def test_an_up_to_date_export_copies_to_a_new_out_and_says_so(
+    tmp_path: Path, tokenizer: KilnTokenizer, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     from kiln.cli import main
 
     run_dir, _ = make_run(tmp_path / "runs", tokenizer)

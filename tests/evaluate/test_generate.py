@@ -32,7 +32,9 @@ def kept(logits: torch.Tensor) -> set[int]:
     return {i for i, v in enumerate(logits.tolist()) if v != float("-inf")}
 
 
-@pytest.mark.parametrize(("k", "expected"), [(1, {1}), (2, {1, 3}), (3, {1, 2, 3}), (4, {0, 1, 2, 3}), (10, {0, 1, 2, 3})])
+@pytest.mark.parametrize(
+    ("k", "expected"), [(1, {1}), (2, {1, 3}), (3, {1, 2, 3}), (4, {0, 1, 2, 3}), (10, {0, 1, 2, 3})]
+)
 def test_top_k_keeps_exactly_the_k_most_likely(k: int, expected: set[int]) -> None:
     out = filter_logits(LOGITS, top_k=k, top_p=None)
     assert kept(out) == expected
@@ -111,7 +113,10 @@ def reference_greedy(model: Transformer, ids: list[int], n: int, eot: int, banne
 
 def test_greedy_is_deterministic_and_matches_a_plain_argmax_loop(tokenizer: KilnTokenizer) -> None:
     model = model_for(tokenizer)
-    texts = {generate(model, tokenizer, GenerateConfig(prompt="def parse", max_new_tokens=12, temperature=0, seed=seed)) for seed in (0, 1, 2)}
+    texts = {
+        generate(model, tokenizer, GenerateConfig(prompt="def parse", max_new_tokens=12, temperature=0, seed=seed))
+        for seed in (0, 1, 2)
+    }
     assert len(texts) == 1
     expected = reference_greedy(model, tokenizer.encode("def parse"), 12, tokenizer.eot_id, banned(tokenizer))
     assert texts.pop() == "def parse" + tokenizer.decode(expected)
@@ -120,7 +125,11 @@ def test_greedy_is_deterministic_and_matches_a_plain_argmax_loop(tokenizer: Kiln
 def test_top_k_one_sampling_is_greedy(tokenizer: KilnTokenizer) -> None:
     model = model_for(tokenizer, seed=1)
     greedy = generate(model, tokenizer, GenerateConfig(prompt="The quick", max_new_tokens=10, temperature=0))
-    sampled = generate(model, tokenizer, GenerateConfig(prompt="The quick", max_new_tokens=10, temperature=1.5, top_k=1, top_p=None, seed=3))
+    sampled = generate(
+        model,
+        tokenizer,
+        GenerateConfig(prompt="The quick", max_new_tokens=10, temperature=1.5, top_k=1, top_p=None, seed=3),
+    )
     assert sampled == greedy
 
 
@@ -132,13 +141,17 @@ def test_sampling_is_reproducible_per_seed(tokenizer: KilnTokenizer) -> None:
     assert len(others) > 1  # an untrained model samples near-uniformly: seeds differ
 
 
-def test_stops_at_end_of_document(tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]) -> None:
+def test_stops_at_end_of_document(
+    tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]
+) -> None:
     model = always_predicts(model_for(tokenizer), tokenizer.eot_id)
     for cfg in (GenerateConfig(prompt="def ", temperature=0), GenerateConfig(prompt="def ", temperature=0.8, seed=1)):
         assert generate(model, tokenizer, cfg) == "def "
 
 
-def test_generates_max_new_tokens_without_end_of_document(tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]) -> None:
+def test_generates_max_new_tokens_without_end_of_document(
+    tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]
+) -> None:
     token = tokenizer.encode("fox")[0]
     model = always_predicts(model_for(tokenizer), token)
     text = generate(model, tokenizer, GenerateConfig(prompt="The ", max_new_tokens=5, temperature=0))
@@ -150,32 +163,49 @@ def test_context_longer_than_max_seq_len_uses_the_last_tokens(tokenizer: KilnTok
     prompt = "def parse(value):\n    return value.strip().split(',')\n"
     assert len(tokenizer.encode(prompt)) > 8
     text = generate(model, tokenizer, GenerateConfig(prompt=prompt, max_new_tokens=20, temperature=0))
-    assert text == prompt + tokenizer.decode(reference_greedy(model, tokenizer.encode(prompt), 20, tokenizer.eot_id, banned(tokenizer)))
+    assert text == prompt + tokenizer.decode(
+        reference_greedy(model, tokenizer.encode(prompt), 20, tokenizer.eot_id, banned(tokenizer))
+    )
 
 
-def test_empty_prompt_starts_a_fresh_document(tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]) -> None:
+def test_empty_prompt_starts_a_fresh_document(
+    tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]
+) -> None:
     token = tokenizer.encode("dog")[0]
     model = always_predicts(model_for(tokenizer), token)
-    assert generate(model, tokenizer, GenerateConfig(prompt="", max_new_tokens=3, temperature=0)) == tokenizer.decode([token] * 3)
+    assert generate(model, tokenizer, GenerateConfig(prompt="", max_new_tokens=3, temperature=0)) == tokenizer.decode(
+        [token] * 3
+    )
 
 
 @pytest.mark.parametrize("special", ["<|pad|>", "<|mask|>", "<|fim_middle|>"])
-def test_specials_other_than_end_of_document_are_never_generated(tokenizer: KilnTokenizer, special: str, always_predicts: Callable[[Transformer, int], Transformer]) -> None:
+def test_specials_other_than_end_of_document_are_never_generated(
+    tokenizer: KilnTokenizer, special: str, always_predicts: Callable[[Transformer, int], Transformer]
+) -> None:
     model = always_predicts(model_for(tokenizer), tokenizer.specials[special])
     fox = tokenizer.encode("fox")[0]
     with torch.no_grad():
         model.lm_head.bias[fox] = 10.0  # second only to the special
-    for cfg in (GenerateConfig(prompt="The ", max_new_tokens=6, temperature=0), GenerateConfig(prompt="The ", max_new_tokens=6, temperature=1.0, top_k=None, top_p=None, seed=3)):
+    for cfg in (
+        GenerateConfig(prompt="The ", max_new_tokens=6, temperature=0),
+        GenerateConfig(prompt="The ", max_new_tokens=6, temperature=1.0, top_k=None, top_p=None, seed=3),
+    ):
         text = generate(model, tokenizer, cfg)
         assert text == "The " + tokenizer.decode([fox] * 6)
 
 
-def test_autocast_dtype_is_applied_and_keeps_a_clear_choice(tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]) -> None:
+def test_autocast_dtype_is_applied_and_keeps_a_clear_choice(
+    tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]
+) -> None:
     # bf16 autocast (generate.precision.dtype) changes the matmuls, not a choice this clear.
     token = tokenizer.encode("fox")[0]
     cfg = GenerateConfig(prompt="The", max_new_tokens=4, temperature=0)
     model = always_predicts(model_for(tokenizer), token)
-    assert generate(model, tokenizer, cfg, torch.bfloat16) == generate(model, tokenizer, cfg) == "The" + tokenizer.decode([token] * 4)
+    assert (
+        generate(model, tokenizer, cfg, torch.bfloat16)
+        == generate(model, tokenizer, cfg)
+        == "The" + tokenizer.decode([token] * 4)
+    )
     seen = []
     model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
     generate(model, tokenizer, cfg.model_copy(update={"max_new_tokens": 1}), torch.bfloat16)
@@ -184,12 +214,16 @@ def test_autocast_dtype_is_applied_and_keeps_a_clear_choice(tokenizer: KilnToken
 
 def sharp_model(tokenizer: KilnTokenizer, **options: object) -> Transformer:
     """A random model with large weights: logits that differ clearly from position to position."""
-    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=64, n_layers=3, n_heads=4, max_seq_len=48, init_std=0.2, **options)  # type: ignore[arg-type]
+    cfg = ModelConfig(
+        vocab_size=tokenizer.vocab_size, d_model=64, n_layers=3, n_heads=4, max_seq_len=48, init_std=0.2, **options
+    )  # type: ignore[arg-type]
     return build_model(cfg, 0, "cpu").eval()
 
 
 @pytest.mark.parametrize("options", [{}, {"n_kv_heads": 2}, {"n_kv_heads": 1, "qk_norm": True}])
-def test_cached_decoding_gives_the_full_forwards_logits_at_every_position(tokenizer: KilnTokenizer, options: dict) -> None:
+def test_cached_decoding_gives_the_full_forwards_logits_at_every_position(
+    tokenizer: KilnTokenizer, options: dict
+) -> None:
     model = sharp_model(tokenizer, **options)
     ids_1T = torch.randint(0, tokenizer.vocab_size, (1, 40), generator=torch.Generator().manual_seed(3))
     cache = KVCache(model.cfg.n_layers, model.cfg.max_seq_len)
@@ -217,7 +251,14 @@ def test_a_left_padded_row_gets_the_logits_it_gets_alone(tokenizer: KilnTokenize
     with torch.no_grad():
         out = [model(ids_BN[:, :P], positions_BT=positions(valid_BN[:, :P]), cache=cache, valid_BT=valid_BN[:, :P])]
         for n in range(P + 1, P + extra + 1):
-            out.append(model(ids_BN[:, n - 1 : n], positions_BT=positions(valid_BN[:, :n])[:, -1:], cache=cache, valid_BT=valid_BN[:, n - 1 : n]))
+            out.append(
+                model(
+                    ids_BN[:, n - 1 : n],
+                    positions_BT=positions(valid_BN[:, :n])[:, -1:],
+                    cache=cache,
+                    valid_BT=valid_BN[:, n - 1 : n],
+                )
+            )
         batch_BNV = torch.cat(out, dim=1)
         for b, r in enumerate(rows):
             alone_TV = model(torch.cat([r, ids_BN[b, P:]])[None])[0]
@@ -234,16 +275,23 @@ def test_batched_prompts_complete_as_each_would_alone_with_and_without_the_cache
     assert {c.finish_reason for c in batch} <= {"length", "end_of_document"} and any(c.new_tokens == 30 for c in batch)
 
 
-def test_a_stop_string_ends_the_completion_before_it(tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]) -> None:
+def test_a_stop_string_ends_the_completion_before_it(
+    tokenizer: KilnTokenizer, always_predicts: Callable[[Transformer, int], Transformer]
+) -> None:
     token = tokenizer.encode("fox")[0]
     piece = tokenizer.decode([token])
     stop = piece[-1] + piece[0]  # where one piece meets the next
     assert len(piece) >= 2 and stop not in piece
     model = always_predicts(model_for(tokenizer), token)
-    done = complete(model, tokenizer, ["The ", "A "], GenerateConfig(max_new_tokens=10, temperature=0, stop=[stop, "zzz"]))
+    done = complete(
+        model, tokenizer, ["The ", "A "], GenerateConfig(max_new_tokens=10, temperature=0, stop=[stop, "zzz"])
+    )
     for c in done:
         assert (c.completion, c.new_tokens, c.finish_reason) == (piece[:-1], 2, "stop")
-    assert complete(model, tokenizer, ["The "], GenerateConfig(max_new_tokens=3, temperature=0))[0].finish_reason == "length"
+    assert (
+        complete(model, tokenizer, ["The "], GenerateConfig(max_new_tokens=3, temperature=0))[0].finish_reason
+        == "length"
+    )
 
 
 def trained_run(run_dir: Path, tokenizer: KilnTokenizer) -> None:
@@ -258,7 +306,9 @@ def trained_run(run_dir: Path, tokenizer: KilnTokenizer) -> None:
 
 
 @pytest.mark.parametrize("kind", ["missing", "a folder"])
-def test_a_missing_prompt_file_is_named_as_the_setting_not_as_a_stage_to_redo(tmp_path: Path, tokenizer: KilnTokenizer, kind: str) -> None:
+def test_a_missing_prompt_file_is_named_as_the_setting_not_as_a_stage_to_redo(
+    tmp_path: Path, tokenizer: KilnTokenizer, kind: str
+) -> None:
     run_dir = tmp_path / "runs" / "demo"
     trained_run(run_dir, tokenizer)
     prompts = tmp_path / "prompts.jsonl"

@@ -43,8 +43,18 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> KilnTokenizer:
 
 def llama_folder(root: Path, tokenizer: KilnTokenizer, **config: object) -> tuple[Path, torch.nn.Module]:
     """A random LlamaForCausalLM saved by transformers, with kiln's tokenizer.json beside it."""
-    settings = {"vocab_size": tokenizer.vocab_size, "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
-                "num_key_value_heads": 2, "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "initializer_range": 0.2, "tie_word_embeddings": False}
+    settings = {
+        "vocab_size": tokenizer.vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 160,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        "rms_norm_eps": 1e-5,
+        "initializer_range": 0.2,
+        "tie_word_embeddings": False,
+    }
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**settings | config)).eval()
     folder = root / "hf-llama"
@@ -55,14 +65,23 @@ def llama_folder(root: Path, tokenizer: KilnTokenizer, **config: object) -> tupl
 
 
 @pytest.mark.parametrize("config", [{}, {"tie_word_embeddings": True, "rope_theta": 50000.0}])
-def test_a_transformers_llama_imports_with_the_same_logits(tmp_path: Path, tokenizer: KilnTokenizer, config: dict) -> None:
+def test_a_transformers_llama_imports_with_the_same_logits(
+    tmp_path: Path, tokenizer: KilnTokenizer, config: dict
+) -> None:
     folder, theirs = llama_folder(tmp_path, tokenizer, **config)
     run_dir = tmp_path / "runs" / "imported"
     manifest = import_hf(ImportConfig(source=str(folder)), run_dir)
     assert manifest["counts"]["architecture"] == "LlamaForCausalLM"
     ours = load_trained_model(RunLayout(run_dir).checkpoint)
-    assert ours.cfg.tie_embeddings == config.get("tie_word_embeddings", False) and ours.cfg.rope_theta == config.get("rope_theta", 10000.0)
-    ids = torch.cat([torch.randint(0, tokenizer.vocab_size, (2, 100), generator=torch.Generator().manual_seed(2)), torch.tensor([tokenizer.encode(TEXT * 8)[:100]])])
+    assert ours.cfg.tie_embeddings == config.get("tie_word_embeddings", False) and ours.cfg.rope_theta == config.get(
+        "rope_theta", 10000.0
+    )
+    ids = torch.cat(
+        [
+            torch.randint(0, tokenizer.vocab_size, (2, 100), generator=torch.Generator().manual_seed(2)),
+            torch.tensor([tokenizer.encode(TEXT * 8)[:100]]),
+        ]
+    )
     with torch.no_grad():
         ours_BTV, theirs_BTV = ours(ids), theirs(ids).logits
     assert ours_BTV.std() > 1.0 and (ours_BTV - theirs_BTV).abs().max().item() < 1e-4
@@ -90,7 +109,9 @@ def test_an_imported_run_scores_any_file_as_transformers_does(tmp_path: Path, to
     data = tmp_path / "held_out.jsonl"
     texts = [TEXT * 3, "The lazy dog sleeps.\n" * 20]
     data.write_text("".join(json.dumps({"text": t, "source": "mine"}) + "\n" for t in texts))
-    scored = evaluate(EvalConfig(data=[str(data)]), run_dir, read_file=read_for_eval)["counts"]["data"]["held_out.jsonl"]
+    scored = evaluate(EvalConfig(data=[str(data)]), run_dir, read_file=read_for_eval)["counts"]["data"][
+        "held_out.jsonl"
+    ]
     # The same windows through transformers: documents with end of document after each, cut in 129-token windows.
     ids = torch.tensor([t for text in texts for t in [*tokenizer.encode(text), tokenizer.eot_id]])
     n = (len(ids) - 1) // 128
@@ -108,7 +129,16 @@ def test_export_then_import_gives_back_the_same_weights(tmp_path: Path, tokenize
     layout = RunLayout(source)
     layout.tokenizer_json.parent.mkdir(parents=True)
     tokenizer.save(layout.tokenizer_json)
-    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=64, n_layers=2, n_heads=4, n_kv_heads=1, qk_norm=True, tie_embeddings=True, max_seq_len=64)
+    cfg = ModelConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=1,
+        qk_norm=True,
+        tie_embeddings=True,
+        max_seq_len=64,
+    )
     model = build_model(cfg, 3, "cpu")
     layout.checkpoint.parent.mkdir(parents=True)
     save_weights(layout.checkpoint, model)
@@ -116,21 +146,37 @@ def test_export_then_import_gives_back_the_same_weights(tmp_path: Path, tokenize
     back = tmp_path / "runs" / "back"
     import_hf(ImportConfig(source=str(source / "export" / "hf")), back)
     again = load_trained_model(RunLayout(back).checkpoint)
-    shape = lambda c: {k: v for k, v in c.model_dump().items() if k not in ("ffn_hidden", "ffn_multiplier")} | {"hidden": c.hidden}  # noqa: E731
+    shape = lambda c: (
+        {k: v for k, v in c.model_dump().items() if k not in ("ffn_hidden", "ffn_multiplier")} | {"hidden": c.hidden}
+    )  # noqa: E731
     assert shape(again.cfg) == shape(cfg)  # the width comes back as ffn_hidden
     stored = getattr(torch, dtype)  # bf16 weights come back as the fp32 values of the stored bf16 ones
-    assert all(torch.equal(a.to(stored).float(), b) and b.dtype == torch.float32 for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a.to(stored).float(), b) and b.dtype == torch.float32
+        for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True)
+    )
 
 
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda c: c | {"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}, "RoPE scaling 'linear'"),
+        (
+            lambda c: (
+                c
+                | {
+                    "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+                    "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+                }
+            ),
+            "RoPE scaling 'linear'",
+        ),
         (lambda c: c | {"attention_bias": True}, "attention_bias true"),
         (lambda c: c | {"architectures": ["MistralForCausalLM"]}, "architecture 'MistralForCausalLM'"),
     ],
 )
-def test_settings_kiln_cannot_reproduce_are_refused_by_name(tmp_path: Path, tokenizer: KilnTokenizer, edit: object, message: str) -> None:
+def test_settings_kiln_cannot_reproduce_are_refused_by_name(
+    tmp_path: Path, tokenizer: KilnTokenizer, edit: object, message: str
+) -> None:
     folder, _ = llama_folder(tmp_path, tokenizer)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(edit(config)))  # type: ignore[operator]
@@ -160,11 +206,13 @@ def saved_llama(tmp_path_factory: pytest.TempPathFactory, tokenizer: KilnTokeniz
 def edit_json(name: str, change: Callable[[dict], object]) -> Callable[[Path], None]:
     def edit(folder: Path) -> None:
         (folder / name).write_text(json.dumps(change(json.loads((folder / name).read_text()))))
+
     return edit
 
 
 def index_naming(shard: str) -> Callable[[Path], None]:
     """An index that maps every tensor to model.safetensors, except the output projection to `shard`."""
+
     def edit(folder: Path) -> None:
         from safetensors import safe_open
 
@@ -172,6 +220,7 @@ def index_naming(shard: str) -> Callable[[Path], None]:
             names = list(f.keys())
         weight_map = {n: shard if n == "lm_head.weight" else "model.safetensors" for n in names}
         (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
     return edit
 
 
@@ -184,6 +233,7 @@ def link(name: str, target: str) -> Callable[[Path], None]:
     def edit(folder: Path) -> None:
         (folder / name).unlink()
         (folder / name).symlink_to(target if target.startswith("/") else folder.parent / target)
+
     return edit
 
 
@@ -195,35 +245,97 @@ def outside_copy(folder: Path) -> None:
 HOSTILE = {
     "config not JSON": (lambda f: (f / "config.json").write_text('{"vocab_size": 360,'), "config.json: not valid JSON"),
     "config a list": (lambda f: (f / "config.json").write_text("[1, 2]"), "config.json: a JSON list, not an object"),
-    "config a folder": (lambda f: ((f / "config.json").unlink(), (f / "config.json").mkdir()), "config.json: not a regular file"),
+    "config a folder": (
+        lambda f: ((f / "config.json").unlink(), (f / "config.json").mkdir()),
+        "config.json: not a regular file",
+    ),
     "config linked to /dev/zero": (link("config.json", "/dev/zero"), "config.json: a symlink to /dev/zero"),
-    "no heads": (edit_json("config.json", lambda c: c | {"num_attention_heads": 0}), "config.json: num_attention_heads is 0; it must be a positive integer"),
-    "negative heads": (edit_json("config.json", lambda c: c | {"num_attention_heads": -4}), "num_attention_heads is -4"),
-    "heads a string": (edit_json("config.json", lambda c: c | {"num_attention_heads": "4"}), 'num_attention_heads is "4"'),
-    "heads a float": (edit_json("config.json", lambda c: c | {"num_attention_heads": 4.5}), "num_attention_heads is 4.5"),
-    "no hidden size": (edit_json("config.json", lambda c: {k: v for k, v in c.items() if k != "hidden_size"}), "config.json: hidden_size is missing"),
-    "rope a list": (edit_json("config.json", lambda c: c | {"rope_parameters": [1], "rope_scaling": None}), "config.json: not a config kiln can read"),
-    "a billion layers": (edit_json("config.json", lambda c: c | {"num_hidden_layers": 10**9}), r"config.json: importing [\d,]+ parameters .* needs [\d,.]+ GB of memory and this machine has [\d,.]+ GB available"),
-    "1e11 tokens": (edit_json("config.json", lambda c: c | {"vocab_size": 10**11}), r"config.json: importing 12,800,\d{3},\d{3},\d{3} parameters .* needs [\d,.]+ GB"),
+    "no heads": (
+        edit_json("config.json", lambda c: c | {"num_attention_heads": 0}),
+        "config.json: num_attention_heads is 0; it must be a positive integer",
+    ),
+    "negative heads": (
+        edit_json("config.json", lambda c: c | {"num_attention_heads": -4}),
+        "num_attention_heads is -4",
+    ),
+    "heads a string": (
+        edit_json("config.json", lambda c: c | {"num_attention_heads": "4"}),
+        'num_attention_heads is "4"',
+    ),
+    "heads a float": (
+        edit_json("config.json", lambda c: c | {"num_attention_heads": 4.5}),
+        "num_attention_heads is 4.5",
+    ),
+    "no hidden size": (
+        edit_json("config.json", lambda c: {k: v for k, v in c.items() if k != "hidden_size"}),
+        "config.json: hidden_size is missing",
+    ),
+    "rope a list": (
+        edit_json("config.json", lambda c: c | {"rope_parameters": [1], "rope_scaling": None}),
+        "config.json: not a config kiln can read",
+    ),
+    "a billion layers": (
+        edit_json("config.json", lambda c: c | {"num_hidden_layers": 10**9}),
+        (
+            r"config.json: importing [\d,]+ parameters .* needs [\d,.]+ GB of memory and this machine has [\d,.]+ GB "
+            r"available"
+        ),
+    ),
+    "1e11 tokens": (
+        edit_json("config.json", lambda c: c | {"vocab_size": 10**11}),
+        r"config.json: importing 12,800,\d{3},\d{3},\d{3} parameters .* needs [\d,.]+ GB",
+    ),
     "truncated weights": (truncate, "model.safetensors: cannot be read as safetensors"),
-    "weights not safetensors": (lambda f: (f / "model.safetensors").write_text("hello"), "model.safetensors: cannot be read as safetensors"),
-    "weights linked to a system file": (link("model.safetensors", "/etc/passwd"), "model.safetensors: a symlink to /etc/passwd, outside"),
-    "weights linked to /dev/zero": (link("model.safetensors", "/dev/zero"), "model.safetensors: a symlink to /dev/zero, outside"),
-    "weights linked outside the folder": (outside_copy, "model.safetensors: a symlink to .*elsewhere.safetensors, outside"),
+    "weights not safetensors": (
+        lambda f: (f / "model.safetensors").write_text("hello"),
+        "model.safetensors: cannot be read as safetensors",
+    ),
+    "weights linked to a system file": (
+        link("model.safetensors", "/etc/passwd"),
+        "model.safetensors: a symlink to /etc/passwd, outside",
+    ),
+    "weights linked to /dev/zero": (
+        link("model.safetensors", "/dev/zero"),
+        "model.safetensors: a symlink to /dev/zero, outside",
+    ),
+    "weights linked outside the folder": (
+        outside_copy,
+        "model.safetensors: a symlink to .*elsewhere.safetensors, outside",
+    ),
     "weights a dangling link": (link("model.safetensors", "gone.safetensors"), "model.safetensors: no such file"),
     "index to /dev/zero": (index_naming("/dev/zero"), "model.safetensors.index.json: '/dev/zero' is not a file of"),
-    "index to a parent folder": (index_naming("../elsewhere.safetensors"), "model.safetensors.index.json: '../elsewhere.safetensors' is not a file of"),
-    "index to a missing shard": (index_naming("model-00002-of-00002.safetensors"), r"model-00002-of-00002.safetensors: no such file \(named in .*model.safetensors.index.json\)"),
-    "index to a folder": (lambda f: ((f / "shards").mkdir(), index_naming("shards")(f)), r"shards: not a regular file \(named in"),
-    "index without weight_map": (lambda f: (f / "model.safetensors.index.json").write_text('{"metadata": {}}'), "model.safetensors.index.json: no weight_map"),
-    "index a list": (lambda f: (f / "model.safetensors.index.json").write_text("[]"), "model.safetensors.index.json: no weight_map"),
-    "index not JSON": (lambda f: (f / "model.safetensors.index.json").write_text("{"), "model.safetensors.index.json: not valid JSON"),
+    "index to a parent folder": (
+        index_naming("../elsewhere.safetensors"),
+        "model.safetensors.index.json: '../elsewhere.safetensors' is not a file of",
+    ),
+    "index to a missing shard": (
+        index_naming("model-00002-of-00002.safetensors"),
+        r"model-00002-of-00002.safetensors: no such file \(named in .*model.safetensors.index.json\)",
+    ),
+    "index to a folder": (
+        lambda f: ((f / "shards").mkdir(), index_naming("shards")(f)),
+        r"shards: not a regular file \(named in",
+    ),
+    "index without weight_map": (
+        lambda f: (f / "model.safetensors.index.json").write_text('{"metadata": {}}'),
+        "model.safetensors.index.json: no weight_map",
+    ),
+    "index a list": (
+        lambda f: (f / "model.safetensors.index.json").write_text("[]"),
+        "model.safetensors.index.json: no weight_map",
+    ),
+    "index not JSON": (
+        lambda f: (f / "model.safetensors.index.json").write_text("{"),
+        "model.safetensors.index.json: not valid JSON",
+    ),
     "tokenizer linked to /dev/zero": (link("tokenizer.json", "/dev/zero"), "tokenizer.json: a symlink to /dev/zero"),
 }
 
 
 @pytest.mark.parametrize("case", HOSTILE)
-def test_a_hostile_folder_stops_the_cli_with_one_line_naming_the_file(tmp_path: Path, saved_llama: Path, case: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_hostile_folder_stops_the_cli_with_one_line_naming_the_file(
+    tmp_path: Path, saved_llama: Path, case: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from kiln.cli import main
 
     folder = tmp_path / "hf"
@@ -261,11 +373,15 @@ def trained_run(run_dir: Path, tokenizer: KilnTokenizer) -> None:
     tok = Stage(run_dir, "tokenizer", {"tokenizer": TokenizerConfig(vocab_size=tokenizer.vocab_size)}, inputs=[])
     tok.begin()
     assert tokenizer.path is not None
-    outputs = KilnTokenizer.load(tokenizer.path).save(tok.dir / "tokenizer.json")  # a copy: saving moves a tokenizer's path
+    outputs = KilnTokenizer.load(tokenizer.path).save(
+        tok.dir / "tokenizer.json"
+    )  # a copy: saving moves a tokenizer's path
     (tok.dir / "report.json").write_text('{"bytes_per_token": 3.9}\n')
     tok.finish([*outputs, tok.dir / "report.json"], {"vocab_size": tokenizer.vocab_size}, "trained tokenizer")
     model_cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=64, n_layers=2, n_heads=4)
-    train = Stage(run_dir, "train", {"model": model_cfg, "train": TrainConfig(steps=300)}, inputs=[], upstream=["tokenizer"])
+    train = Stage(
+        run_dir, "train", {"model": model_cfg, "train": TrainConfig(steps=300)}, inputs=[], upstream=["tokenizer"]
+    )
     train.begin()
     outputs = save_weights(train.dir / "checkpoint", build_model(model_cfg, 0, "cpu"))
     (train.dir / "metrics.jsonl").write_text('{"step": 1, "loss": 5.9}\n')
@@ -274,18 +390,28 @@ def trained_run(run_dir: Path, tokenizer: KilnTokenizer) -> None:
     train.finish(outputs, {"steps": 300}, "300 steps", logs=[train.dir / "metrics.jsonl"])
 
 
-def test_importing_into_a_trained_run_stops_and_force_keeps_the_run_aside(tmp_path: Path, tokenizer: KilnTokenizer, saved_llama: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_importing_into_a_trained_run_stops_and_force_keeps_the_run_aside(
+    tmp_path: Path, tokenizer: KilnTokenizer, saved_llama: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     run_dir = tmp_path / "runs" / "demo"
     trained_run(run_dir, tokenizer)
     before = tree(run_dir)
-    with pytest.raises(FatalError, match=r"tokenizer: .*runs/demo/tokenizer holds kiln_tokenizer.json, manifest.json, report.json, summary.txt, tokenizer.json \(not written by an import of .*\); pass --force"):
+    with pytest.raises(
+        FatalError,
+        match=(
+            r"tokenizer: .*runs/demo/tokenizer holds kiln_tokenizer.json, manifest.json, report.json, summary.txt, "
+            r"tokenizer.json \(not written by an import of .*\); pass --force"
+        ),
+    ):
         import_hf(ImportConfig(source=str(saved_llama)), run_dir)
     assert tree(run_dir) == before  # nothing touched
     import_hf(ImportConfig(source=str(saved_llama)), run_dir, force=True)
     aside = {p.name.split(".old-")[0]: p for p in run_dir.iterdir() if ".old-" in p.name}
     assert sorted(aside) == ["tokenizer", "train"]  # both moved aside whole, nothing deleted
     assert {f"{stage}/{rel}": h for stage, p in aside.items() for rel, h in tree(p).items()} == before
-    assert json.loads((run_dir / "train" / "manifest.json").read_text())["config"] == {"import": {"source": str(saved_llama)}}
+    assert json.loads((run_dir / "train" / "manifest.json").read_text())["config"] == {
+        "import": {"source": str(saved_llama)}
+    }
     # The same folder again: up to date, nothing redone or moved.
     caplog.set_level(logging.INFO, logger="kiln")
     now = tree(run_dir)
@@ -298,16 +424,22 @@ def test_importing_into_a_trained_run_stops_and_force_keeps_the_run_aside(tmp_pa
     assert tree(run_dir) == now
 
 
-def test_an_interrupted_training_in_the_run_is_kept_aside_by_a_forced_reimport(tmp_path: Path, tokenizer: KilnTokenizer, saved_llama: Path) -> None:
+def test_an_interrupted_training_in_the_run_is_kept_aside_by_a_forced_reimport(
+    tmp_path: Path, tokenizer: KilnTokenizer, saved_llama: Path
+) -> None:
     run_dir = tmp_path / "runs" / "demo"
     import_hf(ImportConfig(source=str(saved_llama)), run_dir)
     partial = run_dir / "train.partial"  # continued pretraining in the same run, interrupted after step 10
     (partial / "states" / "step-00000010").mkdir(parents=True)
-    (partial / "in_progress.json").write_text(json.dumps({"config_hash": "x", "settings": {"model": {}, "train": {"steps": 100}}}))
+    (partial / "in_progress.json").write_text(
+        json.dumps({"config_hash": "x", "settings": {"model": {}, "train": {"steps": 100}}})
+    )
     (partial / "states" / "step-00000010" / "model.pt").write_bytes(b"\1" * 32)
     import_hf(ImportConfig(source=str(saved_llama)), run_dir)  # up to date: the interrupted run is not touched
     assert (partial / "states" / "step-00000010" / "model.pt").is_file()
-    import_hf(ImportConfig(source=str(saved_llama)), run_dir, force=True)  # redone; the interrupted run moved aside, whole
+    import_hf(
+        ImportConfig(source=str(saved_llama)), run_dir, force=True
+    )  # redone; the interrupted run moved aside, whole
     (aside,) = run_dir.glob("train.old-*-partial")
     assert (aside / "states" / "step-00000010" / "model.pt").read_bytes() == b"\1" * 32
     assert not partial.exists() and (run_dir / "train" / "checkpoint" / "model.safetensors").is_file()

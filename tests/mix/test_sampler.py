@@ -93,7 +93,13 @@ def test_fixed_weights_are_respected(shards: dict[str, TokenShard]) -> None:
 
 def test_default_weights_are_proportional_to_train_tokens(shards: dict[str, TokenShard]) -> None:
     sampler = Sampler(shards, MixConfig(), SEQ_LEN)
-    np.testing.assert_allclose(sampler.weights_at(0.0), [len(shards["a"]) / (len(shards["a"]) + len(shards["b"])), len(shards["b"]) / (len(shards["a"]) + len(shards["b"]))])
+    np.testing.assert_allclose(
+        sampler.weights_at(0.0),
+        [
+            len(shards["a"]) / (len(shards["a"]) + len(shards["b"])),
+            len(shards["b"]) / (len(shards["a"]) + len(shards["b"])),
+        ],
+    )
 
 
 def test_scheduled_weights_bring_a_source_in_at_30_percent(shards: dict[str, TokenShard]) -> None:
@@ -129,7 +135,9 @@ def test_resume_continues_the_stream_exactly(shards: dict[str, TokenShard], tmp_
         assert np.array_equal(got.index_B, rows.index_B) and np.array_equal(got.source_B, rows.source_B)
 
 
-def test_ranks_read_disjoint_slices_of_one_stream_and_resume_with_another_world_size(shards: dict[str, TokenShard]) -> None:
+def test_ranks_read_disjoint_slices_of_one_stream_and_resume_with_another_world_size(
+    shards: dict[str, TokenShard],
+) -> None:
     cfg = MixConfig(weights={"a": 1, "b": 1}, seed=5)
     lengths = [SEQ_LEN + 1, 9, SEQ_LEN + 1, 12] * 3  # objectives ask different lengths per row
 
@@ -167,7 +175,9 @@ def test_length_curriculum_starts_short_then_shuffles_the_rest_of_the_epoch(tmp_
     rest = np.concatenate(draw(sampler, 1, progress=0.6).tokens)  # the first row past the curriculum's share
     assert sampler.streams[0].state.switched_at == [reached + 1]  # the document in progress finishes first
     rest = np.concatenate([rest, *draw(sampler, 60, progress=0.6).tokens])
-    later = [int(t) // 1000 for t, prev in zip(rest, np.concatenate([[early[-1]], rest[:-1]]), strict=True) if prev == 0]
+    later = [
+        int(t) // 1000 for t, prev in zip(rest, np.concatenate([[early[-1]], rest[:-1]]), strict=True) if prev == 0
+    ]
     first_epoch = starts + later[: 60 - len(starts) - (1 if early[-1] != 0 else 0)]
     assert sorted(set(first_epoch)) == sorted(first_epoch)  # no document twice in the first epoch
     after = [lengths[d] for d in later[:30]]
@@ -187,7 +197,9 @@ def test_quality_curriculum_orders_by_the_score_tokenize_carried(tmp_path: Path)
     scores = [float((13 * d) % 50) for d in range(50)]
     scores[7] = float("nan")  # unscored: last
     shard = write_shard(tmp_path / "a", docs_of(50), scores=scores)
-    sampler = Sampler({"a": shard}, MixConfig(lanes=1, curriculum={"key": "quality_score", "descending": True, "until": 1.0}), SEQ_LEN)
+    sampler = Sampler(
+        {"a": shard}, MixConfig(lanes=1, curriculum={"key": "quality_score", "descending": True, "until": 1.0}), SEQ_LEN
+    )
     stream = np.concatenate(draw(sampler, 60).tokens)
     order = [int(t) // 1000 for t, prev in zip(stream, np.concatenate([[0], stream[:-1]]), strict=True) if prev == 0]
     assert [scores[d] for d in order[:49]] == sorted((s for s in scores if s == s), reverse=True)[: len(order[:49])]
@@ -203,14 +215,18 @@ def test_a_curriculum_on_a_score_no_document_has_stops_before_training(tmp_path:
 def test_bucketed_curriculum_keeps_buckets_in_order_and_shuffles_inside(tmp_path: Path) -> None:
     lengths = list(range(3, 63))
     shard = write_shard(tmp_path / "a", docs_of(60, lengths=lengths))
-    sampler = Sampler({"a": shard}, MixConfig(lanes=1, curriculum={"key": "length", "until": 1.0, "buckets": 3}), SEQ_LEN)
+    sampler = Sampler(
+        {"a": shard}, MixConfig(lanes=1, curriculum={"key": "length", "until": 1.0, "buckets": 3}), SEQ_LEN
+    )
     order = sampler.streams[0].lane_docs()[0]
     seen = [lengths[d] for d in order]
     assert [sorted(seen[i : i + 20]) for i in (0, 20, 40)] == [lengths[0:20], lengths[20:40], lengths[40:60]]
     assert seen[:20] != lengths[:20]
 
 
-def test_plan_counts_tokens_and_epochs_and_acts_on_over_repetition(shards: dict[str, TokenShard], caplog: pytest.LogCaptureFixture) -> None:
+def test_plan_counts_tokens_and_epochs_and_acts_on_over_repetition(
+    shards: dict[str, TokenShard], caplog: pytest.LogCaptureFixture
+) -> None:
     cfg = MixConfig(weights={"a": 1, "b": [[0, 0], [0.5, 0], [0.5, 1]]}, max_epochs=2)
     sampler = Sampler(shards, cfg, SEQ_LEN)
     progress = [i / 10 for i in range(10)]
@@ -260,27 +276,46 @@ def test_state_from_other_sources_is_refused(shards: dict[str, TokenShard]) -> N
         Sampler(shards, MixConfig(), SEQ_LEN).load_state_dict(state)
 
 
-@pytest.mark.parametrize(("key", "edit", "reason"), [
-    ("position", lambda s: [s["position"][0] + 100, *s["position"][1:]], r"lane 0: position \d+ \(or switched_at \d+\) lies past its \d+ documents"),
-    ("offset", lambda s: [10**6, *s["offset"][1:]], r"lane 0: offset 1000000 lies past the \d+ tokens of its document"),
-    ("turn", lambda s: 99, r"the state has \d+ lane\(s\) \(turn 99\), this stream \d+"),
-])
-def test_a_stream_state_past_its_documents_is_refused(shards: dict[str, TokenShard], key: str, edit: Any, reason: str) -> None:
+@pytest.mark.parametrize(
+    ("key", "edit", "reason"),
+    [
+        (
+            "position",
+            lambda s: [s["position"][0] + 100, *s["position"][1:]],
+            r"lane 0: position \d+ \(or switched_at \d+\) lies past its \d+ documents",
+        ),
+        (
+            "offset",
+            lambda s: [10**6, *s["offset"][1:]],
+            r"lane 0: offset 1000000 lies past the \d+ tokens of its document",
+        ),
+        ("turn", lambda s: 99, r"the state has \d+ lane\(s\) \(turn 99\), this stream \d+"),
+    ],
+)
+def test_a_stream_state_past_its_documents_is_refused(
+    shards: dict[str, TokenShard], key: str, edit: Any, reason: str
+) -> None:
     # Loaded as it was, the stream would index past its lanes (or, an offset past its document, never end a row).
     sampler = Sampler(shards, MixConfig(), SEQ_LEN)
     draw(sampler, 20)
     state = sampler.state_dict()
     state["streams"][0][key] = edit(state["streams"][0])
-    with pytest.raises(FatalError, match=rf"checkpoint sampler, source a: {reason}; the state belongs to other data or was edited"):
+    with pytest.raises(
+        FatalError, match=rf"checkpoint sampler, source a: {reason}; the state belongs to other data or was edited"
+    ):
         Sampler(shards, MixConfig(), SEQ_LEN).load_state_dict(state)
 
 
-def test_too_short_source_is_skipped_with_a_warning(shards: dict[str, TokenShard], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_too_short_source_is_skipped_with_a_warning(
+    shards: dict[str, TokenShard], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     short = write_shard(tmp_path / "short", [[1, 2, 3, 0]])
     with caplog.at_level(logging.WARNING, logger="kiln.mix"):
         sampler = Sampler({**shards, "short": short}, MixConfig(), SEQ_LEN)
     assert sampler.sources == ["a", "b"]
-    assert any("source short has 4 train tokens" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+    assert any(
+        "source short has 4 train tokens" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records
+    )
 
 
 def test_weight_on_an_unusable_or_unknown_source_is_fatal(shards: dict[str, TokenShard], tmp_path: Path) -> None:
@@ -315,15 +350,23 @@ def test_build_sampler_reads_the_split_and_validation_is_proportional(tmp_path: 
     assert val.sources == ["a", "b"] and val.cfg.curriculum is None and val.max_window == SEQ_LEN + 1
 
 
-def test_replayed_sources_take_their_fixed_share_spread_as_their_run_read_them(shards: dict[str, TokenShard], tmp_path: Path) -> None:
+def test_replayed_sources_take_their_fixed_share_spread_as_their_run_read_them(
+    shards: dict[str, TokenShard], tmp_path: Path
+) -> None:
     own = shards
-    replay = {"base/x": (write_shard(tmp_path / "rx", docs_of(40, 5000)), 0.75), "base/y": (write_shard(tmp_path / "ry", docs_of(40, 9000)), 0.25)}
-    cfg = MixConfig(weights={name: [[0, 1], [1, 3]] if i == 0 else 1 for i, name in enumerate(own)}, replay={"run": "runs/base", "fraction": 0.2})
+    replay = {
+        "base/x": (write_shard(tmp_path / "rx", docs_of(40, 5000)), 0.75),
+        "base/y": (write_shard(tmp_path / "ry", docs_of(40, 9000)), 0.25),
+    }
+    cfg = MixConfig(
+        weights={name: [[0, 1], [1, 3]] if i == 0 else 1 for i, name in enumerate(own)},
+        replay={"run": "runs/base", "fraction": 0.2},
+    )
     sampler = Sampler(own, cfg, SEQ_LEN, replay)
     assert sampler.sources == [*own, "base/x", "base/y"]
     for progress in (0.0, 0.5, 1.0):  # this run's schedule moves, the replayed share does not
         w = sampler.weights_at(progress)
-        assert w[len(own):] == pytest.approx([0.15, 0.05]) and w.sum() == pytest.approx(1.0)
+        assert w[len(own) :] == pytest.approx([0.15, 0.05]) and w.sum() == pytest.approx(1.0)
     drawn = draw(sampler, 4000).source_B
     assert np.mean(drawn >= len(own)) == pytest.approx(0.2, abs=0.02)
     with pytest.raises(ValueError, match="mix.replay and mix.adaptive together"):

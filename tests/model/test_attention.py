@@ -48,8 +48,12 @@ def test_masks_by_hand() -> None:
     assert prefix_lm(leading(torch.tensor([2, 0]), 4)).mask_BTT(4, CPU).int().tolist() == [prefix_row0, causal]
     # Documents 0,0,1,1: causal inside each, nothing across.
     docs = torch.tensor([[0, 0, 1, 1]])
-    assert CAUSAL.within_documents(docs).mask_BTT(4, CPU).int().tolist() == [[[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]]
-    assert FULL.within_documents(docs).mask_BTT(4, CPU).int().tolist() == [[[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 1], [0, 0, 1, 1]]]
+    assert CAUSAL.within_documents(docs).mask_BTT(4, CPU).int().tolist() == [
+        [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
+    ]
+    assert FULL.within_documents(docs).mask_BTT(4, CPU).int().tolist() == [
+        [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 1], [0, 0, 1, 1]]
+    ]
 
 
 def test_plain_causal_takes_the_fast_path_and_the_others_a_mask() -> None:

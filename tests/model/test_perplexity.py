@@ -46,15 +46,35 @@ def test_loss_perplexity_and_bpb_by_hand(tmp_path: Path) -> None:
     # perplexity 2^2.25 = 4.75683. Ids stand for 1, 2, 1, 2 bytes: 4 * (1 + 2 + 1 + 2) = 24 bytes
     # for 16 * 2.25 = 36 bits, so bpb = 1.5.
     shard = write_shard(tmp_path / "a", [i % 4 for i in range(17)])
-    results = evaluate_model(fixed_distribution_model(), {"a": shard}, np.array([1, 2, 1, 2]), seq_len=16, max_tokens_per_source=1000, batch_size=8)
-    expected = {"loss": pytest.approx(1.55958, abs=1e-5), "perplexity": pytest.approx(4.757, abs=1e-3), "bpb": pytest.approx(1.5, abs=1e-5), "tokens": 16, "bytes": 24}
+    results = evaluate_model(
+        fixed_distribution_model(),
+        {"a": shard},
+        np.array([1, 2, 1, 2]),
+        seq_len=16,
+        max_tokens_per_source=1000,
+        batch_size=8,
+    )
+    expected = {
+        "loss": pytest.approx(1.55958, abs=1e-5),
+        "perplexity": pytest.approx(4.757, abs=1e-3),
+        "bpb": pytest.approx(1.5, abs=1e-5),
+        "tokens": 16,
+        "bytes": 24,
+    }
     assert results == {"sources": {"a": expected}, "all": expected}
 
 
 def test_special_tokens_count_no_bytes(tmp_path: Path) -> None:
     # Same stream, but id 3 is a special token (0 bytes): 4 * (1 + 2 + 1 + 0) = 16 bytes for 36 bits.
     shard = write_shard(tmp_path / "a", [i % 4 for i in range(17)])
-    results = evaluate_model(fixed_distribution_model(), {"a": shard}, np.array([1, 2, 1, 0]), seq_len=16, max_tokens_per_source=1000, batch_size=8)
+    results = evaluate_model(
+        fixed_distribution_model(),
+        {"a": shard},
+        np.array([1, 2, 1, 0]),
+        seq_len=16,
+        max_tokens_per_source=1000,
+        batch_size=8,
+    )
     assert results["sources"]["a"]["bytes"] == 16
     assert results["sources"]["a"]["bpb"] == pytest.approx(36 / 16, abs=1e-5)
 
@@ -70,7 +90,14 @@ def test_special_tokens_count_no_bytes(tmp_path: Path) -> None:
 def test_windows_scored(tmp_path: Path, n_tokens: int, seq_len: int, max_tokens: int, scored: int) -> None:
     tokens = [(7 * i) % 4 for i in range(n_tokens)]
     shard = write_shard(tmp_path / "a", tokens)
-    results = evaluate_model(fixed_distribution_model(), {"a": shard}, np.full(4, 2), seq_len=seq_len, max_tokens_per_source=max_tokens, batch_size=4)
+    results = evaluate_model(
+        fixed_distribution_model(),
+        {"a": shard},
+        np.full(4, 2),
+        seq_len=seq_len,
+        max_tokens_per_source=max_tokens,
+        batch_size=4,
+    )
     a = results["sources"]["a"]
     assert a["tokens"] == scored and a["bytes"] == 2 * scored
     # Non-overlapping windows from the start: the scored targets are tokens 1..scored.
@@ -82,17 +109,36 @@ def test_windows_scored(tmp_path: Path, n_tokens: int, seq_len: int, max_tokens:
 def test_source_without_a_target_is_left_out_and_none_at_all_is_fatal(tmp_path: Path) -> None:
     single = write_shard(tmp_path / "one", [2])
     pair = write_shard(tmp_path / "two", [0, 1])
-    results = evaluate_model(fixed_distribution_model(), {"one": single, "two": pair}, np.ones(4, dtype=np.int64), seq_len=16, max_tokens_per_source=100, batch_size=4)
+    results = evaluate_model(
+        fixed_distribution_model(),
+        {"one": single, "two": pair},
+        np.ones(4, dtype=np.int64),
+        seq_len=16,
+        max_tokens_per_source=100,
+        batch_size=4,
+    )
     assert set(results["sources"]) == {"two"}
     with pytest.raises(FatalError, match="no validation split"):
-        evaluate_model(fixed_distribution_model(), {"one": single}, np.ones(4, dtype=np.int64), seq_len=16, max_tokens_per_source=100, batch_size=4)
+        evaluate_model(
+            fixed_distribution_model(),
+            {"one": single},
+            np.ones(4, dtype=np.int64),
+            seq_len=16,
+            max_tokens_per_source=100,
+            batch_size=4,
+        )
 
 
 def test_batch_size_does_not_change_results_and_mode_is_restored(tmp_path: Path) -> None:
-    model = build_model(ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=2, max_seq_len=16), seed=0, device="cpu")
+    model = build_model(
+        ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=2, max_seq_len=16), seed=0, device="cpu"
+    )
     model.train()
     rng = np.random.default_rng(0)
-    shards = {s: write_shard(tmp_path / s, rng.integers(0, 50, size=n).tolist(), vocab_size=50) for s, n in (("a", 300), ("b", 170))}
+    shards = {
+        s: write_shard(tmp_path / s, rng.integers(0, 50, size=n).tolist(), vocab_size=50)
+        for s, n in (("a", 300), ("b", 170))
+    }
     kwargs = {"token_bytes": np.full(50, 2), "seq_len": 16, "max_tokens_per_source": 10_000}
     one = evaluate_model(model, shards, batch_size=1, **kwargs)
     many = evaluate_model(model, shards, batch_size=7, **kwargs)
@@ -111,7 +157,9 @@ def test_overall_loss_is_token_weighted_and_bpb_is_bits_over_bytes(tmp_path: Pat
     a = write_shard(tmp_path / "a", [0, 1, 2, 3])
     b = write_shard(tmp_path / "b", [0, 0, 0])
     token_bytes = np.array([4, 1, 1, 1])
-    results = evaluate_model(fixed_distribution_model(), {"a": a, "b": b}, token_bytes, seq_len=16, max_tokens_per_source=100, batch_size=4)
+    results = evaluate_model(
+        fixed_distribution_model(), {"a": a, "b": b}, token_bytes, seq_len=16, max_tokens_per_source=100, batch_size=4
+    )
     # all: 8 + 2 = 10 bits over 5 tokens (loss 2 bits = 1.38629 nats) and 3 + 8 = 11 bytes: bpb 10/11.
     assert results["all"]["tokens"] == 5 and results["all"]["bytes"] == 11
     assert results["all"]["loss"] == pytest.approx(2 * math.log(2), abs=1e-5)
@@ -119,9 +167,16 @@ def test_overall_loss_is_token_weighted_and_bpb_is_bits_over_bytes(tmp_path: Pat
 
 
 def test_autocast_dtype_is_applied(tmp_path: Path) -> None:
-    model = build_model(ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=2, max_seq_len=16), seed=0, device="cpu")
-    shards = {"a": write_shard(tmp_path / "a", np.random.default_rng(0).integers(0, 50, size=200).tolist(), vocab_size=50)}
+    model = build_model(
+        ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=2, max_seq_len=16), seed=0, device="cpu"
+    )
+    shards = {
+        "a": write_shard(tmp_path / "a", np.random.default_rng(0).integers(0, 50, size=200).tolist(), vocab_size=50)
+    }
     kwargs = {"token_bytes": np.full(50, 2), "seq_len": 16, "max_tokens_per_source": 10_000, "batch_size": 4}
-    fp32, bf16 = evaluate_model(model, shards, **kwargs), evaluate_model(model, shards, amp_dtype=torch.bfloat16, **kwargs)
+    fp32, bf16 = (
+        evaluate_model(model, shards, **kwargs),
+        evaluate_model(model, shards, amp_dtype=torch.bfloat16, **kwargs),
+    )
     assert bf16["all"]["loss"] == pytest.approx(fp32["all"]["loss"], abs=0.02)  # bf16 matmuls: close ...
     assert bf16["all"]["loss"] != fp32["all"]["loss"]  # ... but not the fp32 numbers

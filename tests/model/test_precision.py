@@ -23,7 +23,13 @@ def test_auto_is_fp32_on_the_cpu_and_bf16_autocast_on_cuda(monkeypatch: pytest.M
 
 def test_cuda_without_a_device_names_the_section(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(FatalError, match=r"generate\.precision\.device is cuda but no CUDA device is visible; use generate\.precision\.device=auto or cpu"):
+    with pytest.raises(
+        FatalError,
+        match=(
+            r"generate\.precision\.device is cuda but no CUDA device is visible; use generate\.precision\.device=auto "
+            r"or cpu"
+        ),
+    ):
         resolve_precision(PrecisionConfig(device="cuda"), "generate")
 
 

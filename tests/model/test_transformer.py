@@ -165,7 +165,9 @@ def assert_initialised(model: Transformer) -> None:
 
 
 def test_init_scales_residual_outputs() -> None:
-    assert_initialised(build_model(ModelConfig(vocab_size=64, d_model=256, n_layers=8, n_heads=4), seed=7, device="cpu"))
+    assert_initialised(
+        build_model(ModelConfig(vocab_size=64, d_model=256, n_layers=8, n_heads=4), seed=7, device="cpu")
+    )
 
 
 def test_init_weights_on_a_model_built_on_meta() -> None:
@@ -198,7 +200,9 @@ def test_build_model_keeps_the_construction_draw_order() -> None:
             if p.dim() >= 2:
                 p.normal_(0.0, 0.02 / math.sqrt(4) if name.endswith(("wo.weight", "w_down.weight")) else 0.02)
     built = build_model(cfg, seed=3, device="cpu")
-    assert all(torch.equal(a, b) for a, b in zip(built.state_dict().values(), reference.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(built.state_dict().values(), reference.state_dict().values(), strict=True)
+    )
 
 
 def test_sequence_longer_than_max_seq_len_is_refused() -> None:
@@ -207,12 +211,23 @@ def test_sequence_longer_than_max_seq_len_is_refused() -> None:
         model(torch.zeros(1, 9, dtype=torch.long))
 
 
-@pytest.mark.parametrize(("options", "architecture"), [({"tie_embeddings": False}, "LlamaForCausalLM"), ({"tie_embeddings": True}, "LlamaForCausalLM"), ({"qk_norm": True}, "Qwen3ForCausalLM")])
+@pytest.mark.parametrize(
+    ("options", "architecture"),
+    [
+        ({"tie_embeddings": False}, "LlamaForCausalLM"),
+        ({"tie_embeddings": True}, "LlamaForCausalLM"),
+        ({"qk_norm": True}, "Qwen3ForCausalLM"),
+    ],
+)
 def test_logits_match_hugging_face_through_kilns_name_map(options: dict, architecture: str) -> None:
     transformers = pytest.importorskip("transformers")
     cfg = small_cfg(n_heads=4, n_kv_heads=2, ffn_hidden=48, norm_eps=1e-6, **options)
     ours = seeded_model(cfg)
-    settings = {k: v for k, v in hf_config(cfg, eot_id=0, pad_id=1).items() if k not in ("architectures", "model_type", "torch_dtype")}
+    settings = {
+        k: v
+        for k, v in hf_config(cfg, eot_id=0, pad_id=1).items()
+        if k not in ("architectures", "model_type", "torch_dtype")
+    }
     hf_cls = getattr(transformers, architecture)
     hf = hf_cls(hf_cls.config_class(**settings)).eval()
     missing, unexpected = hf.load_state_dict(to_hf_state(ours.state_dict(), cfg), strict=False)
@@ -242,7 +257,9 @@ def test_softcap_bounds_the_logits_and_is_tanh_of_the_uncapped_ones() -> None:
     assert torch.allclose(out, 2.0 * torch.tanh(raw / 2.0), atol=1e-5)
 
 
-@pytest.mark.parametrize("options", [{"activation": "relu2"}, {"activation": "gelu"}, {"qk_norm": True}, {"n_kv_heads": 1}])
+@pytest.mark.parametrize(
+    "options", [{"activation": "relu2"}, {"activation": "gelu"}, {"qk_norm": True}, {"n_kv_heads": 1}]
+)
 def test_every_option_runs_forward_and_backward_and_is_causal(options: dict) -> None:
     model = build_model(small_cfg(**options), seed=0, device="cpu")
     idx = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))

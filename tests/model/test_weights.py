@@ -21,12 +21,25 @@ def test_the_same_architecture_spelt_otherwise_loads(tmp_path: Path) -> None:
     save_weights(tmp_path / "ckpt", saved)
     # The width given exactly instead of by the default multiplier; a z-loss and another init for
     # the continued run: the same weights mean the same model.
-    other = build_model(BASE.model_copy(update={"ffn_hidden": BASE.hidden, "z_loss": 1e-4, "init_std": 0.01, "init_depth_scale": "layer"}), 1, "cpu")
+    other = build_model(
+        BASE.model_copy(
+            update={"ffn_hidden": BASE.hidden, "z_loss": 1e-4, "init_std": 0.01, "init_depth_scale": "layer"}
+        ),
+        1,
+        "cpu",
+    )
     load_weights_into(other, tmp_path / "ckpt")
     assert all(torch.equal(a, b) for a, b in zip(saved.state_dict().values(), other.state_dict().values(), strict=True))
 
 
-@pytest.mark.parametrize(("change", "named"), [({"d_model": 128}, "model.d_model: 64 in the checkpoint, 128 here"), ({"n_kv_heads": 4}, "model.n_kv_heads: 2 in the checkpoint, 4 here"), ({"qk_norm": True}, "model.qk_norm")])
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"d_model": 128}, "model.d_model: 64 in the checkpoint, 128 here"),
+        ({"n_kv_heads": 4}, "model.n_kv_heads: 2 in the checkpoint, 4 here"),
+        ({"qk_norm": True}, "model.qk_norm"),
+    ],
+)
 def test_another_architecture_is_refused_by_key(tmp_path: Path, change: dict, named: str) -> None:
     save_weights(tmp_path / "ckpt", build_model(BASE, 0, "cpu"))
     with pytest.raises(FatalError, match=named):
@@ -58,9 +71,24 @@ def _damage(folder: Path, how: str) -> None:
         ("garbage weights", r"model.safetensors: cannot be read as safetensors"),
         ("missing weights", r"model.safetensors: missing; the checkpoint folder holds only config.json"),
         ("config not json", r"config.json: not a kiln checkpoint config \(JSONDecodeError"),
-        ("config out of range", r"config.json: model.d_model: Input should be greater than or equal to 8; the file is damaged"),
-        ("config too big to build", r"config.json: a [0-9,]+-parameter model \(fp32\) needs [0-9,.]+ GB of memory and this machine has [0-9,.]+ GB available"),
-        ("config disagrees", r"model.safetensors: the weights do not match .*config.json \(size mismatch for .*\); the two files are from different models"),
+        (
+            "config out of range",
+            r"config.json: model.d_model: Input should be greater than or equal to 8; the file is damaged",
+        ),
+        (
+            "config too big to build",
+            (
+                r"config.json: a [0-9,]+-parameter model \(fp32\) needs [0-9,.]+ GB of memory and this machine has "
+                r"[0-9,.]+ GB available"
+            ),
+        ),
+        (
+            "config disagrees",
+            (
+                r"model.safetensors: the weights do not match .*config.json \(size mismatch for .*\); the two files "
+                r"are from different models"
+            ),
+        ),
     ],
 )
 def test_a_damaged_checkpoint_is_one_clear_error_naming_the_file(tmp_path: Path, how: str, message: str) -> None:

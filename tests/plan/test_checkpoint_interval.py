@@ -35,7 +35,10 @@ def test_daly_is_near_the_brute_force_optimum(write: float, mtbf: float, restart
     grid = [mtbf * 3 * i / 20_000 for i in range(1, 20_000)]
     best = min(grid, key=lambda t: lost_fraction(t, write, mtbf, restart))
     assert daly_interval(write, mtbf) == pytest.approx(best, rel=0.01)
-    assert lost_fraction(daly_interval(write, mtbf), write, mtbf, restart) <= lost_fraction(young_interval(write, mtbf), write, mtbf, restart) + 1e-12
+    assert (
+        lost_fraction(daly_interval(write, mtbf), write, mtbf, restart)
+        <= lost_fraction(young_interval(write, mtbf), write, mtbf, restart) + 1e-12
+    )
 
 
 def test_cluster_failure_rate_sets_the_mtbf() -> None:

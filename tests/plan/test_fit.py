@@ -26,7 +26,9 @@ def synthetic(law: LossLaw, noise: float = 0.0, seed: int = 0) -> list[Run]:
 
 @pytest.fixture(scope="module")
 def noisy_fit() -> dict:
-    return fit_runs(synthetic(BESIROGLU_2024, noise=0.005), starts=4, bootstrap=40, target_params=7e9, target_tokens=1.4e11)
+    return fit_runs(
+        synthetic(BESIROGLU_2024, noise=0.005), starts=4, bootstrap=40, target_params=7e9, target_tokens=1.4e11
+    )
 
 
 def test_recovers_known_coefficients_without_noise() -> None:
@@ -65,14 +67,26 @@ def test_recovers_known_coefficients_with_half_a_percent_noise(noisy_fit: dict) 
 def test_a_fit_the_runs_do_not_determine_says_so() -> None:
     # Six runs at three sizes and two token counts, losses barely moving with size and steeply
     # with tokens (like a tiny sweep): exponents land outside (0, 1), intervals span decades.
-    runs = [Run(f"r{i}", n, d, loss) for i, (n, d, loss) in enumerate([
-        (631104, 409600, 6.1), (631104, 1638400, 5.6), (1475200, 409600, 5.9),
-        (1475200, 1638400, 5.3), (2901312, 409600, 5.85), (2901312, 1638400, 5.2)])]
+    runs = [
+        Run(f"r{i}", n, d, loss)
+        for i, (n, d, loss) in enumerate(
+            [
+                (631104, 409600, 6.1),
+                (631104, 1638400, 5.6),
+                (1475200, 409600, 5.9),
+                (1475200, 1638400, 5.3),
+                (2901312, 409600, 5.85),
+                (2901312, 1638400, 5.2),
+            ]
+        )
+    ]
     r = fit_runs(runs, starts=2, bootstrap=10, target_params=1e9, target_tokens=2e10)
     w = r["warnings"]
     # Measured: alpha = 1.17 with a bootstrap interval 0.32 .. 2.14.
     assert any(x.startswith("alpha = 1.17 is outside (0, 1)") for x in w), w
-    assert any(x.startswith("the 95% bootstrap interval of alpha, ") and "is wider than the estimate 1.169" in x for x in w), w
+    assert any(
+        x.startswith("the 95% bootstrap interval of alpha, ") and "is wider than the estimate 1.169" in x for x in w
+    ), w
     assert any(x.startswith("params = 1e+09 is 345x the largest of the fitted runs (2.9e+06)") for x in w), w
     assert any(x.startswith("tokens = 2e+10 is 1.22e+04x the largest of the fitted runs") for x in w), w
     assert format_fit(r).count("\nwarning: ") == len(w)
@@ -80,16 +94,30 @@ def test_a_fit_the_runs_do_not_determine_says_so() -> None:
 
 def test_fit_warnings_by_hand() -> None:
     law = LossLaw(E=1.5, A=100.0, B=1e4, alpha=1.2, beta=0.3)
-    assert fit_warnings(law, None) == ["alpha = 1.2 is outside (0, 1), where published fits lie (0.28 to 0.37; Hoffmann et al. 2022, Besiroglu et al. 2024): the runs do not pin it down; add runs over a wider range of model sizes"]
+    assert fit_warnings(law, None) == [
+        (
+            "alpha = 1.2 is outside (0, 1), where published fits lie (0.28 to 0.37; Hoffmann et al. 2022, Besiroglu "
+            "et al. 2024): the runs do not pin it down; add runs over a wider range of model sizes"
+        )
+    ]
     # beta's interval 0.1 .. 0.5 is 0.4 wide, more than the estimate 0.3; E's 1.4 .. 1.6 is not.
     w = fit_warnings(law, {"E": [1.4, 1.6], "beta": [0.1, 0.5]})
-    assert w[1] == "the 95% bootstrap interval of beta, 0.1 .. 0.5, is wider than the estimate 0.3: the runs do not determine it" and len(w) == 2
+    assert (
+        w[1]
+        == (
+            "the 95% bootstrap interval of beta, 0.1 .. 0.5, is wider than the estimate 0.3: the runs do not "
+            "determine it"
+        )
+        and len(w) == 2
+    )
 
 
 def test_a_csv_fit_and_its_plot(tmp_path: Path, noisy_fit: dict) -> None:
     path = tmp_path / "runs.csv"
     runs = synthetic(BESIROGLU_2024, noise=0.005)
-    path.write_text("name,Params,tokens,loss,notes\n" + "".join(f"{r.name},{r.params},{r.tokens:.6g},{r.loss!r},x\n" for r in runs))
+    path.write_text(
+        "name,Params,tokens,loss,notes\n" + "".join(f"{r.name},{r.params},{r.tokens:.6g},{r.loss!r},x\n" for r in runs)
+    )
     read = read_csv(path)
     assert [(r.name, r.params, r.loss) for r in read] == [(r.name, r.params, r.loss) for r in runs]
     fitted = fit_runs(read, starts=4, bootstrap=0)
@@ -108,7 +136,12 @@ def test_a_csv_fit_and_its_plot(tmp_path: Path, noisy_fit: dict) -> None:
 def write_run(root: Path, name: str, params: int, tokens: int, val_loss: float, eval_loss: float | None = None) -> Path:
     run = root / name
     (run / "train").mkdir(parents=True)
-    counts = {"params": params, "params_non_embedding": params // 2, "tokens_trained": tokens, "val_after": {"all": {"loss": val_loss}}}
+    counts = {
+        "params": params,
+        "params_non_embedding": params // 2,
+        "tokens_trained": tokens,
+        "val_after": {"all": {"loss": val_loss}},
+    }
     (run / "train" / "manifest.json").write_text(json.dumps({"counts": counts}))
     if eval_loss is not None:
         (run / "eval").mkdir()

@@ -12,7 +12,9 @@ from kiln.train.config import TrainConfig
 
 # The shape recipes/demo.yaml trains, spelled out so the worked numbers do not move with the recipe.
 DEMO_MODEL = ModelConfig(d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=256, tie_embeddings=True)
-DEMO_TRAIN = TrainConfig(steps=300, seq_len=256, micro_batch_size=16, global_batch_tokens=4096, schedule={"warmup_steps": 30})
+DEMO_TRAIN = TrainConfig(
+    steps=300, seq_len=256, micro_batch_size=16, global_batch_tokens=4096, schedule={"warmup_steps": 30}
+)
 
 
 def test_demo_shape_plan_by_hand() -> None:
@@ -35,7 +37,12 @@ def test_demo_shape_plan_by_hand() -> None:
 @pytest.fixture(scope="module")
 def demo_plan() -> dict:
     recipe = load_recipe("demo")
-    return plan_training(recipe.model, recipe.train.seq_len, recipe.train.steps * recipe.train.tokens_per_step, recipe.tokenizer.vocab_size)
+    return plan_training(
+        recipe.model,
+        recipe.train.seq_len,
+        recipe.train.steps * recipe.train.tokens_per_step,
+        recipe.tokenizer.vocab_size,
+    )
 
 
 def test_6nd_is_within_20_percent_of_the_exact_count_for_the_demo_recipe(demo_plan: dict) -> None:
@@ -46,7 +53,9 @@ def test_6nd_is_within_20_percent_of_the_exact_count_for_the_demo_recipe(demo_pl
 @pytest.mark.parametrize("tied", [True, False])
 def test_train_flops_is_flops_per_token_times_tokens(tied: bool) -> None:
     model = ModelConfig(d_model=64, n_layers=3, n_heads=4, n_kv_heads=1, tie_embeddings=tied)
-    train = TrainConfig(steps=50, seq_len=128, micro_batch_size=4, global_batch_tokens=3 * 4 * 128, schedule={"warmup_steps": 5})
+    train = TrainConfig(
+        steps=50, seq_len=128, micro_batch_size=4, global_batch_tokens=3 * 4 * 128, schedule={"warmup_steps": 5}
+    )
     plan = plan_training(model, train.seq_len, train.steps * train.tokens_per_step, vocab_size=1000)
     resolved = model.resolved(1000)
     assert plan["tokens"] == 50 * 128 * 4 * 3
@@ -62,13 +71,26 @@ def test_a_fixed_model_vocab_wins_over_the_tokenizers() -> None:
 
 
 def test_format_plan_shows_the_numbers() -> None:
-    text = format_plan(plan_training(DEMO_MODEL, DEMO_TRAIN.seq_len, DEMO_TRAIN.steps * DEMO_TRAIN.tokens_per_step, vocab_size=8192))
-    for needle in ("5,048,576", "2,951,424", "8,192", "1,228,800", "33,423,360", "4.107e+13", "3.722e+13", "100,971,520", "0.243"):
+    text = format_plan(
+        plan_training(DEMO_MODEL, DEMO_TRAIN.seq_len, DEMO_TRAIN.steps * DEMO_TRAIN.tokens_per_step, vocab_size=8192)
+    )
+    for needle in (
+        "5,048,576",
+        "2,951,424",
+        "8,192",
+        "1,228,800",
+        "33,423,360",
+        "4.107e+13",
+        "3.722e+13",
+        "100,971,520",
+        "0.243",
+    ):
         assert needle in text, needle
     assert len(text.splitlines()) == 8
 
 
 # ---- kiln plan flops: raw numbers and presets ----
+
 
 def test_gpt3_training_flops() -> None:
     # Brown et al. 2020, Table D.1: GPT-3 175B trained on 300B tokens took 3.14e23 FLOPs.
@@ -121,8 +143,14 @@ def test_preset_uses_the_model_configs_counts() -> None:
         ({"tokens": 1e9, "params": 1e9, "n_layers": 4}, "needs all of n_layers"),
         ({"tokens": 1e9, "preset": "llama-7b", "seq_len": 0}, "seq_len = 0 must be at least 1"),
         ({"tokens": 1e9, "params": 1e9, "n_layers": 4, "d_attn": 64, "seq_len": 0}, "seq_len = 0 must be at least 1"),
-        ({"tokens": 1e9, "preset": "llama-7b", "d_attn": 128}, r"d_attn \(--d-attn\) goes only with params \(--params\); preset 'llama-7b' has its own shape"),
-        ({"tokens": 1e9, "preset": "llama-7b", "n_layers": 2, "d_attn": 128}, r"n_layers \(--layers\) and d_attn \(--d-attn\) go only with params"),
+        (
+            {"tokens": 1e9, "preset": "llama-7b", "d_attn": 128},
+            r"d_attn \(--d-attn\) goes only with params \(--params\); preset 'llama-7b' has its own shape",
+        ),
+        (
+            {"tokens": 1e9, "preset": "llama-7b", "n_layers": 2, "d_attn": 128},
+            r"n_layers \(--layers\) and d_attn \(--d-attn\) go only with params",
+        ),
     ],
 )
 def test_bad_flops_inputs_name_the_input(kwargs: dict, message: str) -> None:

@@ -78,7 +78,10 @@ def test_extreme_inference_demand_is_flagged_as_extrapolation() -> None:
     assert r["tokens_per_param"] > 1e5
     assert len(r["warnings"]) == 2
     assert r["warnings"][0].startswith("tokens = 2.96e+14 is 592x the largest of Hoffmann et al.'s runs (5e+11)")
-    assert r["warnings"][1].endswith("tokens per parameter is beyond the 10,000 up to which Sardana et al. 2023 checked that loss keeps following the law")
+    assert r["warnings"][1].endswith(
+        "tokens per parameter is beyond the 10,000 up to which Sardana et al. 2023 checked that loss keeps "
+        "following the law"
+    )
     assert format_inference(r).count("\nwarning: ") == 2
 
 

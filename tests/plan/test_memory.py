@@ -1,4 +1,5 @@
-"""kiln.plan.memory: the ZeRO paper's worked example, Korthikanti et al.'s activation table, flash attention and headroom."""
+"""kiln.plan.memory: the ZeRO paper's worked example, Korthikanti et al.'s activation table, flash attention and
+headroom."""
 
 from __future__ import annotations
 
@@ -42,11 +43,21 @@ def test_korthikanti_table_2_per_layer() -> None:
     # Eager attention stores the scores, as Korthikanti's table assumes.
     s, b, h, a, t = 2048, 1, 12288, 96, 8
     sbh = s * b * h
-    assert activation_bytes_per_layer(s, b, h, a, 1, checkpointing="none", attention="eager") == pytest.approx(sbh * (34 + 80))
-    assert activation_bytes_per_layer(s, b, h, a, t, sequence_parallel=False, attention="eager") == pytest.approx(sbh * (10 + 3 + 10))
-    assert activation_bytes_per_layer(s, b, h, a, t, sequence_parallel=True, attention="eager") == pytest.approx(sbh * (34 / 8 + 10))
-    assert activation_bytes_per_layer(s, b, h, a, t, sequence_parallel=False, checkpointing="selective", attention="eager") == pytest.approx(sbh * 13)
-    assert activation_bytes_per_layer(s, b, h, a, t, sequence_parallel=True, checkpointing="selective", attention="eager") == pytest.approx(sbh * 34 / 8)
+    assert activation_bytes_per_layer(s, b, h, a, 1, checkpointing="none", attention="eager") == pytest.approx(
+        sbh * (34 + 80)
+    )
+    assert activation_bytes_per_layer(s, b, h, a, t, sequence_parallel=False, attention="eager") == pytest.approx(
+        sbh * (10 + 3 + 10)
+    )
+    assert activation_bytes_per_layer(s, b, h, a, t, sequence_parallel=True, attention="eager") == pytest.approx(
+        sbh * (34 / 8 + 10)
+    )
+    assert activation_bytes_per_layer(
+        s, b, h, a, t, sequence_parallel=False, checkpointing="selective", attention="eager"
+    ) == pytest.approx(sbh * 13)
+    assert activation_bytes_per_layer(
+        s, b, h, a, t, sequence_parallel=True, checkpointing="selective", attention="eager"
+    ) == pytest.approx(sbh * 34 / 8)
     assert activation_bytes_per_layer(s, b, h, a, t, checkpointing="full", attention="eager") == 2 * sbh
 
 
@@ -57,7 +68,9 @@ def test_flash_attention_stores_no_scores(tp: int, sp: bool) -> None:
     flash = activation_bytes_per_layer(s, b, h, a, tp, sp, "none")  # flash is the default
     assert flash == activation_bytes_per_layer(s, b, h, a, tp, sp, "selective", attention="eager")
     assert flash == activation_bytes_per_layer(s, b, h, a, tp, sp, "selective")
-    assert activation_bytes_per_layer(s, b, h, a, tp, sp, "none", attention="eager") - flash == pytest.approx(s * b * h * 5 * a * s / (h * tp))
+    assert activation_bytes_per_layer(s, b, h, a, tp, sp, "none", attention="eager") - flash == pytest.approx(
+        s * b * h * 5 * a * s / (h * tp)
+    )
 
 
 def test_activations_for_a_preset() -> None:
@@ -72,13 +85,19 @@ def test_activations_for_a_preset() -> None:
     # 32 layers * 5 * 32 * 4096 / 4096 = 160 sbh each, 85.9 GB: 5.7x at s = 4096.
     assert plan_memory(shape, dp=8, zero=1, seq_len=4096)["activations_gb"] == pytest.approx(r["activations_gb"])
     eager = plan_memory(shape, dp=8, zero=1, seq_len=4096, attention="eager")["activations_gb"]
-    assert eager == pytest.approx(32 * (34 + 160) * 4096 * 4096 / 1e9) and eager / r["activations_gb"] == pytest.approx(194 / 34)
+    assert eager == pytest.approx(32 * (34 + 160) * 4096 * 4096 / 1e9) and eager / r["activations_gb"] == pytest.approx(
+        194 / 34
+    )
     # 1F1B: pp stages of L/pp layers, pp micro-batches in flight on the first: the same L layers' worth
     piped = plan_memory(shape, dp=2, pp=4, zero=1, seq_len=4096, checkpointing="selective")
     assert piped["activations_gb"] == pytest.approx(r["activations_gb"])
-    assert plan_memory(shape, pp=4, seq_len=4096, checkpointing="selective", micro_batches=2)["activations_gb"] == pytest.approx(r["activations_gb"] / 2)
+    assert plan_memory(shape, pp=4, seq_len=4096, checkpointing="selective", micro_batches=2)[
+        "activations_gb"
+    ] == pytest.approx(r["activations_gb"] / 2)
     # fp32 activations are twice Korthikanti's 16-bit ones
-    assert plan_memory(shape, seq_len=4096, checkpointing="selective", precision="fp32")["activations_gb"] == pytest.approx(2 * r["activations_gb"])
+    assert plan_memory(shape, seq_len=4096, checkpointing="selective", precision="fp32")[
+        "activations_gb"
+    ] == pytest.approx(2 * r["activations_gb"])
     # full recompute keeps each layer's input plus one layer being recomputed, which with flash
     # attention stores no scores either: (32 * 2 + 34) sbh; eager adds that layer's 160 sbh.
     full = plan_memory(shape, seq_len=4096, checkpointing="full")["activations_gb"]
@@ -116,7 +135,9 @@ def test_warnings() -> None:
     assert plan_memory(Shape.from_config(get_preset("llama-70b")), dp=8, zero=1)["warnings"] == []
     assert plan_memory(Shape.from_config(get_preset("gpt2-124m")))["warnings"] == []  # embeddings are 31% of it
     w = plan_memory(Shape(8e9), dp=4, pp=2, zero=2)["warnings"]
-    assert len(w) == 1 and w[0].startswith("ZeRO-2 with pp = 2: kiln's FSDP2 keeps a pipeline stage's weights and gradients whole")
+    assert len(w) == 1 and w[0].startswith(
+        "ZeRO-2 with pp = 2: kiln's FSDP2 keeps a pipeline stage's weights and gradients whole"
+    )
 
 
 @pytest.mark.parametrize(
@@ -127,7 +148,10 @@ def test_warnings() -> None:
         ({"zero": 4}, "zero = 4 is not a ZeRO stage"),
         ({"dp": 0}, "dp = 0 must be at least 1"),
         ({"micro_batch": 0}, "micro_batch = 0 must be at least 1"),
-        ({"checkpointing": "some"}, "activation_checkpointing = 'some' is unknown; choose one of none, selective, full"),
+        (
+            {"checkpointing": "some"},
+            "activation_checkpointing = 'some' is unknown; choose one of none, selective, full",
+        ),
         ({"precision": "int8"}, "precision = 'int8' is unknown"),
         ({"gpu_memory_gb": 0}, "gpu_memory_gb = 0 must be above 0"),
         ({"attention": "sdpa"}, "attention = 'sdpa' is unknown; choose one of flash, eager"),
@@ -143,7 +167,13 @@ def test_bad_layouts_name_the_input(kwargs: dict, message: str) -> None:
 def test_zero_params_and_partial_shapes_rejected() -> None:
     with pytest.raises(ConfigError, match="params = 0 must be above 0"):
         plan_memory(Shape(0))
-    with pytest.raises(ConfigError, match=r"needs all of n_layers \(--layers\), d_model \(--hidden\) and n_heads \(--heads\), or none of them; got only d_model \(--hidden\)"):
+    with pytest.raises(
+        ConfigError,
+        match=(
+            r"needs all of n_layers \(--layers\), d_model \(--hidden\) and n_heads \(--heads\), or none of them; got "
+            r"only d_model \(--hidden\)"
+        ),
+    ):
         plan_memory(Shape(7e9, d_model=4096))
     with pytest.raises(ConfigError, match="n_heads \\(--heads\\) = 0 must be at least 1"):
         plan_memory(Shape(7e9, 32, 4096, 0))

@@ -31,13 +31,26 @@ from kiln.train_plan import plan_estimate
 
 pytestmark = pytest.mark.slow  # the session's miniature demo run, a million-step run, a browser
 
-SECTIONS = ("lineage", "funnel", "removals", "duplicates", "languages", "decontamination", "tokenizer", "mixture", "training", "evaluation", "samples", "throughput")
+SECTIONS = (
+    "lineage",
+    "funnel",
+    "removals",
+    "duplicates",
+    "languages",
+    "decontamination",
+    "tokenizer",
+    "mixture",
+    "training",
+    "evaluation",
+    "samples",
+    "throughput",
+)
 ARTIFACTS = Path(os.environ.get("KILN_TEST_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts"))
 
 
 def section_html(page: str, sid: str) -> str:
     start = page.index(f'<section id="{sid}"')
-    return page[start:page.index("</section>", start)]
+    return page[start : page.index("</section>", start)]
 
 
 @pytest.fixture(scope="module")
@@ -59,20 +72,28 @@ def test_funnel_and_evaluation_agree_with_the_manifests(report: dict[str, Any]) 
     counts = m["curate"]["counts"]
     assert f"{counts['docs_in']:,} documents in" in section_html(page, "funnel")
     for source, t in counts["per_source"].items():
-        assert f"<td>{source}</td><td class=\"num\">{t['docs_in']:,}</td><td class=\"num\">{t['docs_out']:,}</td>" in page
+        assert f'<td>{source}</td><td class="num">{t["docs_in"]:,}</td><td class="num">{t["docs_out"]:,}</td>' in page
     after = m["eval"]["counts"]["after"]["all"]
     assert f"{after['bpb']:,.4g}" in section_html(page, "evaluation")
     planned = section_html(page, "throughput")
     rss = m["train"]["counts"]["max_rss_mb"]  # since training started, not the demo process's whole life
-    assert 100 < rss < 4096 and f"the process&#x27;s peak resident memory was {rss / 1024:.2f} GiB" in planned and "GB (dp=1 tp=1 pp=1, ZeRO 0, fp32" in planned
+    assert (
+        100 < rss < 4096
+        and f"the process&#x27;s peak resident memory was {rss / 1024:.2f} GiB" in planned
+        and "GB (dp=1 tp=1 pp=1, ZeRO 0, fp32" in planned
+    )
     lineage = section_html(page, "lineage")
     assert m["train"]["fingerprint"][:12] in lineage and m["curate"]["fingerprint"][:12] in lineage
 
 
 def test_lineage_lists_the_stages_in_the_order_the_run_made_them(report: dict[str, Any]) -> None:
-    # The order is kiln.verbs' (the demo's); the rows used to follow the folders' names: curate, eval, export, generate...
+    # The order is kiln.verbs' (the demo's); the rows used to follow the folders' names: curate, eval, export,
+    # generate...
     lineage = section_html(report["page"], "lineage")
-    rows = [lineage.index(f"<tr><td>{stage}</td>") for stage in ("curate", "tokenizer", "tokenize", "train", "eval", "generate", "export")]
+    rows = [
+        lineage.index(f"<tr><td>{stage}</td>")
+        for stage in ("curate", "tokenizer", "tokenize", "train", "eval", "generate", "export")
+    ]
     assert rows == sorted(rows)
 
 
@@ -117,7 +138,11 @@ def test_a_run_in_progress_shows_what_exists_and_when_it_was_built(report: dict[
     page = build_report(run).read_text()
     assert "; train in progress" in page and re.search(r"built \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", page)
     training = section_html(page, "training")
-    assert f"Training in progress: {steps} steps so far" in training and "1 line(s) of metrics.jsonl are not JSON records" in training and "<polyline" in training
+    assert (
+        f"Training in progress: {steps} steps so far" in training
+        and "1 line(s) of metrics.jsonl are not JSON records" in training
+        and "<polyline" in training
+    )
     assert "No evaluation yet" in section_html(page, "evaluation")
     (run / "train.lock").unlink()  # the trainer died without finishing
     assert f"Training interrupted: {steps} steps so far" in build_report(run).read_text()
@@ -133,35 +158,89 @@ def test_damaged_files_are_named_not_raised(report: dict[str, Any], tmp_path: Pa
     (run / "eval" / "manifest.json").write_text("")
     page = build_report(run).read_text()
     assert "report.json: not readable as JSON" in page and "manifest.json: not readable as JSON" in page
-    assert "clusters.parquet could not be read" in section_html(page, "duplicates") and "<svg" in section_html(page, "removals")
-    assert f"{report['manifests']['tokenize']['counts']['train_tokens']:,}" not in page  # nothing invented for stages absent
+    assert "clusters.parquet could not be read" in section_html(page, "duplicates") and "<svg" in section_html(
+        page, "removals"
+    )
+    assert (
+        f"{report['manifests']['tokenize']['counts']['train_tokens']:,}" not in page
+    )  # nothing invented for stages absent
     assert [s.id for s in build_sections(scan_run(run), Hooks())] == list(SECTIONS)
     (run / "curate" / "removed.parquet").write_bytes(b"PAR1 truncated")  # any other failure costs its sections only
     page = build_report(run).read_text()
-    assert "This section could not be built: ArrowInvalid" in section_html(page, "languages") and "Byte-level BPE" not in page and "report.json: not readable" in page
+    assert (
+        "This section could not be built: ArrowInvalid" in section_html(page, "languages")
+        and "Byte-level BPE" not in page
+        and "report.json: not readable" in page
+    )
 
 
-def test_decontamination_findings_multiple_choice_accuracy_and_a_vocabulary_sweep_are_shown(report: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_decontamination_findings_multiple_choice_accuracy_and_a_vocabulary_sweep_are_shown(
+    report: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     runs = tmp_path / "runs"
     for stage in ("curate", "tokenizer", "tokenize", "train"):
         shutil.copytree(report["run_dir"] / stage, runs / "demo" / stage)
     removed = pq.read_table(runs / "demo" / "curate" / "removed.parquet").to_pylist()[:3]
-    index = {"mode": "exact", "ngram": 13, "action": "remove", "fold_digits": False, "sets": [{"name": "mmlu", "items": 100, "items_too_short": 2, "ngrams": 5000}]}
+    index = {
+        "mode": "exact",
+        "ngram": 13,
+        "action": "remove",
+        "fold_digits": False,
+        "sets": [{"name": "mmlu", "items": 100, "items_too_short": 2, "ngrams": 5000}],
+    }
     rows = [{"set": "mmlu", "item": 7, "id": r["id"], "source": r["source"]} for r in removed]
-    (runs / "demo" / "curate" / "audit" / "decontamination.json").write_text(json.dumps(build_decontamination_report(index, rows)))
+    (runs / "demo" / "curate" / "audit" / "decontamination.json").write_text(
+        json.dumps(build_decontamination_report(index, rows))
+    )
     task = tmp_path / "py_choices.jsonl"
-    task.write_text("".join(json.dumps({"context": c, "choices": ch, "label": 0}) + "\n" for c, ch in [("import", [" os", " the"]), ("def main(", ["):", " cat"]), ("for i in", [" range", " mat"])]))
-    assert main(["eval", "--task", str(task), "--set", f"runs_dir={runs}", *(f"--set={o}" for o in OVERRIDES if o.startswith("eval."))]) == 0
-    assert main(["train-tokenizer", "--sweep", "384", "--set", f"runs_dir={runs}", *(f"--set={o}" for o in OVERRIDES if o.startswith(("tokenizer.", "curate.")))]) == 0
+    task.write_text(
+        "".join(
+            json.dumps({"context": c, "choices": ch, "label": 0}) + "\n"
+            for c, ch in [("import", [" os", " the"]), ("def main(", ["):", " cat"]), ("for i in", [" range", " mat"])]
+        )
+    )
+    assert (
+        main(
+            [
+                "eval",
+                "--task",
+                str(task),
+                "--set",
+                f"runs_dir={runs}",
+                *(f"--set={o}" for o in OVERRIDES if o.startswith("eval.")),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "train-tokenizer",
+                "--sweep",
+                "384",
+                "--set",
+                f"runs_dir={runs}",
+                *(f"--set={o}" for o in OVERRIDES if o.startswith(("tokenizer.", "curate."))),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     page = build_report(runs / "demo").read_text()
     found = section_html(page, "decontamination")
-    assert "<td>mmlu</td><td class=\"num\">100</td><td class=\"num\">2</td><td class=\"num\">1</td><td class=\"num\">3</td>" in found
-    assert all(f"{r['id']} (source {r['source']}) was removed by step" in found for r in removed)  # each holder with its explanation
+    assert (
+        '<td>mmlu</td><td class="num">100</td><td class="num">2</td><td class="num">1</td><td class="num">3</td>'
+        in found
+    )
+    assert all(
+        f"{r['id']} (source {r['source']}) was removed by step" in found for r in removed
+    )  # each holder with its explanation
     accuracy = json.loads((runs / "demo" / "eval" / "manifest.json").read_text())["counts"]["tasks"]["py_choices"]
-    assert f"<td>py_choices</td><td class=\"num\">3</td><td class=\"num\">{accuracy['acc']:,.4g}</td>" in section_html(page, "evaluation")
+    assert f'<td>py_choices</td><td class="num">3</td><td class="num">{accuracy["acc"]:,.4g}</td>' in section_html(
+        page, "evaluation"
+    )
     sweep = json.loads((runs / "demo" / "tokenizer-sweep" / "manifest.json").read_text())["counts"]["bytes_per_token"]
-    assert f"<td class=\"num\">384</td><td class=\"num\">{sweep['384']:,.4g}</td>" in section_html(page, "tokenizer")
+    assert f'<td class="num">384</td><td class="num">{sweep["384"]:,.4g}</td>' in section_html(page, "tokenizer")
 
 
 def test_odd_source_and_reason_names_keep_their_examples(tmp_path: Path) -> None:
@@ -170,20 +249,47 @@ def test_odd_source_and_reason_names_keep_their_examples(tmp_path: Path) -> None
     manifest = json.loads(manifest_path.read_text())
     per_source = manifest["counts"]["per_source"]
     per_source["web[1]*"] = {**per_source.pop("source000"), "removed": {"odd:r[1]**": 2}}
-    manifest["counts"]["removed"] = dict(sum((Counter(t["removed"]) for t in per_source.values()), Counter()))  # curate's totals, kept consistent
+    manifest["counts"]["removed"] = dict(
+        sum((Counter(t["removed"]) for t in per_source.values()), Counter())
+    )  # curate's totals, kept consistent
     manifest_path.write_text(json.dumps(manifest))
     sample = audit_sample(run / "curate", "web[1]*", "odd:r[1]**")
     sample.parent.mkdir(parents=True)
-    sample.write_text(json.dumps({"id": "doc<1>", "source": "web[1]*", "step": "odd", "reason": "odd:r[1]**", "value": 3.0, "threshold": 5.0, "text": "<b>bold</b> text"}) + "\n")
+    sample.write_text(
+        json.dumps(
+            {
+                "id": "doc<1>",
+                "source": "web[1]*",
+                "step": "odd",
+                "reason": "odd:r[1]**",
+                "value": 3.0,
+                "threshold": 5.0,
+                "text": "<b>bold</b> text",
+            }
+        )
+        + "\n"
+    )
     removals = section_html(build_report(run).read_text(), "removals")
     assert "doc&lt;1&gt;" in removals and "&lt;b&gt;bold&lt;/b&gt; text" in removals and "3 (limit 5)" in removals
 
 
 def test_the_planner_column_follows_the_runs_layout() -> None:
-    manifest = {"config": {"train": TrainConfig(seq_len=256, micro_batch_size=4).model_dump(mode="json")}, "model": ModelConfig(vocab_size=1024, d_model=128, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=256).model_dump(mode="json"),
-                "counts": {"processes": 2, "device": "cpu", "flops_per_token": 1000, "tokens_trained": 10**6}}
-    sharded, replicated = plan_estimate(ParallelConfig(dp_shard=2), manifest), plan_estimate(ParallelConfig(dp_replicate=2, dp_shard=1), manifest)
-    assert "ZeRO 3" in sharded["layout"] and "ZeRO 0" in replicated["layout"] and sharded["memory_gb"] < replicated["memory_gb"]
+    manifest = {
+        "config": {"train": TrainConfig(seq_len=256, micro_batch_size=4).model_dump(mode="json")},
+        "model": ModelConfig(
+            vocab_size=1024, d_model=128, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=256
+        ).model_dump(mode="json"),
+        "counts": {"processes": 2, "device": "cpu", "flops_per_token": 1000, "tokens_trained": 10**6},
+    }
+    sharded, replicated = (
+        plan_estimate(ParallelConfig(dp_shard=2), manifest),
+        plan_estimate(ParallelConfig(dp_replicate=2, dp_shard=1), manifest),
+    )
+    assert (
+        "ZeRO 3" in sharded["layout"]
+        and "ZeRO 0" in replicated["layout"]
+        and sharded["memory_gb"] < replicated["memory_gb"]
+    )
     assert sharded["train_flops"] == 10**9 and "needs a GPU's dense peak" in sharded["time_note"]
     # A run that recorded its mesh is planned as it ran, whatever the recipe's section says now.
     manifest["counts"]["parallel"] = {"dp_replicate": 1, "dp_shard": 1, "tp": 2}
@@ -201,7 +307,9 @@ def test_a_million_steps_and_a_hundred_sources_make_a_small_page_quickly(tmp_pat
     assert seconds < 60, seconds  # measured 4 s on 2 idle cores
     page = page_path.read_text()
     assert "step 333333: loss spike" in page and "step 666666: loss is nan" in page  # both rollbacks marked
-    assert "s at 40% MFU (kiln plan&#x27;s default)" in page and "NVIDIA H100 80GB HBM3 x 8" in page  # the planner's time where the peak is known
+    assert (
+        "s at 40% MFU (kiln plan&#x27;s default)" in page and "NVIDIA H100 80GB HBM3 x 8" in page
+    )  # the planner's time where the peak is known
     assert page.count("<tr>") < 2000 and 'data-page="20"' in page  # tables page themselves
 
 
@@ -227,11 +335,25 @@ def chromium() -> str:
     return path
 
 
-def test_the_demo_report_renders_in_chromium_with_every_section_and_chart(report: dict[str, Any], chromium: str) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extras: pip install -e '.[dev]'")
+def test_the_demo_report_renders_in_chromium_with_every_section_and_chart(
+    report: dict[str, Any], chromium: str
+) -> None:
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is in the dev extras: pip install -e '.[dev]'"
+    )
     errors: list[str] = []
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"])
+        browser = p.chromium.launch(
+            executable_path=chromium,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
         page = browser.new_page(viewport={"width": 1200, "height": 900})
         page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
@@ -239,7 +361,8 @@ def test_the_demo_report_renders_in_chromium_with_every_section_and_chart(report
         found = page.evaluate("""() => Array.from(document.querySelectorAll('section')).map(s => ({
             id: s.id, text: s.innerText.trim().length,
             charts: s.querySelectorAll('svg.chart').length,
-            drawn: Array.from(s.querySelectorAll('svg.chart')).map(c => c.querySelectorAll('polyline, circle, rect.bar').length)}))""")
+            drawn: Array.from(s.querySelectorAll('svg.chart'))
+              .map(c => c.querySelectorAll('polyline, circle, rect.bar').length)}))""")
         pager = page.locator(".pager").count()
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
@@ -260,7 +383,24 @@ def test_watch_rebuilds_the_page_as_the_run_grows(tmp_path: Path) -> None:
     watch(run, Hooks(), every_s=0.01, rounds=1)
     first = page.read_text()
     with open(run / "train" / "metrics.jsonl", "a", encoding="utf-8") as f:  # the run goes on
-        f.write(json.dumps({"step": 40, "kind": "rollback", "rollback": {"at_step": 45, "to_step": 40, "reason": "gradient norm is inf", "rows": [7], "sources": ["source001"]}}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "step": 40,
+                    "kind": "rollback",
+                    "rollback": {
+                        "at_step": 45,
+                        "to_step": 40,
+                        "reason": "gradient norm is inf",
+                        "rows": [7],
+                        "sources": ["source001"],
+                    },
+                }
+            )
+            + "\n"
+        )
     watch(run, Hooks(), every_s=0.01, rounds=2)
     assert "gradient norm is inf" not in first and "step 45: gradient norm is inf" in page.read_text()
-    assert [p.name for p in (run / "report").iterdir()] == ["index.html"]  # written whole, then renamed: no temporary left
+    assert [p.name for p in (run / "report").iterdir()] == [
+        "index.html"
+    ]  # written whole, then renamed: no temporary left

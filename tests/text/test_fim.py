@@ -28,7 +28,9 @@ def test_layouts_by_hand() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=st.text(), doc_id=st.text(min_size=1, max_size=20), seed=st.integers(0, 2**32 - 1), spm_rate=st.floats(0, 1))
+@given(
+    text=st.text(), doc_id=st.text(min_size=1, max_size=20), seed=st.integers(0, 2**32 - 1), spm_rate=st.floats(0, 1)
+)
 def test_the_transform_is_exactly_reversible(text: str, doc_id: str, seed: int, spm_rate: float) -> None:
     text = text.encode("utf-8", "replace").decode("utf-8")  # lone surrogates cannot be UTF-8 text
     cut = draw_cut(text, doc_id, seed, rate=1.0, spm_rate=spm_rate)

@@ -22,17 +22,90 @@ def test_words_follow_spacy_english() -> None:
     # expected tokens are what spacy.blank("en") (3.8) produces for the same text, whitespace tokens dropped
     text = "Hello, world! It's a don't-care state... e.g. Mr. Smith paid $3.50 (approx.) at 10:30am."
     assert Segments(text).words == [
-        "Hello", ",", "world", "!", "It", "'s", "a", "don't", "-", "care", "state", "...", "e.g.", "Mr.", "Smith",
-        "paid", "$", "3.50", "(", "approx", ".", ")", "at", "10:30am", ".",
+        "Hello",
+        ",",
+        "world",
+        "!",
+        "It",
+        "'s",
+        "a",
+        "don't",
+        "-",
+        "care",
+        "state",
+        "...",
+        "e.g.",
+        "Mr.",
+        "Smith",
+        "paid",
+        "$",
+        "3.50",
+        "(",
+        "approx",
+        ".",
+        ")",
+        "at",
+        "10:30am",
+        ".",
     ]
-    text = "(foo) printf(3) --verbose /usr/share a/b 1/2 x:y 1,000 end.Start file.txt 3-4 50% **x** #1 can't 10km GPLv2+ cannot ─┼─"
+    text = (
+        "(foo) printf(3) --verbose /usr/share a/b 1/2 x:y 1,000 end.Start file.txt 3-4 50% **x** #1 can't 10km GPLv2+ "
+        "cannot ─┼─"
+    )
     assert Segments(text).words == [
-        "(", "foo", ")", "printf(3", ")", "--verbose", "/usr", "/", "share", "a", "/", "b", "1/2", "x", ":", "y", "1,000",
-        "end", ".", "Start", "file.txt", "3", "-", "4", "50", "%", "*", "*", "x", "*", "*", "#", "1", "ca", "n't",
-        "10", "km", "GPLv2", "+", "can", "not", "─", "┼", "─",
+        "(",
+        "foo",
+        ")",
+        "printf(3",
+        ")",
+        "--verbose",
+        "/usr",
+        "/",
+        "share",
+        "a",
+        "/",
+        "b",
+        "1/2",
+        "x",
+        ":",
+        "y",
+        "1,000",
+        "end",
+        ".",
+        "Start",
+        "file.txt",
+        "3",
+        "-",
+        "4",
+        "50",
+        "%",
+        "*",
+        "*",
+        "x",
+        "*",
+        "*",
+        "#",
+        "1",
+        "ca",
+        "n't",
+        "10",
+        "km",
+        "GPLv2",
+        "+",
+        "can",
+        "not",
+        "─",
+        "┼",
+        "─",
     ]
     assert Segments("see https://example.com/a?b=1. and foo-bar@x.org) now").words == [
-        "see", "https://example.com/a?b=1", ".", "and", "foo-bar@x.org", ")", "now",
+        "see",
+        "https://example.com/a?b=1",
+        ".",
+        "and",
+        "foo-bar@x.org",
+        ")",
+        "now",
     ]
     assert Segments("").words == []
 
@@ -42,8 +115,19 @@ def test_alnum_words_leave_out_punctuation() -> None:
 
 
 def test_sentences_follow_the_sentencizer_and_stay_in_lines() -> None:
-    seg = Segments("Hello world. This is it! Really? Mr. Smith said e.g. this.\nNo end here\n\nend.Start (approx.) at ten.")
-    assert seg.sentences == ["Hello world.", "This is it!", "Really?", "Mr. Smith said e.g. this.", "No end here", "end.", "Start (approx.)", "at ten."]
+    seg = Segments(
+        "Hello world. This is it! Really? Mr. Smith said e.g. this.\nNo end here\n\nend.Start (approx.) at ten."
+    )
+    assert seg.sentences == [
+        "Hello world.",
+        "This is it!",
+        "Really?",
+        "Mr. Smith said e.g. this.",
+        "No end here",
+        "end.",
+        "Start (approx.)",
+        "at ten.",
+    ]
     assert seg.line_sentence_counts == [4, 1, 0, 3]
     # an ellipsis, a decimal point and a file name end no sentence
     assert Segments("wait... version 3.5 of file.txt is out").line_sentence_counts == [1]

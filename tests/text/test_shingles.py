@@ -11,7 +11,16 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiln.text.shingles import MAX_N, MULTIPLIERS, ngram_hashes, shingle_set, shingle_sets, text_hashes, word_hashes, words
+from kiln.text.shingles import (
+    MAX_N,
+    MULTIPLIERS,
+    ngram_hashes,
+    shingle_set,
+    shingle_sets,
+    text_hashes,
+    word_hashes,
+    words,
+)
 
 M64 = 2**64 - 1
 
@@ -53,7 +62,9 @@ def test_words_normalize_case_punctuation_digits_and_whitespace(text, expected):
 def test_digits_are_kept_when_not_folded():
     assert words("Chapter 12, page 3a", fold_digits=False) == ["chapter", "12", "page", "3a"]
     assert np.array_equal(shingle_set("see chapter 12 now", 2), shingle_set("see chapter 13 now", 2))
-    assert not np.array_equal(shingle_set("see chapter 12 now", 2, fold_digits=False), shingle_set("see chapter 13 now", 2, fold_digits=False))
+    assert not np.array_equal(
+        shingle_set("see chapter 12 now", 2, fold_digits=False), shingle_set("see chapter 13 now", 2, fold_digits=False)
+    )
 
 
 def test_normalization_makes_equal_shingles():
@@ -139,7 +150,13 @@ def test_ascii_fast_path_hand_worked():
 
 
 @settings(max_examples=200, deadline=None)
-@given(texts=st.lists(st.one_of(ASCII_HEAVY, ANY_TEXT, st.sampled_from(["", "!!!", "one", "one two", "a b c d e f g"])), max_size=12), n=st.integers(1, 6), fold=st.booleans())
+@given(
+    texts=st.lists(
+        st.one_of(ASCII_HEAVY, ANY_TEXT, st.sampled_from(["", "!!!", "one", "one two", "a b c d e f g"])), max_size=12
+    ),
+    n=st.integers(1, 6),
+    fold=st.booleans(),
+)
 def test_batched_shingle_sets_equal_one_by_one(texts, n, fold):
     values, offsets = shingle_sets(texts, n, fold)
     assert offsets.tolist()[0] == 0 and len(offsets) == len(texts) + 1 and offsets[-1] == len(values)

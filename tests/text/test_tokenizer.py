@@ -49,7 +49,9 @@ def test_byte_alphabet_is_the_byte_level_one():
 
 def test_trained_vocab_and_specials(tok):
     assert tok.vocab_size == VOCAB
-    assert list(tok.specials) == SPECIALS and list(tok.specials.values()) == list(range(len(SPECIALS)))  # specials come first
+    assert list(tok.specials) == SPECIALS and list(tok.specials.values()) == list(
+        range(len(SPECIALS))
+    )  # specials come first
     assert (tok.eot_id, tok.pad_id, tok.mask_id) == (0, 1, 2) and tok.fim_ids == (3, 4, 5)
     assert tok.sentinel_ids == [6, 7, 8, 9]
     assert tok.hf.id_to_token(tok.eot_id) == EOT and tok.hf.id_to_token(tok.pad_id) == PAD
@@ -101,8 +103,21 @@ def test_encode_batch_matches_encode(tok):
 
 
 UNICODE_SAMPLES = st.sampled_from(
-    ["🙂👩‍👩‍👧", "東京都の天気", "مرحبا بالعالم", "שָׁלוֹם", "e\u0301\u0308", "\x00\x01\t\r\n", "\u200b\ufeff", "𝔘𝔫𝔦", " \t \n\n  ",
-     "def f(x):\n\tif x:  \n\t\treturn 1   \n", "\u202eevil\u202c", "ſ IT'S it's \u212a", "\x7f\x85\xa0\u2028\u3000"]
+    [
+        "🙂👩‍👩‍👧",
+        "東京都の天気",
+        "مرحبا بالعالم",
+        "שָׁלוֹם",
+        "e\u0301\u0308",
+        "\x00\x01\t\r\n",
+        "\u200b\ufeff",
+        "𝔘𝔫𝔦",
+        " \t \n\n  ",
+        "def f(x):\n\tif x:  \n\t\treturn 1   \n",
+        "\u202eevil\u202c",
+        "ſ IT'S it's \u212a",
+        "\x7f\x85\xa0\u2028\u3000",
+    ]
 )
 
 
@@ -152,7 +167,9 @@ def saved(tok, tmp_path) -> Path:
 def test_loading_garbage_is_fatal(saved, content):
     saved.write_bytes(content)
     meta = json.loads((saved.parent / META_NAME).read_text())
-    meta["tokenizer_json_xxh3"] = __import__("xxhash").xxh3_64_hexdigest(content)  # the hash passes; the content does not
+    meta["tokenizer_json_xxh3"] = __import__("xxhash").xxh3_64_hexdigest(
+        content
+    )  # the hash passes; the content does not
     (saved.parent / META_NAME).write_text(json.dumps(meta))
     with pytest.raises(FatalError, match="cannot load as a tokenizers JSON file"):
         KilnTokenizer.load(saved)
@@ -166,7 +183,9 @@ def test_loading_missing_file_is_fatal(tmp_path):
 def test_loading_a_foreign_tokenizer_is_fatal(tmp_path):
     foreign = Tokenizer(models.BPE())
     foreign.pre_tokenizer = pre_tokenizers.ByteLevel()
-    foreign.train_from_iterator(["some text to train on " * 50], trainer=trainers.BpeTrainer(vocab_size=300, show_progress=False))
+    foreign.train_from_iterator(
+        ["some text to train on " * 50], trainer=trainers.BpeTrainer(vocab_size=300, show_progress=False)
+    )
     path = tmp_path / "foreign.json"
     foreign.save(str(path))
     assert json.loads(path.read_text())["model"]["type"] == "BPE"  # a valid tokenizers file
@@ -178,7 +197,10 @@ def test_loading_a_foreign_tokenizer_is_fatal(tmp_path):
 
 def test_foreign_vocabulary_is_refused_even_as_a_python_object():
     foreign = Tokenizer(models.BPE())
-    foreign.train_from_iterator(["some text to train on " * 50], trainer=trainers.BpeTrainer(vocab_size=300, special_tokens=list(FIXED_SPECIALS), show_progress=False))
+    foreign.train_from_iterator(
+        ["some text to train on " * 50],
+        trainer=trainers.BpeTrainer(vocab_size=300, special_tokens=list(FIXED_SPECIALS), show_progress=False),
+    )
     with pytest.raises(FatalError, match="is not byte-level BPE|lacks some of the 256 byte tokens"):
         KilnTokenizer(foreign, FIXED_SPECIALS)
 
@@ -188,7 +210,9 @@ def test_other_format_version_is_fatal(saved):
     meta = json.loads(meta_path.read_text())
     meta["version"] = 1
     meta_path.write_text(json.dumps(meta))
-    with pytest.raises(FatalError, match=r"v1, this kiln reads kiln-tokenizer v2; rerun `kiln train-tokenizer --force`"):
+    with pytest.raises(
+        FatalError, match=r"v1, this kiln reads kiln-tokenizer v2; rerun `kiln train-tokenizer --force`"
+    ):
         KilnTokenizer.load(saved)
 
 

@@ -14,7 +14,10 @@ from kiln.curate.config import CurateConfig, InputConfig
 # These tests are about tokens, not filtering: the prose rules would drop Python docs topics
 # (curly braces, short lines) and cut license lines shared by many files. Normalization, PII,
 # length limits and exact dedup still run.
-ONLY_BASIC_STEPS = {step: {"enabled": False} for step in ("line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "code_quality")}
+ONLY_BASIC_STEPS = {
+    step: {"enabled": False}
+    for step in ("line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "code_quality")
+}
 from kiln.curate.run import run as curate
 
 
@@ -34,7 +37,10 @@ def curated_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in sorted(pydoc_data.topics.topics)[:50]:
         (root / "prose" / f"{name}.txt").write_text(pydoc_data.topics.topics[name], encoding="utf-8")
     cfg = CurateConfig(
-        inputs=(InputConfig(source="code", format="text", path=str(root / "code" / "*.py")), InputConfig(source="prose", format="text", path=str(root / "prose" / "*.txt"))),
+        inputs=(
+            InputConfig(source="code", format="text", path=str(root / "code" / "*.py")),
+            InputConfig(source="prose", format="text", path=str(root / "prose" / "*.txt")),
+        ),
         shard_mb=0.1,
         executor={"workers": 1},
         **ONLY_BASIC_STEPS,

@@ -79,14 +79,24 @@ def test_encode(run_dir):
             expected_scores = np.array([doc_scores(d.meta) for d in expected], dtype=np.float32)
             assert np.array_equal(np.stack([scores[k] for k in DOC_SCORES], axis=1), expected_scores, equal_nan=True)
             stats = counts["per_source"][source][split]
-            assert stats == {"docs": len(expected), "tokens": len(shard), "bytes": sum(len(d.text.encode()) for d in expected), "fim_docs": 0}
+            assert stats == {
+                "docs": len(expected),
+                "tokens": len(shard),
+                "bytes": sum(len(d.text.encode()) for d in expected),
+                "fim_docs": 0,
+            }
 
     per = counts["per_source"].values()
     assert counts["train_tokens"] == sum(s["train"]["tokens"] for s in per)
     assert counts["val_tokens"] == sum(s["val"]["tokens"] for s in per)
     assert counts["train_docs"] + counts["val_docs"] == sum(len(v) for v in docs.values())
     assert sorted(o["path"] for o in manifest["outputs"]) == sorted(
-        [f"{s}/{split}.{ext}" for s in ("code", "prose") for split in ("train", "val") for ext in ("bin", "idx", "scores.npy")]
+        [
+            f"{s}/{split}.{ext}"
+            for s in ("code", "prose")
+            for split in ("train", "val")
+            for ext in ("bin", "idx", "scores.npy")
+        ]
         + ["code/val_ids.txt", "prose/val_ids.txt"]
     )
     assert set(manifest["upstream"]) == {"curate", "tokenizer"}
@@ -99,14 +109,19 @@ def test_batch_size_does_not_change_the_shards(run_dir, tmp_path):
     encode(CFG, run_dir)
     small = {p.relative_to(run_dir / "tokenize"): p.read_bytes() for p in (run_dir / "tokenize").glob("*/*.*")}
     # batch_docs is a speed setting: without force the stage is (rightly) up to date.
-    assert encode(CFG.model_copy(update={"batch_docs": 1000}), run_dir)["finished_at"] == json.loads((run_dir / "tokenize" / MANIFEST).read_text())["finished_at"]
+    assert (
+        encode(CFG.model_copy(update={"batch_docs": 1000}), run_dir)["finished_at"]
+        == json.loads((run_dir / "tokenize" / MANIFEST).read_text())["finished_at"]
+    )
     encode(CFG.model_copy(update={"batch_docs": 1000}), run_dir, force=True)
     large = {p.relative_to(run_dir / "tokenize"): p.read_bytes() for p in (run_dir / "tokenize").glob("*/*.*")}
     assert len(small) == 14 and small == large  # 2 sources x (2 x (shard pair + scores) + val_ids.txt)
 
 
 def test_rerun_is_skipped_and_upstream_change_redoes(run_dir):
-    inline = configured(executor={"workers": 1})  # one process: a tokenizer cached from the first run must not leak into the redo
+    inline = configured(
+        executor={"workers": 1}
+    )  # one process: a tokenizer cached from the first run must not leak into the redo
     first = encode(inline, run_dir)
     manifest_bytes = (run_dir / "tokenize" / MANIFEST).read_bytes()
     marker = run_dir / "tokenize" / "marker"
@@ -254,6 +269,11 @@ def test_fim_rearranges_train_documents_of_the_chosen_sources_only(run_dir):
     assert val_fim.n_docs == len(val_code) == counts["per_source"]["code"]["val_fim"]["fim_docs"]
     for i, d in enumerate(val_code):
         assert tok.decode(restore(val_fim.document(i).tolist()[:-1], prefix_id, middle_id, suffix_id)) == d.text
-    assert not (run_dir / "tokenize" / "prose" / "val_fim.bin").exists() and "val_fim" not in counts["per_source"]["prose"]
+    assert (
+        not (run_dir / "tokenize" / "prose" / "val_fim.bin").exists() and "val_fim" not in counts["per_source"]["prose"]
+    )
     code_train = counts["per_source"]["code"]["train"]
-    assert counts["fim_docs"] == code_train["fim_docs"] == code_train["docs"] and counts["per_source"]["prose"]["train"]["fim_docs"] == 0
+    assert (
+        counts["fim_docs"] == code_train["fim_docs"] == code_train["docs"]
+        and counts["per_source"]["prose"]["train"]["fim_docs"] == 0
+    )

@@ -24,7 +24,10 @@ from kiln.tokenize.train import run as train_tokenizer
 
 TERMS = ["Kubernetes", "pretraining", "東京都庁"]
 # Text that never contains a term (nor a piece whose merges could meet one).
-PLAIN = "def parse(tokens):\n    return [t.strip() for t in tokens if t]  # the usual case\n\nStatements are executed in order."
+PLAIN = (
+    "def parse(tokens):\n    return [t.strip() for t in tokens if t]  # the usual case\n\nStatements are executed in "
+    "order."
+)
 
 
 @pytest.fixture(scope="module")
@@ -78,14 +81,18 @@ def test_a_form_already_one_token_is_left_alone(tok):
 
 
 def test_multi_piece_term_is_refused(tok):
-    with pytest.raises(FatalError, match=r"term 'COVID-19': kiln's pre-split cuts it into 3 pieces \['COVID', '-', '19'\]"):
+    with pytest.raises(
+        FatalError, match=r"term 'COVID-19': kiln's pre-split cuts it into 3 pieces \['COVID', '-', '19'\]"
+    ):
         extend(tok, ["COVID-19"])
 
 
 @pytest.mark.parametrize("term", ["'s", ".NET", "_init"])
 def test_term_whose_spaced_form_splits_adds_the_bare_form(tok, term):
     new, added = extend(tok, [term])
-    assert [f.form for f in added] == [term] and new.encode(term) == [added[0].id if added[0].new else new.encode(term)[0]]
+    assert [f.form for f in added] == [term] and new.encode(term) == [
+        added[0].id if added[0].new else new.encode(term)[0]
+    ]
     assert new.hf.encode(f"x {term} y{term}", add_special_tokens=False).ids == new.encode(f"x {term} y{term}")
 
 
@@ -114,7 +121,9 @@ def test_terms_file(tmp_path):
 def test_resized_model_keeps_its_outputs_on_text_without_terms(tok, extended, tied):
     new, added = extended
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=2, max_seq_len=64, tie_embeddings=tied)).eval()
+    model = Transformer(
+        ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=2, max_seq_len=64, tie_embeddings=tied)
+    ).eval()
     grown = resize(model, added, tok.vocab_size, new.vocab_size)
     assert grown.cfg.vocab_size == new.vocab_size and grown.embed.weight.shape == (new.vocab_size, 32)
     ids = torch.tensor([new.encode(PLAIN)[:64]])
@@ -134,7 +143,10 @@ def test_stage_extends_tokenizer_and_checkpoint(curated_run, tmp_path, capsys):
     train_tokenizer(TokenizerConfig(vocab_size=600, sample_mb=1.0, heldout_fraction=0.2), run_dir)
     old = KilnTokenizer.load(run_dir / "tokenizer" / "tokenizer.json")
     torch.manual_seed(0)
-    save_weights(run_dir / "train" / "checkpoint", Transformer(ModelConfig(vocab_size=old.vocab_size, d_model=32, n_layers=1, n_heads=2, max_seq_len=32)))
+    save_weights(
+        run_dir / "train" / "checkpoint",
+        Transformer(ModelConfig(vocab_size=old.vocab_size, d_model=32, n_layers=1, n_heads=2, max_seq_len=32)),
+    )
     terms = tmp_path / "terms.txt"
     terms.write_text("Kubernetes\npretraining\n", encoding="utf-8")
 
@@ -148,10 +160,20 @@ def test_stage_extends_tokenizer_and_checkpoint(curated_run, tmp_path, capsys):
     assert new.encode(" Kubernetes") == [old.vocab_size]
     assert load_trained_model(folder / "checkpoint").cfg.vocab_size == new.vocab_size
     rows = json.loads((folder / "terms.json").read_text())
-    assert [(r["form"], r["tokens_after"]) for r in rows] == [(" Kubernetes", 1), ("Kubernetes", 1), (" pretraining", 1), ("pretraining", 1)]
+    assert [(r["form"], r["tokens_after"]) for r in rows] == [
+        (" Kubernetes", 1),
+        ("Kubernetes", 1),
+        (" pretraining", 1),
+        ("pretraining", 1),
+    ]
     assert all(r["tokens_before"] > 1 for r in rows)
     manifest = extend_run(ExtendConfig(terms=str(terms)), run_dir)  # unchanged inputs: up to date
-    assert manifest["counts"] == {"vocab_size": new.vocab_size, "added_tokens": 4, "terms": 2, "checkpoint_resized": True}
+    assert manifest["counts"] == {
+        "vocab_size": new.vocab_size,
+        "added_tokens": 4,
+        "terms": 2,
+        "checkpoint_resized": True,
+    }
     with pytest.raises(FatalError, match="no checkpoint there"):
         extend_run(ExtendConfig(terms=str(terms), checkpoint=str(tmp_path / "nowhere")), run_dir)
     with pytest.raises(FatalError, match="inside tokenizer-extended/, which this stage rewrites"):

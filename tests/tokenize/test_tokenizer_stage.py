@@ -57,9 +57,13 @@ def test_train_tokenizer_report(run_dir):
         assert (r["docs"], r["bytes"], r["tokens"], r["words"]) == (len(texts), nbytes, ntokens, nwords)
         assert r["bytes_per_token"] == round(nbytes / ntokens, 4) and r["tokens_per_word"] == round(ntokens / nwords, 4)
         assert r["bytes_per_token"] > 2.0  # a 600-token vocabulary still compresses English and Python
-        assert 1.0 <= r["fertility"] < r["tokens_per_word"]  # words alone, without the whitespace and punctuation between them
+        assert (
+            1.0 <= r["fertility"] < r["tokens_per_word"]
+        )  # words alone, without the whitespace and punctuation between them
         assert 0 < r["split_word_fraction"] < 1
-        assert counts["per_source"][source] == {k: r[k] for k in ("docs", "bytes", "tokens", "bytes_per_token", "tokens_per_word")}
+        assert counts["per_source"][source] == {
+            k: r[k] for k in ("docs", "bytes", "tokens", "bytes_per_token", "tokens_per_word")
+        }
     # the fixture's code has no curate language label (code steps), the docs topics were not language-checked
     assert set(report["per_language"]) == {"code", "en"}
     assert report["per_language"]["code"]["docs"] == report["per_source"]["code"]["docs"]
@@ -143,7 +147,10 @@ def test_sample_is_spread_across_a_source():
 
 
 def test_unknown_weighted_source_is_fatal(run_dir):
-    with pytest.raises(FatalError, match=r"source_weights names \['web'\], which curate kept no text of; sources with text: \['code', 'prose'\]"):
+    with pytest.raises(
+        FatalError,
+        match=r"source_weights names \['web'\], which curate kept no text of; sources with text: \['code', 'prose'\]",
+    ):
         train_tokenizer(CFG.model_copy(update={"source_weights": {"web": 1.0}}), run_dir)
 
 
@@ -158,13 +165,27 @@ def test_a_vocabulary_the_sample_cannot_fill_is_warned_about_in_the_summary(run_
     manifest = train_tokenizer(CFG.model_copy(update={"vocab_size": 60_000, "min_frequency": 50}), run_dir)
     summary = (run_dir / "tokenizer" / "summary.txt").read_text()
     assert manifest["counts"]["vocab_size"] < 60_000
-    assert f"warning: 60,000 tokens were asked (tokenizer.vocab_size) and the sample gave {manifest['counts']['vocab_size']:,}" in summary
+    assert (
+        "warning: 60,000 tokens were asked (tokenizer.vocab_size) and the sample gave "
+        f"{manifest['counts']['vocab_size']:,}"
+    ) in summary
 
 
 def test_vocab_below_bytes_and_specials_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"tokenizer: vocab_size 300 leaves no room for merges: 256 byte tokens \+ 54 special tokens .* need at least 311; raise vocab_size or lower sentinel_tokens/reserved_tokens"):
+    with pytest.raises(
+        ConfigError,
+        match=(
+            r"tokenizer: vocab_size 300 leaves no room for merges: 256 byte tokens \+ 54 special tokens .* need at "
+            r"least 311; raise vocab_size or lower sentinel_tokens/reserved_tokens"
+        ),
+    ):
         load_recipe("demo", ["tokenizer.vocab_size=300"])
-    assert load_recipe("demo", ["tokenizer.vocab_size=300", "tokenizer.sentinel_tokens=0", "tokenizer.reserved_tokens=0"]).tokenizer.vocab_size == 300
+    assert (
+        load_recipe(
+            "demo", ["tokenizer.vocab_size=300", "tokenizer.sentinel_tokens=0", "tokenizer.reserved_tokens=0"]
+        ).tokenizer.vocab_size
+        == 300
+    )
 
 
 def test_sweep(run_dir):
@@ -176,7 +197,19 @@ def test_sweep(run_dir):
     for n in (400, 700):
         assert KilnTokenizer.load(folder / f"vocab-{n}" / "tokenizer.json").vocab_size == n
     table = (folder / "summary.txt").read_text().splitlines()
-    assert any(line.split() == ["embedding", "params", "at", "32", "(M)", str(round(400 * 32 * 2 / 1e6, 2)), str(round(700 * 32 * 2 / 1e6, 2))] for line in table)
+    assert any(
+        line.split()
+        == [
+            "embedding",
+            "params",
+            "at",
+            "32",
+            "(M)",
+            str(round(400 * 32 * 2 / 1e6, 2)),
+            str(round(700 * 32 * 2 / 1e6, 2)),
+        ]
+        for line in table
+    )
     assert table[0].split() == ["vocab", "size", "400", "700"]
     assert any(line.split()[:3] == ["bytes/token", "all", str(bpt["400"])] for line in table)
     assert not (run_dir / "tokenizer").exists()  # the stage's own tokenizer is not touched

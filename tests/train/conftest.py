@@ -23,7 +23,12 @@ from kiln.tokenize.train import run as train_tokenizer
 # These tests are about tokens, not filtering: the prose rules would drop Python docs topics
 # (curly braces, short lines) and cut license lines shared by many files. Normalization, PII,
 # length limits and exact dedup still run.
-ONLY_BASIC_STEPS = {step: {"enabled": False} for step in ("line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "code_quality")}
+ONLY_BASIC_STEPS = {
+    step: {"enabled": False}
+    for step in ("line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "code_quality")
+}
+
+
 def build_tokenized_run(root: Path) -> Path:
     """Curate, train a tokenizer and tokenize real text under root; returns the run directory."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
@@ -32,7 +37,11 @@ def build_tokenized_run(root: Path) -> Path:
         shutil.copy(p, root / "data" / "code" / p.name)
     (root / "data" / "legal").mkdir()
     licenses = Path("/usr/share/common-licenses")
-    legal = sorted(p for p in licenses.iterdir() if p.is_file()) if licenses.is_dir() else sorted((stdlib / "http").glob("*.py"))
+    legal = (
+        sorted(p for p in licenses.iterdir() if p.is_file())
+        if licenses.is_dir()
+        else sorted((stdlib / "http").glob("*.py"))
+    )
     for p in legal:
         shutil.copy(p, root / "data" / "legal" / p.name)
     inputs = (

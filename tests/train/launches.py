@@ -74,7 +74,17 @@ def command(recipe: Path, nproc: int, *overrides: str, via_kiln: bool = False) -
 def nodes_command(recipe: Path, nodes: int, nproc_per_node: int, port: int, *overrides: str) -> list[str]:
     """One "node" of a multi-node launch on this machine: torchrun with a c10d rendezvous at localhost:port."""
     args = ["train", "--recipe", str(recipe), *(a for o in overrides for a in ("--set", o))]
-    return [str(TORCHRUN), f"--nnodes={nodes}", f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=localhost:{port}", f"--rdzv-id=kiln-test-{port}", "-m", "kiln", *args]
+    return [
+        str(TORCHRUN),
+        f"--nnodes={nodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=localhost:{port}",
+        f"--rdzv-id=kiln-test-{port}",
+        "-m",
+        "kiln",
+        *args,
+    ]
 
 
 def free_port() -> int:
@@ -96,7 +106,9 @@ def run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
 
 def run_nodes(commands: list[list[str]]) -> list[str]:
     """Start every node's command at once (the rendezvous waits for all of them); their stderr."""
-    processes = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV) for c in commands]
+    processes = [
+        subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV) for c in commands
+    ]
     stderr = [p.communicate(timeout=300)[1] for p in processes]
     for p, err in zip(processes, stderr, strict=True):
         assert p.returncode == 0, failed_lines(err)
@@ -108,7 +120,16 @@ def step_records(runs_dir: Path) -> list[dict[str, Any]]:
     return [r for r in lines if "loss" in r]
 
 
-def launch(tokenized_run: Path, root: Path, nproc: int, *overrides: str, micro: int = 4, steps: int = STEPS, model: str = SMALL, via_kiln: bool = False) -> list[dict[str, Any]]:
+def launch(
+    tokenized_run: Path,
+    root: Path,
+    nproc: int,
+    *overrides: str,
+    micro: int = 4,
+    steps: int = STEPS,
+    model: str = SMALL,
+    via_kiln: bool = False,
+) -> list[dict[str, Any]]:
     """Train on a fresh copy of the run with nproc processes; the step records of metrics.jsonl.
 
     One process trains in this one, with one torch thread as every launched process has
@@ -134,9 +155,13 @@ def launch(tokenized_run: Path, root: Path, nproc: int, *overrides: str, micro: 
 def assert_same_weights(root: Path, reference: Path, atol: float = 1e-4) -> None:
     """The final checkpoints of the runs under root and reference (each holding runs/run) have the
     same tensors, within 1e-3 relative and atol absolute."""
-    ours, theirs = (load_file(r / "runs" / "run" / "train" / "checkpoint" / "model.safetensors") for r in (root, reference))
+    ours, theirs = (
+        load_file(r / "runs" / "run" / "train" / "checkpoint" / "model.safetensors") for r in (root, reference)
+    )
     assert ours.keys() == theirs.keys()
-    assert all(torch.allclose(ours[k], theirs[k], rtol=1e-3, atol=atol) for k in ours), [k for k in ours if not torch.allclose(ours[k], theirs[k], rtol=1e-3, atol=atol)]
+    assert all(torch.allclose(ours[k], theirs[k], rtol=1e-3, atol=atol) for k in ours), [
+        k for k in ours if not torch.allclose(ours[k], theirs[k], rtol=1e-3, atol=atol)
+    ]
 
 
 def assert_same_losses(got: list[dict[str, Any]], want: list[dict[str, Any]], steps: int = STEPS) -> None:
@@ -146,7 +171,6 @@ def assert_same_losses(got: list[dict[str, Any]], want: list[dict[str, Any]], st
         assert g["grad_norm"] == pytest.approx(w["grad_norm"], rel=1e-3)
         assert g["tokens"] == w["tokens"] == 1024
     assert want[-1]["loss"] < want[0]["loss"] - 0.5  # it trained
-
 
 
 def descendants(pid: int) -> list[int]:
@@ -172,7 +196,11 @@ def kill_after(command: list[str], metrics: Path, step: int) -> str:
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=ENV)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and process.poll() is None:
-            if metrics.is_file() and any(json.loads(line).get("step", 0) >= step and "loss" in json.loads(line) for line in metrics.read_text().splitlines() if line.strip()):
+            if metrics.is_file() and any(
+                json.loads(line).get("step", 0) >= step and "loss" in json.loads(line)
+                for line in metrics.read_text().splitlines()
+                if line.strip()
+            ):
                 for pid in [*descendants(process.pid), process.pid]:  # the workers first: torchrun would restart them
                     os.kill(pid, signal.SIGKILL)
                 break
@@ -189,6 +217,17 @@ def assert_states_as_planned(manifest: dict[str, Any], tolerance: float) -> None
     the planner's memory model gives for the layout (a CPU has no allocator peak: activations are
     not measured)."""
     counts, train = manifest["counts"], manifest["config"]["train"]
-    planned = layout_memory(ModelConfig.model_validate(manifest["model"]), counts["parallel"], True, True, train["micro_batch_size"], train["seq_len"], "fp32", "none")
+    planned = layout_memory(
+        ModelConfig.model_validate(manifest["model"]),
+        counts["parallel"],
+        True,
+        True,
+        train["micro_batch_size"],
+        train["seq_len"],
+        "fp32",
+        "none",
+    )
     held = [sum(r.values()) * 2**20 for r in counts["model_states_mb"]]
-    assert len(held) == counts["processes"] and all(abs(h / (planned["model_states_gb"] * 1e9) - 1) < tolerance for h in held), (held, planned["model_states_gb"])
+    assert len(held) == counts["processes"] and all(
+        abs(h / (planned["model_states_gb"] * 1e9) - 1) < tolerance for h in held
+    ), (held, planned["model_states_gb"])

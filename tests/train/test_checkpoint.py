@@ -18,7 +18,9 @@ from kiln.train.checkpoint import save_checkpoint
 
 def make_model(tied: bool) -> Transformer:
     torch.manual_seed(0)
-    return Transformer(ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=16, tie_embeddings=tied))
+    return Transformer(
+        ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=16, tie_embeddings=tied)
+    )
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -48,7 +50,9 @@ def test_tied_embedding_is_stored_once(tmp_path: Path) -> None:
     with safe_open(tmp_path / "untied" / "model.safetensors", "pt") as f:
         untied_keys = set(f.keys())
     assert len(untied_keys) - len(tied_keys) == 1
-    assert (tmp_path / "untied" / "model.safetensors").stat().st_size - (tmp_path / "tied" / "model.safetensors").stat().st_size >= 50 * 32 * 4
+    assert (tmp_path / "untied" / "model.safetensors").stat().st_size - (
+        tmp_path / "tied" / "model.safetensors"
+    ).stat().st_size >= 50 * 32 * 4
 
 
 def test_config_json_carries_format_and_resolved_config(tmp_path: Path) -> None:

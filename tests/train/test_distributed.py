@@ -17,7 +17,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from launches import ENV, STEPS, assert_same_losses, assert_same_weights, command, copy_run, free_port, kill_after, launch, nodes_command, run, run_nodes, step_records, write_recipe
+from launches import (
+    ENV,
+    STEPS,
+    assert_same_losses,
+    assert_same_weights,
+    command,
+    copy_run,
+    free_port,
+    kill_after,
+    launch,
+    nodes_command,
+    run,
+    run_nodes,
+    step_records,
+    write_recipe,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +43,13 @@ def single(tokenized_run: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
     return launch(tokenized_run, root, 1), root
 
 
-@pytest.mark.parametrize(("layout", "overrides"), [("ddp", ("parallel.dp_replicate=2", "parallel.dp_shard=1")), ("fsdp2", ("parallel.dp_shard=-1",))])
-def test_two_processes_match_one_with_the_same_global_batch(layout: str, overrides: tuple[str, ...], single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("layout", "overrides"),
+    [("ddp", ("parallel.dp_replicate=2", "parallel.dp_shard=1")), ("fsdp2", ("parallel.dp_shard=-1",))],
+)
+def test_two_processes_match_one_with_the_same_global_batch(
+    layout: str, overrides: tuple[str, ...], single: tuple[list, Path], tokenized_run: Path, tmp_path: Path
+) -> None:
     # DDP through `kiln train --nproc 2` (which runs torchrun); FSDP2 as two torchrun "nodes" of
     # one process each on this machine, meeting at a c10d rendezvous (--nnodes 2), as on a cluster.
     one, one_root = single
@@ -39,7 +59,9 @@ def test_two_processes_match_one_with_the_same_global_batch(layout: str, overrid
         copy_run(tokenized_run, tmp_path / "runs")
         recipe, port = write_recipe(tmp_path, micro=2), free_port()
         stderr = run_nodes([nodes_command(recipe, 2, 1, port, *overrides) for _ in range(2)])
-        assert sum("mesh pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 1 over 2 processes" in e for e in stderr) == 1  # rank 0's node logs it
+        assert (
+            sum("mesh pp 1 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 1 over 2 processes" in e for e in stderr) == 1
+        )  # rank 0's node logs it
         two = step_records(tmp_path / "runs")
     assert_same_losses(two, one)
     # One writer, the same consolidated checkpoint format whatever the layout.
@@ -65,7 +87,9 @@ def test_killed_run_resumes_exactly(single: tuple[list, Path], tokenized_run: Pa
 
     metrics = runs_dir / "run" / "train.partial" / "metrics.jsonl"
     kill_after(command(recipe, first, *overrides), metrics, 12)
-    complete = sorted(p.name for p in (runs_dir / "run" / "train.partial" / "checkpoints").iterdir() if p.suffix != ".tmp")
+    complete = sorted(
+        p.name for p in (runs_dir / "run" / "train.partial" / "checkpoints").iterdir() if p.suffix != ".tmp"
+    )
     last = int(complete[-1].removeprefix("step-"))
     assert last >= 10
     done = run(command(recipe, second, *overrides))
@@ -73,16 +97,22 @@ def test_killed_run_resumes_exactly(single: tuple[list, Path], tokenized_run: Pa
     steps = step_records(runs_dir)
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))  # the killed run's steps after `last` were cut back
     uninterrupted = {r["step"]: r["loss"] for r in single[0]}
-    assert [r["loss"] for r in steps[last:]] == pytest.approx([uninterrupted[s] for s in range(last + 1, STEPS + 1)], rel=1e-4)
+    assert [r["loss"] for r in steps[last:]] == pytest.approx(
+        [uninterrupted[s] for s in range(last + 1, STEPS + 1)], rel=1e-4
+    )
 
 
-def test_sigterm_saves_a_resumable_state_and_the_run_continues_exactly(single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
+def test_sigterm_saves_a_resumable_state_and_the_run_continues_exactly(
+    single: tuple[list, Path], tokenized_run: Path, tmp_path: Path
+) -> None:
     # A scheduler's preemption notice: SIGTERM after step 8 is logged. The step in flight finishes,
     # a resumable state is written for it, the command exits 130; running it again resumes there.
     runs_dir = tmp_path / "runs"
     copy_run(tokenized_run, runs_dir)
     recipe = write_recipe(tmp_path, STEPS, micro=4)
-    process = subprocess.Popen(command(recipe, 1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+    process = subprocess.Popen(
+        command(recipe, 1), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV
+    )
     metrics = runs_dir / "run" / "train.partial" / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (metrics.is_file() and '"step": 8, "loss"' in metrics.read_text()):
@@ -94,6 +124,10 @@ def test_sigterm_saves_a_resumable_state_and_the_run_continues_exactly(single: t
     saved = sorted(p.name for p in (runs_dir / "run" / "train.partial" / "checkpoints").iterdir())
     assert len(saved) == 1 and 8 <= int(saved[0].split("-")[1]) < STEPS
     run(command(recipe, 1))
-    steps = [json.loads(line) for line in (runs_dir / "run" / "train" / "metrics.jsonl").read_text().splitlines() if '"loss"' in line and '"eval"' not in line]
+    steps = [
+        json.loads(line)
+        for line in (runs_dir / "run" / "train" / "metrics.jsonl").read_text().splitlines()
+        if '"loss"' in line and '"eval"' not in line
+    ]
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
     assert [r["loss"] for r in steps] == [r["loss"] for r in single[0]]  # bit for bit, one process both times

@@ -50,14 +50,29 @@ from kiln.train.schedule import lr_at
 
 STEPS = 40
 MODEL = ModelConfig(d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, max_seq_len=64)
-TRAIN = TrainConfig(steps=STEPS, seq_len=64, micro_batch_size=8, optim={"lr": 1e-2}, schedule={"warmup_steps": 4}, precision={"device": "cpu"})
+TRAIN = TrainConfig(
+    steps=STEPS,
+    seq_len=64,
+    micro_batch_size=8,
+    optim={"lr": 1e-2},
+    schedule={"warmup_steps": 4},
+    precision={"device": "cpu"},
+)
 MIX = MixConfig(seed=0)
 EVAL = EvalConfig(max_tokens_per_source=4096, batch_size=8)
 
 
-def train(model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: EvalConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
+def train(
+    model_cfg: ModelConfig, cfg: TrainConfig, mix: MixConfig, eval_cfg: EvalConfig, run_dir: Path, force: bool = False
+) -> dict[str, Any]:
     """The train stage as kiln.stages wires it: mix's sampler over the run's train split."""
-    return run(model_cfg, cfg, TrainInputs(mix, partial(build_sampler, Path(run_dir) / "tokenize", mix), eval_cfg.scoring()), run_dir, force)
+    return run(
+        model_cfg,
+        cfg,
+        TrainInputs(mix, partial(build_sampler, Path(run_dir) / "tokenize", mix), eval_cfg.scoring()),
+        run_dir,
+        force,
+    )
 
 
 def train_cfg(**update: Any) -> TrainConfig:
@@ -119,9 +134,13 @@ def test_metrics_has_one_line_per_step(trained: tuple[Path, dict]) -> None:
     for r in steps:
         assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= r.keys()
         assert math.isfinite(r["loss"]) and r["grad_norm"] > 0 and r["tokens_per_s"] > 0
-        assert r["lr"] == pytest.approx(lr_at(r["step"], TRAIN.optim.lr, TRAIN.schedule.warmup_steps, STEPS, TRAIN.schedule.min_lr_ratio))
+        assert r["lr"] == pytest.approx(
+            lr_at(r["step"], TRAIN.optim.lr, TRAIN.schedule.warmup_steps, STEPS, TRAIN.schedule.min_lr_ratio)
+        )
         assert r["mfu"] is None  # no peak is guessed for a CPU
-        assert r["peak_memory_mb"] is None and 0 <= r["data_wait_s"] < 5  # drawing 8 rows on the host takes milliseconds
+        assert (
+            r["peak_memory_mb"] is None and 0 <= r["data_wait_s"] < 5
+        )  # drawing 8 rows on the host takes milliseconds
         # Per-source losses average (by rows) to the step loss, so it lies between them.
         assert set(r["loss_by_source"]) <= {"code", "legal"} and r["loss_by_source"]
         assert min(r["loss_by_source"].values()) - 1e-4 <= r["loss"] <= max(r["loss_by_source"].values()) + 1e-4
@@ -155,7 +174,11 @@ def test_manifest_counts(trained: tuple[Path, dict]) -> None:
     assert counts["train_flops"] == counts["flops_per_token"] * counts["tokens_trained"]
     assert counts["device"] == "cpu"
     assert manifest["upstream"] == {"tokenize": fingerprint_of(run_dir, "tokenize")}
-    assert {o["path"] for o in manifest["outputs"]} == {"checkpoint/model.safetensors", "checkpoint/config.json", "checkpoint/train_state.pt"}
+    assert {o["path"] for o in manifest["outputs"]} == {
+        "checkpoint/model.safetensors",
+        "checkpoint/config.json",
+        "checkpoint/train_state.pt",
+    }
     logs = [o["path"] for o in manifest["logs"]]  # timings: listed, not part of the fingerprint
     assert logs[0] == "metrics.jsonl" and len(logs) == 2 and logs[1].startswith("tensorboard/events.out.tfevents.")
 
@@ -182,7 +205,14 @@ def test_loaded_checkpoint_reproduces_the_in_training_validation(trained: tuple[
     val_after = manifest["counts"]["val_after"]
     model = load_trained_model(run_dir / "train" / "checkpoint")
     token_bytes = KilnTokenizer.load(run_dir / "tokenizer" / "tokenizer.json").token_bytes()
-    direct = evaluate_model(model, open_split(run_dir / "tokenize", "val"), token_bytes, seq_len=64, max_tokens_per_source=EVAL.max_tokens_per_source, batch_size=EVAL.batch_size)
+    direct = evaluate_model(
+        model,
+        open_split(run_dir / "tokenize", "val"),
+        token_bytes,
+        seq_len=64,
+        max_tokens_per_source=EVAL.max_tokens_per_source,
+        batch_size=EVAL.batch_size,
+    )
     assert direct == val_after
 
     # The eval stage reads the same checkpoint and reports the same numbers, and rebuilds the
@@ -191,13 +221,18 @@ def test_loaded_checkpoint_reproduces_the_in_training_validation(trained: tuple[
     assert evaluated["counts"]["after"] == val_after
     assert evaluated["counts"]["before"] == manifest["counts"]["val_before"]
     assert evaluated["config"]["eval"]["seq_len"] == TRAIN.seq_len  # the window actually used is what is hashed
-    assert evaluated["upstream"] == {"tokenize": fingerprint_of(run_dir, "tokenize"), "train": fingerprint_of(run_dir, "train")}
+    assert evaluated["upstream"] == {
+        "tokenize": fingerprint_of(run_dir, "tokenize"),
+        "train": fingerprint_of(run_dir, "train"),
+    }
     assert "code" in (run_dir / "eval" / "summary.txt").read_text()
     again = eval_stage(EVAL, run_dir)
     assert again["finished_at"] == evaluated["finished_at"]  # up to date: skipped
 
 
-def test_eval_stage_scores_data_files_as_it_scores_the_validation_split(trained: tuple[Path, dict], cpu_only: None, tmp_path: Path) -> None:
+def test_eval_stage_scores_data_files_as_it_scores_the_validation_split(
+    trained: tuple[Path, dict], cpu_only: None, tmp_path: Path
+) -> None:
     from kiln.eval_files import read_for_eval
 
     run_dir, manifest = trained
@@ -206,7 +241,9 @@ def test_eval_stage_scores_data_files_as_it_scores_the_validation_split(trained:
     # again they are the split's tokens, so the file must score exactly as the split does.
     records = []
     for source, shard in sorted(open_split(run_dir / "tokenize", "val").items()):
-        records += [{"text": tokenizer.decode(shard.document(i)[:-1].tolist()), "source": source} for i in range(shard.n_docs)]
+        records += [
+            {"text": tokenizer.decode(shard.document(i)[:-1].tolist()), "source": source} for i in range(shard.n_docs)
+        ]
     data = tmp_path / "val_as_text.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records) + "{broken\n")
     plain = tmp_path / "notes.txt"
@@ -224,24 +261,42 @@ def test_eval_stage_scores_data_files_as_it_scores_the_validation_split(trained:
     assert scored["documents"] == len(records) and scored["unreadable"] == 1  # the broken line is named, not scored
     assert evaluated["counts"]["data"]["notes.txt"]["all"]["tokens"] > 0
     from_parquet = evaluated["counts"]["data"]["rows.parquet"]
-    assert set(from_parquet["sources"]) == {"code"} and from_parquet["documents"] == 3 and from_parquet["all"]["tokens"] > 0
+    assert (
+        set(from_parquet["sources"]) == {"code"}
+        and from_parquet["documents"] == 3
+        and from_parquet["all"]["tokens"] > 0
+    )
     assert "val_as_text.jsonl" in (run_dir / "eval" / "summary.txt").read_text()
     with pytest.raises(FatalError, match="is not a file"):
-        eval_stage(EVAL.model_copy(update={"data": [str(tmp_path / "missing.jsonl")]}), run_dir, read_file=read_for_eval)
+        eval_stage(
+            EVAL.model_copy(update={"data": [str(tmp_path / "missing.jsonl")]}), run_dir, read_file=read_for_eval
+        )
 
 
-def test_eval_stage_scores_multiple_choice_tasks_into_the_manifest(trained: tuple[Path, dict], cpu_only: None, tmp_path: Path) -> None:
+def test_eval_stage_scores_multiple_choice_tasks_into_the_manifest(
+    trained: tuple[Path, dict], cpu_only: None, tmp_path: Path
+) -> None:
     run_dir, _ = trained
     task = tmp_path / "copy_or_noise.jsonl"
     # The trained model has read Python: real code should beat a scramble of its own characters.
-    snippets = ["import os\nimport sys", "def main():\n    return 0", "for i in range(10):\n    print(i)", "class Foo(object):\n    pass"]
-    rows = [{"context": s[: len(s) // 2], "choices": [s[len(s) // 2 :], "".join(reversed(s[len(s) // 2 :]))], "label": 0} for s in snippets]
+    snippets = [
+        "import os\nimport sys",
+        "def main():\n    return 0",
+        "for i in range(10):\n    print(i)",
+        "class Foo(object):\n    pass",
+    ]
+    rows = [
+        {"context": s[: len(s) // 2], "choices": [s[len(s) // 2 :], "".join(reversed(s[len(s) // 2 :]))], "label": 0}
+        for s in snippets
+    ]
     task.write_text("".join(json.dumps(r) + "\n" for r in rows))
     manifest = eval_stage(EVAL.model_copy(update={"tasks": [str(task)], "task_delimiter": ""}), run_dir, force=True)
     result = manifest["counts"]["tasks"]["copy_or_noise"]
     assert result["items"] == 4 and set(result) == {"items", "acc", "acc_norm_char", "acc_norm_token", "stderr"}
     assert result["acc"] >= 0.75  # measured 1.0
-    assert any(i["path"] == str(task) for i in manifest["inputs"])  # the task file is an input: editing it redoes the stage
+    assert any(
+        i["path"] == str(task) for i in manifest["inputs"]
+    )  # the task file is an input: editing it redoes the stage
     assert "copy_or_noise" in (run_dir / "eval" / "summary.txt").read_text()
 
 
@@ -259,7 +314,9 @@ def test_generate_stage_samples_from_the_checkpoint(trained: tuple[Path, dict], 
     assert generate(load_trained_model(run_dir / "train" / "checkpoint"), tokenizer, cfg) == sample
 
 
-def test_generate_stage_completes_a_prompt_file_into_jsonl(trained: tuple[Path, dict], cpu_only: None, tmp_path: Path) -> None:
+def test_generate_stage_completes_a_prompt_file_into_jsonl(
+    trained: tuple[Path, dict], cpu_only: None, tmp_path: Path
+) -> None:
     run_dir, _ = trained
     prompts = ["def ", "import os\n", "", "class Parser:"]
     prompt_file = tmp_path / "prompts.jsonl"
@@ -268,18 +325,26 @@ def test_generate_stage_completes_a_prompt_file_into_jsonl(trained: tuple[Path, 
     manifest = generate_stage(cfg, run_dir)
     lines = [json.loads(line) for line in (run_dir / "generate" / "samples.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in lines] == prompts
-    assert all(r["finish_reason"] in ("length", "end_of_document", "stop") and 0 <= r["new_tokens"] <= 10 for r in lines)
-    assert manifest["counts"]["prompts"] == 4 and manifest["counts"]["new_tokens"] == sum(r["new_tokens"] for r in lines)
+    assert all(
+        r["finish_reason"] in ("length", "end_of_document", "stop") and 0 <= r["new_tokens"] <= 10 for r in lines
+    )
+    assert manifest["counts"]["prompts"] == 4 and manifest["counts"]["new_tokens"] == sum(
+        r["new_tokens"] for r in lines
+    )
     # Batches of 3 and 1 give each prompt the completion it gets alone (greedy).
     tokenizer = KilnTokenizer.load(run_dir / "tokenizer" / "tokenizer.json")
     model = load_trained_model(run_dir / "train" / "checkpoint")
-    assert [r["completion"] for r in lines] == [generate(model, tokenizer, cfg.model_copy(update={"prompt": p}))[len(p) :] for p in prompts]
+    assert [r["completion"] for r in lines] == [
+        generate(model, tokenizer, cfg.model_copy(update={"prompt": p}))[len(p) :] for p in prompts
+    ]
     prompt_file.write_text('{"prompt": "ok"}\n{"text": "no prompt field"}\n')
     with pytest.raises(FatalError, match=r"prompts\.jsonl:2: expected an object with a string field `prompt`"):
         generate_stage(cfg, run_dir, force=True)
 
 
-def test_same_seed_trains_identically_and_rerun_is_skipped_unless_forced(trained: tuple[Path, dict], tmp_path: Path) -> None:
+def test_same_seed_trains_identically_and_rerun_is_skipped_unless_forced(
+    trained: tuple[Path, dict], tmp_path: Path
+) -> None:
     run_dir, first = trained
     copy = copy_tokenized(run_dir, tmp_path / "copy")
     second = train(MODEL, TRAIN, MIX, EVAL, copy)
@@ -287,7 +352,9 @@ def test_same_seed_trains_identically_and_rerun_is_skipped_unless_forced(trained
     assert second["counts"]["final_train_loss"] == first["counts"]["final_train_loss"]
     assert second["counts"]["val_after"] == first["counts"]["val_after"]
     assert [r["loss"] for r in step_records(copy)] == [r["loss"] for r in step_records(run_dir)]
-    assert sha256_file(copy / "train" / "checkpoint" / "model.safetensors") == sha256_file(run_dir / "train" / "checkpoint" / "model.safetensors")
+    assert sha256_file(copy / "train" / "checkpoint" / "model.safetensors") == sha256_file(
+        run_dir / "train" / "checkpoint" / "model.safetensors"
+    )
 
     marker = copy / "train" / "marker"
     marker.write_text("left by the test")
@@ -339,7 +406,9 @@ def test_gradient_accumulation_equals_one_big_batch(trained: tuple[Path, dict], 
 
     model = build_model(MODEL.resolved(512), cfg.seed, torch.device("cpu"))
     sampler = build_sampler(copy / "tokenize", MIX, cfg.seq_len)
-    windows = torch.from_numpy(np.stack([w for _ in range(2) for w in sampler.next_rows([cfg.seq_len + 1] * 8, 0.0).tokens]))  # two micro-batches of 8
+    windows = torch.from_numpy(
+        np.stack([w for _ in range(2) for w in sampler.next_rows([cfg.seq_len + 1] * 8, 0.0).tokens])
+    )  # two micro-batches of 8
     inputs, targets = windows[:, :-1], windows[:, 1:]  # (16, 64)
     loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
     loss.backward()
@@ -349,7 +418,9 @@ def test_gradient_accumulation_equals_one_big_batch(trained: tuple[Path, dict], 
     assert logged["grad_norm"] > 1e-3
 
 
-def test_step_one_throughput_excludes_the_baseline_evaluation(trained: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_step_one_throughput_excludes_the_baseline_evaluation(
+    trained: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_dir, _ = trained
     copy = copy_tokenized(run_dir, tmp_path / "copy")
     real = parts.validation_scorer
@@ -383,10 +454,25 @@ def test_periodic_checkpoints_do_not_change_training(trained: tuple[Path, dict],
     periodic = copy_tokenized(run_dir, tmp_path / "periodic")
     tiny_eval = EvalConfig(max_tokens_per_source=64)
     train(MODEL, short, MIX, tiny_eval, plain)
-    manifest = train(MODEL, train_cfg(steps=4, schedule={"warmup_steps": 1}, eval_at_start=False, checkpoint={"every": 1}), MIX, tiny_eval, periodic)
-    assert sha256_file(plain / "train" / "checkpoint" / "model.safetensors") == sha256_file(periodic / "train" / "checkpoint" / "model.safetensors")
+    manifest = train(
+        MODEL,
+        train_cfg(steps=4, schedule={"warmup_steps": 1}, eval_at_start=False, checkpoint={"every": 1}),
+        MIX,
+        tiny_eval,
+        periodic,
+    )
+    assert sha256_file(plain / "train" / "checkpoint" / "model.safetensors") == sha256_file(
+        periodic / "train" / "checkpoint" / "model.safetensors"
+    )
     assert torch.load(periodic / "train" / "checkpoint" / "train_state.pt", weights_only=False)["step"] == 4
-    assert sorted(p.name for p in (periodic / "train").iterdir()) == ["checkpoint", "checkpoints", "manifest.json", "metrics.jsonl", "summary.txt", "tensorboard"]  # no .tmp left
+    assert sorted(p.name for p in (periodic / "train").iterdir()) == [
+        "checkpoint",
+        "checkpoints",
+        "manifest.json",
+        "metrics.jsonl",
+        "summary.txt",
+        "tensorboard",
+    ]  # no .tmp left
     # Resumable states every step, the last 2 kept (keep_last); the last step writes the final checkpoint instead.
     assert sorted(p.name for p in (periodic / "train" / "checkpoints").iterdir()) == ["step-0000002", "step-0000003"]
     assert {o["path"] for o in manifest["outputs"]} >= {"checkpoint/model.safetensors", "checkpoint/train_state.pt"}
@@ -411,10 +497,18 @@ def test_generate_before_train_is_fatal(trained: tuple[Path, dict], tmp_path: Pa
 
 
 @pytest.mark.parametrize("absurd", [{"n_layers": 10**9}, {"vocab_size": 10**11}])
-def test_a_model_larger_than_this_machines_memory_stops_before_it_is_built(tokenized: Path, tmp_path: Path, absurd: dict) -> None:
+def test_a_model_larger_than_this_machines_memory_stops_before_it_is_built(
+    tokenized: Path, tmp_path: Path, absurd: dict
+) -> None:
     copy = copy_tokenized(tokenized, tmp_path / "copy")
     t0 = time.perf_counter()
-    with pytest.raises(FatalError, match=r"train: a [\d,]+-parameter model \(1 process\(es\) on this host, fp32\) needs [\d,.]+ GB of memory and this machine has [\d,.]+ GB available"):
+    with pytest.raises(
+        FatalError,
+        match=(
+            r"train: a [\d,]+-parameter model \(1 process\(es\) on this host, fp32\) needs [\d,.]+ GB of memory and "
+            r"this machine has [\d,.]+ GB available"
+        ),
+    ):
         train(MODEL.model_copy(update=absurd), TRAIN, MIX, EVAL, copy)
     assert time.perf_counter() - t0 < 30  # counted, not allocated: a billion layers would take hours
 
@@ -434,7 +528,9 @@ def test_cuda_requested_without_a_device_is_fatal() -> None:
 
 def test_auto_precision_is_fp32_on_cpu() -> None:
     assert build_precision(TrainConfig(precision={"device": "cpu"})) == Precision(torch.device("cpu"), None)
-    assert build_precision(TrainConfig(precision={"device": "cpu", "dtype": "bf16"})) == Precision(torch.device("cpu"), torch.bfloat16)
+    assert build_precision(TrainConfig(precision={"device": "cpu", "dtype": "bf16"})) == Precision(
+        torch.device("cpu"), torch.bfloat16
+    )
 
 
 @pytest.mark.gpu
@@ -447,7 +543,9 @@ def test_cuda_bf16_training_learns_and_loads_on_cpu(trained: tuple[Path, dict], 
     losses = [r["loss"] for r in step_records(copy)]
     assert np.mean(losses[-5:]) < losses[0] - 0.8
     # bf16 autocast follows the fp32 CPU run closely but not bit for bit.
-    assert manifest["counts"]["val_after"]["all"]["loss"] == pytest.approx(first["counts"]["val_after"]["all"]["loss"], abs=0.15)
+    assert manifest["counts"]["val_after"]["all"]["loss"] == pytest.approx(
+        first["counts"]["val_after"]["all"]["loss"], abs=0.15
+    )
     model = load_trained_model(copy / "train" / "checkpoint", "cpu")
     assert next(model.parameters()).device.type == "cpu"
 
@@ -467,7 +565,9 @@ def test_damaged_train_shard_is_refused(trained: tuple[Path, dict], tmp_path: Pa
         build_sampler(copy / "tokenize", MIX, cfg.seq_len)
 
 
-def test_eval_window_longer_than_the_checkpoint_is_fatal(trained: tuple[Path, dict], tmp_path: Path, cpu_only: None) -> None:
+def test_eval_window_longer_than_the_checkpoint_is_fatal(
+    trained: tuple[Path, dict], tmp_path: Path, cpu_only: None
+) -> None:
     copy = Path(shutil.copytree(trained[0], tmp_path / "copy"))
     with pytest.raises(FatalError, match="exceeds the checkpoint's max_seq_len 64"):
         eval_stage(EvalConfig(seq_len=128), copy)
@@ -483,7 +583,13 @@ class HalfMaskedDocuments:
 
     def next_batch(self, batch_size: int, seq_len: int, progress: float) -> Batch:
         windows = torch.from_numpy(np.stack(self.inner.next_rows([seq_len + 1] * batch_size, progress).tokens))
-        b = Batch(windows[:, :-1], windows[:, 1:], torch.ones(batch_size, TRAIN.seq_len, dtype=torch.bool), None, torch.zeros(batch_size, dtype=torch.long))
+        b = Batch(
+            windows[:, :-1],
+            windows[:, 1:],
+            torch.ones(batch_size, TRAIN.seq_len, dtype=torch.bool),
+            None,
+            torch.zeros(batch_size, dtype=torch.long),
+        )
         B, T = b.input_ids_BT.shape
         mask = torch.zeros(B, T, dtype=torch.bool)
         mask[:, T // 2 :] = True
@@ -508,12 +614,20 @@ class HalfMaskedDocuments:
         return None
 
 
-def test_the_loop_trains_on_any_batch_source_with_its_masks_and_documents(trained: tuple[Path, dict], tmp_path: Path) -> None:
+def test_the_loop_trains_on_any_batch_source_with_its_masks_and_documents(
+    trained: tuple[Path, dict], tmp_path: Path
+) -> None:
     run_dir, _ = trained
     source = HalfMaskedDocuments(run_dir, TRAIN.seq_len)
     cfg = train_cfg(steps=2, schedule={"warmup_steps": 1}, eval_at_start=False)
     (tmp_path / "out").mkdir()
-    result = train_loop(MODEL.resolved(512), cfg, TrainData(source), Validation(run_dir, ScoringConfig(max_tokens_per_source=64)), tmp_path / "out")
+    result = train_loop(
+        MODEL.resolved(512),
+        cfg,
+        TrainData(source),
+        Validation(run_dir, ScoringConfig(max_tokens_per_source=64)),
+        tmp_path / "out",
+    )
     assert result.val_before is None and result.val_after["all"]["tokens"] > 0
     assert [p.name for p in result.checkpoint] == ["model.safetensors", "config.json", "train_state.pt"]
     # Step 1's logged loss is the untrained model's loss on the kept half of its batch, with
@@ -544,7 +658,9 @@ def test_only_rank_0_writes_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.parametrize("objective", ["clm", "mlm", "prefix_lm", "span_corruption", "fim", "ul2"])
-def test_every_objective_trains_the_tiny_model_to_a_lower_validation_loss(objective: str, tokenized: Path, tmp_path: Path) -> None:
+def test_every_objective_trains_the_tiny_model_to_a_lower_validation_loss(
+    objective: str, tokenized: Path, tmp_path: Path
+) -> None:
     copy = copy_tokenized(tokenized, tmp_path / "copy")
     if objective == "fim":  # the token shards must hold rearranged documents first
         shutil.rmtree(copy / "tokenize")
@@ -574,9 +690,12 @@ def test_fim_on_sources_the_mix_does_not_draw_stops_before_training(tokenized: P
 def test_sequence_length_phases_batch_warmup_and_the_rope_switch(tokenized: Path, tmp_path: Path) -> None:
     copy = copy_tokenized(tokenized, tmp_path / "copy")
     cfg = train_cfg(
-        steps=10, schedule={"warmup_steps": 2}, eval_at_start=False,
+        steps=10,
+        schedule={"warmup_steps": 2},
+        eval_at_start=False,
         seq_len_schedule=[{"start": 0.0, "seq_len": 32}, {"start": 0.8, "seq_len": 64, "rope_theta": 40000.0}],
-        batch_warmup={"start_fraction": 0.5, "steps": 4}, late_position_weight=1.0,
+        batch_warmup={"start_fraction": 0.5, "steps": 4},
+        late_position_weight=1.0,
     )
     manifest = train(MODEL, cfg, MIX, EvalConfig(max_tokens_per_source=256), copy)
     steps = step_records(copy)
@@ -584,7 +703,9 @@ def test_sequence_length_phases_batch_warmup_and_the_rope_switch(tokenized: Path
     assert [r["tokens"] for r in steps] == [256, 320, 384, 448, 512, 512, 512, 512, 512, 512]
     assert [r["seq_len"] for r in steps] == [32] * 8 + [64] * 2
     assert manifest["counts"]["tokens_trained"] == sum(r["tokens"] for r in steps)
-    assert sum(manifest["counts"]["tokens_by_source"].values()) == sum(r["tokens"] // r["seq_len"] * (r["seq_len"] + 1) for r in steps)
+    assert sum(manifest["counts"]["tokens_by_source"].values()) == sum(
+        r["tokens"] // r["seq_len"] * (r["seq_len"] + 1) for r in steps
+    )
     flops = sum(r["tokens"] * flops_per_token(MODEL.resolved(512), r["seq_len"]) for r in steps)
     assert manifest["counts"]["train_flops"] == flops
     # The long phase switched the RoPE base; the checkpoint's config says so.
@@ -594,7 +715,14 @@ def test_sequence_length_phases_batch_warmup_and_the_rope_switch(tokenized: Path
 def test_adaptive_mixture_reweights_from_validation_losses_and_logs_why(tokenized: Path, tmp_path: Path) -> None:
     copy = copy_tokenized(tokenized, tmp_path / "copy")
     mix = MixConfig(adaptive={"every": 4, "step_size": 0.3, "floor": 0.1})
-    run(MODEL, train_cfg(steps=12, schedule={"warmup_steps": 2}, eval_at_start=False), TrainInputs(mix, partial(build_sampler, copy / "tokenize", mix), EvalConfig(max_tokens_per_source=512).scoring()), copy)
+    run(
+        MODEL,
+        train_cfg(steps=12, schedule={"warmup_steps": 2}, eval_at_start=False),
+        TrainInputs(
+            mix, partial(build_sampler, copy / "tokenize", mix), EvalConfig(max_tokens_per_source=512).scoring()
+        ),
+        copy,
+    )
     records = read_metrics(copy)
     assert [r["step"] for r in records if "eval" in r] == [4, 8, 12]  # every 4 steps; the last is the final validation
     changes = [r for r in records if "adaptive" in r]
@@ -620,7 +748,10 @@ def test_the_global_stream_resumes_exactly_with_another_number_of_ranks(tokenize
     cfg = train_cfg(objective={"clm": 1.0, "mlm": 1.0, "span_corruption": 1.0})
 
     def ranks(world: int, state: dict | None = None) -> list[Any]:
-        out = [build_collator(build_sampler(tokenized / "tokenize", MIX, cfg.seq_len), cfg, ids, rank, world) for rank in range(world)]
+        out = [
+            build_collator(build_sampler(tokenized / "tokenize", MIX, cfg.seq_len), cfg, ids, rank, world)
+            for rank in range(world)
+        ]
         for c in out:
             if state is not None:
                 c.load_state_dict(state)
@@ -647,39 +778,64 @@ def test_dry_run_prints_the_planned_mixture_per_phase_and_trains_nothing(tokeniz
     d = dry_run(MODEL, cfg, partial(build_sampler, copy / "tokenize", mix), copy)
     text = d["mixture"]
     assert (d["params"], d["tokens"], d["tokens_per_step"]) == (count_params(MODEL.resolved(512)), 51_200, 512)
-    assert d["measured_tokens_per_s"] > 0 and d["estimated_seconds"] == pytest.approx(51_200 / d["measured_tokens_per_s"], abs=0.1)
+    assert d["measured_tokens_per_s"] > 0 and d["estimated_seconds"] == pytest.approx(
+        51_200 / d["measured_tokens_per_s"], abs=0.1
+    )
     assert "planned mixture: 51,200 tokens trained in 3 phase(s)" in text
     assert "steps 1-50 (progress 0%-50%), seq_len 32" in text and "steps 81-100 (progress 80%-100%), seq_len 64" in text
     assert "0.500 -> " in text  # code's weight falls in the second half
     assert not (copy / "train").exists()
 
 
-def test_kiln_train_dry_run_from_the_command_line(tokenized: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kiln_train_dry_run_from_the_command_line(
+    tokenized: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from kiln.cli import main
 
     copy_tokenized(tokenized, tmp_path / "copy")
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"name: copy\nruns_dir: {tmp_path}\nmodel: {{max_seq_len: 64}}\ntrain: {{steps: 20, seq_len: 64, micro_batch_size: 8, schedule: {{warmup_steps: 2}}}}\nmix: {{weights: {{code: 3, legal: 1}}}}\n"
-        "curate: {inputs: [{source: code, format: text, path: c.py}, {source: legal, format: text, path: l.txt}]}\n")
+    recipe.write_text(
+        f"name: copy\nruns_dir: {tmp_path}\nmodel: {{max_seq_len: 64}}\ntrain: {{steps: 20, seq_len: 64, "
+        f"micro_batch_size: 8, schedule: {{warmup_steps: 2}}}}\nmix: {{weights: {{code: 3, legal: 1}}}}\n"
+        "curate: {inputs: [{source: code, format: text, path: c.py}, {source: legal, format: text, path: l.txt}]}\n"
+    )
     assert main(["train", "--recipe", str(recipe), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "planned mixture: 10,240 tokens trained in 1 phase(s)" in out and "0.750" in out and "0.250" in out
-    assert "model: 3,475,712 params" in out and "tokens/s over 3 measured steps" in out and "memory per rank (one process; kiln plan memory)" in out
+    assert (
+        "model: 3,475,712 params" in out
+        and "tokens/s over 3 measured steps" in out
+        and "memory per rank (one process; kiln plan memory)" in out
+    )
     assert not (tmp_path / "copy" / "train").exists()
     # For a launch of 2 processes with tp=2 (--nproc 2 starts none: the dry run measures on this
     # one): the planner's memory per rank for that layout, each rank holding half of every matrix.
     monkeypatch.setenv("WORLD_SIZE", "1")  # --nproc sets it for the dry run: monkeypatch takes it back after the test
     assert main(["train", "--recipe", str(recipe), "--dry-run", "--nproc", "2", "--set", "parallel.tp=2"]) == 0
     split = capsys.readouterr().out
-    assert "on 2 process(es) (1 reading data)" in split and "memory per rank (pp 1, dp_replicate 1, dp_shard 1, cp 1, tp 2; kiln plan memory)" in split
+    assert (
+        "on 2 process(es) (1 reading data)" in split
+        and "memory per rank (pp 1, dp_replicate 1, dp_shard 1, cp 1, tp 2; kiln plan memory)" in split
+    )
     assert "dp=1 tp=2 pp=1 (2 GPUs), ZeRO stage 0" in split
-    per_rank = [int(line.split(")")[1].split()[0].replace(",", "")) for text in (out, split) for line in text.splitlines() if line.startswith("parameters per GPU (after tp, pp)")]
+    per_rank = [
+        int(line.split(")")[1].split()[0].replace(",", ""))
+        for text in (out, split)
+        for line in text.splitlines()
+        if line.startswith("parameters per GPU (after tp, pp)")
+    ]
     assert len(per_rank) == 2 and per_rank[1] == per_rank[0] // 2
 
 
 def test_fp16_trains_with_dynamic_loss_scaling(tokenized: Path, tmp_path: Path) -> None:
     copy = copy_tokenized(tokenized, tmp_path / "copy")
-    cfg = train_cfg(steps=12, schedule={"warmup_steps": 2}, eval_at_start=False, precision={"device": "cpu", "dtype": "fp16"}, optim={"lr": 1e-2, "name": "muon"})
+    cfg = train_cfg(
+        steps=12,
+        schedule={"warmup_steps": 2},
+        eval_at_start=False,
+        precision={"device": "cpu", "dtype": "fp16"},
+        optim={"lr": 1e-2, "name": "muon"},
+    )
     manifest = train(MODEL, cfg, MIX, EvalConfig(max_tokens_per_source=256), copy)
     losses = [r["loss"] for r in step_records(copy)]
     assert len(losses) == 12 and all(math.isfinite(x) for x in losses)
@@ -691,7 +847,13 @@ def test_periodic_validation_and_tensorboard_curves(tokenized: Path, tmp_path: P
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     copy = copy_tokenized(tokenized, tmp_path / "copy")
-    manifest = train(MODEL, train_cfg(steps=10, schedule={"warmup_steps": 2}, eval_every=4), MIX, EvalConfig(max_tokens_per_source=256), copy)
+    manifest = train(
+        MODEL,
+        train_cfg(steps=10, schedule={"warmup_steps": 2}, eval_every=4),
+        MIX,
+        EvalConfig(max_tokens_per_source=256),
+        copy,
+    )
     evals = [(r["step"], r["kind"]) for r in read_metrics(copy) if "eval" in r]
     assert evals == [(0, "start"), (4, "periodic"), (8, "periodic"), (10, "final")]
     board = EventAccumulator(str(copy / "train" / "tensorboard"))
@@ -700,14 +862,23 @@ def test_periodic_validation_and_tensorboard_curves(tokenized: Path, tmp_path: P
     assert [e.step for e in loss] == list(range(1, 11))
     assert [e.value for e in loss] == pytest.approx([r["loss"] for r in step_records(copy)], abs=1e-5)
     assert [e.step for e in board.Scalars("val_loss/all")] == [0, 4, 8, 10]
-    assert board.Scalars("val_loss/all")[-1].value == pytest.approx(manifest["counts"]["val_after"]["all"]["loss"], rel=1e-6)
+    assert board.Scalars("val_loss/all")[-1].value == pytest.approx(
+        manifest["counts"]["val_after"]["all"]["loss"], rel=1e-6
+    )
 
 
 def test_the_fused_loss_trains_as_the_plain_loss(tokenized: Path, tmp_path: Path) -> None:
     # Loss masks (prefix-LM), z-loss, late-position weights and a chunk that does not divide the
     # 8 x 64 positions: the same losses up to summation order, step after step.
     model = MODEL.model_copy(update={"z_loss": 1e-3})
-    settings = {"steps": 8, "objective": "prefix_lm", "late_position_weight": 0.5, "eval_at_start": False, "schedule": {"warmup_steps": 2}, "loss_chunk_tokens": 100}
+    settings = {
+        "steps": 8,
+        "objective": "prefix_lm",
+        "late_position_weight": 0.5,
+        "eval_at_start": False,
+        "schedule": {"warmup_steps": 2},
+        "loss_chunk_tokens": 100,
+    }
     losses = {}
     for fused in (False, True):
         copy = copy_tokenized(tokenized, tmp_path / f"fused-{fused}")
@@ -726,11 +897,23 @@ def test_compiled_training_follows_eager_training(tokenized: Path, tmp_path: Pat
     # through torch.compile, the plain loss and the fused loss's chunks, against eager blocks with
     # the fused loss. Fused kernels round differently, so the losses agree within tolerance.
     model = MODEL.model_copy(update={"z_loss": 1e-3})
-    settings = {"steps": 6, "objective": "prefix_lm", "late_position_weight": 0.5, "eval_at_start": False, "schedule": {"warmup_steps": 2}}
+    settings = {
+        "steps": 6,
+        "objective": "prefix_lm",
+        "late_position_weight": 0.5,
+        "eval_at_start": False,
+        "schedule": {"warmup_steps": 2},
+    }
     losses = {}
     for compiled, fused in [(False, True), (True, False), (True, True)]:
         copy = copy_tokenized(tokenized, tmp_path / f"compile-{compiled}-{fused}")
-        train(model, train_cfg(**settings, compile=compiled, fused_loss=fused), MIX, EvalConfig(max_tokens_per_source=256), copy)
+        train(
+            model,
+            train_cfg(**settings, compile=compiled, fused_loss=fused),
+            MIX,
+            EvalConfig(max_tokens_per_source=256),
+            copy,
+        )
         losses[compiled, fused] = [r["loss"] for r in step_records(copy)]
     eager = losses[False, True]
     for compiled_fused in (False, True):

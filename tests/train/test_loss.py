@@ -101,7 +101,21 @@ def test_late_position_weight_counts_later_positions_more_at_mean_one() -> None:
     assert torch.equal(weighted.row_mean_B, lm_loss(logits, b).row_mean_B)  # the logged loss stays unweighted
 
 
-def head_losses(B: int, T: int, V: int, seed: int, chunk: int, z_loss: float, late: float, softcap: float | None, step_tokens: int | None, amp: torch.dtype | None = None, device: str = "cpu", D: int = 8, compiled: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def head_losses(
+    B: int,
+    T: int,
+    V: int,
+    seed: int,
+    chunk: int,
+    z_loss: float,
+    late: float,
+    softcap: float | None,
+    step_tokens: int | None,
+    amp: torch.dtype | None = None,
+    device: str = "cpu",
+    D: int = 8,
+    compiled: bool = False,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """[value, row means, row tokens, grad of the hidden states, grad of the output matrix] of lm_loss
     on the output layer's logits and of fused_lm_loss, from the same random hidden states, matrix and mask."""
     gen = torch.Generator().manual_seed(seed)
@@ -129,20 +143,40 @@ def head_losses(B: int, T: int, V: int, seed: int, chunk: int, z_loss: float, la
 
 @settings(max_examples=40, deadline=None)
 @given(
-    B=st.integers(1, 3), T=st.integers(1, 9), V=st.integers(2, 40), seed=st.integers(0, 2**16), chunk=st.integers(1, 30),
-    z_loss=st.sampled_from([0.0, 1e-2]), late=st.sampled_from([0.0, 0.5]), softcap=st.sampled_from([None, 3.0]),
+    B=st.integers(1, 3),
+    T=st.integers(1, 9),
+    V=st.integers(2, 40),
+    seed=st.integers(0, 2**16),
+    chunk=st.integers(1, 30),
+    z_loss=st.sampled_from([0.0, 1e-2]),
+    late=st.sampled_from([0.0, 0.5]),
+    softcap=st.sampled_from([None, 3.0]),
     extra_tokens=st.sampled_from([None, 0, 7]),
 )
-def test_the_fused_loss_has_the_plain_losss_value_row_means_and_gradients(B: int, T: int, V: int, seed: int, chunk: int, z_loss: float, late: float, softcap: float | None, extra_tokens: int | None) -> None:
+def test_the_fused_loss_has_the_plain_losss_value_row_means_and_gradients(
+    B: int,
+    T: int,
+    V: int,
+    seed: int,
+    chunk: int,
+    z_loss: float,
+    late: float,
+    softcap: float | None,
+    extra_tokens: int | None,
+) -> None:
     # extra_tokens: None divides by this batch's kept positions; otherwise by a step's (this batch's + extra).
     step_tokens = None if extra_tokens is None else B * T + extra_tokens
     plain, fused = head_losses(B, T, V, seed, chunk, z_loss, late, softcap, step_tokens)
-    for name, a, b in zip(["value", "row means", "row tokens", "hidden grad", "matrix grad"], plain, fused, strict=True):
+    for name, a, b in zip(
+        ["value", "row means", "row tokens", "hidden grad", "matrix grad"], plain, fused, strict=True
+    ):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), f"{name}: {a} vs {b}"
 
 
 def test_the_fused_loss_under_bf16_autocast_rounds_as_the_output_layer_does() -> None:
-    plain, fused = head_losses(4, 64, 300, seed=0, chunk=50, z_loss=0.0, late=0.0, softcap=None, step_tokens=None, amp=torch.bfloat16)
+    plain, fused = head_losses(
+        4, 64, 300, seed=0, chunk=50, z_loss=0.0, late=0.0, softcap=None, step_tokens=None, amp=torch.bfloat16
+    )
     value, _, _, grad_h, grad_w = fused
     assert grad_h.dtype == torch.float32 and grad_w.dtype == torch.float32  # gradients in the tensors' own dtype
     # Same bf16 logits, so the value agrees to fp32 summation order; the gradients' bf16 matmuls to bf16's precision.
@@ -154,8 +188,12 @@ def test_the_fused_loss_under_bf16_autocast_rounds_as_the_output_layer_does() ->
 @pytest.mark.parametrize("softcap", [None, 3.0])
 def test_the_compiled_fused_loss_has_the_plain_losss_value_row_means_and_gradients(softcap: float | None) -> None:
     # Chunks of 7 positions over 40: a full chunk and a shorter last one; 100 classes pad to 128.
-    plain, fused = head_losses(4, 10, 100, seed=3, chunk=7, z_loss=1e-2, late=0.5, softcap=softcap, step_tokens=None, compiled=True)
-    for name, a, b in zip(["value", "row means", "row tokens", "hidden grad", "matrix grad"], plain, fused, strict=True):
+    plain, fused = head_losses(
+        4, 10, 100, seed=3, chunk=7, z_loss=1e-2, late=0.5, softcap=softcap, step_tokens=None, compiled=True
+    )
+    for name, a, b in zip(
+        ["value", "row means", "row tokens", "hidden grad", "matrix grad"], plain, fused, strict=True
+    ):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), f"{name}: {a} vs {b}"
 
 
@@ -165,7 +203,21 @@ def test_the_compiled_fused_loss_has_the_plain_losss_value_row_means_and_gradien
 def test_the_fused_loss_on_cuda_in_bf16_agrees_with_the_plain_loss(compiled: bool) -> None:
     # The trainer's GPU chunk (2^28 logits: 5,341 positions of a 50K vocabulary) and a smaller one.
     for chunk in (2**28 // 50257, 1000):
-        plain, fused = head_losses(4, 1024, 50257, seed=1, chunk=chunk, z_loss=1e-4, late=0.0, softcap=None, step_tokens=None, amp=torch.bfloat16, device="cuda", D=256, compiled=compiled)
+        plain, fused = head_losses(
+            4,
+            1024,
+            50257,
+            seed=1,
+            chunk=chunk,
+            z_loss=1e-4,
+            late=0.0,
+            softcap=None,
+            step_tokens=None,
+            amp=torch.bfloat16,
+            device="cuda",
+            D=256,
+            compiled=compiled,
+        )
         # cuBLAS may sum a chunk's bf16 logits in another order than the whole matrix's.
         assert fused[0].item() == pytest.approx(plain[0].item(), rel=1e-4)
         assert torch.allclose(fused[1], plain[1], rtol=1e-3)

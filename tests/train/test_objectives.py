@@ -135,8 +135,12 @@ def test_span_corruption_by_hand() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(seq_len=st.integers(8, 300), seed=st.integers(0, 10_000), density=st.floats(0.05, 0.5), mean_span=st.floats(1, 8))
-def test_span_corruption_targets_reconstruct_the_original(seq_len: int, seed: int, density: float, mean_span: float) -> None:
+@given(
+    seq_len=st.integers(8, 300), seed=st.integers(0, 10_000), density=st.floats(0.05, 0.5), mean_span=st.floats(1, 8)
+)
+def test_span_corruption_targets_reconstruct_the_original(
+    seq_len: int, seed: int, density: float, mean_span: float
+) -> None:
     cfg = SpanCorruptionConfig(noise_density=density, mean_span=mean_span)
     L, N, n = obj.span_plan(seq_len, cfg)
     if n > len(IDS.sentinels):
@@ -168,7 +172,10 @@ class Windows:
 
     def __init__(self) -> None:
         gen = rng(3)
-        docs = [np.append(gen.integers(IDS.first_ordinary, IDS.vocab_size, size=gen.integers(4, 12)), EOT) for _ in range(4000)]
+        docs = [
+            np.append(gen.integers(IDS.first_ordinary, IDS.vocab_size, size=gen.integers(4, 12)), EOT)
+            for _ in range(4000)
+        ]
         self.stream = np.concatenate(docs)
         self.rows_drawn = 0
 
@@ -194,7 +201,13 @@ class Batches:
 
     def __init__(self, objective: Any, seq_len: int = 32, rank: int = 0, world: int = 1, **train: Any):
         cfg = TrainConfig(objective=objective, seq_len=seq_len, **train)
-        mix = ObjectiveMix(cfg.objectives, {o: cfg.masks_documents(o) for o in cfg.objectives}, cfg.mlm, cfg.prefix_lm, cfg.span_corruption)
+        mix = ObjectiveMix(
+            cfg.objectives,
+            {o: cfg.masks_documents(o) for o in cfg.objectives},
+            cfg.mlm,
+            cfg.prefix_lm,
+            cfg.span_corruption,
+        )
         self.collator, self.seq_len = Collator(Windows(), mix, IDS, cfg.seed, rank, world), seq_len
 
     def next_batch(self, rows: int) -> Any:
@@ -207,7 +220,9 @@ def collator(objective: Any, seq_len: int = 32, **train: Any) -> Batches:
 
 def batches_equal(a: Any, b: Any) -> bool:
     fields = ("input_ids_BT", "targets_BT", "loss_mask_BT", "doc_ids_BT", "prefix_BT", "positions_BT", "source_B")
-    return a.attention == b.attention and all((getattr(a, f) is None and getattr(b, f) is None) or torch.equal(getattr(a, f), getattr(b, f)) for f in fields)
+    return a.attention == b.attention and all(
+        (getattr(a, f) is None and getattr(b, f) is None) or torch.equal(getattr(a, f), getattr(b, f)) for f in fields
+    )
 
 
 MIXED = {"clm": 1.0, "mlm": 1.0, "prefix_lm": 1.0, "span_corruption": 1.0}
@@ -231,7 +246,11 @@ def test_rows_do_not_depend_on_micro_batching_and_resume_exactly(objective: str)
     for name in ("input_ids_BT", "targets_BT", "loss_mask_BT"):
         assert torch.equal(getattr(whole, name), torch.cat([getattr(p, name) for p in parts]))
     # Each rank counts the tokens of every rank's rows: the global count, whatever the world size.
-    assert ranks[0].collator.tokens_by_source() == ranks[1].collator.tokens_by_source() == single.collator.tokens_by_source()
+    assert (
+        ranks[0].collator.tokens_by_source()
+        == ranks[1].collator.tokens_by_source()
+        == single.collator.tokens_by_source()
+    )
 
 
 def test_a_weighted_mix_draws_each_objective_and_builds_one_rule_for_all() -> None:
@@ -247,7 +266,9 @@ def test_a_weighted_mix_draws_each_objective_and_builds_one_rule_for_all() -> No
     span_rows = int(((batch.input_ids_BT >= 6) & (batch.input_ids_BT < 38)).any(dim=1).sum())
     assert 8 < span_rows < 26
     mlm_rows = int(full_rows.sum())
-    assert sum(c.collator.tokens_by_source().values()) == span_rows * L + mlm_rows * 32 + (64 - span_rows - mlm_rows) * 33
+    assert (
+        sum(c.collator.tokens_by_source().values()) == span_rows * L + mlm_rows * 32 + (64 - span_rows - mlm_rows) * 33
+    )
 
 
 def model() -> Any:
@@ -270,7 +291,9 @@ def test_with_document_masking_a_document_never_changes_another(objective: str) 
         target_doc = int(docs[row, 0])  # the row's first document, changed everywhere
         changed = batch.input_ids_BT.clone()
         where = docs[row] == target_doc
-        changed[row, where] = IDS.first_ordinary + (changed[row, where] + 1 - IDS.first_ordinary) % (IDS.vocab_size - IDS.first_ordinary)
+        changed[row, where] = IDS.first_ordinary + (changed[row, where] + 1 - IDS.first_ordinary) % (
+            IDS.vocab_size - IDS.first_ordinary
+        )
         after = logits(m, batch, changed)
         others = docs[row] != target_doc
         assert others.any()

@@ -36,7 +36,16 @@ STEPS, ROWS = 16, 8
 
 
 def cfg(**update: Any) -> TrainConfig:
-    base = {"steps": STEPS, "seq_len": 64, "micro_batch_size": ROWS, "optim": {"lr": 1e-2}, "schedule": {"warmup_steps": 2}, "precision": {"device": "cpu"}, "eval_at_start": False, "checkpoint": {"every": 4, "keep_last": 3}}
+    base = {
+        "steps": STEPS,
+        "seq_len": 64,
+        "micro_batch_size": ROWS,
+        "optim": {"lr": 1e-2},
+        "schedule": {"warmup_steps": 2},
+        "precision": {"device": "cpu"},
+        "eval_at_start": False,
+        "checkpoint": {"every": 4, "keep_last": 3},
+    }
     return TrainConfig.model_validate({**base, **update})
 
 
@@ -45,12 +54,29 @@ def make_rows(run_dir: Path, crash_after_step: int | None, seq_len: int, split: 
     return CrashAfter(sampler, crash_after_step * ROWS) if crash_after_step and split == "train" else sampler
 
 
-def train(run_dir: Path, train_cfg: TrainConfig, crash_after_step: int | None = None, force: bool = False, from_step: int | None = None) -> dict[str, Any]:
-    return run(MODEL, train_cfg, TrainInputs(MIX, partial(make_rows, run_dir, crash_after_step), SCORING), run_dir, force, from_step=from_step)
+def train(
+    run_dir: Path,
+    train_cfg: TrainConfig,
+    crash_after_step: int | None = None,
+    force: bool = False,
+    from_step: int | None = None,
+) -> dict[str, Any]:
+    return run(
+        MODEL,
+        train_cfg,
+        TrainInputs(MIX, partial(make_rows, run_dir, crash_after_step), SCORING),
+        run_dir,
+        force,
+        from_step=from_step,
+    )
 
 
 def losses(run_dir: Path, folder: str = "train") -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / folder / "metrics.jsonl").read_text().splitlines()) if "loss" in r}
+    return {
+        r["step"]: r["loss"]
+        for r in map(json.loads, (run_dir / folder / "metrics.jsonl").read_text().splitlines())
+        if "loss" in r
+    }
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +106,9 @@ def test_from_step_resumes_an_older_state_moves_the_newer_aside_and_continues_ex
     run_dir = crashed(fresh, "from")
     states = run_dir / "train.partial" / "checkpoints"
     assert sorted(p.name for p in states.iterdir()) == ["step-0000004", "step-0000008"]
-    with pytest.raises(FatalError, match=r"--from 5: no complete state for that step .*there are states after steps 4, 8"):
+    with pytest.raises(
+        FatalError, match=r"--from 5: no complete state for that step .*there are states after steps 4, 8"
+    ):
         train(run_dir, cfg(), from_step=5)
     train(run_dir, cfg(), from_step=4)
     assert losses(run_dir) == whole  # bit for bit: steps 5.. replayed from the state after step 4
@@ -91,7 +119,13 @@ def test_from_step_resumes_an_older_state_moves_the_newer_aside_and_continues_ex
 def test_a_changed_setting_is_named_and_a_checkpoint_setting_is_not_one(runs: Any) -> None:
     fresh, whole = runs
     run_dir = crashed(fresh, "changed")
-    with pytest.raises(FatalError, match=r"settings differ from these: train\.optim\.lr: 0\.01 -> 0\.005; train\.schedule\.warmup_steps: 2 -> 3\. Resuming would not continue the same run"):
+    with pytest.raises(
+        FatalError,
+        match=(
+            r"settings differ from these: train\.optim\.lr: 0\.01 -> 0\.005; train\.schedule\.warmup_steps: 2 -> 3\. "
+            r"Resuming would not continue the same run"
+        ),
+    ):
         train(run_dir, cfg(optim={"lr": 5e-3}, schedule={"warmup_steps": 3}))
     # Where and how often states are saved, and what a fault does, do not change the math.
     train(run_dir, cfg(checkpoint={"every": 3, "keep_last": 1, "async_save": True}, rollback={"max_rollbacks": 1}))
@@ -101,7 +135,13 @@ def test_a_changed_setting_is_named_and_a_checkpoint_setting_is_not_one(runs: An
 
 def test_from_step_without_an_interrupted_run_is_refused(runs: Any) -> None:
     fresh, _ = runs
-    with pytest.raises(FatalError, match=r"--from 4 resumes a saved state, and .*train\.partial/checkpoints holds no complete state \(nor is there a finished run to extend\)"):
+    with pytest.raises(
+        FatalError,
+        match=(
+            r"--from 4 resumes a saved state, and .*train\.partial/checkpoints holds no complete state \(nor is there "
+            r"a finished run to extend\)"
+        ),
+    ):
         train(fresh("nothing"), cfg(), from_step=4)
 
 
@@ -122,7 +162,10 @@ def test_kiln_train_from_on_the_command_line(runs: Any, tmp_path: Path, capsys: 
     fresh, _ = runs
     run_dir = fresh("cli")
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"name: {run_dir.name}\nruns_dir: {run_dir.parent}\nmodel: {json.dumps(MODEL.model_dump(exclude_none=True))}\ntrain: {{seq_len: 64}}\n")
+    recipe.write_text(
+        f"name: {run_dir.name}\nruns_dir: {run_dir.parent}\nmodel: "
+        f"{json.dumps(MODEL.model_dump(exclude_none=True))}\ntrain: {{seq_len: 64}}\n"
+    )
     assert main(["train", "--recipe", str(recipe), "--from", "3"]) == 2
     assert "--from 3 resumes a saved state" in capsys.readouterr().err
 
@@ -139,10 +182,14 @@ def test_a_kill_during_the_first_save_leaves_nothing_to_resume_and_the_same_comm
 
 
 def wsd(**update: Any) -> TrainConfig:
-    return cfg(schedule={"warmup_steps": 2, "kind": "wsd", "decay_fraction": 0.25}, checkpoint={"every": None}, **update)
+    return cfg(
+        schedule={"warmup_steps": 2, "kind": "wsd", "decay_fraction": 0.25}, checkpoint={"every": None}, **update
+    )
 
 
-def test_a_finished_wsd_run_given_more_steps_goes_on_from_its_last_stable_state(runs: Any, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_finished_wsd_run_given_more_steps_goes_on_from_its_last_stable_state(
+    runs: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     fresh, _ = runs
     longer = fresh("wsd-longer")
     train(longer, wsd(steps=24))
@@ -161,7 +208,9 @@ def test_a_finished_wsd_run_given_more_steps_goes_on_from_its_last_stable_state(
     assert "extended the finished run" in (run_dir / "train" / "summary.txt").read_text()
 
 
-def test_a_finished_run_of_other_settings_is_moved_aside_and_trained_again(runs: Any, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_finished_run_of_other_settings_is_moved_aside_and_trained_again(
+    runs: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     fresh, whole = runs
     run_dir = fresh("other")
     train(run_dir, cfg(optim={"lr": 5e-3}))

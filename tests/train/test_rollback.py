@@ -44,8 +44,14 @@ MIX = MixConfig(seed=0)
 
 def cfg(**update: Any) -> TrainConfig:
     base = {
-        "steps": 40, "seq_len": 64, "micro_batch_size": ROWS, "optim": {"lr": 1e-2}, "schedule": {"warmup_steps": 4},
-        "precision": {"device": "cpu"}, "eval_at_start": False, "checkpoint": {"every": 4},
+        "steps": 40,
+        "seq_len": 64,
+        "micro_batch_size": ROWS,
+        "optim": {"lr": 1e-2},
+        "schedule": {"warmup_steps": 4},
+        "precision": {"device": "cpu"},
+        "eval_at_start": False,
+        "checkpoint": {"every": 4},
         "rollback": {"spike_factor": 1.3, "spike_window": 5, "max_rollbacks": 3, "lr_factor": 0.5, "lr_steps": 3},
     }
     return TrainConfig.model_validate({**base, **update})
@@ -90,7 +96,9 @@ def poisonous_embeddings(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def build_with_hook(*args: Any) -> Any:
         model = build(*args)
-        model.embed.register_forward_hook(lambda module, ids, out: out.masked_fill((ids[0] == POISON)[..., None], float("nan")))
+        model.embed.register_forward_hook(
+            lambda module, ids, out: out.masked_fill((ids[0] == POISON)[..., None], float("nan"))
+        )
         return model
 
     monkeypatch.setattr(parts, "build_model", build_with_hook)
@@ -101,14 +109,18 @@ def train_corrupted(run_dir: Path, train_cfg: TrainConfig, corrupt: dict[int, st
         sampler = build_sampler(run_dir / "tokenize", MIX, seq_len, split)
         return CorruptRows(sampler, corrupt) if split == "train" else sampler
 
-    return run(MODEL, train_cfg, TrainInputs(MIX, make_rows, ScoringConfig(max_tokens_per_source=2048, batch_size=8)), run_dir)
+    return run(
+        MODEL, train_cfg, TrainInputs(MIX, make_rows, ScoringConfig(max_tokens_per_source=2048, batch_size=8)), run_dir
+    )
 
 
 def records(run_dir: Path, folder: str = "train") -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / folder / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_nan_and_a_spike_in_the_data_roll_back_skip_their_rows_and_training_goes_on(tokenized_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_nan_and_a_spike_in_the_data_roll_back_skip_their_rows_and_training_goes_on(
+    tokenized_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     poisonous_embeddings(monkeypatch)
     run_dir = copy_tokenized(tokenized_run, tmp_path / "run")
     corrupt = {**{i: "nan" for i in rows_of(NAN_STEP)}, **{i: "spike" for i in SPIKE_ROWS}}
@@ -118,7 +130,10 @@ def test_a_nan_and_a_spike_in_the_data_roll_back_skip_their_rows_and_training_go
     assert manifest["counts"]["rollbacks"] == 2
     log = records(run_dir)
     rollbacks = [r["rollback"] for r in log if r.get("kind") == "rollback"]
-    assert [(r["at_step"], r["to_step"]) for r in rollbacks] == [(NAN_STEP, 12), (SPIKE_STEP, 24)]  # the newest states (every 4)
+    assert [(r["at_step"], r["to_step"]) for r in rollbacks] == [
+        (NAN_STEP, 12),
+        (SPIKE_STEP, 24),
+    ]  # the newest states (every 4)
     assert "loss is nan" in rollbacks[0]["reason"] and rollbacks[1]["reason"].startswith("loss spike")
     assert [r["rows"] for r in rollbacks] == [rows_of(NAN_STEP), SPIKE_ROWS]
     assert all(len(r["sources"]) == ROWS and set(r["sources"]) <= {"code", "legal"} for r in rollbacks)
@@ -130,22 +145,44 @@ def test_a_nan_and_a_spike_in_the_data_roll_back_skip_their_rows_and_training_go
     schedule = cfg()
     for r in steps:
         lowered = 13 <= r["step"] <= NAN_STEP + 3 or 25 <= r["step"] <= SPIKE_STEP + 3
-        expected = lr_at(r["step"], 1e-2, 4, 40, schedule.schedule.min_lr_ratio, schedule.schedule.kind, schedule.schedule.decay_fraction) * (0.5 if lowered else 1)
+        expected = lr_at(
+            r["step"],
+            1e-2,
+            4,
+            40,
+            schedule.schedule.min_lr_ratio,
+            schedule.schedule.kind,
+            schedule.schedule.decay_fraction,
+        ) * (0.5 if lowered else 1)
         assert r["lr"] == pytest.approx(expected, rel=1e-9), r["step"]
     # The replay reached each faulting step again and drew the rows after the offending ones.
     skipped = [m.getMessage().split(" (")[0] for m in caplog.records if "skipping rows" in m.getMessage()]
-    assert skipped == [f"train: step {NAN_STEP}: skipping rows 104..111 of the stream", f"train: step {SPIKE_STEP}: skipping rows 208..215 of the stream"]
+    assert skipped == [
+        f"train: step {NAN_STEP}: skipping rows 104..111 of the stream",
+        f"train: step {SPIKE_STEP}: skipping rows 208..215 of the stream",
+    ]
     assert manifest["counts"]["val_after"]["all"]["loss"] < 5.5  # it learned (ln 520 = 6.25)
 
 
-def test_a_fault_with_no_state_to_go_back_to_or_no_rollbacks_left_stops_with_the_reason(tokenized_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_fault_with_no_state_to_go_back_to_or_no_rollbacks_left_stops_with_the_reason(
+    tokenized_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     poisonous_embeddings(monkeypatch)
     corrupt = {i: "nan" for i in rows_of(6)}
     no_states = copy_tokenized(tokenized_run, tmp_path / "none")
-    with pytest.raises(FatalError, match=r"step 6: loss is nan on rows 40\.\.47 of the stream .*no resumable state to roll back to \(set train\.checkpoint\.every to save them\)"):
+    with pytest.raises(
+        FatalError,
+        match=(
+            r"step 6: loss is nan on rows 40\.\.47 of the stream .*no resumable state to roll back to \(set "
+            r"train\.checkpoint\.every to save them\)"
+        ),
+    ):
         train_corrupted(no_states, cfg(steps=8, checkpoint={"every": None}), corrupt)
     none_left = copy_tokenized(tokenized_run, tmp_path / "max")
-    with pytest.raises(FatalError, match=r"step 6: loss is nan .*0 rollback\(s\) already, train\.rollback\.max_rollbacks is 0: stopping"):
+    with pytest.raises(
+        FatalError,
+        match=r"step 6: loss is nan .*0 rollback\(s\) already, train\.rollback\.max_rollbacks is 0: stopping",
+    ):
         train_corrupted(none_left, cfg(steps=8, rollback={"max_rollbacks": 0}), corrupt)
 
 
@@ -155,7 +192,9 @@ def test_the_guard_finds_nan_inf_and_spikes_against_the_running_median() -> None
     assert guard.check(8.5, 1.0) == "loss spike: 8.5000 > 2 x 4.0000, the median of the last 3 steps"
     assert guard.check(float("nan"), 1.0) == "loss is nan"
     assert guard.check(3.0, float("inf")) == "gradient norm is inf"
-    assert Guard(RollbackConfig(), check_grad_norm=False).check(3.0, float("inf")) is None  # fp16: the loss scaler's business
+    assert (
+        Guard(RollbackConfig(), check_grad_norm=False).check(3.0, float("inf")) is None
+    )  # fp16: the loss scaler's business
     assert guard.check(7.9, 1.0) is None  # below 2 x the median, which faults never moved
     guard.rolled_back(10)
     restored = Guard(RollbackConfig(spike_factor=2.0, spike_window=3))

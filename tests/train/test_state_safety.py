@@ -59,8 +59,14 @@ STEPS, ROWS, CRASH_STEP = 8, 8, 7  # 8 rows of 64 tokens a step; the crash comes
 
 def cfg(**update: Any) -> TrainConfig:
     base = {
-        "steps": STEPS, "seq_len": 64, "micro_batch_size": ROWS, "optim": {"lr": 1e-2}, "schedule": {"warmup_steps": 2},
-        "precision": {"device": "cpu"}, "eval_at_start": False, "checkpoint": {"every": 2, "keep_last": 3},
+        "steps": STEPS,
+        "seq_len": 64,
+        "micro_batch_size": ROWS,
+        "optim": {"lr": 1e-2},
+        "schedule": {"warmup_steps": 2},
+        "precision": {"device": "cpu"},
+        "eval_at_start": False,
+        "checkpoint": {"every": 2, "keep_last": 3},
     }
     return TrainConfig.model_validate({**base, **update})
 
@@ -70,8 +76,16 @@ def make_rows(run_dir: Path, crash: bool, seq_len: int, split: str = "train") ->
     return CrashAfter(sampler, (CRASH_STEP - 1) * ROWS) if crash and split == "train" else sampler
 
 
-def train(run_dir: Path, train_cfg: TrainConfig | None = None, crash: bool = False, from_step: int | None = None) -> dict[str, Any]:
-    return run(MODEL, train_cfg or cfg(), TrainInputs(MIX, partial(make_rows, run_dir, crash), SCORING), run_dir, from_step=from_step)
+def train(
+    run_dir: Path, train_cfg: TrainConfig | None = None, crash: bool = False, from_step: int | None = None
+) -> dict[str, Any]:
+    return run(
+        MODEL,
+        train_cfg or cfg(),
+        TrainInputs(MIX, partial(make_rows, run_dir, crash), SCORING),
+        run_dir,
+        from_step=from_step,
+    )
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -81,7 +95,9 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 def recompute_checksums(state: Path) -> None:
     """What someone who edits a state does so that complete.json matches again."""
-    sums = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(state.iterdir()) if p.name != "complete.json"}
+    sums = {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(state.iterdir()) if p.name != "complete.json"
+    }
     (state / "complete.json").write_text(json.dumps(sums))
 
 
@@ -114,7 +130,13 @@ def runs(tokenized_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
 def test_states_are_written_without_pickles(runs: Any) -> None:
     _, crashed, _, _ = runs
     state = crashed() / "train.partial" / "checkpoints" / "step-0000006"
-    assert sorted(p.name for p in state.iterdir()) == ["__0_0.distcp", "complete.json", "metadata.json", "rng-0.json", "train_state.json"]
+    assert sorted(p.name for p in state.iterdir()) == [
+        "__0_0.distcp",
+        "complete.json",
+        "metadata.json",
+        "rng-0.json",
+        "train_state.json",
+    ]
     described = json.loads((state / "metadata.json").read_text())
     assert described["format"] == "kiln-dcp-metadata v1"
     # Only tensors: DCP would pickle anything else (the optimizer's group settings come from the recipe).
@@ -143,7 +165,13 @@ def test_a_pickled_metadata_is_refused_unread_and_an_older_state_resumes_exactly
     (state / "metadata.json").unlink(missing_ok=True)
     (state / ".metadata").write_bytes(pickle.dumps(RunsCode(marker)))
     recompute_checksums(state)
-    with pytest.raises(FatalError, match=r"step-0000006/\.metadata: DCP's metadata as a pickle.* so it is not loaded: resume from a state this kiln wrote with --from STEP, or pass --force"):
+    with pytest.raises(
+        FatalError,
+        match=(
+            r"step-0000006/\.metadata: DCP's metadata as a pickle.* so it is not loaded: resume from a state this "
+            r"kiln wrote with --from STEP, or pass --force"
+        ),
+    ):
         train(run_dir)
     assert not marker.exists()
     train(run_dir, from_step=4)
@@ -163,7 +191,13 @@ def test_a_shard_that_would_run_code_is_refused_by_weights_only(runs: Any, tmp_p
     entry.update(file="__0_1.distcp", start=0, length=(state / "__0_1.distcp").stat().st_size)
     (state / "metadata.json").write_text(json.dumps(described))
     recompute_checksums(state)
-    with pytest.raises(FatalError, match=r"step-0000006: its model and optimizer shards cannot be loaded \(UnpicklingError: Weights only load failed"):
+    with pytest.raises(
+        FatalError,
+        match=(
+            r"step-0000006: its model and optimizer shards cannot be loaded \(UnpicklingError: Weights only load "
+            r"failed"
+        ),
+    ):
         train(run_dir)
     assert not marker.exists()
 
@@ -177,32 +211,51 @@ def test_an_edited_rows_drawn_is_refused_with_the_expected_and_found_values(runs
     saved["batches"]["rows"]["drawn"][0] += ROWS  # ... and keep the per-source counts adding up
     (state / "train_state.json").write_text(json.dumps(saved))
     recompute_checksums(state)
-    with pytest.raises(FatalError, match=r"train_state\.json: batches\.rows\.rows_drawn: 56, but steps 1\.\.6 of this run draw 48 rows .*--from STEP, or pass --force"):
+    with pytest.raises(
+        FatalError,
+        match=(
+            r"train_state\.json: batches\.rows\.rows_drawn: 56, but steps 1\.\.6 of this run draw 48 rows .*--from "
+            r"STEP, or pass --force"
+        ),
+    ):
         train(run_dir)
     saved["batches"]["rows"]["drawn"][0] -= ROWS
     (state / "train_state.json").write_text(json.dumps(saved))
     recompute_checksums(state)
-    with pytest.raises(FatalError, match=r"batches\.rows\.rows_drawn: 56, but its rows per source \(drawn\) add up to 48"):
+    with pytest.raises(
+        FatalError, match=r"batches\.rows\.rows_drawn: 56, but its rows per source \(drawn\) add up to 48"
+    ):
         verify(state, cfg())
 
 
 @settings(max_examples=150, deadline=None)
 @given(
-    steps=st.integers(4, 200), rows=st.sampled_from([2, 4, 8]), warmup=st.none() | st.tuples(st.sampled_from([0.1, 0.25, 0.5]), st.integers(1, 40)),
-    phase=st.none() | st.sampled_from([0.1, 0.3, 1 / 3, 0.5, 0.7]), data=st.data(),
+    steps=st.integers(4, 200),
+    rows=st.sampled_from([2, 4, 8]),
+    warmup=st.none() | st.tuples(st.sampled_from([0.1, 0.25, 0.5]), st.integers(1, 40)),
+    phase=st.none() | st.sampled_from([0.1, 0.3, 1 / 3, 0.5, 0.7]),
+    data=st.data(),
 )
 def test_the_rows_a_state_must_have_drawn_are_the_sum_over_its_steps(
     steps: int, rows: int, warmup: tuple[float, int] | None, phase: float | None, data: st.DataObject
 ) -> None:
     """drawn_by adds whole stretches of steps of one shape; the reference adds every step's rows."""
-    section: dict[str, Any] = {"steps": steps, "seq_len": 64, "micro_batch_size": rows, "schedule": {"warmup_steps": 1}, "precision": {"device": "cpu"}}
+    section: dict[str, Any] = {
+        "steps": steps,
+        "seq_len": 64,
+        "micro_batch_size": rows,
+        "schedule": {"warmup_steps": 1},
+        "precision": {"device": "cpu"},
+    }
     if warmup:
         section["batch_warmup"] = {"start_fraction": warmup[0], "steps": warmup[1]}
     if phase:
         section["seq_len_schedule"] = [{"start": 0, "seq_len": 32}, {"start": phase, "seq_len": 64}]
     train_cfg = TrainConfig.model_validate(section, context={"data_ranks": 1})
     step = data.draw(st.integers(1, steps), label="step")
-    later = data.draw(st.lists(st.tuples(st.integers(2, max(2, step)), st.sampled_from([1, 2, 4])), max_size=2), label="stretches")
+    later = data.draw(
+        st.lists(st.tuples(st.integers(2, max(2, step)), st.sampled_from([1, 2, 4])), max_size=2), label="stretches"
+    )
     data_ranks = sorted({(1, 1), *later})
     data_ranks = [r for i, r in enumerate(data_ranks) if i == 0 or r[0] != data_ranks[i - 1][0]]
     skips = data.draw(st.dictionaries(st.integers(1, steps), st.integers(1, 2), max_size=3), label="skips")
@@ -257,7 +310,11 @@ def intact(runs: Any) -> Path:
     """A state as saved, which loads (so that the edits below are what a refusal is about)."""
     _, crashed, _, _ = runs
     run_dir = crashed()
-    state = Path(shutil.copytree(run_dir / "train.partial" / "checkpoints" / "step-0000006", run_dir.parent / "intact" / "step-0000006"))
+    state = Path(
+        shutil.copytree(
+            run_dir / "train.partial" / "checkpoints" / "step-0000006", run_dir.parent / "intact" / "step-0000006"
+        )
+    )
     with torch.random.fork_rng():
         resume_short_of_training(state, run_dir.parent / "as-left")
     return state
@@ -280,7 +337,9 @@ def resume_short_of_training(state: Path, run_dir: Path) -> None:
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), name=st.sampled_from(["train_state.json", "rng-0.json", "metadata.json", "complete.json"]))
-def test_an_edited_state_file_is_refused_by_name_or_loads_never_a_traceback(intact: Path, tmp_path_factory: pytest.TempPathFactory, data: st.DataObject, name: str) -> None:
+def test_an_edited_state_file_is_refused_by_name_or_loads_never_a_traceback(
+    intact: Path, tmp_path_factory: pytest.TempPathFactory, data: st.DataObject, name: str
+) -> None:
     state = tmp_path_factory.mktemp("edited") / intact.name
     shutil.copytree(intact, state)
     (state / name).write_text(data.draw(edited((intact / name).read_text()), label=name))
@@ -299,7 +358,9 @@ def test_an_edited_state_file_is_refused_by_name_or_loads_never_a_traceback(inta
         np.random.set_state(numpy)
 
 
-def test_a_torn_last_metrics_line_is_dropped_on_resume_and_a_damaged_one_before_it_is_named(runs: Any, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_torn_last_metrics_line_is_dropped_on_resume_and_a_damaged_one_before_it_is_named(
+    runs: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     _, crashed, whole, _ = runs
     run_dir = crashed()
     metrics = run_dir / "train.partial" / "metrics.jsonl"
@@ -309,7 +370,11 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume_and_a_damaged_one_before_
     with caplog.at_level(logging.WARNING, logger="kiln.train"):
         train(run_dir)
     assert losses(run_dir) == whole
-    assert any(f"{metrics}: its last line (line {len(lines) + 2}, {len(torn)} bytes) is not a whole record" in r.getMessage() and "dropped" in r.getMessage() for r in caplog.records)
+    assert any(
+        f"{metrics}: its last line (line {len(lines) + 2}, {len(torn)} bytes) is not a whole record" in r.getMessage()
+        and "dropped" in r.getMessage()
+        for r in caplog.records
+    )
     damaged = run_dir / "damaged.jsonl"
     damaged.write_bytes(b"".join([*lines[:2], torn + b"\n", *lines[2:]]))
     with pytest.raises(FatalError, match=rf"{damaged}: line 3 is not a metrics record .*remove that line"):
@@ -321,7 +386,13 @@ def small_disk(tmp_path: Path) -> Any:
     """A 24 MiB tmpfs (a disk that fills up for real); skipped where it cannot be mounted (not root, not Linux)."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    mounted = sys.platform == "linux" and os.geteuid() == 0 and not subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], capture_output=True).returncode
+    mounted = (
+        sys.platform == "linux"
+        and os.geteuid() == 0
+        and not subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], capture_output=True
+        ).returncode
+    )
     if not mounted:
         pytest.skip("mounting a small tmpfs needs root on Linux")
     try:
@@ -331,7 +402,9 @@ def small_disk(tmp_path: Path) -> Any:
 
 
 @pytest.mark.parametrize("async_save", [False, True])
-def test_a_full_disk_during_a_save_stops_with_one_line_and_the_next_run_resumes_exactly(runs: Any, small_disk: Path, async_save: bool) -> None:
+def test_a_full_disk_during_a_save_stops_with_one_line_and_the_next_run_resumes_exactly(
+    runs: Any, small_disk: Path, async_save: bool
+) -> None:
     fresh, _, whole, whole_dir = runs
     run_dir = fresh("run", under=small_disk)
     one_state = sum(p.stat().st_size for p in (whole_dir / "train" / "checkpoints" / "step-0000002").iterdir())
@@ -339,12 +412,24 @@ def test_a_full_disk_during_a_save_stops_with_one_line_and_the_next_run_resumes_
     ballast = small_disk / "ballast"
     ballast.write_bytes(bytes(shutil.disk_usage(small_disk).free - one_state * 3 // 2))
     every = {"every": 2, "keep_last": 3, "async_save": async_save}
-    with pytest.raises(FatalError, match=r"^cannot write /.*: No space left on device; free space on that disk and run the same command again: finished work is kept") as failed:
+    with pytest.raises(
+        FatalError,
+        match=(
+            r"^cannot write /.*: No space left on device; free space on that disk and run the same command again: "
+            r"finished work is kept"
+        ),
+    ) as failed:
         train(run_dir, cfg(checkpoint=every))
     states = run_dir / "train.partial" / "checkpoints"
     assert sorted(p.name for p in states.iterdir()) == ["step-0000002"]  # step 4's partial folder is gone
     if not async_save:  # an async save's failure may surface first as the next metrics line that cannot be written
-        assert re.search(r"step-0000004\.tmp/__0_0\.distcp: No space left on device; .*\(training resumes from .*step-0000002; the state after step 4 was not saved\)$", str(failed.value))
+        assert re.search(
+            (
+                r"step-0000004\.tmp/__0_0\.distcp: No space left on device; .*\(training resumes from .*step-0000002; "
+                r"the state after step 4 was not saved\)$"
+            ),
+            str(failed.value),
+        )
     ballast.unlink()  # space freed
     train(run_dir, cfg(checkpoint=every))
     assert losses(run_dir) == whole

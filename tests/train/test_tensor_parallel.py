@@ -19,12 +19,24 @@ from kiln.train.mesh import check_tensor_parallel
 
 def test_shapes_tensor_parallelism_cannot_split_are_refused_with_the_reason() -> None:
     check_tensor_parallel(ModelConfig(preset="tiny"), 2)  # 4 heads, 2 key/value heads, width 384
-    with pytest.raises(ConfigError, match=r"model.n_kv_heads \(2\) is not a multiple of parallel.tp \(4\).*grouped-query attention splits only when tp divides the key/value heads"):
+    with pytest.raises(
+        ConfigError,
+        match=(
+            r"model.n_kv_heads \(2\) is not a multiple of parallel.tp \(4\).*grouped-query attention splits only when "
+            r"tp divides the key/value heads"
+        ),
+    ):
         check_tensor_parallel(ModelConfig(preset="tiny"), 4)
     with pytest.raises(ConfigError, match=r"model.n_heads \(4\) is not a multiple of parallel.tp \(3\)"):
         check_tensor_parallel(ModelConfig(preset="tiny", n_kv_heads=None), 3)
     check_tensor_parallel(ModelConfig(preset="tiny", qk_norm=True), 2)  # the q/k norms' gains are replicated over tp
-    with pytest.raises(ConfigError, match=r"parallel.tp=2 cannot split this model: model.z_loss: its log-normaliser needs every vocabulary shard's logits"):
+    with pytest.raises(
+        ConfigError,
+        match=(
+            r"parallel.tp=2 cannot split this model: model.z_loss: its log-normaliser needs every vocabulary shard's "
+            r"logits"
+        ),
+    ):
         check_tensor_parallel(ModelConfig(preset="tiny", qk_norm=True, z_loss=1e-4), 2)
 
 
@@ -45,9 +57,13 @@ def test_a_tied_output_matrix_stays_tied_and_the_logits_are_the_models(tmp_path:
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         apply_tensor_parallel(split, init_device_mesh("cpu", (1,), mesh_dim_names=("tp",)), sequence_parallel=False)
-        assert split.lm_head.weight is split.embed.weight and len(list(split.parameters())) == len(list(plain.parameters()))
+        assert split.lm_head.weight is split.embed.weight and len(list(split.parameters())) == len(
+            list(plain.parameters())
+        )
         gains = [p for name, p in split.named_parameters() if name.endswith(("q_norm.weight", "k_norm.weight"))]
-        assert len(gains) == 2 * cfg.n_layers and all(isinstance(g, DTensor) and g.placements == (Replicate(),) for g in gains)
+        assert len(gains) == 2 * cfg.n_layers and all(
+            isinstance(g, DTensor) and g.placements == (Replicate(),) for g in gains
+        )
         torch.testing.assert_close(split(ids_BT), plain(ids_BT))
     finally:
         dist.destroy_process_group()

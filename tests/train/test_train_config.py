@@ -18,7 +18,13 @@ def test_accumulation_follows_from_global_batch_tokens() -> None:
 
 
 def test_global_batch_that_does_not_divide_is_refused_with_the_numbers() -> None:
-    with pytest.raises(ValidationError, match=r"global_batch_tokens \(1000\) is not a multiple of micro_batch_size \* seq_len \* data-parallel ranks \(8 \* 64 \* 1 = 512\); use a multiple such as 1024"):
+    with pytest.raises(
+        ValidationError,
+        match=(
+            r"global_batch_tokens \(1000\) is not a multiple of micro_batch_size \* seq_len \* data-parallel ranks "
+            r"\(8 \* 64 \* 1 = 512\); use a multiple such as 1024"
+        ),
+    ):
         TrainConfig(seq_len=64, micro_batch_size=8, global_batch_tokens=1000)
     with pytest.raises(ValidationError, match="use a multiple such as 512"):
         TrainConfig(seq_len=64, micro_batch_size=8, global_batch_tokens=100)
@@ -70,8 +76,16 @@ def test_warmup_fraction_left_unset_keeps_the_hash_of_earlier_runs() -> None:
 
 @pytest.mark.parametrize(
     ("bad", "where"),
-    [({"optim": {"lr": 0}}, "lr"), ({"optim": {"lr": 2.0}}, "lr"), ({"optim": {"beta2": 1.0}}, "beta2"), ({"optim": {"grad_clip": 0}}, "grad_clip"),
-     ({"precision": {"device": "tpu"}}, "device"), ({"precision": {"dtype": "fp8"}}, "dtype"), ({"micro_batch_size": 0}, "micro_batch_size"), ({"checkpoint": {"every": 0}}, "every")],
+    [
+        ({"optim": {"lr": 0}}, "lr"),
+        ({"optim": {"lr": 2.0}}, "lr"),
+        ({"optim": {"beta2": 1.0}}, "beta2"),
+        ({"optim": {"grad_clip": 0}}, "grad_clip"),
+        ({"precision": {"device": "tpu"}}, "device"),
+        ({"precision": {"dtype": "fp8"}}, "dtype"),
+        ({"micro_batch_size": 0}, "micro_batch_size"),
+        ({"checkpoint": {"every": 0}}, "every"),
+    ],
 )
 def test_out_of_range_values_are_rejected(bad: dict, where: str) -> None:
     with pytest.raises(ValidationError, match=where):
@@ -103,7 +117,12 @@ def test_speed_only_settings_do_not_change_the_hash() -> None:
     base = config_hash({"train": TrainConfig()})
     for same in ({"threads": 2}, {"eval_at_start": False}, {"checkpoint": {"every": 5}}):
         assert config_hash({"train": TrainConfig(**same)}) == base, same
-    for other in ({"optim": {"lr": 1e-3}}, {"schedule": {"min_lr_ratio": 0.0}}, {"precision": {"dtype": "bf16"}}, {"global_batch_tokens": 8192}):
+    for other in (
+        {"optim": {"lr": 1e-3}},
+        {"schedule": {"min_lr_ratio": 0.0}},
+        {"precision": {"dtype": "bf16"}},
+        {"global_batch_tokens": 8192},
+    ):
         assert config_hash({"train": TrainConfig(**other)}) != base, other
 
 
@@ -115,7 +134,10 @@ def test_speed_only_settings_do_not_change_the_hash() -> None:
         ({"mlm": {"replace_with_mask": 0.8, "replace_with_random": 0.3}}, "exceeds 1"),
         ({"prefix_lm": {"min_share": 0.8, "max_share": 0.2}}, "min_share"),
         ({"seq_len_schedule": [{"start": 0.2, "seq_len": 128}]}, "must begin at 0"),
-        ({"seq_len_schedule": [{"start": 0.0, "seq_len": 128}, {"start": 0.0, "seq_len": 256}]}, "must begin at 0 and increase"),
+        (
+            {"seq_len_schedule": [{"start": 0.0, "seq_len": 128}, {"start": 0.0, "seq_len": 256}]},
+            "must begin at 0 and increase",
+        ),
         ({"seq_len_schedule": [{"start": 0.0, "seq_len": 512}]}, "seq_len 512 must be at most seq_len"),
         ({"seq_len_schedule": [{"start": 0.0, "seq_len": 96}]}, "divide micro_batch_size"),
     ],
@@ -126,7 +148,13 @@ def test_objective_and_schedule_settings_are_checked_before_any_work(bad: dict, 
 
 
 def test_step_geometry_keeps_tokens_per_step_across_phases() -> None:
-    cfg = TrainConfig(steps=10, seq_len=256, micro_batch_size=16, schedule={"warmup_steps": 2}, seq_len_schedule=[{"start": 0.0, "seq_len": 64}, {"start": 0.5, "seq_len": 256, "rope_theta": 5e5}])
+    cfg = TrainConfig(
+        steps=10,
+        seq_len=256,
+        micro_batch_size=16,
+        schedule={"warmup_steps": 2},
+        seq_len_schedule=[{"start": 0.0, "seq_len": 64}, {"start": 0.5, "seq_len": 256, "rope_theta": 5e5}],
+    )
     first, last = cfg.geometry(1), cfg.geometry(10)
     assert (first.seq_len, first.rows_per_rank, first.micro_rows, first.rope_theta) == (64, 64, 64, None)
     assert (last.seq_len, last.rows_per_rank, last.micro_rows, last.rope_theta) == (256, 16, 16, 5e5)

@@ -31,7 +31,9 @@ def takes_bool(annotation: Any) -> bool:
 
 class Section(BaseModel):
     # coerce_numbers_to_str: `--set name=2024` parses as a YAML int but means the text "2024".
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, coerce_numbers_to_str=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_default=True, coerce_numbers_to_str=True, allow_inf_nan=False
+    )
     NOT_HASHED: ClassVar[frozenset[str]] = frozenset()
 
     @model_validator(mode="before")
@@ -42,5 +44,8 @@ class Section(BaseModel):
             for name, value in data.items():
                 field = cls.model_fields.get(name) if isinstance(name, str) else None
                 if isinstance(value, bool) and field is not None and not takes_bool(field.annotation):
-                    raise ValueError(f"{name}: got {str(value).lower()}, a yes/no value, for a setting that takes {getattr(field.annotation, '__name__', field.annotation)}")
+                    raise ValueError(
+                        f"{name}: got {str(value).lower()}, a yes/no value, for a setting that takes "
+                        f"{getattr(field.annotation, '__name__', field.annotation)}"
+                    )
         return data

@@ -50,7 +50,9 @@ class ShardWriter:
     def __enter__(self) -> ShardWriter:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is None:
             self.close()
         else:  # leave no half-written shard behind
@@ -61,7 +63,17 @@ class ShardWriter:
 
 def encode_line(doc: Document) -> bytes:
     meta = json.dumps(doc.meta, ensure_ascii=False).encode("utf-8")
-    return b'{"id":' + orjson.dumps(doc.id) + b',"text":' + orjson.dumps(doc.text) + b',"source":' + orjson.dumps(doc.source) + b',"meta":' + meta + b"}\n"
+    return (
+        b'{"id":'
+        + orjson.dumps(doc.id)
+        + b',"text":'
+        + orjson.dumps(doc.text)
+        + b',"source":'
+        + orjson.dumps(doc.source)
+        + b',"meta":'
+        + meta
+        + b"}\n"
+    )
 
 
 def read_shard(path: Path) -> Iterator[Document]:
@@ -77,7 +89,9 @@ def read_shard_lines(path: Path) -> Iterator[tuple[Document, bytes]]:
             try:
                 yield Document.from_json(json.loads(line)), line
             except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-                raise FatalError(f"{path}:{lineno}: not a kiln document line ({e}); the shard is corrupt, redo curate with --force") from None
+                raise FatalError(
+                    f"{path}:{lineno}: not a kiln document line ({e}); the shard is corrupt, redo curate with --force"
+                ) from None
 
 
 def list_shards(folder: Path) -> list[Path]:

@@ -54,7 +54,9 @@ def available_memory(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path(
     the free physical pages; None when the system tells neither."""
     found = None
     try:
-        found = next(int(line.split()[1]) * 1024 for line in meminfo.read_text().splitlines() if line.startswith("MemAvailable:"))
+        found = next(
+            int(line.split()[1]) * 1024 for line in meminfo.read_text().splitlines() if line.startswith("MemAvailable:")
+        )
     except (OSError, ValueError, IndexError, StopIteration):
         try:
             found = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -73,4 +75,6 @@ def available_memory(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path(
 def check_memory(what: str, needed: float, available: float | None, where: str, fix: str) -> None:
     """FatalError when `what` needs more bytes than `where` has available (None: unknown, not checked)."""
     if available is not None and needed > available:
-        raise FatalError(f"{what} needs {needed / GB:,.1f} GB of memory and {where} has {available / GB:,.1f} GB available; {fix}")
+        raise FatalError(
+            f"{what} needs {needed / GB:,.1f} GB of memory and {where} has {available / GB:,.1f} GB available; {fix}"
+        )

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Stage directory names, one per stage (the CLI verb may differ: train-tokenizer writes `tokenizer`).
-CURATE, QUALITY, TOKENIZER, TOKENIZER_SWEEP, TOKENIZER_EXTENDED = "curate", "quality", "tokenizer", "tokenizer-sweep", "tokenizer-extended"
+CURATE, QUALITY, TOKENIZER, TOKENIZER_SWEEP, TOKENIZER_EXTENDED = (
+    "curate",
+    "quality",
+    "tokenizer",
+    "tokenizer-sweep",
+    "tokenizer-extended",
+)
 TOKENIZE, TRAIN, EVAL, GENERATE, EXPORT, SWEEP = "tokenize", "train", "eval", "generate", "export", "sweep"
 
 MANIFEST = "manifest.json"

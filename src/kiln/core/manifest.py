@@ -76,7 +76,11 @@ def config_hash(config: Mapping[str, Section]) -> str:
 def changed_settings(old: Any, new: Any, prefix: str = "") -> list[str]:
     """`key: old -> new` for every dotted key whose value differs between two JSON trees."""
     if isinstance(old, dict) and isinstance(new, dict):
-        return [change for key in sorted(old.keys() | new.keys()) for change in changed_settings(old.get(key), new.get(key), f"{prefix}{key}.")]
+        return [
+            change
+            for key in sorted(old.keys() | new.keys())
+            for change in changed_settings(old.get(key), new.get(key), f"{prefix}{key}.")
+        ]
     return [] if old == new else [f"{prefix.rstrip('.')}: {json.dumps(old)} -> {json.dumps(new)}"]
 
 
@@ -120,7 +124,9 @@ def recorded_outputs(stage_dir: Path, under: str = "") -> list[Path]:
     deleted output is reported as missing instead of silently left out.
     """
     prefix = f"{under.rstrip('/')}/" if under else ""
-    return [Path(stage_dir) / o["path"] for o in read_manifest(Path(stage_dir))["outputs"] if o["path"].startswith(prefix)]
+    return [
+        Path(stage_dir) / o["path"] for o in read_manifest(Path(stage_dir))["outputs"] if o["path"].startswith(prefix)
+    ]
 
 
 def _cpu_seconds() -> float:
@@ -131,7 +137,14 @@ def _cpu_seconds() -> float:
 class Stage:
     """One stage of one run: `runs/<name>/<stage>/`, built in `<stage>.partial/`."""
 
-    def __init__(self, run_dir: Path, name: str, config: Mapping[str, Section], inputs: Collection[Path], upstream: Iterable[str] = ()):
+    def __init__(
+        self,
+        run_dir: Path,
+        name: str,
+        config: Mapping[str, Section],
+        inputs: Collection[Path],
+        upstream: Iterable[str] = (),
+    ):
         self.run_dir = Path(run_dir)
         self.name = name
         self.final_dir = self.run_dir / name
@@ -145,7 +158,10 @@ class Stage:
         self.upstream = {u: m.get("fingerprint") for u, m in upstream_manifests.items()}
         missing = sorted(str(p) for p in inputs if not Path(p).is_file())
         if missing:
-            raise FatalError(f"{name}: input files missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; rerun the stage that makes them with --force")
+            raise FatalError(
+                f"{name}: input files missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; "
+                "rerun the stage that makes them with --force"
+            )
         self.inputs = describe_files(inputs)
         self._check_upstream_records(upstream_manifests)
         self._check_upstream_chain(upstream_manifests)
@@ -165,11 +181,16 @@ class Stage:
                 rel = str(path.relative_to(folder))
                 want = recorded.get(rel)
                 if want is None:
-                    raise FatalError(f"{self.name}: {path} is not an output recorded in {folder / MANIFEST}; rerun `{u}` with --force")
+                    raise FatalError(
+                        f"{self.name}: {path} is not an output recorded in {folder / MANIFEST}; rerun `{u}` with "
+                        "--force"
+                    )
                 if (want["bytes"], want["sha256"]) != (found["bytes"], found["sha256"]):
                     raise FatalError(
-                        f"{self.name}: {path} changed after the {u} stage wrote it ({found['bytes']:,} bytes now, {want['bytes']:,} recorded"
-                        f"{'' if want['bytes'] != found['bytes'] else ', same size but a different sha256'}); rerun `{u}` with --force to rebuild it"
+                        f"{self.name}: {path} changed after the {u} stage wrote it ({found['bytes']:,} bytes now, "
+                        f"{want['bytes']:,} recorded"
+                        f"{'' if want['bytes'] != found['bytes'] else ', same size but a different sha256'}); "
+                        f"rerun `{u}` with --force to rebuild it"
                     )
 
     def _check_upstream_chain(self, manifests: Mapping[str, Mapping[str, Any]]) -> None:
@@ -190,8 +211,10 @@ class Stage:
                 current = json.loads(path.read_text())
                 if current.get("fingerprint") != recorded:
                     raise FatalError(
-                        f"{self.name}: {self.run_dir / name} was made from an earlier {above} stage ({str(recorded)[:12]}), and {above} has "
-                        f"been redone since ({str(current.get('fingerprint'))[:12]}), so it is stale; rerun the stages after {above} "
+                        f"{self.name}: {self.run_dir / name} was made from an earlier {above} stage "
+                        f"({str(recorded)[:12]}), and {above} has "
+                        f"been redone since ({str(current.get('fingerprint'))[:12]}), so it is stale; rerun the "
+                        f"stages after {above} "
                         f"(`kiln demo` reruns every stale stage in order) before {self.name}"
                     )
                 pending.setdefault(above, current)
@@ -208,14 +231,19 @@ class Stage:
             reason = "an input changed"
         elif old.get("upstream") != self.upstream:
             reason = "an upstream stage was redone"
-        elif any(not (self.final_dir / o["path"]).is_file() or (self.final_dir / o["path"]).stat().st_size != o["bytes"] for o in old.get("outputs", [])):
+        elif any(
+            not (self.final_dir / o["path"]).is_file() or (self.final_dir / o["path"]).stat().st_size != o["bytes"]
+            for o in old.get("outputs", [])
+        ):
             reason = "an output is missing or was modified"
         else:
             return old
         self.log.info("%s: redoing because %s", self.name, reason)
         return None
 
-    def up_to_date(self, force: bool, describe: Callable[[dict[str, Any]], str] = lambda m: "") -> dict[str, Any] | None:
+    def up_to_date(
+        self, force: bool, describe: Callable[[dict[str, Any]], str] = lambda m: ""
+    ) -> dict[str, Any] | None:
         """The finished manifest when there is nothing to do (logged with `describe(manifest)`), else None."""
         if force or (done := self.current_manifest()) is None:
             return None
@@ -230,7 +258,10 @@ class Stage:
         if not held:
             return
         if not force:
-            raise FatalError(f"{self.name}: {held[0]} holds {why}; pass --force to move it aside (kept as {self.final_dir.name}.old-<time>/) and start over")
+            raise FatalError(
+                f"{self.name}: {held[0]} holds {why}; pass --force to move it aside (kept as "
+                f"{self.final_dir.name}.old-<time>/) and start over"
+            )
         for d in held:
             self.set_aside(d, "--force")
 
@@ -284,7 +315,9 @@ class Stage:
         old_inputs = {i["path"]: i for i in old.get("inputs", [])}
         changes += [f"input {i['path']} changed" for i in self.inputs if old_inputs.get(i["path"]) != i]
         changes += [f"input {path} is no longer used" for path in old_inputs.keys() - {i["path"] for i in self.inputs}]
-        changes += [f"upstream stage {u} was redone" for u, f in self.upstream.items() if old.get("upstream", {}).get(u) != f]
+        changes += [
+            f"upstream stage {u} was redone" for u, f in self.upstream.items() if old.get("upstream", {}).get(u) != f
+        ]
         return changes
 
     def begin(self, resume: bool = False) -> bool:
@@ -307,7 +340,14 @@ class Stage:
         self._t0, self._cpu0 = time.perf_counter(), _cpu_seconds()
         return kept
 
-    def finish(self, outputs: Iterable[Path], counts: Mapping[str, Any], summary: str, extra: Mapping[str, Any] | None = None, logs: Iterable[Path] = ()) -> dict[str, Any]:
+    def finish(
+        self,
+        outputs: Iterable[Path],
+        counts: Mapping[str, Any],
+        summary: str,
+        extra: Mapping[str, Any] | None = None,
+        logs: Iterable[Path] = (),
+    ) -> dict[str, Any]:
         """Write manifest.json last, then swap the partial folder in for the finished one.
 
         `logs` (e.g. per-step metrics with timings) are listed but are not results: they stay out
@@ -354,7 +394,11 @@ class Stage:
     def lock(self) -> None:
         """Hold `<stage>.lock` (host, pid) until finish(); a no-op when this process holds it already.
         Stops with the holder's name when another live process holds it."""
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        me = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
         while True:
             try:
@@ -367,11 +411,17 @@ class Stage:
                     return  # ours: taken earlier in this command (or by this process's earlier attempt)
                 if holder.get("host") != me["host"] or _alive(holder.get("pid")):
                     raise FatalError(
-                        f"{self.name}: {self.final_dir} is being built by pid {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}; "
+                        f"{self.name}: {self.final_dir} is being built by pid {holder.get('pid')} on "
+                        f"{holder.get('host')} since {holder.get('since')}; "
                         f"wait for it to finish, or if that process is gone, delete {self.lock_path}"
                     ) from None
                 # A dead process on this host left it.
-                self.log.warning("%s: taking over %s left by pid %s, which is no longer running", self.name, self.lock_path, holder.get("pid"))
+                self.log.warning(
+                    "%s: taking over %s left by pid %s, which is no longer running",
+                    self.name,
+                    self.lock_path,
+                    holder.get("pid"),
+                )
                 self.lock_path.unlink(missing_ok=True)
                 continue
             with os.fdopen(fd, "w") as f:
@@ -393,8 +443,16 @@ def _without_none(value: Any) -> Any:
 
 def check_owned(folder: Path) -> None:
     """Refuse to touch a non-empty folder that kiln did not write (no manifest, no in-progress marker)."""
-    if folder.is_dir() and any(folder.iterdir()) and not (folder / MANIFEST).is_file() and not (folder / IN_PROGRESS).is_file():
-        raise FatalError(f"{folder} exists but kiln did not write it (no {MANIFEST} or {IN_PROGRESS}); move it elsewhere or choose another run name (--set name=...)")
+    if (
+        folder.is_dir()
+        and any(folder.iterdir())
+        and not (folder / MANIFEST).is_file()
+        and not (folder / IN_PROGRESS).is_file()
+    ):
+        raise FatalError(
+            f"{folder} exists but kiln did not write it (no {MANIFEST} or {IN_PROGRESS}); move it elsewhere or "
+            "choose another run name (--set name=...)"
+        )
 
 
 def _read_lock(path: Path) -> dict[str, Any] | None:

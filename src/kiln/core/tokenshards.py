@@ -3,7 +3,8 @@
 `.bin` is raw little-endian uint16 (vocab <= 65536) or uint32, read with numpy.memmap.
 `.idx` is a 48-byte header then n_docs + 1 uint64 offsets (in tokens) into the `.bin`:
 
-    magic b"KILNIDX\\0" | version u32 | itemsize u32 | n_docs u64 | n_tokens u64 | xxh64 of .bin u64 | xxh64 of the offsets u64
+    magic b"KILNIDX\\0" | version u32 | itemsize u32 | n_docs u64 | n_tokens u64 | xxh64 of .bin u64 | xxh64 of the
+    offsets u64
 
 Each document's span ends with its end-of-document token. Beside the pair, `.scores.npy` holds
 one float32 row per document with the curation scores a curriculum can order by (DOC_SCORES,
@@ -36,9 +37,13 @@ SCORES_SUFFIX = ".scores.npy"
 
 
 def dtype_for(vocab_size: int, requested: str = "auto") -> np.dtype:
-    """uint16 when every id fits (vocab up to 65,536) unless uint32 is asked for; FatalError if uint16 cannot hold the vocabulary."""
+    """uint16 when every id fits (vocab up to 65,536) unless uint32 is asked for; FatalError if uint16 cannot hold the
+    vocabulary."""
     if requested == "uint16" and vocab_size > UINT16_IDS:
-        raise FatalError(f"tokenize.dtype is uint16, but the vocabulary has {vocab_size:,} ids (uint16 holds 65,536); set tokenize.dtype=uint32 (or auto)")
+        raise FatalError(
+            f"tokenize.dtype is uint16, but the vocabulary has {vocab_size:,} ids (uint16 holds 65,536); set "
+            "tokenize.dtype=uint32 (or auto)"
+        )
     if requested == "uint32" or vocab_size > UINT16_IDS:
         return np.dtype(np.uint32)
     return np.dtype(np.uint16)
@@ -54,7 +59,10 @@ class TokenShardWriter:
         self.prefix = Path(prefix)
         self.dtype = np.dtype(dtype) if dtype is not None else dtype_for(vocab_size)
         if self.dtype == np.uint16 and vocab_size > UINT16_IDS:
-            raise FatalError(f"{self.prefix}: a uint16 shard cannot hold a vocabulary of {vocab_size:,} ids; use uint32 (tokenize.dtype=auto or uint32)")
+            raise FatalError(
+                f"{self.prefix}: a uint16 shard cannot hold a vocabulary of {vocab_size:,} ids; use uint32 "
+                "(tokenize.dtype=auto or uint32)"
+            )
         self.vocab_size = vocab_size
         self._bin_tmp, self._idx_tmp = self.prefix.with_suffix(".bin.tmp"), self.prefix.with_suffix(".idx.tmp")
         self._bin = open(self._bin_tmp, "wb")
@@ -72,9 +80,16 @@ class TokenShardWriter:
     def add_many(self, flat: np.ndarray, lengths: np.ndarray) -> None:
         """Several documents at once: their ids concatenated, and each one's length."""
         if flat.size and self.dtype == np.uint16 and flat.max() >= UINT16_IDS:
-            raise FatalError(f"{self.prefix}: token id {int(flat.max()):,} does not fit a uint16 shard; the tokenizer has more ids than this shard's type: set tokenize.dtype=uint32 (or auto) and rerun `kiln tokenize --force`")
+            raise FatalError(
+                f"{self.prefix}: token id {int(flat.max()):,} does not fit a uint16 shard; the tokenizer has more "
+                "ids than this shard's type: set tokenize.dtype=uint32 (or auto) and rerun `kiln tokenize "
+                "--force`"
+            )
         if flat.size and (flat.max() >= self.vocab_size or flat.min() < 0):
-            raise FatalError(f"{self.prefix}: token id {int(flat.max() if flat.max() >= self.vocab_size else flat.min())} outside vocab of {self.vocab_size}; the tokenizer and the shard disagree")
+            raise FatalError(
+                f"{self.prefix}: token id {int(flat.max() if flat.max() >= self.vocab_size else flat.min())} "
+                f"outside vocab of {self.vocab_size}; the tokenizer and the shard disagree"
+            )
         assert int(lengths.sum()) == flat.size, "lengths must cover the ids"
         self._write_tokens(flat.astype(self.dtype))
         self._write_offsets(lengths.astype(np.uint64))
@@ -108,10 +123,22 @@ class TokenShardWriter:
     def close(self) -> None:
         self._bin.close()
         self._idx.seek(0)
-        self._idx.write(HEADER.pack(MAGIC, VERSION, self.dtype.itemsize, self.n_docs, self.n_tokens, self._hash.intdigest(), self._offsets_hash.intdigest()))
+        self._idx.write(
+            HEADER.pack(
+                MAGIC,
+                VERSION,
+                self.dtype.itemsize,
+                self.n_docs,
+                self.n_tokens,
+                self._hash.intdigest(),
+                self._offsets_hash.intdigest(),
+            )
+        )
         self._idx.close()
         os.replace(self._bin_tmp, self.prefix.with_suffix(".bin"))
-        os.replace(self._idx_tmp, self.prefix.with_suffix(".idx"))  # the .idx appears last: its presence means the pair is whole
+        os.replace(
+            self._idx_tmp, self.prefix.with_suffix(".idx")
+        )  # the .idx appears last: its presence means the pair is whole
 
 
 class TokenShard:
@@ -128,11 +155,20 @@ class TokenShard:
             raise FatalError(f"{idx}: shorter than its header; corrupt, rerun `kiln tokenize --force`")
         magic, version, itemsize, n_docs, n_tokens, checksum, offsets_checksum = HEADER.unpack(head)
         if magic != MAGIC or version != VERSION:
-            raise FatalError(f"{idx}: not a kiln token index v{VERSION} (magic {magic!r}, version {version}); rerun `kiln tokenize --force`")
+            raise FatalError(
+                f"{idx}: not a kiln token index v{VERSION} (magic {magic!r}, version {version}); rerun `kiln "
+                "tokenize --force`"
+            )
         if idx.stat().st_size != HEADER.size + 8 * (n_docs + 1):
-            raise FatalError(f"{idx}: holds {idx.stat().st_size} bytes, expected {HEADER.size + 8 * (n_docs + 1)} for {n_docs} documents; corrupt, rerun `kiln tokenize --force`")
+            raise FatalError(
+                f"{idx}: holds {idx.stat().st_size} bytes, expected {HEADER.size + 8 * (n_docs + 1)} for {n_docs} "
+                "documents; corrupt, rerun `kiln tokenize --force`"
+            )
         if itemsize not in (2, 4) or bin_path.stat().st_size != n_tokens * itemsize:
-            raise FatalError(f"{bin_path}: {bin_path.stat().st_size} bytes, but its index says {n_tokens} tokens of {itemsize} bytes; the pair does not match, rerun `kiln tokenize --force`")
+            raise FatalError(
+                f"{bin_path}: {bin_path.stat().st_size} bytes, but its index says {n_tokens} tokens of {itemsize} "
+                "bytes; the pair does not match, rerun `kiln tokenize --force`"
+            )
         self.dtype = np.dtype(np.uint16 if itemsize == 2 else np.uint32)
         # Both files are mapped, not read: opening costs no memory whatever the shard's size.
         self.offsets = np.memmap(idx, dtype=np.uint64, mode="r", offset=HEADER.size, shape=(n_docs + 1,))
@@ -140,10 +176,20 @@ class TokenShard:
         # subtle: np.memmap cannot map an empty file; an empty shard is a valid zero-length array.
         self.tokens = np.memmap(bin_path, dtype=self.dtype, mode="r") if n_tokens else np.zeros(0, dtype=self.dtype)
         if verify:
-            if _xxh64(self.offsets) != offsets_checksum or int(self.offsets[0]) != 0 or int(self.offsets[-1]) != n_tokens:
-                raise FatalError(f"{idx}: document offsets do not match their checksum; the index was modified or damaged, rerun `kiln tokenize --force`")
+            if (
+                _xxh64(self.offsets) != offsets_checksum
+                or int(self.offsets[0]) != 0
+                or int(self.offsets[-1]) != n_tokens
+            ):
+                raise FatalError(
+                    f"{idx}: document offsets do not match their checksum; the index was modified or damaged, "
+                    "rerun `kiln tokenize --force`"
+                )
             if _xxh64(self.tokens) != checksum:
-                raise FatalError(f"{bin_path}: checksum does not match its index; the file was modified or damaged, rerun `kiln tokenize --force`")
+                raise FatalError(
+                    f"{bin_path}: checksum does not match its index; the file was modified or damaged, rerun "
+                    "`kiln tokenize --force`"
+                )
 
     def __len__(self) -> int:
         return int(self.n_tokens)
@@ -162,7 +208,9 @@ def read_scores(prefix: Path, n_docs: int) -> dict[str, np.ndarray]:
     path = Path(prefix).with_suffix(SCORES_SUFFIX)
     table = np.load(path) if path.is_file() else None
     if table is None or table.shape != (n_docs, len(DOC_SCORES)):
-        raise FatalError(f"{path}: missing or not {n_docs} rows of {len(DOC_SCORES)} scores; rerun `kiln tokenize --force`")
+        raise FatalError(
+            f"{path}: missing or not {n_docs} rows of {len(DOC_SCORES)} scores; rerun `kiln tokenize --force`"
+        )
     return {k: table[:, i] for i, k in enumerate(DOC_SCORES)}
 
 
@@ -176,7 +224,10 @@ def _xxh64(array: np.ndarray, chunk: int = 1 << 24) -> int:
 
 def open_split(tokenize_dir: Path, split: str, verify: bool = True) -> dict[str, TokenShard]:
     """{source: shard} for one split ("train" or "val") of a finished tokenize stage."""
-    found = {p.parent.name: TokenShard(p.with_suffix(""), verify=verify) for p in sorted(Path(tokenize_dir).glob(f"*/{split}.idx"))}
+    found = {
+        p.parent.name: TokenShard(p.with_suffix(""), verify=verify)
+        for p in sorted(Path(tokenize_dir).glob(f"*/{split}.idx"))
+    }
     if not found:
         raise FatalError(f"{tokenize_dir}: no {split} token shards; run `kiln tokenize` first")
     return found

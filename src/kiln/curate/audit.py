@@ -82,8 +82,15 @@ class SourceTally:
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> SourceTally:
         return cls(
-            obj["docs_in"], obj["bytes_in"], obj["docs_out"], obj["bytes_out"], Counter(obj["removed"]), Counter(obj["removed_bytes"]),
-            obj["quarantined"], Counter(obj["stats"]), {s: [v["docs"], v["bytes"]] for s, v in obj["funnel"].items()},
+            obj["docs_in"],
+            obj["bytes_in"],
+            obj["docs_out"],
+            obj["bytes_out"],
+            Counter(obj["removed"]),
+            Counter(obj["removed_bytes"]),
+            obj["quarantined"],
+            Counter(obj["stats"]),
+            {s: [v["docs"], v["bytes"]] for s, v in obj["funnel"].items()},
         )
 
 
@@ -95,11 +102,15 @@ def sample_key(doc_id: str) -> int:
 class Ledger:
     sample_size: int = 20
     sources: dict[str, SourceTally] = field(default_factory=dict)
-    removed: list[dict[str, Any]] = field(default_factory=list)  # id, source, step, reason, value, threshold, note, kept_id
+    removed: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # id, source, step, reason, value, threshold, note, kept_id
     quarantined: list[dict[str, Any]] = field(default_factory=list)  # id, source, file, position, error
     # (source, reason) -> max-heap (negated key) of the sample_size removed documents with the smallest id hash
     samples: dict[tuple[str, str], list[tuple[int, str, dict[str, Any]]]] = field(default_factory=dict)
-    records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # kind (`contamination`) -> rows a step reports
+    records: dict[str, list[dict[str, Any]]] = field(
+        default_factory=dict
+    )  # kind (`contamination`) -> rows a step reports
 
     def tally(self, source: str) -> SourceTally:
         found = self.sources.get(source)
@@ -129,7 +140,16 @@ class Ledger:
         """A named counter (`pii:email`, `read:invalid_utf8`); reported in the stats, never in the balance."""
         self.tally(source).stats[key] += n
 
-    def remove(self, doc: Document, step: str, rule: str, value: float | None = None, threshold: float | None = None, note: str | None = None, kept_id: str | None = None) -> None:
+    def remove(
+        self,
+        doc: Document,
+        step: str,
+        rule: str,
+        value: float | None = None,
+        threshold: float | None = None,
+        note: str | None = None,
+        kept_id: str | None = None,
+    ) -> None:
         """Record a removal: `value` is what the rule measured, `threshold` its limit, `note` what
         numbers cannot say (a matched block-list entry, a detected language), `kept_id` the copy a
         duplicate lost to."""
@@ -138,10 +158,14 @@ class Ledger:
         t.removed[reason] += 1
         t.removed_bytes[reason] += len(doc.text.encode("utf-8", "surrogatepass"))
         row = {
-            "id": doc.id, "source": doc.source, "step": step, "reason": reason,
+            "id": doc.id,
+            "source": doc.source,
+            "step": step,
+            "reason": reason,
             "value": None if value is None else float(value),
             "threshold": None if threshold is None else float(threshold),
-            "note": note, "kept_id": kept_id,
+            "note": note,
+            "kept_id": kept_id,
         }
         self.removed.append(row)
         self.offer_sample(doc.source, reason, {**row, "text": doc.text[:SAMPLE_TEXT_CHARS]})
@@ -163,7 +187,16 @@ class Ledger:
         elif item[:2] > heap[0][:2]:  # smaller key than the largest kept one
             heapq.heapreplace(heap, item)
 
-    def quarantine(self, doc_id: str, source: str, error: str, file: str | None = None, position: str | int | None = None, nbytes: int = 0, counted: bool = False) -> None:
+    def quarantine(
+        self,
+        doc_id: str,
+        source: str,
+        error: str,
+        file: str | None = None,
+        position: str | int | None = None,
+        nbytes: int = 0,
+        counted: bool = False,
+    ) -> None:
         """A document that could not be read or processed. It counts as seen here, unless `counted`
         says it already was (a step raised on a document the reader had delivered)."""
         t = self.tally(source)
@@ -171,9 +204,19 @@ class Ledger:
             t.docs_in += 1
             t.bytes_in += nbytes
         t.quarantined += 1
-        t.stats[f"quarantined:{error.split(': ', 1)[0]}"] += 1  # by kind: read:bad_json, extract:timeout, <step> that raised
+        t.stats[f"quarantined:{error.split(': ', 1)[0]}"] += (
+            1  # by kind: read:bad_json, extract:timeout, <step> that raised
+        )
         # A message or path may carry a file name's undecodable bytes (lone surrogates): written as \xHH.
-        self.quarantined.append({"id": printable(doc_id), "source": source, "file": None if file is None else printable(file), "position": None if position is None else str(position), "error": printable(error)})
+        self.quarantined.append(
+            {
+                "id": printable(doc_id),
+                "source": source,
+                "file": None if file is None else printable(file),
+                "position": None if position is None else str(position),
+                "error": printable(error),
+            }
+        )
 
     def merge(self, other: Ledger) -> None:
         for source, t in other.sources.items():
@@ -188,7 +231,10 @@ class Ledger:
 
     def sample(self, source: str, reason: str) -> list[dict[str, Any]]:
         """The sampled removed documents of one reason, in a fixed order (by id hash)."""
-        return [entry for _, _, entry in sorted(self.samples.get((source, reason), []), key=lambda item: (-item[0], item[1]))]
+        return [
+            entry
+            for _, _, entry in sorted(self.samples.get((source, reason), []), key=lambda item: (-item[0], item[1]))
+        ]
 
     def check_balanced(self, where: str) -> None:
         """input = kept + removed + quarantined for every source, or FatalError with the numbers."""
@@ -196,6 +242,8 @@ class Ledger:
             removed = sum(t.removed.values())
             if t.docs_out + removed + t.quarantined != t.docs_in:
                 raise FatalError(
-                    f"curate: accounting mismatch in {where}, source {source}: {t.docs_in} documents in, but {t.docs_out} kept + {removed} removed + {t.quarantined} quarantined = "
-                    f"{t.docs_out + removed + t.quarantined}; this is a kiln bug, please report it with the run's manifest"
+                    f"curate: accounting mismatch in {where}, source {source}: {t.docs_in} documents in, but "
+                    f"{t.docs_out} kept + {removed} removed + {t.quarantined} quarantined = "
+                    f"{t.docs_out + removed + t.quarantined}; this is a kiln bug, please report it with the run's "
+                    "manifest"
                 )

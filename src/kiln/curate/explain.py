@@ -25,14 +25,20 @@ from kiln.core.manifest import MANIFEST
 
 def explain(stage_dir: Path, doc_id: str) -> str:
     if not doc_id.strip():
-        raise FatalError(f"--explain needs a document id, got {doc_id!r} (an unset shell variable?); ids look like those in {stage_dir / 'removed.parquet'}")
+        raise FatalError(
+            f"--explain needs a document id, got {doc_id!r} (an unset shell variable?); ids look like those in "
+            f"{stage_dir / 'removed.parquet'}"
+        )
     found = explain_many(stage_dir, [doc_id])
     if doc_id in found:
         return found[doc_id]
     for shard in list_shards(stage_dir / SHARDS):
         if any(doc.id == doc_id for doc in read_shard(shard)):
             return "\n".join([f"{doc_id} was kept: it is in {shard.name}", *cluster_lines(stage_dir, doc_id)])
-    raise FatalError(f"{doc_id}: no such document in this run (not removed, quarantined or kept); ids look like those in {stage_dir / 'removed.parquet'}")
+    raise FatalError(
+        f"{doc_id}: no such document in this run (not removed, quarantined or kept); ids look like those in "
+        f"{stage_dir / 'removed.parquet'}"
+    )
 
 
 def explain_many(stage_dir: Path, doc_ids: list[str]) -> dict[str, str]:
@@ -46,14 +52,22 @@ def explain_many(stage_dir: Path, doc_ids: list[str]) -> dict[str, str]:
     table = pq.read_table(removed_path)
     lines: dict[str, list[str]] = {}
     own = source_settings(stage_dir)
-    clusters = pq.read_table(stage_dir / "clusters.parquet") if (stage_dir / "clusters.parquet").is_file() else None  # None: a run from before near-dedup
+    clusters = (
+        pq.read_table(stage_dir / "clusters.parquet") if (stage_dir / "clusters.parquet").is_file() else None
+    )  # None: a run from before near-dedup
     for row in table.filter(pc.is_in(table["id"], pa.array(sorted(wanted), pa.string()))).to_pylist():
         doc_id, out = row["id"], lines.setdefault(row["id"], [])
         out.append(f"{doc_id} (source {row['source']}) was removed by step {row['step']}: {row['reason']}")
         if row["value"] is not None:
-            out.append(f"  measured {_num(row['value'])}" + (f", threshold {_num(row['threshold'])}" if row["threshold"] is not None else ""))
+            out.append(
+                f"  measured {_num(row['value'])}"
+                + (f", threshold {_num(row['threshold'])}" if row["threshold"] is not None else "")
+            )
         if settings := own.get(row["source"], {}).get(row["step"]):
-            out.append(f"  source {row['source']} has its own {row['step']} settings (curate.sources): " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+            out.append(
+                f"  source {row['source']} has its own {row['step']} settings (curate.sources): "
+                + ", ".join(f"{k}={v}" for k, v in settings.items())
+            )
         if row["kept_id"]:
             out.append(f"  kept instead: {row['kept_id']}")
             if row["step"] == "minhash_dedup":
@@ -65,11 +79,18 @@ def explain_many(stage_dir: Path, doc_ids: list[str]) -> dict[str, str]:
             q = json.loads(line)
             if q["id"] in wanted:
                 where = ":".join(str(x) for x in (q["file"], q["position"]) if x is not None)
-                lines.setdefault(q["id"], []).append(f"{q['id']} (source {q['source']}) was quarantined{f' at {where}' if where else ''}: {q['error']}")
+                lines.setdefault(q["id"], []).append(
+                    f"{q['id']} (source {q['source']}) was quarantined{f' at {where}' if where else ''}: {q['error']}"
+                )
     if clusters is not None:
-        keepers = clusters.filter(pc.and_(clusters["kept"], pc.is_in(clusters["id"], pa.array(sorted(wanted - set(lines)), pa.string()))))
+        keepers = clusters.filter(
+            pc.and_(clusters["kept"], pc.is_in(clusters["id"], pa.array(sorted(wanted - set(lines)), pa.string())))
+        )
         for doc_id in keepers["id"].to_pylist():
-            lines[doc_id] = [f"{doc_id} was kept: its near-duplicate cluster keeps it", *cluster_lines(stage_dir, doc_id, clusters=clusters)]
+            lines[doc_id] = [
+                f"{doc_id} was kept: its near-duplicate cluster keeps it",
+                *cluster_lines(stage_dir, doc_id, clusters=clusters),
+            ]
     return {doc_id: "\n".join(found) for doc_id, found in lines.items()}
 
 

@@ -43,11 +43,26 @@ from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
 from kiln.curate.dedup.exact import ExactDedupConfig, HashTable, dedup_partition, removals_for_task
 from kiln.curate.dedup.minhash import MinHashConfig
-from kiln.curate.dedup.near import NearDecision, bucket_task, components_task, decisions_for_task, sign_task, verify_task
+from kiln.curate.dedup.near import (
+    NearDecision,
+    bucket_task,
+    components_task,
+    decisions_for_task,
+    sign_task,
+    verify_task,
+)
 from kiln.curate.jobs import Job, Phase, WorkDir
 from kiln.curate.readers import ReadLimits, read_task
 from kiln.curate.steps.base import Step
-from kiln.curate.steps.chain import SourceSteps, code_steps, early_steps, groups, prose_steps, run_document, run_documents
+from kiln.curate.steps.chain import (
+    SourceSteps,
+    code_steps,
+    early_steps,
+    groups,
+    prose_steps,
+    run_document,
+    run_documents,
+)
 from kiln.curate.steps.lines import LineCounts, document_line_keys
 from kiln.text.code import doc_is_code
 
@@ -55,11 +70,21 @@ MB = 1_000_000
 LEDGER_PHASES = ("read", "filter", "write")  # the phases whose tasks save a ledger (save_ledger)
 MAX_OPEN_SHARDS = 64  # shard writers one write task keeps open at once
 # The rows of clusters.parquet and removed.parquet; each task writes its part in the same schema.
-CLUSTERS_SCHEMA = pa.schema([("id", pa.string()), ("cluster", pa.int64()), ("kept", pa.bool_()), ("jaccard_to_kept", pa.float64())])
-REMOVED_SCHEMA = pa.schema([
-    ("id", pa.string()), ("source", pa.string()), ("step", pa.string()), ("reason", pa.string()),
-    ("value", pa.float64()), ("threshold", pa.float64()), ("note", pa.string()), ("kept_id", pa.string()),
-])
+CLUSTERS_SCHEMA = pa.schema(
+    [("id", pa.string()), ("cluster", pa.int64()), ("kept", pa.bool_()), ("jaccard_to_kept", pa.float64())]
+)
+REMOVED_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("source", pa.string()),
+        ("step", pa.string()),
+        ("reason", pa.string()),
+        ("value", pa.float64()),
+        ("threshold", pa.float64()),
+        ("note", pa.string()),
+        ("kept_id", pa.string()),
+    ]
+)
 
 
 # --- what each phase reads: one frozen record per phase, built from the curate config --------------
@@ -123,6 +148,7 @@ class WriteSettings:
     near: MinHashConfig
     sample_size: int
 
+
 def save_ledger(job: Job[Any], ledger: Ledger, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the ledger's removed and quarantined rows beside the marker, then the marker itself (last).
     The marker holds the counts and samples (kiln.curate.report.load_ledger reads them back)."""
@@ -151,7 +177,9 @@ def read_phase(job: Job[ReadSettings]) -> dict[str, Any]:
     steps: dict[str, list[Step]] = {}  # per source: its own url_filter settings, if any
     lines = LineCounts()
     docs = 0
-    id_hashes: list[bytes] = []  # of the documents written, in order: duplicate ids are found across tasks (duplicate_ids)
+    id_hashes: list[
+        bytes
+    ] = []  # of the documents written, in order: duplicate ids are found across tasks (duplicate_ids)
     with ShardWriter(job.file(SUFFIX), level=1) as writer:
         for doc in read_task(task, settings.limits, ledger):
             ledger.seen(doc.source, len(doc.text.encode("utf-8", "surrogatepass")))
@@ -277,7 +305,8 @@ def load_renames(work: WorkDir, task: int) -> dict[int, int]:
 
 
 def renamed(docs: Iterator[Document], renames: dict[int, int], ledger: Ledger) -> Iterator[Document]:
-    """The task's documents, each later holder of a shared id as `<id>#<n>` (counted, and recorded for audit/duplicate_ids.json)."""
+    """The task's documents, each later holder of a shared id as `<id>#<n>` (counted, and recorded for
+    audit/duplicate_ids.json)."""
     for position, doc in enumerate(docs):
         n = renames.get(position)
         if n is not None:
@@ -288,7 +317,9 @@ def renamed(docs: Iterator[Document], renames: dict[int, int], ledger: Ledger) -
         yield doc
 
 
-def branch_outcomes(group: list[Document], marked: bool | None, steps_of: Callable[[str], tuple[list[Step], list[Step]]], ledger: Ledger) -> list[Document | None]:
+def branch_outcomes(
+    group: list[Document], marked: bool | None, steps_of: Callable[[str], tuple[list[Step], list[Step]]], ledger: Ledger
+) -> list[Document | None]:
     """Each document of `group` after its branch's steps for its source (steps_of(source): prose,
     code; None: removed or quarantined), in order. The ledger rows the group adds (removals,
     quarantines, step records) are put in read order, as running each document through its steps
@@ -299,7 +330,11 @@ def branch_outcomes(group: list[Document], marked: bool | None, steps_of: Callab
     for source in dict.fromkeys(doc.source for doc in group):
         prose, code = steps_of(source)
         for branch, steps in (("prose", prose), ("code", code)):
-            members = [i for i, (c, doc) in enumerate(zip(is_code, group, strict=True)) if c == (branch == "code") and doc.source == source]
+            members = [
+                i
+                for i, (c, doc) in enumerate(zip(is_code, group, strict=True))
+                if c == (branch == "code") and doc.source == source
+            ]
             for i, out in zip(members, run_documents([group[i] for i in members], steps, ledger, branch), strict=True):
                 outcomes[i] = out
     first: dict[str, int] = {}
@@ -307,7 +342,9 @@ def branch_outcomes(group: list[Document], marked: bool | None, steps_of: Callab
         first.setdefault(doc.id, i)
 
     def in_read_order(rows: list[dict[str, Any]], start: int) -> None:
-        rows[start:] = sorted(rows[start:], key=lambda row: first.get(row["id"], len(group)))  # stable: one document's rows keep step order
+        rows[start:] = sorted(
+            rows[start:], key=lambda row: first.get(row["id"], len(group))
+        )  # stable: one document's rows keep step order
 
     in_read_order(ledger.removed, starts[0])
     in_read_order(ledger.quarantined, starts[1])
@@ -341,7 +378,15 @@ def bucket_phase(job: Job[BucketSettings]) -> dict[str, Any]:
 
 def verify_phase(job: Job[VerifySettings]) -> dict[str, Any]:
     settings, work = job.settings, job.work
-    found = verify_task(work.phase("buckets"), work.phase("sign"), job.file(".parquet"), job.index, settings.partitions, settings.tasks, settings.near)
+    found = verify_task(
+        work.phase("buckets"),
+        work.phase("sign"),
+        job.file(".parquet"),
+        job.index,
+        settings.partitions,
+        settings.tasks,
+        settings.near,
+    )
     return job.finish(found)
 
 
@@ -395,12 +440,21 @@ def write_phase(job: Job[WriteSettings]) -> dict[str, Any]:
     return save_ledger(job, ledger, {"docs": docs, "shards": sorted(shards)})
 
 
-def survives_dedup(doc: Document, ordinal: int, removals: dict[int, str], decisions: dict[int, NearDecision], settings: WriteSettings,
-                   ledger: Ledger, clusters: dict[str, list[Any]]) -> bool:
+def survives_dedup(
+    doc: Document,
+    ordinal: int,
+    removals: dict[int, str],
+    decisions: dict[int, NearDecision],
+    settings: WriteSettings,
+    ledger: Ledger,
+    clusters: dict[str, list[Any]],
+) -> bool:
     """Whether the filtered document at `ordinal` is neither an exact nor a near duplicate removed; the
     removal, the steps it passed and its cluster row (when clustered) go to `ledger` and `clusters`."""
     if ordinal in removals:
-        ledger.remove(doc, "exact_dedup", "duplicate", note=f"duplicate of {removals[ordinal]}", kept_id=removals[ordinal])
+        ledger.remove(
+            doc, "exact_dedup", "duplicate", note=f"duplicate of {removals[ordinal]}", kept_id=removals[ordinal]
+        )
         return False
     if settings.exact:
         ledger.passed("exact_dedup", doc)
@@ -408,8 +462,15 @@ def survives_dedup(doc: Document, ordinal: int, removals: dict[int, str], decisi
         for name, value in zip(CLUSTERS_SCHEMA.names, (doc.id, decided.cluster, decided.kept, decided.jaccard_to_kept)):
             clusters[name].append(value)
         if not decided.kept:
-            ledger.remove(doc, "minhash_dedup", "near_duplicate", decided.jaccard_to_kept, decided.threshold,
-                          note=decided.note, kept_id=decided.kept_id)
+            ledger.remove(
+                doc,
+                "minhash_dedup",
+                "near_duplicate",
+                decided.jaccard_to_kept,
+                decided.threshold,
+                note=decided.note,
+                kept_id=decided.kept_id,
+            )
             return False
     if settings.near.enabled:
         ledger.passed("minhash_dedup", doc)

@@ -49,13 +49,18 @@ def account(cfg: CurateConfig, tasks: list[ReadTask], phases: list[dict[int, dic
         ledger = Ledger(cfg.sample_size)
         for phase in phases:
             ledger.merge(load_ledger(phase[task.index], cfg.sample_size))
-        ledger.check_balanced(f"shard task {task.index:05d} ({', '.join(str(p) for p in task_paths(task)[:3])}{' ...' if len(task_paths(task)) > 3 else ''})")
+        ledger.check_balanced(
+            f"shard task {task.index:05d} "
+            f"({', '.join(str(p) for p in task_paths(task)[:3])}{' ...' if len(task_paths(task)) > 3 else ''})"
+        )
         total.merge(ledger)
     total.check_balanced("the whole run")
     return total
 
 
-def write_audit(ledger: Ledger, stage_dir: Path, phases: list[dict[int, dict[str, Any]]], tasks: list[ReadTask]) -> tuple[list[Path], dict[str, list[dict[str, Any]]]]:
+def write_audit(
+    ledger: Ledger, stage_dir: Path, phases: list[dict[int, dict[str, Any]]], tasks: list[ReadTask]
+) -> tuple[list[Path], dict[str, list[dict[str, Any]]]]:
     """removed.parquet, quarantine.jsonl, clusters.parquet, and under audit/ the per-reason table
     and the samples. Returns the files and the steps' records by kind (for their reports)."""
     work = WorkDir(stage_dir)
@@ -63,7 +68,9 @@ def write_audit(ledger: Ledger, stage_dir: Path, phases: list[dict[int, dict[str
     with pq.ParquetWriter(removed_path, REMOVED_SCHEMA) as writer:
         for task in tasks:
             for phase in LEDGER_PHASES:
-                writer.write_table(pq.read_table(work.file(phase, task.index, ".removed.parquet"), schema=REMOVED_SCHEMA))
+                writer.write_table(
+                    pq.read_table(work.file(phase, task.index, ".removed.parquet"), schema=REMOVED_SCHEMA)
+                )
     with open(quarantine_path, "w", encoding="utf-8") as out:
         for task in tasks:
             for phase in LEDGER_PHASES:
@@ -77,22 +84,34 @@ def write_audit(ledger: Ledger, stage_dir: Path, phases: list[dict[int, dict[str
                     records.setdefault(entry["kind"], []).append(entry["row"])
     audit = stage_dir / "audit"
     audit.mkdir(exist_ok=True)
-    reasons = {s: {r: {"docs": n, "bytes": t.removed_bytes[r]} for r, n in sorted(t.removed.items())} for s, t in sorted(ledger.sources.items())}
+    reasons = {
+        s: {r: {"docs": n, "bytes": t.removed_bytes[r]} for r, n in sorted(t.removed.items())}
+        for s, t in sorted(ledger.sources.items())
+    }
     (audit / "reasons.json").write_text(json.dumps(reasons, indent=2) + "\n")
     outputs = [removed_path, quarantine_path, audit / "reasons.json"]
     cluster_files = [work.file("write", task.index, ".clusters.parquet") for task in tasks]
-    clusters = pa.concat_tables([pq.read_table(f, schema=CLUSTERS_SCHEMA) for f in cluster_files])  # empty with minhash_dedup off
-    pq.write_table(clusters.sort_by([("cluster", "ascending"), ("kept", "descending"), ("id", "ascending")]), stage_dir / "clusters.parquet")
+    clusters = pa.concat_tables(
+        [pq.read_table(f, schema=CLUSTERS_SCHEMA) for f in cluster_files]
+    )  # empty with minhash_dedup off
+    pq.write_table(
+        clusters.sort_by([("cluster", "ascending"), ("kept", "descending"), ("id", "ascending")]),
+        stage_dir / "clusters.parquet",
+    )
     outputs.append(stage_dir / "clusters.parquet")
     for source, reason in sorted(ledger.samples):
         path = audit_sample(stage_dir, source, reason)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in ledger.sample(source, reason)), encoding="utf-8")
+        path.write_text(
+            "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in ledger.sample(source, reason)), encoding="utf-8"
+        )
         outputs.append(path)
     return outputs, records
 
 
-def write_decontamination(index_summary: dict[str, Any], rows: list[dict[str, Any]], stage_dir: Path) -> tuple[dict[str, Any], Path]:
+def write_decontamination(
+    index_summary: dict[str, Any], rows: list[dict[str, Any]], stage_dir: Path
+) -> tuple[dict[str, Any], Path]:
     """audit/decontamination.json from the index's summary and the `contamination` records; returns
     the report and its path."""
     report = build_report(index_summary, rows)
@@ -101,7 +120,9 @@ def write_decontamination(index_summary: dict[str, Any], rows: list[dict[str, An
     return report, path
 
 
-def write_pii_examples(rows: list[dict[str, Any]], stage_dir: Path) -> tuple[dict[str, dict[str, list[dict[str, str]]]], Path]:
+def write_pii_examples(
+    rows: list[dict[str, Any]], stage_dir: Path
+) -> tuple[dict[str, dict[str, list[dict[str, str]]]], Path]:
     """audit/pii_examples.json: per source and kind, the first EXAMPLES_PER_KIND redactions (by
     document id) in their redacted form; returns them and the path."""
     examples: dict[str, dict[str, list[dict[str, str]]]] = {}
@@ -153,7 +174,10 @@ def format_summary(counts: dict[str, Any], rows: list[str], cfg: CurateConfig, t
     lines = []
     for source, t in counts["per_source"].items():
         raw = ", quarantined ones at their raw size" if t["quarantined"] else ""
-        lines.append(f"source {source}: {t['docs_in']:,} documents in ({t['bytes_in'] / MB:.1f} MB of text{raw}), {t['docs_out']:,} kept ({t['bytes_out'] / MB:.1f} MB), {t['quarantined']:,} quarantined")
+        lines.append(
+            f"source {source}: {t['docs_in']:,} documents in ({t['bytes_in'] / MB:.1f} MB of text{raw}), "
+            f"{t['docs_out']:,} kept ({t['bytes_out'] / MB:.1f} MB), {t['quarantined']:,} quarantined"
+        )
         if settings := cfg.source_settings(source):
             lines.append("  its own settings (curate.sources): " + ", ".join(settings))
         lines.append(f"  {'after step':<24} {'docs':>10} {'MB':>9} {'docs %':>7}")
@@ -167,17 +191,30 @@ def format_summary(counts: dict[str, Any], rows: list[str], cfg: CurateConfig, t
                 continue  # a step this source's own settings turn off
             found = funnel.get(row, {"docs": 0, "bytes": 0})
             label = f"{row} rules, in" if row in BRANCHES else ("  " + row.split("/")[1] if "/" in row else row)
-            lines.append(f"  {label:<24} {found['docs']:>10,} {found['bytes'] / MB:>9.2f} {100 * found['docs'] / max(t['docs_in'], 1):>6.1f}%")
+            lines.append(
+                f"  {label:<24} {found['docs']:>10,} {found['bytes'] / MB:>9.2f} "
+                f"{100 * found['docs'] / max(t['docs_in'], 1):>6.1f}%"
+            )
         top = sorted(t["removed"].items(), key=lambda kv: (-kv[1], kv[0]))[:top_reasons]
         if top:
             lines.append("  top removal reasons: " + ", ".join(f"{r}={n:,}" for r, n in top))
     counters = {k: v for k, v in counts["stats"].items() if not k.startswith("language:")}
     if counters:
         lines.append("counters: " + ", ".join(f"{k}={v:,}" for k, v in counters.items()))
-    languages = sorted(((k.removeprefix("language:"), v) for k, v in counts["stats"].items() if k.startswith("language:")), key=lambda kv: -kv[1])
+    languages = sorted(
+        ((k.removeprefix("language:"), v) for k, v in counts["stats"].items() if k.startswith("language:")),
+        key=lambda kv: -kv[1],
+    )
     if languages:  # up to 176 lid.176 labels: the ten largest here, all of them in the manifest
-        lines.append("kept documents by language: " + ", ".join(f"{lang}={n:,}" for lang, n in languages[:10]) + (f" and {len(languages) - 10} more" if len(languages) > 10 else ""))
-    lines.append(f"total: {counts['docs_in']:,} in, {counts['docs_out']:,} kept, {sum(counts['removed'].values()):,} removed, {counts['quarantined']:,} quarantined")
+        lines.append(
+            "kept documents by language: "
+            + ", ".join(f"{lang}={n:,}" for lang, n in languages[:10])
+            + (f" and {len(languages) - 10} more" if len(languages) > 10 else "")
+        )
+    lines.append(
+        f"total: {counts['docs_in']:,} in, {counts['docs_out']:,} kept, {sum(counts['removed'].values()):,} "
+        f"removed, {counts['quarantined']:,} quarantined"
+    )
     if counts["docs_out"] == 0:
         lines.append("warning: no document was kept; the top removal reasons above and quarantine.jsonl say why")
     return "\n".join(lines)

@@ -63,10 +63,26 @@ from kiln.curate.phases import (
 )
 from kiln.curate.quality.config import CLASSIFIER_DIR, LM_DIR
 from kiln.curate.readers import ReadTask, plan_reads, task_paths
-from kiln.curate.report import account, format_pii, format_summary, totals, write_audit, write_decontamination, write_pii_examples
+from kiln.curate.report import (
+    account,
+    format_pii,
+    format_summary,
+    totals,
+    write_audit,
+    write_decontamination,
+    write_pii_examples,
+)
 from kiln.curate.steps.chain import funnel_rows
 from kiln.curate.steps.decontaminate import format_report
-from kiln.curate.steps.quality import CLASSIFIER_SCORES, LM_SCORES, ClassifierFilter, PerplexityFilter, model_files, model_folder, release_models
+from kiln.curate.steps.quality import (
+    CLASSIFIER_SCORES,
+    LM_SCORES,
+    ClassifierFilter,
+    PerplexityFilter,
+    model_files,
+    model_folder,
+    release_models,
+)
 
 log = logging.getLogger("kiln.curate")
 S = TypeVar("S")
@@ -79,7 +95,9 @@ def partition_count(tasks: int) -> int:
     return 1 << (target.bit_length() - 1)
 
 
-def run_phase(executor: Executor, jobs: list[Job[Any]], desc: str, weight: Callable[[Job[Any]], int], unit: str) -> dict[int, dict[str, Any]]:
+def run_phase(
+    executor: Executor, jobs: list[Job[Any]], desc: str, weight: Callable[[Job[Any]], int], unit: str
+) -> dict[int, dict[str, Any]]:
     """Run the jobs whose marker is missing, with a progress bar (`weight` of each job, in `unit`); return every job's
     marker content by index."""
     results: dict[int, dict[str, Any]] = {}
@@ -91,10 +109,23 @@ def run_phase(executor: Executor, jobs: list[Job[Any]], desc: str, weight: Calla
         else:
             todo.append(job)
     if jobs and len(todo) < len(jobs):
-        log.info("curate: %s phase: %d of %d tasks already finished, skipped", jobs[0].phase.name, len(jobs) - len(todo), len(jobs))
+        log.info(
+            "curate: %s phase: %d of %d tasks already finished, skipped",
+            jobs[0].phase.name,
+            len(jobs) - len(todo),
+            len(jobs),
+        )
     by_index = {job.index: job for job in jobs}
     started, docs = time.perf_counter(), 0
-    with tqdm(total=sum(map(weight, jobs)), initial=sum(weight(by_index[i]) for i in results), desc=desc, unit=unit, unit_scale=unit == "B", dynamic_ncols=True, leave=False) as bar:
+    with tqdm(
+        total=sum(map(weight, jobs)),
+        initial=sum(weight(by_index[i]) for i in results),
+        desc=desc,
+        unit=unit,
+        unit_scale=unit == "B",
+        dynamic_ncols=True,
+        leave=False,
+    ) as bar:
         for index, summary in executor.imap_unordered(run_job, todo):
             results[index] = summary
             docs += summary.get("docs", 0)
@@ -122,9 +153,13 @@ class PhaseRunner:
         """One job per partition 0..count-1."""
         return self._run(phase, [Job(phase, p, self.work, settings) for p in range(count)], lambda job: 1, "task")
 
-    def _run(self, phase: Phase[S], jobs: list[Job[S]], weight: Callable[[Job[Any]], int], unit: str) -> dict[int, dict[str, Any]]:
+    def _run(
+        self, phase: Phase[S], jobs: list[Job[S]], weight: Callable[[Job[Any]], int], unit: str
+    ) -> dict[int, dict[str, Any]]:
         started = time.perf_counter()
-        results = run_phase(self.executor, jobs, f"curate {PHASES.index(phase) + 1}/{len(PHASES)} {phase.name}", weight, unit)
+        results = run_phase(
+            self.executor, jobs, f"curate {PHASES.index(phase) + 1}/{len(PHASES)} {phase.name}", weight, unit
+        )
         peak = max((r.get("rss_mb", 0) for r in results.values()), default=0)
         self.timings[phase.name] = {"seconds": round(time.perf_counter() - started, 3), "max_rss_mb": round(peak, 1)}
         return results
@@ -132,11 +167,17 @@ class PhaseRunner:
 
 def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
     """Curate `cfg.inputs` into `run_dir/curate/`; returns the stage's manifest (as it was, when up to date)."""
-    tasks = plan_reads(cfg.inputs, None if cfg.max_total_mb is None else int(cfg.max_total_mb * MB), int(cfg.shard_mb * MB))
+    tasks = plan_reads(
+        cfg.inputs, None if cfg.max_total_mb is None else int(cfg.max_total_mb * MB), int(cfg.shard_mb * MB)
+    )
     if not tasks:
-        raise FatalError("curate: no input documents found; check the --input paths or curate.inputs (paths and globs) in the recipe")
+        raise FatalError(
+            "curate: no input documents found; check the --input paths or curate.inputs (paths and globs) in the recipe"
+        )
     refuse_own_outputs(tasks, run_dir / CURATE)
-    inputs = {p for t in tasks for p in task_paths(t) if os.access(p, os.R_OK)}  # an unreadable file is quarantined by its task
+    inputs = {
+        p for t in tasks for p in task_paths(t) if os.access(p, os.R_OK)
+    }  # an unreadable file is quarantined by its task
     eval_sets = decontamination_sets(cfg)
     inputs |= eval_sets  # a changed evaluation set redoes the stage
     models, cfg_for_tasks = quality_models(cfg, run_dir)
@@ -150,8 +191,15 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     work = WorkDir(stage.dir.resolve())  # tasks may run on other machines (ray): no path relative to this process's cwd
     partitions = partition_count(len(tasks))
     executor = build_executor(cfg.executor, "curate.executor")
-    log.info("curate: %d read tasks (%.1f MB) from %d inputs, %d partitions, %s executor with %d workers",
-             len(tasks), sum(t.size for t in tasks) / MB, len(cfg.inputs), partitions, cfg.executor.kind, executor.workers)
+    log.info(
+        "curate: %d read tasks (%.1f MB) from %d inputs, %d partitions, %s executor with %d workers",
+        len(tasks),
+        sum(t.size for t in tasks) / MB,
+        len(cfg.inputs),
+        partitions,
+        cfg.executor.kind,
+        executor.workers,
+    )
     runner = PhaseRunner(executor, tasks, work)
     try:
         # First: a malformed evaluation set stops the run before any document is read.
@@ -170,7 +218,9 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     return stage.finish(shards + outputs, counts, summary, extra={"phases": runner.timings})
 
 
-def run_phases(cfg: CurateConfig, runner: PhaseRunner, partitions: int) -> tuple[list[dict[int, dict[str, Any]]], dict[str, Any]]:
+def run_phases(
+    cfg: CurateConfig, runner: PhaseRunner, partitions: int
+) -> tuple[list[dict[int, dict[str, Any]]], dict[str, Any]]:
     """The phases in order, those of a step turned off left out, and the small global steps between them.
     Returns the results of the phases that keep a ledger (read, filter, write) and the near-dedup counts."""
     work, tasks = runner.work, len(runner.tasks)
@@ -187,8 +237,14 @@ def run_phases(cfg: CurateConfig, runner: PhaseRunner, partitions: int) -> tuple
     return [read, filtered, written], near
 
 
-def write_reports(cfg: CurateConfig, ledger: Ledger, tasks: list[ReadTask], results: list[dict[int, dict[str, Any]]],
-                  contamination_index: dict[str, Any] | None, stage_dir: Path) -> tuple[list[Path], dict[str, Any] | None, PIIExamples]:
+def write_reports(
+    cfg: CurateConfig,
+    ledger: Ledger,
+    tasks: list[ReadTask],
+    results: list[dict[int, dict[str, Any]]],
+    contamination_index: dict[str, Any] | None,
+    stage_dir: Path,
+) -> tuple[list[Path], dict[str, Any] | None, PIIExamples]:
     """The audit (kiln.curate.report.write_audit), the decontamination report, the PII examples and the renamed
     duplicate ids; returns the files, the decontamination report and the PII examples (for the summary)."""
     outputs, records = write_audit(ledger, stage_dir, results, tasks)
@@ -205,15 +261,30 @@ def write_reports(cfg: CurateConfig, ledger: Ledger, tasks: list[ReadTask], resu
     return outputs, report, examples
 
 
-def summarize(cfg: CurateConfig, counts: dict[str, Any], examples: PIIExamples, report: dict[str, Any] | None, stage: Stage) -> str:
+def summarize(
+    cfg: CurateConfig, counts: dict[str, Any], examples: PIIExamples, report: dict[str, Any] | None, stage: Stage
+) -> str:
     """summary.txt: the funnel per source, the PII redactions, the decontamination report; warns of an empty
     result and of settings for a source no input produced."""
     if counts["docs_out"] == 0:
-        log.warning("curate: no document was kept (%d in); see %s and %s", counts["docs_in"], stage.final_dir / SUMMARY, stage.final_dir / "quarantine.jsonl")
+        log.warning(
+            "curate: no document was kept (%d in); see %s and %s",
+            counts["docs_in"],
+            stage.final_dir / SUMMARY,
+            stage.final_dir / "quarantine.jsonl",
+        )
     pii = format_pii(counts, examples)
     for source in sorted(set(cfg.sources) - set(counts["per_source"])):
-        log.warning("curate: curate.sources.%s sets steps for a source no input produced (sources: %s)", source, ", ".join(counts["per_source"]) or "none")
-    return format_summary(counts, funnel_rows(cfg), cfg) + ("\n" + pii if pii else "") + ("\n" + format_report(report) if report is not None else "")
+        log.warning(
+            "curate: curate.sources.%s sets steps for a source no input produced (sources: %s)",
+            source,
+            ", ".join(counts["per_source"]) or "none",
+        )
+    return (
+        format_summary(counts, funnel_rows(cfg), cfg)
+        + ("\n" + pii if pii else "")
+        + ("\n" + format_report(report) if report is not None else "")
+    )
 
 
 # --- the stage's inputs and global steps between phases -------------------------------------------
@@ -228,10 +299,16 @@ def settle_duplicate_ids(cfg: CurateConfig, work: WorkDir, tasks: int) -> None:
         position = min(positions)
         doc = next(d for i, d in enumerate(read_shard(work.file("read", task, SUFFIX))) if i == position)
         total = sum(len(p) for p in found.values())
-        raise FatalError(f"curate: {total} input document(s) repeat an id another document has, the first {doc.id!r} (source {doc.source}); "
-                         "give every record its own id, or set curate.duplicate_ids=rename to have later ones renamed <id>#<n>")
+        raise FatalError(
+            f"curate: {total} input document(s) repeat an id another document has, the first {doc.id!r} (source "
+            f"{doc.source}); "
+            "give every record its own id, or set curate.duplicate_ids=rename to have later ones renamed <id>#<n>"
+        )
     if found:
-        log.warning("curate: %d document(s) repeat an id another document has; renamed <id>#<n> (audit/duplicate_ids.json)", sum(len(p) for p in found.values()))
+        log.warning(
+            "curate: %d document(s) repeat an id another document has; renamed <id>#<n> (audit/duplicate_ids.json)",
+            sum(len(p) for p in found.values()),
+        )
     save_renames(work, found, tasks)
 
 
@@ -242,8 +319,11 @@ def refuse_own_outputs(tasks: list[ReadTask], stage_dir: Path) -> None:
     for task in tasks:
         for path in task_paths(task):
             if any(Path(path).resolve().is_relative_to(folder) for folder in own):
-                raise FatalError(f"curate: input file {path} is inside this run's own curate stage ({stage_dir}), which the stage rewrites; "
-                                 "curate another run's shards by naming them in a new run (--run NAME), or copy them out first")
+                raise FatalError(
+                    f"curate: input file {path} is inside this run's own curate stage ({stage_dir}), which the "
+                    "stage rewrites; "
+                    "curate another run's shards by naming them in a new run (--run NAME), or copy them out first"
+                )
 
 
 def quality_models(cfg: CurateConfig, run_dir: Path) -> tuple[set[Path], CurateConfig]:
@@ -251,7 +331,10 @@ def quality_models(cfg: CurateConfig, run_dir: Path) -> tuple[set[Path], CurateC
     get: each such filter's `model` made an absolute folder, so a worker anywhere finds it."""
     files: set[Path] = set()
     update: dict[str, Any] = {}
-    for name, default, scores in (("perplexity", LM_DIR, LM_SCORES), ("quality_classifier", CLASSIFIER_DIR, CLASSIFIER_SCORES)):
+    for name, default, scores in (
+        ("perplexity", LM_DIR, LM_SCORES),
+        ("quality_classifier", CLASSIFIER_DIR, CLASSIFIER_SCORES),
+    ):
         section = getattr(cfg, name)
         if section.enabled:
             folder = model_folder(section.model, run_dir, default)
@@ -277,7 +360,10 @@ def decontamination_sets(cfg: CurateConfig) -> set[Path]:
     paths = {Path(es.path) for es in cfg.decontaminate.eval_sets}
     for path in sorted(paths):
         if not path.is_file():
-            raise FatalError(f"curate.decontaminate: evaluation set {path} does not exist; fix the path given to --decontaminate (or curate.decontaminate.eval_sets)")
+            raise FatalError(
+                f"curate.decontaminate: evaluation set {path} does not exist; fix the path given to "
+                "--decontaminate (or curate.decontaminate.eval_sets)"
+            )
     return paths
 
 
@@ -289,8 +375,17 @@ def build_contamination_index(cfg: CurateConfig, folder: Path) -> dict[str, Any]
     summary = build_index(cfg.decontaminate, folder)
     for found in summary["sets"]:
         if found["items_too_short"]:
-            log.warning("curate: decontaminate: %s of %s items of evaluation set %s have no text of %d words and cannot be checked (e.g. items %s)",
-                        f"{found['items_too_short']:,}", f"{found['items']:,}", found["name"], cfg.decontaminate.ngram, ", ".join(map(str, found["too_short_sample"][:5])))
+            log.warning(
+                (
+                    "curate: decontaminate: %s of %s items of evaluation set %s have no text of %d words and cannot "
+                    "be checked (e.g. items %s)"
+                ),
+                f"{found['items_too_short']:,}",
+                f"{found['items']:,}",
+                found["name"],
+                cfg.decontaminate.ngram,
+                ", ".join(map(str, found["too_short_sample"][:5])),
+            )
     return summary
 
 
@@ -302,24 +397,37 @@ def key_ranges(docs: int, budget_bytes: float = 256e6) -> int:
     return 1 << (need - 1).bit_length()
 
 
-def near_dedup(cfg: CurateConfig, filtered: dict[int, dict[str, Any]], runner: PhaseRunner, partitions: int) -> dict[str, Any]:
+def near_dedup(
+    cfg: CurateConfig, filtered: dict[int, dict[str, Any]], runner: PhaseRunner, partitions: int
+) -> dict[str, Any]:
     """The four MinHash phases; returns their counts. Logs the memory estimate before they start."""
     near, tasks = cfg.minhash_dedup, len(runner.tasks)
     docs = sum(r["kept"] for r in filtered.values())
     subs = key_ranges(docs)
     estimate = memory_estimate(docs, tasks, near.bands * subs, partitions, near)
-    log.info("curate: near-dedup of up to %s documents, %d bands x %d rows; estimated peak memory per process: %s",
-             f"{docs:,}", near.bands, near.rows, ", ".join(f"{k} {v:,.0f} MB" for k, v in estimate.items()))
+    log.info(
+        "curate: near-dedup of up to %s documents, %d bands x %d rows; estimated peak memory per process: %s",
+        f"{docs:,}",
+        near.bands,
+        near.rows,
+        ", ".join(f"{k} {v:,.0f} MB" for k, v in estimate.items()),
+    )
     signed = runner.per_task(SIGN, SignSettings(cfg.exact_dedup.enabled, near, cfg.near_priority))
     buckets = runner.per_partition(BUCKETS, BucketSettings(subs, near), near.bands * subs)
     verified = runner.per_partition(VERIFY, VerifySettings(partitions, tasks, near), partitions)
     clustered = runner.per_partition(COMPONENTS, None, 1)[0]
     return {
-        "signed": sum(r["signed"] for r in signed.values()), "no_words": sum(r["no_words"] for r in signed.values()),
-        "shingles": sum(r["shingles"] for r in signed.values()), "bucket_pairs": sum(r["candidates"] for r in buckets.values()),
-        "candidates": sum(r["candidates"] for r in verified.values()), "verified": sum(r["verified"] for r in verified.values()),
+        "signed": sum(r["signed"] for r in signed.values()),
+        "no_words": sum(r["no_words"] for r in signed.values()),
+        "shingles": sum(r["shingles"] for r in signed.values()),
+        "bucket_pairs": sum(r["candidates"] for r in buckets.values()),
+        "candidates": sum(r["candidates"] for r in verified.values()),
+        "verified": sum(r["verified"] for r in verified.values()),
         "rejected": sum(r["rejected"] for r in verified.values()),
-        "max_rejected_jaccard": max((r["max_rejected_jaccard"] for r in verified.values() if r["max_rejected_jaccard"] is not None), default=None),
+        "max_rejected_jaccard": max(
+            (r["max_rejected_jaccard"] for r in verified.values() if r["max_rejected_jaccard"] is not None),
+            default=None,
+        ),
         **{k: clustered[k] for k in ("clusters", "clustered_docs", "largest_cluster")},
         "memory_estimate_mb": {k: round(v, 1) for k, v in estimate.items()},
     }

@@ -93,7 +93,9 @@ def encode_pair(tokenizer: KilnTokenizer, context: str, continuation: str) -> tu
 
 
 @torch.no_grad()
-def loglikelihoods(model: Transformer, pairs: list[tuple[list[int], list[int]]], batch_size: int, amp_dtype: torch.dtype | None = None) -> list[float]:
+def loglikelihoods(
+    model: Transformer, pairs: list[tuple[list[int], list[int]]], batch_size: int, amp_dtype: torch.dtype | None = None
+) -> list[float]:
     """Sum of log p(continuation | context) per pair, in nats (right-padded batches, fp32 log-softmax)."""
     device = next(model.parameters()).device
     W = model.cfg.max_seq_len
@@ -112,20 +114,32 @@ def loglikelihoods(model: Transformer, pairs: list[tuple[list[int], list[int]]],
             logits_BTV = model(inputs_BT.to(device))  # causal: right padding never reaches a real position
         logp_BTV = F.log_softmax(logits_BTV.float(), dim=-1)
         for b, (ids, n) in enumerate(rows):
-            positions = torch.arange(len(ids) - 1 - n, len(ids) - 1, device=device)  # the predictions of the continuation's tokens
+            positions = torch.arange(
+                len(ids) - 1 - n, len(ids) - 1, device=device
+            )  # the predictions of the continuation's tokens
             targets = torch.tensor(ids[len(ids) - n :], device=device)
             out.append(float(logp_BTV[b, positions, targets].sum()))  # host sync per row
     return out
 
 
-def score_task(model: Transformer, tokenizer: KilnTokenizer, items: list[Item], delimiter: str = " ", batch_size: int = 16, amp_dtype: torch.dtype | None = None) -> dict[str, Any]:
+def score_task(
+    model: Transformer,
+    tokenizer: KilnTokenizer,
+    items: list[Item],
+    delimiter: str = " ",
+    batch_size: int = 16,
+    amp_dtype: torch.dtype | None = None,
+) -> dict[str, Any]:
     """{"items", "acc", "acc_norm_char", "acc_norm_token", "stderr"} for one task."""
     pairs, lengths = [], []
     for item in items:
         for j, choice in enumerate(item.choices):
             context_ids, continuation_ids = encode_pair(tokenizer, item.context, delimiter + choice)
             if not continuation_ids:
-                raise FatalError(f"{item.where or 'task item'}: choice {j} ({choice!r}) adds no token after the context; give eval.task_delimiter a space or end the context with one")
+                raise FatalError(
+                    f"{item.where or 'task item'}: choice {j} ({choice!r}) adds no token after the context; give "
+                    "eval.task_delimiter a space or end the context with one"
+                )
             pairs.append((context_ids, continuation_ids))
             # Per character of the choice itself, as lm-evaluation-harness's acc_norm counts it.
             lengths.append((max(len(choice), 1), len(continuation_ids)))

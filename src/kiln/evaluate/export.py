@@ -68,7 +68,13 @@ def tokenizer_files(folder: Path, tokenizer: KilnTokenizer, max_len: int) -> lis
     paths = [folder / name for name in TOKENIZER_FILES]
     shutil.copyfile(tokenizer.path, paths[0])
     others = [s for s in tokenizer.specials if s not in (EOT, PAD, MASK)]
-    special = {"bos_token": EOT, "eos_token": EOT, "pad_token": PAD, "mask_token": MASK, "additional_special_tokens": others}
+    special = {
+        "bos_token": EOT,
+        "eos_token": EOT,
+        "pad_token": PAD,
+        "mask_token": MASK,
+        "additional_special_tokens": others,
+    }
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         **special,
@@ -86,13 +92,25 @@ def tokenizer_files(folder: Path, tokenizer: KilnTokenizer, max_len: int) -> lis
 
 
 def generation_config(gen: GenerateConfig, tokenizer: KilnTokenizer) -> dict[str, Any]:
-    config: dict[str, Any] = {"bos_token_id": tokenizer.eot_id, "eos_token_id": tokenizer.eot_id, "pad_token_id": tokenizer.pad_id, "max_new_tokens": gen.max_new_tokens}
+    config: dict[str, Any] = {
+        "bos_token_id": tokenizer.eot_id,
+        "eos_token_id": tokenizer.eot_id,
+        "pad_token_id": tokenizer.pad_id,
+        "max_new_tokens": gen.max_new_tokens,
+    }
     if gen.temperature == 0:
         return config | {"do_sample": False}
-    return config | {"do_sample": True, "temperature": gen.temperature, "top_k": gen.top_k or 0, "top_p": gen.top_p or 1.0}
+    return config | {
+        "do_sample": True,
+        "temperature": gen.temperature,
+        "top_k": gen.top_k or 0,
+        "top_p": gen.top_p or 1.0,
+    }
 
 
-def write_hf_folder(folder: Path, model: Transformer, tokenizer: KilnTokenizer, gen: GenerateConfig, dtype: str, card: str) -> list[Path]:
+def write_hf_folder(
+    folder: Path, model: Transformer, tokenizer: KilnTokenizer, gen: GenerateConfig, dtype: str, card: str
+) -> list[Path]:
     """Every file of the Hugging Face folder into `folder` (existing, empty); returns their paths."""
     cfg = model.cfg
     config = hf_config(cfg, tokenizer.eot_id, tokenizer.pad_id) | {"torch_dtype": dtype}
@@ -115,48 +133,110 @@ def model_card(run_dir: Path, model: Transformer, tokenizer: KilnTokenizer, arch
     m = {s: _manifest(layout, s) for s in (CURATE, TOKENIZER, TOKENIZE, TRAIN, EVAL)}
     cfg = model.cfg
     name = Path(run_dir).name
-    lines = ["---", "library_name: transformers", "pipeline_tag: text-generation", "tags: [kiln, base-model]", "---", "",
-             f"# {name}", "",
-             f"A {count_params(cfg):,}-parameter base language model ({arch}: {cfg.n_layers} layers, d_model {cfg.d_model}, "
-             f"{cfg.n_heads} query and {cfg.kv_heads} key/value heads, SwiGLU {cfg.hidden}, RoPE base {cfg.rope_theta:g}, "
-             f"{'tied' if cfg.tie_embeddings else 'untied'} embeddings{', QK-norm' if cfg.qk_norm else ''}, context {cfg.max_seq_len} tokens), "
-             "pretrained from raw text with kiln. It is a base model: it continues text, it does not follow instructions.", ""]
+    lines = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: text-generation",
+        "tags: [kiln, base-model]",
+        "---",
+        "",
+        f"# {name}",
+        "",
+        f"A {count_params(cfg):,}-parameter base language model ({arch}: {cfg.n_layers} layers, d_model {cfg.d_model}, "
+        f"{cfg.n_heads} query and {cfg.kv_heads} key/value heads, SwiGLU {cfg.hidden}, RoPE base {cfg.rope_theta:g}, "
+        f"{'tied' if cfg.tie_embeddings else 'untied'} embeddings{', QK-norm' if cfg.qk_norm else ''}, context "
+        f"{cfg.max_seq_len} tokens), "
+        "pretrained from raw text with kiln. It is a base model: it continues text, it does not follow instructions.",
+        "",
+    ]
     if (tok := m[TOKENIZE]) is not None:
         lines += ["## Data", "", "| source | documents (train/val) | tokens (train/val) |", "|---|---|---|"]
         for source, s in tok["counts"]["per_source"].items():
-            lines.append(f"| {source} | {s['train']['docs']:,} / {s['val']['docs']:,} | {s['train']['tokens']:,} / {s['val']['tokens']:,} |")
+            lines.append(
+                f"| {source} | {s['train']['docs']:,} / {s['val']['docs']:,} | {s['train']['tokens']:,} / "
+                f"{s['val']['tokens']:,} |"
+            )
         lines.append("")
     if (cur := m[CURATE]) is not None:
         c = cur["counts"]
-        lines += [f"Curation kept {c['docs_out']:,} of {c['docs_in']:,} documents ({c['bytes_out']:,} of {c['bytes_in']:,} bytes); steps per source, in order:", ""]
+        lines += [
+            (
+                f"Curation kept {c['docs_out']:,} of {c['docs_in']:,} documents ({c['bytes_out']:,} of "
+                f"{c['bytes_in']:,} bytes); steps per source, in order:"
+            ),
+            "",
+        ]
         for source, s in c["per_source"].items():
             lines.append(f"- {source}: " + " -> ".join(s.get("funnel", {})))
         top = sorted(c["removed"].items(), key=lambda kv: -kv[1])[:8]
         lines += ["", "Most frequent removal reasons: " + ", ".join(f"{r} ({n:,})" for r, n in top) + ".", ""]
     if (tk := m[TOKENIZER]) is not None:
         measured = tk["counts"].get("heldout_bytes_per_token")  # an imported tokenizer has no measurement
-        lines += ["## Tokenizer", "", f"Byte-level BPE, {tokenizer.vocab_size:,} tokens{f', {measured:.3f} bytes per token on held-out text' if measured else ''}; "
-                  f"end of document `{EOT}` (id {tokenizer.eot_id}) is the bos and eos token, padding `{PAD}` (id {tokenizer.pad_id}); no token is added on encode.", ""]
+        lines += [
+            "## Tokenizer",
+            "",
+            f"Byte-level BPE, {tokenizer.vocab_size:,} "
+            f"tokens{f', {measured:.3f} bytes per token on held-out text' if measured else ''}; "
+            f"end of document `{EOT}` (id {tokenizer.eot_id}) is the bos and eos token, padding `{PAD}` (id "
+            f"{tokenizer.pad_id}); no token is added on encode.",
+            "",
+        ]
     if (tr := m[TRAIN]) is not None and "train" not in tr["config"]:  # a run `kiln import-hf` made
-        lines += ["## Training", "", f"Imported from the Hugging Face folder {tr['counts'].get('imported_from')}; its training is not recorded here.", ""]
+        lines += [
+            "## Training",
+            "",
+            (
+                f"Imported from the Hugging Face folder {tr['counts'].get('imported_from')}; its training is not "
+                "recorded here."
+            ),
+            "",
+        ]
     elif tr is not None:
         t, counts = tr["config"]["train"], tr["counts"]
-        lines += ["## Training", "", f"{counts['steps']:,} steps, {counts['tokens_trained']:,} tokens "
-                  f"({', '.join(f'{s} {n:,}' for s, n in counts.get('tokens_by_source', {}).items())}), "
-                  f"{counts['train_flops']:.3g} FLOPs ({counts['flops_per_token']:,} per token), on {counts.get('processes', 1)} {counts.get('device', '')} process(es); "
-                  f"{t['optim']['name']} at peak lr {t['optim']['lr']:g}, {t['schedule']['kind']} schedule, {t['global_batch_tokens']:,} tokens per step of {t['seq_len']}-token windows.", ""]
+        lines += [
+            "## Training",
+            "",
+            f"{counts['steps']:,} steps, {counts['tokens_trained']:,} tokens "
+            f"({', '.join(f'{s} {n:,}' for s, n in counts.get('tokens_by_source', {}).items())}), "
+            f"{counts['train_flops']:.3g} FLOPs ({counts['flops_per_token']:,} per token), on "
+            f"{counts.get('processes', 1)} {counts.get('device', '')} process(es); "
+            f"{t['optim']['name']} at peak lr {t['optim']['lr']:g}, {t['schedule']['kind']} schedule, "
+            f"{t['global_batch_tokens']:,} tokens per step of {t['seq_len']}-token windows.",
+            "",
+        ]
     if (ev := m[EVAL]) is not None and "before" in ev["counts"]:  # the validation split, before and after training
         after, before = ev["counts"]["after"], ev["counts"]["before"]
-        lines += ["## Evaluation", "", "Held-out validation split of each source (bits per byte; lower is better):", "", "| source | before training | after |", "|---|---|---|"]
+        lines += [
+            "## Evaluation",
+            "",
+            "Held-out validation split of each source (bits per byte; lower is better):",
+            "",
+            "| source | before training | after |",
+            "|---|---|---|",
+        ]
         for source, r in after["sources"].items():
             lines.append(f"| {source} | {before['sources'][source]['bpb']:.3f} | {r['bpb']:.3f} |")
         lines += [f"| all | {before['all']['bpb']:.3f} | {after['all']['bpb']:.3f} |", ""]
-    lines += ["## Use", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
-              "tok = AutoTokenizer.from_pretrained(PATH)", "model = AutoModelForCausalLM.from_pretrained(PATH)",
-              'ids = tok("def ", return_tensors="pt").input_ids', "print(tok.decode(model.generate(ids, max_new_tokens=40)[0]))", "```", ""]
+    lines += [
+        "## Use",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "tok = AutoTokenizer.from_pretrained(PATH)",
+        "model = AutoModelForCausalLM.from_pretrained(PATH)",
+        'ids = tok("def ", return_tensors="pt").input_ids',
+        "print(tok.decode(model.generate(ids, max_new_tokens=40)[0]))",
+        "```",
+        "",
+    ]
     stages = {s: mm["fingerprint"] for s, mm in m.items() if mm is not None}
     if stages:
-        lines += ["## Lineage", "", "Fingerprints of the kiln stages that made this model (manifest.json in each stage of the run):", ""]
+        lines += [
+            "## Lineage",
+            "",
+            "Fingerprints of the kiln stages that made this model (manifest.json in each stage of the run):",
+            "",
+        ]
         lines += [f"- {s}: `{f}`" for s, f in stages.items()] + [""]
     return "\n".join(lines)
 
@@ -169,9 +249,19 @@ def run(cfg: ExportConfig, gen: GenerateConfig, run_dir: Path, force: bool = Fal
     ckpt, tok_path = layout.checkpoint, layout.tokenizer_json
     upstream = [s for s in (CURATE, TOKENIZER, TOKENIZE, TRAIN, EVAL) if (layout.stage(s) / MANIFEST).is_file()]
     # Only the sampling defaults that generation_config.json carries identify the export.
-    defaults = GenerationDefaults(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p)
-    stage = Stage(run_dir, EXPORT, {"export": cfg, "generation_defaults": defaults}, [ckpt / WEIGHTS, ckpt / CONFIG, tok_path], upstream=upstream)
-    if not (manifest := stage.up_to_date(force, lambda m: f"the Hugging Face folder is {layout.stage(EXPORT) / HF_FOLDER}")):
+    defaults = GenerationDefaults(
+        max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p
+    )
+    stage = Stage(
+        run_dir,
+        EXPORT,
+        {"export": cfg, "generation_defaults": defaults},
+        [ckpt / WEIGHTS, ckpt / CONFIG, tok_path],
+        upstream=upstream,
+    )
+    if not (
+        manifest := stage.up_to_date(force, lambda m: f"the Hugging Face folder is {layout.stage(EXPORT) / HF_FOLDER}")
+    ):
         model = load_trained_model(ckpt)
         arch = architecture(model.cfg)  # refuses options Llama and Qwen3 lack before any work
         tokenizer = KilnTokenizer.load(tok_path)
@@ -181,9 +271,23 @@ def run(cfg: ExportConfig, gen: GenerateConfig, run_dir: Path, force: bool = Fal
         paths = write_hf_folder(folder, model, tokenizer, gen, cfg.dtype, model_card(run_dir, model, tokenizer, arch))
         # No OUT in the summary: it is written once, and a later call may copy somewhere else.
         summary = f"{arch} ({cfg.dtype}) with kiln's tokenizer: {layout.stage(EXPORT) / HF_FOLDER}"
-        manifest = stage.finish(paths, {"architecture": arch, "dtype": cfg.dtype, "params": count_params(model.cfg), "folder": str(layout.stage(EXPORT) / HF_FOLDER), "files": [p.name for p in paths]}, summary)
+        manifest = stage.finish(
+            paths,
+            {
+                "architecture": arch,
+                "dtype": cfg.dtype,
+                "params": count_params(model.cfg),
+                "folder": str(layout.stage(EXPORT) / HF_FOLDER),
+                "files": [p.name for p in paths],
+            },
+            summary,
+        )
     if out is not None:
-        copy_out(layout.stage(EXPORT) / HF_FOLDER, out, {"format": MARKER_FORMAT, "run": str(run_dir.resolve()), "fingerprint": manifest["fingerprint"]})
+        copy_out(
+            layout.stage(EXPORT) / HF_FOLDER,
+            out,
+            {"format": MARKER_FORMAT, "run": str(run_dir.resolve()), "fingerprint": manifest["fingerprint"]},
+        )
     return manifest
 
 
@@ -194,19 +298,39 @@ def check_out(out: str | None, run_dir: Path) -> Path | None:
         return None
     target, run = Path(out).resolve(), run_dir.resolve()
     if target.is_relative_to(run) or run.is_relative_to(target):
-        where = "the run directory itself" if target == run else f"inside the run directory {run}" if target.is_relative_to(run) else f"a folder that holds the run directory {run}"
-        raise FatalError(f"export.out {out}: {where}; the copy goes outside the run (the run's own export is {RunLayout(run_dir).stage(EXPORT) / HF_FOLDER}): choose another folder")
+        where = (
+            "the run directory itself"
+            if target == run
+            else f"inside the run directory {run}"
+            if target.is_relative_to(run)
+            else f"a folder that holds the run directory {run}"
+        )
+        raise FatalError(
+            f"export.out {out}: {where}; the copy goes outside the run (the run's own export is "
+            f"{RunLayout(run_dir).stage(EXPORT) / HF_FOLDER}): choose another folder"
+        )
     stage_dir = next((a for a in target.parents if is_stage_folder(a)), None)
     if stage_dir is not None:
-        raise FatalError(f"export.out {out}: inside {stage_dir}, a stage folder of another kiln run; choose a folder outside every run")
+        raise FatalError(
+            f"export.out {out}: inside {stage_dir}, a stage folder of another kiln run; choose a folder outside "
+            "every run"
+        )
     for folder in (target, *staging(target)):
         if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-            raise FatalError(f"export.out {out}: {folder} exists and is not a folder; choose another folder, or remove it yourself")
-        if foreign := not_exported(folder):
-            hint = "" if (folder / MARKER).is_file() else f" (no {MARKER}: not a kiln export, or one from a kiln before it marked its copies)"
             raise FatalError(
-                f"export.out {out}: {folder} holds {', '.join(foreign[:6])}{' ...' if len(foreign) > 6 else ''}, which kiln did not write{hint}; "
-                f"kiln replaces a folder only when it holds an earlier export and nothing else. Choose another folder, or remove it yourself "
+                f"export.out {out}: {folder} exists and is not a folder; choose another folder, or remove it yourself"
+            )
+        if foreign := not_exported(folder):
+            hint = (
+                ""
+                if (folder / MARKER).is_file()
+                else f" (no {MARKER}: not a kiln export, or one from a kiln before it marked its copies)"
+            )
+            raise FatalError(
+                f"export.out {out}: {folder} holds {', '.join(foreign[:6])}{' ...' if len(foreign) > 6 else ''}, "
+                f"which kiln did not write{hint}; "
+                "kiln replaces a folder only when it holds an earlier export and nothing else. Choose another "
+                "folder, or remove it yourself "
                 f"(--force redoes the export; it never replaces a folder kiln did not write)"
             )
     return target
@@ -216,7 +340,9 @@ def is_stage_folder(folder: Path) -> bool:
     """Whether kiln's manifest (or an unfinished stage's marker) is in `folder`: a web app's
     manifest.json is not kiln's."""
     try:
-        return (folder / IN_PROGRESS).is_file() or json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("format") == MANIFEST_FORMAT
+        return (folder / IN_PROGRESS).is_file() or json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get(
+            "format"
+        ) == MANIFEST_FORMAT
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         return False
 

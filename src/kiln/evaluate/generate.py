@@ -53,10 +53,17 @@ class Completion:
 
     def record(self) -> dict[str, Any]:
         """The samples.jsonl line."""
-        return {"prompt": self.prompt, "completion": self.completion, "new_tokens": self.new_tokens, "finish_reason": self.finish_reason}
+        return {
+            "prompt": self.prompt,
+            "completion": self.completion,
+            "new_tokens": self.new_tokens,
+            "finish_reason": self.finish_reason,
+        }
 
 
-def filter_logits(logits_V: torch.Tensor, top_k: int | None, top_p: float | None, min_p: float | None = None) -> torch.Tensor:
+def filter_logits(
+    logits_V: torch.Tensor, top_k: int | None, top_p: float | None, min_p: float | None = None
+) -> torch.Tensor:
     """Logits with everything outside the top-k, the top-p nucleus and the min-p floor set to -inf
     (works on (V,) or on (B, V) row by row)."""
     if top_k is not None and top_k < logits_V.shape[-1]:
@@ -92,11 +99,19 @@ def window_logits(model: Transformer, ids_BN: torch.Tensor, valid_BN: torch.Tens
     if bool(valid_BW.all()):  # host sync; no padding: the plain causal fast path
         return model(ids_BW, last_only=True)[:, -1]
     # Padding and real tokens as two "documents": no real token sees padding.
-    return model(ids_BW, rule=CAUSAL.within_documents(valid_BW.long()), positions_BT=positions(valid_BW), last_only=True)[:, -1]
+    return model(
+        ids_BW, rule=CAUSAL.within_documents(valid_BW.long()), positions_BT=positions(valid_BW), last_only=True
+    )[:, -1]
 
 
 @torch.no_grad()
-def complete(model: Transformer, tokenizer: KilnTokenizer, prompts: list[str], cfg: GenerateConfig, amp_dtype: torch.dtype | None = None) -> list[Completion]:
+def complete(
+    model: Transformer,
+    tokenizer: KilnTokenizer,
+    prompts: list[str],
+    cfg: GenerateConfig,
+    amp_dtype: torch.dtype | None = None,
+) -> list[Completion]:
     """One completion per prompt, decoded together as one batch (amp_dtype: the autocast dtype, None for fp32)."""
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -114,7 +129,9 @@ def complete(model: Transformer, tokenizer: KilnTokenizer, prompts: list[str], c
     penalize = cfg.repetition_penalty != 1.0
     seen_BV = torch.zeros(B, V, dtype=torch.bool, device=device)
     if penalize:
-        seen_BV.scatter_(1, torch.where(valid_BN[:, :P], ids_BN[:, :P], tokenizer.pad_id), True)  # padding is banned anyway
+        seen_BV.scatter_(
+            1, torch.where(valid_BN[:, :P], ids_BN[:, :P], tokenizer.pad_id), True
+        )  # padding is banned anyway
     # Specials other than end-of-document (padding, mask, FIM, sentinels, reserved) are never text.
     banned = torch.tensor([i for i in tokenizer.specials.values() if i != tokenizer.eot_id], device=device)
     # Room for what this call can reach: the prompt and its new tokens, at most the context.
@@ -129,7 +146,13 @@ def complete(model: Transformer, tokenizer: KilnTokenizer, prompts: list[str], c
         if cache is None:
             logits_BV = window_logits(model, ids_BN[:, :P], valid_BN[:, :P])
         elif padded:
-            logits_BV = model(ids_BN[:, :P], positions_BT=positions(valid_BN[:, :P]), cache=cache, valid_BT=valid_BN[:, :P], last_only=True)[:, -1]
+            logits_BV = model(
+                ids_BN[:, :P],
+                positions_BT=positions(valid_BN[:, :P]),
+                cache=cache,
+                valid_BT=valid_BN[:, :P],
+                last_only=True,
+            )[:, -1]
         else:
             logits_BV = model(ids_BN[:, :P], cache=cache, last_only=True)[:, -1]
     for _ in range(cfg.max_new_tokens):
@@ -165,18 +188,30 @@ def complete(model: Transformer, tokenizer: KilnTokenizer, prompts: list[str], c
             break
         with autocast(device, amp_dtype):
             if cache is not None and n <= cache.capacity:  # one new position per row against the cache
-                logits_BV = model(ids_BN[:, n - 1 : n], positions_BT=next_pos_B1 if padded else None, cache=cache, last_only=True)[:, -1]
+                logits_BV = model(
+                    ids_BN[:, n - 1 : n], positions_BT=next_pos_B1 if padded else None, cache=cache, last_only=True
+                )[:, -1]
                 next_pos_B1 = next_pos_B1 + 1
             else:  # no cache, or past the context: the window slides
                 logits_BV = window_logits(model, ids_BN[:, :n], valid_BN[:, :n])
     out = []
     for row, prompt in enumerate(prompts):
         text = tokenizer.decode(new[row])
-        out.append(Completion(prompt, text[: cut[row]] if cut[row] is not None else text, len(new[row]), finish[row] or "length", tuple(new[row])))
+        out.append(
+            Completion(
+                prompt,
+                text[: cut[row]] if cut[row] is not None else text,
+                len(new[row]),
+                finish[row] or "length",
+                tuple(new[row]),
+            )
+        )
     return out
 
 
-def generate(model: Transformer, tokenizer: KilnTokenizer, cfg: GenerateConfig, amp_dtype: torch.dtype | None = None) -> str:
+def generate(
+    model: Transformer, tokenizer: KilnTokenizer, cfg: GenerateConfig, amp_dtype: torch.dtype | None = None
+) -> str:
     """generate.prompt and its continuation."""
     return cfg.prompt + complete(model, tokenizer, [cfg.prompt], cfg, amp_dtype)[0].completion
 
@@ -210,9 +245,16 @@ def run(cfg: GenerateConfig, run_dir: Path, force: bool = False) -> dict[str, An
     prompt_file = [Path(cfg.prompt_file)] if cfg.prompt_file else []
     if prompt_file and not prompt_file[0].is_file():  # the user's file, not an output a stage could remake
         what = "a folder, not a file" if prompt_file[0].is_dir() else "no such file"
-        raise FatalError(f"generate.prompt_file {cfg.prompt_file}: {what}; give a JSONL file with a `prompt` field per line, or a text file with one prompt per line (--prompt-file FILE)")
-    stage = Stage(run_dir, GENERATE, {"generate": cfg}, [ckpt / WEIGHTS, ckpt / CONFIG, tok_path, *prompt_file], upstream=[TRAIN])
-    if done := stage.up_to_date(force, lambda m: f"the samples are in {stage.final_dir / (SAMPLES if cfg.prompt_file else SUMMARY)}"):
+        raise FatalError(
+            f"generate.prompt_file {cfg.prompt_file}: {what}; give a JSONL file with a `prompt` field per line, "
+            "or a text file with one prompt per line (--prompt-file FILE)"
+        )
+    stage = Stage(
+        run_dir, GENERATE, {"generate": cfg}, [ckpt / WEIGHTS, ckpt / CONFIG, tok_path, *prompt_file], upstream=[TRAIN]
+    )
+    if done := stage.up_to_date(
+        force, lambda m: f"the samples are in {stage.final_dir / (SAMPLES if cfg.prompt_file else SUMMARY)}"
+    ):
         return done
     prompts = read_prompts(prompt_file[0]) if prompt_file else [cfg.prompt]
     if not prompts:
@@ -230,10 +272,25 @@ def run(cfg: GenerateConfig, run_dir: Path, force: bool = False) -> dict[str, An
     outputs = []
     if prompt_file:
         samples = stage.dir / SAMPLES
-        samples.write_text("".join(json.dumps(c.record(), ensure_ascii=False) + "\n" for c in done_list), encoding="utf-8")
+        samples.write_text(
+            "".join(json.dumps(c.record(), ensure_ascii=False) + "\n" for c in done_list), encoding="utf-8"
+        )
         outputs.append(samples)
     first = done_list[0]
     text = first.prompt + first.completion
-    counts = {"sample": text, "chars": len(text), "prompts": len(prompts), "new_tokens": tokens, "tokens_per_s": round(tokens / max(seconds, 1e-9), 1)}
-    summary = text if not prompt_file else f"{len(prompts)} prompts, {tokens:,} new tokens ({counts['tokens_per_s']:,} tokens/s) in {stage.final_dir / SAMPLES}; the first:\n{text}"
+    counts = {
+        "sample": text,
+        "chars": len(text),
+        "prompts": len(prompts),
+        "new_tokens": tokens,
+        "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
+    }
+    summary = (
+        text
+        if not prompt_file
+        else (
+            f"{len(prompts)} prompts, {tokens:,} new tokens ({counts['tokens_per_s']:,} tokens/s) in "
+            f"{stage.final_dir / SAMPLES}; the first:\n{text}"
+        )
+    )
     return stage.finish(outputs, counts, summary)

@@ -62,7 +62,10 @@ def folder_file(folder: Path, name: str, named_in: Path | None = None) -> Path:
     repository's `blobs/`. named_in: the index that names the file, for the message."""
     source = f" (named in {named_in})" if named_in else ""
     if not name or Path(name).is_absolute() or ".." in Path(name).parts:
-        raise FatalError(f"{named_in or folder}: {name!r} is not a file of {folder}; every weight file must be one of the folder's own files")
+        raise FatalError(
+            f"{named_in or folder}: {name!r} is not a file of {folder}; every weight file must be one of the "
+            "folder's own files"
+        )
     path = folder / name
     try:
         real = path.resolve(strict=True)
@@ -73,7 +76,10 @@ def folder_file(folder: Path, name: str, named_in: Path | None = None) -> Path:
     home = folder.resolve()
     blobs = home.parent.parent / "blobs" if home.parent.name == "snapshots" else None
     if not real.is_relative_to(home) and real.parent != blobs:
-        raise FatalError(f"{path}: a symlink to {real}, outside {folder}{source}; kiln reads only the folder's own files: copy the file into the folder")
+        raise FatalError(
+            f"{path}: a symlink to {real}, outside {folder}{source}; kiln reads only the folder's own files: copy "
+            "the file into the folder"
+        )
     if not real.is_file():  # follows the link: false for a folder, a device, a pipe
         raise FatalError(f"{path}: not a regular file{source}; give the folder's real files")
     return path
@@ -92,13 +98,27 @@ def weight_files(folder: Path) -> list[Path]:
         index_path = folder_file(folder, INDEX)
         index = read_json(index_path)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
-            raise FatalError(f"{index_path}: no weight_map (an object of tensor names to shard file names); the index is damaged: download it again")
+        if (
+            not isinstance(weight_map, dict)
+            or not weight_map
+            or not all(isinstance(v, str) for v in weight_map.values())
+        ):
+            raise FatalError(
+                f"{index_path}: no weight_map (an object of tensor names to shard file names); the index is "
+                "damaged: download it again"
+            )
         return [folder_file(folder, name, index_path) for name in sorted(set(weight_map.values()))]
     if present(folder / WEIGHTS):
         return [folder_file(folder, WEIGHTS)]
     pickles = sorted(p.name for p in folder.glob("*.bin"))
-    raise FatalError(f"{folder}: no {WEIGHTS} or {INDEX}" + (f" (found {', '.join(pickles)}: kiln does not unpickle weights; save them with safe_serialization=True)" if pickles else ""))
+    raise FatalError(
+        f"{folder}: no {WEIGHTS} or {INDEX}"
+        + (
+            f" (found {', '.join(pickles)}: kiln does not unpickle weights; save them with safe_serialization=True)"
+            if pickles
+            else ""
+        )
+    )
 
 
 def check_folder(folder: Path) -> tuple[ModelConfig, KilnTokenizer, list[Path]]:
@@ -112,13 +132,24 @@ def check_folder(folder: Path) -> tuple[ModelConfig, KilnTokenizer, list[Path]]:
     cfg = model_config_from_hf(read_json(config_path), str(config_path))
     files = weight_files(folder)
     read = sum(p.stat().st_size for p in files)  # load_file holds every tensor of the files at once
-    check_memory(f"{config_path}: importing {count_params(cfg):,} parameters (fp32, after reading {read / GB:,.1f} GB of safetensors)", build_bytes(cfg) + read,
-                 available_memory(), "this machine", "import on a machine with more memory, or check the sizes in config.json")
+    check_memory(
+        (
+            f"{config_path}: importing {count_params(cfg):,} parameters (fp32, after reading {read / GB:,.1f} GB of "
+            "safetensors)"
+        ),
+        build_bytes(cfg) + read,
+        available_memory(),
+        "this machine",
+        "import on a machine with more memory, or check the sizes in config.json",
+    )
     if not present(folder / TOKENIZER_JSON):
         raise FatalError(f"{folder}: no {TOKENIZER_JSON} (kiln needs the model's tokenizer to encode text for it)")
     tokenizer = adopt(folder_file(folder, TOKENIZER_JSON))
     if tokenizer.vocab_size > (cfg.vocab_size or 0):
-        raise FatalError(f"{folder}: the tokenizer has {tokenizer.vocab_size} tokens, the model's embedding only {cfg.vocab_size} rows")
+        raise FatalError(
+            f"{folder}: the tokenizer has {tokenizer.vocab_size} tokens, the model's embedding only "
+            f"{cfg.vocab_size} rows"
+        )
     return cfg, tokenizer, files
 
 
@@ -129,14 +160,21 @@ def load_model(folder: Path, cfg: ModelConfig, files: list[Path]) -> Transformer
         try:
             state |= load_file(str(path))
         except (SafetensorError, OSError, ValueError) as e:
-            raise FatalError(f"{path}: cannot be read as safetensors ({type(e).__name__}: {e}); the file is truncated or damaged: download it again") from None
+            raise FatalError(
+                f"{path}: cannot be read as safetensors ({type(e).__name__}: {e}); the file is truncated or "
+                "damaged: download it again"
+            ) from None
     model = Transformer(cfg)
     names = [n for n, _ in model.named_parameters()]  # a tied weight once
     # No fp32 copies: load_state_dict copies bf16 or fp16 tensors into the fp32 parameters itself.
     weights = from_hf_state(state, cfg, names, str(folder))
     if cfg.tie_embeddings:
         weights["lm_head.weight"] = weights["embed.weight"]
-    shapes = [f"{k}: {tuple(v.shape)} in the folder, {tuple(p.shape)} for the config" for k, v in weights.items() if (p := model.state_dict()[k]).shape != v.shape]
+    shapes = [
+        f"{k}: {tuple(v.shape)} in the folder, {tuple(p.shape)} for the config"
+        for k, v in weights.items()
+        if (p := model.state_dict()[k]).shape != v.shape
+    ]
     if shapes:
         raise FatalError(f"{folder}: weights do not fit {CONFIG}: {'; '.join(shapes[:3])}")
     model.load_state_dict(weights, strict=True)
@@ -158,10 +196,16 @@ def refuse_other_work(stage: Stage, source: str, force: bool) -> None:
     not make: a run kiln trained (checkpoints, metrics, the tokenizer report), another folder's
     import. With --force they are moved aside (Stage.refuse_to_replace), never deleted."""
     records = ((stage.final_dir, MANIFEST, "config"), (stage.partial_dir, IN_PROGRESS, "settings"))
-    others = [d for d, marker, key in records if d.is_dir() and any(d.iterdir()) and not same_import(d, marker, key, source)]
+    others = [
+        d for d, marker, key in records if d.is_dir() and any(d.iterdir()) and not same_import(d, marker, key, source)
+    ]
     held = sorted({p.name for d in others for p in d.iterdir()})
     if held:
-        stage.refuse_to_replace(held, f"{', '.join(held[:6])}{' ...' if len(held) > 6 else ''} (not written by an import of {source})", force)
+        stage.refuse_to_replace(
+            held,
+            f"{', '.join(held[:6])}{' ...' if len(held) > 6 else ''} (not written by an import of {source})",
+            force,
+        )
 
 
 def run(cfg: ImportConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
@@ -183,13 +227,22 @@ def run(cfg: ImportConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     if not tok_done:
         tok_stage.begin()
         outputs = tokenizer.save(tok_stage.dir / layout.tokenizer_json.name)
-        tok_stage.finish(outputs, {"vocab_size": tokenizer.vocab_size, "imported_from": str(folder)}, f"vocab {tokenizer.vocab_size:,}, imported from {folder}")
+        tok_stage.finish(
+            outputs,
+            {"vocab_size": tokenizer.vocab_size, "imported_from": str(folder)},
+            f"vocab {tokenizer.vocab_size:,}, imported from {folder}",
+        )
         stage = Stage(run_dir, TRAIN, {"import": cfg}, inputs=files, upstream=[TOKENIZER])
     assert stage is not None
     stage.begin()
     outputs = save_weights(stage.dir / layout.checkpoint.name, model)
-    section = yaml.safe_dump({"model": {k: v for k, v in model_cfg.model_dump(mode="json").items() if v is not None}}, sort_keys=False)
-    summary = (f"{arch} with {count_params(model_cfg):,} params imported from {folder} into {layout.checkpoint}\n"
-               f"continued pretraining: train.init_from: {layout.checkpoint}, tokenizer.from_run: {run_dir}, and this model section:\n{section}")
+    section = yaml.safe_dump(
+        {"model": {k: v for k, v in model_cfg.model_dump(mode="json").items() if v is not None}}, sort_keys=False
+    )
+    summary = (
+        f"{arch} with {count_params(model_cfg):,} params imported from {folder} into {layout.checkpoint}\n"
+        f"continued pretraining: train.init_from: {layout.checkpoint}, tokenizer.from_run: {run_dir}, and this "
+        f"model section:\n{section}"
+    )
     counts = {"params": count_params(model_cfg), "architecture": arch, "imported_from": str(folder)}
     return stage.finish(outputs, counts, summary, extra={"model": model_cfg.model_dump(mode="json")})

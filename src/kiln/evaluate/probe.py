@@ -34,9 +34,15 @@ def build_probe(run_dir: Path, cfg: ProbeConfig, amp_dtype: torch.dtype | None) 
     """`model -> {"documents": {"<source>/<i>": {"loss", "tokens"}}, "generations": [{"prompt", "completion"}]}`."""
     layout = RunLayout(run_dir)
     tokenizer = KilnTokenizer.load(layout.tokenizer_json)
-    documents = {f"{source}/{i}": shard.document(i) for source, shard in sorted(open_split(layout.token_shards, "val").items()) for i in range(min(cfg.documents_per_source, shard.n_docs))}
+    documents = {
+        f"{source}/{i}": shard.document(i)
+        for source, shard in sorted(open_split(layout.token_shards, "val").items())
+        for i in range(min(cfg.documents_per_source, shard.n_docs))
+    }
     # A document's own end-of-document token never goes into its prompt (decoded, it would read as text).
-    prompts = [tokenizer.decode(ids[: min(cfg.prompt_tokens, len(ids) - 1)].tolist()) for ids in documents.values()] + list(cfg.prompts)
+    prompts = [
+        tokenizer.decode(ids[: min(cfg.prompt_tokens, len(ids) - 1)].tolist()) for ids in documents.values()
+    ] + list(cfg.prompts)
     sampling = GenerateConfig(temperature=0, max_new_tokens=cfg.max_new_tokens, batch_size=max(len(prompts), 1))
 
     @torch.no_grad()
@@ -49,7 +55,10 @@ def build_probe(run_dir: Path, cfg: ProbeConfig, amp_dtype: torch.dtype | None) 
             window = torch.as_tensor(ids[: model.cfg.max_seq_len + 1].astype("int64"), device=device)[None]
             with autocast(device, amp_dtype):
                 logits_1TV = model(window[:, :-1])
-            scored[name] = {"loss": round(F.cross_entropy(logits_1TV[0].float(), window[0, 1:]).item(), 5), "tokens": window.shape[1] - 1}  # host sync per document
+            scored[name] = {
+                "loss": round(F.cross_entropy(logits_1TV[0].float(), window[0, 1:]).item(), 5),
+                "tokens": window.shape[1] - 1,
+            }  # host sync per document
         with torch.compiler.set_stance("force_eager"):  # compiled blocks would recompile for every decoding shape
             done = complete(model, tokenizer, prompts, sampling, amp_dtype) if prompts else []
         model.train(was_training)

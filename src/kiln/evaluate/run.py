@@ -49,7 +49,9 @@ class TokenArray:
         self.tokens = tokens
 
 
-def score_files(model: Any, tokenizer: KilnTokenizer, read_file: ReadFile, paths: list[Path], cfg: EvalConfig, amp_dtype: Any) -> dict[str, Any]:
+def score_files(
+    model: Any, tokenizer: KilnTokenizer, read_file: ReadFile, paths: list[Path], cfg: EvalConfig, amp_dtype: Any
+) -> dict[str, Any]:
     """Per file: {"sources": {source: scores}, "all": scores, "documents", "unreadable"}."""
     token_bytes = tokenizer.token_bytes()
     out = {}
@@ -61,10 +63,15 @@ def score_files(model: Any, tokenizer: KilnTokenizer, read_file: ReadFile, paths
         for source, text in docs:
             by_source.setdefault(source, []).extend([*tokenizer.encode(text), tokenizer.eot_id])
         if not by_source:
-            raise FatalError(f"{path}: no document to score" + (f" ({len(unreadable)} records could not be read; the first: {unreadable[0]})" if unreadable else ""))
+            raise FatalError(
+                f"{path}: no document to score"
+                + (f" ({len(unreadable)} records could not be read; the first: {unreadable[0]})" if unreadable else "")
+            )
         arrays = {source: TokenArray(np.asarray(ids, dtype=np.int64)) for source, ids in by_source.items()}
         assert cfg.seq_len is not None
-        result = evaluate_model(model, arrays, token_bytes, cfg.seq_len, cfg.max_tokens_per_source, cfg.batch_size, amp_dtype)  # type: ignore[arg-type]
+        result = evaluate_model(
+            model, arrays, token_bytes, cfg.seq_len, cfg.max_tokens_per_source, cfg.batch_size, amp_dtype
+        )  # type: ignore[arg-type]
         out[path.name] = result | {"documents": len(docs), "unreadable": len(unreadable)}
     return out
 
@@ -78,7 +85,16 @@ def run(cfg: EvalConfig, run_dir: Path, force: bool = False, read_file: ReadFile
     ckpt, tok_path = layout.checkpoint, layout.tokenizer_json
     # eval.seq_len None means the window the checkpoint was trained with (not the recipe's
     # current train.seq_len), or an imported model's whole context; the resolved window is what gets hashed.
-    cfg = cfg.model_copy(update={"seq_len": cfg.seq_len or (train_cfg["seq_len"] if train_cfg else min(ModelConfig.model_validate(trained["model"]).max_seq_len, IMPORTED_WINDOW))})
+    cfg = cfg.model_copy(
+        update={
+            "seq_len": cfg.seq_len
+            or (
+                train_cfg["seq_len"]
+                if train_cfg
+                else min(ModelConfig.model_validate(trained["model"]).max_seq_len, IMPORTED_WINDOW)
+            )
+        }
+    )
     has_shards = (layout.token_shards / MANIFEST).is_file()
     data, tasks = [Path(d) for d in cfg.data], [Path(t) for t in cfg.tasks]
     for path in data:
@@ -89,16 +105,27 @@ def run(cfg: EvalConfig, run_dir: Path, force: bool = False, read_file: ReadFile
         if twice := sorted({n for n in names if names.count(n) > 1}):
             raise FatalError(f"{key}: two files named {twice[0]} (results are keyed by file name); rename one")
     if not has_shards and not data and not tasks:
-        raise FatalError(f"{run_dir}: no token shards to validate on (no tokenize stage); give files with --data or tasks with --task")
+        raise FatalError(
+            f"{run_dir}: no token shards to validate on (no tokenize stage); give files with --data or tasks with "
+            "--task"
+        )
     val_shards = [p for p in recorded_outputs(layout.token_shards) if p.name.startswith("val.")] if has_shards else []
     inputs = [ckpt / WEIGHTS, ckpt / CONFIG, tok_path, *val_shards, *data, *tasks]
     stage = Stage(run_dir, EVAL, {"eval": cfg}, inputs, upstream=[TOKENIZE, TRAIN] if has_shards else [TRAIN])
-    if done := stage.up_to_date(force, lambda m: f"val bpb {m['counts']['after']['all']['bpb']:.3f}" if "after" in m["counts"] else "data and tasks scored"):
+    if done := stage.up_to_date(
+        force,
+        lambda m: (
+            f"val bpb {m['counts']['after']['all']['bpb']:.3f}" if "after" in m["counts"] else "data and tasks scored"
+        ),
+    ):
         return done
     precision = resolve_precision(cfg.precision, "eval")
     model = load_trained_model(ckpt, precision.device)
     if cfg.seq_len > model.cfg.max_seq_len:
-        raise FatalError(f"eval.seq_len {cfg.seq_len} exceeds the checkpoint's max_seq_len {model.cfg.max_seq_len}; lower eval.seq_len")
+        raise FatalError(
+            f"eval.seq_len {cfg.seq_len} exceeds the checkpoint's max_seq_len {model.cfg.max_seq_len}; lower "
+            "eval.seq_len"
+        )
     task_items = {task_name(t): read_task(t) for t in tasks}  # a bad line stops here, before any work
     if data and read_file is None:
         raise FatalError("eval.data needs a file reader; run `kiln eval` (kiln.stages wires curate's readers in)")
@@ -110,8 +137,15 @@ def run(cfg: EvalConfig, run_dir: Path, force: bool = False, read_file: ReadFile
         counts["after"] = after = score(model)
         start = train_cfg.get("init_from") if train_cfg else None
         if train_cfg:
-            counts["before"] = before = score(load_trained_model(Path(start), precision.device) if start else build_model(ModelConfig.model_validate(trained["model"]), train_cfg["seed"], precision.device))
-            summary.append(f"after training:\n{format_results(after)}\nbefore training ({f'the starting checkpoint {start}' if start else 'same initialization'}):\n{format_results(before)}")
+            counts["before"] = before = score(
+                load_trained_model(Path(start), precision.device)
+                if start
+                else build_model(ModelConfig.model_validate(trained["model"]), train_cfg["seed"], precision.device)
+            )
+            summary.append(
+                f"after training:\n{format_results(after)}\nbefore training "
+                f"({f'the starting checkpoint {start}' if start else 'same initialization'}):\n{format_results(before)}"
+            )
         else:
             summary.append(f"validation:\n{format_results(after)}")
     tokenizer = KilnTokenizer.load(tok_path)
@@ -122,7 +156,10 @@ def run(cfg: EvalConfig, run_dir: Path, force: bool = False, read_file: ReadFile
             unreadable = f", {r['unreadable']} records unreadable" if r["unreadable"] else ""
             summary.append(f"{name} ({r['documents']:,} documents{unreadable}):\n{format_results(r)}")
     if task_items:
-        counts["tasks"] = {name: score_task(model, tokenizer, items, cfg.task_delimiter, cfg.batch_size, precision.amp_dtype) for name, items in task_items.items()}
+        counts["tasks"] = {
+            name: score_task(model, tokenizer, items, cfg.task_delimiter, cfg.batch_size, precision.amp_dtype)
+            for name, items in task_items.items()
+        }
         summary.append(format_tasks(counts["tasks"]))
     return stage.finish([], counts, "\n".join(summary))
 
@@ -132,6 +169,14 @@ def task_name(path: Path) -> str:
 
 
 def format_tasks(tasks: dict[str, Any]) -> str:
-    lines = [f"{'task':<16} {'items':>6} {'acc':>7} {'acc_norm_char':>14} {'acc_norm_token':>15}   (zero-shot multiple choice)"]
-    lines += [f"{name:<16} {r['items']:>6} {r['acc']:>7.4f} {r['acc_norm_char']:>14.4f} {r['acc_norm_token']:>15.4f}" for name, r in tasks.items()]
+    lines = [
+        (
+            f"{'task':<16} {'items':>6} {'acc':>7} {'acc_norm_char':>14} {'acc_norm_token':>15}   (zero-shot multiple "
+            "choice)"
+        )
+    ]
+    lines += [
+        f"{name:<16} {r['items']:>6} {r['acc']:>7.4f} {r['acc_norm_char']:>14.4f} {r['acc_norm_token']:>15.4f}"
+        for name, r in tasks.items()
+    ]
     return "\n".join(lines)

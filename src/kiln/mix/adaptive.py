@@ -21,7 +21,13 @@ import numpy as np
 from kiln.mix.config import AdaptiveConfig
 
 
-def reweight(sources: Sequence[str], factors: np.ndarray, before: Mapping[str, float], now: Mapping[str, float], cfg: AdaptiveConfig) -> dict[str, Any] | None:
+def reweight(
+    sources: Sequence[str],
+    factors: np.ndarray,
+    before: Mapping[str, float],
+    now: Mapping[str, float],
+    cfg: AdaptiveConfig,
+) -> dict[str, Any] | None:
     """Update `factors` in place from two measurements; None on the first one (nothing to compare).
 
     The record holds each measured source's losses and improvement; the sampler adds the weights
@@ -38,8 +44,15 @@ def reweight(sources: Sequence[str], factors: np.ndarray, before: Mapping[str, f
     slowest = sources[measured[int(np.argmax(rank))]]
     return {
         "adaptive": {
-            sources[i]: {"val_loss_before": round(before[sources[i]], 5), "val_loss": round(now[sources[i]], 5), "improvement": round(float(rel[k]), 5)}
+            sources[i]: {
+                "val_loss_before": round(before[sources[i]], 5),
+                "val_loss": round(now[sources[i]], 5),
+                "improvement": round(float(rel[k]), 5),
+            }
             for k, i in enumerate(measured)
         },
-        "reason": f"{slowest} improved slowest ({float(rel[int(np.argmax(rank))]):+.2%} vs up to {float(rel.max()):+.2%}); its weight grows by up to {cfg.step_size:.0%}",
+        "reason": (
+            f"{slowest} improved slowest ({float(rel[int(np.argmax(rank))]):+.2%} vs up to {float(rel.max()):+.2%}); "
+            f"its weight grows by up to {cfg.step_size:.0%}"
+        ),
     }

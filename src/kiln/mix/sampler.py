@@ -40,30 +40,54 @@ SOURCE_STREAM = 3
 
 
 class Sampler:
-    def __init__(self, shards: Mapping[str, TokenShard], cfg: MixConfig, seq_len: int, replay: Mapping[str, tuple[TokenShard, float]] | None = None):
+    def __init__(
+        self,
+        shards: Mapping[str, TokenShard],
+        cfg: MixConfig,
+        seq_len: int,
+        replay: Mapping[str, tuple[TokenShard, float]] | None = None,
+    ):
         """replay: source -> (shard, share of the replayed rows) drawn at a fixed mix.replay.fraction of all rows."""
         self.cfg = cfg
         self.replay_fraction = cfg.replay.fraction if replay else 0.0
         usable = {s: shard for s, shard in sorted(shards.items()) if len(shard) >= seq_len + 1}
         for s in sorted(set(shards) - set(usable)):
-            log.warning("mix: source %s has %d train tokens, fewer than one window of %d; not sampled", s, len(shards[s]), seq_len + 1)
-        schedules: dict[str, Schedule] = dict(cfg.weights) if cfg.weights is not None else {s: float(len(shard)) for s, shard in usable.items()}
+            log.warning(
+                "mix: source %s has %d train tokens, fewer than one window of %d; not sampled",
+                s,
+                len(shards[s]),
+                seq_len + 1,
+            )
+        schedules: dict[str, Schedule] = (
+            dict(cfg.weights) if cfg.weights is not None else {s: float(len(shard)) for s, shard in usable.items()}
+        )
         positive = {s for s, sched in schedules.items() if any(value_at(sched, p) > 0 for p in _probe_points(sched))}
         missing = sorted(positive - set(usable))
         if missing:
-            raise FatalError(f"mix.weights gives weight to {missing}, which have no usable train tokens; drop them from mix.weights")
+            raise FatalError(
+                f"mix.weights gives weight to {missing}, which have no usable train tokens; drop them from mix.weights"
+            )
         self.sources = [s for s in usable if s in positive]
         if not self.sources:
-            raise FatalError(f"mix: no source has the {seq_len + 1} train tokens of one window; curate more text or lower train.seq_len")
+            raise FatalError(
+                f"mix: no source has the {seq_len + 1} train tokens of one window; curate more text or lower "
+                "train.seq_len"
+            )
         self.schedules = [schedules[s] for s in self.sources]
         self.own = len(self.sources)  # the replayed sources follow this run's own
         for s, (shard, share) in sorted((replay or {}).items()):
             if len(shard) >= seq_len + 1 and share > 0:
                 usable[s], self.sources, self.schedules = shard, [*self.sources, s], [*self.schedules, share]
         if replay and len(self.sources) == self.own:
-            log.warning("mix: no replayed source of %s has the %d train tokens of one window; nothing is replayed", cfg.replay.run, seq_len + 1)  # type: ignore[union-attr]
+            log.warning(
+                "mix: no replayed source of %s has the %d train tokens of one window; nothing is replayed",
+                cfg.replay.run,
+                seq_len + 1,
+            )  # type: ignore[union-attr]
             self.replay_fraction = 0.0
-        self.streams = [SourceStream(usable[s], i, cfg.seed, cfg.lanes, cfg.curriculum) for i, s in enumerate(self.sources)]
+        self.streams = [
+            SourceStream(usable[s], i, cfg.seed, cfg.lanes, cfg.curriculum) for i, s in enumerate(self.sources)
+        ]
         self.max_window = seq_len + 1
         self.rows_drawn = 0
         self.drawn = np.zeros(len(self.sources), dtype=np.int64)  # rows per source
@@ -103,7 +127,12 @@ class Sampler:
                 sources.append(s)
                 indices.append(first + i)
         self.rows_drawn += len(lengths)
-        return Rows(tokens, np.array(sources, dtype=np.int64), np.array(indices, dtype=np.int64), np.array(every, dtype=np.int64))
+        return Rows(
+            tokens,
+            np.array(sources, dtype=np.int64),
+            np.array(indices, dtype=np.int64),
+            np.array(every, dtype=np.int64),
+        )
 
     def observe(self, step: int, progress: float, val_loss: Mapping[str, float]) -> dict[str, Any] | None:
         """Adaptive mode: reweight from per-source validation losses; the log record with its reasons, or None."""
@@ -116,7 +145,9 @@ class Sampler:
             return None
         weights_after = self.weights_at(progress)  # what rows are drawn by from now on, floor included
         for i, s in enumerate(self.sources):
-            record["adaptive"].setdefault(s, {}).update(weight_before=round(float(weights_before[i]), 5), weight_after=round(float(weights_after[i]), 5))
+            record["adaptive"].setdefault(s, {}).update(
+                weight_before=round(float(weights_before[i]), 5), weight_after=round(float(weights_after[i]), 5)
+            )
         record["step"] = step
         log.info("mix: adaptive reweighting at step %d: %s", step, record["reason"])
         return record
@@ -137,19 +168,27 @@ class Sampler:
         return sorted(points)
 
     def plan(self, step_tokens: Sequence[int], step_progress: Sequence[float], check: bool = False) -> dict[str, Any]:
-        """Planned tokens and epochs per source over the given steps (the weights as they stand, adaptive floor included).
+        """Planned tokens and epochs per source over the given steps (the weights as they stand, adaptive floor
+        included).
 
-        check: raise ConfigError (mix.on_overrepeat=error) or warn when a source would repeat more than mix.max_epochs times.
+        check: raise ConfigError (mix.on_overrepeat=error) or warn when a source would repeat more than mix.max_epochs
+        times.
         """
         w_SP = np.stack([self.weights_at(p) for p in step_progress], axis=1)  # (sources, steps), as rows are drawn now
         tokens = w_SP @ np.asarray(step_tokens, dtype=np.float64)
         per_source = {
-            s: {"tokens": int(round(t)), "epochs": round(float(t) / stream.tokens_per_epoch, 3), "train_tokens": stream.tokens_per_epoch}
+            s: {
+                "tokens": int(round(t)),
+                "epochs": round(float(t) / stream.tokens_per_epoch, 3),
+                "train_tokens": stream.tokens_per_epoch,
+            }
             for s, t, stream in zip(self.sources, tokens, self.streams, strict=True)
         }
         over = {s: v["epochs"] for s, v in per_source.items() if v["epochs"] > self.cfg.max_epochs}
         if check and over:
-            message = f"mix: sources planned beyond mix.max_epochs={self.cfg.max_epochs}: " + ", ".join(f"{s} {e:.2f} epochs" for s, e in over.items())
+            message = f"mix: sources planned beyond mix.max_epochs={self.cfg.max_epochs}: " + ", ".join(
+                f"{s} {e:.2f} epochs" for s, e in over.items()
+            )
             if self.cfg.on_overrepeat == "error":
                 raise ConfigError(message + "; lower their weight, raise mix.max_epochs, or curate more of them")
             log.warning("%s; repeated data is worth less with every pass", message)
@@ -167,14 +206,18 @@ class Sampler:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["sources"] != self.sources:
-            raise FatalError(f"checkpoint sampler drew from {state['sources']}, this run has {self.sources}; the data changed")
+            raise FatalError(
+                f"checkpoint sampler drew from {state['sources']}, this run has {self.sources}; the data changed"
+            )
         self.rows_drawn = state["rows_drawn"]
         self.drawn = np.array(state["drawn"], dtype=np.int64)
         for source, stream, s in zip(self.sources, self.streams, state["streams"], strict=True):
             try:
                 stream.load_state_dict(s)
             except ValueError as e:
-                raise FatalError(f"checkpoint sampler, source {source}: {e}; the state belongs to other data or was edited") from None
+                raise FatalError(
+                    f"checkpoint sampler, source {source}: {e}; the state belongs to other data or was edited"
+                ) from None
         self.factors = np.array(state["factors"], dtype=np.float64)
         self.last_val = dict(state["last_val"])
 
@@ -205,4 +248,3 @@ def build_sampler(tokenize_dir: Path, cfg: MixConfig, seq_len: int, split: str =
         cfg = cfg.model_copy(update={"weights": None, "curriculum": None, "adaptive": None, "replay": None})
     # verify: a damaged .bin of the right length would otherwise train silently on garbage.
     return Sampler(open_split(tokenize_dir, split, verify=True), cfg, seq_len, replayed(cfg) if cfg.replay else None)
-

@@ -38,7 +38,9 @@ class StreamState:
     turn: int = 0  # the lane the next row starts in
     position: list[int] = field(default_factory=list)  # per lane: index into its documents
     offset: list[int] = field(default_factory=list)  # per lane: tokens of that document already taken
-    switched_at: list[int] = field(default_factory=list)  # per lane: first-epoch position where the curriculum order ended; empty: not yet
+    switched_at: list[int] = field(
+        default_factory=list
+    )  # per lane: first-epoch position where the curriculum order ended; empty: not yet
 
 
 def curriculum_order(shard: TokenShard, cfg: CurriculumConfig, rng: np.random.Generator) -> np.ndarray:
@@ -48,7 +50,10 @@ def curriculum_order(shard: TokenShard, cfg: CurriculumConfig, rng: np.random.Ge
     else:
         key = read_scores(shard.prefix, shard.n_docs)[cfg.key].astype(np.float64)
         if not np.isfinite(key).any():
-            raise ConfigError(f"mix.curriculum.key={cfg.key}: no document of {shard.prefix} has that score (curation sets it only when its step runs); order by length or run the step")
+            raise ConfigError(
+                f"mix.curriculum.key={cfg.key}: no document of {shard.prefix} has that score (curation sets it "
+                "only when its step runs); order by length or run the step"
+            )
     key = -key if cfg.descending else key
     key = np.where(np.isnan(key), np.inf, key)  # unscored documents last, in either direction
     order = np.argsort(key, kind="stable")
@@ -58,7 +63,9 @@ def curriculum_order(shard: TokenShard, cfg: CurriculumConfig, rng: np.random.Ge
 
 
 class SourceStream:
-    def __init__(self, shard: TokenShard, source_index: int, seed: int, lanes: int, curriculum: CurriculumConfig | None):
+    def __init__(
+        self, shard: TokenShard, source_index: int, seed: int, lanes: int, curriculum: CurriculumConfig | None
+    ):
         self.shard, self.source_index, self.seed, self.curriculum = shard, source_index, seed, curriculum
         self.lanes = max(1, min(lanes, shard.n_docs))
         self.offsets = np.asarray(shard.offsets, dtype=np.int64)
@@ -85,7 +92,10 @@ class SourceStream:
         order = curriculum_order(self.shard, self.curriculum, self.rng(BUCKETS))
         lanes = [order[k :: self.lanes] for k in range(self.lanes)]
         if s.switched_at:  # the rest of each lane's first epoch, shuffled
-            lanes = [np.concatenate([d[:cut], d[cut:][self.rng(SWITCH, k, cut).permutation(len(d) - cut)]]) for k, (d, cut) in enumerate(zip(lanes, s.switched_at, strict=True))]
+            lanes = [
+                np.concatenate([d[:cut], d[cut:][self.rng(SWITCH, k, cut).permutation(len(d) - cut)]])
+                for k, (d, cut) in enumerate(zip(lanes, s.switched_at, strict=True))
+            ]
         return lanes
 
     def take(self, n: int, progress: float, read: bool = True) -> np.ndarray | None:
@@ -137,17 +147,26 @@ class SourceStream:
         """Go on from a saved position; ValueError when it does not fit this stream's documents (the
         state of other data, or an edited one: the stream would index past its lanes or loop forever)."""
         loaded = StreamState(**{k: (list(v) if isinstance(v, list) else v) for k, v in state.items()})
-        sizes = [len(range(k, self.shard.n_docs, self.lanes)) for k in range(self.lanes)]  # documents per lane, in any order
-        lanes_fit = len(loaded.position) == len(loaded.offset) == self.lanes and len(loaded.switched_at) in (0, self.lanes)
+        sizes = [
+            len(range(k, self.shard.n_docs, self.lanes)) for k in range(self.lanes)
+        ]  # documents per lane, in any order
+        lanes_fit = len(loaded.position) == len(loaded.offset) == self.lanes and len(loaded.switched_at) in (
+            0,
+            self.lanes,
+        )
         if not lanes_fit or loaded.turn >= self.lanes:
-            raise ValueError(f"the state has {len(loaded.position)} lane(s) (turn {loaded.turn}), this stream {self.lanes}")
+            raise ValueError(
+                f"the state has {len(loaded.position)} lane(s) (turn {loaded.turn}), this stream {self.lanes}"
+            )
         for k, (n, p, cut) in enumerate(zip(sizes, loaded.position, loaded.switched_at or sizes, strict=True)):
             if p > n or cut > n:
                 raise ValueError(f"lane {k}: position {p} (or switched_at {cut}) lies past its {n} documents")
         before, self.state = self.state, loaded
         lanes = self.lane_docs()
         for k, (docs, p, o) in enumerate(zip(lanes, loaded.position, loaded.offset, strict=True)):
-            length = int(self.offsets[docs[p] + 1] - self.offsets[docs[p]]) if p < len(docs) else 1  # an exhausted lane: offset 0
+            length = (
+                int(self.offsets[docs[p] + 1] - self.offsets[docs[p]]) if p < len(docs) else 1
+            )  # an exhausted lane: offset 0
             if o >= length:
                 self.state = before
                 raise ValueError(f"lane {k}: offset {o} lies past the {length} tokens of its document")

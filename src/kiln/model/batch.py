@@ -43,7 +43,9 @@ class Batch:
     attention: Literal["causal", "full", "prefix"] = "causal"
     prefix_BT: torch.Tensor | None = None  # bool, with attention="prefix": positions every query of the document sees
     positions_BT: torch.Tensor | None = None  # int64 RoPE position per token; None means 0..T-1 in every row
-    index_B: torch.Tensor | None = None  # int64 place of each row in the global stream (Rows.index_B), for logs; stays on the host
+    index_B: torch.Tensor | None = (
+        None  # int64 place of each row in the global stream (Rows.index_B), for logs; stays on the host
+    )
 
     def rule(self) -> AttentionRule:
         """The attention rule the model applies to this batch."""
@@ -56,12 +58,20 @@ class Batch:
 
     def to(self, device: torch.device) -> Batch:
         """The same batch on `device` (copies start without waiting where the device allows)."""
+
         def move(t: torch.Tensor | None) -> Any:
             return None if t is None else t.to(device, non_blocking=True)  # on the same device: the tensor itself
 
         return Batch(
-            move(self.input_ids_BT), move(self.targets_BT), move(self.loss_mask_BT), move(self.doc_ids_BT), move(self.source_B),
-            self.attention, move(self.prefix_BT), move(self.positions_BT), self.index_B,
+            move(self.input_ids_BT),
+            move(self.targets_BT),
+            move(self.loss_mask_BT),
+            move(self.doc_ids_BT),
+            move(self.source_B),
+            self.attention,
+            move(self.prefix_BT),
+            move(self.positions_BT),
+            self.index_B,
         )
 
 

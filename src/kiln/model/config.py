@@ -27,24 +27,79 @@ FFN_ROUND_TO = 64
 
 
 class ModelConfig(Section):
-    preset: str | None = Field(default=None, description="A named shape from kiln.model.presets (tiny, demo-5m, gpt2-124m, gpt2-350m, llama-1b, llama-7b, llama-13b, llama-70b); the other keys override it. Its vocabulary is not taken: that comes from the tokenizer.")
-    vocab_size: int | None = Field(default=None, ge=1, description="Embedding rows; None means the trained tokenizer's vocabulary size.")
+    preset: str | None = Field(
+        default=None,
+        description=(
+            "A named shape from kiln.model.presets (tiny, demo-5m, gpt2-124m, gpt2-350m, llama-1b, llama-7b, "
+            "llama-13b, llama-70b); the other keys override it. Its vocabulary is not taken: that comes from the "
+            "tokenizer."
+        ),
+    )
+    vocab_size: int | None = Field(
+        default=None, ge=1, description="Embedding rows; None means the trained tokenizer's vocabulary size."
+    )
     d_model: int = Field(default=256, ge=8, description="Residual stream width.")
     n_layers: int = Field(default=4, ge=1, description="Transformer blocks.")
     n_heads: int = Field(default=4, ge=1, description="Query heads; d_model must be a multiple.")
-    n_kv_heads: int | None = Field(default=None, ge=1, description="Key/value heads: None means n_heads (multi-head), 1 is multi-query, anything between grouped-query; must divide n_heads.")
-    activation: Literal["swiglu", "relu2", "gelu"] = Field(default="swiglu", description="Feed-forward activation: swiglu (gated, three matrices), relu2 (ReLU squared) or gelu (two matrices each).")
-    ffn_multiplier: float | None = Field(default=None, gt=0, description="Feed-forward hidden width as a multiple of d_model, rounded up to a multiple of 64; None means 8/3 for swiglu and 4 otherwise.")
-    ffn_hidden: int | None = Field(default=None, ge=1, description="Feed-forward hidden width exactly (overrides ffn_multiplier).")
+    n_kv_heads: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Key/value heads: None means n_heads (multi-head), 1 is multi-query, anything between grouped-query; must "
+            "divide n_heads."
+        ),
+    )
+    activation: Literal["swiglu", "relu2", "gelu"] = Field(
+        default="swiglu",
+        description=(
+            "Feed-forward activation: swiglu (gated, three matrices), relu2 (ReLU squared) or gelu (two matrices each)."
+        ),
+    )
+    ffn_multiplier: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Feed-forward hidden width as a multiple of d_model, rounded up to a multiple of 64; None means 8/3 for "
+            "swiglu and 4 otherwise."
+        ),
+    )
+    ffn_hidden: int | None = Field(
+        default=None, ge=1, description="Feed-forward hidden width exactly (overrides ffn_multiplier)."
+    )
     max_seq_len: int = Field(default=256, ge=2, description="Longest sequence the RoPE tables cover (tokens).")
     rope_theta: float = Field(default=10000.0, gt=0, description="RoPE base frequency.")
     norm_eps: float = Field(default=1e-5, gt=0, description="RMSNorm epsilon.")
     tie_embeddings: bool = Field(default=False, description="Share the input embedding with the output projection.")
-    qk_norm: bool = Field(default=False, description="RMSNorm on each head's queries and keys before RoPE (one gain vector of head_dim each per block); steadies attention logits at high learning rates.")
-    z_loss: float = Field(default=0.0, ge=0, description="Coefficient of the z-loss, z_loss * mean(logsumexp(logits)^2), which keeps the softmax normaliser near 1 (PaLM uses 1e-4); 0 turns it off.")
-    logit_softcap: float | None = Field(default=None, gt=0, description="Output logits pass through cap * tanh(logits / cap) (Gemma 2 uses 30); None leaves them as they are.")
+    qk_norm: bool = Field(
+        default=False,
+        description=(
+            "RMSNorm on each head's queries and keys before RoPE (one gain vector of head_dim each per block); "
+            "steadies attention logits at high learning rates."
+        ),
+    )
+    z_loss: float = Field(
+        default=0.0,
+        ge=0,
+        description=(
+            "Coefficient of the z-loss, z_loss * mean(logsumexp(logits)^2), which keeps the softmax normaliser near 1 "
+            "(PaLM uses 1e-4); 0 turns it off."
+        ),
+    )
+    logit_softcap: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Output logits pass through cap * tanh(logits / cap) (Gemma 2 uses 30); None leaves them as they are."
+        ),
+    )
     init_std: float = Field(default=0.02, gt=0, description="Std of the normal init of every matrix.")
-    init_depth_scale: Literal["total", "layer"] = Field(default="total", description="Residual-branch output projections scaled by 1/sqrt(2 * n_layers) (total, GPT-2) or by 1/sqrt(2 * (layer + 1)) for each block (layer, depth-scaled).")
+    init_depth_scale: Literal["total", "layer"] = Field(
+        default="total",
+        description=(
+            "Residual-branch output projections scaled by 1/sqrt(2 * n_layers) (total, GPT-2) or by 1/sqrt(2 * (layer "
+            "+ 1)) for each block (layer, depth-scaled)."
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -122,7 +177,9 @@ def matmul_params(cfg: ModelConfig) -> int:
     """Weights that take part in a matrix product per token: every block matrix and the output projection."""
     assert cfg.vocab_size is not None, "resolve vocab_size first"
     norms = cfg.n_layers * (2 * cfg.d_model + (2 * cfg.head_dim if cfg.qk_norm else 0)) + cfg.d_model
-    return count_params(cfg, include_embeddings=False) - norms + cfg.vocab_size * cfg.d_model  # output projection, tied or not
+    return (
+        count_params(cfg, include_embeddings=False) - norms + cfg.vocab_size * cfg.d_model
+    )  # output projection, tied or not
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
@@ -138,7 +195,8 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
 
 
 def get_preset(name: str) -> ModelConfig:
-    """The named shape with its published vocabulary (what the planner counts), or a ConfigError listing the known names."""
+    """The named shape with its published vocabulary (what the planner counts), or a ConfigError listing the known
+    names."""
     if name not in PRESETS:
         raise ConfigError(f"model preset {name!r} is unknown; choose one of {', '.join(PRESETS)}")
     return ModelConfig(preset=name, vocab_size=PRESETS[name]["vocab_size"])

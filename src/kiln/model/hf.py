@@ -41,7 +41,11 @@ BLOCK_NAMES = {
     "mlp.w_up.weight": "mlp.up_proj.weight",
     "mlp.w_down.weight": "mlp.down_proj.weight",
 }
-TOP_NAMES = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight", "lm_head.weight": "lm_head.weight"}
+TOP_NAMES = {
+    "embed.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "lm_head.weight": "lm_head.weight",
+}
 # The sizes in config.json kiln reads, each a positive integer; the optional ones may be absent or null.
 OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings")
 SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", *OPTIONAL_SIZES)
@@ -51,7 +55,9 @@ def architecture(cfg: ModelConfig) -> str:
     """The transformers class that computes what `cfg` does; FatalError naming what none has."""
     missing = []
     if cfg.activation != "swiglu":
-        missing.append(f"model.activation={cfg.activation} (Llama and Qwen3 have only the gated SiLU feed-forward, swiglu)")
+        missing.append(
+            f"model.activation={cfg.activation} (Llama and Qwen3 have only the gated SiLU feed-forward, swiglu)"
+        )
     if cfg.logit_softcap is not None:
         missing.append(f"model.logit_softcap={cfg.logit_softcap} (no Llama-family architecture soft-caps its logits)")
     if missing:
@@ -98,17 +104,28 @@ def model_config_from_hf(config: Any, where: str) -> ModelConfig:
     """The kiln ModelConfig of a Llama or Qwen3 config.json; FatalError naming each setting kiln
     cannot reproduce (config: the parsed JSON, of any kind; where: the file, for the message)."""
     if not isinstance(config, dict):
-        raise FatalError(f"{where}: a JSON {type(config).__name__}, not an object; a Hugging Face config.json is one object of settings")
+        raise FatalError(
+            f"{where}: a JSON {type(config).__name__}, not an object; a Hugging Face config.json is one object of "
+            "settings"
+        )
     for key in SIZES:
         value = config.get(key)
         if value is None and key in OPTIONAL_SIZES:
             continue
         # bool is an int to Python, and a float (1e9) is not a size transformers writes.
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise FatalError(f"{where}: {key} is {'missing' if key not in config else json.dumps(value)}; it must be a positive integer")
+            raise FatalError(
+                f"{where}: {key} is {'missing' if key not in config else json.dumps(value)}; it must be a "
+                "positive integer"
+            )
     try:
         return _model_config_from_hf(config, where)
-    except (AttributeError, KeyError, TypeError, ValueError) as e:  # a value of the wrong kind, or one ModelConfig refuses
+    except (
+        AttributeError,
+        KeyError,
+        TypeError,
+        ValueError,
+    ) as e:  # a value of the wrong kind, or one ModelConfig refuses
         raise FatalError(f"{where}: not a config kiln can read ({type(e).__name__}: {e})") from None
 
 
@@ -161,13 +178,19 @@ def to_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, t
     return {hf_name(k): v for k, v in state.items() if not (cfg.tie_embeddings and k == "lm_head.weight")}
 
 
-def from_hf_state(state: dict[str, torch.Tensor], cfg: ModelConfig, kiln_names: list[str], where: str) -> dict[str, torch.Tensor]:
+def from_hf_state(
+    state: dict[str, torch.Tensor], cfg: ModelConfig, kiln_names: list[str], where: str
+) -> dict[str, torch.Tensor]:
     """A Hugging Face state dict in kiln's names (kiln_names: the model's parameter names, a tied
     weight once); FatalError naming missing or unexpected tensors."""
     wanted = {hf_name(k): k for k in kiln_names}
     missing = sorted(set(wanted) - set(state))
     # Buffers some exporters save (rotary inv_freq) are rebuilt from the config, not read.
-    extra = sorted(k for k in set(state) - set(wanted) if not k.endswith("rotary_emb.inv_freq") and not (cfg.tie_embeddings and k == "lm_head.weight"))
+    extra = sorted(
+        k
+        for k in set(state) - set(wanted)
+        if not k.endswith("rotary_emb.inv_freq") and not (cfg.tie_embeddings and k == "lm_head.weight")
+    )
     if missing or extra:
         raise FatalError(f"{where}: weights do not match the config: missing {missing[:5]}, unexpected {extra[:5]}")
     return {kiln: state[hf] for hf, kiln in wanted.items()}

@@ -33,18 +33,41 @@ from kiln.text.tokenizer import KilnTokenizer
 
 class ScoringConfig(Section):
     NOT_HASHED = frozenset({"batch_size"})
-    seq_len: int | None = Field(default=None, ge=2, description="Window length for validation loss (tokens); None means the seq_len the model was (or is being) trained with.")
-    max_tokens_per_source: int = Field(default=65536, ge=1, description="Validation tokens scored per source (from the start of its split).")
+    seq_len: int | None = Field(
+        default=None,
+        ge=2,
+        description=(
+            "Window length for validation loss (tokens); None means the seq_len the model was (or is being) trained "
+            "with."
+        ),
+    )
+    max_tokens_per_source: int = Field(
+        default=65536, ge=1, description="Validation tokens scored per source (from the start of its split)."
+    )
     batch_size: int = Field(default=8, ge=1, description="Windows per forward pass.")
 
 
 def _scores(nats: float, tokens: int, nbytes: int) -> dict[str, float]:
     loss = nats / tokens
-    return {"loss": round(loss, 5), "perplexity": round(math.exp(loss), 3), "bpb": round(nats / math.log(2) / nbytes, 5) if nbytes else float("nan"), "tokens": tokens, "bytes": nbytes}
+    return {
+        "loss": round(loss, 5),
+        "perplexity": round(math.exp(loss), 3),
+        "bpb": round(nats / math.log(2) / nbytes, 5) if nbytes else float("nan"),
+        "tokens": tokens,
+        "bytes": nbytes,
+    }
 
 
 @torch.no_grad()
-def evaluate_model(model: Transformer, shards: Mapping[str, TokenShard], token_bytes: np.ndarray, seq_len: int, max_tokens_per_source: int, batch_size: int, amp_dtype: torch.dtype | None = None) -> dict[str, Any]:
+def evaluate_model(
+    model: Transformer,
+    shards: Mapping[str, TokenShard],
+    token_bytes: np.ndarray,
+    seq_len: int,
+    max_tokens_per_source: int,
+    batch_size: int,
+    amp_dtype: torch.dtype | None = None,
+) -> dict[str, Any]:
     """{"sources": {source: scores}, "all": scores}; scores are loss (nats/token), perplexity, bpb, tokens, bytes.
 
     amp_dtype is the autocast dtype of the caller's precision policy (kiln.model.precision); None is plain fp32.
@@ -59,7 +82,9 @@ def evaluate_model(model: Transformer, shards: Mapping[str, TokenShard], token_b
         if T < 1:
             continue
         n_windows = (len(tokens) - 1) // T
-        windows = np.lib.stride_tricks.sliding_window_view(np.asarray(tokens[: n_windows * T + 1], dtype=np.int64), T + 1)[::T]
+        windows = np.lib.stride_tricks.sliding_window_view(
+            np.asarray(tokens[: n_windows * T + 1], dtype=np.int64), T + 1
+        )[::T]
         nats, n_tokens, n_bytes = 0.0, 0, 0
         for start in range(0, n_windows, batch_size):
             batch = np.array(windows[start : start + batch_size])  # a copy: the view is read-only
@@ -68,7 +93,9 @@ def evaluate_model(model: Transformer, shards: Mapping[str, TokenShard], token_b
             with autocast(device, amp_dtype):
                 logits_BTV = model(batch_BT1[:, :-1])
             # Every window is whole, so each target counts: a plain cross-entropy sum, in nats.
-            nats += F.cross_entropy(logits_BTV.flatten(0, 1), batch_BT1[:, 1:].flatten(), reduction="sum").item()  # host sync per batch
+            nats += F.cross_entropy(
+                logits_BTV.flatten(0, 1), batch_BT1[:, 1:].flatten(), reduction="sum"
+            ).item()  # host sync per batch
             n_tokens += batch.shape[0] * T
         sources[source] = _scores(nats, n_tokens, n_bytes)
         totals[0] += nats
@@ -80,7 +107,9 @@ def evaluate_model(model: Transformer, shards: Mapping[str, TokenShard], token_b
     return {"sources": sources, "all": _scores(*totals)}
 
 
-def validation_scorer(run_dir: Path, cfg: ScoringConfig, amp_dtype: torch.dtype | None, reference_runs: Sequence[Path] = ()) -> Callable[[Transformer], dict[str, Any]]:
+def validation_scorer(
+    run_dir: Path, cfg: ScoringConfig, amp_dtype: torch.dtype | None, reference_runs: Sequence[Path] = ()
+) -> Callable[[Transformer], dict[str, Any]]:
     """`model -> results` over a run's validation split (checksums verified) with its tokenizer's byte counts.
 
     The trainer's monitoring and the eval stage both score through this, so their numbers agree.
@@ -90,7 +119,10 @@ def validation_scorer(run_dir: Path, cfg: ScoringConfig, amp_dtype: torch.dtype 
     assert cfg.seq_len is not None, "resolve the scoring window (seq_len) first"
     shards = open_split(RunLayout(run_dir).token_shards, "val", verify=True)
     for run in reference_runs:
-        shards |= {f"{Path(run).name}/{s}": shard for s, shard in open_split(RunLayout(Path(run)).token_shards, "val", verify=True).items()}
+        shards |= {
+            f"{Path(run).name}/{s}": shard
+            for s, shard in open_split(RunLayout(Path(run)).token_shards, "val", verify=True).items()
+        }
     return partial(
         evaluate_model,
         shards=shards,

@@ -21,8 +21,16 @@ from kiln.core.errors import FatalError
 
 
 class PrecisionConfig(Section):
-    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Where the model runs; auto picks cuda when one is visible.")
-    dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(default="auto", description="Matmul precision: bf16 or fp16 autocast (fp16 training adds dynamic loss scaling), or plain fp32; auto means bf16 on cuda, fp32 on cpu.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="Where the model runs; auto picks cuda when one is visible."
+    )
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        default="auto",
+        description=(
+            "Matmul precision: bf16 or fp16 autocast (fp16 training adds dynamic loss scaling), or plain fp32; auto "
+            "means bf16 on cuda, fp32 on cpu."
+        ),
+    )
 
 
 def autocast(device: torch.device, amp_dtype: torch.dtype | None) -> AbstractContextManager[None]:
@@ -47,6 +55,11 @@ def dtype_on(dtype: str, device_type: str) -> str:
 def resolve_precision(cfg: PrecisionConfig, section: str) -> Precision:
     """The device and autocast dtype `cfg` asks for; `section` (e.g. "train") names it in errors."""
     if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise FatalError(f"{section}.precision.device is cuda but no CUDA device is visible; use {section}.precision.device=auto or cpu")
-    device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu")
+        raise FatalError(
+            f"{section}.precision.device is cuda but no CUDA device is visible; use "
+            f"{section}.precision.device=auto or cpu"
+        )
+    device = torch.device(
+        "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
+    )
     return Precision(device, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype_on(cfg.dtype, device.type)))

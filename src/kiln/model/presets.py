@@ -23,16 +23,78 @@ from typing import Any
 
 PRESETS: dict[str, dict[str, Any]] = {
     # About 1M parameters with a 1,024-token vocabulary: for tests and recipes that must run in minutes on a CPU.
-    "tiny": {"vocab_size": 1024, "d_model": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 256, "tie_embeddings": True},
+    "tiny": {
+        "vocab_size": 1024,
+        "d_model": 128,
+        "n_layers": 4,
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "max_seq_len": 256,
+        "tie_embeddings": True,
+    },
     # The demo recipe's model (recipes/demo.yaml) with the demo tokenizer's 8192-token vocabulary.
-    "demo-5m": {"vocab_size": 8192, "d_model": 256, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 256, "tie_embeddings": True},
+    "demo-5m": {
+        "vocab_size": 8192,
+        "d_model": 256,
+        "n_layers": 4,
+        "n_heads": 4,
+        "n_kv_heads": 2,
+        "max_seq_len": 256,
+        "tie_embeddings": True,
+    },
     # GPT-2 small and medium shapes (Radford et al. 2019), tied embeddings, 1024-token context.
-    "gpt2-124m": {"vocab_size": 50257, "d_model": 768, "n_layers": 12, "n_heads": 12, "max_seq_len": 1024, "tie_embeddings": True},
-    "gpt2-350m": {"vocab_size": 50257, "d_model": 1024, "n_layers": 24, "n_heads": 16, "max_seq_len": 1024, "tie_embeddings": True},
+    "gpt2-124m": {
+        "vocab_size": 50257,
+        "d_model": 768,
+        "n_layers": 12,
+        "n_heads": 12,
+        "max_seq_len": 1024,
+        "tie_embeddings": True,
+    },
+    "gpt2-350m": {
+        "vocab_size": 50257,
+        "d_model": 1024,
+        "n_layers": 24,
+        "n_heads": 16,
+        "max_seq_len": 1024,
+        "tie_embeddings": True,
+    },
     # Llama 3.2 1B (the released config): grouped-query attention with 8 KV heads, RoPE base 500,000, tied.
-    "llama-1b": {"vocab_size": 128256, "d_model": 2048, "n_layers": 16, "n_heads": 32, "n_kv_heads": 8, "ffn_hidden": 8192, "max_seq_len": 8192, "rope_theta": 500000.0, "tie_embeddings": True},
+    "llama-1b": {
+        "vocab_size": 128256,
+        "d_model": 2048,
+        "n_layers": 16,
+        "n_heads": 32,
+        "n_kv_heads": 8,
+        "ffn_hidden": 8192,
+        "max_seq_len": 8192,
+        "rope_theta": 500000.0,
+        "tie_embeddings": True,
+    },
     # Llama 2 shapes (Touvron et al. 2023, Table 1 and the released configs); 70B uses 8 KV heads.
-    "llama-7b": {"vocab_size": 32000, "d_model": 4096, "n_layers": 32, "n_heads": 32, "ffn_hidden": 11008, "max_seq_len": 4096},
-    "llama-13b": {"vocab_size": 32000, "d_model": 5120, "n_layers": 40, "n_heads": 40, "ffn_hidden": 13824, "max_seq_len": 4096},
-    "llama-70b": {"vocab_size": 32000, "d_model": 8192, "n_layers": 80, "n_heads": 64, "n_kv_heads": 8, "ffn_hidden": 28672, "max_seq_len": 4096},
+    "llama-7b": {
+        "vocab_size": 32000,
+        "d_model": 4096,
+        "n_layers": 32,
+        "n_heads": 32,
+        "ffn_hidden": 11008,
+        "max_seq_len": 4096,
+    },
+    "llama-13b": {
+        "vocab_size": 32000,
+        "d_model": 5120,
+        "n_layers": 40,
+        "n_heads": 40,
+        "ffn_hidden": 13824,
+        "max_seq_len": 4096,
+    },
+    "llama-70b": {
+        "vocab_size": 32000,
+        "d_model": 8192,
+        "n_layers": 80,
+        "n_heads": 64,
+        "n_kv_heads": 8,
+        "ffn_hidden": 28672,
+        "max_seq_len": 4096,
+    },
 }

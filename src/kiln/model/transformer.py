@@ -43,7 +43,8 @@ from kiln.model.attention import CAUSAL, AttentionRule
 from kiln.model.config import ModelConfig
 from kiln.model.kv_cache import KVCache, LayerCache
 
-# What Transformer.forward's `head` is called with: final normed hidden states (B, T, D), output matrix (V, D), logit soft-cap.
+# What Transformer.forward's `head` is called with: final normed hidden states (B, T, D), output matrix (V, D), logit
+# soft-cap.
 Head = Callable[[torch.Tensor, torch.Tensor, float | None], Any]
 
 
@@ -111,8 +112,9 @@ class ScaledDotProduct(nn.Module):
         super().__init__()
         self.groups = groups  # H / K: query heads per key/value head (the same under tensor parallelism)
 
-    def forward(self, q_BHTE: torch.Tensor, k_BKSE: torch.Tensor, v_BKSE: torch.Tensor,
-                sdpa_kwargs: dict[str, Any]) -> torch.Tensor:
+    def forward(
+        self, q_BHTE: torch.Tensor, k_BKSE: torch.Tensor, v_BKSE: torch.Tensor, sdpa_kwargs: dict[str, Any]
+    ) -> torch.Tensor:
         if self.groups > 1 and not sdpa_kwargs.get("enable_gqa"):
             k_BKSE = k_BKSE.repeat_interleave(self.groups, dim=1)
             v_BKSE = v_BKSE.repeat_interleave(self.groups, dim=1)
@@ -133,7 +135,14 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.sdpa = ScaledDotProduct(cfg.n_heads // cfg.kv_heads)
 
-    def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sdpa_kwargs: dict[str, Any], cache: LayerCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x_BTD: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        sdpa_kwargs: dict[str, Any],
+        cache: LayerCache | None = None,
+    ) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         # Heads counted from the projections' widths: under tensor parallelism a rank holds H/tp and K/tp of them.
         q_BHTE = self.wq(x_BTD).view(B, T, -1, self.head_dim).transpose(1, 2)
@@ -175,7 +184,14 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = FeedForward(cfg)
 
-    def forward(self, x_BTD: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sdpa_kwargs: dict[str, Any], cache: LayerCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x_BTD: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        sdpa_kwargs: dict[str, Any],
+        cache: LayerCache | None = None,
+    ) -> torch.Tensor:
         x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), cos, sin, sdpa_kwargs, cache)
         return x_BTD + self.mlp(self.mlp_norm(x_BTD))
 
@@ -197,8 +213,15 @@ class LayerInputs:
         return block(x_BTD, self.cos, self.sin, self.sdpa_kwargs, self.cache.layer(layer))
 
 
-def layer_inputs(rope: Rotary, T: int, x_BTD: torch.Tensor, rule: AttentionRule = CAUSAL,
-                 positions_BT: torch.Tensor | None = None, cache: KVCache | None = None, valid_BT: torch.Tensor | None = None) -> LayerInputs:
+def layer_inputs(
+    rope: Rotary,
+    T: int,
+    x_BTD: torch.Tensor,
+    rule: AttentionRule = CAUSAL,
+    positions_BT: torch.Tensor | None = None,
+    cache: KVCache | None = None,
+    valid_BT: torch.Tensor | None = None,
+) -> LayerInputs:
     """The LayerInputs of a pass over T positions whose hidden states x_BTD enter the first block
     (Transformer.forward's arguments say what `rule`, positions_BT, cache and valid_BT mean).
 
@@ -218,8 +241,9 @@ def layer_inputs(rope: Rotary, T: int, x_BTD: torch.Tensor, rule: AttentionRule 
     return LayerInputs(cos, sin, sdpa_kwargs)
 
 
-def output(x_BTD: torch.Tensor, norm: RMSNorm, lm_head: nn.Linear, softcap: float | None,
-           head: Head | None = None) -> Any:
+def output(
+    x_BTD: torch.Tensor, norm: RMSNorm, lm_head: nn.Linear, softcap: float | None, head: Head | None = None
+) -> Any:
     """Logits (B, T, V) in fp32 of the last block's hidden states, or what head(final normed hidden
     states, output matrix, logit soft-cap) returns instead."""
     if head is not None:
@@ -274,9 +298,16 @@ class Transformer(nn.Module):
                 scale = 1 / math.sqrt(2 * depth)
             nn.init.normal_(p, mean=0.0, std=std * scale)
 
-    def forward(self, idx_BT: torch.Tensor, rule: AttentionRule = CAUSAL, positions_BT: torch.Tensor | None = None,
-                cache: KVCache | None = None, valid_BT: torch.Tensor | None = None, last_only: bool = False,
-                head: Head | None = None) -> Any:
+    def forward(
+        self,
+        idx_BT: torch.Tensor,
+        rule: AttentionRule = CAUSAL,
+        positions_BT: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        valid_BT: torch.Tensor | None = None,
+        last_only: bool = False,
+        head: Head | None = None,
+    ) -> Any:
         """Logits (B, T, V) in fp32 for a batch of token ids, attending as `rule` allows.
 
         positions_BT: each token's RoPE position (restarting per packed document); None means

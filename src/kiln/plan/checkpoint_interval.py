@@ -45,14 +45,25 @@ def lost_fraction(interval: float, write: float, mtbf: float, restart: float = 0
     return 1 - interval / (mtbf * math.exp(restart / mtbf) * math.expm1((interval + write) / mtbf))
 
 
-def plan_interval(write_minutes: float, mtbf_minutes: float | None = None, gpus: int | None = None, failures_per_gpu_day: float | None = None, restart_minutes: float = 0.0) -> dict[str, Any]:
+def plan_interval(
+    write_minutes: float,
+    mtbf_minutes: float | None = None,
+    gpus: int | None = None,
+    failures_per_gpu_day: float | None = None,
+    restart_minutes: float = 0.0,
+) -> dict[str, Any]:
     """Young's and Daly's intervals (minutes) and the time each loses, from an MTBF or a cluster's failure rate."""
     require_positive("write_minutes", write_minutes, "the time one checkpoint blocks training")
     if restart_minutes < 0:
-        raise ConfigError(f"restart_minutes = {restart_minutes:g} must be 0 or more (time to restart and reload after a failure)")
+        raise ConfigError(
+            f"restart_minutes = {restart_minutes:g} must be 0 or more (time to restart and reload after a failure)"
+        )
     cluster = gpus is not None or failures_per_gpu_day is not None
     if (mtbf_minutes is None) == (not cluster) or (cluster and (gpus is None or failures_per_gpu_day is None)):
-        raise ConfigError("give either mtbf_minutes (--mtbf-minutes M) or both gpus (--gpus G) and failures_per_gpu_day (--failures-per-gpu-day R)")
+        raise ConfigError(
+            "give either mtbf_minutes (--mtbf-minutes M) or both gpus (--gpus G) and failures_per_gpu_day "
+            "(--failures-per-gpu-day R)"
+        )
     if cluster:
         assert gpus is not None and failures_per_gpu_day is not None
         require_at_least("gpus", gpus, 1, "GPUs in the job")
@@ -61,7 +72,11 @@ def plan_interval(write_minutes: float, mtbf_minutes: float | None = None, gpus:
     assert mtbf_minutes is not None
     require_positive("mtbf_minutes", mtbf_minutes, "mean time between failures of the whole job")
     if write_minutes >= mtbf_minutes:
-        raise ConfigError(f"write_minutes = {write_minutes:g} is not shorter than the mean time between failures ({mtbf_minutes:g} min): the job would fail about once per checkpoint and make no progress; make a checkpoint faster (sharded, async: train.checkpoint.async_save) or the job less likely to fail")
+        raise ConfigError(
+            f"write_minutes = {write_minutes:g} is not shorter than the mean time between failures "
+            f"({mtbf_minutes:g} min): the job would fail about once per checkpoint and make no progress; make a "
+            "checkpoint faster (sharded, async: train.checkpoint.async_save) or the job less likely to fail"
+        )
     young = young_interval(write_minutes, mtbf_minutes)
     daly = daly_interval(write_minutes, mtbf_minutes)
     return {
@@ -81,7 +96,15 @@ def plan_interval(write_minutes: float, mtbf_minutes: float | None = None, gpus:
 def format_interval(r: dict[str, Any]) -> str:
     rows = [
         ("checkpoint write (minutes)", fixed(r["write_min"])),
-        ("mean time between failures (minutes)", fixed(r["mtbf_min"]) + ("" if r["gpus"] is None else f" ({r['gpus']} GPUs at {r['failures_per_gpu_day']:g} failures per GPU-day)")),
+        (
+            "mean time between failures (minutes)",
+            fixed(r["mtbf_min"])
+            + (
+                ""
+                if r["gpus"] is None
+                else f" ({r['gpus']} GPUs at {r['failures_per_gpu_day']:g} failures per GPU-day)"
+            ),
+        ),
         ("restart after a failure (minutes)", fixed(r["restart_min"])),
         ("Young interval (minutes of compute)", fixed(r["young_min"])),
         ("Daly interval (minutes of compute)", fixed(r["daly_min"])),

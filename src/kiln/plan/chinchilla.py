@@ -42,16 +42,29 @@ def size_for_budget(
     require_choice("fit", fit, FITS)
     given = {k: v for k, v in (("flops", flops), ("usd", usd), ("params", params)) if v is not None}
     if len(given) != 1:
-        raise ConfigError(f"give exactly one budget: flops (--flops C), usd (--usd DOLLARS) or params (--params N); got {', '.join(given) or 'none'}")
-    (kind, value), = given.items()
-    require_positive(kind, value, {"flops": "training FLOPs, e.g. 5.76e23", "usd": "dollars to spend on GPU time", "params": "model parameters, e.g. 7e9"}[kind])
+        raise ConfigError(
+            "give exactly one budget: flops (--flops C), usd (--usd DOLLARS) or params (--params N); got "
+            f"{', '.join(given) or 'none'}"
+        )
+    ((kind, value),) = given.items()
+    require_positive(
+        kind,
+        value,
+        {
+            "flops": "training FLOPs, e.g. 5.76e23",
+            "usd": "dollars to spend on GPU time",
+            "params": "model parameters, e.g. 7e9",
+        }[kind],
+    )
     if kind == "params" and value < 1:
         raise ConfigError(f"params = {value:g} is less than one parameter; give the model's size, e.g. 7e9")
     law = None if fit == "rule20" else get_law(fit)
 
     if kind == "usd":
         if usd_per_gpu_hour is None:
-            raise ConfigError("a dollar budget needs usd_per_gpu_hour (--usd-per-gpu-hour PRICE), the price of one GPU for one hour")
+            raise ConfigError(
+                "a dollar budget needs usd_per_gpu_hour (--usd-per-gpu-hour PRICE), the price of one GPU for one hour"
+            )
         require_positive("usd_per_gpu_hour", usd_per_gpu_hour, "the price of one GPU for one hour in USD")
         flops = flops_for_gpu_hours(value / usd_per_gpu_hour, gpu, mfu)
     if kind == "params":
@@ -87,7 +100,10 @@ def format_size(r: dict[str, Any]) -> str:
         ("parameters", count(r["params"])),
         ("tokens", count(r["tokens"])),
         ("tokens per parameter", fixed(r["tokens_per_param"], 1)),
-        ("predicted loss (nats/token)", "n/a for rule20; use --fit hoffmann or epoch" if r["loss"] is None else f"{r['loss']:.4f}"),
+        (
+            "predicted loss (nats/token)",
+            "n/a for rule20; use --fit hoffmann or epoch" if r["loss"] is None else f"{r['loss']:.4f}",
+        ),
         ("GPU", f"{r['gpu']} ({r['peak_tflops']:g} TFLOP/s peak) at MFU {r['mfu']:g}"),
         ("GPU-hours", fixed(r["gpu_hours"], 0)),
         (f"days on {r['gpus']} GPU{'s' if r['gpus'] != 1 else ''}", fixed(r["days"], 1)),

@@ -67,14 +67,21 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def _json(p: argparse.ArgumentParser, inherit: bool = True) -> None:
     # subtle: `kiln plan` has its own --json; a subcommand's default would overwrite the parent's
     # True (`kiln plan --json flops ...`), so subcommands leave the attribute unset unless given.
-    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS if inherit else False, help="Print one JSON object (fields in docs/planning.md) instead of the table.")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS if inherit else False,
+        help="Print one JSON object (fields in docs/planning.md) instead of the table.",
+    )
 
 
 def _model(p: argparse.ArgumentParser, shape: bool) -> None:
     from kiln.model.presets import PRESETS
 
     p.add_argument("--params", type=number, help="Parameters N (e.g. 7e9 or 7B).")
-    p.add_argument("--preset", choices=list(PRESETS), help="A kiln model preset (kiln.model.presets); its exact counts are used.")
+    p.add_argument(
+        "--preset", choices=list(PRESETS), help="A kiln model preset (kiln.model.presets); its exact counts are used."
+    )
     if shape:
         p.add_argument("--layers", type=int, help="Transformer layers, with --params (for activations and pp).")
         p.add_argument("--hidden", type=int, help="Hidden size d_model, with --params.")
@@ -85,19 +92,39 @@ def _gpu(p: argparse.ArgumentParser, memory: bool) -> None:
     from kiln.plan.hardware import GPUS
 
     names = ", ".join(f"{k} ({g.peak_flops / 1e12:g} TFLOP/s, {g.memory_gb:g} GB)" for k, g in GPUS.items())
-    p.add_argument("--gpu", choices=list(GPUS), default=None, help=f"GPU preset, dense bf16 peak and memory: {names}. Default: h100" + ("." if memory else ", unless --peak-tflops alone describes another GPU."))
+    p.add_argument(
+        "--gpu",
+        choices=list(GPUS),
+        default=None,
+        help=f"GPU preset, dense bf16 peak and memory: {names}. Default: h100"
+        + ("." if memory else ", unless --peak-tflops alone describes another GPU."),
+    )
     if memory:
-        p.add_argument("--gpu-memory-gb", type=float, help="Memory of one GPU in GB (1e9 bytes); overrides the preset's.")
+        p.add_argument(
+            "--gpu-memory-gb", type=float, help="Memory of one GPU in GB (1e9 bytes); overrides the preset's."
+        )
     else:
-        p.add_argument("--peak-tflops", type=float, help="Peak TFLOP/s of one GPU; overrides the preset's (e.g. 1000 for a round H100 figure).")
+        p.add_argument(
+            "--peak-tflops",
+            type=float,
+            help="Peak TFLOP/s of one GPU; overrides the preset's (e.g. 1000 for a round H100 figure).",
+        )
 
 
 def flops_arguments(p: argparse.ArgumentParser) -> None:
     _model(p, shape=False)
     p.add_argument("--tokens", type=number, required=True, help="Training tokens D.")
-    p.add_argument("--seq-len", type=int, help="Sequence length T (default: the preset's max_seq_len; with --params, needed for the attention term).")
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        help="Sequence length T (default: the preset's max_seq_len; with --params, needed for the attention term).",
+    )
     p.add_argument("--layers", type=int, help="Layers L, with --params (not --preset), for the attention term.")
-    p.add_argument("--d-attn", type=int, help="Attention width H*Q (heads x head dim), with --params (not --preset), for the attention term.")
+    p.add_argument(
+        "--d-attn",
+        type=int,
+        help="Attention width H*Q (heads x head dim), with --params (not --preset), for the attention term.",
+    )
     _json(p)
 
 
@@ -107,20 +134,42 @@ def chinchilla_arguments(p: argparse.ArgumentParser) -> None:
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--flops", type=number, help="Training compute budget in FLOPs.")
     budget.add_argument("--usd", type=number, help="Dollar budget for GPU time (needs --usd-per-gpu-hour).")
-    budget.add_argument("--params", type=number, help="A fixed model size: the tokens and compute for which it is optimal.")
-    p.add_argument("--fit", choices=["rule20", "hoffmann", "epoch"], default="rule20", help="rule20: 20 tokens per parameter; hoffmann / epoch: the parametric loss with Hoffmann et al. 2022's or Besiroglu et al. 2024's coefficients (also predicts the loss).")
+    budget.add_argument(
+        "--params", type=number, help="A fixed model size: the tokens and compute for which it is optimal."
+    )
+    p.add_argument(
+        "--fit",
+        choices=["rule20", "hoffmann", "epoch"],
+        default="rule20",
+        help=(
+            "rule20: 20 tokens per parameter; hoffmann / epoch: the parametric loss with Hoffmann et al. 2022's or "
+            "Besiroglu et al. 2024's coefficients (also predicts the loss)."
+        ),
+    )
     _gpu(p, memory=False)
-    p.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="Model FLOPs utilisation, the fraction of peak achieved (0 < mfu <= 1).")
+    p.add_argument(
+        "--mfu",
+        type=float,
+        default=DEFAULT_MFU,
+        help="Model FLOPs utilisation, the fraction of peak achieved (0 < mfu <= 1).",
+    )
     p.add_argument("--gpus", type=int, default=1, help="GPUs training in parallel, for the days.")
     p.add_argument("--usd-per-gpu-hour", type=number, help="Price of one GPU for one hour (USD).")
     _json(p)
 
 
 def inference_aware_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--inference-tokens", type=number, required=True, help="Tokens the model will process over its lifetime at inference.")
+    p.add_argument(
+        "--inference-tokens",
+        type=number,
+        required=True,
+        help="Tokens the model will process over its lifetime at inference.",
+    )
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--loss", type=float, help="Target loss in nats/token.")
-    target.add_argument("--flops", type=number, help="Target: the loss of the compute-optimal model for this training budget.")
+    target.add_argument(
+        "--flops", type=number, help="Target: the loss of the compute-optimal model for this training budget."
+    )
     target.add_argument("--params", type=number, help="Target: the loss of the Chinchilla-optimal model of this size.")
     p.add_argument("--fit", choices=["hoffmann", "epoch"], default="epoch", help="Coefficients of the parametric loss.")
     _json(p)
@@ -131,11 +180,34 @@ def memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp", type=int, default=1, help="Data-parallel degree (ZeRO shards over it).")
     p.add_argument("--tp", type=int, default=1, help="Tensor-parallel degree (must divide the heads).")
     p.add_argument("--pp", type=int, default=1, help="Pipeline-parallel degree (must divide the layers).")
-    p.add_argument("--cp", type=int, default=1, help="Context-parallel degree: each sequence split over this many GPUs (seq_len must split into 2 x cp chunks; ZeRO 2 or 3).")
-    p.add_argument("--zero", type=int, default=0, help="ZeRO stage: 0 (DDP), 1 (optimizer), 2 (+ gradients), 3 (+ weights; = FSDP full shard).")
+    p.add_argument(
+        "--cp",
+        type=int,
+        default=1,
+        help=(
+            "Context-parallel degree: each sequence split over this many GPUs (seq_len must split into 2 x cp chunks; "
+            "ZeRO 2 or 3)."
+        ),
+    )
+    p.add_argument(
+        "--zero",
+        type=int,
+        default=0,
+        help="ZeRO stage: 0 (DDP), 1 (optimizer), 2 (+ gradients), 3 (+ weights; = FSDP full shard).",
+    )
     _micro(p)
-    p.add_argument("--activation-checkpointing", choices=["none", "selective", "full"], default="none", help="Activation recompute (with flash attention selective stores the same as none).")
-    p.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=True, help="Megatron sequence parallelism with tp > 1.")
+    p.add_argument(
+        "--activation-checkpointing",
+        choices=["none", "selective", "full"],
+        default="none",
+        help="Activation recompute (with flash attention selective stores the same as none).",
+    )
+    p.add_argument(
+        "--sequence-parallel",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Megatron sequence parallelism with tp > 1.",
+    )
     _attention(p)
     _gpu(p, memory=True)
     _json(p)
@@ -146,12 +218,29 @@ def layout_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, required=True, help="GPUs in all.")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (tp stays inside one).")
     _micro(p)
-    p.add_argument("--global-batch", type=int, help="Sequences per optimizer step (default: 4 x pp micro-batches per data-parallel rank, 1 without a pipeline).")
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        help=(
+            "Sequences per optimizer step (default: 4 x pp micro-batches per data-parallel rank, 1 without a pipeline)."
+        ),
+    )
     p.add_argument("--tp", type=int, help="Fix the tensor-parallel degree.")
     p.add_argument("--pp", type=int, help="Fix the pipeline-parallel degree.")
-    p.add_argument("--cp", type=int, help="Fix the context-parallel degree (by default 1 unless sequences do not fit whole without full recompute).")
+    p.add_argument(
+        "--cp",
+        type=int,
+        help="Fix the context-parallel degree (by default 1 unless sequences do not fit whole without full recompute).",
+    )
     p.add_argument("--zero", type=int, help="Fix the ZeRO stage.")
-    p.add_argument("--activation-checkpointing", choices=["none", "selective", "full"], help="Fix the activation recompute (default: the cheapest that fits: none, selective with eager attention, then full).")
+    p.add_argument(
+        "--activation-checkpointing",
+        choices=["none", "selective", "full"],
+        help=(
+            "Fix the activation recompute (default: the cheapest that fits: none, selective with eager attention, "
+            "then full)."
+        ),
+    )
     _attention(p)
     _gpu(p, memory=True)
     _json(p)
@@ -161,7 +250,9 @@ def checkpoint_interval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--write-minutes", type=float, required=True, help="Minutes one checkpoint blocks training.")
     p.add_argument("--mtbf-minutes", type=float, help="Mean time between failures of the whole job, in minutes.")
     p.add_argument("--gpus", type=int, help="GPUs in the job (with --failures-per-gpu-day, instead of --mtbf-minutes).")
-    p.add_argument("--failures-per-gpu-day", type=float, help="Failures per GPU per day (e.g. 5.5e-4 for one per GPU per 5 years).")
+    p.add_argument(
+        "--failures-per-gpu-day", type=float, help="Failures per GPU per day (e.g. 5.5e-4 for one per GPU per 5 years)."
+    )
     p.add_argument("--restart-minutes", type=float, default=0.0, help="Minutes to restart and reload after a failure.")
     _json(p)
 
@@ -170,11 +261,25 @@ def fit_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--runs", type=Path, nargs="+", help="Run directories, or folders of them (e.g. runs/demo/sweep).")
     src.add_argument("--csv", type=Path, help="CSV with columns params, tokens, loss (and optionally name).")
-    p.add_argument("--param-count", choices=["non_embedding", "total"], default="non_embedding", help="Which parameter count of kiln runs is N: non_embedding (Kaplan et al.; at sweep scale embeddings are most of the model) or total (Hoffmann et al.).")
-    p.add_argument("--target-params", type=number, help="Predict the loss at this N, in the fit's own count (with --target-tokens).")
+    p.add_argument(
+        "--param-count",
+        choices=["non_embedding", "total"],
+        default="non_embedding",
+        help=(
+            "Which parameter count of kiln runs is N: non_embedding (Kaplan et al.; at sweep scale embeddings are "
+            "most of the model) or total (Hoffmann et al.)."
+        ),
+    )
+    p.add_argument(
+        "--target-params",
+        type=number,
+        help="Predict the loss at this N, in the fit's own count (with --target-tokens).",
+    )
     p.add_argument("--target-tokens", type=number, help="Predict the loss at this D (with --target-params).")
     p.add_argument("--bootstrap", type=int, default=100, help="Bootstrap resamples for the intervals (0 for none).")
-    p.add_argument("--starts", type=int, default=8, help="L-BFGS starts: the best of Hoffmann's 4,500-point initialisation grid.")
+    p.add_argument(
+        "--starts", type=int, default=8, help="L-BFGS starts: the best of Hoffmann's 4,500-point initialisation grid."
+    )
     p.add_argument("--seed", type=int, default=0, help="Seed of the bootstrap.")
     p.add_argument("--plot", type=Path, help="Write a PNG (.png) of the runs and fitted curves here.")
     _json(p)
@@ -183,14 +288,39 @@ def fit_arguments(p: argparse.ArgumentParser) -> None:
 def _attention(p: argparse.ArgumentParser) -> None:
     from kiln.plan.memory import ATTENTION, DEFAULT_HEADROOM
 
-    p.add_argument("--attention", choices=list(ATTENTION), default="flash", help="flash: fused SDPA kernels (kiln's model) never store the s x s attention scores; eager: they are stored (Korthikanti's 5as/h term).")
-    p.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM, help="Share of each GPU's memory kept free for logits, communication buffers, fragmentation and the CUDA context; fits means total <= (1 - headroom) x memory.")
+    p.add_argument(
+        "--attention",
+        choices=list(ATTENTION),
+        default="flash",
+        help=(
+            "flash: fused SDPA kernels (kiln's model) never store the s x s attention scores; eager: they are stored "
+            "(Korthikanti's 5as/h term)."
+        ),
+    )
+    p.add_argument(
+        "--headroom",
+        type=float,
+        default=DEFAULT_HEADROOM,
+        help=(
+            "Share of each GPU's memory kept free for logits, communication buffers, fragmentation and the CUDA "
+            "context; fits means total <= (1 - headroom) x memory."
+        ),
+    )
 
 
 def _micro(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch", type=int, default=1, help="Sequences per forward pass per GPU.")
-    p.add_argument("--seq-len", type=int, help=f"Sequence length in tokens (default: the preset's max_seq_len, else {DEFAULT_SEQ_LEN}).")
-    p.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16", help="bf16/fp16: mixed precision (2+2+12 bytes/param); fp32: 4+4+8.")
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        help=f"Sequence length in tokens (default: the preset's max_seq_len, else {DEFAULT_SEQ_LEN}).",
+    )
+    p.add_argument(
+        "--precision",
+        choices=["bf16", "fp16", "fp32"],
+        default="bf16",
+        help="bf16/fp16: mixed precision (2+2+12 bytes/param); fp32: 4+4+8.",
+    )
 
 
 def _shape(args: argparse.Namespace) -> tuple[Any, int]:
@@ -226,14 +356,18 @@ def chinchilla(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict
     from kiln.plan.hardware import resolve_gpu
 
     gpu = resolve_gpu(args.gpu, args.peak_tflops)
-    return size_for_budget(args.fit, gpu, args.mfu, args.gpus, args.flops, args.usd, args.params, args.usd_per_gpu_hour), format_size
+    return size_for_budget(
+        args.fit, gpu, args.mfu, args.gpus, args.flops, args.usd, args.params, args.usd_per_gpu_hour
+    ), format_size
 
 
 def inference_aware(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
     from kiln.plan.inference import format_inference, inference_aware
     from kiln.plan.scaling import get_law
 
-    return inference_aware(get_law(args.fit), args.inference_tokens, args.loss, args.flops, args.params), format_inference
+    return inference_aware(
+        get_law(args.fit), args.inference_tokens, args.loss, args.flops, args.params
+    ), format_inference
 
 
 def memory(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
@@ -242,7 +376,22 @@ def memory(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str
 
     shape, seq_len = _shape(args)
     gpu = resolve_gpu(args.gpu, None, args.gpu_memory_gb)
-    r = plan_memory(shape, args.dp, args.tp, args.pp, args.zero, args.micro_batch, _seq_len(args, seq_len), args.precision, args.activation_checkpointing, args.sequence_parallel, gpu.memory_gb, attention=args.attention, headroom=args.headroom, cp=args.cp)
+    r = plan_memory(
+        shape,
+        args.dp,
+        args.tp,
+        args.pp,
+        args.zero,
+        args.micro_batch,
+        _seq_len(args, seq_len),
+        args.precision,
+        args.activation_checkpointing,
+        args.sequence_parallel,
+        gpu.memory_gb,
+        attention=args.attention,
+        headroom=args.headroom,
+        cp=args.cp,
+    )
     return r, format_memory
 
 
@@ -252,14 +401,32 @@ def layout(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str
 
     shape, seq_len = _shape(args)
     gpu = resolve_gpu(args.gpu, None, args.gpu_memory_gb)
-    r = propose_layout(shape, args.gpus, args.gpus_per_node, gpu.memory_gb, _seq_len(args, seq_len), args.micro_batch, args.global_batch, args.precision, args.tp, args.pp, args.zero, args.activation_checkpointing, args.attention, args.headroom, args.cp)
+    r = propose_layout(
+        shape,
+        args.gpus,
+        args.gpus_per_node,
+        gpu.memory_gb,
+        _seq_len(args, seq_len),
+        args.micro_batch,
+        args.global_batch,
+        args.precision,
+        args.tp,
+        args.pp,
+        args.zero,
+        args.activation_checkpointing,
+        args.attention,
+        args.headroom,
+        args.cp,
+    )
     return r, format_layout
 
 
 def checkpoint_interval(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
     from kiln.plan.checkpoint_interval import format_interval, plan_interval
 
-    return plan_interval(args.write_minutes, args.mtbf_minutes, args.gpus, args.failures_per_gpu_day, args.restart_minutes), format_interval
+    return plan_interval(
+        args.write_minutes, args.mtbf_minutes, args.gpus, args.failures_per_gpu_day, args.restart_minutes
+    ), format_interval
 
 
 def fit(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, Any]], str]]:
@@ -284,7 +451,9 @@ def fit(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[dict[str, A
     return result, fmt
 
 
-def run_plan(args: argparse.Namespace, compute: Callable[[argparse.Namespace], tuple[Any, Callable[[Any], str]]]) -> int:
+def run_plan(
+    args: argparse.Namespace, compute: Callable[[argparse.Namespace], tuple[Any, Callable[[Any], str]]]
+) -> int:
     """Run `kiln plan SUBCOMMAND`: compute is its function (flops, chinchilla, ...).
 
     A subcommand's KilnError is reported here as `kiln plan SUBCOMMAND: error: ...` (exit 2), the
@@ -309,7 +478,10 @@ def require_finite(result: Any, where: str = "") -> None:
     from kiln.core.errors import ConfigError
 
     if isinstance(result, float) and not math.isfinite(result):
-        raise ConfigError(f"the inputs overflow: {where or 'the result'} comes out as {result}; give smaller (or larger) values so every figure fits a float")
+        raise ConfigError(
+            f"the inputs overflow: {where or 'the result'} comes out as {result}; give smaller (or larger) values "
+            "so every figure fits a float"
+        )
     if isinstance(result, dict):
         for key, value in result.items():
             require_finite(value, f"{where}.{key}" if where else str(key))

@@ -77,19 +77,28 @@ def read_csv(path: Path) -> list[Run]:
         text = path.read_text(encoding="utf-8-sig")  # -sig: a spreadsheet's byte-order mark is not part of the header
     except UnicodeDecodeError as e:
         line = e.object[: e.start].count(b"\n") + 1
-        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte {e.start}: {e.object[e.start : e.start + 1]!r}); save the CSV as UTF-8") from None
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 text (byte {e.start}: {e.object[e.start : e.start + 1]!r}); save the CSV "
+            "as UTF-8"
+        ) from None
     with io.StringIO(text, newline="") as f:
         reader = csv.DictReader(f)
         fields = {(h or "").strip().lower(): h for h in reader.fieldnames or []}
         missing = [c for c in ("params", "tokens", "loss") if c not in fields]
         if missing:
-            raise ConfigError(f"{path}: the header must name columns params, tokens and loss; missing {', '.join(missing)} (found {', '.join(fields) or 'no header'})")
+            raise ConfigError(
+                f"{path}: the header must name columns params, tokens and loss; missing {', '.join(missing)} "
+                f"(found {', '.join(fields) or 'no header'})"
+            )
         runs = []
         for i, row in enumerate(reader, start=2):
             try:
                 values = [float(row[fields[c]]) for c in ("params", "tokens", "loss")]
             except (TypeError, ValueError):
-                raise ConfigError(f"{path}:{i}: params, tokens and loss must be numbers; got {[row.get(fields[c]) for c in ('params', 'tokens', 'loss')]}") from None
+                raise ConfigError(
+                    f"{path}:{i}: params, tokens and loss must be numbers; got "
+                    f"{[row.get(fields[c]) for c in ('params', 'tokens', 'loss')]}"
+                ) from None
             name = row.get(fields["name"]) if "name" in fields else None
             runs.append(_checked(Run(name or f"row{i}", *values), f"{path}:{i}"))
     return runs
@@ -117,7 +126,10 @@ def read_runs(paths: list[Path], param_count: str = "non_embedding") -> list[Run
         elif p.is_dir():
             found = sorted(d for d in p.iterdir() if (d / TRAIN / MANIFEST).is_file())
             if not found:
-                raise FatalError(f"{p}: neither a finished run (no train/manifest.json) nor a folder of them; train first (e.g. `kiln sweep`)")
+                raise FatalError(
+                    f"{p}: neither a finished run (no train/manifest.json) nor a folder of them; train first "
+                    "(e.g. `kiln sweep`)"
+                )
             run_dirs.extend(found)
         else:
             raise FatalError(f"{p}: no such run directory")
@@ -125,24 +137,47 @@ def read_runs(paths: list[Path], param_count: str = "non_embedding") -> list[Run
     for d in run_dirs:
         counts = json.loads((d / TRAIN / MANIFEST).read_text())["counts"]
         eval_manifest = d / EVAL / MANIFEST
-        loss = json.loads(eval_manifest.read_text())["counts"]["after"]["all"]["loss"] if eval_manifest.is_file() else counts["val_after"]["all"]["loss"]
+        loss = (
+            json.loads(eval_manifest.read_text())["counts"]["after"]["all"]["loss"]
+            if eval_manifest.is_file()
+            else counts["val_after"]["all"]["loss"]
+        )
         params = counts["params"] if param_count == "total" else counts["params_non_embedding"]
         runs.append(_checked(Run(d.name, float(params), float(counts["tokens_trained"]), float(loss)), str(d)))
     return runs
 
 
-def _objective(theta_K5: torch.Tensor, log_n: torch.Tensor, log_d: torch.Tensor, log_l: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+def _objective(
+    theta_K5: torch.Tensor,
+    log_n: torch.Tensor,
+    log_d: torch.Tensor,
+    log_l: torch.Tensor,
+    weight: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Summed Huber loss of the log-loss residuals, one value per row of theta (a, b, e, alpha, beta)."""
     a, b, e, alpha, beta = theta_K5.unbind(-1)
-    terms = torch.stack([a[:, None] - alpha[:, None] * log_n, b[:, None] - beta[:, None] * log_d, e[:, None].expand(-1, log_n.numel())], dim=0)
+    terms = torch.stack(
+        [a[:, None] - alpha[:, None] * log_n, b[:, None] - beta[:, None] * log_d, e[:, None].expand(-1, log_n.numel())],
+        dim=0,
+    )
     residual = torch.logsumexp(terms, dim=0) - log_l
     huber = torch.nn.functional.huber_loss(residual, torch.zeros_like(residual), reduction="none", delta=HUBER_DELTA)
     return (huber if weight is None else huber * weight).sum(-1)
 
 
-def _lbfgs(theta0: torch.Tensor, data: tuple[torch.Tensor, ...], weight: torch.Tensor | None = None, max_iter: int = 2000) -> tuple[torch.Tensor, float]:
+def _lbfgs(
+    theta0: torch.Tensor, data: tuple[torch.Tensor, ...], weight: torch.Tensor | None = None, max_iter: int = 2000
+) -> tuple[torch.Tensor, float]:
     theta = theta0.clone().requires_grad_(True)
-    opt = torch.optim.LBFGS([theta], lr=1.0, max_iter=max_iter, tolerance_grad=1e-12, tolerance_change=1e-15, history_size=20, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [theta],
+        lr=1.0,
+        max_iter=max_iter,
+        tolerance_grad=1e-12,
+        tolerance_change=1e-15,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
@@ -156,7 +191,9 @@ def _lbfgs(theta0: torch.Tensor, data: tuple[torch.Tensor, ...], weight: torch.T
 
 
 def _grid() -> torch.Tensor:
-    rows = [(a, b, e, al, be) for a in GRID_AB for b in GRID_AB for e in GRID_E for al in GRID_ALPHA for be in GRID_ALPHA]
+    rows = [
+        (a, b, e, al, be) for a in GRID_AB for b in GRID_AB for e in GRID_E for al in GRID_ALPHA for be in GRID_ALPHA
+    ]
     return torch.tensor(rows, dtype=torch.float64)
 
 
@@ -168,7 +205,9 @@ def _centred(theta_K5: torch.Tensor, centre: tuple[torch.Tensor, torch.Tensor]) 
     return out
 
 
-def _fit_once(data: tuple[torch.Tensor, ...], starts: torch.Tensor, weight: torch.Tensor | None = None, max_iter: int = 2000) -> tuple[torch.Tensor, float]:
+def _fit_once(
+    data: tuple[torch.Tensor, ...], starts: torch.Tensor, weight: torch.Tensor | None = None, max_iter: int = 2000
+) -> tuple[torch.Tensor, float]:
     best, best_value = starts[0], math.inf
     for theta0 in starts:
         theta, value = _lbfgs(theta0, data, weight, max_iter)
@@ -183,20 +222,36 @@ def _law(theta: torch.Tensor, centre: tuple[torch.Tensor, torch.Tensor]) -> Loss
     return LossLaw(E=math.exp(e), A=math.exp(a), B=math.exp(b), alpha=alpha, beta=beta)
 
 
-def fit_runs(runs: list[Run], starts: int = 8, bootstrap: int = 100, seed: int = 0, target_params: float | None = None, target_tokens: float | None = None) -> dict[str, Any]:
+def fit_runs(
+    runs: list[Run],
+    starts: int = 8,
+    bootstrap: int = 100,
+    seed: int = 0,
+    target_params: float | None = None,
+    target_tokens: float | None = None,
+) -> dict[str, Any]:
     """Coefficients, bootstrap 95% intervals and (optionally) the predicted loss at a target N, D."""
     if len(runs) < 5:
-        raise ConfigError(f"a fit of five coefficients needs at least 5 runs; got {len(runs)} (add runs, e.g. with `kiln sweep`)")
+        raise ConfigError(
+            f"a fit of five coefficients needs at least 5 runs; got {len(runs)} (add runs, e.g. with `kiln sweep`)"
+        )
     if len({r.params for r in runs}) < 2 or len({r.tokens for r in runs}) < 2:
-        raise ConfigError("the runs must vary both params and tokens (at least 2 distinct values of each); otherwise alpha or beta is not identifiable")
+        raise ConfigError(
+            "the runs must vary both params and tokens (at least 2 distinct values of each); otherwise alpha or "
+            "beta is not identifiable"
+        )
     if starts < 1 or bootstrap < 0:
         raise ConfigError(f"starts = {starts} must be at least 1 and bootstrap = {bootstrap} at least 0")
     if (target_params is None) != (target_tokens is None):
-        raise ConfigError("give both target_params (--target-params N) and target_tokens (--target-tokens D), or neither")
+        raise ConfigError(
+            "give both target_params (--target-params N) and target_tokens (--target-tokens D), or neither"
+        )
     for name, value in (("target_params", target_params), ("target_tokens", target_tokens)):
         if value is not None:
             require_positive(name, value, "where to predict the loss, in the runs' own parameter count and tokens")
-    log_n, log_d, log_l = (torch.tensor([math.log(getattr(r, k)) for r in runs], dtype=torch.float64) for k in ("params", "tokens", "loss"))
+    log_n, log_d, log_l = (
+        torch.tensor([math.log(getattr(r, k)) for r in runs], dtype=torch.float64) for k in ("params", "tokens", "loss")
+    )
     centre = (log_n.mean(), log_d.mean())
     data = (log_n - centre[0], log_d - centre[1], log_l)
     grid = _centred(_grid(), centre)
@@ -228,7 +283,14 @@ def fit_runs(runs: list[Run], starts: int = 8, bootstrap: int = 100, seed: int =
     if target_params is not None:
         assert target_tokens is not None
         sizes, tokens = [r.params for r in runs], [r.tokens for r in runs]
-        warnings += extrapolation_warnings(target_params, target_tokens, (min(sizes), max(sizes)), (min(tokens), max(tokens)), "the fitted runs", max_tokens_per_param=None)
+        warnings += extrapolation_warnings(
+            target_params,
+            target_tokens,
+            (min(sizes), max(sizes)),
+            (min(tokens), max(tokens)),
+            "the fitted runs",
+            max_tokens_per_param=None,
+        )
     return {
         "coefficients": law.coefficients(),
         "intervals": intervals,
@@ -240,20 +302,35 @@ def fit_runs(runs: list[Run], starts: int = 8, bootstrap: int = 100, seed: int =
         "bootstrap": bootstrap,
         "target_params": target_params,
         "target_tokens": target_tokens,
-        "predicted_loss": None if target_params is None else law.loss(target_params, target_tokens),  # type: ignore[arg-type]
+        # type: ignore[arg-type]
+        "predicted_loss": None if target_params is None else law.loss(target_params, target_tokens),
         "predicted_loss_interval": _percentiles(predictions) if predictions else None,
-        "runs": [{"name": r.name, "params": r.params, "tokens": r.tokens, "loss": r.loss, "predicted": law.loss(r.params, r.tokens)} for r in runs],
+        "runs": [
+            {
+                "name": r.name,
+                "params": r.params,
+                "tokens": r.tokens,
+                "loss": r.loss,
+                "predicted": law.loss(r.params, r.tokens),
+            }
+            for r in runs
+        ],
         "warnings": warnings,
     }
 
 
 def fit_warnings(law: LossLaw, intervals: dict[str, list[float]] | None) -> list[str]:
-    """What makes a fit untrustworthy: exponents outside (0, 1), intervals of E, alpha or beta wider than the estimate."""
+    """What makes a fit untrustworthy: exponents outside (0, 1), intervals of E, alpha or beta wider than the
+    estimate."""
     out = []
     for name, value in (("alpha", law.alpha), ("beta", law.beta)):
         if not 0 < value < 1:
             spread = "model sizes" if name == "alpha" else "token counts"
-            out.append(f"{name} = {value:.3g} is outside (0, 1), where published fits lie (0.28 to 0.37; Hoffmann et al. 2022, Besiroglu et al. 2024): the runs do not pin it down; add runs over a wider range of {spread}")
+            out.append(
+                f"{name} = {value:.3g} is outside (0, 1), where published fits lie (0.28 to 0.37; Hoffmann et al. "
+                "2022, Besiroglu et al. 2024): the runs do not pin it down; add runs over a wider range of "
+                f"{spread}"
+            )
     # subtle: only E and the exponents. A and B trade off against alpha and beta along a ridge, so
     # their marginal intervals are wide even for a fit that predicts well (measured: A's spans
     # 176 .. 1587 on tests/plan/test_fit.py's 0.5%-noise grid, whose 7B prediction is within 0.5%).
@@ -262,7 +339,10 @@ def fit_warnings(law: LossLaw, intervals: dict[str, list[float]] | None) -> list
             continue
         estimate = law.coefficients()[name]
         if hi - lo > abs(estimate):
-            out.append(f"the 95% bootstrap interval of {name}, {lo:.4g} .. {hi:.4g}, is wider than the estimate {estimate:.4g}: the runs do not determine it")
+            out.append(
+                f"the 95% bootstrap interval of {name}, {lo:.4g} .. {hi:.4g}, is wider than the estimate "
+                f"{estimate:.4g}: the runs do not determine it"
+            )
     return out
 
 
@@ -283,10 +363,16 @@ def law_of(result: dict[str, Any]) -> LossLaw:
 
 def format_fit(r: dict[str, Any]) -> str:
     def interval(name: str) -> str:
-        return "" if r["intervals"] is None else f"  (95% bootstrap: {r['intervals'][name][0]:.4g} .. {r['intervals'][name][1]:.4g})"
+        return (
+            ""
+            if r["intervals"] is None
+            else f"  (95% bootstrap: {r['intervals'][name][0]:.4g} .. {r['intervals'][name][1]:.4g})"
+        )
 
     c = r["coefficients"]
-    counted = {"non_embedding": "non-embedding parameters", "total": "all parameters"}.get(r.get("param_count") or "", "the params given")
+    counted = {"non_embedding": "non-embedding parameters", "total": "all parameters"}.get(
+        r.get("param_count") or "", "the params given"
+    )
     rows = [
         ("runs fitted", f"{r['n_runs']} (N = {counted})"),
         ("E (nats/token)", f"{c['E']:.4g}{interval('E')}"),
@@ -297,6 +383,24 @@ def format_fit(r: dict[str, Any]) -> str:
         ("rms residual of log loss", f"{r['rms_log_residual']:.4g}"),
     ]
     if r["predicted_loss"] is not None:
-        band = "" if r["predicted_loss_interval"] is None else f" (95% bootstrap: {r['predicted_loss_interval'][0]:.4f} .. {r['predicted_loss_interval'][1]:.4f})"
-        rows.append((f"predicted loss at N={count(r['target_params'])}, D={count(r['target_tokens'])}", f"{r['predicted_loss']:.4f}{band}"))
-    return table(rows, [f"{r['bootstrap']} bootstrap resamples, L-BFGS from the best {r['starts']} of 4,500 grid starts, Huber delta {r['huber_delta']:g}"], warnings=r["warnings"])
+        band = (
+            ""
+            if r["predicted_loss_interval"] is None
+            else f" (95% bootstrap: {r['predicted_loss_interval'][0]:.4f} .. {r['predicted_loss_interval'][1]:.4f})"
+        )
+        rows.append(
+            (
+                f"predicted loss at N={count(r['target_params'])}, D={count(r['target_tokens'])}",
+                f"{r['predicted_loss']:.4f}{band}",
+            )
+        )
+    return table(
+        rows,
+        [
+            (
+                f"{r['bootstrap']} bootstrap resamples, L-BFGS from the best {r['starts']} of 4,500 grid starts, "
+                f"Huber delta {r['huber_delta']:g}"
+            )
+        ],
+        warnings=r["warnings"],
+    )

@@ -22,7 +22,9 @@ def check_plot_path(path: Path) -> Path:
     """A .png path whose folder exists or can be made; called before fitting, so a bad path fails fast."""
     path = Path(path)
     if path.suffix.lower() != ".png":
-        raise ConfigError(f"plot = {str(path)!r} must end in .png (the plot is a PNG); e.g. --plot runs/demo/sweep/fit.png")
+        raise ConfigError(
+            f"plot = {str(path)!r} must end in .png (the plot is a PNG); e.g. --plot runs/demo/sweep/fit.png"
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
@@ -33,7 +35,9 @@ def check_plot_path(path: Path) -> Path:
         else:
             path.open("ab").close()
     except OSError as e:
-        raise FatalError(f"{path}: cannot write the plot here ({e.strerror or e}); choose a writable --plot path") from None
+        raise FatalError(
+            f"{path}: cannot write the plot here ({e.strerror or e}); choose a writable --plot path"
+        ) from None
     return path
 
 
@@ -55,7 +59,9 @@ def plot_fit(result: dict[str, Any], path: Path) -> Path:
     for i, n in enumerate(sizes):
         colour = cmap(i / max(1, len(sizes) - 1))
         mine = [r for r in runs if r["params"] == n]
-        left.scatter([r["tokens"] for r in mine], [r["loss"] for r in mine], color=colour, zorder=3, label=f"N = {short(n)}")
+        left.scatter(
+            [r["tokens"] for r in mine], [r["loss"] for r in mine], color=colour, zorder=3, label=f"N = {short(n)}"
+        )
         left.plot(d_curve, [law.loss(n, d) for d in d_curve], color=colour, lw=1.2)
     left.axhline(law.E, color="grey", ls=":", lw=1, label=f"E = {law.E:.3g}")
     left.set_xscale("log")
@@ -68,7 +74,9 @@ def plot_fit(result: dict[str, Any], path: Path) -> Path:
     observed, predicted = [r["loss"] for r in runs], [r["predicted"] for r in runs]
     lo, hi = min(observed + predicted), max(observed + predicted)
     right.plot([lo, hi], [lo, hi], color="grey", lw=1)
-    right.scatter(observed, predicted, color=[cmap(sizes.index(r["params"]) / max(1, len(sizes) - 1)) for r in runs], zorder=3)
+    right.scatter(
+        observed, predicted, color=[cmap(sizes.index(r["params"]) / max(1, len(sizes) - 1)) for r in runs], zorder=3
+    )
     right.set_xlabel("observed loss")
     right.set_ylabel("fitted loss")
     right.set_title(f"{result['n_runs']} runs, rms log residual {result['rms_log_residual']:.3g}", fontsize=9)

@@ -52,7 +52,13 @@ def format_plan(plan: dict[str, Any]) -> str:
         ("FLOPs per token (with attention)", f"{plan['flops_per_token']:,}"),
         ("training FLOPs", f"{plan['train_flops']:.3e}"),
         ("training FLOPs by 6ND", f"{plan['train_flops_6nd']:.3e}"),
-        ("tokens per parameter", f"{plan['tokens_per_param']} (Chinchilla-optimal about {TOKENS_PER_PARAM}: {plan['chinchilla_tokens']:,} tokens)"),
+        (
+            "tokens per parameter",
+            (
+                f"{plan['tokens_per_param']} (Chinchilla-optimal about {TOKENS_PER_PARAM}: "
+                f"{plan['chinchilla_tokens']:,} tokens)"
+            ),
+        ),
     ]
     return table(rows)
 
@@ -85,8 +91,13 @@ def count_flops(
             require_at_least(name, value, 1, "a dimension of the model")
     if preset is not None:
         if n_layers is not None or d_attn is not None:
-            given = " and ".join(k for k, v in (("n_layers (--layers)", n_layers), ("d_attn (--d-attn)", d_attn)) if v is not None)
-            raise ConfigError(f"{given} {'go' if ' and ' in given or ', ' in given else 'goes'} only with params (--params); preset {preset!r} has its own shape (seq_len, --seq-len, may still be set)")
+            given = " and ".join(
+                k for k, v in (("n_layers (--layers)", n_layers), ("d_attn (--d-attn)", d_attn)) if v is not None
+            )
+            raise ConfigError(
+                f"{given} {'go' if ' and ' in given or ', ' in given else 'goes'} only with params (--params); "
+                f"preset {preset!r} has its own shape (seq_len, --seq-len, may still be set)"
+            )
         cfg = get_preset(preset)
         seq_len = cfg.max_seq_len if seq_len is None else seq_len
         n_layers, d_attn = cfg.n_layers, cfg.n_heads * cfg.head_dim
@@ -102,11 +113,15 @@ def count_flops(
         if all(v is None for v in shape):
             fpt, method = 6 * n, "6nd"
         elif any(v is None for v in shape):
-            raise ConfigError(f"the attention term needs all of n_layers (--layers), d_attn (--d-attn) and seq_len (--seq-len); got {n_layers}, {d_attn}, {seq_len}")
+            raise ConfigError(
+                "the attention term needs all of n_layers (--layers), d_attn (--d-attn) and seq_len (--seq-len); "
+                f"got {n_layers}, {d_attn}, {seq_len}"
+            )
         else:
             assert n_layers is not None and d_attn is not None and seq_len is not None
             fpt, method = 6 * n + attention_flops_per_token(n_layers, seq_len, d_attn), "exact"
-    kaplan = None if method == "6nd" else (6 * matmul + 6 * n_layers * seq_len * d_attn) * tokens  # type: ignore[operator]
+    # type: ignore[operator]
+    kaplan = None if method == "6nd" else (6 * matmul + 6 * n_layers * seq_len * d_attn) * tokens
     return {
         "preset": preset,
         "params": n,
@@ -130,10 +145,17 @@ def format_flops(r: dict[str, Any]) -> str:
         ("training tokens", count(r["tokens"])),
         ("tokens per parameter", f"{r['tokens_per_param']:.1f}"),
         ("FLOPs per token (training)", sci(r["flops_per_token"])),
-        ("training FLOPs", f"{sci(r['train_flops'])} ({'6ND' if r['method'] == '6nd' else 'PaLM App. B, with attention'})"),
+        (
+            "training FLOPs",
+            f"{sci(r['train_flops'])} ({'6ND' if r['method'] == '6nd' else 'PaLM App. B, with attention'})",
+        ),
         ("training FLOPs by 6ND", sci(r["train_flops_6nd"])),
     ]
     if r["train_flops_kaplan"] is not None:
         rows.append(("training FLOPs by Kaplan Table 1", sci(r["train_flops_kaplan"])))
-    notes = [] if r["method"] == "exact" else ["no attention term: add --layers, --d-attn and --seq-len (or use --preset) for the exact count"]
+    notes = (
+        []
+        if r["method"] == "exact"
+        else ["no attention term: add --layers, --d-attn and --seq-len (or use --preset) for the exact count"]
+    )
     return table(rows, notes)

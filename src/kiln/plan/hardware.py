@@ -21,7 +21,10 @@ def resolve_gpu(name: str | None, peak_tflops: float | None = None, memory_gb: f
     if name is None and peak_tflops is None:
         name = "h100"
     if name is not None and name not in GPUS:
-        raise ConfigError(f"gpu {name!r} is unknown; choose one of {', '.join(GPUS)}, or give peak_tflops (--peak-tflops) for another GPU")
+        raise ConfigError(
+            f"gpu {name!r} is unknown; choose one of {', '.join(GPUS)}, or give peak_tflops (--peak-tflops) for "
+            "another GPU"
+        )
     base = GPUS[name] if name is not None else Gpu("custom", 0.0, 0.0)
     if peak_tflops is not None:
         require_positive("peak_tflops", peak_tflops, "the GPU's dense bf16 peak in TFLOP/s, e.g. 989 for an H100")
@@ -39,7 +42,10 @@ DEFAULT_MFU = 0.4  # what planning assumes when not told: a well-tuned dense run
 
 def check_mfu(mfu: float) -> None:
     if not 0 < mfu <= 1:
-        raise ConfigError(f"mfu = {mfu:g} must be in (0, 1]: it is the fraction of the GPU's peak FLOP/s the run achieves (0.3 to 0.6 is typical for large dense training)")
+        raise ConfigError(
+            f"mfu = {mfu:g} must be in (0, 1]: it is the fraction of the GPU's peak FLOP/s the run achieves (0.3 "
+            "to 0.6 is typical for large dense training)"
+        )
 
 
 def gpu_hours(flops: float, gpu: Gpu, mfu: float) -> float:
@@ -53,7 +59,9 @@ def flops_for_gpu_hours(hours: float, gpu: Gpu, mfu: float) -> float:
     return hours * SECONDS_PER_HOUR * gpu.peak_flops * mfu
 
 
-def cost_summary(flops: float, gpu: Gpu, mfu: float, gpus: int, usd_per_gpu_hour: float | None) -> dict[str, float | int | str | None]:
+def cost_summary(
+    flops: float, gpu: Gpu, mfu: float, gpus: int, usd_per_gpu_hour: float | None
+) -> dict[str, float | int | str | None]:
     """GPU-hours, wall-clock days on `gpus` GPUs and USD for a training run of `flops`."""
     require_at_least("gpus", gpus, 1, "the number of GPUs training in parallel")
     if usd_per_gpu_hour is not None:

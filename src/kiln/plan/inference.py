@@ -49,6 +49,7 @@ def best_params(law: LossLaw, loss: float, inference_tokens: float) -> float:
     # Past about 1e5 times the minimum size A/N^alpha is negligible and D stops falling, so the
     # optimum lies inside; the scan's 400 points put each within 3% of N of a sample.
     hi = lo + math.log(1e5)
+
     def f(u: float) -> float:  # total FLOPs at N = e^u
         return lifetime_flops(law, math.exp(u), loss, inference_tokens)
 
@@ -68,17 +69,30 @@ def best_params(law: LossLaw, loss: float, inference_tokens: float) -> float:
     return math.exp((a + b) / 2)
 
 
-def inference_aware(law: LossLaw, inference_tokens: float, loss: float | None = None, flops: float | None = None, params: float | None = None) -> dict[str, Any]:
+def inference_aware(
+    law: LossLaw,
+    inference_tokens: float,
+    loss: float | None = None,
+    flops: float | None = None,
+    params: float | None = None,
+) -> dict[str, Any]:
     """The inference-aware and the Chinchilla-optimal model for one target loss.
 
     The target is `loss`, or the loss of the compute-optimal model for `flops`, or of the
     Chinchilla-optimal model with `params` parameters (exactly one of the three).
     """
     if inference_tokens < 0:
-        raise ConfigError(f"inference_tokens = {inference_tokens:g} must be 0 or more (lifetime tokens processed at inference, e.g. 2e12)")
+        raise ConfigError(
+            f"inference_tokens = {inference_tokens:g} must be 0 or more (lifetime tokens processed at inference, "
+            "e.g. 2e12)"
+        )
     given = [k for k, v in (("loss", loss), ("flops", flops), ("params", params)) if v is not None]
     if len(given) != 1:
-        raise ConfigError(f"give exactly one target: loss (--loss L), flops (--flops C, the loss of the compute-optimal model for C) or params (--params N, the loss of the Chinchilla-optimal N); got {', '.join(given) or 'none'}")
+        raise ConfigError(
+            "give exactly one target: loss (--loss L), flops (--flops C, the loss of the compute-optimal model "
+            "for C) or params (--params N, the loss of the Chinchilla-optimal N); got "
+            f"{', '.join(given) or 'none'}"
+        )
     if flops is not None:
         require_positive("flops", flops, "a training budget, e.g. 1e23")
         loss = law.loss(*law.optimal(flops))
@@ -92,7 +106,14 @@ def inference_aware(law: LossLaw, inference_tokens: float, loss: float | None = 
         d = law.tokens_for_loss(n, loss)
         assert d is not None
         train, infer = TRAIN_FLOPS_PER_PARAM * n * d, INFERENCE_FLOPS_PER_PARAM * n * inference_tokens
-        return {"params": n, "tokens": d, "tokens_per_param": d / n, "train_flops": train, "inference_flops": infer, "total_flops": train + infer}
+        return {
+            "params": n,
+            "tokens": d,
+            "tokens_per_param": d / n,
+            "train_flops": train,
+            "inference_flops": infer,
+            "total_flops": train + infer,
+        }
 
     best = describe(best_params(law, loss, inference_tokens))
     chin = describe(law.optimal_params_for_loss(loss))

@@ -96,10 +96,17 @@ def check_checkpointing(checkpointing: str) -> None:
 def check_shape(shape: Shape) -> None:
     """params above 0; layers, width and heads all given (each at least 1) or none."""
     require_positive("params", shape.params, "model parameters, e.g. 7e9")
-    dims = {"n_layers (--layers)": shape.n_layers, "d_model (--hidden)": shape.d_model, "n_heads (--heads)": shape.n_heads}
+    dims = {
+        "n_layers (--layers)": shape.n_layers,
+        "d_model (--hidden)": shape.d_model,
+        "n_heads (--heads)": shape.n_heads,
+    }
     given = [k for k, v in dims.items() if v is not None]
     if given and len(given) < len(dims):
-        raise ConfigError(f"the model's shape needs all of n_layers (--layers), d_model (--hidden) and n_heads (--heads), or none of them; got only {', '.join(given)}")
+        raise ConfigError(
+            "the model's shape needs all of n_layers (--layers), d_model (--hidden) and n_heads (--heads), or "
+            f"none of them; got only {', '.join(given)}"
+        )
     for name, value in dims.items():
         if value is not None:
             require_at_least(name, value, 1, "a dimension of the model")
@@ -117,8 +124,10 @@ def shape_warnings(shape: Shape) -> list[str]:
     if low <= shape.params <= high:
         return []
     return [
-        f"params = {shape.params:.3g} is {shape.params / blocks:.3g}x the {blocks:.3g} that n_layers = {shape.n_layers} and d_model = {shape.d_model} "
-        f"imply (12 x layers x d_model^2, plus embeddings up to {2 * MAX_VOCAB * shape.d_model:.3g}); model states use params, activations the shape: check --params, --layers and --hidden"
+        f"params = {shape.params:.3g} is {shape.params / blocks:.3g}x the {blocks:.3g} that n_layers = "
+        f"{shape.n_layers} and d_model = {shape.d_model} "
+        f"imply (12 x layers x d_model^2, plus embeddings up to {2 * MAX_VOCAB * shape.d_model:.3g}); model "
+        "states use params, activations the shape: check --params, --layers and --hidden"
     ]
 
 
@@ -128,11 +137,20 @@ def check_layout(shape: Shape, dp: int, tp: int, pp: int, zero: int) -> None:
     for name, value in (("dp", dp), ("tp", tp), ("pp", pp)):
         require_at_least(name, value, 1, "a parallel degree; 1 means not split")
     if zero not in (0, 1, 2, 3):
-        raise ConfigError(f"zero = {zero} is not a ZeRO stage; choose 0 (DDP), 1 (optimizer states), 2 (+ gradients) or 3 (+ weights, = FSDP full sharding)")
+        raise ConfigError(
+            f"zero = {zero} is not a ZeRO stage; choose 0 (DDP), 1 (optimizer states), 2 (+ gradients) or 3 (+ "
+            "weights, = FSDP full sharding)"
+        )
     if shape.n_heads is not None and shape.n_heads % tp:
-        raise ConfigError(f"tp = {tp} does not divide n_heads = {shape.n_heads}: tensor parallelism splits whole attention heads; valid tp: {', '.join(map(str, divisors(shape.n_heads)))}")
+        raise ConfigError(
+            f"tp = {tp} does not divide n_heads = {shape.n_heads}: tensor parallelism splits whole attention "
+            f"heads; valid tp: {', '.join(map(str, divisors(shape.n_heads)))}"
+        )
     if shape.n_layers is not None and pp > shape.n_layers:
-        raise ConfigError(f"pp = {pp} exceeds n_layers = {shape.n_layers}: each pipeline stage holds at least one layer; valid pp: 1 to {shape.n_layers}")
+        raise ConfigError(
+            f"pp = {pp} exceeds n_layers = {shape.n_layers}: each pipeline stage holds at least one layer; valid "
+            f"pp: 1 to {shape.n_layers}"
+        )
 
 
 def check_context(seq_len: int, cp: int, pp: int, zero: int) -> None:
@@ -141,14 +159,22 @@ def check_context(seq_len: int, cp: int, pp: int, zero: int) -> None:
     if cp == 1:
         return
     if seq_len % (2 * cp):
-        raise ConfigError(f"cp = {cp} needs seq_len = {seq_len} to split into 2 x cp = {2 * cp} equal chunks (each GPU holds two); valid cp: {', '.join(str(k) for k in divisors(seq_len) if seq_len % (2 * k) == 0)}")
+        raise ConfigError(
+            f"cp = {cp} needs seq_len = {seq_len} to split into 2 x cp = {2 * cp} equal chunks (each GPU holds "
+            f"two); valid cp: {', '.join(str(k) for k in divisors(seq_len) if seq_len % (2 * k) == 0)}"
+        )
     if pp > 1:
         raise ConfigError(f"cp = {cp} with pp = {pp}: kiln runs context parallelism without pipeline stages; use pp 1")
     if zero < 2:
-        raise ConfigError(f"cp = {cp} with zero = {zero}: kiln shards a context-parallel group's states with FSDP2 (ZeRO 2 or 3 over dp x cp)")
+        raise ConfigError(
+            f"cp = {cp} with zero = {zero}: kiln shards a context-parallel group's states with FSDP2 (ZeRO 2 or 3 "
+            "over dp x cp)"
+        )
 
 
-def model_state_bytes(params: float, dp: int, tp: int, pp: int, zero: int, precision: str = "bf16") -> tuple[float, float, float]:
+def model_state_bytes(
+    params: float, dp: int, tp: int, pp: int, zero: int, precision: str = "bf16"
+) -> tuple[float, float, float]:
     """(weights, gradients, optimizer states) in bytes on one GPU."""
     w, g, o = STATE_BYTES[precision]
     local = params / (tp * pp)
@@ -159,7 +185,16 @@ def model_state_bytes(params: float, dp: int, tp: int, pp: int, zero: int, preci
     )
 
 
-def activation_bytes_per_layer(seq_len: int, micro_batch: int, d_model: int, n_heads: int, tp: int = 1, sequence_parallel: bool = True, checkpointing: str = "none", attention: str = "flash") -> float:
+def activation_bytes_per_layer(
+    seq_len: int,
+    micro_batch: int,
+    d_model: int,
+    n_heads: int,
+    tp: int = 1,
+    sequence_parallel: bool = True,
+    checkpointing: str = "none",
+    attention: str = "flash",
+) -> float:
     """Korthikanti et al. 2022, Table 2: bytes one transformer layer keeps for backward (16-bit)."""
     check_checkpointing(checkpointing)
     require_choice("attention", attention, ATTENTION)
@@ -191,7 +226,8 @@ def plan_memory(
     headroom: float = DEFAULT_HEADROOM,
     cp: int = 1,
 ) -> dict[str, Any]:
-    """Memory per GPU (GB = 1e9 bytes) and whether it fits in (1 - headroom) of the GPU; activations need the model's shape.
+    """Memory per GPU (GB = 1e9 bytes) and whether it fits in (1 - headroom) of the GPU; activations need the model's
+    shape.
 
     micro_batches is the number per optimizer step and pipeline; None assumes at least pp, so
     the first stage holds pp of them in flight. cp: context-parallel degree (dp counts data ranks only).
@@ -219,7 +255,9 @@ def plan_memory(
         gathered = 4 * seq_len * micro_batch * shape.d_model / tp * (1 - 1 / cp)
 
         def per_layer(ck: str) -> float:
-            own = activation_bytes_per_layer(seq_len // cp, micro_batch, shape.d_model, shape.n_heads, tp, sequence_parallel, ck, attention)  # type: ignore[arg-type]
+            own = activation_bytes_per_layer(
+                seq_len // cp, micro_batch, shape.d_model, shape.n_heads, tp, sequence_parallel, ck, attention
+            )  # type: ignore[arg-type]
             return own + (gathered if ck != "full" else 0.0)
 
         activations = per_layer(checkpointing) * -(-shape.n_layers // pp) * in_flight  # the stage with the most layers
@@ -232,7 +270,10 @@ def plan_memory(
     usable_gb = gpu_memory_gb * (1 - headroom)
     warnings = shape_warnings(shape)
     if pp > 1 and zero >= 2:
-        warnings.append(f"ZeRO-{zero} with pp = {pp}: kiln's FSDP2 keeps a pipeline stage's weights and gradients whole until the step's last micro-batch (ZeRO-1's memory); plan --zero 1 with pp > 1")
+        warnings.append(
+            f"ZeRO-{zero} with pp = {pp}: kiln's FSDP2 keeps a pipeline stage's weights and gradients whole until "
+            "the step's last micro-batch (ZeRO-1's memory); plan --zero 1 with pp > 1"
+        )
     return {
         "params": shape.params,
         "gpus": dp * tp * pp * cp,
@@ -266,20 +307,46 @@ def format_memory(r: dict[str, Any]) -> str:
     context = f" cp={r['cp']}" if r["cp"] > 1 else ""
     rows = [
         ("parameters", count(r["params"])),
-        ("layout", f"dp={r['dp']} tp={r['tp']} pp={r['pp']}{context} ({r['gpus']} GPU{'s' if r['gpus'] != 1 else ''}), ZeRO stage {r['zero']}, {r['precision']}"),
+        (
+            "layout",
+            (
+                f"dp={r['dp']} tp={r['tp']} pp={r['pp']}{context} ({r['gpus']} GPU{'s' if r['gpus'] != 1 else ''}), "
+                f"ZeRO stage {r['zero']}, {r['precision']}"
+            ),
+        ),
         ("parameters per GPU (after tp, pp)", count(r["params_per_gpu"])),
         ("weights (GB per GPU)", fixed(r["weights_gb"])),
         ("gradients (GB per GPU)", fixed(r["grads_gb"])),
         ("optimizer states (GB per GPU)", fixed(r["optimizer_gb"])),
         ("model states (GB per GPU)", fixed(r["model_states_gb"])),
-        ("activations (GB per GPU)", "n/a (give --preset or --layers, --hidden, --heads)" if r["activations_gb"] is None else f"{fixed(r['activations_gb'])} (micro-batch {r['micro_batch']} x {r['seq_len'] // r['cp']} tokens, checkpointing {r['activation_checkpointing']}, {r['attention']} attention)"),
+        (
+            "activations (GB per GPU)",
+            "n/a (give --preset or --layers, --hidden, --heads)"
+            if r["activations_gb"] is None
+            else (
+                f"{fixed(r['activations_gb'])} (micro-batch {r['micro_batch']} x {r['seq_len'] // r['cp']} tokens, "
+                f"checkpointing {r['activation_checkpointing']}, {r['attention']} attention)"
+            ),
+        ),
         ("total (GB per GPU)", fixed(r["total_gb"])),
-        ("fits", f"{'yes' if r['fits'] else 'no'} ({fixed(r['usable_gb'])} GB usable of {r['gpu_memory_gb']:g} GB per GPU)"),
+        (
+            "fits",
+            f"{'yes' if r['fits'] else 'no'} ({fixed(r['usable_gb'])} GB usable of {r['gpu_memory_gb']:g} GB per GPU)",
+        ),
     ]
     notes = ["activations not included in the total"] if r["activations_gb"] is None else []
-    notes.append(f"usable = GPU memory less {r['headroom']:.0%} headroom for the output logits, communication buffers, fragmentation and the CUDA context (--headroom)")
+    notes.append(
+        f"usable = GPU memory less {r['headroom']:.0%} headroom for the output logits, communication buffers, "
+        "fragmentation and the CUDA context (--headroom)"
+    )
     if r["attention"] == "flash" and r["activation_checkpointing"] == "selective":
-        notes.append("with flash attention selective recompute saves nothing: the kernel already recomputes the attention scores in backward")
+        notes.append(
+            "with flash attention selective recompute saves nothing: the kernel already recomputes the attention "
+            "scores in backward"
+        )
     if r["zero"] >= 2:
-        notes.append("ZeRO-2/3 shard gradients only if they are reduce-scattered after every micro-batch (m x the gradient traffic with m micro-batches per step); ZeRO-3 also re-gathers the weights for every micro-batch")
+        notes.append(
+            "ZeRO-2/3 shard gradients only if they are reduce-scattered after every micro-batch (m x the gradient "
+            "traffic with m micro-batches per step); ZeRO-3 also re-gathers the weights for every micro-batch"
+        )
     return table(rows, notes, warnings=r["warnings"])

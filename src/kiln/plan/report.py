@@ -1,7 +1,8 @@
 """Rendering a planner result as a two-column table with explicit units.
 
 Every `kiln plan` subcommand returns a plain dict (its `--json` object); this module turns
-labelled rows of it into aligned text, with notes and warnings (the dict's `warnings` list) after. Not handled here: computing anything, or JSON output
+labelled rows of it into aligned text, with notes and warnings (the dict's `warnings` list) after. Not handled here:
+computing anything, or JSON output
 (the CLI dumps the dict as it is).
 """
 
@@ -33,8 +34,11 @@ def fixed(x: float | None, digits: int = 2) -> str:
     return "n/a" if x is None else f"{x:,.{digits}f}"
 
 
-def table(rows: Sequence[tuple[str, str]], notes: Sequence[str] = (), label: str = "note", warnings: Sequence[str] = ()) -> str:
-    """Rows of (label with unit, value), aligned; notes follow, one line each, after `label:`, then warnings after `warning:`."""
+def table(
+    rows: Sequence[tuple[str, str]], notes: Sequence[str] = (), label: str = "note", warnings: Sequence[str] = ()
+) -> str:
+    """Rows of (label with unit, value), aligned; notes follow, one line each, after `label:`, then warnings after
+    `warning:`."""
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     lines.extend(f"{label}: {n}" for n in notes)

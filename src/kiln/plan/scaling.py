@@ -31,6 +31,7 @@ from kiln.core.errors import ConfigError
 # D is about 20 N. The `rule20` split and the recipe plan's `chinchilla_tokens` both use it.
 TOKENS_PER_PARAM = 20
 
+
 @dataclass(frozen=True)
 class LossLaw:
     E: float  # irreducible loss, nats/token
@@ -67,7 +68,10 @@ class LossLaw:
         On the frontier a*A*N^-a = b*B*D^-b, so B/D^b = (a/b) A/N^a and loss - E = A/N^a (a + b)/b.
         """
         if loss <= self.E:
-            raise ConfigError(f"loss = {loss:g} is at or below the irreducible loss E = {self.E:g} of the {self.source} fit; choose a loss above it")
+            raise ConfigError(
+                f"loss = {loss:g} is at or below the irreducible loss E = {self.E:g} of the {self.source} fit; "
+                "choose a loss above it"
+            )
         return (self.A * (self.alpha + self.beta) / (self.beta * (loss - self.E))) ** (1 / self.alpha)
 
     def tokens_for_loss(self, params: float, loss: float) -> float | None:
@@ -80,7 +84,9 @@ class LossLaw:
 
 
 HOFFMANN_2022 = LossLaw(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28, source="Hoffmann et al. 2022, Approach 3")
-BESIROGLU_2024 = LossLaw(E=1.8172, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658, source="Besiroglu et al. 2024 (Epoch AI replication)")
+BESIROGLU_2024 = LossLaw(
+    E=1.8172, A=482.01, B=2085.43, alpha=0.3478, beta=0.3658, source="Besiroglu et al. 2024 (Epoch AI replication)"
+)
 LAWS = {"hoffmann": HOFFMANN_2022, "epoch": BESIROGLU_2024}
 
 
@@ -113,18 +119,30 @@ def extrapolation_warnings(
     out = []
     for name, value, (lo, hi) in (("params", params, params_range), ("tokens", tokens, tokens_range)):
         if value > EXTRAPOLATION_FACTOR * hi:
-            out.append(f"{name} = {value:.3g} is {value / hi:.3g}x the largest of {fitted_on} ({hi:.3g}): the law is extrapolated far past its data")
+            out.append(
+                f"{name} = {value:.3g} is {value / hi:.3g}x the largest of {fitted_on} ({hi:.3g}): the law is "
+                "extrapolated far past its data"
+            )
         elif value < lo / EXTRAPOLATION_FACTOR:
-            out.append(f"{name} = {value:.3g} is {lo / value:.3g}x below the smallest of {fitted_on} ({lo:.3g}): the law is extrapolated far below its data")
+            out.append(
+                f"{name} = {value:.3g} is {lo / value:.3g}x below the smallest of {fitted_on} ({lo:.3g}): the law "
+                "is extrapolated far below its data"
+            )
     if max_tokens_per_param is not None and tokens / params > max_tokens_per_param:
-        out.append(f"{tokens / params:,.0f} tokens per parameter is beyond the {max_tokens_per_param:,.0f} up to which Sardana et al. 2023 checked that loss keeps following the law")
+        out.append(
+            f"{tokens / params:,.0f} tokens per parameter is beyond the {max_tokens_per_param:,.0f} up to which "
+            "Sardana et al. 2023 checked that loss keeps following the law"
+        )
     return out
 
 
 def min_params_for_loss(law: LossLaw, loss: float) -> float:
     """Below this size even infinite data cannot reach `loss` (the A/N^alpha term alone exceeds the room)."""
     if loss <= law.E:
-        raise ConfigError(f"loss = {loss:g} is at or below the irreducible loss E = {law.E:g} of the {law.source} fit; choose a loss above it")
+        raise ConfigError(
+            f"loss = {loss:g} is at or below the irreducible loss E = {law.E:g} of the {law.source} fit; choose a "
+            "loss above it"
+        )
     return (law.A / (loss - law.E)) ** (1 / law.alpha)
 
 

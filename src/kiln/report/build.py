@@ -52,14 +52,19 @@ def build_sections(run: RunFiles, hooks: Hooks) -> list[Section]:
     built = {
         s.id: s
         for s in [
-            *guarded(lambda: curation_sections(run, hooks), ["funnel", "removals", "duplicates", "languages", "decontamination"]),
+            *guarded(
+                lambda: curation_sections(run, hooks),
+                ["funnel", "removals", "duplicates", "languages", "decontamination"],
+            ),
             *guarded(lambda: [tokenizer(run)], ["tokenizer"]),
             *guarded(train_sections, ["mixture", "training", "throughput"]),
             *guarded(lambda: [evaluation(run)], ["evaluation"]),
             *guarded(lambda: [samples(run, read[0].probes if read else [])], ["samples"]),
         ]
     }
-    built["lineage"] = guarded(lambda: [lineage(run, hooks.stages)], ["lineage"])[0]  # last: it lists the files the others could not read
+    built["lineage"] = guarded(lambda: [lineage(run, hooks.stages)], ["lineage"])[
+        0
+    ]  # last: it lists the files the others could not read
     return [built[sid] for sid in TITLES]
 
 

@@ -38,8 +38,14 @@ SHARD_LOOKUP_BYTES = 200 * 10**6  # how much of the curated shards the report re
 def curation_sections(run: RunFiles, hooks: Hooks) -> list[Section]:
     manifest = run.manifests.get(CURATE)
     if manifest is None:
-        why = "curation is running; its report appears when it finishes" if CURATE in run.running else "curation has not run in this run directory (kiln curate)"
-        return [Section(sid, missing(why)) for sid in ("funnel", "removals", "duplicates", "languages", "decontamination")]
+        why = (
+            "curation is running; its report appears when it finishes"
+            if CURATE in run.running
+            else "curation has not run in this run directory (kiln curate)"
+        )
+        return [
+            Section(sid, missing(why)) for sid in ("funnel", "removals", "duplicates", "languages", "decontamination")
+        ]
     stage = run.stage_dir(CURATE)
     examples = pick_examples(stage, manifest)
     try:
@@ -48,10 +54,22 @@ def curation_sections(run: RunFiles, hooks: Hooks) -> list[Section]:
         sizes, clusters, unreadable = Counter(), {}, f"{stage / 'clusters.parquet'} could not be read: {e}"
     contamination = run.read_json(stage / "audit" / "decontamination.json")
     shown = [e["id"] for _, e in examples] + [m["id"] for members in clusters.values() for m in members]
-    shown += [d["id"] for s in (contamination or {}).get("sets", {}).values() for docs in list(s.get("found", {}).values())[:DECONTAMINATION_ROWS] for d in docs[:HOLDERS_SHOWN]]
+    shown += [
+        d["id"]
+        for s in (contamination or {}).get("sets", {}).values()
+        for docs in list(s.get("found", {}).values())[:DECONTAMINATION_ROWS]
+        for d in docs[:HOLDERS_SHOWN]
+    ]
     explained = explain_all(hooks, shown)
-    return [funnel(manifest), removals(run, manifest, examples, explained, hooks), duplicates(stage, manifest, sizes, clusters, explained, hooks, run.name) if not unreadable else Section("duplicates", missing(unreadable)), languages(stage, manifest),
-            decontamination(run.name, manifest, contamination, explained)]
+    return [
+        funnel(manifest),
+        removals(run, manifest, examples, explained, hooks),
+        duplicates(stage, manifest, sizes, clusters, explained, hooks, run.name)
+        if not unreadable
+        else Section("duplicates", missing(unreadable)),
+        languages(stage, manifest),
+        decontamination(run.name, manifest, contamination, explained),
+    ]
 
 
 def explain_all(hooks: Hooks, doc_ids: list[str]) -> dict[str, str]:
@@ -84,13 +102,37 @@ def funnel(manifest: dict[str, Any]) -> Section:
     rows = []
     for s, t in sorted(per_source.items(), key=lambda kv: -kv[1]["docs_in"]):
         top = max(t["removed"].items(), key=lambda kv: kv[1], default=("", 0))
-        rows.append([s, t["docs_in"], t["docs_out"], f"{t['docs_out'] / max(t['docs_in'], 1):.1%}", round(t["bytes_in"] / MB, 2), round(t["bytes_out"] / MB, 2), t["quarantined"], f"{top[0]} ({top[1]:,})" if top[1] else ""])
+        rows.append(
+            [
+                s,
+                t["docs_in"],
+                t["docs_out"],
+                f"{t['docs_out'] / max(t['docs_in'], 1):.1%}",
+                round(t["bytes_in"] / MB, 2),
+                round(t["bytes_out"] / MB, 2),
+                t["quarantined"],
+                f"{top[0]} ({top[1]:,})" if top[1] else "",
+            ]
+        )
     body = (
-        para(f"{counts['docs_in']:,} documents in ({counts['bytes_in'] / MB:,.1f} MB), {counts['docs_out']:,} kept ({counts['bytes_out'] / MB:,.1f} MB), {sum(counts['removed'].values()):,} removed, {counts['quarantined']:,} quarantined.")
+        para(
+            f"{counts['docs_in']:,} documents in ({counts['bytes_in'] / MB:,.1f} MB), {counts['docs_out']:,} kept "
+            f"({counts['bytes_out'] / MB:,.1f} MB), {sum(counts['removed'].values()):,} removed, "
+            f"{counts['quarantined']:,} quarantined."
+        )
         + bar_chart("Documents after each step", docs, "documents")
         + bar_chart("MB after each step", mbytes, "MB (UTF-8)")
-        + (para(f"The charts show the {CHART_SOURCES} largest of {len(per_source)} sources; the table lists all.", "note") if len(per_source) > CHART_SOURCES else "")
-        + table(["source", "docs in", "docs kept", "kept", "MB in", "MB kept", "quarantined", "top removal reason"], rows)
+        + (
+            para(
+                f"The charts show the {CHART_SOURCES} largest of {len(per_source)} sources; the table lists all.",
+                "note",
+            )
+            if len(per_source) > CHART_SOURCES
+            else ""
+        )
+        + table(
+            ["source", "docs in", "docs kept", "kept", "MB in", "MB kept", "quarantined", "top removal reason"], rows
+        )
     )
     return Section("funnel", body)
 
@@ -108,22 +150,54 @@ def pick_examples(stage: Path, manifest: dict[str, Any]) -> list[tuple[str, dict
     return picked
 
 
-def removals(run: RunFiles, manifest: dict[str, Any], examples: list[tuple[str, dict[str, Any]]], explained: dict[str, str], hooks: Hooks) -> Section:
+def removals(
+    run: RunFiles,
+    manifest: dict[str, Any],
+    examples: list[tuple[str, dict[str, Any]]],
+    explained: dict[str, str],
+    hooks: Hooks,
+) -> Section:
     bytes_by_reason: Counter[str] = Counter()
     for t in manifest["counts"]["per_source"].values():  # the manifest totals documents per reason, not bytes
         bytes_by_reason.update(t.get("removed_bytes", {}))
     ranked = Counter(manifest["counts"]["removed"]).most_common()
     total = max(sum(n for _, n in ranked), 1)
     rows = [[reason, n, f"{n / total:.1%}", round(bytes_by_reason[reason] / MB, 3)] for reason, n in ranked]
-    chart = bar_chart("Documents removed per reason", Bars([r for r, _ in ranked[:20]], {"documents": [float(n) for _, n in ranked[:20]]}), "documents")
+    chart = bar_chart(
+        "Documents removed per reason",
+        Bars([r for r, _ in ranked[:20]], {"documents": [float(n) for _, n in ranked[:20]]}),
+        "documents",
+    )
     shown = []
     for reason, entry in examples:
-        measured = "" if entry.get("value") is None else f"{entry['value']:.4g}" + ("" if entry.get("threshold") is None else f" (limit {entry['threshold']:.4g})")
-        shown.append([reason, entry["id"], entry["source"], measured or entry.get("note") or "", details("text (PII redacted)", pre(hooks.redact(entry.get("text", ""))[:EXAMPLE_CHARS])), explain_html(explained, entry["id"], run.name)])
+        measured = (
+            ""
+            if entry.get("value") is None
+            else f"{entry['value']:.4g}"
+            + ("" if entry.get("threshold") is None else f" (limit {entry['threshold']:.4g})")
+        )
+        shown.append(
+            [
+                reason,
+                entry["id"],
+                entry["source"],
+                measured or entry.get("note") or "",
+                details("text (PII redacted)", pre(hooks.redact(entry.get("text", ""))[:EXAMPLE_CHARS])),
+                explain_html(explained, entry["id"], run.name),
+            ]
+        )
     body = (
-        (chart + table(["reason", "documents", "share of removed", "MB"], rows) if ranked else para("No document was removed."))
+        (
+            chart + table(["reason", "documents", "share of removed", "MB"], rows)
+            if ranked
+            else para("No document was removed.")
+        )
         + "<h3>Examples</h3>"
-        + (table(["reason", "id", "source", "measured", "text", "explain"], shown, raw=(4, 5)) if shown else para("No removed document was sampled (curate.sample_size is 0, or nothing was removed).", "note"))
+        + (
+            table(["reason", "id", "source", "measured", "text", "explain"], shown, raw=(4, 5))
+            if shown
+            else para("No removed document was sampled (curate.sample_size is 0, or nothing was removed).", "note")
+        )
     )
     return Section("removals", body)
 
@@ -141,18 +215,38 @@ def largest_clusters(stage: Path) -> tuple[Counter[int], dict[int, list[dict[str
         return Counter(), {}
     clusters = pq.read_table(path)
     sizes = Counter(clusters["cluster"].to_pylist())
-    return sizes, {c: clusters.filter(pc.equal(clusters["cluster"], c)).to_pylist()[:CLUSTER_MEMBERS] for c, _ in sizes.most_common(LARGEST_CLUSTERS)}
+    return sizes, {
+        c: clusters.filter(pc.equal(clusters["cluster"], c)).to_pylist()[:CLUSTER_MEMBERS]
+        for c, _ in sizes.most_common(LARGEST_CLUSTERS)
+    }
 
 
-def duplicates(stage: Path, manifest: dict[str, Any], by_cluster: Counter[int], largest: dict[int, list[dict[str, Any]]], explained: dict[str, str], hooks: Hooks, run_name: str) -> Section:
+def duplicates(
+    stage: Path,
+    manifest: dict[str, Any],
+    by_cluster: Counter[int],
+    largest: dict[int, list[dict[str, Any]]],
+    explained: dict[str, str],
+    hooks: Hooks,
+    run_name: str,
+) -> Section:
     counts = manifest["counts"]
     exact = counts["removed"].get("exact_dedup:duplicate", 0)
     minhash = counts.get("minhash") or {}
-    intro = para(f"Exact duplicates removed: {exact:,}. Near-duplicate (MinHash) clusters: {minhash.get('clusters', 0):,} holding {minhash.get('clustered_docs', 0):,} documents; {minhash.get('candidates', 0):,} candidate pairs, {minhash.get('verified', 0):,} verified, {minhash.get('rejected', 0):,} rejected by the Jaccard check.")
+    intro = para(
+        f"Exact duplicates removed: {exact:,}. Near-duplicate (MinHash) clusters: {minhash.get('clusters', 0):,} "
+        f"holding {minhash.get('clustered_docs', 0):,} documents; {minhash.get('candidates', 0):,} candidate "
+        f"pairs, {minhash.get('verified', 0):,} verified, {minhash.get('rejected', 0):,} rejected by the Jaccard "
+        "check."
+    )
     if not largest:
         return Section("duplicates", intro + para("No near-duplicate cluster was found.", "note"))
     sizes = Counter(by_cluster.values())
-    hist = bar_chart("Clusters by size", Bars([f"{size} documents" for size in sorted(sizes)], {"clusters": [float(sizes[s]) for s in sorted(sizes)]}), "clusters")
+    hist = bar_chart(
+        "Clusters by size",
+        Bars([f"{size} documents" for size in sorted(sizes)], {"clusters": [float(sizes[s]) for s in sorted(sizes)]}),
+        "clusters",
+    )
     texts = removed_texts(stage) | kept_texts(stage, {m["id"] for ms in largest.values() for m in ms if m["kept"]})
     columns = []
     for c, members in largest.items():
@@ -160,9 +254,19 @@ def duplicates(stage: Path, manifest: dict[str, Any], by_cluster: Counter[int], 
         for m in members:
             text = texts.get(m["id"])
             label = f"{'kept' if m['kept'] else 'removed'} {m['id']} (Jaccard to kept {m['jaccard_to_kept']:.3f})"
-            cells.append(para(label) + (pre(hooks.redact(text)[:EXAMPLE_CHARS]) if text else para("text not in the audit samples", "note")) + explain_html(explained, m["id"], run_name))
+            cells.append(
+                para(label)
+                + (pre(hooks.redact(text)[:EXAMPLE_CHARS]) if text else para("text not in the audit samples", "note"))
+                + explain_html(explained, m["id"], run_name)
+            )
         columns.append(f"<div><h4>cluster {c}: {by_cluster[c]:,} documents</h4>{''.join(cells)}</div>")
-    return Section("duplicates", intro + hist + f"<h3>Largest clusters (up to {CLUSTER_MEMBERS} members each)</h3>" + f'<div class="side">{"".join(columns)}</div>')
+    return Section(
+        "duplicates",
+        intro
+        + hist
+        + f"<h3>Largest clusters (up to {CLUSTER_MEMBERS} members each)</h3>"
+        + f'<div class="side">{"".join(columns)}</div>',
+    )
 
 
 def removed_texts(stage: Path) -> dict[str, str]:
@@ -200,30 +304,81 @@ def languages(stage: Path, manifest: dict[str, Any]) -> Section:
     if path.is_file():
         table_ = pq.read_table(path, columns=["step", "note"])
         for note in table_.filter(pc.equal(table_["step"], "language"))["note"].to_pylist():
-            removed[(note or "").removeprefix("detected ").split(";")[0] or "unknown"] += 1  # "detected fr; allowed en" -> fr
-    chart = bar_chart("Kept documents per language", Bars([lang for lang, _ in overall.most_common(20)], {"documents": [float(n) for _, n in overall.most_common(20)]}), "documents")
+            removed[(note or "").removeprefix("detected ").split(";")[0] or "unknown"] += (
+                1  # "detected fr; allowed en" -> fr
+            )
+    chart = bar_chart(
+        "Kept documents per language",
+        Bars(
+            [lang for lang, _ in overall.most_common(20)], {"documents": [float(n) for _, n in overall.most_common(20)]}
+        ),
+        "documents",
+    )
     body = (
-        (chart if overall else para("No kept document carries a language (the language step did not run on them, as for code).", "note"))
-        + table(["source", "kept documents", "by language (lid.176)", "not identified (code, or language step off)"], rows)
-        + (table(["language detected in documents the language step removed", "documents"], [[k, n] for k, n in removed.most_common()]) if removed else para("The language step removed no document.", "note"))
+        (
+            chart
+            if overall
+            else para(
+                "No kept document carries a language (the language step did not run on them, as for code).", "note"
+            )
+        )
+        + table(
+            ["source", "kept documents", "by language (lid.176)", "not identified (code, or language step off)"], rows
+        )
+        + (
+            table(
+                ["language detected in documents the language step removed", "documents"],
+                [[k, n] for k, n in removed.most_common()],
+            )
+            if removed
+            else para("The language step removed no document.", "note")
+        )
     )
     return Section("languages", body)
 
 
-def decontamination(run_name: str, manifest: dict[str, Any], report: dict[str, Any] | None, explained: dict[str, str]) -> Section:
+def decontamination(
+    run_name: str, manifest: dict[str, Any], report: dict[str, Any] | None, explained: dict[str, str]
+) -> Section:
     cfg = manifest.get("config", {}).get("curate", {}).get("decontaminate", {})
     if report is None:
-        why = "no evaluation sets were given (curate.decontaminate.eval_sets, or --decontaminate FILE)" if cfg.get("enabled", True) else "the step is off (curate.decontaminate.enabled)"
+        why = (
+            "no evaluation sets were given (curate.decontaminate.eval_sets, or --decontaminate FILE)"
+            if cfg.get("enabled", True)
+            else "the step is off (curate.decontaminate.enabled)"
+        )
         return Section("decontamination", para(f"Not run: {why}."))
     rows, found_rows = [], []
     for name, s in report["sets"].items():
-        rows.append([name, s["items"], s["items_too_short"], "n/a (bloom)" if s["items_found"] is None else s["items_found"], s["documents_found"]])
+        rows.append(
+            [
+                name,
+                s["items"],
+                s["items_too_short"],
+                "n/a (bloom)" if s["items_found"] is None else s["items_found"],
+                s["documents_found"],
+            ]
+        )
         for item, docs in list(s.get("found", {}).items())[:DECONTAMINATION_ROWS]:
             holders = "".join(para(d["id"]) + explain_html(explained, d["id"], run_name) for d in docs[:HOLDERS_SHOWN])
-            found_rows.append([name, item, holders + (para(f"and {len(docs) - HOLDERS_SHOWN} more", "note") if len(docs) > HOLDERS_SHOWN else "")])
+            found_rows.append(
+                [
+                    name,
+                    item,
+                    holders
+                    + (para(f"and {len(docs) - HOLDERS_SHOWN} more", "note") if len(docs) > HOLDERS_SHOWN else ""),
+                ]
+            )
     body = (
-        para(f"{report['ngram']}-gram overlap, {report['mode']} mode; matching documents {'removed' if report['action'] == 'remove' else 'flagged'}.")
+        para(
+            f"{report['ngram']}-gram overlap, {report['mode']} mode; matching documents "
+            f"{'removed' if report['action'] == 'remove' else 'flagged'}."
+        )
         + table(["evaluation set", "items", "items too short", "items found", "training documents"], rows)
-        + (table(["set", "item (line of the set)", "training documents holding it"], found_rows, raw=(2,)) if found_rows else para("No evaluation item was found in the training data.", "note"))
+        + (
+            table(["set", "item (line of the set)", "training documents holding it"], found_rows, raw=(2,))
+            if found_rows
+            else para("No evaluation item was found in the training data.", "note")
+        )
     )
     return Section("decontamination", body)

@@ -21,13 +21,16 @@ STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
 header{background:#263238;color:#fff;padding:12px 24px}header h1{margin:0;font-size:20px}
 nav{padding:6px 24px;background:#eceff1;position:sticky;top:0;z-index:1}nav a{margin-right:12px;color:#1a4d7a}
-main{padding:0 24px 48px;max-width:1100px}section{margin-top:28px}h2{border-bottom:1px solid #ccc;padding-bottom:4px}
-table{border-collapse:collapse;margin:8px 0;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+main{padding:0 24px 48px;max-width:1100px}section{margin-top:28px}
+h2{border-bottom:1px solid #ccc;padding-bottom:4px}
+table{border-collapse:collapse;margin:8px 0;font-size:13px}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#f0f0f0}td.num{text-align:right;font-variant-numeric:tabular-nums}
 pre{background:#f4f4f4;padding:8px;overflow:auto;max-height:320px;white-space:pre-wrap;word-break:break-word}
 .note{color:#666}.missing{color:#8a6d3b;background:#fcf8e3;padding:6px 10px}
 .chart{display:block;margin:8px 0;background:#fff;max-width:100%;height:auto}.chart .plot{fill:none;stroke:#999}
-.chart .grid{stroke:#eee}.chart .tick,.chart .legend{font-size:10px;fill:#444}.chart .axis{font-size:11px;fill:#222}.chart .title{font-size:12px;font-weight:600}
+.chart .grid{stroke:#eee}.chart .tick,.chart .legend{font-size:10px;fill:#444}.chart .axis{font-size:11px;fill:#222}
+.chart .title{font-size:12px;font-weight:600}
 .pager button{margin:0 4px}.side{display:flex;gap:12px}.side>div{flex:1;min-width:0}
 """
 
@@ -38,7 +41,8 @@ document.querySelectorAll('table[data-page]').forEach(function (table) {
   if (rows.length <= size) return;
   var page = 0, pages = Math.ceil(rows.length / size), bar = document.createElement('div');
   bar.className = 'pager';
-  var prev = document.createElement('button'), next = document.createElement('button'), label = document.createElement('span');
+  var prev = document.createElement('button'), next = document.createElement('button');
+  var label = document.createElement('span');
   prev.textContent = 'previous'; next.textContent = 'next';
   function show() {
     rows.forEach(function (row, i) { row.style.display = Math.floor(i / size) === page ? '' : 'none'; });
@@ -56,9 +60,18 @@ document.querySelectorAll('table[data-page]').forEach(function (table) {
 
 # Every section of the page, in page order: id -> title (spelled here only).
 TITLES = {
-    "lineage": "Recipe and lineage", "funnel": "Curation funnel", "removals": "Removal reasons", "duplicates": "Duplicate clusters",
-    "languages": "Language mix", "decontamination": "Decontamination", "tokenizer": "Tokenizer", "mixture": "Realized mixture",
-    "training": "Training curves", "evaluation": "Evaluation", "samples": "Generated samples", "throughput": "Planned and measured",
+    "lineage": "Recipe and lineage",
+    "funnel": "Curation funnel",
+    "removals": "Removal reasons",
+    "duplicates": "Duplicate clusters",
+    "languages": "Language mix",
+    "decontamination": "Decontamination",
+    "tokenizer": "Tokenizer",
+    "mixture": "Realized mixture",
+    "training": "Training curves",
+    "evaluation": "Evaluation",
+    "samples": "Generated samples",
+    "throughput": "Planned and measured",
 }
 
 
@@ -78,7 +91,7 @@ def missing(what: str) -> str:
 
 
 def para(text: str, cls: str = "") -> str:
-    return f'<p{f" class={cls!r}" if cls else ""}>{escape(text)}</p>'
+    return f"<p{f' class={cls!r}' if cls else ''}>{escape(text)}</p>"
 
 
 def pre(text: str) -> str:
@@ -91,7 +104,11 @@ def cell(value: object) -> str:
     if isinstance(value, int):
         return f'<td class="num">{value:,}</td>'
     if isinstance(value, float):
-        return f'<td class="num">{value:,.4g}</td>' if abs(value) >= 1e-3 or value == 0 else f'<td class="num">{value:.3e}</td>'
+        return (
+            f'<td class="num">{value:,.4g}</td>'
+            if abs(value) >= 1e-3 or value == 0
+            else f'<td class="num">{value:.3e}</td>'
+        )
     return f"<td>{escape(str(value))}</td>"
 
 
@@ -99,7 +116,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], raw: Sequenc
     """A table; columns listed in `raw` hold HTML made by this module (a <details>), the rest is escaped.
     Past PAGE_ROWS rows the page script splits it into pages."""
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{v}</td>" if i in raw else cell(v) for i, v in enumerate(row)) + "</tr>" for row in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{v}</td>" if i in raw else cell(v) for i, v in enumerate(row)) + "</tr>" for row in rows
+    )
     return f'<table data-page="{PAGE_ROWS}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -109,9 +128,12 @@ def details(summary: str, body_html: str) -> str:
 
 def page(title: str, subtitle: str, sections: Sequence[Section]) -> str:
     nav = "".join(f'<a href="#{s.id}">{escape(s.title)}</a>' for s in sections)
-    body = "".join(f'<section id="{s.id}" data-section="{s.id}"><h2>{escape(s.title)}</h2>{s.body}</section>' for s in sections)
+    body = "".join(
+        f'<section id="{s.id}" data-section="{s.id}"><h2>{escape(s.title)}</h2>{s.body}</section>' for s in sections
+    )
     return (
-        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
+        'content="width=device-width, initial-scale=1">'
         f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>"
         f"<header><h1>{escape(title)}</h1><div>{escape(subtitle)}</div></header><nav>{nav}</nav><main>{body}</main>"
         f"<script>{SCRIPT}</script></body></html>\n"

@@ -35,7 +35,14 @@ def lineage(run: RunFiles, order: tuple[str, ...] = ()) -> Section:
     """The resolved recipe, a row per stage (finished or not) in the run's stage order, where the
     model comes from, and curate's raw inputs."""
     recipe = run.root / "recipe.yaml"
-    parts = [details("recipe.yaml (the resolved recipe of the last stage run)", pre(recipe.read_text(encoding="utf-8", errors="replace"))) if recipe.is_file() else para("No recipe.yaml in the run directory yet.", "missing")]
+    parts = [
+        details(
+            "recipe.yaml (the resolved recipe of the last stage run)",
+            pre(recipe.read_text(encoding="utf-8", errors="replace")),
+        )
+        if recipe.is_file()
+        else para("No recipe.yaml in the run directory yet.", "missing")
+    ]
     rows = []
     for stage in in_stage_order(run.manifests.keys() | run.running.keys(), order):
         m = run.manifests.get(stage)
@@ -43,16 +50,43 @@ def lineage(run: RunFiles, order: tuple[str, ...] = ()) -> Section:
             rows.append([stage, run.state(stage), "", "", "", None, ""])
             continue
         inputs = m.get("inputs", [])
-        rows.append([stage, f"finished; a new attempt is {run.state(stage)}" if stage in run.running else "finished", short(m.get("fingerprint")), ", ".join(f"{u} {short(f)}" for u, f in m.get("upstream", {}).items()),
-                     f"{len(inputs):,} files, {sum(i.get('bytes', 0) for i in inputs) / MB:,.1f} MB", m.get("wall_seconds"), m.get("finished_at", "")])
-    parts.append(table(["stage", "state", "fingerprint", "upstream", "inputs", "wall s", "finished"], rows) if rows else missing("No stage has run in this directory yet."))
+        rows.append(
+            [
+                stage,
+                f"finished; a new attempt is {run.state(stage)}" if stage in run.running else "finished",
+                short(m.get("fingerprint")),
+                ", ".join(f"{u} {short(f)}" for u, f in m.get("upstream", {}).items()),
+                f"{len(inputs):,} files, {sum(i.get('bytes', 0) for i in inputs) / MB:,.1f} MB",
+                m.get("wall_seconds"),
+                m.get("finished_at", ""),
+            ]
+        )
+    parts.append(
+        table(["stage", "state", "fingerprint", "upstream", "inputs", "wall s", "finished"], rows)
+        if rows
+        else missing("No stage has run in this directory yet.")
+    )
     model = next((s for s in (EXPORT, TRAIN) if s in run.manifests), None)
     if model:
         parts.append("<h3>Where the model comes from</h3>" + pre("\n".join(trace(run, model))))
     if curate := run.manifests.get("curate"):
         inputs = curate.get("inputs", [])
         listed = [[i["path"], i.get("bytes"), short(i.get("sha256"))] for i in inputs[:INPUTS_SHOWN]]
-        parts.append("<h3>Raw inputs of curation</h3>" + table(["file", "bytes", "sha256"], listed) + (para(f"... and {len(inputs) - INPUTS_SHOWN:,} more files, each with its size and sha256 in curate/manifest.json.", "note") if len(inputs) > INPUTS_SHOWN else ""))
+        parts.append(
+            "<h3>Raw inputs of curation</h3>"
+            + table(["file", "bytes", "sha256"], listed)
+            + (
+                para(
+                    (
+                        f"... and {len(inputs) - INPUTS_SHOWN:,} more files, each with its size and sha256 in "
+                        "curate/manifest.json."
+                    ),
+                    "note",
+                )
+                if len(inputs) > INPUTS_SHOWN
+                else ""
+            )
+        )
     if run.problems:
         parts.append(para("Unreadable files: " + "; ".join(run.problems), "missing"))
     return Section("lineage", "".join(parts))
@@ -68,7 +102,9 @@ def trace(run: RunFiles, stage: str, depth: int = 0, shown: set[str] | None = No
     if stage in shown:
         return [f"{line}  (above)"]
     shown.add(stage)
-    lines = [f"{line}  ({len(m.get('inputs', []))} inputs, config {short(m.get('config_hash'))}, {m.get('finished_at', '')})"]
+    lines = [
+        f"{line}  ({len(m.get('inputs', []))} inputs, config {short(m.get('config_hash'))}, {m.get('finished_at', '')})"
+    ]
     for upstream, recorded in m.get("upstream", {}).items():
         now = run.manifests.get(upstream, {}).get("fingerprint")
         if now and now != recorded:
@@ -87,21 +123,39 @@ def tokenizer(run: RunFiles) -> Section:
 
     def row(name: str, r: dict[str, Any]) -> list[object]:
         split = r.get("split_word_fraction")
-        return [name, r["docs"], r["bytes_per_token"], r["tokens_per_word"], r["fertility"], "" if split is None else f"{split:.1%}"]  # None: no words (e.g. only symbols)
+        return [
+            name,
+            r["docs"],
+            r["bytes_per_token"],
+            r["tokens_per_word"],
+            r["fertility"],
+            "" if split is None else f"{split:.1%}",
+        ]  # None: no words (e.g. only symbols)
 
-    body = para(f"Byte-level BPE, vocabulary {held['vocab_size']:,} ({held['special_tokens']} special tokens, {held['merges']:,} merges), trained on {report['sample_docs']:,} documents ({report['sample_bytes'] / MB:,.1f} MB) in {report['train_seconds']} s; measured on held-out documents.")
-    body += "<h3>Per source</h3>" + table(headers, [row("all", held["all"]), *(row(s, r) for s, r in held["per_source"].items())])
+    body = para(
+        f"Byte-level BPE, vocabulary {held['vocab_size']:,} ({held['special_tokens']} special tokens, "
+        f"{held['merges']:,} merges), trained on {report['sample_docs']:,} documents "
+        f"({report['sample_bytes'] / MB:,.1f} MB) in {report['train_seconds']} s; measured on held-out documents."
+    )
+    body += "<h3>Per source</h3>" + table(
+        headers, [row("all", held["all"]), *(row(s, r) for s, r in held["per_source"].items())]
+    )
     body += "<h3>Per language</h3>" + table(headers, [row(lang, r) for lang, r in held["per_language"].items()])
     if sweep := run.manifests.get(TOKENIZER_SWEEP):
         bpt = sweep["counts"]["bytes_per_token"]
-        body += "<h3>Vocabulary sweep</h3>" + table(["vocabulary", "bytes/token (held out)"], [[int(v), b] for v, b in bpt.items()])
+        body += "<h3>Vocabulary sweep</h3>" + table(
+            ["vocabulary", "bytes/token (held out)"], [[int(v), b] for v, b in bpt.items()]
+        )
     return Section("tokenizer", body)
 
 
 def evaluation(run: RunFiles) -> Section:
     m = run.manifests.get(EVAL)
     if m is None:
-        return Section("evaluation", missing(f"Evaluation is {run.state(EVAL)}." if EVAL in run.running else "No evaluation yet (kiln eval)."))
+        return Section(
+            "evaluation",
+            missing(f"Evaluation is {run.state(EVAL)}." if EVAL in run.running else "No evaluation yet (kiln eval)."),
+        )
     counts = m["counts"]
     parts = []
     if after := counts.get("after"):
@@ -109,12 +163,41 @@ def evaluation(run: RunFiles) -> Section:
         rows = []
         for source, r in [*after["sources"].items(), ("all", after["all"])]:
             b = before.get("sources", {}).get(source) if source != "all" else before.get("all")
-            rows.append([source, b["loss"] if b else None, r["loss"], b["bpb"] if b else None, r["bpb"], r.get("tokens")])
-        parts.append(table(["source", "loss before (untrained)", "loss after", "bits/byte before", "bits/byte after", "tokens scored"], rows))
+            rows.append(
+                [source, b["loss"] if b else None, r["loss"], b["bpb"] if b else None, r["bpb"], r.get("tokens")]
+            )
+        parts.append(
+            table(
+                [
+                    "source",
+                    "loss before (untrained)",
+                    "loss after",
+                    "bits/byte before",
+                    "bits/byte after",
+                    "tokens scored",
+                ],
+                rows,
+            )
+        )
     if data := counts.get("data"):
-        parts.append("<h3>Other files</h3>" + table(["file or source", "loss", "bits/byte", "tokens"], [[name, r.get("loss"), r.get("bpb"), r.get("tokens")] for name, r in data.items()]))
+        parts.append(
+            "<h3>Other files</h3>"
+            + table(
+                ["file or source", "loss", "bits/byte", "tokens"],
+                [[name, r.get("loss"), r.get("bpb"), r.get("tokens")] for name, r in data.items()],
+            )
+        )
     if tasks := counts.get("tasks"):
-        parts.append("<h3>Multiple choice (zero-shot)</h3>" + table(["task", "items", "accuracy", "acc (char-normalized)", "acc (token-normalized)", "stderr of accuracy"], [[n, r["items"], r["acc"], r["acc_norm_char"], r["acc_norm_token"], r["stderr"]["acc"]] for n, r in tasks.items()]))
+        parts.append(
+            "<h3>Multiple choice (zero-shot)</h3>"
+            + table(
+                ["task", "items", "accuracy", "acc (char-normalized)", "acc (token-normalized)", "stderr of accuracy"],
+                [
+                    [n, r["items"], r["acc"], r["acc_norm_char"], r["acc_norm_token"], r["stderr"]["acc"]]
+                    for n, r in tasks.items()
+                ],
+            )
+        )
     else:
         parts.append(para("No multiple-choice task was run (eval.tasks, or kiln eval --task FILE).", "note"))
     return Section("evaluation", "".join(parts))
@@ -124,14 +207,28 @@ def samples(run: RunFiles, probes: list[dict[str, Any]]) -> Section:
     parts = []
     if m := run.manifests.get(GENERATE):
         c = m["counts"]
-        parts.append(para(f"{c['new_tokens']:,} new tokens at {c['tokens_per_s']:,} tokens/s for {c['prompts']} prompt(s)."))
+        parts.append(
+            para(f"{c['new_tokens']:,} new tokens at {c['tokens_per_s']:,} tokens/s for {c['prompts']} prompt(s).")
+        )
         path = run.stage_dir(GENERATE) / "samples.jsonl"
-        records = [r for line in (path.read_text(encoding="utf-8").splitlines()[:SAMPLES_SHOWN] if path.is_file() else []) if (r := json_line(line)) is not None]
+        records = [
+            r
+            for line in (path.read_text(encoding="utf-8").splitlines()[:SAMPLES_SHOWN] if path.is_file() else [])
+            if (r := json_line(line)) is not None
+        ]
         if records:
-            parts.append(table(["prompt", "completion", "new tokens", "finish"], [[r["prompt"], r["completion"], r["new_tokens"], r["finish_reason"]] for r in records]))
+            parts.append(
+                table(
+                    ["prompt", "completion", "new tokens", "finish"],
+                    [[r["prompt"], r["completion"], r["new_tokens"], r["finish_reason"]] for r in records],
+                )
+            )
         else:
             parts.append(pre(c["sample"]))
     if probes:
         last = probes[-1]
-        parts.append(f"<h3>Probe set at step {last['step']:,}</h3>" + table(["prompt", "completion"], [[g["prompt"], g["completion"]] for g in last.get("generations", [])]))
+        parts.append(
+            f"<h3>Probe set at step {last['step']:,}</h3>"
+            + table(["prompt", "completion"], [[g["prompt"], g["completion"]] for g in last.get("generations", [])])
+        )
     return Section("samples", "".join(parts) or missing("No generation yet (kiln generate, or train.probe_every)."))

@@ -35,7 +35,9 @@ class RunFiles:
     root: Path
     manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
     running: dict[str, Path] = field(default_factory=dict)  # stage -> its .partial folder (an attempt not finished)
-    stopped: set[str] = field(default_factory=set)  # of those, the ones no process holds (<stage>.lock is gone): interrupted
+    stopped: set[str] = field(
+        default_factory=set
+    )  # of those, the ones no process holds (<stage>.lock is gone): interrupted
     problems: list[str] = field(default_factory=list)
 
     @property

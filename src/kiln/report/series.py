@@ -21,7 +21,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-STEP_FIELDS = ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "data_wait_s", "peak_memory_mb", "seq_len", "tokens", "elapsed_s")
+STEP_FIELDS = (
+    "loss",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "mfu",
+    "data_wait_s",
+    "peak_memory_mb",
+    "seq_len",
+    "tokens",
+    "elapsed_s",
+)
 # Points a chart keeps per series: min and max per bucket, so twice the buckets at most.
 CHART_BUCKETS = 400
 # Step lines whose per-source losses are read (evenly spaced); the rest of each line is read in full.
@@ -67,11 +78,19 @@ def read_metrics(path: Path) -> TrainMetrics:
     data = path.read_bytes()  # once: a growing file must not change between the readings
     schema = pa.schema([("step", pa.int64()), *((name, pa.float64()) for name in STEP_FIELDS)])
     try:
-        columns = pa_json.read_json(pa.BufferReader(data), parse_options=pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"))
+        columns = pa_json.read_json(
+            pa.BufferReader(data),
+            parse_options=pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+        )
     except pa.ArrowInvalid:
         return read_slowly(path)
     steps_only = columns.filter(pc.and_(pc.is_valid(columns["loss"]), pc.is_valid(columns["step"])))
-    metrics = TrainMetrics(steps_only["step"].to_numpy(), {name: steps_only[name].to_numpy(zero_copy_only=False).astype(np.float64) for name in STEP_FIELDS}, {}, {})
+    metrics = TrainMetrics(
+        steps_only["step"].to_numpy(),
+        {name: steps_only[name].to_numpy(zero_copy_only=False).astype(np.float64) for name in STEP_FIELDS},
+        {},
+        {},
+    )
     by_source: Points = {}
     val: Points = {}
     lines = data.split(b"\n")
@@ -82,7 +101,11 @@ def read_metrics(path: Path) -> TrainMetrics:
             add_other(metrics, json.loads(lines[i]), val)
         except (ValueError, KeyError, TypeError, AttributeError):
             metrics.bad_lines.append(i + 1)  # valid JSON (pyarrow read it), but not a record the trainer writes
-    sampled = range(len(lines)) if len(lines) <= SOURCE_SAMPLES else sorted({i * len(lines) // SOURCE_SAMPLES for i in range(SOURCE_SAMPLES)})
+    sampled = (
+        range(len(lines))
+        if len(lines) <= SOURCE_SAMPLES
+        else sorted({i * len(lines) // SOURCE_SAMPLES for i in range(SOURCE_SAMPLES)})
+    )
     for i in sampled:
         if lines[i].find(b'"loss": ', 0, 40) < 0:
             continue  # not a step line (evenly spaced lines land on an evaluation line now and then)
@@ -93,13 +116,15 @@ def read_metrics(path: Path) -> TrainMetrics:
     return metrics
 
 
-
 def add_other(metrics: TrainMetrics, record: dict[str, Any], val: Points) -> None:
     """An evaluation, rollback, mixture-window or probe line into `metrics` (validation losses into `val`)."""
     step = int(record["step"])
     if "eval" in record:
         results = record["eval"]
-        named = {**{s: r["loss"] for s, r in results.get("sources", {}).items()}, "all": results.get("all", {}).get("loss")}
+        named = {
+            **{s: r["loss"] for s, r in results.get("sources", {}).items()},
+            "all": results.get("all", {}).get("loss"),
+        }
         if "objective" in results:
             named["objective"] = results["objective"]["loss"]
         for source, value in named.items():

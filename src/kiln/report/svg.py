@@ -61,7 +61,12 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
 
 def log_ticks(low: float, high: float) -> list[float]:
     """Ticks for a log axis spanning 10^low to 10^high: 1, 2, 5 x 10^k, or only the powers of ten past 8 ticks."""
-    ticks = [m * 10.0**k for k in range(math.floor(low), math.ceil(high) + 1) for m in (1, 2, 5) if low <= math.log10(m * 10.0**k) <= high]
+    ticks = [
+        m * 10.0**k
+        for k in range(math.floor(low), math.ceil(high) + 1)
+        for m in (1, 2, 5)
+        if low <= math.log10(m * 10.0**k) <= high
+    ]
     return [t for t in ticks if math.log10(t).is_integer()] if len(ticks) > 8 else ticks
 
 
@@ -90,11 +95,19 @@ def fmt(value: float) -> str:
     return f"{value:.4g}"
 
 
-def line_chart(title: str, series: Sequence[Series], x_label: str, y_label: str, markers: Sequence[Marker] = (), log_y: bool = False) -> str:
+def line_chart(
+    title: str,
+    series: Sequence[Series],
+    x_label: str,
+    y_label: str,
+    markers: Sequence[Marker] = (),
+    log_y: bool = False,
+) -> str:
     """An SVG line chart; an empty string when no series has a point (the caller says why)."""
     drawn = [s for s in series if len(s.x)]
     if not drawn:
         return ""
+
     def visible(y: float) -> bool:  # a log axis has no place for 0 or below
         return math.isfinite(y) and (y > 0 or not log_y)
 
@@ -124,10 +137,18 @@ def line_chart(title: str, series: Sequence[Series], x_label: str, y_label: str,
 
     parts = [_frame(title, x_label, y_label)]
     for tick in nice_ticks(x0, x1):
-        parts.append(f'<line class="grid" x1="{px(tick):.1f}" x2="{px(tick):.1f}" y1="{MARGIN_TOP}" y2="{MARGIN_TOP + plot_h}"/><text class="tick" x="{px(tick):.1f}" y="{HEIGHT - MARGIN_BOTTOM + 14}" text-anchor="middle">{fmt(tick)}</text>')
+        parts.append(
+            f'<line class="grid" x1="{px(tick):.1f}" x2="{px(tick):.1f}" y1="{MARGIN_TOP}" '
+            f'y2="{MARGIN_TOP + plot_h}"/><text class="tick" x="{px(tick):.1f}" y="{HEIGHT - MARGIN_BOTTOM + 14}" '
+            f'text-anchor="middle">{fmt(tick)}</text>'
+        )
     y_ticks = log_ticks(y0, y1) if log_y else nice_ticks(y0, y1)
     for tick, label in zip(y_ticks, tick_labels(y_ticks), strict=True):
-        parts.append(f'<line class="grid" x1="{MARGIN_LEFT}" x2="{MARGIN_LEFT + plot_w}" y1="{py(tick):.1f}" y2="{py(tick):.1f}"/><text class="tick" x="{MARGIN_LEFT - 4}" y="{py(tick) + 4:.1f}" text-anchor="end">{label}</text>')
+        parts.append(
+            f'<line class="grid" x1="{MARGIN_LEFT}" x2="{MARGIN_LEFT + plot_w}" y1="{py(tick):.1f}" '
+            f'y2="{py(tick):.1f}"/><text class="tick" x="{MARGIN_LEFT - 4}" y="{py(tick) + 4:.1f}" '
+            f'text-anchor="end">{label}</text>'
+        )
     for i, s in enumerate(drawn):
         colour = PALETTE[i % len(PALETTE)]
         shown = [(px(x), py(y)) for x, y in zip(s.x, s.y, strict=True) if visible(y)]
@@ -136,14 +157,24 @@ def line_chart(title: str, series: Sequence[Series], x_label: str, y_label: str,
         points = " ".join(f"{x:.1f},{y:.1f}" for x, y in shown)
         dash = ' stroke-dasharray="5 3"' if s.dashed else ""
         if len(shown) == 1:  # one point draws no line: show it as a dot
-            parts.append(f'<circle class="series" cx="{shown[0][0]:.1f}" cy="{shown[0][1]:.1f}" r="3" fill="{colour}"><title>{escape(s.name)}</title></circle>')
+            parts.append(
+                f'<circle class="series" cx="{shown[0][0]:.1f}" cy="{shown[0][1]:.1f}" r="3" '
+                f'fill="{colour}"><title>{escape(s.name)}</title></circle>'
+            )
         else:
-            parts.append(f'<polyline class="series" fill="none" stroke="{colour}" stroke-width="1.5"{dash} points="{points}"><title>{escape(s.name)}</title></polyline>')
+            parts.append(
+                f'<polyline class="series" fill="none" stroke="{colour}" stroke-width="1.5"{dash} '
+                f'points="{points}"><title>{escape(s.name)}</title></polyline>'
+            )
             if len(shown) <= FEW_POINTS:  # a line through a few measurements (evaluations) shows where they are
                 parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{colour}"/>' for x, y in shown]
     for m in markers:
         if x0 <= m.x <= x1:
-            parts.append(f'<line class="marker" x1="{px(m.x):.1f}" x2="{px(m.x):.1f}" y1="{MARGIN_TOP}" y2="{MARGIN_TOP + plot_h}" stroke="{m.colour}" stroke-width="1.5"><title>{escape(m.label)}</title></line>')
+            parts.append(
+                f'<line class="marker" x1="{px(m.x):.1f}" x2="{px(m.x):.1f}" y1="{MARGIN_TOP}" '
+                f'y2="{MARGIN_TOP + plot_h}" stroke="{m.colour}" '
+                f'stroke-width="1.5"><title>{escape(m.label)}</title></line>'
+            )
     parts.append(_legend([(s.name, PALETTE[i % len(PALETTE)]) for i, s in enumerate(drawn)]))
     return _svg(title, "".join(parts))
 
@@ -161,16 +192,24 @@ def bar_chart(title: str, bars: Bars, value_label: str) -> str:
     parts = [f'<text class="title" x="{WIDTH / 2}" y="14" text-anchor="middle">{escape(title)}</text>']
     for r, label in enumerate(bars.labels):
         y = MARGIN_TOP + r * row_h
-        parts.append(f'<text class="tick" x="{label_w - 6}" y="{y + row_h / 2 + 3:.1f}" text-anchor="end">{escape(label)}</text>')
+        parts.append(
+            f'<text class="tick" x="{label_w - 6}" y="{y + row_h / 2 + 3:.1f}" text-anchor="end">{escape(label)}</text>'
+        )
         for i, name in enumerate(names):
             value = bars.values[name][r]
             if value is None:
                 continue
             w = max(value / top * plot_w, 0.5 if value else 0)
             colour = PALETTE[i % len(PALETTE)]
-            parts.append(f'<rect class="bar" x="{label_w}" y="{y + 3 + i * 10}" width="{w:.1f}" height="8" fill="{colour}"><title>{escape(name)} {escape(label)}: {value:,.6g}</title></rect>'
-                         f'<text class="tick" x="{label_w + w + 4:.1f}" y="{y + 10 + i * 10}">{fmt(value)}</text>')
-    parts.append(f'<text class="axis" x="{label_w + plot_w / 2:.1f}" y="{height - 8}" text-anchor="middle">{escape(value_label)}</text>')
+            parts.append(
+                f'<rect class="bar" x="{label_w}" y="{y + 3 + i * 10}" width="{w:.1f}" height="8" '
+                f'fill="{colour}"><title>{escape(name)} {escape(label)}: {value:,.6g}</title></rect>'
+                f'<text class="tick" x="{label_w + w + 4:.1f}" y="{y + 10 + i * 10}">{fmt(value)}</text>'
+            )
+    parts.append(
+        f'<text class="axis" x="{label_w + plot_w / 2:.1f}" y="{height - 8}" '
+        f'text-anchor="middle">{escape(value_label)}</text>'
+    )
     if len(names) > 1:
         parts.append(_legend([(n, PALETTE[i % len(PALETTE)]) for i, n in enumerate(names)], y=height - 22))
     return _svg(title, "".join(parts), height)
@@ -178,10 +217,15 @@ def bar_chart(title: str, bars: Bars, value_label: str) -> str:
 
 def _frame(title: str, x_label: str, y_label: str) -> str:
     plot_h = HEIGHT - MARGIN_TOP - MARGIN_BOTTOM
-    return (f'<text class="title" x="{WIDTH / 2}" y="14" text-anchor="middle">{escape(title)}</text>'
-            f'<rect class="plot" x="{MARGIN_LEFT}" y="{MARGIN_TOP}" width="{WIDTH - MARGIN_LEFT - MARGIN_RIGHT}" height="{plot_h}"/>'
-            f'<text class="axis" x="{MARGIN_LEFT + (WIDTH - MARGIN_LEFT - MARGIN_RIGHT) / 2}" y="{HEIGHT - 4}" text-anchor="middle">{escape(x_label)}</text>'
-            f'<text class="axis" transform="translate(12 {MARGIN_TOP + plot_h / 2}) rotate(-90)" text-anchor="middle">{escape(y_label)}</text>')
+    return (
+        f'<text class="title" x="{WIDTH / 2}" y="14" text-anchor="middle">{escape(title)}</text>'
+        f'<rect class="plot" x="{MARGIN_LEFT}" y="{MARGIN_TOP}" width="{WIDTH - MARGIN_LEFT - MARGIN_RIGHT}" '
+        f'height="{plot_h}"/>'
+        f'<text class="axis" x="{MARGIN_LEFT + (WIDTH - MARGIN_LEFT - MARGIN_RIGHT) / 2}" y="{HEIGHT - 4}" '
+        f'text-anchor="middle">{escape(x_label)}</text>'
+        f'<text class="axis" transform="translate(12 {MARGIN_TOP + plot_h / 2}) rotate(-90)" '
+        f'text-anchor="middle">{escape(y_label)}</text>'
+    )
 
 
 def _legend(entries: list[tuple[str, str]], y: float = MARGIN_TOP + 4) -> str:
@@ -193,10 +237,16 @@ def _legend(entries: list[tuple[str, str]], y: float = MARGIN_TOP + 4) -> str:
         if x + width > WIDTH - MARGIN_RIGHT - 60:  # what does not fit is named by its tooltip only
             parts.append(f'<text class="legend" x="{x}" y="{y + 5}">+{len(entries) - i} more</text>')
             break
-        parts.append(f'<rect x="{x}" y="{y}" width="10" height="3" fill="{colour}"/><text class="legend" x="{x + 13}" y="{y + 5}">{escape(name)}</text>')
+        parts.append(
+            f'<rect x="{x}" y="{y}" width="10" height="3" fill="{colour}"/><text class="legend" x="{x + 13}" '
+            f'y="{y + 5}">{escape(name)}</text>'
+        )
         x += width
     return "".join(parts)
 
 
 def _svg(title: str, body: str, height: int = HEIGHT) -> str:
-    return f'<svg class="chart" role="img" aria-label="{escape(title)}" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" xmlns="http://www.w3.org/2000/svg">{body}</svg>'
+    return (
+        f'<svg class="chart" role="img" aria-label="{escape(title)}" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" '
+        f'height="{height}" xmlns="http://www.w3.org/2000/svg">{body}</svg>'
+    )

@@ -1,1 +1,2 @@
-"""Text analysis shared by curation, quality models and the tokenizer: segments, shingles, language ID, code detection, and the tokenizer format."""
+"""Text analysis shared by curation, quality models and the tokenizer: segments, shingles, language ID, code detection,
+and the tokenizer format."""

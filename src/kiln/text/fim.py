@@ -41,7 +41,9 @@ def draw_cut(text: str, doc_id: str, seed: int, rate: float, spm_rate: float) ->
     return FimCut("spm" if spm < spm_rate else "psm", text[:lo], text[lo:hi], text[hi:])
 
 
-def fim_ids(cut: FimCut, encode: Callable[[str], list[int]], prefix_id: int, middle_id: int, suffix_id: int) -> list[int]:
+def fim_ids(
+    cut: FimCut, encode: Callable[[str], list[int]], prefix_id: int, middle_id: int, suffix_id: int
+) -> list[int]:
     """The ids of the rearranged document (without end-of-document)."""
     pre, mid, suf = encode(cut.prefix), encode(cut.middle), encode(cut.suffix)
     if cut.layout == "psm":

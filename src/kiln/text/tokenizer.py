@@ -36,7 +36,8 @@ from kiln.core.layout import TOKENIZER_META
 from kiln.text.specials import EOT, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, FIXED_SPECIALS, MASK, PAD
 
 SPLIT_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| "
+    r"?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 FORMAT, VERSION = "kiln-tokenizer", 2
 META_NAME = TOKENIZER_META  # beside tokenizer.json
@@ -83,7 +84,10 @@ class KilnTokenizer:
         vocab = hf.get_vocab()
         missing = [s for s in dict.fromkeys([*FIXED_SPECIALS, *specials]) if s not in vocab]
         if missing:
-            raise FatalError(f"{where}: special tokens {missing[:5]} are missing; it was not made by `kiln train-tokenizer`, retrain it")
+            raise FatalError(
+                f"{where}: special tokens {missing[:5]} are missing; it was not made by `kiln train-tokenizer`, "
+                "retrain it"
+            )
         self.specials = {s: vocab[s] for s in dict.fromkeys([*FIXED_SPECIALS, *specials])}
         ranks: dict[bytes, int] = {}
         for token, i in vocab.items():
@@ -91,12 +95,20 @@ class KilnTokenizer:
                 continue
             raw = token_to_bytes(token)
             if raw is None:
-                raise FatalError(f"{where}: token {token!r} (id {i}) is not byte-level BPE; kiln reads only tokenizers made by `kiln train-tokenizer`")
+                raise FatalError(
+                    f"{where}: token {token!r} (id {i}) is not byte-level BPE; kiln reads only tokenizers made by "
+                    "`kiln train-tokenizer`"
+                )
             ranks[raw] = i
         if len(ranks) + len(self.specials) != len(vocab) or any(bytes([b]) not in ranks for b in range(256)):
-            raise FatalError(f"{where}: the vocabulary lacks some of the 256 byte tokens or repeats a token; retrain it with `kiln train-tokenizer`")
+            raise FatalError(
+                f"{where}: the vocabulary lacks some of the 256 byte tokens or repeats a token; retrain it with "
+                "`kiln train-tokenizer`"
+            )
         # tiktoken builds its own regex and rank table from these; construction takes ~0.1 s per 32k tokens.
-        self.fast = tiktoken.Encoding(f"kiln-{len(vocab)}", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=self.specials)
+        self.fast = tiktoken.Encoding(
+            f"kiln-{len(vocab)}", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=self.specials
+        )
         self.eot_id, self.pad_id, self.mask_id = self.specials[EOT], self.specials[PAD], self.specials[MASK]
         self.fim_ids = (self.specials[FIM_PREFIX], self.specials[FIM_MIDDLE], self.specials[FIM_SUFFIX])
         self.sentinel_ids = [i for s, i in self.specials.items() if s.startswith("<|sentinel_")]
@@ -130,7 +142,14 @@ class KilnTokenizer:
         """Write `tokenizer.json` at path and `kiln_tokenizer.json` beside it; returns both."""
         path = Path(path)
         self.hf.save(str(path))
-        meta = {"format": FORMAT, "version": VERSION, "pattern": SPLIT_PATTERN, "vocab_size": self.vocab_size, "specials": self.specials, "tokenizer_json_xxh3": file_hash(path)}
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "pattern": SPLIT_PATTERN,
+            "vocab_size": self.vocab_size,
+            "specials": self.specials,
+            "tokenizer_json_xxh3": file_hash(path),
+        }
         meta_path = path.with_name(META_NAME)
         meta_path.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
         self.path = path
@@ -143,18 +162,32 @@ class KilnTokenizer:
         if not path.is_file():
             raise FatalError(f"{path}: no such tokenizer; run `kiln train-tokenizer` first")
         if not meta_path.is_file():
-            raise FatalError(f"{path}: no {META_NAME} beside it, so it was written by another tool or by a kiln older than tokenizer format v{VERSION}; kiln needs its own pre-split and special tokens: run `kiln train-tokenizer --force`")
+            raise FatalError(
+                f"{path}: no {META_NAME} beside it, so it was written by another tool or by a kiln older than "
+                f"tokenizer format v{VERSION}; kiln needs its own pre-split and special tokens: run `kiln "
+                "train-tokenizer --force`"
+            )
         meta = _read_meta(meta_path)
         if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-            raise FatalError(f"{meta_path}: tokenizer format {meta.get('format')!r} v{meta.get('version')}, this kiln reads {FORMAT} v{VERSION}; rerun `kiln train-tokenizer --force`")
+            raise FatalError(
+                f"{meta_path}: tokenizer format {meta.get('format')!r} v{meta.get('version')}, this kiln reads "
+                f"{FORMAT} v{VERSION}; rerun `kiln train-tokenizer --force`"
+            )
         if meta.get("tokenizer_json_xxh3") != file_hash(path):
-            raise FatalError(f"{path}: changed since kiln wrote it (its hash differs from {META_NAME}); rerun `kiln train-tokenizer --force`, or `kiln extend-tokenizer` to add terms")
+            raise FatalError(
+                f"{path}: changed since kiln wrote it (its hash differs from {META_NAME}); rerun `kiln "
+                "train-tokenizer --force`, or `kiln extend-tokenizer` to add terms"
+            )
         if meta.get("pattern") != SPLIT_PATTERN:
-            raise FatalError(f"{meta_path}: written with another pre-split pattern; rerun `kiln train-tokenizer --force`")
+            raise FatalError(
+                f"{meta_path}: written with another pre-split pattern; rerun `kiln train-tokenizer --force`"
+            )
         try:
             hf = Tokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception on malformed files
-            raise FatalError(f"{path}: cannot load as a tokenizers JSON file ({e}); rerun `kiln train-tokenizer --force`") from None
+            raise FatalError(
+                f"{path}: cannot load as a tokenizers JSON file ({e}); rerun `kiln train-tokenizer --force`"
+            ) from None
         tok = cls(hf, list(meta["specials"]), path)
         if tok.specials != meta["specials"]:
             raise FatalError(f"{path}: special token ids differ from {META_NAME}; rerun `kiln train-tokenizer --force`")
@@ -184,7 +217,10 @@ def adopt(path: Path) -> KilnTokenizer:
     if not model.get("ignore_merges"):
         differ.append("merges without tiktoken's rule (ignore_merges false)")
     if differ:
-        raise FatalError(f"{where}: not a tokenizer kiln made ({'; '.join(differ)}); kiln can read a Hugging Face folder only with the tokenizer `kiln export` wrote")
+        raise FatalError(
+            f"{where}: not a tokenizer kiln made ({'; '.join(differ)}); kiln can read a Hugging Face folder only "
+            "with the tokenizer `kiln export` wrote"
+        )
     specials = [t["content"] for t in sorted(data.get("added_tokens", []), key=lambda t: t["id"]) if t.get("special")]
     return KilnTokenizer(hf, specials)
 
@@ -216,7 +252,11 @@ def tiktoken_rules(tokenizer_json: dict[str, Any]) -> dict[str, Any]:
     # yet, and tiktoken would still build it inside a longer word. Specials are never built.
     for token in sorted((t for t in vocab if len(t) > 1 and t not in specials), key=vocab.__getitem__):
         pairs = list(trained.get(token, []))
-        pairs += [(token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in vocab and token[i:] in vocab and (token[:i], token[i:]) not in pairs]
+        pairs += [
+            (token[:i], token[i:])
+            for i in range(1, len(token))
+            if token[:i] in vocab and token[i:] in vocab and (token[:i], token[i:]) not in pairs
+        ]
         merges += [list(p) for p in pairs]
     model["merges"] = merges
     model["ignore_merges"] = True
@@ -225,10 +265,12 @@ def tiktoken_rules(tokenizer_json: dict[str, Any]) -> dict[str, Any]:
 
 def kiln_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
     """The pre-split every kiln tokenizer has: SPLIT_PATTERN's pieces, then bytes to the byte alphabet."""
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int, specials: Sequence[str]) -> KilnTokenizer:

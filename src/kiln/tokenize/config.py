@@ -13,15 +13,49 @@ from kiln.text.specials import BYTE_ALPHABET, special_tokens
 
 class TokenizerConfig(Section):
     # No `ge` here: _room_for_merges gives the floor with the specials counted and the fix.
-    vocab_size: int = Field(default=8192, le=1_000_000, description="Vocabulary size including the 256 byte tokens and the special tokens.")
-    sentinel_tokens: int = Field(default=32, ge=0, le=10_000, description="Span-corruption sentinels <|sentinel_0|>... to reserve.")
-    reserved_tokens: int = Field(default=16, ge=0, le=100_000, description="Unused specials <|reserved_0|>... kept for later objectives or formats without retraining.")
-    sample_mb: float = Field(default=20.0, gt=0, description="MB of curated training text (not held out) to learn merges from, split across sources by source_weights.")
-    source_weights: dict[str, Annotated[float, Field(ge=0)]] | None = Field(default=None, description="Share of the training sample per source (normalized); None means in proportion to each source's curated bytes. A source left out is not sampled.")
-    heldout_fraction: float = Field(default=0.02, gt=0, lt=1, description="Fraction of documents (by id hash) kept out of training and used for the report.")
-    heldout_mb: float = Field(default=2.0, gt=0, description="At most this many MB of held-out text per source are encoded for the report.")
+    vocab_size: int = Field(
+        default=8192, le=1_000_000, description="Vocabulary size including the 256 byte tokens and the special tokens."
+    )
+    sentinel_tokens: int = Field(
+        default=32, ge=0, le=10_000, description="Span-corruption sentinels <|sentinel_0|>... to reserve."
+    )
+    reserved_tokens: int = Field(
+        default=16,
+        ge=0,
+        le=100_000,
+        description="Unused specials <|reserved_0|>... kept for later objectives or formats without retraining.",
+    )
+    sample_mb: float = Field(
+        default=20.0,
+        gt=0,
+        description=(
+            "MB of curated training text (not held out) to learn merges from, split across sources by source_weights."
+        ),
+    )
+    source_weights: dict[str, Annotated[float, Field(ge=0)]] | None = Field(
+        default=None,
+        description=(
+            "Share of the training sample per source (normalized); None means in proportion to each source's curated "
+            "bytes. A source left out is not sampled."
+        ),
+    )
+    heldout_fraction: float = Field(
+        default=0.02,
+        gt=0,
+        lt=1,
+        description="Fraction of documents (by id hash) kept out of training and used for the report.",
+    )
+    heldout_mb: float = Field(
+        default=2.0, gt=0, description="At most this many MB of held-out text per source are encoded for the report."
+    )
     min_frequency: int = Field(default=2, ge=1, description="A pair must occur this many times to become a merge.")
-    from_run: str | None = Field(default=None, description="Run directory whose trained tokenizer this run uses unchanged instead of training one (continued pretraining keeps the starting model's ids); the settings above are then unused.")
+    from_run: str | None = Field(
+        default=None,
+        description=(
+            "Run directory whose trained tokenizer this run uses unchanged instead of training one (continued "
+            "pretraining keeps the starting model's ids); the settings above are then unused."
+        ),
+    )
 
     @property
     def specials(self) -> list[str]:
@@ -32,25 +66,58 @@ class TokenizerConfig(Section):
         floor = BYTE_ALPHABET + len(self.specials) + 1
         if self.vocab_size < floor:
             raise ValueError(
-                f"vocab_size {self.vocab_size} leaves no room for merges: 256 byte tokens + {len(self.specials)} special tokens "
-                f"({self.sentinel_tokens} sentinels, {self.reserved_tokens} reserved) need at least {floor}; raise vocab_size or lower sentinel_tokens/reserved_tokens"
+                f"vocab_size {self.vocab_size} leaves no room for merges: 256 byte tokens + {len(self.specials)} "
+                "special tokens "
+                f"({self.sentinel_tokens} sentinels, {self.reserved_tokens} reserved) need at least {floor}; "
+                "raise vocab_size or lower sentinel_tokens/reserved_tokens"
             )
         if self.source_weights is not None and not any(w > 0 for w in self.source_weights.values()):
-            raise ValueError(f"source_weights {self.source_weights} give no source a positive weight; nothing could be sampled")
+            raise ValueError(
+                f"source_weights {self.source_weights} give no source a positive weight; nothing could be sampled"
+            )
         return self
 
 
 class FimConfig(Section):
-    rate: float = Field(default=0.5, ge=0, le=1, description="Share of train-split documents rearranged for fill-in-the-middle (drawn per document).")
-    spm_rate: float = Field(default=0.5, ge=0, le=1, description="Share of the rearranged documents laid out suffix-prefix-middle; the rest prefix-suffix-middle.")
-    sources: list[str] | None = Field(default=None, description="Sources whose documents may be rearranged (e.g. [code]); None means every source.")
+    rate: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="Share of train-split documents rearranged for fill-in-the-middle (drawn per document).",
+    )
+    spm_rate: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="Share of the rearranged documents laid out suffix-prefix-middle; the rest prefix-suffix-middle.",
+    )
+    sources: list[str] | None = Field(
+        default=None, description="Sources whose documents may be rearranged (e.g. [code]); None means every source."
+    )
     seed: int = Field(default=0, description="Seed of the per-document draws.")
 
 
 class TokenizeConfig(Section):
     NOT_HASHED = frozenset({"batch_docs", "executor"})  # batching and workers change speed, never the ids
-    val_fraction: float = Field(default=0.02, gt=0, lt=1, description="Fraction of documents (by id hash) written to the validation split instead of train.")
-    dtype: Literal["auto", "uint16", "uint32"] = Field(default="auto", description="Token shard integer type; auto is uint16 for vocabularies up to 65,536, else uint32.")
+    val_fraction: float = Field(
+        default=0.02,
+        gt=0,
+        lt=1,
+        description="Fraction of documents (by id hash) written to the validation split instead of train.",
+    )
+    dtype: Literal["auto", "uint16", "uint32"] = Field(
+        default="auto",
+        description="Token shard integer type; auto is uint16 for vocabularies up to 65,536, else uint32.",
+    )
     batch_docs: int = Field(default=256, ge=1, description="Documents encoded per call inside a task.")
-    executor: ExecutorConfig = Field(default_factory=ExecutorConfig, description="Where the per-shard encoding tasks run (local process pool or ray).")
-    fim: FimConfig | None = Field(default=None, description="Fill-in-the-middle for the train split (train.objective fim trains on it); None leaves every document as it is. Validation documents are never rearranged, so perplexity stays comparable.")
+    executor: ExecutorConfig = Field(
+        default_factory=ExecutorConfig,
+        description="Where the per-shard encoding tasks run (local process pool or ray).",
+    )
+    fim: FimConfig | None = Field(
+        default=None,
+        description=(
+            "Fill-in-the-middle for the train split (train.objective fim trains on it); None leaves every document as "
+            "it is. Validation documents are never rearranged, so perplexity stays comparable."
+        ),
+    )

@@ -74,7 +74,9 @@ def tokenizer_for(path: str, file_hash: str) -> KilnTokenizer:
 class PartWriter:
     """The train and validation shards of one task (and, with FIM, val_fim), filled batch by batch."""
 
-    def __init__(self, out: Path, tokenizer: KilnTokenizer, val_fraction: float, dtype: np.dtype, fim: FimConfig | None):
+    def __init__(
+        self, out: Path, tokenizer: KilnTokenizer, val_fraction: float, dtype: np.dtype, fim: FimConfig | None
+    ):
         self.out, self.tokenizer, self.val_fraction, self.fim = out, tokenizer, val_fraction, fim
         self.splits = splits_for(fim)
         self.writers = {split: TokenShardWriter(out / split, tokenizer.vocab_size, dtype) for split in self.splits}
@@ -96,12 +98,22 @@ class PartWriter:
     def add(self, batch: list[Document]) -> None:
         in_val = [is_heldout(d.id, self.val_fraction) for d in batch]
         # Train documents are rearranged at tokenize.fim.rate; validation documents never are.
-        cuts = [None if val else self.fim_cut(d, self.fim.rate if self.fim else 0.0) for d, val in zip(batch, in_val, strict=True)]
+        cuts = [
+            None if val else self.fim_cut(d, self.fim.rate if self.fim else 0.0)
+            for d, val in zip(batch, in_val, strict=True)
+        ]
         if any(cuts):
             encoded = [self.encode(d, cut) for d, cut in zip(batch, cuts, strict=True)]
         else:
             encoded = self.tokenizer.encode_batch([d.text for d in batch])
-        self.write("train", [(d, ids, cut is not None) for d, ids, cut, val in zip(batch, encoded, cuts, in_val, strict=True) if not val])
+        self.write(
+            "train",
+            [
+                (d, ids, cut is not None)
+                for d, ids, cut, val in zip(batch, encoded, cuts, in_val, strict=True)
+                if not val
+            ],
+        )
         val = [(d, ids, False) for d, ids, v in zip(batch, encoded, in_val, strict=True) if v]
         self.write("val", val)
         self.val_ids.write("".join(f"{d.id}\n" for d, _, _ in val))
@@ -129,7 +141,10 @@ class PartWriter:
     def close(self) -> None:
         for split, writer in self.writers.items():
             writer.close()
-            np.save(self.out / (split + SCORES_SUFFIX), np.array(self.scores[split], dtype=np.float32).reshape(-1, len(DOC_SCORES)))
+            np.save(
+                self.out / (split + SCORES_SUFFIX),
+                np.array(self.scores[split], dtype=np.float32).reshape(-1, len(DOC_SCORES)),
+            )
         self.val_ids.close()
 
 
@@ -161,7 +176,9 @@ def encode_shard(task: EncodeTask) -> dict[str, Any]:
     return part.stats
 
 
-def join(parts: list[Path], folder: Path, vocab_size: int, dtype: np.dtype, splits: tuple[str, ...]) -> dict[str, dict[str, int]]:
+def join(
+    parts: list[Path], folder: Path, vocab_size: int, dtype: np.dtype, splits: tuple[str, ...]
+) -> dict[str, dict[str, int]]:
     """Append one source's parts, in shard order, into its final shards; returns the summed stats.
 
     A val_fim split with no documents (a source FIM does not apply to) is not written.
@@ -185,7 +202,10 @@ def join(parts: list[Path], folder: Path, vocab_size: int, dtype: np.dtype, spli
             # verify=False: the part was written by this stage and sealed by its stats.json
             writer.append(TokenShard(part / split, verify=False))
         writer.close()
-        np.save(folder / (split + SCORES_SUFFIX), np.concatenate([np.load(part / (split + SCORES_SUFFIX)) for part in parts]))
+        np.save(
+            folder / (split + SCORES_SUFFIX),
+            np.concatenate([np.load(part / (split + SCORES_SUFFIX)) for part in parts]),
+        )
     return stats
 
 
@@ -195,39 +215,79 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
     curated = read_manifest(layout.stage(CURATE))
     shards = recorded_outputs(layout.stage(CURATE), SHARDS)
     tok_path = layout.tokenizer_json
-    stage = Stage(run_dir, TOKENIZE, {"tokenize": cfg}, inputs=[*shards, tok_path, tok_path.with_name(META_NAME)], upstream=[CURATE, TOKENIZER])
+    stage = Stage(
+        run_dir,
+        TOKENIZE,
+        {"tokenize": cfg},
+        inputs=[*shards, tok_path, tok_path.with_name(META_NAME)],
+        upstream=[CURATE, TOKENIZER],
+    )
     if done := stage.up_to_date(force, lambda m: f"{m['counts']['train_tokens']:,} train tokens"):
         return done
     if not shards:
-        raise FatalError(f"tokenize: {layout.curated_shards} holds no curated shards; see {layout.stage(CURATE) / SUMMARY} for where the documents went")
+        raise FatalError(
+            f"tokenize: {layout.curated_shards} holds no curated shards; see {layout.stage(CURATE) / SUMMARY} for "
+            "where the documents went"
+        )
     tokenizer = KilnTokenizer.load(tok_path)
-    dtype = dtype_for(tokenizer.vocab_size, cfg.dtype)  # a uint16 request for a larger vocabulary stops here, before any work
+    dtype = dtype_for(
+        tokenizer.vocab_size, cfg.dtype
+    )  # a uint16 request for a larger vocabulary stops here, before any work
     stage.begin(resume=not force)
     parts_dir = stage.dir / ".parts"  # a dot: no source's folder can take its name
-    tasks = [EncodeTask(str(s), str(parts_dir / s.name.removesuffix(SUFFIX)), str(tok_path), file_hash(tok_path), cfg.val_fraction, cfg.dtype, cfg.batch_docs, cfg.fim) for s in shards]
+    tasks = [
+        EncodeTask(
+            str(s),
+            str(parts_dir / s.name.removesuffix(SUFFIX)),
+            str(tok_path),
+            file_hash(tok_path),
+            cfg.val_fraction,
+            cfg.dtype,
+            cfg.batch_docs,
+            cfg.fim,
+        )
+        for s in shards
+    ]
     total_bytes = sum(t["bytes_out"] for t in curated["counts"]["per_source"].values())
     executor = build_executor(cfg.executor, "tokenize.executor")
     val_docs = train_docs = 0
     try:
         # The bar advances per finished curated shard (each task is one).
-        with tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"tokenize ({executor.workers} workers)", dynamic_ncols=True) as bar:
+        with tqdm(
+            total=total_bytes,
+            unit="B",
+            unit_scale=True,
+            desc=f"tokenize ({executor.workers} workers)",
+            dynamic_ncols=True,
+        ) as bar:
             for stats in executor.imap_unordered(encode_shard, tasks):
                 bar.update(stats["train"]["bytes"] + stats["val"]["bytes"])
                 val_docs, train_docs = val_docs + stats["val"]["docs"], train_docs + stats["train"]["docs"]
     finally:
         executor.close()
     if not val_docs:  # before the join, so a rerun with a larger fraction keeps nothing stale
-        raise FatalError(f"tokenize: no document fell in the validation split at tokenize.val_fraction={cfg.val_fraction} ({train_docs} documents in all); raise it or curate more documents")
+        raise FatalError(
+            f"tokenize: no document fell in the validation split at tokenize.val_fraction={cfg.val_fraction} "
+            f"({train_docs} documents in all); raise it or curate more documents"
+        )
     per_source: dict[str, dict[str, dict[str, int]]] = {}
     outputs: list[Path] = []
     for source in sorted({shard_source(s) for s in shards}):
         parts = [Path(t.out) for t in tasks if shard_source(Path(t.shard)) == source]
         per_source[source] = join(parts, stage.dir / source, tokenizer.vocab_size, dtype, splits_for(cfg.fim))
-        outputs += [stage.dir / source / f"{split}{ext}" for split in per_source[source] for ext in (".bin", ".idx", SCORES_SUFFIX)] + [stage.dir / source / "val_ids.txt"]
+        outputs += [
+            stage.dir / source / f"{split}{ext}"
+            for split in per_source[source]
+            for ext in (".bin", ".idx", SCORES_SUFFIX)
+        ] + [stage.dir / source / "val_ids.txt"]
     shutil.rmtree(parts_dir)
     for source, stats in per_source.items():
         if not stats["val"]["docs"]:
-            log.warning("tokenize: source %s has no validation documents at val_fraction %s; it will have no validation loss", source, cfg.val_fraction)
+            log.warning(
+                "tokenize: source %s has no validation documents at val_fraction %s; it will have no validation loss",
+                source,
+                cfg.val_fraction,
+            )
     counts = {
         "train_tokens": sum(s["train"]["tokens"] for s in per_source.values()),
         "val_tokens": sum(s["val"]["tokens"] for s in per_source.values()),
@@ -238,6 +298,17 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
         "dtype": str(dtype),
         "per_source": per_source,
     }
-    lines = [f"{counts['train_tokens']:,} train and {counts['val_tokens']:,} validation tokens ({counts['dtype']}) from {len(shards)} curated shards"]
-    lines += [f"  {s:<10} train {v['train']['tokens']:>12,} tokens / {v['train']['docs']:>6} docs   val {v['val']['tokens']:>10,} tokens / {v['val']['docs']:>5} docs" for s, v in per_source.items()]
+    lines = [
+        (
+            f"{counts['train_tokens']:,} train and {counts['val_tokens']:,} validation tokens ({counts['dtype']}) "
+            f"from {len(shards)} curated shards"
+        )
+    ]
+    lines += [
+        (
+            f"  {s:<10} train {v['train']['tokens']:>12,} tokens / {v['train']['docs']:>6} docs   val "
+            f"{v['val']['tokens']:>10,} tokens / {v['val']['docs']:>5} docs"
+        )
+        for s, v in per_source.items()
+    ]
     return stage.finish(outputs, counts, "\n".join(lines))

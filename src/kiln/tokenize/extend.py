@@ -43,7 +43,10 @@ class ExtendConfig(Section):
     """What `kiln extend-tokenizer` was asked to do (hashed into its manifest)."""
 
     terms: str = Field(description="Terms file: UTF-8, one term per line; blank lines are skipped.")
-    checkpoint: str | None = Field(default=None, description="Checkpoint folder to resize; None means the run's train checkpoint when there is one.")
+    checkpoint: str | None = Field(
+        default=None,
+        description="Checkpoint folder to resize; None means the run's train checkpoint when there is one.",
+    )
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,11 @@ def extend(tokenizer: KilnTokenizer, terms: list[str]) -> tuple[KilnTokenizer, l
         pieces = tokenizer.hf.pre_tokenizer.pre_tokenize_str(term)
         if len(pieces) != 1:
             shown = [term[a:b] for _, (a, b) in pieces]
-            raise FatalError(f"term {term!r}: kiln's pre-split cuts it into {len(pieces)} pieces {shown}; a term must be one pre-split piece, such as a word of letters (digits and punctuation are split off before BPE), so it cannot become one token")
+            raise FatalError(
+                f"term {term!r}: kiln's pre-split cuts it into {len(pieces)} pieces {shown}; a term must be one "
+                "pre-split piece, such as a word of letters (digits and punctuation are split off before BPE), "
+                "so it cannot become one token"
+            )
         for form in (" " + term, term):
             form_pieces = tokenizer.hf.pre_tokenizer.pre_tokenize_str(form)
             if len(form_pieces) != 1:
@@ -98,10 +105,22 @@ def resize(model: Transformer, added: list[FormAdded], old_vocab: int, vocab_siz
     """A copy of `model` with rows for the new ids: each the mean of its form's old pieces' rows."""
     rows_before = model.cfg.vocab_size or 0
     if rows_before < old_vocab:
-        raise FatalError(f"checkpoint: its model has {rows_before:,} embedding rows, fewer than the tokenizer's {old_vocab:,} ids; it was not trained with this run's tokenizer")
+        raise FatalError(
+            f"checkpoint: its model has {rows_before:,} embedding rows, fewer than the tokenizer's {old_vocab:,} "
+            "ids; it was not trained with this run's tokenizer"
+        )
     if rows_before > old_vocab:
         # Padding rows, or rows of an earlier extension: the new ids take them over.
-        log.warning("extend-tokenizer: the checkpoint has %d rows for a tokenizer of %d ids; rows %d-%d are overwritten by the new terms", rows_before, old_vocab, old_vocab, vocab_size - 1)
+        log.warning(
+            (
+                "extend-tokenizer: the checkpoint has %d rows for a tokenizer of %d ids; rows %d-%d are overwritten "
+                "by the new terms"
+            ),
+            rows_before,
+            old_vocab,
+            old_vocab,
+            vocab_size - 1,
+        )
     cfg = model.cfg.model_copy(update={"vocab_size": max(vocab_size, rows_before)})
     grown = Transformer(cfg)
     state = model.state_dict()
@@ -124,11 +143,19 @@ def run(cfg: ExtendConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     tok_path = layout.tokenizer_json
     checkpoint = Path(cfg.checkpoint) if cfg.checkpoint else layout.checkpoint
     if checkpoint.resolve().is_relative_to(layout.stage(TOKENIZER_EXTENDED).resolve()):
-        raise FatalError(f"{checkpoint}: inside tokenizer-extended/, which this stage rewrites; extend the run's own checkpoint (runs/NAME/train/checkpoint) with all the terms at once")
+        raise FatalError(
+            f"{checkpoint}: inside tokenizer-extended/, which this stage rewrites; extend the run's own "
+            "checkpoint (runs/NAME/train/checkpoint) with all the terms at once"
+        )
     if cfg.checkpoint and not (checkpoint / CONFIG).is_file():
-        raise FatalError(f"{checkpoint}: no checkpoint there (config.json missing); give the folder `kiln train` wrote, e.g. runs/NAME/train/checkpoint")
+        raise FatalError(
+            f"{checkpoint}: no checkpoint there (config.json missing); give the folder `kiln train` wrote, e.g. "
+            "runs/NAME/train/checkpoint"
+        )
     has_checkpoint = (checkpoint / CONFIG).is_file()
-    inputs = [Path(cfg.terms), tok_path, tok_path.with_name(META_NAME)] + ([checkpoint / WEIGHTS, checkpoint / CONFIG] if has_checkpoint else [])
+    inputs = [Path(cfg.terms), tok_path, tok_path.with_name(META_NAME)] + (
+        [checkpoint / WEIGHTS, checkpoint / CONFIG] if has_checkpoint else []
+    )
     stage = Stage(run_dir, TOKENIZER_EXTENDED, {"extend": cfg}, inputs=inputs, upstream=[TOKENIZER])
     if done := stage.up_to_date(force, lambda m: f"vocab {m['counts']['vocab_size']}"):
         return done
@@ -145,9 +172,17 @@ def run(cfg: ExtendConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     else:
         log.info("tokenizer-extended: no checkpoint at %s; extended the tokenizer only", checkpoint)
     new_ids = [f.id for f in added if f.new]
-    counts = {"vocab_size": new.vocab_size, "added_tokens": len(new_ids), "terms": len({f.term for f in added}), "checkpoint_resized": has_checkpoint}
+    counts = {
+        "vocab_size": new.vocab_size,
+        "added_tokens": len(new_ids),
+        "terms": len({f.term for f in added}),
+        "checkpoint_resized": has_checkpoint,
+    }
     width = max(len(repr(f.form)) for f in added)
-    lines = [f"vocab {old.vocab_size:,} -> {new.vocab_size:,}: {len(new_ids)} new tokens for {counts['terms']} terms" + (f"; checkpoint resized into {stage.dir / 'checkpoint'}" if has_checkpoint else "; no checkpoint to resize")]
+    lines = [
+        f"vocab {old.vocab_size:,} -> {new.vocab_size:,}: {len(new_ids)} new tokens for {counts['terms']} terms"
+        + (f"; checkpoint resized into {stage.dir / 'checkpoint'}" if has_checkpoint else "; no checkpoint to resize")
+    ]
     lines.append(f"  {'term form':<{width}}  tokens before -> after")
     lines += [f"  {r['form']!r:<{width}}  {r['tokens_before']:>6} -> {r['tokens_after']}" for r in rows]
     return stage.finish(outputs, counts, "\n".join(lines))

@@ -92,8 +92,15 @@ def measure(tokenizer: KilnTokenizer, docs: Sequence[HeldoutDoc]) -> dict[str, A
     total, by_source, by_language = GroupStats(), {}, {}
     used: Counter[int] = Counter()
     for doc, ids in zip(docs, tokenizer.encode_batch([d.text for d in docs], threads=2), strict=True):
-        n_bytes, doc_words = len(doc.text.encode("utf-8")), Counter(words(doc.text))  # once per document, for its three groups
-        for stats in (total, by_source.setdefault(doc.source, GroupStats()), by_language.setdefault(doc.language, GroupStats())):
+        n_bytes, doc_words = (
+            len(doc.text.encode("utf-8")),
+            Counter(words(doc.text)),
+        )  # once per document, for its three groups
+        for stats in (
+            total,
+            by_source.setdefault(doc.source, GroupStats()),
+            by_language.setdefault(doc.language, GroupStats()),
+        ):
             stats.add(n_bytes, len(ids), doc_words)
         used.update(ids)
     unique = list(total.words)
@@ -110,10 +117,21 @@ def measure(tokenizer: KilnTokenizer, docs: Sequence[HeldoutDoc]) -> dict[str, A
         "merges": len(merged),
         "all": total.summary(word_tokens),
         "per_source": {s: by_source[s].summary(word_tokens) for s in sorted(by_source)},
-        "per_language": {lang: by_language[lang].summary(word_tokens) for lang in sorted(by_language, key=lambda k: -by_language[k].bytes)},
+        "per_language": {
+            lang: by_language[lang].summary(word_tokens)
+            for lang in sorted(by_language, key=lambda k: -by_language[k].bytes)
+        },
         # runs of indentation are the longest tokens of any code-trained vocabulary; show the others
-        "longest_merges": [show(i) for i in sorted((i for i in merged if tokenizer.decode([i]).strip()), key=lambda i: (-token_bytes[i], i))[:TOP]],
-        "most_used_merges": [{**show(i), "count": c} for i, c in sorted(((i, used[i]) for i in merged if used[i]), key=lambda x: (-x[1], x[0]))[:TOP]],
+        "longest_merges": [
+            show(i)
+            for i in sorted((i for i in merged if tokenizer.decode([i]).strip()), key=lambda i: (-token_bytes[i], i))[
+                :TOP
+            ]
+        ],
+        "most_used_merges": [
+            {**show(i), "count": c}
+            for i, c in sorted(((i, used[i]) for i in merged if used[i]), key=lambda x: (-x[1], x[0]))[:TOP]
+        ],
         "first_merges": [show(i) for i in merged[:TOP]],  # learned first: the most frequent pairs of the sample
     }
 
@@ -123,7 +141,10 @@ def _fmt(value: float | None) -> str:
 
 
 def _row(name: str, r: dict[str, Any]) -> str:
-    return f"  {name:<12} {r['docs']:>6} {r['bytes'] / 1e6:>8.2f} {_fmt(r['bytes_per_token']):>8} {_fmt(r['tokens_per_word']):>8} {_fmt(r['fertility']):>8} {_fmt(r['split_word_fraction']):>7}"
+    return (
+        f"  {name:<12} {r['docs']:>6} {r['bytes'] / 1e6:>8.2f} {_fmt(r['bytes_per_token']):>8} "
+        f"{_fmt(r['tokens_per_word']):>8} {_fmt(r['fertility']):>8} {_fmt(r['split_word_fraction']):>7}"
+    )
 
 
 def embedding_params(vocab_size: int, d_model: int, tied: bool) -> int:
@@ -136,11 +157,23 @@ def format_report(report: dict[str, Any], d_model: int, tied: bool) -> str:
     it is not part of report.json, so a new d_model never retrains the tokenizer."""
     head = f"  {'':<12} {'docs':>6} {'MB':>8} {'B/token':>8} {'tok/word':>8} {'fertil.':>8} {'split':>7}"
     params = embedding_params(report["vocab_size"], d_model, tied)
-    lines = [f"vocab {report['vocab_size']:,} ({report['special_tokens']} special, {report['merges']:,} merges); embedding parameters at d_model {d_model}: {params:,} ({'tied' if tied else 'input + output'})"]
-    lines += ["held-out text by source:", head, *(_row(s, r) for s, r in report["per_source"].items()), _row("all", report["all"])]
+    lines = [
+        (
+            f"vocab {report['vocab_size']:,} ({report['special_tokens']} special, {report['merges']:,} merges); "
+            f"embedding parameters at d_model {d_model}: {params:,} ({'tied' if tied else 'input + output'})"
+        )
+    ]
+    lines += [
+        "held-out text by source:",
+        head,
+        *(_row(s, r) for s, r in report["per_source"].items()),
+        _row("all", report["all"]),
+    ]
     lines += ["held-out text by language:", head, *(_row(lang, r) for lang, r in report["per_language"].items())]
     lines.append("longest merges: " + ", ".join(repr(m["text"]) for m in report["longest_merges"]))
-    lines.append("most used merges: " + ", ".join(f"{m['text']!r} ({m['count']:,})" for m in report["most_used_merges"]))
+    lines.append(
+        "most used merges: " + ", ".join(f"{m['text']!r} ({m['count']:,})" for m in report["most_used_merges"])
+    )
     return "\n".join(lines)
 
 
@@ -151,8 +184,15 @@ def format_sweep(reports: Sequence[dict[str, Any]], d_model: int, tied: bool) ->
     def metric(label: str, values: list[Any]) -> None:
         lines.append(f"  {label:<28}" + "".join(f"{'-' if v is None else v:>10}" for v in values))
 
-    metric(f"embedding params at {d_model} (M)", [round(embedding_params(r["vocab_size"], d_model, tied) / 1e6, 2) for r in reports])
-    for key, label in (("bytes_per_token", "bytes/token"), ("tokens_per_word", "tokens/word"), ("fertility", "fertility")):
+    metric(
+        f"embedding params at {d_model} (M)",
+        [round(embedding_params(r["vocab_size"], d_model, tied) / 1e6, 2) for r in reports],
+    )
+    for key, label in (
+        ("bytes_per_token", "bytes/token"),
+        ("tokens_per_word", "tokens/word"),
+        ("fertility", "fertility"),
+    ):
         metric(f"{label} all", [r["all"][key] for r in reports])
         for source in reports[0]["per_source"]:
             metric(f"{label} {source}", [r["per_source"].get(source, {}).get(key) for r in reports])

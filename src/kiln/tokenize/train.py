@@ -72,7 +72,10 @@ def plan_sample(shards: Sequence[Path], curated_bytes: dict[str, int], cfg: Toke
     weights = cfg.source_weights if cfg.source_weights is not None else {s: float(b) for s, b in curated_bytes.items()}
     unknown = sorted(set(weights) - set(curated_bytes))
     if unknown:
-        raise FatalError(f"tokenizer.source_weights names {unknown}, which curate kept no text of; sources with text: {sorted(curated_bytes)}")
+        raise FatalError(
+            f"tokenizer.source_weights names {unknown}, which curate kept no text of; sources with text: "
+            f"{sorted(curated_bytes)}"
+        )
     total_weight = sum(weights.values())
     plans = {}
     for source, weight in sorted(weights.items()):
@@ -81,7 +84,10 @@ def plan_sample(shards: Sequence[Path], curated_bytes: dict[str, int], cfg: Toke
         quota = math.ceil(cfg.sample_mb * MB * weight / total_weight)
         files = [s for s in shards if shard_source(s) == source]
         if not files:
-            raise FatalError(f"tokenizer: curate's manifest counts text for source {source!r} but its shards folder has none of its shards; rerun `kiln curate --force`")
+            raise FatalError(
+                f"tokenizer: curate's manifest counts text for source {source!r} but its shards folder has none "
+                "of its shards; rerun `kiln curate --force`"
+            )
         held_in = curated_bytes[source] * (1 - cfg.heldout_fraction)
         per_shard = held_in / len(files)
         chosen = spread(files, math.ceil(SPREAD * quota / per_shard))
@@ -95,7 +101,11 @@ def sample_texts(plans: dict[str, SourcePlan], heldout_fraction: float) -> Itera
         used = 0
         # The spread-out pass; then, when chance left the share short, the documents it skipped
         # in the same shards, then the source's other shards. All in a fixed order: deterministic.
-        passes = [(plan.shards, 0.0, plan.rate), (plan.shards, plan.rate, 1.0), (plan.rest, 0.0, 1.0)]  # sample_score ranges
+        passes = [
+            (plan.shards, 0.0, plan.rate),
+            (plan.shards, plan.rate, 1.0),
+            (plan.rest, 0.0, 1.0),
+        ]  # sample_score ranges
         for shards, low, high in passes:
             for shard in shards:
                 for doc in read_shard(shard):
@@ -110,7 +120,12 @@ def sample_texts(plans: dict[str, SourcePlan], heldout_fraction: float) -> Itera
             if used >= plan.quota or plan.rate >= 1:  # at rate 1 the first pass took everything
                 break
         if used < plan.quota:
-            log.info("tokenizer: source %s gave %.2f MB of its %.2f MB share (all it has outside the held-out split)", source, used / MB, plan.quota / MB)
+            log.info(
+                "tokenizer: source %s gave %.2f MB of its %.2f MB share (all it has outside the held-out split)",
+                source,
+                used / MB,
+                plan.quota / MB,
+            )
 
 
 def heldout_docs(shards: Sequence[Path], cfg: TokenizerConfig) -> list[HeldoutDoc]:
@@ -129,31 +144,49 @@ def heldout_docs(shards: Sequence[Path], cfg: TokenizerConfig) -> list[HeldoutDo
     return out
 
 
-def training_sample(run_dir: Path, shards: list[Path], cfg: TokenizerConfig, largest_vocab: int | None = None) -> tuple[list[str], int]:
+def training_sample(
+    run_dir: Path, shards: list[Path], cfg: TokenizerConfig, largest_vocab: int | None = None
+) -> tuple[list[str], int]:
     """The sample's texts and bytes; FatalError when it is too small for `largest_vocab` (default cfg's)."""
     vocab_size = largest_vocab or cfg.vocab_size
     curate_dir = RunLayout(run_dir).stage(CURATE)
     curated = read_manifest(curate_dir)
     curated_bytes = {s: t["bytes_out"] for s, t in curated["counts"]["per_source"].items() if t["bytes_out"] > 0}
     if not curated_bytes:
-        raise FatalError(f"tokenizer: curate kept no text in {curate_dir}; see {curate_dir / 'summary.txt'} for where the documents went")
+        raise FatalError(
+            f"tokenizer: curate kept no text in {curate_dir}; see {curate_dir / 'summary.txt'} for where the "
+            "documents went"
+        )
     texts = list(sample_texts(plan_sample(shards, curated_bytes, cfg), cfg.heldout_fraction))
     sample_bytes = sum(len(t.encode("utf-8")) for t in texts)
     # BPE needs enough text to find vocab_size - 256 - specials merges; far less and the vocabulary stays short.
     if sample_bytes < 4 * vocab_size:
         raise FatalError(
-            f"tokenizer: the training sample has {len(texts)} documents, {sample_bytes:,} bytes, too little for vocab_size {vocab_size:,} "
-            f"(needs at least {4 * vocab_size:,} bytes); curate more text, raise tokenizer.sample_mb, or lower tokenizer.vocab_size"
+            f"tokenizer: the training sample has {len(texts)} documents, {sample_bytes:,} bytes, too little for "
+            f"vocab_size {vocab_size:,} "
+            f"(needs at least {4 * vocab_size:,} bytes); curate more text, raise tokenizer.sample_mb, or lower "
+            "tokenizer.vocab_size"
         )
     return texts, sample_bytes
 
 
-def train_and_measure(texts: list[str], vocab_size: int, cfg: TokenizerConfig, heldout: list[HeldoutDoc]) -> tuple[KilnTokenizer, dict[str, Any]]:
+def train_and_measure(
+    texts: list[str], vocab_size: int, cfg: TokenizerConfig, heldout: list[HeldoutDoc]
+) -> tuple[KilnTokenizer, dict[str, Any]]:
     t0 = time.perf_counter()
     tokenizer = train_bpe(texts, vocab_size, cfg.min_frequency, cfg.specials)
     seconds = time.perf_counter() - t0
     if tokenizer.vocab_size < vocab_size:
-        log.warning("tokenizer: the sample held only %d merges seen at least %d times; the vocabulary is %d, not the %d asked (more text, tokenizer.sample_mb, or a smaller tokenizer.vocab_size)", tokenizer.vocab_size - 256 - len(cfg.specials), cfg.min_frequency, tokenizer.vocab_size, vocab_size)
+        log.warning(
+            (
+                "tokenizer: the sample held only %d merges seen at least %d times; the vocabulary is %d, not the %d "
+                "asked (more text, tokenizer.sample_mb, or a smaller tokenizer.vocab_size)"
+            ),
+            tokenizer.vocab_size - 256 - len(cfg.specials),
+            cfg.min_frequency,
+            tokenizer.vocab_size,
+            vocab_size,
+        )
     report = measure(tokenizer, heldout) if heldout else None
     return tokenizer, {"train_seconds": round(seconds, 2), "heldout": report}
 
@@ -170,10 +203,16 @@ def reuse(cfg: TokenizerConfig, run_dir: Path, force: bool) -> dict[str, Any]:
     outputs = [Path(shutil.copy2(p, stage.dir / p.name)) for p in (source, source.with_name(TOKENIZER_META))]
     # The tokenizer's own measurements, taken on its run's held-out text.
     counts = {**read_manifest(source.parent)["counts"], "vocab_size": tokenizer.vocab_size, "from_run": cfg.from_run}
-    return stage.finish(outputs, counts, f"vocab {tokenizer.vocab_size:,}, the tokenizer of {cfg.from_run} (tokenizer.from_run), unchanged")
+    return stage.finish(
+        outputs,
+        counts,
+        f"vocab {tokenizer.vocab_size:,}, the tokenizer of {cfg.from_run} (tokenizer.from_run), unchanged",
+    )
 
 
-def run(cfg: TokenizerConfig, run_dir: Path, shape: EmbeddingShape | None = None, force: bool = False) -> dict[str, Any]:
+def run(
+    cfg: TokenizerConfig, run_dir: Path, shape: EmbeddingShape | None = None, force: bool = False
+) -> dict[str, Any]:
     if cfg.from_run:
         return reuse(cfg, run_dir, force)
     shape = shape or EmbeddingShape()
@@ -184,7 +223,12 @@ def run(cfg: TokenizerConfig, run_dir: Path, shape: EmbeddingShape | None = None
         return done
     stage.begin()
     texts, sample_bytes = training_sample(run_dir, shards, cfg)
-    log.info("tokenizer: training byte-level BPE, vocab %d, on %d docs (%.1f MB)", cfg.vocab_size, len(texts), sample_bytes / MB)
+    log.info(
+        "tokenizer: training byte-level BPE, vocab %d, on %d docs (%.1f MB)",
+        cfg.vocab_size,
+        len(texts),
+        sample_bytes / MB,
+    )
     heldout = heldout_docs(shards, cfg)
     tokenizer, result = train_and_measure(texts, cfg.vocab_size, cfg, heldout)
     outputs = tokenizer.save(stage.dir / TOKENIZER_JSON)
@@ -199,12 +243,24 @@ def run(cfg: TokenizerConfig, run_dir: Path, shape: EmbeddingShape | None = None
         "sample_bytes": sample_bytes,
         # None when no document fell in the held-out fraction (tiny corpora): nothing was measured.
         "heldout_bytes_per_token": held["all"]["bytes_per_token"] if held else None,
-        "per_source": {s: {k: r[k] for k in ("docs", "bytes", "tokens", "bytes_per_token", "tokens_per_word")} for s, r in held["per_source"].items()} if held else {},
+        "per_source": {
+            s: {k: r[k] for k in ("docs", "bytes", "tokens", "bytes_per_token", "tokens_per_word")}
+            for s, r in held["per_source"].items()
+        }
+        if held
+        else {},
     }
     summary = f"trained on {sample_bytes / MB:.1f} MB ({len(texts):,} documents) in {result['train_seconds']:.1f}s\n"
-    summary += format_report(held, shape.d_model, shape.tied_embeddings) if held else f"vocab {tokenizer.vocab_size:,}; no held-out documents, nothing measured"
+    summary += (
+        format_report(held, shape.d_model, shape.tied_embeddings)
+        if held
+        else f"vocab {tokenizer.vocab_size:,}; no held-out documents, nothing measured"
+    )
     if tokenizer.vocab_size < cfg.vocab_size:
-        summary += f"\nwarning: {cfg.vocab_size:,} tokens were asked (tokenizer.vocab_size) and the sample gave {tokenizer.vocab_size:,}; more text (tokenizer.sample_mb) or a smaller vocabulary"
+        summary += (
+            f"\nwarning: {cfg.vocab_size:,} tokens were asked (tokenizer.vocab_size) and the sample gave "
+            f"{tokenizer.vocab_size:,}; more text (tokenizer.sample_mb) or a smaller vocabulary"
+        )
     return stage.finish([*outputs, stage.dir / "report.json"], counts, summary)
 
 
@@ -216,19 +272,30 @@ def sized(cfg: TokenizerConfig, vocab_size: int) -> TokenizerConfig:
         raise ConfigError(f"--sweep {vocab_size}: {e.errors()[0]['msg']}") from None
 
 
-def sweep(cfg: TokenizerConfig, run_dir: Path, sizes: Sequence[int], shape: EmbeddingShape | None = None, force: bool = False) -> dict[str, Any]:
+def sweep(
+    cfg: TokenizerConfig, run_dir: Path, sizes: Sequence[int], shape: EmbeddingShape | None = None, force: bool = False
+) -> dict[str, Any]:
     """One tokenizer per vocabulary size on one sample, reported side by side, in `tokenizer-sweep/`."""
     shape = shape or EmbeddingShape()
     configs = [sized(cfg, n) for n in sorted(set(sizes))]
     shards = recorded_outputs(RunLayout(run_dir).stage(CURATE), SHARDS)
-    stage = Stage(run_dir, TOKENIZER_SWEEP, {"tokenizer": cfg, **{f"vocab_{c.vocab_size}": c for c in configs}}, inputs=shards, upstream=[CURATE])
+    stage = Stage(
+        run_dir,
+        TOKENIZER_SWEEP,
+        {"tokenizer": cfg, **{f"vocab_{c.vocab_size}": c for c in configs}},
+        inputs=shards,
+        upstream=[CURATE],
+    )
     if done := stage.up_to_date(force, lambda m: ", ".join(map(str, m["counts"]["vocab_sizes"]))):
         return done
     stage.begin()
     texts, _ = training_sample(run_dir, shards, cfg, max(c.vocab_size for c in configs))
     heldout = heldout_docs(shards, cfg)
     if not heldout:
-        raise FatalError(f"tokenizer-sweep: no held-out documents at tokenizer.heldout_fraction={cfg.heldout_fraction}; a sweep has nothing to compare, raise it")
+        raise FatalError(
+            f"tokenizer-sweep: no held-out documents at tokenizer.heldout_fraction={cfg.heldout_fraction}; a "
+            "sweep has nothing to compare, raise it"
+        )
     outputs, reports = [], []
     for c in configs:
         log.info("tokenizer-sweep: training vocab %d", c.vocab_size)
@@ -239,5 +306,8 @@ def sweep(cfg: TokenizerConfig, run_dir: Path, sizes: Sequence[int], shape: Embe
         (folder / "report.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         outputs.append(folder / "report.json")
         reports.append(result["heldout"])
-    counts = {"vocab_sizes": [c.vocab_size for c in configs], "bytes_per_token": {str(r["vocab_size"]): r["all"]["bytes_per_token"] for r in reports}}
+    counts = {
+        "vocab_sizes": [c.vocab_size for c in configs],
+        "bytes_per_token": {str(r["vocab_size"]): r["all"]["bytes_per_token"] for r in reports},
+    }
     return stage.finish(outputs, counts, format_sweep(reports, shape.d_model, shape.tied_embeddings))

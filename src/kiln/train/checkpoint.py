@@ -26,17 +26,33 @@ from kiln.model.weights import CONFIG, WEIGHTS, write_weights
 from kiln.train.distributed import full_state
 from kiln.train.mesh import Ranks
 
-if TYPE_CHECKING:  # the resumable states' module imports torch.distributed.checkpoint (a second to import), which a recipe does not need
+# the resumable states' module imports torch.distributed.checkpoint (a second to import), which a recipe does not need
+if TYPE_CHECKING:
     from kiln.train.resume import States
 
 TRAIN_STATE = "train_state.pt"
 
 
 class CheckpointConfig(Section):
-    every: int | None = Field(default=None, ge=1, description="Save a resumable state (sharded, kiln.train.resume) every this many steps; None saves only the final checkpoint.")
+    every: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Save a resumable state (sharded, kiln.train.resume) every this many steps; None saves only the final "
+            "checkpoint."
+        ),
+    )
     keep_last: int = Field(default=2, ge=1, description="Resumable states kept: the newest this many ...")
-    keep_every: int | None = Field(default=None, ge=1, description="... and every state whose step is a multiple of this.")
-    async_save: bool = Field(default=False, description="Write resumable states from a background thread once they are copied to CPU memory, so training does not wait for the disk (the next save waits for the previous one).")
+    keep_every: int | None = Field(
+        default=None, ge=1, description="... and every state whose step is a multiple of this."
+    )
+    async_save: bool = Field(
+        default=False,
+        description=(
+            "Write resumable states from a background thread once they are copied to CPU memory, so training does not "
+            "wait for the disk (the next save waits for the previous one)."
+        ),
+    )
 
 
 def save_checkpoint(folder: Path, model: Transformer, train_state: dict[str, Any]) -> list[Path]:
@@ -50,7 +66,9 @@ def save_checkpoint(folder: Path, model: Transformer, train_state: dict[str, Any
     return [folder / WEIGHTS, folder / CONFIG, folder / TRAIN_STATE]
 
 
-def gather_stages(model_state: dict[str, Any], optimizer_state: dict[str, Any], ranks: Ranks) -> tuple[dict[str, Any], dict[str, Any]]:
+def gather_stages(
+    model_state: dict[str, Any], optimizer_state: dict[str, Any], ranks: Ranks
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every pipeline stage's full states merged on rank 0 (the stages of rank 0's pipeline send
     theirs; the other pipelines hold copies and send nothing). Empty elsewhere. A tied embedding
     comes from the first and the last stage under the same names (kiln.train.pipeline_parallel),
@@ -66,7 +84,9 @@ def gather_stages(model_state: dict[str, Any], optimizer_state: dict[str, Any], 
         return {}, {}
     merged_model = {k: v for part, _ in parts for k, v in part.items()}
     if "embed.weight" in parts[-1][0]:  # a tied embedding: the last stage's copy is the first's
-        assert torch.equal(parts[0][0]["embed.weight"], parts[-1][0]["embed.weight"]), "the tied embedding's copies on the first and last stage differ"
+        assert torch.equal(parts[0][0]["embed.weight"], parts[-1][0]["embed.weight"]), (
+            "the tied embedding's copies on the first and last stage differ"
+        )
     merged_state = {k: v for _, part in parts for k, v in part["state"].items()}  # keyed by parameter name
     # A stage has only the groups its parameters fall in (a middle stage has no embedding), so
     # groups are matched by their settings, not by position.
@@ -98,8 +118,14 @@ class Trained(Protocol):
     def states(self) -> States: ...
 
 
-def maybe_checkpoint(trained: Trained, step: int, last_step: int, folder: Path, batches: BatchSource,
-                     resumable: Callable[[], dict[str, Any]]) -> list[Path] | None:
+def maybe_checkpoint(
+    trained: Trained,
+    step: int,
+    last_step: int,
+    folder: Path,
+    batches: BatchSource,
+    resumable: Callable[[], dict[str, Any]],
+) -> list[Path] | None:
     """After `step`: a resumable state when trained.states says one is due (`resumable()` gives its
     JSON part), and after the last step the consolidated checkpoint in `folder`; the consolidated
     paths written (on rank 0), else None.
@@ -124,5 +150,10 @@ def maybe_checkpoint(trained: Trained, step: int, last_step: int, folder: Path, 
         with torch.random.fork_rng():  # the copy's throwaway initialisation must not move the run's RNG
             weights_of = Transformer(trained.core.cfg)  # a CPU copy holding the gathered weights, for the one writer
         weights_of.load_state_dict(model_state)
-    train_state = {"step": step, "optimizer": optimizer_state, "sampler": batches.state_dict(), "torch_rng": torch.get_rng_state()}
+    train_state = {
+        "step": step,
+        "optimizer": optimizer_state,
+        "sampler": batches.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+    }
     return save_checkpoint(folder, weights_of, train_state)

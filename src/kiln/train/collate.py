@@ -86,12 +86,19 @@ class Collator:
         # One generator per row, seeded by its place in the global stream: rows do not depend on
         # how they are grouped into micro-batches or ranks.
         rngs = [np.random.default_rng([self.seed, OBJECTIVE_STREAM, first + r]) for r in range(rows * self.world)]
-        chosen: list[Objective] = [self.names[int(rng.choice(len(self.names), p=self.probs))] if len(self.names) > 1 else self.names[0] for rng in rngs]  # type: ignore[misc]
+        chosen: list[Objective] = [
+            self.names[int(rng.choice(len(self.names), p=self.probs))] if len(self.names) > 1 else self.names[0]
+            for rng in rngs
+        ]  # type: ignore[misc]
         lengths = [obj.window_length(o, seq_len, self.mix.span) for o in chosen]
         mine = slice(self.rank * rows, (self.rank + 1) * rows)
         drawn = self.rows.next_rows(lengths, progress, mine)
-        assert drawn.index_B.tolist() == list(range(first, first + rows * self.world))[mine], "the row source numbered its rows differently"
-        built = [self.build_row(o, w, seq_len, rng) for o, w, rng in zip(chosen[mine], drawn.tokens, rngs[mine], strict=True)]
+        assert drawn.index_B.tolist() == list(range(first, first + rows * self.world))[mine], (
+            "the row source numbered its rows differently"
+        )
+        built = [
+            self.build_row(o, w, seq_len, rng) for o, w, rng in zip(chosen[mine], drawn.tokens, rngs[mine], strict=True)
+        ]
         np.add.at(self.seen, drawn.all_sources, lengths)
         return stack(built, drawn.source_B, self.any_masking, drawn.index_B)
 
@@ -108,6 +115,7 @@ class Collator:
 
 def stack(rows: list[Row], source_B: np.ndarray, with_documents: bool, index_B: np.ndarray | None = None) -> Batch:
     """One Batch of the rows; the attention rule is the narrowest that covers them all."""
+
     def tensor(arrays: list[np.ndarray]) -> torch.Tensor:
         return torch.from_numpy(np.stack(arrays))
 
@@ -116,16 +124,27 @@ def stack(rows: list[Row], source_B: np.ndarray, with_documents: bool, index_B: 
     prefix = None
     if attention == "prefix":
         # A causal row sees no key bidirectionally; a full row sees every key of its document.
-        prefix = tensor([r.prefix if r.prefix is not None else np.full(len(r.inputs), r.attention == "full") for r in rows])
+        prefix = tensor(
+            [r.prefix if r.prefix is not None else np.full(len(r.inputs), r.attention == "full") for r in rows]
+        )
     doc_ids = tensor([r.doc_ids for r in rows]) if with_documents else None
     positions = tensor([restart_positions(r.doc_ids) for r in rows]) if with_documents else None
     return Batch(
-        tensor([r.inputs for r in rows]), tensor([r.targets for r in rows]), tensor([r.loss_mask for r in rows]),
-        doc_ids, torch.from_numpy(source_B), attention, prefix, positions, None if index_B is None else torch.from_numpy(index_B),
+        tensor([r.inputs for r in rows]),
+        tensor([r.targets for r in rows]),
+        tensor([r.loss_mask for r in rows]),
+        doc_ids,
+        torch.from_numpy(source_B),
+        attention,
+        prefix,
+        positions,
+        None if index_B is None else torch.from_numpy(index_B),
     )
 
 
 def build_collator(rows: RowSource, cfg: TrainConfig, ids: TokenIds, rank: int = 0, world: int = 1) -> Collator:
     """The train section's objective(s) over `rows`, seeded by train.seed, for one data-parallel rank."""
-    mix = ObjectiveMix(cfg.objectives, {o: cfg.masks_documents(o) for o in cfg.objectives}, cfg.mlm, cfg.prefix_lm, cfg.span_corruption)
+    mix = ObjectiveMix(
+        cfg.objectives, {o: cfg.masks_documents(o) for o in cfg.objectives}, cfg.mlm, cfg.prefix_lm, cfg.span_corruption
+    )
     return Collator(rows, mix, ids, cfg.seed, rank, world)

@@ -81,8 +81,13 @@ class ContextBatch(Batch):
     key_index_T: torch.Tensor  # int64: every rank's positions in the order all_gather concatenates them
 
     def rule(self) -> AttentionRule:
-        return ShardedRule(self.attention, prefix_BT=self.prefix_BT, doc_ids_BT=self.doc_ids_BT,
-                           query_index_Q=self.query_index_Q, key_index_T=self.key_index_T)
+        return ShardedRule(
+            self.attention,
+            prefix_BT=self.prefix_BT,
+            doc_ids_BT=self.doc_ids_BT,
+            query_index_Q=self.query_index_Q,
+            key_index_T=self.key_index_T,
+        )
 
     def window_positions(self) -> tuple[torch.Tensor | None, int]:
         return self.query_index_Q, len(self.key_index_T)
@@ -100,7 +105,9 @@ class ContextSplit:
         """(this rank's window positions, every rank's in gather order) of a window of T positions
         (one pair per length and device)."""
         if (T, device) not in self.indices:
-            key_index_T = torch.cat([load_balanced_index(T, self.cp, r) for r in range(self.cp)])  # the order all_gather concatenates in
+            key_index_T = torch.cat(
+                [load_balanced_index(T, self.cp, r) for r in range(self.cp)]
+            )  # the order all_gather concatenates in
             self.indices[T, device] = load_balanced_index(T, self.cp, self.rank).to(device), key_index_T.to(device)
         return self.indices[T, device]
 
@@ -124,12 +131,23 @@ class ContextSplit:
         """This rank's positions of a batch of whole windows (already on its device)."""
         T = batch.input_ids_BT.shape[1]
         index_Q, key_index_T = self.index(T, batch.input_ids_BT.device)
-        positions_BQ = index_Q.expand(batch.input_ids_BT.shape[0], -1) if batch.positions_BT is None else batch.positions_BT[:, index_Q]
+        positions_BQ = (
+            index_Q.expand(batch.input_ids_BT.shape[0], -1)
+            if batch.positions_BT is None
+            else batch.positions_BT[:, index_Q]
+        )
         whole = {f.name: getattr(batch, f.name) for f in dataclasses.fields(Batch)}
-        return ContextBatch(**{
-            **whole, "input_ids_BT": batch.input_ids_BT[:, index_Q], "targets_BT": batch.targets_BT[:, index_Q],
-            "loss_mask_BT": batch.loss_mask_BT[:, index_Q], "positions_BT": positions_BQ,
-        }, query_index_Q=index_Q, key_index_T=key_index_T)
+        return ContextBatch(
+            **{
+                **whole,
+                "input_ids_BT": batch.input_ids_BT[:, index_Q],
+                "targets_BT": batch.targets_BT[:, index_Q],
+                "loss_mask_BT": batch.loss_mask_BT[:, index_Q],
+                "positions_BT": positions_BQ,
+            },
+            query_index_Q=index_Q,
+            key_index_T=key_index_T,
+        )
 
     def whole_rows(self, loss: Loss) -> tuple[torch.Tensor, torch.Tensor]:
         """(row_mean_B, row_tokens_B) over every rank's positions of each row: a collective."""
@@ -147,8 +165,9 @@ class GatheredKeys(nn.Module):
         super().__init__()
         self.inner, self.split = inner, split
 
-    def forward(self, q_BHQE: torch.Tensor, k_BKQE: torch.Tensor, v_BKQE: torch.Tensor,
-                sdpa_kwargs: dict[str, Any]) -> torch.Tensor:
+    def forward(
+        self, q_BHQE: torch.Tensor, k_BKQE: torch.Tensor, v_BKQE: torch.Tensor, sdpa_kwargs: dict[str, Any]
+    ) -> torch.Tensor:
         if not self.split.active:
             return self.inner(q_BHQE, k_BKQE, v_BKQE, sdpa_kwargs)
         k_BKTE, v_BKTE = self.split.gather_kv(k_BKQE, v_BKQE)  # sync point: an all-gather per layer, both ways

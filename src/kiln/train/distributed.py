@@ -1,7 +1,8 @@
 """What is applied to the model from outside: activation checkpointing, torch.compile, and data
 parallelism over the mesh of kiln.train.mesh (DDP or FSDP2).
 
-`torchrun --nproc-per-node N -m kiln train ...` (or `kiln train --nproc N`, which checks the layout and starts it) starts
+`torchrun --nproc-per-node N -m kiln train ...` (or `kiln train --nproc N`, which checks the layout and starts it)
+starts
 N processes with RANK, WORLD_SIZE and LOCAL_RANK set; each joins one process group (gloo on the
 CPU, nccl on CUDA, one GPU per process by LOCAL_RANK) and the mesh the `parallel` section lays
 out. The data ranks are `dp_replicate` x `dp_shard`: the model is replicated with DDP when only
@@ -44,8 +45,16 @@ def parallelize(model: nn.Module, ranks: Ranks, cfg: ParallelConfig, compute_dty
         policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
         offload = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()
         for block in model.blocks.values():  # type: ignore[union-attr, operator]
-            fully_shard(block, mesh=mesh, mp_policy=policy, offload_policy=offload, reshard_after_forward=cfg.reshard_after_forward)
-        fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=offload)  # the root: embedding, final norm, output
+            fully_shard(
+                block,
+                mesh=mesh,
+                mp_policy=policy,
+                offload_policy=offload,
+                reshard_after_forward=cfg.reshard_after_forward,
+            )
+        fully_shard(
+            model, mesh=mesh, mp_policy=policy, offload_policy=offload
+        )  # the root: embedding, final norm, output
         return model
     from torch.nn.parallel import DistributedDataParallel
 
@@ -88,7 +97,9 @@ def apply_compile(model: nn.Module) -> None:
         block.compile()
 
 
-def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float, stages: Any = None, uncounted: list[nn.Parameter] | None = None) -> torch.Tensor:
+def clip_grad_norm(
+    parameters: list[nn.Parameter], max_norm: float, stages: Any = None, uncounted: list[nn.Parameter] | None = None
+) -> torch.Tensor:
     """Clip gradients to a global 2-norm of max_norm; the norm before clipping, a plain scalar tensor.
 
     torch.nn.utils.clip_grad_norm_ stacks the per-tensor norms and scales every gradient by one
@@ -112,13 +123,20 @@ def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float, stages: Any 
             if id(p) not in copies:
                 counted.setdefault(mesh, []).append(p.grad)
     norms = [torch.nn.utils.get_total_norm(grads) for grads in counted.values()]
-    squares = torch.stack([n.full_tensor() if isinstance(n, DTensor) else n for n in norms]).square().sum() if norms else torch.zeros(())
+    squares = (
+        torch.stack([n.full_tensor() if isinstance(n, DTensor) else n for n in norms]).square().sum()
+        if norms
+        else torch.zeros(())
+    )
     if stages is not None:
         torch.distributed.all_reduce(squares, group=stages)
     total = squares.sqrt()
     factor = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for mesh, grads in by_mesh.items():
-        torch._foreach_mul_(grads, factor if mesh is None else DTensor.from_local(factor, mesh, [Replicate()] * mesh.ndim, run_check=False))
+        torch._foreach_mul_(
+            grads,
+            factor if mesh is None else DTensor.from_local(factor, mesh, [Replicate()] * mesh.ndim, run_check=False),
+        )
     return total
 
 
@@ -133,8 +151,17 @@ def model_state_bytes(parameters: list[nn.Parameter], optimizer: torch.optim.Opt
         local = t.to_local() if isinstance(t, DTensor) else t
         return local.numel() * local.element_size()
 
-    states = [v for p in parameters for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor) and v.dim() > 0]  # not Adam's step counters
-    return {"weights": sum(held(p) for p in parameters), "gradients": sum(held(p.grad) for p in parameters), "optimizer": sum(held(s) for s in states)}
+    states = [
+        v
+        for p in parameters
+        for v in optimizer.state.get(p, {}).values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
+    ]  # not Adam's step counters
+    return {
+        "weights": sum(held(p) for p in parameters),
+        "gradients": sum(held(p.grad) for p in parameters),
+        "optimizer": sum(held(s) for s in states),
+    }
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -142,11 +169,14 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
-def full_state(model: nn.Module, optimizer: torch.optim.Optimizer, every_rank: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def full_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, every_rank: bool = False
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Full model and optimizer states on the CPU of rank 0 (a collective; empty on other ranks), or
     with every_rank on every rank (a pipeline stage's own parameters, gathered on each of its ranks)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=not every_rank)
     states = get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
-    return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.cpu(), states) if every_rank else states  # type: ignore[return-value]
+    # type: ignore[return-value]
+    return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.cpu(), states) if every_rank else states

@@ -23,14 +23,27 @@ if TYPE_CHECKING:  # the train section imports this module
 
 
 class SeqLenPhase(Section):
-    start: float = Field(ge=0, lt=1, description="Progress (share of the steps) this phase starts at; the first phase starts at 0.")
-    seq_len: int = Field(ge=2, description="Tokens per row in this phase; at most train.seq_len, dividing micro_batch_size * train.seq_len.")
-    rope_theta: float | None = Field(default=None, gt=0, description="RoPE base from this phase on (long-context recipes raise it with the length); None keeps the current one.")
+    start: float = Field(
+        ge=0, lt=1, description="Progress (share of the steps) this phase starts at; the first phase starts at 0."
+    )
+    seq_len: int = Field(
+        ge=2,
+        description="Tokens per row in this phase; at most train.seq_len, dividing micro_batch_size * train.seq_len.",
+    )
+    rope_theta: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "RoPE base from this phase on (long-context recipes raise it with the length); None keeps the current one."
+        ),
+    )
 
 
 class BatchWarmupConfig(Section):
     start_fraction: float = Field(default=0.25, gt=0, le=1, description="Share of global_batch_tokens taken at step 1.")
-    steps: int = Field(default=100, ge=1, description="Steps over which tokens per step grow linearly to global_batch_tokens.")
+    steps: int = Field(
+        default=100, ge=1, description="Steps over which tokens per step grow linearly to global_batch_tokens."
+    )
 
 
 @dataclass(frozen=True)

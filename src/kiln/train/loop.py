@@ -101,8 +101,14 @@ class Progress:
         self.tokens_trained, self.train_flops = self.tokens_trained + tokens, self.train_flops + flops
 
 
-def train(model_cfg: ModelConfig, cfg: TrainConfig, data: TrainData, validation: Validation, out_dir: Path,
-          place: Placement | None = None) -> TrainResult:
+def train(
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    data: TrainData,
+    validation: Validation,
+    out_dir: Path,
+    place: Placement | None = None,
+) -> TrainResult:
     """Train a model (model_cfg with its vocab_size resolved; fresh, or train.init_from's weights) on
     data.batches; metrics, resumable states and the checkpoint go to out_dir. place: this process's
     ranks, the parallel section and the state to resume from (None: one process, from the start)."""
@@ -133,8 +139,21 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, data: TrainData, validation:
                         continue
                 tokens, fpt = shape.tokens(ranks.data_world), flops_per_token(parts.core.cfg, shape.seq_len)
                 progress.count(step, loss, tokens, tokens * fpt)
-                monitor.log_step(StepLog(step, loss, by_source, lr, grad_norm, tokens, shape.seq_len, fpt, data_wait_s,
-                                         guard.rollbacks, bubble))
+                monitor.log_step(
+                    StepLog(
+                        step,
+                        loss,
+                        by_source,
+                        lr,
+                        grad_norm,
+                        tokens,
+                        shape.seq_len,
+                        fpt,
+                        data_wait_s,
+                        guard.rollbacks,
+                        bubble,
+                    )
+                )
                 log_mixture(parts, batches, step, shape.progress, tokens)
                 maybe_adapt(parts, batches, step, cfg.geometry(step + 1).progress, cadence)  # for the rows drawn next
                 # The checkpoint is on disk before the final validation, which could still fail.
@@ -151,13 +170,24 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, data: TrainData, validation:
     monitor.close()
     saved = progress.checkpoint or not ranks.is_main
     assert progress.val_after is not None and saved, "the last step validates and saves"
-    return TrainResult(ranks.device, progress.loss, progress.val_before, progress.val_after, progress.checkpoint,
-                       progress.tokens_trained, progress.train_flops, parts.mixture.records, guard.rollbacks,
-                       ranks.gather(progress.held), peak_rss_mb())
+    return TrainResult(
+        ranks.device,
+        progress.loss,
+        progress.val_before,
+        progress.val_after,
+        progress.checkpoint,
+        progress.tokens_trained,
+        progress.train_flops,
+        parts.mixture.records,
+        guard.rollbacks,
+        ranks.gather(progress.held),
+        peak_rss_mb(),
+    )
 
 
-def begin(parts: TrainParts, batches: BatchSource, resume_from: Path | None, cfg: TrainConfig,
-          cadence: Cadence) -> Progress:
+def begin(
+    parts: TrainParts, batches: BatchSource, resume_from: Path | None, cfg: TrainConfig, cadence: Cadence
+) -> Progress:
     """Where the run starts: after the resumable state resume_from (loaded into every part), or at
     step 0, after validating the untrained model (every rank scores, FSDP2 gathers shards; rank 0 logs)."""
     if resume_from:
@@ -173,8 +203,9 @@ def begin(parts: TrainParts, batches: BatchSource, resume_from: Path | None, cfg
     return progress
 
 
-def restore(parts: TrainParts, batches: BatchSource, folder: Path, cfg: TrainConfig,
-            fault: Fault | None = None) -> dict[str, Any]:
+def restore(
+    parts: TrainParts, batches: BatchSource, folder: Path, cfg: TrainConfig, fault: Fault | None = None
+) -> dict[str, Any]:
     """Load the resumable state `folder` (verified against `cfg`) into every part; its train_state.json.
     After a fault (a rollback) the guard keeps its rollbacks, skips and lowered-lr window as they are
     now, and the metrics record the rollback."""
@@ -188,8 +219,14 @@ def restore(parts: TrainParts, batches: BatchSource, folder: Path, cfg: TrainCon
         truncate_metrics(parts.monitor.path, saved["step"])
     if fault is not None:
         rows, sources = [i for i, _ in fault.rows], [s for _, s in fault.rows]
-        rollback = {"at_step": fault.step, "to_step": saved["step"], "reason": fault.reason, "rows": rows,
-                    "sources": sources, "rollbacks": parts.guard.rollbacks}
+        rollback = {
+            "at_step": fault.step,
+            "to_step": saved["step"],
+            "reason": fault.reason,
+            "rows": rows,
+            "sources": sources,
+            "rollbacks": parts.guard.rollbacks,
+        }
         parts.monitor.write({"step": saved["step"], "kind": "rollback", "rollback": rollback})
         parts.monitor.rewind(saved["step"])
     return saved
@@ -197,15 +234,24 @@ def restore(parts: TrainParts, batches: BatchSource, folder: Path, cfg: TrainCon
 
 def rewind(progress: Progress, saved: dict[str, Any]) -> None:
     """Back to a state's step and counts after a rollback (this attempt's results stay)."""
-    progress.step, progress.tokens_trained, progress.train_flops = (saved["step"], saved["tokens_trained"],
-                                                                    saved["train_flops"])
+    progress.step, progress.tokens_trained, progress.train_flops = (
+        saved["step"],
+        saved["tokens_trained"],
+        saved["train_flops"],
+    )
 
 
 def resumable(parts: TrainParts, batches: BatchSource, progress: Progress) -> dict[str, Any]:
     """What a resumable state holds besides model, optimizer and RNGs (JSON)."""
-    return {"batches": batches.state_dict(), "mixture": parts.mixture.state_dict(),
-            "tokens_trained": progress.tokens_trained, "train_flops": progress.train_flops,
-            "val_before": progress.val_before, "guard": parts.guard.state_dict(), "scaler": parts.scaler.state_dict()}
+    return {
+        "batches": batches.state_dict(),
+        "mixture": parts.mixture.state_dict(),
+        "tokens_trained": progress.tokens_trained,
+        "train_flops": progress.train_flops,
+        "val_before": progress.val_before,
+        "guard": parts.guard.state_dict(),
+        "scaler": parts.scaler.state_dict(),
+    }
 
 
 def enter_phase(core: nn.Module, shape: StepGeometry, base_theta: float, step: int) -> None:
@@ -223,13 +269,15 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> float:
     return lr
 
 
-def draw_step(batches: BatchSource, shape: StepGeometry, step: int, skips: int,
-              ranks: Ranks) -> tuple[list[Batch], float]:
+def draw_step(
+    batches: BatchSource, shape: StepGeometry, step: int, skips: int, ranks: Ranks
+) -> tuple[list[Batch], float]:
     """This rank's micro-batches of `step`, drawn on the host: ids, targets, loss mask (B, T),
     source per row (B,), the attention rule's tensors; first the draws a rollback skips (`skips`:
     rows that made this step fault before). Also the host seconds it took. Drawn before any compute
     because the loss divides by the kept positions of the whole step, which the masks give."""
     t_data = time.perf_counter()
+
     def draw() -> list[Batch]:
         return [batches.next_batch(rows, shape.seq_len, shape.progress) for rows in shape.micro_batches]
 
@@ -269,8 +317,9 @@ class SourceLosses:
         return float(self.loss.sum().item() / max(sum(rows), 1)), by_source
 
 
-def forward_backward(parts: TrainParts, micro_batches: list[Batch], step_tokens: int,
-                     n_sources: int) -> tuple[SourceLosses, float | None]:
+def forward_backward(
+    parts: TrainParts, micro_batches: list[Batch], step_tokens: int, n_sources: int
+) -> tuple[SourceLosses, float | None]:
     """Forward and backward of the step's rows for the layout in use: through the pipeline schedule,
     or one micro-batch after another; each row's loss by source, and the pipeline's bubble (the
     slowest stage's idle share; the others also wait on it), None without stages."""
@@ -287,8 +336,9 @@ def forward_backward(parts: TrainParts, micro_batches: list[Batch], step_tokens:
     return losses, None
 
 
-def micro_batch_forward_backward(parts: TrainParts, batch: Batch, step_tokens: int, last: bool,
-                                 losses: SourceLosses) -> None:
+def micro_batch_forward_backward(
+    parts: TrainParts, batch: Batch, step_tokens: int, last: bool, losses: SourceLosses
+) -> None:
     """One micro-batch (this rank's positions of it with cp): its loss is summed over kept positions
     and divided by step_tokens, so the accumulated gradient is that of the step's token mean.
     Expected: about ln V at step 1 (9.01 nats for 8192 tokens)."""
@@ -369,17 +419,26 @@ def roll_back(fault: Fault, guard: Guard, states: States, ranks: Ranks) -> Path 
     if found is None:
         every = states.every
         when = f"none is saved before step {every}" if every else "set train.checkpoint.every to save them"
-        raise FatalError(f"{where}; there is no resumable state to roll back to ({when}); "
-                         "if it recurs, lower train.optim.lr or raise train.schedule.warmup_steps")
+        raise FatalError(
+            f"{where}; there is no resumable state to roll back to ({when}); "
+            "if it recurs, lower train.optim.lr or raise train.schedule.warmup_steps"
+        )
     if guard.rollbacks >= most:
-        raise FatalError(f"{where}; {guard.rollbacks} rollback(s) already, train.rollback.max_rollbacks is {most}: "
-                         "stopping. Run the same command again to resume from the newest state, with a higher "
-                         "train.rollback.max_rollbacks, or train.rollback.lr_factor and lr_steps to go through this "
-                         "stretch at a lower lr")
+        raise FatalError(
+            f"{where}; {guard.rollbacks} rollback(s) already, train.rollback.max_rollbacks is {most}: "
+            "stopping. Run the same command again to resume from the newest state, with a higher "
+            "train.rollback.max_rollbacks, or train.rollback.lr_factor and lr_steps to go through this "
+            "stretch at a lower lr"
+        )
     guard.rolled_back(fault.step)
     if ranks.is_main:
-        log.warning("%s; rolling back to %s (rollback %d of at most %d), and these rows will be skipped",
-                    where, found, guard.rollbacks, most)
+        log.warning(
+            "%s; rolling back to %s (rollback %d of at most %d), and these rows will be skipped",
+            where,
+            found,
+            guard.rollbacks,
+            most,
+        )
     return Path(found)
 
 
@@ -402,8 +461,9 @@ def maybe_adapt(parts: TrainParts, batches: BatchSource, step: int, progress: fl
         parts.monitor.write({"step": step, **record})
 
 
-def maybe_eval(evaluate: Scorer, model: nn.Module, monitor: Monitor, step: int,
-               cadence: Cadence) -> dict[str, Any] | None:
+def maybe_eval(
+    evaluate: Scorer, model: nn.Module, monitor: Monitor, step: int, cadence: Cadence
+) -> dict[str, Any] | None:
     """Validate before step 1 (if train.eval_at_start), every train.eval_every steps, and after the
     last step; the results of the first and the last (the manifest's before and after), else None."""
     every, last = cadence.eval_every, cadence.steps

@@ -48,6 +48,7 @@ class LossOptions:
 
 PLAIN = LossOptions()  # no z-loss, every position alike
 
+
 @dataclass(frozen=True, eq=False)  # eq=False: tensor fields have no single truth value
 class Loss:
     value: torch.Tensor  # scalar with grad: this micro-batch's share of the step's loss
@@ -62,16 +63,25 @@ def position_weights(T: int, late: float, device: torch.device) -> torch.Tensor:
 
 
 def window_weights(batch: Batch, late: float, device: torch.device) -> torch.Tensor:
-    """position_weights of the batch's positions by their place in the window: (T,), or this rank's (Q,) under context parallelism."""
+    """position_weights of the batch's positions by their place in the window: (T,), or this rank's (Q,) under context
+    parallelism."""
     index_Q, length = batch.window_positions()
     weights_T = position_weights(length, late, device)
     return weights_T if index_Q is None else weights_T[index_Q.to(device)]
 
 
-def lm_loss(logits_BTV: torch.Tensor, batch: Batch, step_tokens: int | None = None, z_loss: float = 0.0, late_position_weight: float = 0.0) -> Loss:
+def lm_loss(
+    logits_BTV: torch.Tensor,
+    batch: Batch,
+    step_tokens: int | None = None,
+    z_loss: float = 0.0,
+    late_position_weight: float = 0.0,
+) -> Loss:
     """step_tokens: kept positions of the whole step; None means this batch's own (its plain mean)."""
     loss_N = F.cross_entropy(logits_BTV.flatten(0, 1), batch.targets_BT.flatten(), reduction="none")
-    if isinstance(loss_N, DTensor):  # tensor parallel: loss_parallel's cross-entropy over the vocabulary shards, whole on every rank
+    if isinstance(
+        loss_N, DTensor
+    ):  # tensor parallel: loss_parallel's cross-entropy over the vocabulary shards, whole on every rank
         loss_N = loss_N.full_tensor()
     loss_BT = loss_N.view_as(batch.targets_BT)
     kept_BT = loss_BT * batch.loss_mask_BT  # masked positions contribute exactly 0
@@ -93,8 +103,14 @@ def lm_loss(logits_BTV: torch.Tensor, batch: Batch, step_tokens: int | None = No
     return Loss(value, row_mean_B, tokens_B)
 
 
-def logits_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch,
-                step_tokens: int | None = None, options: LossOptions = PLAIN) -> Loss:
+def logits_loss(
+    hidden_BTD: torch.Tensor,
+    weight_VD: torch.Tensor,
+    softcap: float | None,
+    batch: Batch,
+    step_tokens: int | None = None,
+    options: LossOptions = PLAIN,
+) -> Loss:
     """lm_loss of the logits hidden_BTD @ weight_VD.T (soft-capped), made whole in fp32: the loss as
     a model head where the chunked one is not used (a pipeline's last stage with fp16 or
     train.fused_loss off; over vocabulary shards, kiln.train.tensor_parallel)."""
@@ -111,7 +127,15 @@ PAD_VOCAB = 64
 FP32_ADDMM = torch.__version__ >= "2.10"
 
 
-def head_chunk(h_CD: torch.Tensor, w_PD: torch.Tensor, target_C: torch.Tensor, ce_weight_C: torch.Tensor, z_weight_C: torch.Tensor, vocab: int, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def head_chunk(
+    h_CD: torch.Tensor,
+    w_PD: torch.Tensor,
+    target_C: torch.Tensor,
+    ce_weight_C: torch.Tensor,
+    z_weight_C: torch.Tensor,
+    vocab: int,
+    softcap: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One chunk of positions: (d value / d logits in the matmul dtype, ce_C, the chunk's value).
 
     In place over the chunk's fp32 logits when eager; torch.compile fuses the same code into a few
@@ -171,8 +195,14 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, hidden_ND: torch.Tensor, weight_VD: torch.Tensor, at: HeadTargets, softcap: float | None,
-                options: LossOptions) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx: Any,
+        hidden_ND: torch.Tensor,
+        weight_VD: torch.Tensor,
+        at: HeadTargets,
+        softcap: float | None,
+        options: LossOptions,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         device, chunk = hidden_ND.device.type, options.chunk
         mm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden_ND.dtype
         step = compiled_head_chunk() if options.compiled else head_chunk
@@ -190,7 +220,9 @@ class _ChunkedHeadLoss(torch.autograd.Function):
                 end = min(start + chunk, N)
                 h_CD = h_ND[start:end]
                 weights_C = at.ce_weight_N[start:end], at.z_weight_N[start:end]
-                grad_CP, ce_N[start:end], chunk_value = step(h_CD, w_PD, at.targets_N[start:end], *weights_C, V, softcap)
+                grad_CP, ce_N[start:end], chunk_value = step(
+                    h_CD, w_PD, at.targets_N[start:end], *weights_C, V, softcap
+                )
                 value += chunk_value
                 torch.mm(grad_CP, w_PD, out=grad_h_ND[start:end])
                 if mm_dtype == torch.float32:
@@ -214,8 +246,14 @@ class _ChunkedHeadLoss(torch.autograd.Function):
         return (grad_h_ND * grad_value).to(h_dtype), (grad_w_VD * grad_value).to(w_dtype), None, None, None
 
 
-def fused_lm_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch,
-                  step_tokens: int | None = None, options: LossOptions = PLAIN) -> Loss:
+def fused_lm_loss(
+    hidden_BTD: torch.Tensor,
+    weight_VD: torch.Tensor,
+    softcap: float | None,
+    batch: Batch,
+    step_tokens: int | None = None,
+    options: LossOptions = PLAIN,
+) -> Loss:
     """lm_loss of the logits hidden_BTD @ weight_VD.T (soft-capped), options.chunk positions at a time
     (each chunk through torch.compile with options.compiled).
 

@@ -49,17 +49,82 @@ MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
 class ParallelConfig(Section):
-    dp_replicate: int = Field(default=1, ge=1, description="Data-parallel replicas (DDP, or the replicated dimension of HSDP).")
-    dp_shard: int = Field(default=-1, ge=-1, description="Ranks each replica's parameters, gradients and optimizer state are sharded over (FSDP2); -1 means all ranks left after the other degrees.")
-    tp: int = Field(default=1, ge=1, description="Tensor-parallel degree: each block's attention heads and feed-forward width, and the vocabulary, split over this many consecutive ranks (keep it within a node).")
-    cp: int = Field(default=1, ge=1, description="Context-parallel degree: each window's positions split over this many ranks, which gather each layer's keys and values (long windows; kiln.train.context_parallel).")
-    pp: int = Field(default=1, ge=1, description="Pipeline ranks: the layer stack split into stages over this many ranks (one each, or pp_stages_per_rank interleaved), across nodes if need be (kiln.train.pipeline_parallel).")
-    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field(default="1f1b", description="With pp > 1: gpipe (every micro-batch forward, then every one backward), 1f1b (one forward, one backward: the same bubble, fewer activations in flight), or interleaved_1f1b (pp_stages_per_rank stages on each rank, taken in turn: a bubble that many times smaller, as many more sends).")
-    pp_stages_per_rank: int = Field(default=1, ge=1, description="With pp > 1: pipeline stages each rank holds (interleaved_1f1b takes 2 or more): rank r holds stages r, r + pp, r + 2 pp, ...")
-    pp_layers: list[int] | None = Field(default=None, description="With pp > 1: layers per stage, e.g. [3, 5] (pp x pp_stages_per_rank of them); None balances the stages by parameter count (the first also holds the embedding, the last the output layer).")
-    sequence_parallel: bool = Field(default=False, description="With tp > 1: the norms and residual stream between blocks hold 1/tp of the sequence on each rank (less activation memory; the same values).")
-    reshard_after_forward: bool = Field(default=True, description="FSDP2: free each block's gathered weights after its forward and gather them again for backward (ZeRO-3); false keeps them until backward (ZeRO-2's weight memory, one all-gather fewer per micro-batch).")
-    cpu_offload: bool = Field(default=False, description="FSDP2: keep sharded parameters, gradients and optimizer state in CPU memory between uses.")
+    dp_replicate: int = Field(
+        default=1, ge=1, description="Data-parallel replicas (DDP, or the replicated dimension of HSDP)."
+    )
+    dp_shard: int = Field(
+        default=-1,
+        ge=-1,
+        description=(
+            "Ranks each replica's parameters, gradients and optimizer state are sharded over (FSDP2); -1 means all "
+            "ranks left after the other degrees."
+        ),
+    )
+    tp: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Tensor-parallel degree: each block's attention heads and feed-forward width, and the vocabulary, split "
+            "over this many consecutive ranks (keep it within a node)."
+        ),
+    )
+    cp: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Context-parallel degree: each window's positions split over this many ranks, which gather each layer's "
+            "keys and values (long windows; kiln.train.context_parallel)."
+        ),
+    )
+    pp: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Pipeline ranks: the layer stack split into stages over this many ranks (one each, or pp_stages_per_rank "
+            "interleaved), across nodes if need be (kiln.train.pipeline_parallel)."
+        ),
+    )
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field(
+        default="1f1b",
+        description=(
+            "With pp > 1: gpipe (every micro-batch forward, then every one backward), 1f1b (one forward, one "
+            "backward: the same bubble, fewer activations in flight), or interleaved_1f1b (pp_stages_per_rank stages "
+            "on each rank, taken in turn: a bubble that many times smaller, as many more sends)."
+        ),
+    )
+    pp_stages_per_rank: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "With pp > 1: pipeline stages each rank holds (interleaved_1f1b takes 2 or more): rank r holds stages r, "
+            "r + pp, r + 2 pp, ..."
+        ),
+    )
+    pp_layers: list[int] | None = Field(
+        default=None,
+        description=(
+            "With pp > 1: layers per stage, e.g. [3, 5] (pp x pp_stages_per_rank of them); None balances the stages "
+            "by parameter count (the first also holds the embedding, the last the output layer)."
+        ),
+    )
+    sequence_parallel: bool = Field(
+        default=False,
+        description=(
+            "With tp > 1: the norms and residual stream between blocks hold 1/tp of the sequence on each rank (less "
+            "activation memory; the same values)."
+        ),
+    )
+    reshard_after_forward: bool = Field(
+        default=True,
+        description=(
+            "FSDP2: free each block's gathered weights after its forward and gather them again for backward (ZeRO-3); "
+            "false keeps them until backward (ZeRO-2's weight memory, one all-gather fewer per micro-batch)."
+        ),
+    )
+    cpu_offload: bool = Field(
+        default=False,
+        description="FSDP2: keep sharded parameters, gradients and optimizer state in CPU memory between uses.",
+    )
 
     @field_validator("dp_shard")
     @classmethod
@@ -78,11 +143,21 @@ class ParallelConfig(Section):
         the degrees and the world size when their product is not the world size."""
         fixed = self.dp_replicate * self.same_rows
         shard = world // fixed if self.dp_shard == -1 else self.dp_shard
-        degrees = {"pp": self.pp, "dp_replicate": self.dp_replicate, "dp_shard": max(shard, 1), "cp": self.cp, "tp": self.tp}
+        degrees = {
+            "pp": self.pp,
+            "dp_replicate": self.dp_replicate,
+            "dp_shard": max(shard, 1),
+            "cp": self.cp,
+            "tp": self.tp,
+        }
         product = math.prod(degrees.values())
         if product != world or (self.dp_shard == -1 and world % fixed):
             named = " x ".join(f"parallel.{k} ({self.dp_shard if k == 'dp_shard' else v})" for k, v in degrees.items())
-            fix = "set dp_shard=-1 to take the rest" if self.dp_shard != -1 else f"the world size must be a multiple of pp x dp_replicate x cp x tp = {fixed}"
+            fix = (
+                "set dp_shard=-1 to take the rest"
+                if self.dp_shard != -1
+                else f"the world size must be a multiple of pp x dp_replicate x cp x tp = {fixed}"
+            )
             raise ConfigError(f"{named} must multiply to the world size, the {world} processes torchrun started; {fix}")
         return degrees
 
@@ -96,16 +171,30 @@ class ParallelConfig(Section):
 # check_layout runs them all before any process starts (kiln train --nproc) and on every rank.
 
 
-def check_layout(model_cfg: ModelConfig, cfg: TrainConfig, parallel: ParallelConfig, degrees: dict[str, int], amp_dtype: torch.dtype | None) -> None:
+def check_layout(
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    parallel: ParallelConfig,
+    degrees: dict[str, int],
+    amp_dtype: torch.dtype | None,
+) -> None:
     """A ConfigError for a layout (`degrees`, ParallelConfig.degrees) this model and training cannot
     take. It reads no data, so `kiln train --nproc N` runs it before starting any process (and each
     rank again)."""
     split = degrees["dp_shard"] > 1 or degrees["tp"] > 1 or degrees["pp"] > 1 or degrees["cp"] > 1
     if amp_dtype == torch.float16 and split:
-        raise ConfigError("train.precision.dtype=fp16 skips a step when any gradient overflows, which ranks holding parts of the model cannot agree on; use bf16 with FSDP2, tensor or pipeline parallelism, or DDP (parallel.dp_shard=1, parallel.tp=1, parallel.pp=1, parallel.cp=1)")
+        raise ConfigError(
+            "train.precision.dtype=fp16 skips a step when any gradient overflows, which ranks holding parts of "
+            "the model cannot agree on; use bf16 with FSDP2, tensor or pipeline parallelism, or DDP "
+            "(parallel.dp_shard=1, parallel.tp=1, parallel.pp=1, parallel.cp=1)"
+        )
     if cfg.optim.name == "muon" and split:
         layout = " x ".join(f"{name} {degree}" for name, degree in degrees.items())
-        raise ConfigError(f"train.optim.name=muon orthogonalises whole matrices, and parallel ({layout}) splits them over ranks; use DDP (parallel.dp_replicate={math.prod(degrees.values())}, parallel.dp_shard=1, parallel.tp=1, parallel.pp=1, parallel.cp=1) or adamw")
+        raise ConfigError(
+            f"train.optim.name=muon orthogonalises whole matrices, and parallel ({layout}) splits them over "
+            f"ranks; use DDP (parallel.dp_replicate={math.prod(degrees.values())}, parallel.dp_shard=1, "
+            "parallel.tp=1, parallel.pp=1, parallel.cp=1) or adamw"
+        )
     tp, pp, cp = degrees["tp"], degrees["pp"], degrees["cp"]  # parallel's own: only dp_shard is resolved
     check_tensor_parallel(model_cfg, tp)
     if tp > 1 and parallel.sequence_parallel:
@@ -121,13 +210,22 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
         return
     problems = []
     if cfg.n_heads % tp:
-        problems.append(f"model.n_heads ({cfg.n_heads}) is not a multiple of parallel.tp ({tp}): each rank computes whole query heads")
+        problems.append(
+            f"model.n_heads ({cfg.n_heads}) is not a multiple of parallel.tp ({tp}): each rank computes whole "
+            "query heads"
+        )
     if cfg.kv_heads % tp:
-        problems.append(f"model.n_kv_heads ({cfg.kv_heads}) is not a multiple of parallel.tp ({tp}): each rank holds whole key/value heads for its query heads (grouped-query attention splits only when tp divides the key/value heads)")
+        problems.append(
+            f"model.n_kv_heads ({cfg.kv_heads}) is not a multiple of parallel.tp ({tp}): each rank holds whole "
+            "key/value heads for its query heads (grouped-query attention splits only when tp divides the "
+            "key/value heads)"
+        )
     if cfg.hidden % tp:
         problems.append(f"the feed-forward width ({cfg.hidden}) is not a multiple of parallel.tp ({tp})")
     if cfg.z_loss:
-        problems.append("model.z_loss: its log-normaliser needs every vocabulary shard's logits; set it to 0 or train with tp = 1")
+        problems.append(
+            "model.z_loss: its log-normaliser needs every vocabulary shard's logits; set it to 0 or train with tp = 1"
+        )
     if problems:
         raise ConfigError(f"parallel.tp={tp} cannot split this model: " + "; ".join(problems))
 
@@ -136,9 +234,14 @@ def check_sequence_parallel(tp: int, lengths: list[int], probe_every: int | None
     """A ConfigError, with the reason, for training that sequence parallelism cannot split: each
     rank holds 1/tp of the positions, so every training length must divide by tp; decoding one
     position at a time (the probe set's continuations) cannot be split at all."""
-    problems = [f"train.seq_len (and seq_len_schedule) {n} is not a multiple of parallel.tp ({tp})" for n in lengths if n % tp]
+    problems = [
+        f"train.seq_len (and seq_len_schedule) {n} is not a multiple of parallel.tp ({tp})" for n in lengths if n % tp
+    ]
     if probe_every:
-        problems.append("train.probe_every: the probe's continuations decode one position at a time, which 1/tp of the positions per rank cannot hold; drop train.probe_every or parallel.sequence_parallel")
+        problems.append(
+            "train.probe_every: the probe's continuations decode one position at a time, which 1/tp of the "
+            "positions per rank cannot hold; drop train.probe_every or parallel.sequence_parallel"
+        )
     if problems:
         raise ConfigError("parallel.sequence_parallel splits the positions over the tp ranks: " + "; ".join(problems))
 
@@ -148,10 +251,27 @@ def check_context_parallel(cp: int, lengths: list[int], pp: int, sequence_parall
 
     sequence_parallel_tp: the tensor-parallel degree sequence parallelism splits each rank's
     positions over (1 without it)."""
-    problems = [f"train.seq_len (and seq_len_schedule) {n} is not a multiple of 2 x parallel.cp ({2 * cp}): each rank holds two of 2 x cp equal chunks of every window" for n in lengths if n % (2 * cp)]
-    problems += [f"train.seq_len (and seq_len_schedule) {n}: each rank's {n // cp} positions are not a multiple of parallel.tp ({sequence_parallel_tp}), which sequence parallelism splits them over" for n in lengths if n % (2 * cp) == 0 and (n // cp) % sequence_parallel_tp]
+    problems = [
+        (
+            f"train.seq_len (and seq_len_schedule) {n} is not a multiple of 2 x parallel.cp ({2 * cp}): each rank "
+            "holds two of 2 x cp equal chunks of every window"
+        )
+        for n in lengths
+        if n % (2 * cp)
+    ]
+    problems += [
+        (
+            f"train.seq_len (and seq_len_schedule) {n}: each rank's {n // cp} positions are not a multiple of "
+            f"parallel.tp ({sequence_parallel_tp}), which sequence parallelism splits them over"
+        )
+        for n in lengths
+        if n % (2 * cp) == 0 and (n // cp) % sequence_parallel_tp
+    ]
     if pp > 1:
-        problems.append(f"parallel.pp={pp}: pipeline stages pass fixed-shape hidden states and carry no attention mask between them; use cp with pp = 1")
+        problems.append(
+            f"parallel.pp={pp}: pipeline stages pass fixed-shape hidden states and carry no attention mask "
+            "between them; use cp with pp = 1"
+        )
     if problems:
         raise ConfigError(f"parallel.cp={cp} cannot split this training: " + "; ".join(problems))
 
@@ -167,18 +287,34 @@ def check_pipeline(cfg: ModelConfig, parallel: ParallelConfig, objectives: dict[
     problems = []
     stages = pp * per_rank
     if schedule == "interleaved_1f1b" and per_rank < 2:
-        problems.append("parallel.pp_schedule=interleaved_1f1b takes turns between the stages of a rank: set parallel.pp_stages_per_rank to 2 or more")
+        problems.append(
+            "parallel.pp_schedule=interleaved_1f1b takes turns between the stages of a rank: set "
+            "parallel.pp_stages_per_rank to 2 or more"
+        )
     if schedule != "interleaved_1f1b" and per_rank > 1:
-        problems.append(f"parallel.pp_stages_per_rank={per_rank}: only pp_schedule: interleaved_1f1b runs several stages per rank")
+        problems.append(
+            f"parallel.pp_stages_per_rank={per_rank}: only pp_schedule: interleaved_1f1b runs several stages per rank"
+        )
     if layers is not None and (len(layers) != stages or sum(layers) != cfg.n_layers or min(layers) < 1):
-        problems.append(f"parallel.pp_layers {layers} must give each of the {stages} stages at least one layer, {cfg.n_layers} in all")
+        problems.append(
+            f"parallel.pp_layers {layers} must give each of the {stages} stages at least one layer, "
+            f"{cfg.n_layers} in all"
+        )
     elif cfg.n_layers < stages:
-        problems.append(f"model.n_layers ({cfg.n_layers}) is below the {stages} stages (parallel.pp x parallel.pp_stages_per_rank): every stage needs a layer")
+        problems.append(
+            f"model.n_layers ({cfg.n_layers}) is below the {stages} stages (parallel.pp x "
+            "parallel.pp_stages_per_rank): every stage needs a layer"
+        )
     unfit = sorted(o for o, masked in objectives.items() if o not in ("clm", "fim") or masked)
     if unfit:
-        problems.append(f"train.objective {', '.join(unfit)}: a stage builds plain causal attention over 0..T-1 itself, so rows must be clm or fim without document masking (train.document_masking: false)")
+        problems.append(
+            f"train.objective {', '.join(unfit)}: a stage builds plain causal attention over 0..T-1 itself, so "
+            "rows must be clm or fim without document masking (train.document_masking: false)"
+        )
     if parallel.sequence_parallel and parallel.tp > 1:
-        problems.append("parallel.sequence_parallel: stages pass whole hidden states to each other; set it to false with pp > 1")
+        problems.append(
+            "parallel.sequence_parallel: stages pass whole hidden states to each other; set it to false with pp > 1"
+        )
     if problems:
         raise ConfigError(f"parallel.pp={pp} cannot split this run: " + "; ".join(problems))
 
@@ -204,7 +340,9 @@ class Ranks:
     degrees: dict[str, int]  # MESH_DIMS -> degree
     device: torch.device
     mesh: Any = None  # the DeviceMesh over MESH_DIMS (None with one process)
-    data_group: Any = None  # process group of the ranks with this rank's pp, cp and tp coordinates (the data-parallel ranks)
+    data_group: Any = (
+        None  # process group of the ranks with this rank's pp, cp and tp coordinates (the data-parallel ranks)
+    )
     dp_pp_group: Any = None  # the data ranks of every pipeline stage (this rank's tp coordinate)
     shard_mesh: Any = None  # what FSDP2 shards over: dp_shard (x cp, flattened), after dp_replicate under HSDP
 
@@ -352,10 +490,20 @@ def init_ranks(cfg: ParallelConfig, device: torch.device) -> Ranks:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(device.type, tuple(degrees[name] for name in MESH_DIMS), mesh_dim_names=MESH_DIMS)
-    data_group = mesh["dp_replicate", "dp_shard"]._flatten("dp").get_group()  # the data ranks of this pp, cp and tp coordinate
-    dp_pp_group = mesh["pp", "dp_replicate", "dp_shard"]._flatten("pp_dp").get_group() if degrees["pp"] > 1 else data_group
+    data_group = (
+        mesh["dp_replicate", "dp_shard"]._flatten("dp").get_group()
+    )  # the data ranks of this pp, cp and tp coordinate
+    dp_pp_group = (
+        mesh["pp", "dp_replicate", "dp_shard"]._flatten("pp_dp").get_group() if degrees["pp"] > 1 else data_group
+    )
     ranks = Ranks(dist.get_rank(), world, degrees, device, mesh, data_group, dp_pp_group, shard_mesh(mesh, degrees))
     if ranks.is_main:
         places = {int(r): coordinate for coordinate, r in np.ndenumerate(mesh.mesh.numpy())}
-        log.info("train: mesh %s over %d processes; rank (%s): %s", ranks.describe(), world, ", ".join(MESH_DIMS), "; ".join(f"{r} {places[r]}" for r in sorted(places)))
+        log.info(
+            "train: mesh %s over %d processes; rank (%s): %s",
+            ranks.describe(),
+            world,
+            ", ".join(MESH_DIMS),
+            "; ".join(f"{r} {places[r]}" for r in sorted(places)),
+        )
     return ranks

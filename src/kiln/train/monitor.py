@@ -11,7 +11,8 @@ dropping a last line torn by a write cut short (a full disk, a crash) with a war
 fails stops the run with the file and the reason.
 The same curves go to TensorBoard event files in `tensorboard/` beside it (`tensorboard --logdir
 runs/<name>/train`). `MixtureWindows` adds, per window of steps, the tokens each source actually gave against the
-intended weights (the realized mixture). MFU is achieved model FLOP/s over the device's dense bf16 peak; it is reported only
+intended weights (the realized mixture). MFU is achieved model FLOP/s over the device's dense bf16 peak; it is reported
+only
 where the peak is known (listed GPUs), never guessed for a CPU. Only rank 0 writes or draws a
 bar (kiln.core.ranks).
 Not handled here: sinks other than metrics.jsonl and TensorBoard.
@@ -87,10 +88,19 @@ def truncate_metrics(path: Path, step: int) -> None:
                     raise ValueError("a record of the trainer is a JSON object with an integer step")
             except ValueError as e:
                 if n < last:
-                    raise FatalError(f"{path}: line {n + 1} is not a metrics record ({e}); remove that line "
-                                     "(or the file, losing the curves so far) and run again") from None
-                log.warning("train: %s: its last line (line %d, %d bytes) is not a whole record, as a write cut short leaves it: dropped",
-                            path, n + 1, len(line))
+                    raise FatalError(
+                        f"{path}: line {n + 1} is not a metrics record ({e}); remove that line "
+                        "(or the file, losing the curves so far) and run again"
+                    ) from None
+                log.warning(
+                    (
+                        "train: %s: its last line (line %d, %d bytes) is not a whole record, as a write cut short "
+                        "leaves it: dropped"
+                    ),
+                    path,
+                    n + 1,
+                    len(line),
+                )
                 cut = start if cut is None else cut
             else:
                 if record["step"] > step and cut is None:
@@ -147,9 +157,15 @@ class Monitor:
                 file, self.file = self.file, None
                 with suppress(OSError):
                     file.close()  # the unwritten rest goes with it, not in a second error at exit
-                fix = "free space on that disk" if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else "make it writable"
-                raise FatalError(f"cannot write {self.path}: {e.strerror}; {fix} and run the same command again: "
-                                 "finished work is kept (training resumes from its newest complete state)") from e
+                fix = (
+                    "free space on that disk"
+                    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+                    else "make it writable"
+                )
+                raise FatalError(
+                    f"cannot write {self.path}: {e.strerror}; {fix} and run the same command again: "
+                    "finished work is kept (training resumes from its newest complete state)"
+                ) from e
 
     def log_eval(self, step: int, results: dict[str, Any], kind: str) -> None:
         """kind: start (before step 1), periodic (every train.eval_every steps), adaptive (for the mixture) or final."""
@@ -190,25 +206,32 @@ class Monitor:
             peak_memory = round(torch.cuda.max_memory_allocated(self.device) / 2**20, 1)
             torch.cuda.reset_peak_memory_stats(self.device)
         self.t_last = now
-        self.write({
-            "step": s.step,
-            "loss": round(s.loss, 5),
-            "loss_by_source": {source: round(v, 5) for source, v in s.loss_by_source.items()},
-            "lr": s.lr,
-            "grad_norm": round(s.grad_norm, 5),
-            "tokens": s.tokens,
-            "seq_len": s.seq_len,
-            "tokens_per_s": round(tokens_per_s, 1),
-            "mfu": round(tokens_per_s * s.flops_per_token / self.peak, 4) if self.peak else None,
-            "data_wait_s": round(s.data_wait_s, 4),
-            "peak_memory_mb": peak_memory,
-            "rollbacks": s.rollbacks,
-            "elapsed_s": round(now - self.t0, 3),
-            **({"pipeline_bubble": round(s.bubble, 4)} if s.bubble is not None else {}),
-        })
+        self.write(
+            {
+                "step": s.step,
+                "loss": round(s.loss, 5),
+                "loss_by_source": {source: round(v, 5) for source, v in s.loss_by_source.items()},
+                "lr": s.lr,
+                "grad_norm": round(s.grad_norm, 5),
+                "tokens": s.tokens,
+                "seq_len": s.seq_len,
+                "tokens_per_s": round(tokens_per_s, 1),
+                "mfu": round(tokens_per_s * s.flops_per_token / self.peak, 4) if self.peak else None,
+                "data_wait_s": round(s.data_wait_s, 4),
+                "peak_memory_mb": peak_memory,
+                "rollbacks": s.rollbacks,
+                "elapsed_s": round(now - self.t0, 3),
+                **({"pipeline_bubble": round(s.bubble, 4)} if s.bubble is not None else {}),
+            }
+        )
         if self.board is not None:
-            curves = (("loss", s.loss), ("lr", s.lr), ("grad_norm", s.grad_norm), ("tokens_per_s", tokens_per_s),
-                      ("data_wait_s", s.data_wait_s))
+            curves = (
+                ("loss", s.loss),
+                ("lr", s.lr),
+                ("grad_norm", s.grad_norm),
+                ("tokens_per_s", tokens_per_s),
+                ("data_wait_s", s.data_wait_s),
+            )
             for name, value in curves:
                 self.board.add_scalar(f"train/{name}", value, s.step)
             for source, value in s.loss_by_source.items():
@@ -239,7 +262,9 @@ class MixtureWindows:
         self.intended = np.zeros(len(self.sources))
         self.records: list[dict[str, Any]] = []
 
-    def add(self, step: int, tokens_so_far: dict[str, int], weights: np.ndarray, step_tokens: int) -> dict[str, Any] | None:
+    def add(
+        self, step: int, tokens_so_far: dict[str, int], weights: np.ndarray, step_tokens: int
+    ) -> dict[str, Any] | None:
         """Record one step; at a window's last step, the window's record (also kept in `records`)."""
         self.intended += weights * step_tokens  # what the recipe asked of this step
         if step % self.size and step != self.steps:
@@ -250,14 +275,22 @@ class MixtureWindows:
             "steps": [self.first_step, step],
             "tokens": {s: int(t) for s, t in zip(self.sources, tokens, strict=True)},
             "share": {s: round(float(t / max(tokens.sum(), 1)), 4) for s, t in zip(self.sources, tokens, strict=True)},
-            "intended": {s: round(float(i / max(self.intended.sum(), 1e-12)), 4) for s, i in zip(self.sources, self.intended, strict=True)},
+            "intended": {
+                s: round(float(i / max(self.intended.sum(), 1e-12)), 4)
+                for s, i in zip(self.sources, self.intended, strict=True)
+            },
         }
         self.first_step, self.start_tokens, self.intended = step + 1, now, np.zeros(len(self.sources))
         self.records.append(record)
         return record
 
     def state_dict(self) -> dict[str, Any]:
-        return {"first_step": self.first_step, "start_tokens": self.start_tokens.tolist(), "intended": self.intended.tolist(), "records": self.records}
+        return {
+            "first_step": self.first_step,
+            "start_tokens": self.start_tokens.tolist(),
+            "intended": self.intended.tolist(),
+            "records": self.records,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.first_step, self.records = state["first_step"], list(state["records"])

@@ -42,8 +42,27 @@ def orthogonalise(g_RC: torch.Tensor, steps: int) -> torch.Tensor:
 class Muon(torch.optim.Optimizer):
     """Groups with `muon=True` take orthogonalised momentum; the others AdamW (betas, eps, weight decay)."""
 
-    def __init__(self, groups: Iterable[dict[str, Any]], lr: float, momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.0):
-        defaults = {"lr": lr, "momentum": momentum, "nesterov": nesterov, "ns_steps": ns_steps, "betas": betas, "eps": eps, "weight_decay": weight_decay, "muon": False}
+    def __init__(
+        self,
+        groups: Iterable[dict[str, Any]],
+        lr: float,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ):
+        defaults = {
+            "lr": lr,
+            "momentum": momentum,
+            "nesterov": nesterov,
+            "ns_steps": ns_steps,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "muon": False,
+        }
         super().__init__(list(groups), defaults)
 
     @torch.no_grad()

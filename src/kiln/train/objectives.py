@@ -41,24 +41,52 @@ from kiln.text.tokenizer import KilnTokenizer
 Objective = Literal["clm", "fim", "mlm", "prefix_lm", "span_corruption"]
 Attention = Literal["causal", "full", "prefix"]
 # Objectives whose rows keep attention inside each packed document unless the recipe says otherwise.
-MASKS_DOCUMENTS_BY_DEFAULT: dict[str, bool] = {"clm": False, "fim": True, "mlm": True, "prefix_lm": True, "span_corruption": False}
+MASKS_DOCUMENTS_BY_DEFAULT: dict[str, bool] = {
+    "clm": False,
+    "fim": True,
+    "mlm": True,
+    "prefix_lm": True,
+    "span_corruption": False,
+}
 
 
 class MLMConfig(Section):
-    mask_rate: float = Field(default=0.15, gt=0, lt=1, description="Share of ordinary (non-special) tokens selected for prediction.")
-    replace_with_mask: float = Field(default=0.8, ge=0, le=1, description="Share of selected tokens replaced by <|mask|>.")
-    replace_with_random: float = Field(default=0.1, ge=0, le=1, description="Share of selected tokens replaced by a random ordinary token; the rest stay as they are.")
+    mask_rate: float = Field(
+        default=0.15, gt=0, lt=1, description="Share of ordinary (non-special) tokens selected for prediction."
+    )
+    replace_with_mask: float = Field(
+        default=0.8, ge=0, le=1, description="Share of selected tokens replaced by <|mask|>."
+    )
+    replace_with_random: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="Share of selected tokens replaced by a random ordinary token; the rest stay as they are.",
+    )
 
     @model_validator(mode="after")
     def _shares(self) -> MLMConfig:
         if self.replace_with_mask + self.replace_with_random > 1:
-            raise ValueError(f"replace_with_mask + replace_with_random = {self.replace_with_mask + self.replace_with_random} exceeds 1")
+            raise ValueError(
+                f"replace_with_mask + replace_with_random = {self.replace_with_mask + self.replace_with_random} "
+                "exceeds 1"
+            )
         return self
 
 
 class PrefixLMConfig(Section):
-    min_share: float = Field(default=0.0, ge=0, le=1, description="Smallest prefix, as a share of its document's (or, without document masking, its row's) length.")
-    max_share: float = Field(default=1.0, ge=0, le=1, description="Largest prefix share; each document draws its share uniformly between the two.")
+    min_share: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Smallest prefix, as a share of its document's (or, without document masking, its row's) length.",
+    )
+    max_share: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="Largest prefix share; each document draws its share uniformly between the two.",
+    )
 
     @model_validator(mode="after")
     def _order(self) -> PrefixLMConfig:
@@ -68,7 +96,9 @@ class PrefixLMConfig(Section):
 
 
 class SpanCorruptionConfig(Section):
-    noise_density: float = Field(default=0.15, gt=0, lt=1, description="Share of a window's tokens that are corrupted (T5: 0.15).")
+    noise_density: float = Field(
+        default=0.15, gt=0, lt=1, description="Share of a window's tokens that are corrupted (T5: 0.15)."
+    )
     mean_span: float = Field(default=3.0, ge=1, description="Mean corrupted span length in tokens (T5: 3).")
 
 
@@ -86,20 +116,35 @@ class TokenIds:
 
 
 def token_ids(tokenizer: KilnTokenizer) -> TokenIds:
-    return TokenIds(tokenizer.eot_id, tokenizer.pad_id, tokenizer.mask_id, tokenizer.fim_ids[1], tuple(tokenizer.sentinel_ids), max(tokenizer.specials.values()) + 1, tokenizer.vocab_size)
+    return TokenIds(
+        tokenizer.eot_id,
+        tokenizer.pad_id,
+        tokenizer.mask_id,
+        tokenizer.fim_ids[1],
+        tuple(tokenizer.sentinel_ids),
+        max(tokenizer.specials.values()) + 1,
+        tokenizer.vocab_size,
+    )
 
 
-def check_objectives(objectives: dict[str, float], seq_len: int, span: SpanCorruptionConfig, ids: TokenIds, tokenize_fim: dict | None) -> None:
+def check_objectives(
+    objectives: dict[str, float], seq_len: int, span: SpanCorruptionConfig, ids: TokenIds, tokenize_fim: dict | None
+) -> None:
     """Stop before any work when the run's tokenizer or token shards cannot serve the objectives."""
     if "span_corruption" in objectives:
         n_spans = span_plan(seq_len, span)[2]
         if n_spans > len(ids.sentinels):
             raise ConfigError(
-                f"train.objective span_corruption at seq_len {seq_len} corrupts {n_spans} spans per row but the tokenizer reserves"
-                f" {len(ids.sentinels)} sentinels; raise tokenizer.sentinel_tokens to {n_spans} (retrains the tokenizer) or raise train.span_corruption.mean_span"
+                f"train.objective span_corruption at seq_len {seq_len} corrupts {n_spans} spans per row but the "
+                "tokenizer reserves"
+                f" {len(ids.sentinels)} sentinels; raise tokenizer.sentinel_tokens to {n_spans} (retrains the "
+                "tokenizer) or raise train.span_corruption.mean_span"
             )
     if "fim" in objectives and not (tokenize_fim and tokenize_fim["rate"] > 0):
-        raise ConfigError("train.objective fim trains on documents the tokenize stage rearranged, and this run's token shards have none; set tokenize.fim (e.g. tokenize.fim.rate=0.5) and run tokenize again")
+        raise ConfigError(
+            "train.objective fim trains on documents the tokenize stage rearranged, and this run's token shards "
+            "have none; set tokenize.fim (e.g. tokenize.fim.rate=0.5) and run tokenize again"
+        )
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: array fields have no single truth value
@@ -177,11 +222,15 @@ def span_plan(seq_len: int, cfg: SpanCorruptionConfig) -> tuple[int, int, int]:
 
 def split_randomly(total: int, parts: int, rng: np.random.Generator) -> np.ndarray:
     """`parts` positive lengths summing to `total`, uniformly over all such compositions."""
-    cuts = np.sort(rng.choice(total - 1, size=parts - 1, replace=False) + 1) if parts > 1 else np.array([], dtype=np.int64)
+    cuts = (
+        np.sort(rng.choice(total - 1, size=parts - 1, replace=False) + 1) if parts > 1 else np.array([], dtype=np.int64)
+    )
     return np.diff(np.concatenate(([0], cuts, [total]))).astype(np.int64)
 
 
-def span_corruption(window: np.ndarray, ids: TokenIds, cfg: SpanCorruptionConfig, seq_len: int, rng: np.random.Generator) -> Row:
+def span_corruption(
+    window: np.ndarray, ids: TokenIds, cfg: SpanCorruptionConfig, seq_len: int, rng: np.random.Generator
+) -> Row:
     L, N, n = span_plan(seq_len, cfg)
     assert len(window) == L, f"span corruption takes windows of {L} tokens, got {len(window)}"
     noise_lens, keep_lens = split_randomly(N, n, rng), split_randomly(L - N, n, rng)

@@ -26,10 +26,22 @@ FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where torch.optim.AdamW(fused=True) has
 
 
 class OptimConfig(Section):
-    name: Literal["adamw", "muon"] = Field(default="adamw", description="adamw for every parameter, or muon for the blocks' matrices with AdamW for the rest.")
-    lr: float = Field(default=3e-3, gt=0, le=1, description="Peak learning rate after warmup (AdamW's; with muon, of the embeddings, output projection and norms).")
+    name: Literal["adamw", "muon"] = Field(
+        default="adamw",
+        description="adamw for every parameter, or muon for the blocks' matrices with AdamW for the rest.",
+    )
+    lr: float = Field(
+        default=3e-3,
+        gt=0,
+        le=1,
+        description=(
+            "Peak learning rate after warmup (AdamW's; with muon, of the embeddings, output projection and norms)."
+        ),
+    )
     weight_decay: float = Field(default=0.1, ge=0, description="Decoupled weight decay on matrices.")
-    decay_embeddings: bool = Field(default=True, description="Decay the embedding (and an untied output projection) too.")
+    decay_embeddings: bool = Field(
+        default=True, description="Decay the embedding (and an untied output projection) too."
+    )
     decay_norms: bool = Field(default=False, description="Decay norm gains too.")
     beta1: float = Field(default=0.9, ge=0, lt=1, description="AdamW first-moment decay.")
     beta2: float = Field(default=0.95, ge=0, lt=1, description="AdamW second-moment decay.")
@@ -54,8 +66,18 @@ def parameter_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
             blocks.append(p)
     muon = cfg.name == "muon"
     groups = [
-        {"params": blocks, "weight_decay": cfg.weight_decay, "muon": muon, "lr_scale": cfg.muon_lr / cfg.lr if muon else 1.0},
-        {"params": embeddings, "weight_decay": cfg.weight_decay if cfg.decay_embeddings else 0.0, "muon": False, "lr_scale": 1.0},
+        {
+            "params": blocks,
+            "weight_decay": cfg.weight_decay,
+            "muon": muon,
+            "lr_scale": cfg.muon_lr / cfg.lr if muon else 1.0,
+        },
+        {
+            "params": embeddings,
+            "weight_decay": cfg.weight_decay if cfg.decay_embeddings else 0.0,
+            "muon": False,
+            "lr_scale": 1.0,
+        },
         {"params": norms, "weight_decay": cfg.weight_decay if cfg.decay_norms else 0.0, "muon": False, "lr_scale": 1.0},
     ]
     return [g for g in groups if g["params"]]
@@ -64,7 +86,13 @@ def parameter_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
     groups = parameter_groups(model, cfg)
     if cfg.name == "muon":
-        return Muon(groups, lr=cfg.lr, momentum=cfg.muon_momentum, ns_steps=cfg.newton_schulz_steps, betas=(cfg.beta1, cfg.beta2))
+        return Muon(
+            groups,
+            lr=cfg.lr,
+            momentum=cfg.muon_momentum,
+            ns_steps=cfg.newton_schulz_steps,
+            betas=(cfg.beta1, cfg.beta2),
+        )
     for g in groups:
         del g["muon"]  # not an AdamW option
     fused = next(model.parameters()).device.type in FUSED_ADAMW_DEVICES

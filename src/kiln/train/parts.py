@@ -109,8 +109,14 @@ class TrainParts:
     monitor: Monitor
 
 
-def build_parts(model_cfg: ModelConfig, cfg: TrainConfig, data: TrainData, validation: Validation, out_dir: Path,
-                place: Placement | None) -> TrainParts:
+def build_parts(
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    data: TrainData,
+    validation: Validation,
+    out_dir: Path,
+    place: Placement | None,
+) -> TrainParts:
     """Every part of a run of `cfg` on model_cfg (its vocab_size resolved); metrics and states go to out_dir."""
     precision = build_precision(cfg)
     place = place or Placement(one_process(precision.device))
@@ -145,8 +151,25 @@ def build_parts(model_cfg: ModelConfig, cfg: TrainConfig, data: TrainData, valid
     # With fp16 an overflowing gradient is the loss scaler's to handle (it skips the step), not a fault.
     guard = Guard(cfg.rollback, check_grad_norm=not scaler.is_enabled())
     monitor = build_monitor(out_dir / RunLayout(validation.run_dir).metrics.name, model_cfg, cfg, ranks)
-    return TrainParts(precision, ranks, model, core, scored, optimizer, list(model.parameters()), loss_of, schedule,
-                      context, scaler, evaluate, probe, mixture, states, guard, monitor)
+    return TrainParts(
+        precision,
+        ranks,
+        model,
+        core,
+        scored,
+        optimizer,
+        list(model.parameters()),
+        loss_of,
+        schedule,
+        context,
+        scaler,
+        evaluate,
+        probe,
+        mixture,
+        states,
+        guard,
+        monitor,
+    )
 
 
 def build_precision(cfg: TrainConfig) -> Precision:
@@ -184,10 +207,18 @@ def check_model_fits(model_cfg: ModelConfig, optimizer: str, ranks: Ranks) -> No
     check_memory(what, host, available_memory(), "this machine", fix)
     if ranks.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(ranks.device)  # host-device sync, once
-        what = (f"train: the model states of {params:,} parameters (fp32 weights, gradients and {optimizer} state over "
-                f"{ranks.describe()})")
-        check_memory(what, states, free, str(ranks.device), "shard them over more GPUs (parallel.dp_shard, tp, pp; "
-                     "`kiln plan memory` gives a layout) or choose a smaller model section")
+        what = (
+            f"train: the model states of {params:,} parameters (fp32 weights, gradients and {optimizer} state over "
+            f"{ranks.describe()})"
+        )
+        check_memory(
+            what,
+            states,
+            free,
+            str(ranks.device),
+            "shard them over more GPUs (parallel.dp_shard, tp, pp; "
+            "`kiln plan memory` gives a layout) or choose a smaller model section",
+        )
 
 
 def build_core(model_cfg: ModelConfig, seed: int, init_from: str | None, optimizer: str, ranks: Ranks) -> nn.Module:
@@ -201,8 +232,9 @@ def build_core(model_cfg: ModelConfig, seed: int, init_from: str | None, optimiz
     return core
 
 
-def split_core(core: nn.Module, ranks: Ranks, parallel: ParallelConfig, layers: list[range],
-               context: ContextSplit | None) -> nn.Module:
+def split_core(
+    core: nn.Module, ranks: Ranks, parallel: ParallelConfig, layers: list[range], context: ContextSplit | None
+) -> nn.Module:
     """The whole model split over the ranks that hold parts of it, from outside: this rank's pipeline
     stages (pp), its slices of each matrix (tp), attention over its group's keys and values (cp)."""
     if ranks.pp > 1:  # each rank keeps its stages' modules of the whole model it built
@@ -269,8 +301,14 @@ def build_loss(options: LossOptions, fused: bool, precision: Precision, tp: int)
     return plain
 
 
-def build_schedule(core: nn.Module, ranks: Ranks, parallel: ParallelConfig, layers: list[range],
-                   head: Callable[..., Loss], precision: Precision) -> PipelineSchedule:
+def build_schedule(
+    core: nn.Module,
+    ranks: Ranks,
+    parallel: ParallelConfig,
+    layers: list[range],
+    head: Callable[..., Loss],
+    precision: Precision,
+) -> PipelineSchedule:
     """The pipeline schedule of parallel.pp_schedule over this rank's stages."""
     from kiln.train.pipeline_parallel import PipelineSchedule
 
@@ -316,8 +354,9 @@ def objective_loss(model: nn.Module, batches: list[Batch], precision: Precision)
     return {"loss": nats / max(kept, 1), "tokens": kept}
 
 
-def build_states(out_dir: Path, ranks: Ranks, checkpoint: CheckpointConfig, stable_until: int | None,
-                 steps: int) -> States:
+def build_states(
+    out_dir: Path, ranks: Ranks, checkpoint: CheckpointConfig, stable_until: int | None, steps: int
+) -> States:
     """The resumable states train.checkpoint asks for; a wsd run also keeps one at its last stable
     step (stable_until): a longer run goes on from there (kiln.train.extend)."""
     keep = frozenset({stable_until}) if stable_until is not None and stable_until < steps else frozenset()
@@ -331,11 +370,26 @@ def build_monitor(path: Path, model_cfg: ModelConfig, cfg: TrainConfig, ranks: R
     peak = "unknown for this device (MFU not reported)"
     if monitor.peak:
         peak = f"{monitor.peak:.3g} FLOP/s ({ranks.world} x the device's dense bf16 peak)"
-    log.info("train: MFU = tokens/s x FLOPs per token / peak; FLOPs per token = 6 x %s matmul weights + 12 x layers x "
-             "seq_len x d_attn = %s at seq_len %d (PaLM appendix B, kiln.model.config); peak %s",
-             f"{matmul_params(model_cfg):,}", f"{flops_per_token(model_cfg, cfg.seq_len):,}", cfg.seq_len, peak)
-    log.info("train: %s params (%s without embeddings) on %s x %d (%s), %d steps of %d tokens (%d micro-batches of "
-             "%d x %d per data rank)", f"{count_params(model_cfg):,}", f"{count_params(model_cfg, False):,}",
-             ranks.device.type, ranks.world, ranks.describe(), cfg.steps, cfg.tokens_per_step, cfg.grad_accum_steps,
-             cfg.micro_batch_size, cfg.seq_len)
+    log.info(
+        "train: MFU = tokens/s x FLOPs per token / peak; FLOPs per token = 6 x %s matmul weights + 12 x layers x "
+        "seq_len x d_attn = %s at seq_len %d (PaLM appendix B, kiln.model.config); peak %s",
+        f"{matmul_params(model_cfg):,}",
+        f"{flops_per_token(model_cfg, cfg.seq_len):,}",
+        cfg.seq_len,
+        peak,
+    )
+    log.info(
+        "train: %s params (%s without embeddings) on %s x %d (%s), %d steps of %d tokens (%d micro-batches of "
+        "%d x %d per data rank)",
+        f"{count_params(model_cfg):,}",
+        f"{count_params(model_cfg, False):,}",
+        ranks.device.type,
+        ranks.world,
+        ranks.describe(),
+        cfg.steps,
+        cfg.tokens_per_step,
+        cfg.grad_accum_steps,
+        cfg.micro_batch_size,
+        cfg.seq_len,
+    )
     return monitor

@@ -75,7 +75,9 @@ def balance_layers(cfg: ModelConfig, stages: int) -> list[int]:
     also holds the embedding, the last the final norm and output layer."""
     assert cfg.vocab_size is not None, "resolve vocab_size first"
     n = cfg.n_layers
-    block = count_params(cfg.model_copy(update={"n_layers": 1}), include_embeddings=False) - cfg.d_model  # one block's weights
+    block = (
+        count_params(cfg.model_copy(update={"n_layers": 1}), include_embeddings=False) - cfg.d_model
+    )  # one block's weights
     embedding = cfg.vocab_size * cfg.d_model
     head = cfg.vocab_size * cfg.d_model + cfg.d_model  # output layer and final norm
 
@@ -133,8 +135,9 @@ class StageModel(nn.Module):
         self.cfg = self.cfg.model_copy(update={"rope_theta": theta})
         self.rope.fill(self.cfg)
 
-    def forward(self, x: torch.Tensor, layers: range | None = None, last_only: bool = False, head: Any = None,
-                **attention: Any) -> Any:
+    def forward(
+        self, x: torch.Tensor, layers: range | None = None, last_only: bool = False, head: Any = None, **attention: Any
+    ) -> Any:
         """One of the rank's stages, `layers` (None: every block it holds, one stage's), as
         Transformer.forward runs the whole stack: it is given ids where it starts at layer 0 and
         hidden states (B, T, D) otherwise, and returns hidden states unless it ends at the last
@@ -223,16 +226,31 @@ class PipelineSchedule:
     micro-batch after another in the order the schedules run them, and outputs each micro-batch's
     loss value; the schedule's loss function passes it on."""
 
-    def __init__(self, core: StageModel, ranks: Ranks, schedule: str, layers: list[range], head: Callable[..., Loss],
-                 precision: Precision):
+    def __init__(
+        self,
+        core: StageModel,
+        ranks: Ranks,
+        schedule: str,
+        layers: list[range],
+        head: Callable[..., Loss],
+        precision: Precision,
+    ):
         self.core, self.ranks, self.kind, self.layers, self.head = core, ranks, schedule, layers, head
-        self.autocast, self.hidden_dtype = precision.autocast, precision.amp_dtype or torch.float32  # stages pass this dtype
+        self.autocast, self.hidden_dtype = (
+            precision.autocast,
+            precision.amp_dtype or torch.float32,
+        )  # stages pass this dtype
         self.group, self.stages = ranks.stage_group, len(layers)
         self.local = rank_stages(self.stages, ranks.pp, ranks.stage)  # this rank's stages
         self.first, self.last = ranks.stage == 0, self.local[-1] == self.stages - 1  # holds the first stage, the last
         # One stage per rank runs the (FSDP2-wrapped) model itself, so the schedule's gradient-sync
         # handling applies to it; a stage among several, or the last with its loss, runs its layers through it.
-        self.modules = [StageLayers(core, layers[s], self if s == self.stages - 1 else None) if len(self.local) > 1 or s == self.stages - 1 else core for s in self.local]
+        self.modules = [
+            StageLayers(core, layers[s], self if s == self.stages - 1 else None)
+            if len(self.local) > 1 or s == self.stages - 1
+            else core
+            for s in self.local
+        ]
         self.built: dict[tuple[int, int, int, str], Any] = {}  # (micro-batches, rows, seq_len, kind) -> schedule
         self.micro: list[Batch] = []
         self.step_tokens, self.next = 1, 0
@@ -240,9 +258,12 @@ class PipelineSchedule:
         self.busy = BusyTime()
         # A tied embedding: the first rank's, or the last rank's copy (the last stage, pp x v - 1, is on
         # rank pp - 1, never rank 0; a rank holding both ends would hold one matrix, nothing to sum).
-        self.tied = core.embed.weight if core.cfg.tie_embeddings and self.first != self.last else None  # type: ignore[union-attr]
+        # type: ignore[union-attr]
+        self.tied = core.embed.weight if core.cfg.tie_embeddings and self.first != self.last else None
         self.tied_group = tied_group(ranks) if core.cfg.tie_embeddings else None
-        self.copies = [self.tied] if self.tied is not None and self.last else []  # left out of the gradient norm: the first rank's counts
+        self.copies = (
+            [self.tied] if self.tied is not None and self.last else []
+        )  # left out of the gradient norm: the first rank's counts
 
     def sum_tied_grads(self) -> None:
         """A tied embedding: the first and the last stage each get the sum of both copies'
@@ -253,14 +274,18 @@ class PipelineSchedule:
             return
         grad = self.tied.grad
         assert grad is not None, "both ends of the pipeline use the tied embedding in every step"
-        dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad, group=self.tied_group)  # to_local: a view, summed in place
+        dist.all_reduce(
+            grad.to_local() if isinstance(grad, DTensor) else grad, group=self.tied_group
+        )  # to_local: a view, summed in place
 
     def last_forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         """The last stage on the next micro-batch: its loss value (times the data ranks, which
         FSDP2's mean over them undoes, as in the plain loop)."""
         batch = self.micro[self.next]
         self.next += 1
-        loss = self.core(x_BTD, head=partial(self.head, batch=batch, step_tokens=self.step_tokens), layers=self.layers[-1])
+        loss = self.core(
+            x_BTD, head=partial(self.head, batch=batch, step_tokens=self.step_tokens), layers=self.layers[-1]
+        )
         self.row_stats.append((loss.row_mean_B, loss.row_tokens_B))
         return loss.value * self.ranks.grad_scale
 
@@ -273,19 +298,37 @@ class PipelineSchedule:
             self.built.clear()
             b, device = rows // micro_batches, self.ranks.device
 
-            def hidden() -> torch.Tensor:  # requires_grad: the hidden states between stages carry gradients back (the ids do not)
-                return torch.empty(b, seq_len, self.core.cfg.d_model, dtype=self.hidden_dtype, device=device, requires_grad=True)
+            def hidden() -> (
+                torch.Tensor
+            ):  # requires_grad: the hidden states between stages carry gradients back (the ids do not)
+                return torch.empty(
+                    b, seq_len, self.core.cfg.d_model, dtype=self.hidden_dtype, device=device, requires_grad=True
+                )
 
             stages = [
-                TimedStage(self.busy, module, s, self.stages, device, group=self.group,
-                           input_args=torch.zeros(b, seq_len, dtype=torch.long, device=device) if s == 0 else hidden(),
-                           output_args=torch.zeros((), device=device) if s == self.stages - 1 else hidden())
+                TimedStage(
+                    self.busy,
+                    module,
+                    s,
+                    self.stages,
+                    device,
+                    group=self.group,
+                    input_args=torch.zeros(b, seq_len, dtype=torch.long, device=device) if s == 0 else hidden(),
+                    output_args=torch.zeros((), device=device) if s == self.stages - 1 else hidden(),
+                )
                 for s, module in zip(self.local, self.modules, strict=True)
             ]
             # The loss is each micro-batch's share of the step already: no rescaling by the schedule.
-            schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B, "looped_bfs": ScheduleLoopedBFS}[kind]
+            schedule = {
+                "gpipe": ScheduleGPipe,
+                "1f1b": Schedule1F1B,
+                "interleaved_1f1b": ScheduleInterleaved1F1B,
+                "looped_bfs": ScheduleLoopedBFS,
+            }[kind]
             several = kind in ("interleaved_1f1b", "looped_bfs")  # these take a list of the rank's stages
-            self.built[key] = schedule(stages if several else stages[0], micro_batches, loss_fn=lambda value, _target: value, scale_grads=False)
+            self.built[key] = schedule(
+                stages if several else stages[0], micro_batches, loss_fn=lambda value, _target: value, scale_grads=False
+            )
         return self.built[key]
 
     def step(self, micro_batches: list[Batch], step_tokens: int) -> tuple[Loss | None, list[float]]:
@@ -301,7 +344,16 @@ class PipelineSchedule:
         whole = torch.cat([b.input_ids_BT for b in micro_batches]).to(self.ranks.device)
         schedule = self.schedule_for(m, rows, whole.shape[1], kind)
         if self.last:
-            self.micro = [Batch(i, t, k, None, s) for i, t, k, s in zip(*(torch.cat([getattr(b, f) for b in micro_batches]).to(self.ranks.device).tensor_split(m) for f in ("input_ids_BT", "targets_BT", "loss_mask_BT", "source_B")), strict=True)]
+            self.micro = [
+                Batch(i, t, k, None, s)
+                for i, t, k, s in zip(
+                    *(
+                        torch.cat([getattr(b, f) for b in micro_batches]).to(self.ranks.device).tensor_split(m)
+                        for f in ("input_ids_BT", "targets_BT", "loss_mask_BT", "source_B")
+                    ),
+                    strict=True,
+                )
+            ]
         self.step_tokens, self.next, self.row_stats, self.busy.seconds = step_tokens, 0, [], 0.0
         t0 = time.perf_counter()
         with self.autocast(), self.ranks.loss_context():
@@ -321,7 +373,9 @@ class PipelineSchedule:
         idle_by_rank = [1 - float(t[0]) / max(span, 1e-9) for t in every]
         if not self.last:
             return None, idle_by_rank
-        return Loss(torch.zeros(()), torch.cat([m for m, _ in self.row_stats]), torch.cat([t for _, t in self.row_stats])), idle_by_rank
+        return Loss(
+            torch.zeros(()), torch.cat([m for m, _ in self.row_stats]), torch.cat([t for _, t in self.row_stats])
+        ), idle_by_rank
 
 
 class StageLayers(nn.Module):
@@ -379,7 +433,9 @@ class StagesInTurn(nn.Module):
         return out if holds_last else torch.zeros((), device=idx_BT.device).expand(B, T, V)
 
 
-def last_stage_results(scorer: Callable[[nn.Module], dict[str, Any]], ranks: Ranks) -> Callable[[nn.Module], dict[str, Any]]:
+def last_stage_results(
+    scorer: Callable[[nn.Module], dict[str, Any]], ranks: Ranks
+) -> Callable[[nn.Module], dict[str, Any]]:
     """A scorer whose results are the last stage's on every rank (a collective over "pp")."""
     group = ranks.stage_group
     last = dist.get_global_rank(group, ranks.pp - 1)

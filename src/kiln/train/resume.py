@@ -43,12 +43,28 @@ import torch.distributed.checkpoint as dcp
 from pydantic import RootModel
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from kiln.core.errors import FatalError
 from kiln.core.manifest import sha256_file
 from kiln.train.mesh import Ranks
-from kiln.train.state_files import NOT_LOADED, PICKLED_METADATA, Reader, Writer, check_rng_state, check_train_state, read_json, read_metadata, write_text
+from kiln.train.state_files import (
+    NOT_LOADED,
+    PICKLED_METADATA,
+    Reader,
+    Writer,
+    check_rng_state,
+    check_train_state,
+    read_json,
+    read_metadata,
+    write_text,
+)
 
 if TYPE_CHECKING:
     from kiln.train.checkpoint import CheckpointConfig
@@ -77,7 +93,10 @@ def rng_state() -> dict[str, Any]:
     """This process's random states as JSON: Python, numpy's global generator, torch CPU and CUDA."""
     state = {
         "python": json.loads(json.dumps(random.getstate())),
-        "numpy": [str(v) if i == 0 else (v.tolist() if isinstance(v, np.ndarray) else v) for i, v in enumerate(np.random.get_state())],
+        "numpy": [
+            str(v) if i == 0 else (v.tolist() if isinstance(v, np.ndarray) else v)
+            for i, v in enumerate(np.random.get_state())
+        ],
         "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
     }
     if torch.cuda.is_available():
@@ -92,12 +111,20 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8) for s in state["cuda"]])
+        torch.cuda.set_rng_state_all(
+            [torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8) for s in state["cuda"]]
+        )
 
 
 def complete_states(root: Path) -> list[Path]:
     """Finished state folders, oldest first (a `.tmp` folder or one without complete.json is not one)."""
-    return sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp") and (p / COMPLETE).is_file()) if root.is_dir() else []
+    return (
+        sorted(
+            p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp") and (p / COMPLETE).is_file()
+        )
+        if root.is_dir()
+        else []
+    )
 
 
 class Checksums(RootModel[dict[str, str]]):
@@ -109,14 +136,19 @@ def verify(folder: Path, cfg: TrainConfig) -> None:
     FatalError naming the file, the key and what was found otherwise."""
     if (folder / PICKLED_METADATA).exists():
         raise FatalError(
-            f"{folder / PICKLED_METADATA}: DCP's metadata as a pickle, which kiln wrote before it kept metadata.json. Unpickling runs whatever code "
-            f"the file names, and its checksum in {COMPLETE} shows only that it is unchanged since it was summed, not who wrote it, so it is not "
+            f"{folder / PICKLED_METADATA}: DCP's metadata as a pickle, which kiln wrote before it kept "
+            "metadata.json. Unpickling runs whatever code "
+            f"the file names, and its checksum in {COMPLETE} shows only that it is unchanged since it was summed, "
+            "not who wrote it, so it is not "
             "loaded: resume from a state this kiln wrote with --from STEP, or pass --force to start over"
         )
     recorded = read_json(folder / COMPLETE, Checksums).root
     present = {p.name for p in folder.iterdir() if p.name != COMPLETE}
     if present != set(recorded) or any(sha256_file(folder / name) != digest for name, digest in recorded.items()):
-        raise FatalError(f"{folder}: its files do not match the checksums in {COMPLETE}; it was changed or damaged. Move it away to resume from the one before, or pass --force to start over")
+        raise FatalError(
+            f"{folder}: its files do not match the checksums in {COMPLETE}; it was changed or damaged. Move it "
+            "away to resume from the one before, or pass --force to start over"
+        )
     read_metadata(folder)
     check_train_state(folder / TRAIN_STATE_JSON, state_step(folder), cfg)
     for rng in sorted(folder.glob("rng-*.json")):
@@ -145,6 +177,7 @@ def disk_error(failure: BaseException) -> OSError | None:
 def tensors_only(optimizer_state: dict[str, Any]) -> dict[str, Any]:
     """What DCP saves of the optimizer (FLAT): each parameter's state, every value a tensor (Muon's
     step counts become 0-d tensors), so DCP pickles nothing. Group settings are left out."""
+
     def tensor(key: str, value: Any) -> torch.Tensor:
         assert isinstance(value, torch.Tensor | int | float), f"{key}: an optimizer state of {type(value).__name__}"
         if isinstance(value, torch.Tensor):
@@ -180,7 +213,8 @@ class States:
         self.pending: threading.Thread | None = None
         self.pending_step = 0  # the step the pending async save is of
         self.failure: BaseException | None = None
-        # (first step, data-parallel ranks) of each stretch of steps: the rows a state's stream drew (kiln.train.state_files).
+        # (first step, data-parallel ranks) of each stretch of steps: the rows a state's stream drew
+        # (kiln.train.state_files).
         self.data_ranks: list[tuple[int, int]] = [(1, ranks.data_world)]
         # Async saves run collectives from a thread: on a group of their own (a CPU backend, as DCP needs).
         self.group = dist.new_group(backend="gloo") if cfg.async_save and ranks.world > 1 else None
@@ -192,7 +226,14 @@ class States:
         """Whether a state is saved after `step`: every `every` steps, and at each of keep_steps."""
         return bool(self.every and step % self.every == 0) or step in self.keep_steps
 
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, train_state: dict[str, Any], wait: bool = False) -> None:
+    def save(
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        train_state: dict[str, Any],
+        wait: bool = False,
+    ) -> None:
         """Write the state after `step`; async unless `wait` or the config says otherwise (returns once
         the states are copied to CPU memory)."""
         self.wait()
@@ -220,7 +261,9 @@ class States:
             if (error := self.unsaved(step, e)) is e:
                 raise
             raise error from e
-        self.pending = threading.Thread(target=self._finish_async, args=(upload, tmp, final), name=f"kiln-save-{step}", daemon=True)
+        self.pending = threading.Thread(
+            target=self._finish_async, args=(upload, tmp, final), name=f"kiln-save-{step}", daemon=True
+        )
         self.pending_step = step
         self.pending.start()
 
@@ -233,10 +276,18 @@ class States:
         if self.ranks.is_main:
             shutil.rmtree(self.root / (step_name(step) + ".tmp"), ignore_errors=True)
         kept = self.complete()
-        where = f"training resumes from {kept[-1]}" if kept else f"no state was saved before step {step}, so training starts over"
-        fix = "free space on that disk" if disk.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else "make it writable"
-        return FatalError(f"cannot write {disk.filename or self.root}: {disk.strerror}; {fix} and run the same command again: "
-                          f"finished work is kept ({where}; the state after step {step} was not saved)")
+        where = (
+            f"training resumes from {kept[-1]}"
+            if kept
+            else f"no state was saved before step {step}, so training starts over"
+        )
+        fix = (
+            "free space on that disk" if disk.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else "make it writable"
+        )
+        return FatalError(
+            f"cannot write {disk.filename or self.root}: {disk.strerror}; {fix} and run the same command again: "
+            f"finished work is kept ({where}; the state after step {step} was not saved)"
+        )
 
     def _finish_async(self, upload: Any, tmp: Path, final: Path) -> None:
         try:
@@ -271,15 +322,22 @@ class States:
         if self.pending is not None:
             self.pending.join()
             self.pending = None
-            if self.failure is not None and self.ranks.is_main:  # its partial folder goes; the run's failure is reported
+            if (
+                self.failure is not None and self.ranks.is_main
+            ):  # its partial folder goes; the run's failure is reported
                 shutil.rmtree(self.root / (step_name(self.pending_step) + ".tmp"), ignore_errors=True)
 
     def _prune(self) -> None:
-        for old in self.complete()[:-self.keep_last]:
-            if not (self.keep_every and state_step(old) % self.keep_every == 0) and state_step(old) not in self.keep_steps:
+        for old in self.complete()[: -self.keep_last]:
+            if (
+                not (self.keep_every and state_step(old) % self.keep_every == 0)
+                and state_step(old) not in self.keep_steps
+            ):
                 shutil.rmtree(old)
 
-    def load(self, folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> dict[str, Any]:
+    def load(
+        self, folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig
+    ) -> dict[str, Any]:
         """Load a state verified against this run (`cfg`) into model and optimizer (any number of ranks);
         rank-local RNGs where the rank saved one.
 
@@ -290,14 +348,21 @@ class States:
         if self.ranks.is_main:
             verify(folder, cfg)
         self.ranks.barrier()
-        optimizer_state = get_optimizer_state_dict(model, optimizer, options=FLAT)  # the group settings of this run's recipe
+        optimizer_state = get_optimizer_state_dict(
+            model, optimizer, options=FLAT
+        )  # the group settings of this run's recipe
         state = {"model": get_model_state_dict(model), "optimizer": tensors_only(optimizer_state)}
         try:
             dcp.load(state, storage_reader=Reader(folder))
-        except CheckpointException as e:  # a shard torch.load(weights_only=True) refuses, or that does not fit the model
+        except (
+            CheckpointException
+        ) as e:  # a shard torch.load(weights_only=True) refuses, or that does not fit the model
             exc = next(iter(e.failures.values()))[0]
             first_line = (str(exc).splitlines() or [""])[0]
-            raise FatalError(f"{folder}: its model and optimizer shards cannot be loaded ({type(exc).__name__}: {first_line}); {NOT_LOADED}") from None
+            raise FatalError(
+                f"{folder}: its model and optimizer shards cannot be loaded ({type(exc).__name__}: {first_line}); "
+                f"{NOT_LOADED}"
+            ) from None
         # Muon's step counts were saved as tensors: back to the numbers the optimizer keeps.
         for key, value in state["optimizer"].items():
             if not isinstance(optimizer_state[key], torch.Tensor):

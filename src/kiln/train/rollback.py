@@ -10,7 +10,8 @@ again (drawing the next rows instead), optionally trains at `lr_factor` x the sc
 stops the run. With no state to go back to (train.checkpoint.every unset, or none saved yet), a
 NaN or Inf stops the run and a spike is logged and trained through. Rows are skipped by their place in
 the global stream: a replay that draws differently (an adaptive mixture after a lowered lr,
-non-deterministic GPU kernels) skips the rows at the same places, which may hold other data. Rollbacks, skips and the lowered-lr window outlive the rollback itself (and are
+non-deterministic GPU kernels) skips the rows at the same places, which may hold other data. Rollbacks, skips and the
+lowered-lr window outlive the rollback itself (and are
 part of every resumable state); the loss history is the state's own.
 Not handled here: finding the state and reloading it (kiln.train.loop, kiln.train.resume).
 """
@@ -28,11 +29,26 @@ from kiln.core.config import Section
 
 
 class RollbackConfig(Section):
-    max_rollbacks: int = Field(default=5, ge=0, description="Rollbacks allowed over the run; the next fault stops it (0: the first fault stops it).")
-    spike_factor: float | None = Field(default=2.0, gt=1, description="A step's loss above this many times the median of the last spike_window steps is a spike; None: no spike detection.")
-    spike_window: int = Field(default=50, ge=2, description="Steps in the running median (spikes are looked for once this many have passed).")
+    max_rollbacks: int = Field(
+        default=5,
+        ge=0,
+        description="Rollbacks allowed over the run; the next fault stops it (0: the first fault stops it).",
+    )
+    spike_factor: float | None = Field(
+        default=2.0,
+        gt=1,
+        description=(
+            "A step's loss above this many times the median of the last spike_window steps is a spike; None: no spike "
+            "detection."
+        ),
+    )
+    spike_window: int = Field(
+        default=50, ge=2, description="Steps in the running median (spikes are looked for once this many have passed)."
+    )
     lr_factor: float = Field(default=1.0, gt=0, le=1, description="After a rollback, multiply the lr by this ...")
-    lr_steps: int = Field(default=0, ge=0, description="... until this many steps past the offending step (0: the lr is not lowered).")
+    lr_steps: int = Field(
+        default=0, ge=0, description="... until this many steps past the offending step (0: the lr is not lowered)."
+    )
 
 
 class Guard:
@@ -52,7 +68,10 @@ class Guard:
         if self.cfg.spike_factor and len(self.history) == self.cfg.spike_window:
             median = statistics.median(self.history)
             if loss > self.cfg.spike_factor * median:
-                return f"loss spike: {loss:.4f} > {self.cfg.spike_factor:g} x {median:.4f}, the median of the last {self.cfg.spike_window} steps"
+                return (
+                    f"loss spike: {loss:.4f} > {self.cfg.spike_factor:g} x {median:.4f}, the median of the last "
+                    f"{self.cfg.spike_window} steps"
+                )
         self.history.append(loss)
         return None
 
@@ -72,7 +91,12 @@ class Guard:
         return self.cfg.lr_factor if step <= self.low_lr_until else 1.0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": list(self.history), "rollbacks": self.rollbacks, "skips": {str(s): n for s, n in self.skips.items()}, "low_lr_until": self.low_lr_until}
+        return {
+            "history": list(self.history),
+            "rollbacks": self.rollbacks,
+            "skips": {str(s): n for s, n in self.skips.items()},
+            "low_lr_until": self.low_lr_until,
+        }
 
     def load_state_dict(self, state: dict[str, Any], history_only: bool = False) -> None:
         """Restore a saved guard; history_only (a rollback): keep the rollbacks, skips and lr window known now."""

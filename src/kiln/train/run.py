@@ -56,7 +56,9 @@ MAX_OBJECTIVE_VAL_BATCHES = 32
 log = logging.getLogger("kiln.train")
 
 
-def objective_val_batches(make_rows: Callable[[int, str], RowSource], cfg: TrainConfig, scoring: ScoringConfig, ids: TokenIds) -> list[Batch] | None:
+def objective_val_batches(
+    make_rows: Callable[[int, str], RowSource], cfg: TrainConfig, scoring: ScoringConfig, ids: TokenIds
+) -> list[Batch] | None:
     """Fixed held-out batches built by the objective (the same rows at every validation), or None for plain clm.
 
     fim alone is validated on the middles of rearranged validation documents (the val_fim split
@@ -68,14 +70,26 @@ def objective_val_batches(make_rows: Callable[[int, str], RowSource], cfg: Train
     val = build_collator(make_rows(cfg.seq_len, "val_fim" if fim_only else "val"), cfg, ids)
     # fim: only middles whose <|fim_middle|> lies inside the row count (a row that starts inside a
     # middle has lost its context), a small share of each row, so every batch allowed is used.
-    n = MAX_OBJECTIVE_VAL_BATCHES if fim_only else min(MAX_OBJECTIVE_VAL_BATCHES, max(1, scoring.max_tokens_per_source * len(val.sources) // (cfg.micro_batch_size * cfg.seq_len)))
+    n = (
+        MAX_OBJECTIVE_VAL_BATCHES
+        if fim_only
+        else min(
+            MAX_OBJECTIVE_VAL_BATCHES,
+            max(1, scoring.max_tokens_per_source * len(val.sources) // (cfg.micro_batch_size * cfg.seq_len)),
+        )
+    )
     batches = [val.next_batch(cfg.micro_batch_size, cfg.seq_len, 0.0) for _ in range(n)]
     if fim_only:
-        batches = [replace(b, loss_mask_BT=torch.from_numpy(fim_middles(b.input_ids_BT.numpy(), b.targets_BT.numpy(), ids))) for b in batches]
+        batches = [
+            replace(b, loss_mask_BT=torch.from_numpy(fim_middles(b.input_ids_BT.numpy(), b.targets_BT.numpy(), ids)))
+            for b in batches
+        ]
     return batches
 
 
-def prepare_data(cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], layout: RunLayout, tokenized: dict[str, Any]) -> tuple[RowSource, TokenIds, dict[str, Any]]:
+def prepare_data(
+    cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], layout: RunLayout, tokenized: dict[str, Any]
+) -> tuple[RowSource, TokenIds, dict[str, Any]]:
     """The row source, the tokenizer's special ids and the planned mixture, after every check that needs no compute."""
     ids = token_ids(KilnTokenizer.load(layout.tokenizer_json))
     check_objectives(cfg.objectives, cfg.seq_len, cfg.span_corruption, ids, tokenized["config"]["tokenize"].get("fim"))
@@ -83,7 +97,10 @@ def prepare_data(cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], l
     if "fim" in cfg.objectives:
         rearranged = {s: tokenized["counts"]["per_source"][s]["train"].get("fim_docs", 0) for s in rows.sources}
         if not any(rearranged.values()):
-            raise ConfigError(f"train.objective fim: none of the mixed sources {list(rows.sources)} has rearranged documents; tokenize.fim.sources must include one of them")
+            raise ConfigError(
+                f"train.objective fim: none of the mixed sources {list(rows.sources)} has rearranged documents; "
+                "tokenize.fim.sources must include one of them"
+            )
     return rows, ids, plan_data(cfg, rows)
 
 
@@ -91,18 +108,35 @@ def prepare_data(cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], l
 PROBE_STEPS = 4
 
 
-def measure_tokens_per_s(model_cfg: ModelConfig, cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], ids: TokenIds, run_dir: Path) -> float:
+def measure_tokens_per_s(
+    model_cfg: ModelConfig, cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], ids: TokenIds, run_dir: Path
+) -> float:
     """Tokens per second of a few real optimizer steps of this model and batch, in a throwaway folder."""
-    probe = cfg.model_copy(update={"steps": PROBE_STEPS, "eval_at_start": False, "schedule": cfg.schedule.model_copy(update={"warmup_steps": 1, "warmup_fraction": None}), "checkpoint": cfg.checkpoint.model_copy(update={"every": None})})
+    probe = cfg.model_copy(
+        update={
+            "steps": PROBE_STEPS,
+            "eval_at_start": False,
+            "schedule": cfg.schedule.model_copy(update={"warmup_steps": 1, "warmup_fraction": None}),
+            "checkpoint": cfg.checkpoint.model_copy(update={"every": None}),
+        }
+    )
     with tempfile.TemporaryDirectory() as tmp:
         data = TrainData(build_collator(make_rows(cfg.seq_len, "train"), probe, ids))
-        train(model_cfg, probe, data, Validation(run_dir, ScoringConfig(max_tokens_per_source=cfg.seq_len + 1, batch_size=1)), Path(tmp))
+        train(
+            model_cfg,
+            probe,
+            data,
+            Validation(run_dir, ScoringConfig(max_tokens_per_source=cfg.seq_len + 1, batch_size=1)),
+            Path(tmp),
+        )
         records = [json.loads(line) for line in (Path(tmp) / RunLayout(run_dir).metrics.name).read_text().splitlines()]
     steps = [r for r in records if "tokens_per_s" in r]
     return float(np.median([r["tokens_per_s"] for r in steps[1:]]))
 
 
-def dry_run(model_cfg: ModelConfig, cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], run_dir: Path) -> dict[str, Any]:
+def dry_run(
+    model_cfg: ModelConfig, cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], run_dir: Path
+) -> dict[str, Any]:
     """What `kiln train --dry-run` prints, as data: the model's size and FLOPs, the batch, the planned
     mixture (text), and the time to finish at the throughput of a few real steps. Nothing is kept."""
     layout = RunLayout(Path(run_dir))
@@ -128,13 +162,22 @@ def dry_run(model_cfg: ModelConfig, cfg: TrainConfig, make_rows: Callable[[int, 
 
 def format_dry_run(d: dict[str, Any]) -> str:
     hours = d["estimated_seconds"] / 3600
-    return "\n".join([
-        f"model: {d['params']:,} params, {d['flops_per_token']:,} FLOPs per token (training, with attention)",
-        f"batch: {d['tokens_per_step']:,} tokens per step on {d['processes']} process(es) ({d['data_ranks']} reading data), {d['micro_batches_per_rank']} micro-batch(es) per data rank; {d['tokens']:,} tokens in all",
-        f"time: {d['measured_tokens_per_s']:,.0f} tokens/s over {PROBE_STEPS - 1} measured steps here, so about {d['estimated_seconds']:,.0f} s ({hours:.2f} h) to finish",
-        "",
-        d["mixture"],
-    ])
+    return "\n".join(
+        [
+            f"model: {d['params']:,} params, {d['flops_per_token']:,} FLOPs per token (training, with attention)",
+            (
+                f"batch: {d['tokens_per_step']:,} tokens per step on {d['processes']} process(es) ({d['data_ranks']} "
+                f"reading data), {d['micro_batches_per_rank']} micro-batch(es) per data rank; {d['tokens']:,} tokens "
+                "in all"
+            ),
+            (
+                f"time: {d['measured_tokens_per_s']:,.0f} tokens/s over {PROBE_STEPS - 1} measured steps here, so "
+                f"about {d['estimated_seconds']:,.0f} s ({hours:.2f} h) to finish"
+            ),
+            "",
+            d["mixture"],
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -159,8 +202,14 @@ class Request:
     from_step: int | None = None
 
 
-def run(model_cfg: ModelConfig, cfg: TrainConfig, inputs: TrainInputs, run_dir: Path, force: bool = False,
-        from_step: int | None = None) -> dict[str, Any]:
+def run(
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    inputs: TrainInputs,
+    run_dir: Path,
+    force: bool = False,
+    from_step: int | None = None,
+) -> dict[str, Any]:
     """The train stage; under torchrun every rank calls it, rank 0 keeps the books (lock, partial
     folder, manifest) and the others train and return rank 0's manifest. from_step: resume an
     interrupted run from the state after that step instead of its newest."""
@@ -178,8 +227,16 @@ def run(model_cfg: ModelConfig, cfg: TrainConfig, inputs: TrainInputs, run_dir: 
 def format_change(change: dict[str, dict[str, float]], init_from: str) -> str:
     """Per-source validation loss of the starting model and of the trained one: what was gained, what was forgotten."""
     width = max(len(s) for s in change)
-    lines = [f"validation loss per source, starting from {init_from} (nats/token; a negative change was gained, a positive one forgotten):", f"  {'source':<{width}}  {'before':>7}  {'after':>7}  {'change':>7}"]
-    lines += [f"  {s:<{width}}  {c['before']:>7.3f}  {c['after']:>7.3f}  {c['change']:>+7.3f}" for s, c in change.items()]
+    lines = [
+        (
+            f"validation loss per source, starting from {init_from} (nats/token; a negative change was gained, a "
+            "positive one forgotten):"
+        ),
+        f"  {'source':<{width}}  {'before':>7}  {'after':>7}  {'change':>7}",
+    ]
+    lines += [
+        f"  {s:<{width}}  {c['before']:>7.3f}  {c['after']:>7.3f}  {c['change']:>+7.3f}" for s, c in change.items()
+    ]
     return "\n".join(lines)
 
 
@@ -207,11 +264,17 @@ def pick_state(stage: Stage, cfg: TrainConfig, force: bool, from_step: int | Non
     Everything here happens under the stage's lock: a live run's folders are never moved."""
     stage.lock()
     if from_step is not None and force:
-        raise FatalError(f"train: --from {from_step} resumes the interrupted run and --force starts over; give one of them")
+        raise FatalError(
+            f"train: --from {from_step} resumes the interrupted run and --force starts over; give one of them"
+        )
     states = complete_states(stage.partial_dir / STATES)
     changes = stage.partial_changes()
     if states and changes and not force:
-        raise FatalError(f"train: {stage.partial_dir} holds an interrupted run whose settings differ from these: {'; '.join(changes)}. Resuming would not continue the same run: restore them, or pass --force to move it aside and start over")
+        raise FatalError(
+            f"train: {stage.partial_dir} holds an interrupted run whose settings differ from these: "
+            f"{'; '.join(changes)}. Resuming would not continue the same run: restore them, or pass --force to "
+            "move it aside and start over"
+        )
     finished = (stage.final_dir / MANIFEST).is_file()
     if force:
         for folder in (stage.final_dir, stage.partial_dir):
@@ -224,17 +287,27 @@ def pick_state(stage: Stage, cfg: TrainConfig, force: bool, from_step: int | Non
             return Start(resume=states[-1], previous=previous)
         chosen = [s for s in states if state_step(s) == from_step]
         if not chosen:
-            raise FatalError(f"train: --from {from_step}: no complete state for that step under {stage.partial_dir / STATES}; there are states after steps {', '.join(str(state_step(s)) for s in states)}")
+            raise FatalError(
+                f"train: --from {from_step}: no complete state for that step under {stage.partial_dir / STATES}; "
+                f"there are states after steps {', '.join(str(state_step(s)) for s in states)}"
+            )
         return Start(resume=chosen[0], previous=previous)
     if holds_states(stage.partial_dir):  # only states set aside by --from: never deleted with the attempt
         stage.set_aside(stage.partial_dir, "an interrupted attempt with no state to resume")
     if not finished:  # a first save cut short leaves no complete state: that attempt is started again
         if from_step is not None:
-            raise FatalError(f"train: --from {from_step} resumes a saved state, and {stage.partial_dir / STATES} holds no complete state (nor is there a finished run to extend)")
+            raise FatalError(
+                f"train: --from {from_step} resumes a saved state, and {stage.partial_dir / STATES} holds no "
+                "complete state (nor is there a finished run to extend)"
+            )
         return Start()
     changes = stage.finished_changes()
     old = old_config(read_manifest(stage.final_dir)["config"].get("train", {}), cfg)
-    state, why = extension_state(changes, old, cfg, stage.final_dir / STATES, from_step) if old is not None else (None, "its train section no longer validates")
+    state, why = (
+        extension_state(changes, old, cfg, stage.final_dir / STATES, from_step)
+        if old is not None
+        else (None, "its train section no longer validates")
+    )
     if state is None and from_step is not None:
         raise FatalError(f"train: --from {from_step}: the finished run in {stage.final_dir} cannot be extended: {why}")
     if state is None and changes and all(c.startswith(tuple(f"{k}:" for k in EXTENDABLE)) for c in changes):
@@ -267,18 +340,27 @@ def reference_inputs(layout: RunLayout, reference_runs: Sequence[Path], init_fro
     inputs = []
     for run in map(RunLayout, reference_runs):
         if not (run.stage(TRAIN) / MANIFEST).is_file():
-            raise ConfigError(f"mix.replay.run {run.run_dir}: no finished train stage there ({run.stage(TRAIN) / MANIFEST} missing)")
+            raise ConfigError(
+                f"mix.replay.run {run.run_dir}: no finished train stage there ({run.stage(TRAIN) / MANIFEST} missing)"
+            )
         if sha256_file(run.tokenizer_json) != sha256_file(layout.tokenizer_json):
-            raise ConfigError(f"mix.replay.run {run.run_dir} has another tokenizer than this run; set tokenizer.from_run: {run.run_dir} so that ids mean the same tokens")
+            raise ConfigError(
+                f"mix.replay.run {run.run_dir} has another tokenizer than this run; set tokenizer.from_run: "
+                f"{run.run_dir} so that ids mean the same tokens"
+            )
         # Its shards, and its train manifest: the replayed shares are what that training read.
-        inputs += [*(p for p in recorded_outputs(run.token_shards) if p.suffix in (".bin", ".idx", ".npy")), run.stage(TRAIN) / MANIFEST]
+        inputs += [
+            *(p for p in recorded_outputs(run.token_shards) if p.suffix in (".bin", ".idx", ".npy")),
+            run.stage(TRAIN) / MANIFEST,
+        ]
     if init_from:
         inputs += [Path(init_from) / WEIGHTS, Path(init_from) / CONFIG]
     return inputs
 
 
-def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, inputs: TrainInputs, run_dir: Path, ranks: Ranks,
-                request: Request) -> dict[str, Any]:
+def train_stage(
+    model_cfg: ModelConfig, cfg: TrainConfig, inputs: TrainInputs, run_dir: Path, ranks: Ranks, request: Request
+) -> dict[str, Any]:
     layout = RunLayout(run_dir)
     tokenized = read_manifest(layout.token_shards)
     check_layout(model_cfg, cfg, inputs.parallel, ranks.degrees, resolve_precision(cfg.precision, "train").amp_dtype)
@@ -308,8 +390,12 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, inputs: TrainInputs, r
         stage.begin(resume=start.resume is not None)
         if start.resume is not None and request.from_step is not None:
             set_aside_after(start.resume.parent, request.from_step)  # the abandoned later states are kept aside
-    resume_from = start.resume or (seed_attempt(stage.dir, start.extend) if stage is not None and start.extend else None)
-    out_dir, resume_from = ranks.broadcast((str(stage.dir), resume_from) if stage else None)  # only rank 0 writes into out_dir
+    resume_from = start.resume or (
+        seed_attempt(stage.dir, start.extend) if stage is not None and start.extend else None
+    )
+    out_dir, resume_from = ranks.broadcast(
+        (str(stage.dir), resume_from) if stage else None
+    )  # only rank 0 writes into out_dir
     data = TrainData(batches, rows.adapt_every, rows.report_windows)
     validation = Validation(run_dir, inputs.scoring, val_batches, inputs.reference_runs, inputs.make_probe)
     result = train(model_cfg, cfg, data, validation, Path(out_dir), Placement(ranks, inputs.parallel, resume_from))
@@ -329,13 +415,21 @@ def train_stage(model_cfg: ModelConfig, cfg: TrainConfig, inputs: TrainInputs, r
 def resolved_vocab(model_cfg: ModelConfig, vocab_size: int) -> ModelConfig:
     """model_cfg with the tokenizer's vocabulary, or a larger one it asks for."""
     if model_cfg.vocab_size is not None and model_cfg.vocab_size < vocab_size:
-        raise ConfigError(f"model.vocab_size {model_cfg.vocab_size} is below the tokenizer's {vocab_size} ids; "
-                          "leave it unset to take the tokenizer's")
+        raise ConfigError(
+            f"model.vocab_size {model_cfg.vocab_size} is below the tokenizer's {vocab_size} ids; "
+            "leave it unset to take the tokenizer's"
+        )
     return model_cfg.resolved(vocab_size)
 
 
-def stage_counts(model_cfg: ModelConfig, cfg: TrainConfig, result: TrainResult, tokens_by_source: dict[str, int],
-                 planned: dict[str, Any], ranks: Ranks) -> dict[str, Any]:
+def stage_counts(
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    result: TrainResult,
+    tokens_by_source: dict[str, int],
+    planned: dict[str, Any],
+    ranks: Ranks,
+) -> dict[str, Any]:
     """The manifest's counts of a finished run."""
     return {
         "params": count_params(model_cfg),
@@ -349,7 +443,9 @@ def stage_counts(model_cfg: ModelConfig, cfg: TrainConfig, result: TrainResult, 
         "val_before": result.val_before,
         "val_after": result.val_after,
         "device": str(result.device),
-        "device_name": torch.cuda.get_device_name(result.device) if result.device.type == "cuda" else "cpu",  # what the planner's peak table is matched on
+        "device_name": torch.cuda.get_device_name(result.device)
+        if result.device.type == "cuda"
+        else "cpu",  # what the planner's peak table is matched on
         "max_rss_mb": result.max_rss_mb,  # rank 0's peak resident memory while training (None off Linux)
         "model_states_mb": result.model_states_mb,  # per rank: weights, gradients, optimizer states held (MiB)
         "processes": ranks.world,
@@ -363,20 +459,50 @@ def summary(cfg: TrainConfig, result: TrainResult, ranks: Ranks, start: Start, c
     """The stage's summary lines; with train.init_from, also each source's change (added to counts as val_change)."""
     before, after = result.val_before, result.val_after
     processes = f" x {ranks.world} processes ({ranks.describe()})" if ranks.world > 1 else ""
-    lines = [f"{counts['params']:,} params, {cfg.steps} steps, {result.tokens_trained:,} tokens on {result.device}{processes}"]
+    lines = [
+        (
+            f"{counts['params']:,} params, {cfg.steps} steps, {result.tokens_trained:,} tokens on "
+            f"{result.device}{processes}"
+        )
+    ]
     if before:
-        lines.append(f"validation loss {before['all']['loss']:.3f} -> {after['all']['loss']:.3f} nats/token, bpb {before['all']['bpb']:.3f} -> {after['all']['bpb']:.3f}")
+        lines.append(
+            f"validation loss {before['all']['loss']:.3f} -> {after['all']['loss']:.3f} nats/token, bpb "
+            f"{before['all']['bpb']:.3f} -> {after['all']['bpb']:.3f}"
+        )
     else:
         lines.append(f"validation loss {after['all']['loss']:.3f} nats/token, bpb {after['all']['bpb']:.3f}")
     if "objective" in after:
-        lines.append(f"objective {cfg.objective}: validation loss " + (f"{before['objective']['loss']:.3f} -> " if before else "") + f"{after['objective']['loss']:.3f} nats per target token")
+        lines.append(
+            f"objective {cfg.objective}: validation loss "
+            + (f"{before['objective']['loss']:.3f} -> " if before else "")
+            + f"{after['objective']['loss']:.3f} nats per target token"
+        )
     if cfg.init_from and before:
-        counts["val_change"] = {s: {"before": before["sources"][s]["loss"], "after": r["loss"], "change": round(r["loss"] - before["sources"][s]["loss"], 5)} for s, r in after["sources"].items()}
+        counts["val_change"] = {
+            s: {
+                "before": before["sources"][s]["loss"],
+                "after": r["loss"],
+                "change": round(r["loss"] - before["sources"][s]["loss"], 5),
+            }
+            for s, r in after["sources"].items()
+        }
         lines.append(format_change(counts["val_change"], cfg.init_from))
     if start.extend is not None:
-        lines.append(f"extended the finished run (kept in {start.previous}) from its state after step {state_step(start.extend)}")
+        lines.append(
+            f"extended the finished run (kept in {start.previous}) from its state after step {state_step(start.extend)}"
+        )
     elif start.previous is not None:
         lines.append(f"the earlier run of this stage, of other inputs or settings, is kept in {start.previous}")
     seen, plan = counts["tokens_by_source"], counts["mixture"]["planned"]
-    lines.append("tokens read per source (share, planned share): " + ", ".join(f"{s} {n:,} ({n / max(sum(seen.values()), 1):.1%}, {plan[s]['tokens'] / max(sum(p['tokens'] for p in plan.values()), 1):.1%})" for s, n in seen.items()))
+    lines.append(
+        "tokens read per source (share, planned share): "
+        + ", ".join(
+            (
+                f"{s} {n:,} ({n / max(sum(seen.values()), 1):.1%}, "
+                f"{plan[s]['tokens'] / max(sum(p['tokens'] for p in plan.values()), 1):.1%})"
+            )
+            for s, n in seen.items()
+        )
+    )
     return "\n".join(lines)

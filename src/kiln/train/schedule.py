@@ -21,11 +21,33 @@ from kiln.core.config import Section
 
 
 class ScheduleConfig(Section):
-    kind: Literal["cosine", "linear", "wsd"] = Field(default="cosine", description="Decay after warmup: cosine, linear, or wsd (constant, then a linear decay over the last decay_fraction of the steps).")
-    warmup_steps: int | None = Field(default=30, ge=0, description="Linear warmup steps from 0 to train.optim.lr; below train.steps. Not with warmup_fraction.")
-    warmup_fraction: float | None = Field(default=None, ge=0, lt=1, description="Warmup as a share of train.steps instead of warmup_steps: round(fraction x steps) steps, at most steps - 1, so it fits any run length.")
-    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="The floor the decay ends at, as a fraction of train.optim.lr.")
-    decay_fraction: float = Field(default=0.2, gt=0, le=1, description="wsd: share of all steps spent decaying at the end.")
+    kind: Literal["cosine", "linear", "wsd"] = Field(
+        default="cosine",
+        description=(
+            "Decay after warmup: cosine, linear, or wsd (constant, then a linear decay over the last decay_fraction "
+            "of the steps)."
+        ),
+    )
+    warmup_steps: int | None = Field(
+        default=30,
+        ge=0,
+        description="Linear warmup steps from 0 to train.optim.lr; below train.steps. Not with warmup_fraction.",
+    )
+    warmup_fraction: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        description=(
+            "Warmup as a share of train.steps instead of warmup_steps: round(fraction x steps) steps, at most steps - "
+            "1, so it fits any run length."
+        ),
+    )
+    min_lr_ratio: float = Field(
+        default=0.1, ge=0, le=1, description="The floor the decay ends at, as a fraction of train.optim.lr."
+    )
+    decay_fraction: float = Field(
+        default=0.2, gt=0, le=1, description="wsd: share of all steps spent decaying at the end."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -34,12 +56,16 @@ class ScheduleConfig(Section):
             return data
         if data.get("warmup_fraction") is None:
             if "warmup_steps" in data and data["warmup_steps"] is None:
-                raise ValueError("warmup_steps is null and warmup_fraction is not set; give one of them, e.g. warmup_fraction: 0.1")
+                raise ValueError(
+                    "warmup_steps is null and warmup_fraction is not set; give one of them, e.g. warmup_fraction: 0.1"
+                )
             return data
         if data.get("warmup_steps") is not None:
             raise ValueError(
-                f"warmup_steps ({data['warmup_steps']}) and warmup_fraction ({data['warmup_fraction']}) are both set; keep one"
-                " (on the command line, --set train.schedule.warmup_fraction=null or train.schedule.warmup_steps=null drops the other)"
+                f"warmup_steps ({data['warmup_steps']}) and warmup_fraction ({data['warmup_fraction']}) are both "
+                "set; keep one"
+                " (on the command line, --set train.schedule.warmup_fraction=null or "
+                "train.schedule.warmup_steps=null drops the other)"
             )
         return {**data, "warmup_steps": None}  # the default of 30 steps does not apply: the fraction decides
 
@@ -58,11 +84,20 @@ class ScheduleConfig(Section):
 
 
 def wsd_decay_start(warmup_steps: int, total_steps: int, decay_fraction: float) -> int:
-    """The last step of a wsd schedule's stable phase: its decay takes round(decay_fraction x steps) steps (at least one) after it."""
+    """The last step of a wsd schedule's stable phase: its decay takes round(decay_fraction x steps) steps (at least
+    one) after it."""
     return max(total_steps - max(1, round(decay_fraction * total_steps)), warmup_steps)
 
 
-def lr_at(step: int, peak: float, warmup_steps: int, total_steps: int, min_lr_ratio: float, kind: str = "cosine", decay_fraction: float = 0.2) -> float:
+def lr_at(
+    step: int,
+    peak: float,
+    warmup_steps: int,
+    total_steps: int,
+    min_lr_ratio: float,
+    kind: str = "cosine",
+    decay_fraction: float = 0.2,
+) -> float:
     if step <= warmup_steps:
         return peak * step / max(warmup_steps, 1)
     floor = peak * min_lr_ratio

@@ -55,13 +55,26 @@ if TYPE_CHECKING:
 METADATA, PICKLED_METADATA = "metadata.json", ".metadata"
 FORMAT = "kiln-dcp-metadata v1"
 # What to do about a state that is refused: every message about one ends with this.
-NOT_LOADED = ("the state was damaged or edited, so it is not loaded: resume from an older state with --from STEP, "
-              "or pass --force to start over")
+NOT_LOADED = (
+    "the state was damaged or edited, so it is not loaded: resume from an older state with --from STEP, "
+    "or pass --force to start over"
+)
 # The files DCP's writer names (`__<rank>_<n>.distcp`): a bare name, so an entry never points outside its folder.
 SHARD_NAME = re.compile(r"__\d+_\d+\.distcp")
 DTYPES = {
     str(d).removeprefix("torch."): d
-    for d in (torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+    for d in (
+        torch.float64,
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    )
 }
 
 M = TypeVar("M", bound=BaseModel)
@@ -128,23 +141,42 @@ class _MetadataFile(Record):
 def encode(metadata: Metadata) -> dict[str, Any]:
     tensors = {}
     for fqn, md in metadata.state_dict_metadata.items():
-        assert isinstance(md, TensorStorageMetadata), f"{fqn}: kiln saves tensors only, DCP would pickle a {type(md).__name__}"
+        assert isinstance(md, TensorStorageMetadata), (
+            f"{fqn}: kiln saves tensors only, DCP would pickle a {type(md).__name__}"
+        )
         p = md.properties
-        assert p.layout == torch.strided and p.memory_format == torch.contiguous_format, f"{fqn}: {p.layout}, {p.memory_format}"
+        assert p.layout == torch.strided and p.memory_format == torch.contiguous_format, (
+            f"{fqn}: {p.layout}, {p.memory_format}"
+        )
         chunks = [{"offsets": list(c.offsets), "sizes": list(c.sizes)} for c in md.chunks]
         tensors[fqn] = {
-            "dtype": str(p.dtype).removeprefix("torch."), "size": list(md.size), "requires_grad": p.requires_grad, "pin_memory": p.pin_memory, "chunks": chunks,
+            "dtype": str(p.dtype).removeprefix("torch."),
+            "size": list(md.size),
+            "requires_grad": p.requires_grad,
+            "pin_memory": p.pin_memory,
+            "chunks": chunks,
         }
     storage = [
-        {"fqn": i.fqn, "offset": list(i.offset or ()), "index": i.index, "file": s.relative_path, "start": s.offset, "length": s.length}
+        {
+            "fqn": i.fqn,
+            "offset": list(i.offset or ()),
+            "index": i.index,
+            "file": s.relative_path,
+            "start": s.offset,
+            "length": s.length,
+        }
         for i, s in metadata.storage_data.items()
     ]
     meta = metadata.storage_meta or StorageMeta()
     return {
-        "format": FORMAT, "version": metadata.version, "tensors": tensors, "storage": storage,
+        "format": FORMAT,
+        "version": metadata.version,
+        "tensors": tensors,
+        "storage": storage,
         "planner_data": {k: list(v) for k, v in (metadata.planner_data or {}).items()},
         "checkpoint_id": None if meta.checkpoint_id is None else str(meta.checkpoint_id),
-        "save_id": meta.save_id, "modules": list(meta.modules),
+        "save_id": meta.save_id,
+        "modules": list(meta.modules),
     }
 
 
@@ -164,8 +196,15 @@ def read_metadata(folder: Path) -> Metadata:
             raise refuse(f"tensors.{fqn}.dtype: {t.dtype!r} is not one of {sorted(DTYPES)}")
         for i, c in enumerate(t.chunks):
             dims = len(c.offsets) == len(c.sizes) == len(t.size)
-            if not dims or any(n < 0 for n in t.size) or not all(0 <= o and 0 <= s and o + s <= n for o, s, n in zip(c.offsets, c.sizes, t.size)):
-                raise refuse(f"tensors.{fqn}.chunks.{i}: offsets {c.offsets} and sizes {c.sizes} do not lie inside its size {t.size}")
+            if (
+                not dims
+                or any(n < 0 for n in t.size)
+                or not all(0 <= o and 0 <= s and o + s <= n for o, s, n in zip(c.offsets, c.sizes, t.size))
+            ):
+                raise refuse(
+                    f"tensors.{fqn}.chunks.{i}: offsets {c.offsets} and sizes {c.sizes} do not lie inside its "
+                    f"size {t.size}"
+                )
             wanted.add((fqn, tuple(c.offsets)))
         properties = TensorProperties(dtype=DTYPES[t.dtype], requires_grad=t.requires_grad, pin_memory=t.pin_memory)
         chunks = [ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)) for c in t.chunks]
@@ -183,7 +222,9 @@ def read_metadata(folder: Path) -> Metadata:
         fqn, offsets = sorted(missing)[0]
         raise refuse(f"tensors.{fqn}: the chunk at {list(offsets)} is stored nowhere ({len(missing)} chunk(s) so)")
     planner_data = {k: tuple(v) for k, v in md.planner_data.items()}
-    return Metadata(tensors, planner_data, storage, StorageMeta(md.checkpoint_id, md.save_id, None, md.modules), md.version)
+    return Metadata(
+        tensors, planner_data, storage, StorageMeta(md.checkpoint_id, md.save_id, None, md.modules), md.version
+    )
 
 
 class _KeepsError(io.BufferedWriter):
@@ -337,6 +378,7 @@ class RngState(Record):
 def drawn_by(cfg: TrainConfig, step: int, data_ranks: list[tuple[int, int]], skips: dict[int, int]) -> tuple[int, int]:
     """(rows of the global stream drawn, tokens trained on) after `step` of this run: each step draws its
     rows (kiln.train.geometry, at the data ranks of its stretch) once, and once more per rollback it caused."""
+
     def world_at(s: int) -> int:
         return [world for first, world in data_ranks if first <= s][-1]
 
@@ -376,28 +418,45 @@ def check_train_state(path: Path, step: int, cfg: TrainConfig) -> None:
         raise refuse(f"data_ranks: {state.data_ranks} must start at step 1 and go forward, up to step {step}")
     sampler, mixture = state.batches.rows, state.mixture
     lengths = {
-        "batches.rows.sources": len(sampler.sources), "batches.rows.drawn": len(sampler.drawn), "batches.rows.streams": len(sampler.streams),
-        "batches.rows.factors": len(sampler.factors), "batches.seen": len(state.batches.seen),
-        "mixture.start_tokens": len(mixture.start_tokens), "mixture.intended": len(mixture.intended),
+        "batches.rows.sources": len(sampler.sources),
+        "batches.rows.drawn": len(sampler.drawn),
+        "batches.rows.streams": len(sampler.streams),
+        "batches.rows.factors": len(sampler.factors),
+        "batches.seen": len(state.batches.seen),
+        "mixture.start_tokens": len(mixture.start_tokens),
+        "mixture.intended": len(mixture.intended),
     }
     if len(set(lengths.values())) > 1:
-        raise refuse("one entry per source is expected in each of " + ", ".join(f"{k} ({n})" for k, n in lengths.items()))
+        raise refuse(
+            "one entry per source is expected in each of " + ", ".join(f"{k} ({n})" for k, n in lengths.items())
+        )
     for i, s in enumerate(sampler.streams):
         lanes = len(s.position)
         if not 0 < lanes == len(s.offset) or s.turn >= lanes or len(s.switched_at) not in (0, lanes):
-            raise refuse(f"batches.rows.streams.{i}: position, offset (and switched_at, once set) hold one entry per lane, and turn is a lane")
+            raise refuse(
+                f"batches.rows.streams.{i}: position, offset (and switched_at, once set) hold one entry per lane, "
+                "and turn is a lane"
+            )
     if sum(sampler.drawn) != sampler.rows_drawn:
-        raise refuse(f"batches.rows.rows_drawn: {sampler.rows_drawn}, but its rows per source (drawn) add up to {sum(sampler.drawn)}")
+        raise refuse(
+            f"batches.rows.rows_drawn: {sampler.rows_drawn}, but its rows per source (drawn) add up to "
+            f"{sum(sampler.drawn)}"
+        )
     if mixture.first_step > step + 1:
         raise refuse(f"mixture.first_step: {mixture.first_step} lies after step {step + 1}")
     skips = {int(s): n for s, n in state.guard.skips.items()}
     rows, tokens = drawn_by(cfg, step, list(state.data_ranks), skips)
     if sampler.rows_drawn != rows:
         skipped = sum(n for s, n in skips.items() if s <= step)
-        raise refuse(f"batches.rows.rows_drawn: {sampler.rows_drawn}, but steps 1..{step} of this run draw {rows} rows ({skipped} rollback(s) "
-                     "skipping a step's rows included): the data would not go on where the weights left it")
+        raise refuse(
+            f"batches.rows.rows_drawn: {sampler.rows_drawn}, but steps 1..{step} of this run draw {rows} rows "
+            f"({skipped} rollback(s) "
+            "skipping a step's rows included): the data would not go on where the weights left it"
+        )
     if state.tokens_trained != tokens:
-        raise refuse(f"tokens_trained: {state.tokens_trained}, but steps 1..{step} of this run train on {tokens} tokens")
+        raise refuse(
+            f"tokens_trained: {state.tokens_trained}, but steps 1..{step} of this run train on {tokens} tokens"
+        )
 
 
 def check_rng_state(path: Path, apply: Callable[[dict[str, Any]], None]) -> None:

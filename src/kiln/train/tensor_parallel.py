@@ -30,7 +30,13 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from kiln.model.batch import Batch
 from kiln.model.config import ModelConfig
@@ -62,7 +68,8 @@ class WholeWindows(nn.Module):
 def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, sequence_parallel: bool) -> None:
     """Split the Transformer's matrices over the 1-D mesh `tp_mesh`, in place."""
     between = Shard(1) if sequence_parallel else Replicate()  # the residual stream's layout between blocks
-    tied = model.lm_head is not None and model.lm_head.weight is getattr(model.embed, "weight", None)  # type: ignore[union-attr]
+    # type: ignore[union-attr]
+    tied = model.lm_head is not None and model.lm_head.weight is getattr(model.embed, "weight", None)
     outer = {
         # Each rank looks up the ids in its vocabulary rows (zeros elsewhere); the sum is the embedding.
         "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=between),
@@ -71,12 +78,19 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, sequence_parallel: boo
         "lm_head": ColwiseParallel(input_layouts=between, output_layouts=Replicate()),
     }
     # A pipeline stage holds the embedding (first) or the norm and output layer (last), or neither.
-    parallelize_module(model, tp_mesh, {name: style for name, style in outer.items() if style is not None and getattr(model, name) is not None})
+    parallelize_module(
+        model,
+        tp_mesh,
+        {name: style for name, style in outer.items() if style is not None and getattr(model, name) is not None},
+    )
     if tied:  # each plan made its own DTensor of the one matrix: share it again (both are split by vocabulary row)
         model.lm_head.weight = model.embed.weight  # type: ignore[union-attr]
     for block in model.blocks.values():  # type: ignore[union-attr, operator]
         plan = {
-            "attn": PrepareModuleInput(input_layouts=(between, None, None, None, None), desired_input_layouts=(Replicate(), None, None, None, None)),  # (x, cos, sin, sdpa_kwargs, cache)
+            "attn": PrepareModuleInput(
+                input_layouts=(between, None, None, None, None),
+                desired_input_layouts=(Replicate(), None, None, None, None),
+            ),  # (x, cos, sin, sdpa_kwargs, cache)
             "attn.wq": ColwiseParallel(),
             "attn.wk": ColwiseParallel(),
             "attn.wv": ColwiseParallel(),
@@ -95,8 +109,14 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, sequence_parallel: boo
         parallelize_module(block, tp_mesh, {k: v for k, v in plan.items() if v is not None})
 
 
-def vocab_parallel_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softcap: float | None, batch: Batch,
-                        step_tokens: int | None = None, options: LossOptions = PLAIN) -> Loss:
+def vocab_parallel_loss(
+    hidden_BTD: torch.Tensor,
+    weight_VD: torch.Tensor,
+    softcap: float | None,
+    batch: Batch,
+    step_tokens: int | None = None,
+    options: LossOptions = PLAIN,
+) -> Loss:
     """lm_loss of the logits hidden_BTD @ weight_VD.T, each rank holding its vocabulary shard of
     them (B, T, V/tp); a loss head for Transformer.forward. Call it, and backward, inside
     loss_parallel (Ranks.loss_context). Only options.late_position_weight applies (no z-loss under
@@ -107,5 +127,11 @@ def vocab_parallel_loss(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, softc
     else:
         hidden_BTD = DTensor.from_local(hidden_BTD, mesh, [Replicate()])
     # The logits are Shard(2): this rank's vocabulary columns.
-    return logits_loss(hidden_BTD, weight_VD, softcap, batch, step_tokens,
-                       LossOptions(late_position_weight=options.late_position_weight))
+    return logits_loss(
+        hidden_BTD,
+        weight_VD,
+        softcap,
+        batch,
+        step_tokens,
+        LossOptions(late_position_weight=options.late_position_weight),
+    )

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 
-from kiln.curate.dedup.exact import HashTable, dedup_partition, find_duplicates, partition_dir, removals_for_task, source_rank, text_hash
+from kiln.curate.dedup.exact import (
+    HashTable,
+    dedup_partition,
+    find_duplicates,
+    partition_dir,
+    removals_for_task,
+    source_rank,
+    text_hash,
+)
 
 
 def table_of(rows, priority=(), task=0):
@@ -33,14 +41,29 @@ def test_source_rank():
 
 
 def test_keeps_priority_source_then_smallest_id(tmp_path):
-    rows = [("web/b", "web", "same"), ("books/z", "books", "same"), ("web/a", "web", "same"), ("web/c", "web", "other"), ("code/x", "code", "solo")]
+    rows = [
+        ("web/b", "web", "same"),
+        ("books/z", "books", "same"),
+        ("web/a", "web", "same"),
+        ("web/c", "web", "other"),
+        ("code/x", "code", "solo"),
+    ]
     removed = find_duplicates(pq.read_table(_write(table_of(rows, ("books",)), tmp_path)))
-    assert sorted(zip(removed["id"].to_pylist(), removed["kept_id"].to_pylist())) == [("web/a", "books/z"), ("web/b", "books/z")]
+    assert sorted(zip(removed["id"].to_pylist(), removed["kept_id"].to_pylist())) == [
+        ("web/a", "books/z"),
+        ("web/b", "books/z"),
+    ]
     # without a priority, the smallest source name wins, then the smallest id
     removed = find_duplicates(pq.read_table(_write(table_of(rows), tmp_path)))
-    assert sorted(zip(removed["id"].to_pylist(), removed["kept_id"].to_pylist())) == [("web/a", "books/z"), ("web/b", "books/z")]
+    assert sorted(zip(removed["id"].to_pylist(), removed["kept_id"].to_pylist())) == [
+        ("web/a", "books/z"),
+        ("web/b", "books/z"),
+    ]
     removed = find_duplicates(pq.read_table(_write(table_of(rows, ("web",)), tmp_path)))
-    assert sorted(zip(removed["id"].to_pylist(), removed["kept_id"].to_pylist())) == [("books/z", "web/a"), ("web/b", "web/a")]
+    assert sorted(zip(removed["id"].to_pylist(), removed["kept_id"].to_pylist())) == [
+        ("books/z", "web/a"),
+        ("web/b", "web/a"),
+    ]
 
 
 def _write(table: HashTable, folder):

@@ -45,12 +45,16 @@ def pair_with_jaccard(rng: np.random.Generator, union: int, shared: int) -> tupl
     values = rng.permutation(random_hashes(rng, union))
     rest = values[shared:]
     half = len(rest) // 2
-    return np.sort(np.concatenate([values[:shared], rest[:half]])), np.sort(np.concatenate([values[:shared], rest[half:]]))
+    return np.sort(np.concatenate([values[:shared], rest[:half]])), np.sort(
+        np.concatenate([values[:shared], rest[half:]])
+    )
 
 
 def reference_signature(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The definition, in Python integers: min over x of (a * (x >> 32) + b) mod 2^32."""
-    return np.array([min((int(ak) * (int(v) >> 32) + int(bk)) % 2**32 for v in x) for ak, bk in zip(a, b)], dtype=np.uint32)
+    return np.array(
+        [min((int(ak) * (int(v) >> 32) + int(bk)) % 2**32 for v in x) for ak, bk in zip(a, b)], dtype=np.uint32
+    )
 
 
 # --- signatures -----------------------------------------------------------------------------------
@@ -202,7 +206,9 @@ def test_big_bucket_links_first_and_next():
     got = bucket_pairs(keys, docs, max_bucket_pairs=4)
     assert len(got) == 7 and as_pairs(got) == first_and_chain
     # at the limit (5 <= 5), all 10 pairs
-    assert as_pairs(bucket_pairs(keys, docs, max_bucket_pairs=5)) == {(x, y) for x in (10, 20, 30, 40, 50) for y in (10, 20, 30, 40, 50) if x < y}
+    assert as_pairs(bucket_pairs(keys, docs, max_bucket_pairs=5)) == {
+        (x, y) for x in (10, 20, 30, 40, 50) for y in (10, 20, 30, 40, 50) if x < y
+    }
 
 
 def test_bucket_pairs_of_fewer_than_two_documents():
@@ -232,7 +238,10 @@ def bfs_labels(edges: list[tuple[int, int]], nodes: int) -> list[int]:
 
 
 @settings(max_examples=150, deadline=None)
-@given(members=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 2**64 - 1)), max_size=60, unique_by=lambda m: m[1]), limit=st.integers(2, 6))
+@given(
+    members=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 2**64 - 1)), max_size=60, unique_by=lambda m: m[1]),
+    limit=st.integers(2, 6),
+)
 def test_bucket_pairs_connect_each_bucket_and_nothing_else(members, limit):
     keys = np.array([k for k, _ in members], dtype=np.uint64)
     docs = np.array([d for _, d in members], dtype=np.uint64)
@@ -244,7 +253,12 @@ def test_bucket_pairs_connect_each_bucket_and_nothing_else(members, limit):
     labels = bfs_labels([(index[x], index[y]) for x, y in pairs.tolist()], len(docs))
     assert all((labels[i] == labels[j]) == (keys[i] == keys[j]) for i in range(len(docs)) for j in range(len(docs)))
     sizes = {k: int((keys == k).sum()) for k in set(keys.tolist())}
-    expected_small = {(min(x, y), max(x, y)) for x in docs.tolist() for y in docs.tolist() if x != y and key_of[x] == key_of[y] and sizes[key_of[x]] <= limit}
+    expected_small = {
+        (min(x, y), max(x, y))
+        for x in docs.tolist()
+        for y in docs.tolist()
+        if x != y and key_of[x] == key_of[y] and sizes[key_of[x]] <= limit
+    }
     assert {p for p in as_pairs(pairs) if sizes[key_of[p[0]]] <= limit} == expected_small
 
 
@@ -277,7 +291,11 @@ def test_jaccard_hand_worked():
 
 
 @settings(max_examples=300, deadline=None)
-@given(x=st.sets(st.integers(0, U64_MAX), max_size=40), y=st.sets(st.integers(0, U64_MAX), max_size=40), shared=st.sets(st.integers(0, U64_MAX), max_size=20))
+@given(
+    x=st.sets(st.integers(0, U64_MAX), max_size=40),
+    y=st.sets(st.integers(0, U64_MAX), max_size=40),
+    shared=st.sets(st.integers(0, U64_MAX), max_size=20),
+)
 def test_jaccard_equals_python_sets(x, y, shared):
     x, y = x | shared, y | shared
     expected = len(x & y) / len(x | y) if x | y else 0.0
@@ -308,7 +326,11 @@ def test_components_of_a_long_shuffled_path():
 @settings(max_examples=200, deadline=None)
 @given(data=st.data(), nodes=st.integers(0, 40))
 def test_components_equal_breadth_first_search(data, nodes):
-    edges = data.draw(st.lists(st.tuples(st.integers(0, nodes - 1), st.integers(0, nodes - 1)), max_size=60)) if nodes else []
+    edges = (
+        data.draw(st.lists(st.tuples(st.integers(0, nodes - 1), st.integers(0, nodes - 1)), max_size=60))
+        if nodes
+        else []
+    )
     a = np.array([x for x, _ in edges], dtype=np.uint64)
     b = np.array([y for _, y in edges], dtype=np.uint64)
     assert components(a, b, nodes).tolist() == bfs_labels(edges, nodes)

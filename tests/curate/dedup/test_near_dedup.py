@@ -37,12 +37,32 @@ from kiln.curate.readers import InputConfig
 from kiln.curate.run import key_ranges, run
 from kiln.text.shingles import shingle_set
 
-FILTERS = ("url_filter", "line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "code_quality", "pii", "length")
+FILTERS = (
+    "url_filter",
+    "line_dedup",
+    "language",
+    "gopher_repetition",
+    "gopher_quality",
+    "c4",
+    "fineweb",
+    "code_quality",
+    "pii",
+    "length",
+)
 # Letters only: digits would fold to 0 and make words collide. 5000 words, so two random texts
 # of a few hundred words share no 5-gram.
 _letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
 VOCAB = np.array(["".join(np.random.default_rng(i).choice(_letters, size=3 + i % 7)) for i in range(5000)])
-EDITS = ["replacementword", "alternativeterm", "substitutedtoken", "differentchoice", "anotherwordhere", "swappedvocabulary", "freshlexeme", "novelinsertion"]
+EDITS = [
+    "replacementword",
+    "alternativeterm",
+    "substitutedtoken",
+    "differentchoice",
+    "anotherwordhere",
+    "swappedvocabulary",
+    "freshlexeme",
+    "novelinsertion",
+]
 
 
 def random_text(seed: int, words: int = 300) -> str:
@@ -63,7 +83,11 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
 
 
 def config(folder: Path, **overrides) -> CurateConfig:
-    fields = dict(inputs=(InputConfig(path=str(folder)),), executor={"workers": 1}, **{name: {"enabled": False} for name in FILTERS})
+    fields = dict(
+        inputs=(InputConfig(path=str(folder)),),
+        executor={"workers": 1},
+        **{name: {"enabled": False} for name in FILTERS},
+    )
     fields.update(overrides)
     return CurateConfig(**fields)
 
@@ -157,7 +181,12 @@ def test_planted_clusters_equal_brute_force(planted):
     stage = planted.run_dir / "curate"
     texts = {i: r["text"] for i, r in planted.records.items() if i != "e-copy2"}  # e-copy2 went to exact dedup
     expected = brute_clusters(texts, 0.8)
-    assert sorted(map(sorted, expected)) == [["e-copy1", "e-edit"], ["x-base", "x-edit1", "x-edit2"], ["y-base", "y-edit"], ["z-0", "z-1", "z-2", "z-3"]]
+    assert sorted(map(sorted, expected)) == [
+        ["e-copy1", "e-edit"],
+        ["x-base", "x-edit1", "x-edit2"],
+        ["y-base", "y-edit"],
+        ["z-0", "z-1", "z-2", "z-3"],
+    ]
 
     clusters = rows(stage / "clusters.parquet")
     got: dict[int, set[str]] = {}
@@ -176,8 +205,14 @@ def test_planted_clusters_equal_brute_force(planted):
             if not r["kept"]:
                 assert r["jaccard_to_kept"] >= 0.8
                 assert removed[r["id"]] == {
-                    "id": r["id"], "source": "web", "step": "minhash_dedup", "reason": "minhash_dedup:near_duplicate",
-                    "value": r["jaccard_to_kept"], "threshold": 0.8, "note": f"cluster {r['cluster']}", "kept_id": keeper,
+                    "id": r["id"],
+                    "source": "web",
+                    "step": "minhash_dedup",
+                    "reason": "minhash_dedup:near_duplicate",
+                    "value": r["jaccard_to_kept"],
+                    "threshold": 0.8,
+                    "note": f"cluster {r['cluster']}",
+                    "kept_id": keeper,
                 }
     assert removed["e-copy2"]["reason"] == "exact_dedup:duplicate" and removed["e-copy2"]["kept_id"] == "e-copy1"
     # everything else is kept, its text unchanged
@@ -185,7 +220,9 @@ def test_planted_clusters_equal_brute_force(planted):
     assert set(docs) == set(planted.records) - set(removed)
     assert all(docs[i] == planted.records[i]["text"] for i in docs)
     # clusters.parquet is ordered by cluster, the keeper first
-    assert [(r["cluster"], not r["kept"], r["id"]) for r in clusters] == sorted((r["cluster"], not r["kept"], r["id"]) for r in clusters)
+    assert [(r["cluster"], not r["kept"], r["id"]) for r in clusters] == sorted(
+        (r["cluster"], not r["kept"], r["id"]) for r in clusters
+    )
 
 
 def test_accounting_and_manifest_counts(planted):
@@ -193,7 +230,11 @@ def test_accounting_and_manifest_counts(planted):
     counts = planted.manifest["counts"]
     clusters = rows(stage / "clusters.parquet")
     near = counts["minhash"]
-    assert counts["docs_in"] == len(planted.records) == counts["docs_out"] + sum(counts["removed"].values()) + counts["quarantined"]
+    assert (
+        counts["docs_in"]
+        == len(planted.records)
+        == counts["docs_out"] + sum(counts["removed"].values()) + counts["quarantined"]
+    )
     assert counts["removed"] == {"exact_dedup:duplicate": 1, "minhash_dedup:near_duplicate": 7}
     assert counts["quarantined"] == 0 and counts["docs_out"] == len(kept(stage))
     # documents that survived exact dedup: signed, or without words
@@ -215,7 +256,16 @@ def test_wordless_documents_pass_untouched(planted):
 
 
 def test_explain_shows_the_cluster_of_a_near_duplicate(planted, capsys):
-    args = ["curate", "--recipe", "demo", "--set", f"name={planted.run_dir.name}", "--set", f"runs_dir={planted.run_dir.parent}", "--explain"]
+    args = [
+        "curate",
+        "--recipe",
+        "demo",
+        "--set",
+        f"name={planted.run_dir.name}",
+        "--set",
+        f"runs_dir={planted.run_dir.parent}",
+        "--explain",
+    ]
     members = [r for r in rows(planted.run_dir / "curate" / "clusters.parquet") if r["id"].startswith("x-")]
     [keeper] = [r["id"] for r in members if r["kept"]]
     removed = sorted(r["id"] for r in members if not r["kept"])
@@ -224,18 +274,27 @@ def test_explain_shows_the_cluster_of_a_near_duplicate(planted, capsys):
     assert main([*args, removed[0]]) == 0
     out = capsys.readouterr().out
     assert f"{removed[0]} (source web) was removed by step minhash_dedup: minhash_dedup:near_duplicate" in out
-    assert f"measured {brute_jaccard(text[removed[0]], text[keeper]):.4g}, threshold 0.8" in out and f"kept instead: {keeper}" in out
+    assert (
+        f"measured {brute_jaccard(text[removed[0]], text[keeper]):.4g}, threshold 0.8" in out
+        and f"kept instead: {keeper}" in out
+    )
     lines = out.splitlines()
     at = lines.index(f"  cluster {members[0]['cluster']}: 3 documents (Jaccard of shingle sets to the kept one)")
     assert lines[at + 1].split() == ["kept", keeper, "1.000"]  # the keeper first, then by id
-    assert [line.split() for line in lines[at + 2 : at + 4]] == [["removed", i, f"{brute_jaccard(text[i], text[keeper]):.3f}"] for i in removed]
+    assert [line.split() for line in lines[at + 2 : at + 4]] == [
+        ["removed", i, f"{brute_jaccard(text[i], text[keeper]):.3f}"] for i in removed
+    ]
     assert main([*args, keeper]) == 0
     assert "was kept" in capsys.readouterr().out
 
 
 def test_same_output_for_1_2_4_workers_and_ray(planted, tmp_path, ray_local):
     def outputs(stage: Path) -> tuple:
-        return audit_files(stage), (stage / "clusters.parquet").read_bytes(), json.loads((stage / MANIFEST).read_text())["counts"]
+        return (
+            audit_files(stage),
+            (stage / "clusters.parquet").read_bytes(),
+            json.loads((stage / MANIFEST).read_text())["counts"],
+        )
 
     reference = outputs(planted.run_dir / "curate")
     assert len(reference[0]) > 10 and pq.read_metadata(planted.run_dir / "curate" / "clusters.parquet").num_rows == 11
@@ -263,12 +322,22 @@ def test_batch_sizes_and_key_ranges_do_not_change_the_output(planted, tmp_path, 
     assert audit_files(stage) == audit_files(reference)
     assert (stage / "clusters.parquet").read_bytes() == (reference / "clusters.parquet").read_bytes()
     counts, expected = manifest["counts"]["minhash"], planted.manifest["counts"]["minhash"]
-    assert {k: v for k, v in counts.items() if k != "memory_estimate_mb"} == {k: v for k, v in expected.items() if k != "memory_estimate_mb"}
+    assert {k: v for k, v in counts.items() if k != "memory_estimate_mb"} == {
+        k: v for k, v in expected.items() if k != "memory_estimate_mb"
+    }
 
 
 def test_key_ranges_are_a_power_of_two_sized_by_documents():
     # 16 bytes a document, about 4 copies, 256 MB a bucket task: 4M documents fit one range
-    assert [key_ranges(n) for n in (0, 1, 4_000_000, 4_000_001, 8_000_000, 9_000_000, 100_000_000)] == [1, 1, 1, 2, 2, 4, 32]
+    assert [key_ranges(n) for n in (0, 1, 4_000_000, 4_000_001, 8_000_000, 9_000_000, 100_000_000)] == [
+        1,
+        1,
+        1,
+        2,
+        2,
+        4,
+        32,
+    ]
 
 
 # --- small corpora, one rule each -------------------------------------------------------------------
@@ -276,30 +345,58 @@ def test_key_ranges_are_a_power_of_two_sized_by_documents():
 
 def test_identical_documents_go_to_exact_dedup_else_to_minhash_with_jaccard_1(tmp_path):
     text = random_text(1)
-    write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": "b-copy", "text": text, "source": "web"}, {"id": "other", "text": random_text(2), "source": "web"}])
+    write_jsonl(
+        tmp_path / "in" / "a.jsonl",
+        [{"id": "b-copy", "text": text, "source": "web"}, {"id": "other", "text": random_text(2), "source": "web"}],
+    )
     write_jsonl(tmp_path / "in" / "b.jsonl", [{"id": "a-copy", "text": text, "source": "web"}])
-    write_jsonl(tmp_path / "in" / "c.jsonl", [{"id": "c-copy", "text": text, "source": "web"}])  # a task left with nothing to sign
+    write_jsonl(
+        tmp_path / "in" / "c.jsonl", [{"id": "c-copy", "text": text, "source": "web"}]
+    )  # a task left with nothing to sign
     manifest = run(config(tmp_path / "in"), tmp_path / "exact")
-    assert sorted((r["id"], r["reason"], r["kept_id"]) for r in rows(tmp_path / "exact" / "curate" / "removed.parquet")) == [
-        ("b-copy", "exact_dedup:duplicate", "a-copy"), ("c-copy", "exact_dedup:duplicate", "a-copy"),
+    assert sorted(
+        (r["id"], r["reason"], r["kept_id"]) for r in rows(tmp_path / "exact" / "curate" / "removed.parquet")
+    ) == [
+        ("b-copy", "exact_dedup:duplicate", "a-copy"),
+        ("c-copy", "exact_dedup:duplicate", "a-copy"),
     ]
-    assert rows(tmp_path / "exact" / "curate" / "clusters.parquet") == [] and manifest["counts"]["minhash"]["signed"] == 2
+    assert (
+        rows(tmp_path / "exact" / "curate" / "clusters.parquet") == [] and manifest["counts"]["minhash"]["signed"] == 2
+    )
 
     manifest = run(config(tmp_path / "in", exact_dedup={"enabled": False}), tmp_path / "near")
-    removed = sorted((r["id"], r["step"], r["reason"], r["value"], r["threshold"], r["kept_id"]) for r in rows(tmp_path / "near" / "curate" / "removed.parquet"))
-    assert removed == [(i, "minhash_dedup", "minhash_dedup:near_duplicate", 1.0, 0.8, "a-copy") for i in ("b-copy", "c-copy")]
-    clusters = sorted((r["id"], r["kept"], r["jaccard_to_kept"]) for r in rows(tmp_path / "near" / "curate" / "clusters.parquet"))
+    removed = sorted(
+        (r["id"], r["step"], r["reason"], r["value"], r["threshold"], r["kept_id"])
+        for r in rows(tmp_path / "near" / "curate" / "removed.parquet")
+    )
+    assert removed == [
+        (i, "minhash_dedup", "minhash_dedup:near_duplicate", 1.0, 0.8, "a-copy") for i in ("b-copy", "c-copy")
+    ]
+    clusters = sorted(
+        (r["id"], r["kept"], r["jaccard_to_kept"]) for r in rows(tmp_path / "near" / "curate" / "clusters.parquet")
+    )
     assert clusters == [("a-copy", True, 1.0), ("b-copy", False, 1.0), ("c-copy", False, 1.0)]
     assert set(kept(tmp_path / "near" / "curate")) == {"a-copy", "other"}
     assert "exact_dedup" not in manifest["counts"]["per_source"]["web"]["funnel"]
 
 
 def test_unrelated_documents_are_all_kept(tmp_path):
-    write_jsonl(tmp_path / "in" / "a.jsonl", [{"id": f"d{i}", "text": random_text(i), "source": "web"} for i in range(12)])
-    write_jsonl(tmp_path / "in" / "b.jsonl", [{"id": "dots", "text": "...", "source": "web"}, {"id": "bangs", "text": "!!", "source": "web"}])  # no words in the task
+    write_jsonl(
+        tmp_path / "in" / "a.jsonl", [{"id": f"d{i}", "text": random_text(i), "source": "web"} for i in range(12)]
+    )
+    write_jsonl(
+        tmp_path / "in" / "b.jsonl",
+        [{"id": "dots", "text": "...", "source": "web"}, {"id": "bangs", "text": "!!", "source": "web"}],
+    )  # no words in the task
     manifest = run(config(tmp_path / "in"), tmp_path / "run")
     near = manifest["counts"]["minhash"]
-    assert (near["signed"], near["no_words"], near["verified"], near["clusters"], near["clustered_docs"]) == (12, 2, 0, 0, 0)
+    assert (near["signed"], near["no_words"], near["verified"], near["clusters"], near["clustered_docs"]) == (
+        12,
+        2,
+        0,
+        0,
+        0,
+    )
     assert manifest["counts"]["removed"] == {} and len(kept(tmp_path / "run" / "curate")) == 14
     assert rows(tmp_path / "run" / "curate" / "clusters.parquet") == []
 
@@ -309,8 +406,12 @@ def three_copies(folder: Path) -> None:
     web 10 words longer (worst score). Pairwise Jaccard 0.97-0.98; ids sort news < books < web."""
     base, tail = random_text(7), random_text(8, words=10)
     write_jsonl(folder / "books.jsonl", [{"id": "copy-b", "text": base, "source": "books", "meta": {"quality": 0.9}}])
-    write_jsonl(folder / "news.jsonl", [{"id": "copy-a", "text": base + " " + " ".join(tail.split()[:5]), "source": "news"}])
-    write_jsonl(folder / "web.jsonl", [{"id": "copy-c", "text": base + " " + tail, "source": "web", "meta": {"quality": 0.2}}])
+    write_jsonl(
+        folder / "news.jsonl", [{"id": "copy-a", "text": base + " " + " ".join(tail.split()[:5]), "source": "news"}]
+    )
+    write_jsonl(
+        folder / "web.jsonl", [{"id": "copy-c", "text": base + " " + tail, "source": "web", "meta": {"quality": 0.2}}]
+    )
 
 
 @pytest.mark.parametrize(
@@ -321,10 +422,22 @@ def three_copies(folder: Path) -> None:
         ({"minhash_dedup": {"prefer": "none"}}, "copy-a"),  # smallest id
         ({"minhash_dedup": {"prefer": "meta:quality"}}, "copy-b"),  # highest score; the copy without one ranks last
         ({"minhash_dedup": {"source_priority": ["news"]}}, "copy-a"),  # source first, though not the longest
-        ({"exact_dedup": {"source_priority": ["books", "web"]}}, "copy-b"),  # exact dedup's priority when minhash has none
-        ({"exact_dedup": {"source_priority": ["books"]}, "minhash_dedup": {"source_priority": ["web", "books"]}}, "copy-c"),
-        ({"minhash_dedup": {"source_priority": ["archive"], "prefer": "shortest"}}, "copy-b"),  # unlisted sources tie on rank
-        ({"minhash_dedup": {"source_priority": ["web"], "prefer": "shortest"}}, "copy-c"),  # the listed source beats the shorter copies
+        (
+            {"exact_dedup": {"source_priority": ["books", "web"]}},
+            "copy-b",
+        ),  # exact dedup's priority when minhash has none
+        (
+            {"exact_dedup": {"source_priority": ["books"]}, "minhash_dedup": {"source_priority": ["web", "books"]}},
+            "copy-c",
+        ),
+        (
+            {"minhash_dedup": {"source_priority": ["archive"], "prefer": "shortest"}},
+            "copy-b",
+        ),  # unlisted sources tie on rank
+        (
+            {"minhash_dedup": {"source_priority": ["web"], "prefer": "shortest"}},
+            "copy-c",
+        ),  # the listed source beats the shorter copies
     ],
 )
 def test_keeper_across_sources(tmp_path, overrides, keeper):
@@ -335,7 +448,9 @@ def test_keeper_across_sources(tmp_path, overrides, keeper):
     removed = rows(stage / "removed.parquet")
     assert sorted(r["id"] for r in removed) == sorted({"copy-a", "copy-b", "copy-c"} - {keeper})
     assert all(r["kept_id"] == keeper and r["reason"] == "minhash_dedup:near_duplicate" for r in removed)
-    assert {r["source"] for r in removed} == {"books", "news", "web"} - {{"copy-a": "news", "copy-b": "books", "copy-c": "web"}[keeper]}
+    assert {r["source"] for r in removed} == {"books", "news", "web"} - {
+        {"copy-a": "news", "copy-b": "books", "copy-c": "web"}[keeper]
+    }
 
 
 def chain(folder: Path) -> dict[str, str]:
@@ -368,14 +483,26 @@ def test_chained_cluster_keeps_one_and_notes_the_member_below_threshold(tmp_path
     manifest = run(config(tmp_path / "in", minhash_dedup={"prefer": "none", "bands": 20, "rows": 5}), tmp_path / "run")
     stage = tmp_path / "run" / "curate"
     clusters = {r["id"]: r for r in rows(stage / "clusters.parquet")}
-    assert {i: (r["kept"], r["jaccard_to_kept"]) for i, r in clusters.items()} == {"a": (True, 1.0), "b": (False, 181 / 211), "c": (False, 166 / 226)}
+    assert {i: (r["kept"], r["jaccard_to_kept"]) for i, r in clusters.items()} == {
+        "a": (True, 1.0),
+        "b": (False, 181 / 211),
+        "c": (False, 166 / 226),
+    }
     removed = {r["id"]: r for r in rows(stage / "removed.parquet")}
     cluster = clusters["a"]["cluster"]
     assert removed["b"]["note"] == f"cluster {cluster}" and removed["b"]["kept_id"] == "a"
-    assert removed["c"]["note"] == f"cluster {cluster}{CHAINED}" and removed["c"]["value"] == 166 / 226 < removed["c"]["threshold"] == 0.8
+    assert (
+        removed["c"]["note"] == f"cluster {cluster}{CHAINED}"
+        and removed["c"]["value"] == 166 / 226 < removed["c"]["threshold"] == 0.8
+    )
     assert set(kept(stage)) == {"a"}
     near = manifest["counts"]["minhash"]
-    assert (near["candidates"], near["verified"], near["rejected"], near["max_rejected_jaccard"]) == (3, 2, 1, 166 / 226)
+    assert (near["candidates"], near["verified"], near["rejected"], near["max_rejected_jaccard"]) == (
+        3,
+        2,
+        1,
+        166 / 226,
+    )
 
 
 def test_without_verification_every_candidate_is_a_duplicate_at_its_signature_estimate(tmp_path):
@@ -388,12 +515,19 @@ def test_without_verification_every_candidate_is_a_duplicate_at_its_signature_es
     a, b = permutation_params(100, cfg.minhash_dedup.seed)
     sigs = dict(zip(texts, signatures([shingle_set(t, 5) for t in texts.values()], a, b)))
     clusters = {r["id"]: r["jaccard_to_kept"] for r in rows(tmp_path / "run" / "curate" / "clusters.parquet")}
-    assert clusters == {"a": 1.0, "b": estimated_jaccard(sigs["b"], sigs["a"]), "c": estimated_jaccard(sigs["c"], sigs["a"])}
+    assert clusters == {
+        "a": 1.0,
+        "b": estimated_jaccard(sigs["b"], sigs["a"]),
+        "c": estimated_jaccard(sigs["c"], sigs["a"]),
+    }
 
 
 def test_without_verification_a_direct_candidate_is_not_noted_as_chained(tmp_path):
     chain(tmp_path / "in")
-    manifest = run(config(tmp_path / "in", minhash_dedup={"prefer": "none", "bands": 20, "rows": 5, "verify": False}), tmp_path / "run")
+    manifest = run(
+        config(tmp_path / "in", minhash_dedup={"prefer": "none", "bands": 20, "rows": 5, "verify": False}),
+        tmp_path / "run",
+    )
     assert manifest["counts"]["minhash"]["candidates"] == 3  # a-b, b-c and a-c: c is a's candidate itself
     [c] = [r for r in rows(tmp_path / "run" / "curate" / "removed.parquet") if r["id"] == "c"]
     assert c["value"] < 0.8 and c["kept_id"] == "a"
@@ -409,15 +543,29 @@ def test_killed_in_the_sign_phase_resumes_to_the_uninterrupted_result(tmp_path, 
     for f in range(tasks):  # 150 texts of 300 words a task: a sign task takes tens of milliseconds
         records = [{"id": f"t{f:02d}-{i:03d}", "text": random_text(1000 * f + i), "source": "web"} for i in range(150)]
         if f % 4 == 1:  # near-duplicates across tasks, so the resumed run has clusters to agree on
-            records.append({"id": f"dup-{f:02d}", "text": edit(random_text(999_999), {f: EDITS[f % len(EDITS)]}), "source": "web"})
+            records.append(
+                {"id": f"dup-{f:02d}", "text": edit(random_text(999_999), {f: EDITS[f % len(EDITS)]}), "source": "web"}
+            )
         write_jsonl(tmp_path / "in" / f"part-{f:02d}.jsonl", records)
-    common = ["curate", "--input", str(tmp_path / "in"), "--set", f"runs_dir={tmp_path / 'runs'}", "--set", "curate.executor.workers=1",
-              *(arg for name in FILTERS for arg in ("--set", f"curate.{name}.enabled=false"))]
+    common = [
+        "curate",
+        "--input",
+        str(tmp_path / "in"),
+        "--set",
+        f"runs_dir={tmp_path / 'runs'}",
+        "--set",
+        "curate.executor.workers=1",
+        *(arg for name in FILTERS for arg in ("--set", f"curate.{name}.enabled=false")),
+    ]
     assert main(["-q", *common, "--run", "whole"]) == 0  # the uninterrupted reference, in this process
 
     stage = tmp_path / "runs" / "cut" / "curate"
     partial = stage.with_name("curate.partial")  # where an unfinished run builds
-    proc = subprocess.Popen([sys.executable, "-m", "kiln", "-q", *common, "--run", "cut"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kiln", "-q", *common, "--run", "cut"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 60
     while len(list((partial / "work" / "sign").glob("*.done"))) < 2:
         assert proc.poll() is None and time.time() < deadline, "the run ended before it could be killed"
@@ -429,9 +577,16 @@ def test_killed_in_the_sign_phase_resumes_to_the_uninterrupted_result(tmp_path, 
     assert 2 <= signed < tasks, f"killed after the sign phase ({signed} of {tasks} sign tasks done)"
     assert not list((partial / "work").glob("buckets/*.done"))
 
-    with caplog.at_level(logging.INFO, logger="kiln"):  # resumed in this process (a subprocess costs seconds of imports)
+    with caplog.at_level(
+        logging.INFO, logger="kiln"
+    ):  # resumed in this process (a subprocess costs seconds of imports)
         assert main([*common, "--run", "cut"]) == 0
-    for phase, done, total in (("read", tasks, tasks), ("filter", tasks, tasks), ("dedup", 4, 4), ("sign", signed, tasks)):
+    for phase, done, total in (
+        ("read", tasks, tasks),
+        ("filter", tasks, tasks),
+        ("dedup", 4, 4),
+        ("sign", signed, tasks),
+    ):
         assert f"{phase} phase: {done} of {total} tasks already finished, skipped" in caplog.text
     assert "buckets phase:" not in caplog.text  # no bucket task had finished: all run now
     whole = tmp_path / "runs" / "whole" / "curate"
@@ -452,4 +607,6 @@ def test_explain_many_answers_like_explain_from_one_reading(planted):
     found = explain_many(stage, [*removed, keeper, "nope"])
     assert set(found) == {*removed, keeper}  # an id the audit files do not know is left to explain()
     assert all(found[i] == explain(stage, i) for i in removed)
-    assert found[keeper].startswith(f"{keeper} was kept: its near-duplicate cluster keeps it\n  cluster {members[0]['cluster']}: 3 documents")
+    assert found[keeper].startswith(
+        f"{keeper} was kept: its near-duplicate cluster keeps it\n  cluster {members[0]['cluster']}: 3 documents"
+    )

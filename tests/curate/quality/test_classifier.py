@@ -19,7 +19,10 @@ CFG = ClassifierConfig()
 
 def rows(feats) -> list[dict[int, float]]:
     """Each document's features as {bucket: value}."""
-    return [dict(zip(feats.buckets[a:b].tolist(), feats.values[a:b].tolist())) for a, b in zip(feats.offsets[:-1], feats.offsets[1:])]
+    return [
+        dict(zip(feats.buckets[a:b].tolist(), feats.values[a:b].tolist()))
+        for a, b in zip(feats.offsets[:-1], feats.offsets[1:])
+    ]
 
 
 def split(pos: list[str], neg: list[str], seed: int = 0) -> tuple[list[str], list[str], list[str], np.ndarray]:
@@ -40,7 +43,9 @@ def assert_separates(pos: list[str], neg: list[str]) -> dict[str, float]:
 
 # --- synthetic sources --------------------------------------------------------------------------
 
-VOCAB = [a + b + c for a in "bdfgkmnprst" for b in "aeiou" for c in "lmnprst"][:300]  # letters only: digits would fold to 0
+VOCAB = [a + b + c for a in "bdfgkmnprst" for b in "aeiou" for c in "lmnprst"][
+    :300
+]  # letters only: digits would fold to 0
 
 
 def markov_docs(seed: int, count: int) -> list[str]:
@@ -155,10 +160,14 @@ def test_features_by_hand():
 
 
 def test_features_normalize_case_and_punctuation():
-    plain, noisy, reordered = rows(_featurize(["new york is big", "New-York... IS (big)!", "york new is big"], 2, 1 << 20))
+    plain, noisy, reordered = rows(
+        _featurize(["new york is big", "New-York... IS (big)!", "york new is big"], 2, 1 << 20)
+    )
     assert plain == noisy
     assert plain != reordered  # the bigrams differ
-    assert set(rows(_featurize(["new york is big"], 1, 1 << 20))[0]) == set(rows(_featurize(["york new is big"], 1, 1 << 20))[0])
+    assert set(rows(_featurize(["new york is big"], 1, 1 << 20))[0]) == set(
+        rows(_featurize(["york new is big"], 1, 1 << 20))[0]
+    )
 
 
 def test_bigram_differs_from_its_unigrams():
@@ -207,7 +216,9 @@ def test_scores(data):
     texts = [*pos[:5], "", "... !!!", *neg[:5]]
     scores = model.scores(texts)
     assert scores.dtype == np.float64 and ((scores >= 0) & (scores <= 1)).all()
-    assert scores[5] == scores[6] == pytest.approx(1 / (1 + math.exp(-model.bias)), rel=1e-12)  # no words: the bias alone
+    assert (
+        scores[5] == scores[6] == pytest.approx(1 / (1 + math.exp(-model.bias)), rel=1e-12)
+    )  # no words: the bias alone
     assert np.array_equal(scores, np.concatenate([model.scores([t]) for t in texts]))  # batching changes nothing
     assert model.scores([]).shape == (0,)
     with pytest.raises(FatalError, match="both classes"):

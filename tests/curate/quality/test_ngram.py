@@ -48,7 +48,9 @@ class ReferenceKN:
                     self.adjusted[n][g] = c
                 else:
                     self.adjusted[n][g] = sum(1 for longer in raw[n + 1] if longer[1:] == g)
-        self.discounts = [(0.0, 0.0, 0.0)] + [self._discounts(Counter(self.adjusted[n].values())) for n in range(1, order + 1)]
+        self.discounts = [(0.0, 0.0, 0.0)] + [
+            self._discounts(Counter(self.adjusted[n].values())) for n in range(1, order + 1)
+        ]
         self.vocab = {g[0] for g in raw[1]}  # words and </s>; <s> is never predicted
 
     @staticmethod
@@ -211,7 +213,9 @@ def _prose() -> list[str]:
     paragraphs = [p for _, text in sorted(topics.items()) for p in text.split("\n\n") if len(p.split()) >= 8]
     for path in sorted(Path("/usr/share/common-licenses").glob("*")):
         if path.is_file() and not path.is_symlink():
-            paragraphs += [p for p in path.read_text(encoding="utf-8", errors="replace").split("\n\n") if len(p.split()) >= 8]
+            paragraphs += [
+                p for p in path.read_text(encoding="utf-8", errors="replace").split("\n\n") if len(p.split()) >= 8
+            ]
     return paragraphs
 
 
@@ -286,7 +290,13 @@ def test_empty_texts_unseen_words_and_order_one() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(text=st.text(alphabet=st.sampled_from(list("ab Z9_.-\n\r\t\x0b\x0c\u00e9\u0301\u2014\u00a0\u0130\u03a3\u0660\u4e2d")), max_size=60), fold=st.booleans())
+@given(
+    text=st.text(
+        alphabet=st.sampled_from(list("ab Z9_.-\n\r\t\x0b\x0c\u00e9\u0301\u2014\u00a0\u0130\u03a3\u0660\u4e2d")),
+        max_size=60,
+    ),
+    fold=st.booleans(),
+)
 def test_line_split_is_text_hashes_per_line(text: str, fold: bool) -> None:
     # the fast path (one text_hashes call per text, word counts per line) against the definition:
     # ASCII breaks, non-ASCII letters, combining marks, Unicode digits and dashes, other line breaks
@@ -305,4 +315,7 @@ def test_long_texts_are_scored_in_pieces(monkeypatch: pytest.MonkeyPatch) -> Non
     cut, tokens = model.score(["\n".join(lines), "a cat"])
     assert whole[0] == pytest.approx(per_line.sum(), abs=1e-9) and cut[0] == pytest.approx(whole[0], abs=1e-9)
     assert tokens.tolist() == [sum(len(line.split()) + 1 for line in lines), 3]
-    assert list(ngram._pieces("ab\ncd\nef", 4)) == ["ab", "cd", "ef"] and list(ngram._pieces("abcdef\ng", 2)) == ["abcdef", "g"]
+    assert list(ngram._pieces("ab\ncd\nef", 4)) == ["ab", "cd", "ef"] and list(ngram._pieces("abcdef\ng", 2)) == [
+        "abcdef",
+        "g",
+    ]

@@ -29,7 +29,20 @@ from kiln.curate.steps import chain
 from kiln.curate.steps.normalize import normalize_text
 from kiln.curate.steps.quality import ClassifierFilter, ClassifierFilterConfig, PerplexityConfig, PerplexityFilter
 
-FILTERS = ("url_filter", "line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "code_quality", "pii", "length", "exact_dedup", "minhash_dedup")
+FILTERS = (
+    "url_filter",
+    "line_dedup",
+    "language",
+    "gopher_repetition",
+    "gopher_quality",
+    "c4",
+    "fineweb",
+    "code_quality",
+    "pii",
+    "length",
+    "exact_dedup",
+    "minhash_dedup",
+)
 
 
 def chunks(text: str, size: int = 1200) -> list[str]:
@@ -55,17 +68,30 @@ def build_corpus(folder: Path) -> None:
             rng.shuffle(words)
         web.append({"id": f"shuffled{i}", "text": "\n".join(" ".join(w) for w in lines)})
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "ref.jsonl").write_text("".join(json.dumps({"id": f"ref{i}", "text": t}) + "\n" for i, t in enumerate(ref)))
+    (folder / "ref.jsonl").write_text(
+        "".join(json.dumps({"id": f"ref{i}", "text": t}) + "\n" for i, t in enumerate(ref))
+    )
     (folder / "web.jsonl").write_text("".join(json.dumps(d) + "\n" for d in web))
 
 
 def recipe_args(tmp_path: Path) -> list[str]:
-    inputs = [{"path": str(tmp_path / "data" / "ref.jsonl"), "source": "ref"}, {"path": str(tmp_path / "data" / "web.jsonl"), "source": "web"}]
+    inputs = [
+        {"path": str(tmp_path / "data" / "ref.jsonl"), "source": "ref"},
+        {"path": str(tmp_path / "data" / "web.jsonl"), "source": "web"},
+    ]
     return ["--run", "q", "--set", "curate.inputs=" + json.dumps(inputs), "--set", "quality.reference_source=ref"]
 
 
 def curate_args(tmp_path: Path, workers: int = 1, kind: str = "local", run: str = "q") -> list[str]:
-    args = ["-q", "curate", *recipe_args(tmp_path), "--set", f"curate.executor.workers={workers}", "--set", f"curate.executor.kind={kind}"]
+    args = [
+        "-q",
+        "curate",
+        *recipe_args(tmp_path),
+        "--set",
+        f"curate.executor.workers={workers}",
+        "--set",
+        f"curate.executor.kind={kind}",
+    ]
     if run != "q":
         args += ["--set", f"name={run}"]
     for name in FILTERS:
@@ -101,7 +127,10 @@ def test_perplexity_filter_keeps_the_percentile_buckets(corpus, capsys):
     scores = np.load(lm / "corpus_perplexity.npy")
     cutoff = np.percentile(scores, 60)
     assert len(kept) == int((scores <= cutoff).sum()) == 36
-    assert all(meta["perplexity"] <= cutoff + 1e-3 and meta["perplexity_bucket"] in ("head", "middle") for meta in kept.values())
+    assert all(
+        meta["perplexity"] <= cutoff + 1e-3 and meta["perplexity_bucket"] in ("head", "middle")
+        for meta in kept.values()
+    )
     assert {r["reason"] for r in removed.values()} == {"perplexity:tail"}
     assert all(r["value"] > cutoff and r["threshold"] == pytest.approx(cutoff) for r in removed.values())
     # shuffled words are what the reference model finds least likely
@@ -111,7 +140,10 @@ def test_perplexity_filter_keeps_the_percentile_buckets(corpus, capsys):
 
 def web_docs(corpus: Path) -> list[Document]:
     """The web source as curate's first step leaves it."""
-    return [Document(id=d["id"], text=normalize_text(d["text"]), source="web") for d in map(json.loads, (corpus / "data" / "web.jsonl").open())]
+    return [
+        Document(id=d["id"], text=normalize_text(d["text"]), source="web")
+        for d in map(json.loads, (corpus / "data" / "web.jsonl").open())
+    ]
 
 
 def test_classifier_filter_keeps_the_top_fraction_on_local_and_ray(corpus, capsys, ray_local):
@@ -127,8 +159,14 @@ def test_classifier_filter_keeps_the_top_fraction_on_local_and_ray(corpus, capsy
 
     outcomes = []
     for run, workers, kind in (("local", 2, "local"), ("ray", 2, "ray")):
-        extra = ["--set", "curate.quality_classifier.enabled=true", "--set", "curate.quality_classifier.top_fraction=0.5",
-                 "--set", f"curate.quality_classifier.model={Path('runs/q/quality/classifier').resolve()}"]
+        extra = [
+            "--set",
+            "curate.quality_classifier.enabled=true",
+            "--set",
+            "curate.quality_classifier.top_fraction=0.5",
+            "--set",
+            f"curate.quality_classifier.model={Path('runs/q/quality/classifier').resolve()}",
+        ]
         assert main([*curate_args(corpus, workers, kind, run), *extra]) == 0
         outcomes.append(web_outcome(Path(f"runs/{run}/curate")))
         shards = {p.name: [d.to_json() for d in read_shard(p)] for p in list_shards(Path(f"runs/{run}/curate/shards"))}
@@ -137,7 +175,10 @@ def test_classifier_filter_keeps_the_top_fraction_on_local_and_ray(corpus, capsy
     assert shards == ray_shards  # the same documents, meta and scores on both executors
     web = web_docs(corpus)
     model = HashedClassifier.load(Path("runs/q/quality/classifier/model.npz"))
-    assert set(kept) == {d.id for d, s in zip(web, model.scores([d.text for d in web])) if s >= cutoff} and 0 < len(kept) < 60
+    assert (
+        set(kept) == {d.id for d, s in zip(web, model.scores([d.text for d in web])) if s >= cutoff}
+        and 0 < len(kept) < 60
+    )
     assert all(meta["quality_score"] >= cutoff - 1e-6 for meta in kept.values())
     assert {r["reason"] for r in removed.values()} == {"quality_classifier:below_top_fraction"}
 
@@ -186,16 +227,24 @@ def test_absolute_thresholds_replace_the_percentiles(corpus):
     assert all(d.meta["perplexity"] == round(float(p), 3) for d, p in zip(kept, expected[expected <= 250.0]))
     rules = {r["id"]: (r["reason"], r["threshold"]) for r in ledger.removed}
     assert rules.pop("blank") == ("perplexity:no_words", None)
-    assert set(rules.values()) == {("perplexity:above_max", 250.0)} and len(rules) + len(kept) == 60 and 10 < len(kept) < 50
+    assert (
+        set(rules.values()) == {("perplexity:above_max", 250.0)}
+        and len(rules) + len(kept) == 60
+        and 10 < len(kept) < 50
+    )
 
-    classifier = ClassifierFilter(ClassifierFilterConfig(enabled=True, min_score=0.5), Path("runs/q/quality/classifier").resolve())
+    classifier = ClassifierFilter(
+        ClassifierFilterConfig(enabled=True, min_score=0.5), Path("runs/q/quality/classifier").resolve()
+    )
     ledger = Ledger(0)
     kept = list(classifier.process(web[:60], ledger))
     scores = classifier.model.scores([d.text for d in web[:60]])
     assert [d.id for d in kept] == [d.id for d, s in zip(web, scores) if s >= 0.5] and 0 < len(kept) < 60
     assert {(r["reason"], r["threshold"]) for r in ledger.removed} == {("quality_classifier:below_min_score", 0.5)}
 
-    everything = ClassifierFilter(ClassifierFilterConfig(enabled=True, top_fraction=1.0), Path("runs/q/quality/classifier").resolve())
+    everything = ClassifierFilter(
+        ClassifierFilterConfig(enabled=True, top_fraction=1.0), Path("runs/q/quality/classifier").resolve()
+    )
     assert len(list(everything.process(web[:60], Ledger(0)))) == 60  # even scores below the sample's lowest
 
 
@@ -208,7 +257,9 @@ def test_groups_scored_in_one_call_give_the_per_document_outcome(corpus, monkeyp
     monkeypatch.setattr(step.model, "perplexities", lambda texts: calls.append(len(texts)) or score(texts))
     monkeypatch.setattr(chain, "GROUP_CHARS", 5000)  # a few documents a group
     ledger = Ledger(0)
-    outcomes = [out for group in chain.groups(web_docs(corpus)) for out in chain.run_documents(group, [step], ledger, "prose")]
+    outcomes = [
+        out for group in chain.groups(web_docs(corpus)) for out in chain.run_documents(group, [step], ledger, "prose")
+    ]
     assert [(d.id, d.meta) for d in outcomes if d is not None] == one_by_one
     sizes = [len(g) for g in chain.groups(web_docs(corpus))]
     assert calls == sizes and len(sizes) > 10  # one call a group, not one a document
@@ -222,16 +273,22 @@ def test_groups_scored_in_one_call_give_the_per_document_outcome(corpus, monkeyp
 
     monkeypatch.setattr(step.model, "perplexities", fails_on_shuffled0)
     ledger = Ledger(0)
-    outcomes = [out for group in chain.groups(web_docs(corpus)) for out in chain.run_documents(group, [step], ledger, "prose")]
+    outcomes = [
+        out for group in chain.groups(web_docs(corpus)) for out in chain.run_documents(group, [step], ledger, "prose")
+    ]
     assert [(d.id, d.meta) for d in outcomes if d is not None] == [(i, m) for i, m in one_by_one if i != "shuffled0"]
     assert [q["id"] for q in ledger.quarantined] == ["shuffled0"]
 
 
 def test_the_corpus_sample_leaves_code_out(corpus):
-    (corpus / "data" / "lib.jsonl").write_text("".join(json.dumps({"id": f"lib{i}", "text": f"def f{i}(x):\n    return x + {i}\n"}) + "\n" for i in range(40)))
+    (corpus / "data" / "lib.jsonl").write_text(
+        "".join(json.dumps({"id": f"lib{i}", "text": f"def f{i}(x):\n    return x + {i}\n"}) + "\n" for i in range(40))
+    )
     args = recipe_args(corpus)
     inputs = json.loads(args[args.index("--set") + 1].removeprefix("curate.inputs="))
-    args[args.index("--set") + 1] = "curate.inputs=" + json.dumps([*inputs, {"path": str(corpus / "data" / "lib.jsonl"), "source": "lib", "code": True}])
+    args[args.index("--set") + 1] = "curate.inputs=" + json.dumps(
+        [*inputs, {"path": str(corpus / "data" / "lib.jsonl"), "source": "lib", "code": True}]
+    )
     assert main(["-q", "quality", "train-lm", *args]) == 0
     counts = json.loads(Path("runs/q/quality/lm", MANIFEST).read_text())["counts"]
     assert counts["corpus_sample"]["docs"] == 60  # the web documents; the 40 code documents are not scored
@@ -243,13 +300,26 @@ def test_a_corrupt_model_folder_stops_curate_before_any_work(corpus, capsys):
     assert main([*curate_args(corpus), "--set", "curate.perplexity.enabled=true"]) == 2
     err = capsys.readouterr().err
     assert "corpus_perplexity.npy is not a readable score array" in err and "kiln quality train-lm" in err
-    (lm_dir := Path("runs/q/quality/lm")).joinpath("corpus_perplexity.npy").write_bytes(lm_dir.joinpath("model.npz").read_bytes())
+    (lm_dir := Path("runs/q/quality/lm")).joinpath("corpus_perplexity.npy").write_bytes(
+        lm_dir.joinpath("model.npz").read_bytes()
+    )
     assert main([*curate_args(corpus), "--set", "curate.perplexity.enabled=true"]) == 2
     assert "corpus_perplexity.npy holds several arrays" in capsys.readouterr().err
     # a classifier folder given to the perplexity filter
     assert main(["-q", "quality", "train-classifier", *recipe_args(corpus)]) == 0
     folder = Path("runs/q/quality/classifier").resolve()
     (folder / "corpus_perplexity.npy").write_bytes((folder / "corpus_scores.npy").read_bytes())
-    assert main([*curate_args(corpus), "--set", "curate.perplexity.enabled=true", "--set", f"curate.perplexity.model={folder}"]) == 2
+    assert (
+        main(
+            [
+                *curate_args(corpus),
+                "--set",
+                "curate.perplexity.enabled=true",
+                "--set",
+                f"curate.perplexity.model={folder}",
+            ]
+        )
+        == 2
+    )
     assert "kiln-quality-classifier v1" in capsys.readouterr().err
     assert not Path("runs/q/curate").exists()

@@ -7,7 +7,9 @@ from kiln.curate.audit import Ledger
 from kiln.curate.readers import InputConfig, ReadLimits, plan_reads, read_task
 
 
-def read_inputs(*inputs: InputConfig, limits: ReadLimits | None = None, cap: int | None = None, shard_bytes: int = 10**9) -> tuple[list[Document], Ledger]:
+def read_inputs(
+    *inputs: InputConfig, limits: ReadLimits | None = None, cap: int | None = None, shard_bytes: int = 10**9
+) -> tuple[list[Document], Ledger]:
     """Every document the inputs yield, and the ledger, after checking the accounting balances."""
     ledger, docs = Ledger(), []
     for task in plan_reads(tuple(inputs), cap, shard_bytes):

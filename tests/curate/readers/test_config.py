@@ -12,10 +12,20 @@ from kiln.curate.readers.config import MAX_SOURCE_CHARS, InputConfig, detect_for
 @pytest.mark.parametrize(
     ("name", "fmt"),
     [
-        ("a.jsonl", "jsonl"), ("a.JSONL.GZ", "jsonl"), ("a.json.zst", "jsonl"), ("shard.ndjson", "jsonl"),
-        ("train-00000-of-00002.parquet", "parquet"), ("cc.warc", "warc"), ("CC-MAIN-1.warc.gz", "warc"),
-        ("page.html", "html"), ("page.htm.gz", "html"), ("notes.txt", "text"), ("notes.txt.gz", "text"),
-        ("README", "text"), ("archive.tar.gz", "text"), ("x.parquet.bak", "text"),
+        ("a.jsonl", "jsonl"),
+        ("a.JSONL.GZ", "jsonl"),
+        ("a.json.zst", "jsonl"),
+        ("shard.ndjson", "jsonl"),
+        ("train-00000-of-00002.parquet", "parquet"),
+        ("cc.warc", "warc"),
+        ("CC-MAIN-1.warc.gz", "warc"),
+        ("page.html", "html"),
+        ("page.htm.gz", "html"),
+        ("notes.txt", "text"),
+        ("notes.txt.gz", "text"),
+        ("README", "text"),
+        ("archive.tar.gz", "text"),
+        ("x.parquet.bak", "text"),
     ],
 )
 def test_detect_format(name, fmt):
@@ -29,9 +39,14 @@ def h8(name: str) -> str:
 @pytest.mark.parametrize(
     ("name", "source"),
     [
-        ("web", "web"), ("Web_2024", "Web_2024"), ("x" * 64, "x" * 64),  # valid names are kept as they are
-        ("my-web.data", f"my_web_data_{h8('my-web.data')}"), ("crawl 2024", f"crawl_2024_{h8('crawl 2024')}"),
-        ("", "input"), ("Ünïcode", f"_n_code_{h8('Ünïcode')}"), ("日本語", f"____{h8('日本語')}"),
+        ("web", "web"),
+        ("Web_2024", "Web_2024"),
+        ("x" * 64, "x" * 64),  # valid names are kept as they are
+        ("my-web.data", f"my_web_data_{h8('my-web.data')}"),
+        ("crawl 2024", f"crawl_2024_{h8('crawl 2024')}"),
+        ("", "input"),
+        ("Ünïcode", f"_n_code_{h8('Ünïcode')}"),
+        ("日本語", f"____{h8('日本語')}"),
     ],
 )
 def test_sanitize_source(name, source):
@@ -65,4 +80,12 @@ def test_source_pattern_and_strictness():
     with pytest.raises(ValidationError, match="extractor"):
         InputConfig(path="x.warc", extractor="readability")
     cfg = InputConfig(path="data/*.jsonl")
-    assert (cfg.source, cfg.format, cfg.text_field, cfg.id_field, cfg.source_field, cfg.code, cfg.extractor) == (None, "auto", "text", "id", "source", None, "resiliparse")
+    assert (cfg.source, cfg.format, cfg.text_field, cfg.id_field, cfg.source_field, cfg.code, cfg.extractor) == (
+        None,
+        "auto",
+        "text",
+        "id",
+        "source",
+        None,
+        "resiliparse",
+    )

@@ -9,7 +9,9 @@ from kiln.curate.readers.decode import decode_html, html_charset
 PAGE = "<html><body><p>café</p></body></html>".encode()
 
 
-@pytest.mark.parametrize("declared", ["base64", "hex", "rot13", "zlib", "idna", "punycode", "undefined", "no-such-charset"])
+@pytest.mark.parametrize(
+    "declared", ["base64", "hex", "rot13", "zlib", "idna", "punycode", "undefined", "no-such-charset"]
+)
 def test_a_name_that_is_no_page_charset_falls_back_to_utf8(declared):
     assert html_charset(PAGE, declared) == "utf-8"
     assert decode_html(PAGE, declared) == ("<html><body><p>café</p></body></html>", None)

@@ -59,7 +59,9 @@ def test_list_units_text_files(tmp_path):
     units = list_units(text_input("web", tmp_path / "web" / "**" / "*.txt"))
     assert [u.path for u in units] == sorted(str(p) for p in [*paths, deep])
     # ids are relative to the folder before the first wildcard, so moving the data keeps them
-    assert [u.name for u in units] == sorted(f"web/{Path(p).relative_to(tmp_path / 'web').as_posix()}" for p in [*paths, deep])
+    assert [u.name for u in units] == sorted(
+        f"web/{Path(p).relative_to(tmp_path / 'web').as_posix()}" for p in [*paths, deep]
+    )
     assert "web/sub/deep.txt" in {u.name for u in units}
     assert [u.size for u in units] == [100, 100, 100, 4]
     assert all(u.key is None and u.format == "text" for u in units)
@@ -67,7 +69,13 @@ def test_list_units_text_files(tmp_path):
 
 @pytest.mark.parametrize(
     ("pattern", "root"),
-    [("data/*.txt", "data"), ("/abs/data/**/*.md", "/abs/data"), ("*.txt", "."), ("data/one.txt", "data"), ("a/b[0-9]/*.txt", "a")],
+    [
+        ("data/*.txt", "data"),
+        ("/abs/data/**/*.md", "/abs/data"),
+        ("*.txt", "."),
+        ("data/one.txt", "data"),
+        ("a/b[0-9]/*.txt", "a"),
+    ],
 )
 def test_glob_root(pattern, root):
     assert glob_root(pattern) == Path(root)
@@ -80,15 +88,25 @@ def test_folder_path_reads_recursively_and_explicit_format_filters(tmp_path):
         (ds / name).write_bytes(b"")
     auto = list_units(InputConfig(path=str(ds)))
     assert [(u.name, u.format) for u in auto] == [
-        (f"my_dataset_{xxhash.xxh64_hexdigest(b'my-dataset')[:8]}/README.md", "text"), ("data/data/a.jsonl", "jsonl"), ("data/data/b.jsonl.zst", "jsonl"), ("data/data/c.parquet", "parquet"),
+        (f"my_dataset_{xxhash.xxh64_hexdigest(b'my-dataset')[:8]}/README.md", "text"),
+        ("data/data/a.jsonl", "jsonl"),
+        ("data/data/b.jsonl.zst", "jsonl"),
+        ("data/data/c.parquet", "parquet"),
     ]  # source from each file's folder (sanitized), ids relative to the folder given
-    assert [u.name for u in list_units(InputConfig(path=str(ds), format="jsonl", source="web"))] == ["web/data/a.jsonl", "web/data/b.jsonl.zst"]
+    assert [u.name for u in list_units(InputConfig(path=str(ds), format="jsonl", source="web"))] == [
+        "web/data/a.jsonl",
+        "web/data/b.jsonl.zst",
+    ]
 
 
 def test_builtin_ids_are_those_of_the_original_reader():
     # the original reader's rule, written out: the demo's shards and cap sample depend on it
     root = Path(sysconfig.get_paths()["stdlib"])
-    expected = {f"code/{p.relative_to(root).as_posix()}" for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file()}
+    expected = {
+        f"code/{p.relative_to(root).as_posix()}"
+        for p in root.rglob("*.py")
+        if "site-packages" not in p.parts and p.is_file()
+    }
     units = list_units(InputConfig(source="code", format="stdlib_code"))
     assert {u.name for u in units} == expected and all(u.source == "code" for u in units)
     assert "code/json/decoder.py" in expected
@@ -106,7 +124,12 @@ def test_usr_share_doc_ids_and_names(tmp_path):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(b"x")
     units = list_units(InputConfig(source="docs", format="usr_share_doc", path=str(root)))
-    assert sorted(u.name for u in units) == ["docs/other/NEWS.md", "docs/pkg/README", "docs/pkg/changelog.Debian.gz", "docs/pkg/copyright"]
+    assert sorted(u.name for u in units) == [
+        "docs/other/NEWS.md",
+        "docs/pkg/README",
+        "docs/pkg/changelog.Debian.gz",
+        "docs/pkg/copyright",
+    ]
     assert "readme*" in DOC_NAME_PATTERNS
 
 
@@ -155,7 +178,9 @@ def test_three_sources_water_filling(tmp_path):
 def test_no_cap_or_a_cap_above_the_total_takes_everything(tmp_path):
     paths = make_files(tmp_path / "web", 5, 100)
     for cap in (None, 10**9):
-        assert [u.path for u in planned(plan_reads((text_input("web", tmp_path / "web" / "*.txt"),), cap, 10**9))] == [str(p) for p in paths]
+        assert [u.path for u in planned(plan_reads((text_input("web", tmp_path / "web" / "*.txt"),), cap, 10**9))] == [
+            str(p) for p in paths
+        ]
 
 
 def test_a_unit_too_big_for_the_share_is_skipped_not_the_rest(tmp_path):
@@ -178,7 +203,10 @@ def test_a_container_too_big_for_the_share_is_read_as_a_prefix(tmp_path):
 
 def test_an_input_matching_no_file_is_an_error(tmp_path):
     make_files(tmp_path / "other", 2, 10)
-    inputs = (text_input("other", tmp_path / "other" / "*.txt"), text_input("web", tmp_path / "nowehre" / "*.txt"))  # a typo
+    inputs = (
+        text_input("other", tmp_path / "other" / "*.txt"),
+        text_input("web", tmp_path / "nowehre" / "*.txt"),
+    )  # a typo
     with pytest.raises(FatalError, match=r"curate.inputs\[1\].path: .*nowehre.* matches no file"):
         plan_reads(inputs, 10**6, 10**9)
     (tmp_path / "empty").mkdir()
@@ -188,7 +216,10 @@ def test_an_input_matching_no_file_is_an_error(tmp_path):
 
 def test_a_missing_builtin_corpus_is_skipped_not_an_error(tmp_path, caplog):
     make_files(tmp_path / "web", 2, 10)
-    inputs = (InputConfig(format="usr_share_doc", path=str(tmp_path / "no_docs_here")), text_input("web", tmp_path / "web" / "*.txt"))
+    inputs = (
+        InputConfig(format="usr_share_doc", path=str(tmp_path / "no_docs_here")),
+        text_input("web", tmp_path / "web" / "*.txt"),
+    )
     with caplog.at_level(logging.WARNING, logger="kiln.curate"):
         units = planned(plan_reads(inputs, None, 10**9))
     assert [u.source for u in units] == ["web", "web"] and "does not exist" in caplog.text
@@ -196,24 +227,47 @@ def test_a_missing_builtin_corpus_is_skipped_not_an_error(tmp_path, caplog):
 
 def test_overlapping_inputs_read_each_file_once(tmp_path, caplog):
     paths = make_files(tmp_path / "web", 3, 10)
-    inputs = (text_input("first", tmp_path / "web" / "f00[01].txt"), text_input("second", tmp_path / "web" / "*.txt"), text_input("third", paths[0]))
+    inputs = (
+        text_input("first", tmp_path / "web" / "f00[01].txt"),
+        text_input("second", tmp_path / "web" / "*.txt"),
+        text_input("third", paths[0]),
+    )
     with caplog.at_level(logging.WARNING, logger="kiln.curate"):
         tasks = plan_reads(inputs, None, 10**9)
-    assert [(u.source, Path(u.path).name) for u in planned(tasks)] == [("first", "f000.txt"), ("first", "f001.txt"), ("second", "f002.txt")]
-    assert "input 1" in caplog.text and "2 of its 3 files are already planned" in caplog.text and "input 2" in caplog.text
+    assert [(u.source, Path(u.path).name) for u in planned(tasks)] == [
+        ("first", "f000.txt"),
+        ("first", "f001.txt"),
+        ("second", "f002.txt"),
+    ]
+    assert (
+        "input 1" in caplog.text and "2 of its 3 files are already planned" in caplog.text and "input 2" in caplog.text
+    )
     # one file through a link and through its own name: still once (paths are resolved)
     (tmp_path / "link").mkdir()
     (tmp_path / "link" / "same.txt").symlink_to(paths[2])
-    units = planned(plan_reads((text_input("web", tmp_path / "web" / "*.txt"), text_input("link", tmp_path / "link" / "*.txt")), None, 10**9))
+    units = planned(
+        plan_reads(
+            (text_input("web", tmp_path / "web" / "*.txt"), text_input("link", tmp_path / "link" / "*.txt")),
+            None,
+            10**9,
+        )
+    )
     assert len(units) == 3 and all(u.source == "web" for u in units)
 
 
 def test_planned_paths_are_absolute_and_ids_stay_relative(tmp_path, monkeypatch):
     make_files(tmp_path / "data" / "web", 2, 10)
     monkeypatch.chdir(tmp_path)
-    units = planned(plan_reads((text_input("web", "data/web/*.txt"), InputConfig(source="docs", format="text", path="data")), None, 10**9))
+    units = planned(
+        plan_reads(
+            (text_input("web", "data/web/*.txt"), InputConfig(source="docs", format="text", path="data")), None, 10**9
+        )
+    )
     assert [u.path for u in units] == [str(tmp_path.resolve() / "data" / "web" / f"f00{i}.txt") for i in range(2)]
-    assert [u.name for u in units] == ["web/f000.txt", "web/f001.txt"]  # the folder input's copies were dropped as repeats
+    assert [u.name for u in units] == [
+        "web/f000.txt",
+        "web/f001.txt",
+    ]  # the folder input's copies were dropped as repeats
     [unit] = planned(plan_reads((InputConfig(source="docs", format="text", path="data"),), None, 10**9))[:1]
     assert unit.name == "docs/web/f000.txt" and Path(unit.path).is_absolute()
 
@@ -240,7 +294,9 @@ def test_containers_are_one_task_each_and_parquet_splits_by_row_groups(tmp_path)
     table = pa.table({"text": [f"row {i} " * 50 for i in range(100)]})
     pq.write_table(table, tmp_path / "web" / "b.parquet", row_group_size=10)
     meta = pq.read_metadata(tmp_path / "web" / "b.parquet")
-    group_bytes = [sum(meta.row_group(i).column(j).total_compressed_size for j in range(meta.num_columns)) for i in range(10)]
+    group_bytes = [
+        sum(meta.row_group(i).column(j).total_compressed_size for j in range(meta.num_columns)) for i in range(10)
+    ]
     tasks = plan_reads((InputConfig(source="web", path=str(tmp_path / "web")),), None, 2 * max(group_bytes) + 1)
     assert [t.units[0].format for t in tasks] == ["jsonl"] + ["parquet"] * 5
     parquet_units = [t.units[0] for t in tasks[1:]]

@@ -79,7 +79,9 @@ def test_gzip_cap_counts_decompressed_bytes(tmp_path):
     assert docs == [] and errors(ledger)[0].startswith("read:too_large")
 
 
-@pytest.mark.parametrize("content", [b"not gzip at all", gzip.compress(b"truncated text " * 50, mtime=0)[:30]], ids=["not-gzip", "truncated"])
+@pytest.mark.parametrize(
+    "content", [b"not gzip at all", gzip.compress(b"truncated text " * 50, mtime=0)[:30]], ids=["not-gzip", "truncated"]
+)
 def test_broken_gzip_is_an_io_error(tmp_path, content):
     p = tmp_path / "broken.txt.gz"
     p.write_bytes(content)
@@ -89,7 +91,9 @@ def test_broken_gzip_is_an_io_error(tmp_path, content):
 
 def test_missing_file_is_an_io_error(tmp_path):
     docs, ledger = read_file(tmp_path / "gone.txt")
-    assert docs == [] and ledger.quarantined[0]["id"] == "web/gone.txt" and errors(ledger)[0].startswith("read:io_error")
+    assert (
+        docs == [] and ledger.quarantined[0]["id"] == "web/gone.txt" and errors(ledger)[0].startswith("read:io_error")
+    )
     assert ledger.tally("web").docs_in == 1  # a quarantined file still counts as one document in
 
 
@@ -129,5 +133,10 @@ def test_html_file_main_text(tmp_path):
     (tmp_path / "site" / "empty.htm").write_text("<html><body><nav>Home</nav></body></html>")
     docs, ledger = read_inputs(InputConfig(path=str(tmp_path / "site")))
     [doc] = docs
-    assert doc.id == "site/page.html" and doc.text.startswith("Café owners roast") and "Home" not in doc.text and "Copyright" not in doc.text
+    assert (
+        doc.id == "site/page.html"
+        and doc.text.startswith("Café owners roast")
+        and "Home" not in doc.text
+        and "Copyright" not in doc.text
+    )
     assert [(r["id"], r["reason"]) for r in ledger.removed] == [("site/empty.htm", "extract:no_text")]

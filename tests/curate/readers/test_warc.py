@@ -15,24 +15,44 @@ from .helpers import read_inputs
 
 ARTICLE = (
     "Firing clay in a kiln drives out the remaining water and then changes the minerals themselves.",
-    "Potters usually fire twice: a slow bisque firing that hardens the ware, and a glaze firing that melts the glass coating.",
-    "The temperature curve matters as much as the peak, because steam trapped in thick walls can crack a piece heated too fast.",
+    (
+        "Potters usually fire twice: a slow bisque firing that hardens the ware, and a glaze firing that melts the "
+        "glass coating."
+    ),
+    (
+        "The temperature curve matters as much as the peak, because steam trapped in thick walls can crack a piece "
+        "heated too fast."
+    ),
 )
 PAGE = (
     "<!DOCTYPE html><html><head><title>Kiln notes</title></head><body>"
-    "<nav class='navbar'><ul><li><a href='/'>Home</a></li><li><a href='/about'>About us</a></li><li><a href='/shop'>Shop now</a></li></ul></nav>"
-    "<div id='cookie-banner' class='cookie-consent'>We use cookies to improve your experience. <button>Accept all cookies</button></div>"
+    "<nav class='navbar'><ul><li><a href='/'>Home</a></li><li><a href='/about'>About us</a></li><li><a "
+    "href='/shop'>Shop now</a></li></ul></nav>"
+    "<div id='cookie-banner' class='cookie-consent'>We use cookies to improve your experience. <button>Accept all "
+    "cookies</button></div>"
     "<main><article><h1>How clay becomes pottery</h1>" + "".join(f"<p>{p}</p>" for p in ARTICLE) + "</article></main>"
-    "<footer class='site-footer'><p>Copyright 2024 Example Pottery Ltd. All rights reserved. Privacy policy</p></footer>"
+    "<footer class='site-footer'><p>Copyright 2024 Example Pottery Ltd. All rights reserved. Privacy "
+    "policy</p></footer>"
     "</body></html>"
 )
 BOILERPLATE = ("Home", "About us", "Shop now", "cookies", "Copyright", "Privacy")
 
 
-def record(writer: WARCWriter, url: str, body: bytes, content_type: str = "text/html; charset=utf-8", status: str = "200 OK", kind: str = "response") -> None:
-    http = StatusAndHeaders(status, [("Content-Type", content_type)], protocol="HTTP/1.1") if kind == "response" else None
+def record(
+    writer: WARCWriter,
+    url: str,
+    body: bytes,
+    content_type: str = "text/html; charset=utf-8",
+    status: str = "200 OK",
+    kind: str = "response",
+) -> None:
+    http = (
+        StatusAndHeaders(status, [("Content-Type", content_type)], protocol="HTTP/1.1") if kind == "response" else None
+    )
     headers = None if kind == "response" else [("Content-Type", content_type)]
-    rec = writer.create_warc_record(url, kind, payload=io.BytesIO(body), http_headers=http, warc_headers_dict=dict(headers or []) or None)
+    rec = writer.create_warc_record(
+        url, kind, payload=io.BytesIO(body), http_headers=http, warc_headers_dict=dict(headers or []) or None
+    )
     if kind != "response":
         rec.rec_headers.replace_header("Content-Type", content_type)
     writer.write_record(rec)
@@ -48,7 +68,9 @@ def make_warc(path, gz: bool, malformed: bool = True) -> list[int]:
         record(WARCWriter(buf, gzip=gz), *args, **kwargs)
 
     offsets.append(0)
-    WARCWriter(buf, gzip=gz).write_record(WARCWriter(buf, gzip=gz).create_warcinfo_record("crawl.warc", {"software": "test"}))
+    WARCWriter(buf, gzip=gz).write_record(
+        WARCWriter(buf, gzip=gz).create_warcinfo_record("crawl.warc", {"software": "test"})
+    )
     add("http://example.org/kiln", PAGE.encode())  # 1: the page
     add("http://example.org/logo.png", b"\x89PNG\r\n\x1a\n", content_type="image/png")  # 2: not a document
     add("http://example.org/old", b"<html><body>Moved</body></html>", status="301 Moved Permanently")  # 3: a redirect
@@ -56,9 +78,21 @@ def make_warc(path, gz: bool, malformed: bool = True) -> list[int]:
         offsets.append(buf.tell())  # 4: a record whose header block is garbage
         junk = b"WARC/1.0\r\nthis line is no header\x00\xff\r\n\r\nrest of a broken record\r\n\r\n"
         buf.write(gzip.compress(junk) if gz else junk)
-    add("http://example.org/latin", "<html><body><main><p>Crème brûlée and café au lait, served in the garden every afternoon.</p></main></body></html>".encode("latin-1"), content_type="text/html; charset=ISO-8859-1")  # 5
+    add(
+        "http://example.org/latin",
+        (
+            "<html><body><main><p>Crème brûlée and café au lait, served in the garden every "
+            "afternoon.</p></main></body></html>"
+        ).encode("latin-1"),
+        content_type="text/html; charset=ISO-8859-1",
+    )  # 5
     add("http://example.org/nav-only", b"<html><body><nav><a href='/'>Home</a></nav></body></html>")  # 6: no main text
-    add("urn:text:1", b"Already extracted plain text from a WET conversion.", content_type="text/plain", kind="conversion")  # 7
+    add(
+        "urn:text:1",
+        b"Already extracted plain text from a WET conversion.",
+        content_type="text/plain",
+        kind="conversion",
+    )  # 7
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(buf.getvalue())
     return offsets
@@ -70,12 +104,20 @@ def test_pages_are_extracted_and_bad_records_quarantined(tmp_path, gz):
     offsets = make_warc(path, gz)
     docs, ledger = read_inputs(InputConfig(path=str(tmp_path / "crawl")))
     name = path.name
-    assert [d.id for d in docs] == [f"crawl/{name}@{offsets[1]}", f"crawl/{name}@{offsets[5]}", f"crawl/{name}@{offsets[7]}"]
+    assert [d.id for d in docs] == [
+        f"crawl/{name}@{offsets[1]}",
+        f"crawl/{name}@{offsets[5]}",
+        f"crawl/{name}@{offsets[7]}",
+    ]
     page, latin, wet = docs
     assert page.text.startswith("How clay becomes pottery") and all(p in page.text for p in ARTICLE)
     assert not [w for w in BOILERPLATE if w in page.text], page.text
     assert "\n" in page.text  # paragraphs stay apart
-    assert page.meta["url"] == "http://example.org/kiln" and page.meta["offset"] == offsets[1] and page.meta["path"] == str(path)
+    assert (
+        page.meta["url"] == "http://example.org/kiln"
+        and page.meta["offset"] == offsets[1]
+        and page.meta["path"] == str(path)
+    )
     assert page.meta["warc_record_id"].startswith("<urn:uuid:") and page.meta["warc_date"]
     assert latin.text == "Crème brûlée and café au lait, served in the garden every afternoon."
     assert wet.text == "Already extracted plain text from a WET conversion."
@@ -156,7 +198,11 @@ def test_a_junk_record_in_a_single_member_ends_that_member_with_a_quarantine(tmp
     docs, ledger = read_inputs(InputConfig(path=str(path)))
     assert [d.id for d in docs] == [f"crawl/a.warc.gz@0+{offsets[1]}"]
     [q] = ledger.quarantined  # reading resumes at the next member, and there is none: said in the entry
-    assert q["position"] == f"0+{offsets[4]}" and "lacks WARC-Type" in q["error"] and "rest of its gzip member" in q["error"], q
+    assert (
+        q["position"] == f"0+{offsets[4]}"
+        and "lacks WARC-Type" in q["error"]
+        and "rest of its gzip member" in q["error"]
+    ), q
 
 
 def test_members_holding_several_records_each(tmp_path):
@@ -169,7 +215,11 @@ def test_members_holding_several_records_each(tmp_path):
     path.write_bytes(first + second)
     docs, ledger = read_inputs(InputConfig(path=str(path)))
     # the latin-1 page starts the second member: a plain member offset; the rest are inside one
-    assert [d.id for d in docs] == ["crawl/a.warc.gz@0+" + str(offsets[1]), f"crawl/a.warc.gz@{len(first)}", f"crawl/a.warc.gz@{len(first)}+{offsets[6] - offsets[4]}"]
+    assert [d.id for d in docs] == [
+        "crawl/a.warc.gz@0+" + str(offsets[1]),
+        f"crawl/a.warc.gz@{len(first)}",
+        f"crawl/a.warc.gz@{len(first)}+{offsets[6] - offsets[4]}",
+    ]
     assert not ledger.quarantined and ledger.tally("crawl").docs_in == 4
 
 
@@ -192,7 +242,12 @@ def five_pages(path, gz: bool, third_type: str) -> list[int]:
     for i in range(5):
         offsets.append(buf.tell())
         body = PAGE.replace("How clay", f"Page {i}: how clay").encode()
-        record(WARCWriter(buf, gzip=gz), f"http://example.org/{i}", body, content_type=third_type if i == 2 else "text/html; charset=utf-8")
+        record(
+            WARCWriter(buf, gzip=gz),
+            f"http://example.org/{i}",
+            body,
+            content_type=third_type if i == 2 else "text/html; charset=utf-8",
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(buf.getvalue())
     return offsets
@@ -224,7 +279,9 @@ def test_a_record_whose_page_fails_is_quarantined_at_its_own_offset(tmp_path, mo
     path = tmp_path / "crawl" / ("a.warc.gz" if gz else "a.warc")
     offsets = five_pages(path, gz, "text/html; charset=utf-8")
     docs, ledger = read_inputs(InputConfig(path=str(tmp_path / "crawl")))
-    assert [d.id for d in docs] == [f"crawl/{path.name}@{o}" for i, o in enumerate(offsets) if i != 2]  # the next record is not blamed
+    assert [d.id for d in docs] == [
+        f"crawl/{path.name}@{o}" for i, o in enumerate(offsets) if i != 2
+    ]  # the next record is not blamed
     [q] = ledger.quarantined
     assert (q["id"], q["position"]) == (f"crawl/{path.name}@{offsets[2]}", str(offsets[2]))
     assert q["error"] == f"read:bad_record: WARC record at byte {offsets[2]}: RuntimeError: a decoder bug"

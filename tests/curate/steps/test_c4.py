@@ -7,7 +7,13 @@ from kiln.curate.audit import Ledger
 from kiln.curate.steps.c4 import C4, C4Config
 
 STEP = C4(C4Config())
-FIVE = ["One sentence here.", "Two sentences here.", "Three sentences here.", "Four sentences here.", "Five sentences here."]
+FIVE = [
+    "One sentence here.",
+    "Two sentences here.",
+    "Three sentences here.",
+    "Four sentences here.",
+    "Five sentences here.",
+]
 
 
 def run(text: str, step: C4 = STEP) -> tuple[list[Document], Ledger]:

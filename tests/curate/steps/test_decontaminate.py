@@ -24,11 +24,20 @@ from kiln.core.errors import FatalError
 from kiln.curate.audit import Ledger
 from kiln.curate.dedup.bloom import BloomFilter
 from kiln.curate.dedup.ngram_index import build_index, item_texts, load_index, set_name
-from kiln.curate.steps.decontaminate import Decontaminate, DecontaminateConfig, EvalSetConfig, build_report, format_report
+from kiln.curate.steps.decontaminate import (
+    Decontaminate,
+    DecontaminateConfig,
+    EvalSetConfig,
+    build_report,
+    format_report,
+)
 from kiln.text.shingles import words
 
 # 19 words; its first 13 are the planted n-gram.
-QUESTION = "Which of the following best describes the role of the mitochondria in a eukaryotic cell during aerobic respiration today?"
+QUESTION = (
+    "Which of the following best describes the role of the mitochondria in a eukaryotic cell during aerobic "
+    "respiration today?"
+)
 FILLER = "Some unrelated training prose about gardens and rivers comes first, and more of it follows after."
 
 
@@ -40,7 +49,12 @@ def write_set(path: Path, records: list[Any]) -> Path:
 def step_for(tmp_path: Path, sets: dict[str, list[Any]], **config: Any) -> Decontaminate:
     """Write the sets, build the index, and return the step reading it."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    cfg = DecontaminateConfig(eval_sets=[EvalSetConfig(path=str(write_set(tmp_path / f"{name}.jsonl", records))) for name, records in sets.items()], **config)
+    cfg = DecontaminateConfig(
+        eval_sets=[
+            EvalSetConfig(path=str(write_set(tmp_path / f"{name}.jsonl", records))) for name, records in sets.items()
+        ],
+        **config,
+    )
     build_index(cfg, tmp_path / "index")
     return Decontaminate(cfg, tmp_path / "index")
 
@@ -54,7 +68,10 @@ def first_words(text: str, n: int) -> str:
     return " ".join(text.split()[:n])
 
 
-MMLU = [{"question": "What is two plus two?", "choices": ["3", "4"]}, {"question": QUESTION, "choices": ["energy", "storage"], "answer": 0}]
+MMLU = [
+    {"question": "What is two plus two?", "choices": ["3", "4"]},
+    {"question": QUESTION, "choices": ["energy", "storage"], "answer": 0},
+]
 
 
 # --- found and not found --------------------------------------------------------------------------
@@ -67,9 +84,15 @@ def test_planted_13_gram_is_removed_and_a_12_gram_kept(tmp_path):
     out, ledger = run(step, planted, near)
     assert [d.id for d in out] == ["web/1"] and out[0].text == near
     (row,) = ledger.removed
-    assert row["id"] == "web/0" and row["reason"] == "decontaminate:ngram_overlap" and (row["value"], row["threshold"]) == (1.0, 1.0)
+    assert (
+        row["id"] == "web/0"
+        and row["reason"] == "decontaminate:ngram_overlap"
+        and (row["value"], row["threshold"]) == (1.0, 1.0)
+    )
     assert row["note"] == "mmlu:1 (13-gram: 'which of the following best describes the role of the mitochondria in a')"
-    assert ledger.records == {"contamination": [{"id": "web/0", "source": "web", "set": "mmlu", "item": 1, "action": "remove"}]}
+    assert ledger.records == {
+        "contamination": [{"id": "web/0", "source": "web", "set": "mmlu", "item": 1, "action": "remove"}]
+    }
     assert ledger.tally("web").stats == {"decontaminate:mmlu": 1}
 
 
@@ -92,7 +115,12 @@ def test_digits_are_not_folded_by_default(tmp_path):
 def test_an_item_in_two_sets_and_an_n_gram_in_several_items_attribute_to_all(tmp_path):
     shared = "the committee agreed that the proposal would be reviewed again by the full board next spring"
     sets = {
-        "arc": [{"q": "unrelated and short"}, {"q": f"Question one: {shared}."}, {"q": "filler"}, {"q": f"{shared}, said the chair."}],
+        "arc": [
+            {"q": "unrelated and short"},
+            {"q": f"Question one: {shared}."},
+            {"q": "filler"},
+            {"q": f"{shared}, said the chair."},
+        ],
         "obqa": [{"stem": f"Long ago {shared}"}],
     }
     out, ledger = run(step_for(tmp_path, sets), f"News. {shared}. Other news.")
@@ -117,7 +145,9 @@ def test_n_grams_never_span_two_fields(tmp_path):
     # The question ends with 7 words and the first choice starts with 6: 13 in a row only if the
     # two fields were joined.
     item = {"question": "alpha beta gamma delta epsilon zeta eta", "choices": ["theta iota kappa lambda mu nu", "x"]}
-    out, ledger = run(step_for(tmp_path, {"s": [item]}), "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu")
+    out, ledger = run(
+        step_for(tmp_path, {"s": [item]}), "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu"
+    )
     assert len(out) == 1 and ledger.records == {}
 
 
@@ -139,17 +169,34 @@ def test_flag_keeps_the_document_with_its_matches(tmp_path):
     ledger = Ledger()
     doc = Document("web/0", f"{FILLER} {QUESTION}", "web", meta={"url": "https://example.org/"})
     (out,) = step.process([doc], ledger)
-    assert out.text == doc.text and out.meta == {"url": "https://example.org/", "contamination": [{"set": "mmlu", "item": 1}]}
+    assert out.text == doc.text and out.meta == {
+        "url": "https://example.org/",
+        "contamination": [{"set": "mmlu", "item": 1}],
+    }
     assert ledger.removed == [] and ledger.tally("web").stats == {"decontaminate:flagged": 1, "decontaminate:mmlu": 1}
-    assert ledger.records["contamination"] == [{"id": "web/0", "source": "web", "set": "mmlu", "item": 1, "action": "flag"}]
+    assert ledger.records["contamination"] == [
+        {"id": "web/0", "source": "web", "set": "mmlu", "item": 1, "action": "flag"}
+    ]
 
 
 def test_short_documents_and_items_are_not_checked(tmp_path):
-    cfg = DecontaminateConfig(eval_sets=[EvalSetConfig(path=str(write_set(tmp_path / "s.jsonl", [*MMLU, "", {"q": "too short", "tags": ["a", "b"]}])))])
+    cfg = DecontaminateConfig(
+        eval_sets=[
+            EvalSetConfig(
+                path=str(write_set(tmp_path / "s.jsonl", [*MMLU, "", {"q": "too short", "tags": ["a", "b"]}]))
+            )
+        ]
+    )
     summary = build_index(cfg, tmp_path / "index")
     # line 2 is blank: no item, but the item after it keeps index 3
     (s,) = summary["sets"]
-    assert (s["name"], s["items"], s["items_too_short"], s["too_short_sample"], s["ngrams"]) == ("s", 3, 2, [0, 3], 19 - 13 + 1)
+    assert (s["name"], s["items"], s["items_too_short"], s["too_short_sample"], s["ngrams"]) == (
+        "s",
+        3,
+        2,
+        [0, 3],
+        19 - 13 + 1,
+    )
     out, _ = run(Decontaminate(cfg, tmp_path / "index"), "What is two plus two?", "")
     assert len(out) == 2
 
@@ -168,17 +215,25 @@ def test_bloom_size_by_hand():
 
 def test_bloom_finds_the_planted_13_gram_and_ignores_a_12_gram(tmp_path):
     step = step_for(tmp_path, {"mmlu": MMLU, "arc": [{"q": "nothing to see"}]}, mode="bloom")
-    out, ledger = run(step, f"{FILLER} {first_words(QUESTION, 13)} {FILLER}", f"{FILLER} {first_words(QUESTION, 12)} {FILLER}")
+    out, ledger = run(
+        step, f"{FILLER} {first_words(QUESTION, 13)} {FILLER}", f"{FILLER} {first_words(QUESTION, 12)} {FILLER}"
+    )
     assert [d.id for d in out] == ["web/1"]
-    assert ledger.removed[0]["reason"] == "decontaminate:ngram_overlap" and ledger.removed[0]["note"].startswith("mmlu (13-gram: 'which of")
-    assert ledger.records["contamination"] == [{"id": "web/0", "source": "web", "set": "mmlu", "item": None, "action": "remove"}]
+    assert ledger.removed[0]["reason"] == "decontaminate:ngram_overlap" and ledger.removed[0]["note"].startswith(
+        "mmlu (13-gram: 'which of"
+    )
+    assert ledger.records["contamination"] == [
+        {"id": "web/0", "source": "web", "set": "mmlu", "item": None, "action": "remove"}
+    ]
 
 
 def test_bloom_false_positive_rate_is_as_stated(tmp_path):
     rng = random.Random(7)
     vocab = [f"w{i}" for i in range(5000)]
     items = [{"text": " ".join(rng.choices(vocab, k=30))} for _ in range(300)]
-    cfg = DecontaminateConfig(eval_sets=[EvalSetConfig(path=str(write_set(tmp_path / "rand.jsonl", items)))], mode="bloom", bloom_fp_rate=0.01)
+    cfg = DecontaminateConfig(
+        eval_sets=[EvalSetConfig(path=str(write_set(tmp_path / "rand.jsonl", items)))], mode="bloom", bloom_fp_rate=0.01
+    )
     (s,) = build_index(cfg, tmp_path / "index")["sets"]
     assert s["ngrams"] == 300 * 18 and s["fp_rate"] == pytest.approx(0.01, rel=0.05)
     bloom = load_index(tmp_path / "index").blooms[0]
@@ -201,12 +256,22 @@ def test_any_whole_eval_text_is_found_and_nothing_raises(tmp_path_factory, piece
     text = " ".join(pieces)
     assume(len(words(text, False)) >= 13)
     folder = tmp_path_factory.mktemp("prop")
-    step = step_for(folder, {"p": [{"q": "some other item that is not in the document at all, none of it", "n": 1}, {"text": text}]}, mode=mode)
+    step = step_for(
+        folder,
+        {"p": [{"q": "some other item that is not in the document at all, none of it", "n": 1}, {"text": text}]},
+        mode=mode,
+    )
     ledger = Ledger()
     docs = [Document("web/0", f"{before} {text} {after}", "web"), Document("web/1", before + after, "web")]
     kept = list(step.process(docs, ledger))
     assert "web/0" not in [d.id for d in kept]
-    assert {"id": "web/0", "source": "web", "set": "p", "item": None if mode == "bloom" else 1, "action": "remove"} in ledger.records["contamination"]
+    assert {
+        "id": "web/0",
+        "source": "web",
+        "set": "p",
+        "item": None if mode == "bloom" else 1,
+        "action": "remove",
+    } in ledger.records["contamination"]
 
 
 # --- bad input and config -------------------------------------------------------------------------
@@ -217,12 +282,18 @@ def test_any_whole_eval_text_is_found_and_nothing_raises(tmp_path_factory, piece
     [
         (['{"q": "fine"}', '{"q": "broken"'], (), r"bad\.jsonl, line 2 \(item 1\) is not valid JSON"),
         (['{"q": "fine"}', '["a", "list"]'], (), r"bad\.jsonl, line 2 \(item 1\) is a JSON list, not an object"),
-        (['{"q": "fine"}', '{"q": "also"}', '{"answer": 3}'], ("q",), r"bad\.jsonl, line 3 \(item 2\) has no text \(no string in fields \['q'\]\)"),
+        (
+            ['{"q": "fine"}', '{"q": "also"}', '{"answer": 3}'],
+            ("q",),
+            r"bad\.jsonl, line 3 \(item 2\) has no text \(no string in fields \['q'\]\)",
+        ),
         (['{"q": 1, "r": [2, null]}'], (), r"bad\.jsonl, line 1 \(item 0\) has no text \(no string in any value\)"),
     ],
 )
 def test_bad_eval_files_name_file_and_line(tmp_path, lines, fields, message):
-    cfg = DecontaminateConfig(eval_sets=[EvalSetConfig(path=str(write_set(tmp_path / "bad.jsonl", lines)), fields=fields)])
+    cfg = DecontaminateConfig(
+        eval_sets=[EvalSetConfig(path=str(write_set(tmp_path / "bad.jsonl", lines)), fields=fields)]
+    )
     with pytest.raises(FatalError, match=message):
         build_index(cfg, tmp_path / "index")
 
@@ -242,14 +313,25 @@ def test_index_built_for_another_config_is_refused(tmp_path):
 
 
 def test_config_rules():
-    for bad in ({"ngram": 0}, {"ngram": 65}, {"bloom_fp_rate": 0}, {"bloom_fp_rate": 1}, {"action": "drop"}, {"mode": "minhash"}):
+    for bad in (
+        {"ngram": 0},
+        {"ngram": 65},
+        {"bloom_fp_rate": 0},
+        {"bloom_fp_rate": 1},
+        {"action": "drop"},
+        {"mode": "minhash"},
+    ):
         with pytest.raises(ValidationError):
             DecontaminateConfig(**bad)
     with pytest.raises(ValidationError, match="mmlu is used twice"):
         DecontaminateConfig(eval_sets=[EvalSetConfig(path="a/mmlu.jsonl"), EvalSetConfig(path="b/mmlu.jsonl.gz")])
     with pytest.raises(ValidationError, match="may not be named 'flagged'"):
         DecontaminateConfig(eval_sets=[EvalSetConfig(path="flagged.jsonl")])
-    assert [set_name(EvalSetConfig(path=p)) for p in ("x/mmlu.jsonl.gz", "hellaswag.json", "arc.zst")] == ["mmlu", "hellaswag", "arc"]
+    assert [set_name(EvalSetConfig(path=p)) for p in ("x/mmlu.jsonl.gz", "hellaswag.json", "arc.zst")] == [
+        "mmlu",
+        "hellaswag",
+        "arc",
+    ]
     assert set_name(EvalSetConfig(path="x.jsonl", name="custom")) == "custom"
 
 
@@ -292,7 +374,10 @@ def test_records_merge_by_kind():
 
 def test_report_worked_by_hand():
     summary = {
-        "mode": "exact", "ngram": 13, "fold_digits": False, "action": "remove",
+        "mode": "exact",
+        "ngram": 13,
+        "fold_digits": False,
+        "action": "remove",
         "sets": [
             {"name": "mmlu", "items": 1000, "items_too_short": 12, "ngrams": 40_000},
             {"name": "arc", "items": 5, "items_too_short": 0, "ngrams": 90},
@@ -307,17 +392,32 @@ def test_report_worked_by_hand():
     report = build_report(summary, rows)
     # mmlu: items 7, 40 and 100 (3 items) in documents a, b and c (3 documents); arc: nothing.
     assert report == {
-        "format": "kiln-decontamination-report v1", "mode": "exact", "ngram": 13, "action": "remove", "fold_digits": False,
+        "format": "kiln-decontamination-report v1",
+        "mode": "exact",
+        "ngram": 13,
+        "action": "remove",
+        "fold_digits": False,
         "sets": {
             "mmlu": {
-                "items": 1000, "items_too_short": 12, "ngrams": 40_000, "items_found": 3, "documents_found": 3,
+                "items": 1000,
+                "items_too_short": 12,
+                "ngrams": 40_000,
+                "items_found": 3,
+                "documents_found": 3,
                 "found": {
                     "7": [{"id": "a", "source": "web"}],
                     "40": [{"id": "a", "source": "web"}, {"id": "b", "source": "web"}],
                     "100": [{"id": "c", "source": "books"}],
                 },
             },
-            "arc": {"items": 5, "items_too_short": 0, "ngrams": 90, "items_found": 0, "documents_found": 0, "found": {}},
+            "arc": {
+                "items": 5,
+                "items_too_short": 0,
+                "ngrams": 90,
+                "items_found": 0,
+                "documents_found": 0,
+                "found": {},
+            },
         },
     }
     assert format_report(report) == (
@@ -328,17 +428,38 @@ def test_report_worked_by_hand():
 
 
 def test_bloom_report_names_sets_only():
-    summary = {"mode": "bloom", "ngram": 13, "fold_digits": False, "action": "flag", "sets": [{"name": "mmlu", "items": 1000, "items_too_short": 1, "ngrams": 40_000, "fp_rate": 1e-6}]}
+    summary = {
+        "mode": "bloom",
+        "ngram": 13,
+        "fold_digits": False,
+        "action": "flag",
+        "sets": [{"name": "mmlu", "items": 1000, "items_too_short": 1, "ngrams": 40_000, "fp_rate": 1e-6}],
+    }
     report = build_report(summary, [{"id": "a", "source": "web", "set": "mmlu", "item": None, "action": "flag"}])
     assert report["sets"]["mmlu"] == {
-        "items": 1000, "items_too_short": 1, "ngrams": 40_000, "items_found": None, "documents_found": 1,
-        "fp_rate": 1e-6, "found": {}, "documents": [{"id": "a", "source": "web"}],
+        "items": 1000,
+        "items_too_short": 1,
+        "ngrams": 40_000,
+        "items_found": None,
+        "documents_found": 1,
+        "fp_rate": 1e-6,
+        "found": {},
+        "documents": [{"id": "a", "source": "web"}],
     }
-    assert format_report(report).splitlines()[1] == "mmlu: found in 1 training document (bloom mode: items not identified; false-positive rate 1.0e-06 per n-gram) (1 item too short to check)"
+    assert format_report(report).splitlines()[1] == (
+        "mmlu: found in 1 training document (bloom mode: items not identified; false-positive rate 1.0e-06 per "
+        "n-gram) (1 item too short to check)"
+    )
     assert math.isclose(report["sets"]["mmlu"]["fp_rate"], 1e-6)
 
 
-@pytest.mark.parametrize(("records", "said"), [([], "holds no item"), ([{"q": "too short"}, {"q": "also too short"}], "has no item of 13 words or more (all 2 too short)")])
+@pytest.mark.parametrize(
+    ("records", "said"),
+    [
+        ([], "holds no item"),
+        ([{"q": "too short"}, {"q": "also too short"}], "has no item of 13 words or more (all 2 too short)"),
+    ],
+)
 def test_an_evaluation_set_with_nothing_to_check_is_warned_about(tmp_path, caplog, records, said):
     cfg = DecontaminateConfig(eval_sets=[EvalSetConfig(path=str(write_set(tmp_path / "empty.jsonl", records)))])
     caplog.set_level("WARNING", logger="kiln.curate")

@@ -75,7 +75,10 @@ ALL_STEPS = [
     FineWebQuality(FineWebQualityConfig()),
 ]
 # text drawn from every unicode category, with the characters these rules look at made likely
-TEXT = st.text(alphabet=st.one_of(st.characters(), st.sampled_from(list(" \n\n.,!?-•…#{}[]'\"()“”:/0123456789abcXYZ"))), max_size=400)
+TEXT = st.text(
+    alphabet=st.one_of(st.characters(), st.sampled_from(list(" \n\n.,!?-•…#{}[]'\"()“”:/0123456789abcXYZ"))),
+    max_size=400,
+)
 
 
 @settings(max_examples=300, deadline=None)

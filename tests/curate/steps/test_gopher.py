@@ -10,7 +10,13 @@ import pytest
 from kiln.core.document import Document
 from kiln.curate.audit import Ledger
 from kiln.curate.steps.base import Drop
-from kiln.curate.steps.gopher import GopherQuality, GopherQualityConfig, GopherRepetition, GopherRepetitionConfig, NGrams
+from kiln.curate.steps.gopher import (
+    GopherQuality,
+    GopherQualityConfig,
+    GopherRepetition,
+    GopherRepetitionConfig,
+    NGrams,
+)
 from kiln.text.segments import Segments
 
 QUALITY = GopherQuality(GopherQualityConfig())

@@ -17,8 +17,13 @@ from kiln.curate.steps.language import LanguageConfig, LanguageID
 from kiln.text import language as text_language
 from kiln.text.language import load_model, predict_language
 
-ENGLISH = "The kiln was fired slowly over three days, and the potters watched the colour of the flame\nchange from orange to a bright, steady yellow."
-FRENCH = "Le four a été chauffé lentement pendant trois jours, et les potiers ont regardé la couleur de la flamme changer."
+ENGLISH = (
+    "The kiln was fired slowly over three days, and the potters watched the colour of the flame\nchange from orange "
+    "to a bright, steady yellow."
+)
+FRENCH = (
+    "Le four a été chauffé lentement pendant trois jours, et les potiers ont regardé la couleur de la flamme changer."
+)
 
 
 def doc(text: str) -> Document:
@@ -40,14 +45,24 @@ def test_english_kept_and_annotated():
     out, ledger = run(d)
     lang, score = predict_language(ENGLISH)
     assert lang == "en" and score > 0.9
-    assert out[0].text == d.text and out[0].meta == {"path": "a.txt", "language": "en", "language_score": round(score, 4)}
+    assert out[0].text == d.text and out[0].meta == {
+        "path": "a.txt",
+        "language": "en",
+        "language_score": round(score, 4),
+    }
     assert not ledger.removed
 
 
 def test_other_language_dropped_with_language_as_note():
     out, ledger = run(doc(FRENCH))
     row = ledger.removed[0]
-    assert out == [] and row["reason"] == "language:not_allowed" and row["note"] == "detected fr; allowed en" and row["value"] > 0.9 and row["threshold"] is None
+    assert (
+        out == []
+        and row["reason"] == "language:not_allowed"
+        and row["note"] == "detected fr; allowed en"
+        and row["value"] > 0.9
+        and row["threshold"] is None
+    )
 
 
 def test_min_score_just_inside_and_just_outside():

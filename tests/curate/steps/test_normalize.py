@@ -1,4 +1,5 @@
-"""kiln.curate.steps.normalize and the step chain (kiln.curate.steps.chain): normalization by hand and as properties, the length filter, run_document."""
+"""kiln.curate.steps.normalize and the step chain (kiln.curate.steps.chain): normalization by hand and as properties,
+the length filter, run_document."""
 
 from __future__ import annotations
 
@@ -114,7 +115,18 @@ def test_length_filter_bounds_are_inclusive():
     for text, rule, limit in (("abcd", "too_short", 5), ("abcdefghijk", "too_long", 10), ("", "too_short", 5)):
         ledger = Ledger()
         assert list(step.process([doc(text)], ledger)) == []
-        assert ledger.removed == [{"id": "web/a.txt", "source": "web", "step": "length", "reason": f"length:{rule}", "value": float(len(text)), "threshold": float(limit), "note": None, "kept_id": None}]
+        assert ledger.removed == [
+            {
+                "id": "web/a.txt",
+                "source": "web",
+                "step": "length",
+                "reason": f"length:{rule}",
+                "value": float(len(text)),
+                "threshold": float(limit),
+                "note": None,
+                "kept_id": None,
+            }
+        ]
 
 
 # --- the chain --------------------------------------------------------------------------------------
@@ -123,9 +135,20 @@ def test_length_filter_bounds_are_inclusive():
 def test_chains_hold_the_enabled_steps_in_order():
     cfg = CurateConfig()
     assert [s.name for s in early_steps(cfg)] == ["normalize", "url_filter"]
-    assert [s.name for s in prose_steps(cfg)] == ["line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "pii", "length"]
+    assert [s.name for s in prose_steps(cfg)] == [
+        "line_dedup",
+        "language",
+        "gopher_repetition",
+        "gopher_quality",
+        "c4",
+        "fineweb",
+        "pii",
+        "length",
+    ]
     assert [s.name for s in code_steps(cfg)] == ["code_quality", "pii", "length"]
-    off = CurateConfig(language={"enabled": False}, c4={"enabled": False}, pii={"enabled": False}, line_dedup={"enabled": False})
+    off = CurateConfig(
+        language={"enabled": False}, c4={"enabled": False}, pii={"enabled": False}, line_dedup={"enabled": False}
+    )
     assert [s.name for s in prose_steps(off)] == ["gopher_repetition", "gopher_quality", "fineweb", "length"]
 
 
@@ -158,12 +181,22 @@ class Explodes:
 def test_run_document_counts_the_funnel_and_quarantines_a_step_that_raises():
     ledger = Ledger()
     ledger.seen("web", 20)
-    out = run_document(doc("fifteen chars!!" + " " * 10), [Normalize(), LengthFilter(LengthConfig(min_chars=5))], ledger)
+    out = run_document(
+        doc("fifteen chars!!" + " " * 10), [Normalize(), LengthFilter(LengthConfig(min_chars=5))], ledger
+    )
     assert out is not None and out.text == "fifteen chars!!"
     assert ledger.tally("web").funnel == {"normalize": [1, 15], "length": [1, 15]}
     ledger.seen("web", 5)
     assert run_document(doc("hello", "web/b"), [Normalize(), Explodes(), LengthFilter(LengthConfig())], ledger) is None
-    assert ledger.quarantined == [{"id": "web/b", "source": "web", "file": "a.txt", "position": None, "error": "explodes: ValueError: cannot handle web/b"}]
+    assert ledger.quarantined == [
+        {
+            "id": "web/b",
+            "source": "web",
+            "file": "a.txt",
+            "position": None,
+            "error": "explodes: ValueError: cannot handle web/b",
+        }
+    ]
     assert ledger.tally("web").docs_in == 2  # counted once, by the reader, not again by the quarantine
     ledger.kept(out)
     ledger.check_balanced("test")
@@ -178,7 +211,27 @@ _CHAINS = {
     "code": early_steps(_CHAIN_CFG) + code_steps(_CHAIN_CFG),
 }
 # Arbitrary characters mixed with pieces the rules react to (lines, ellipses, braces, a boilerplate line, PII).
-ANY_TEXT = st.lists(st.one_of(st.text(max_size=30), st.sampled_from(["\n", "\n\n", " ", "...", "#", "{", "Accept cookies\n", "\u2028", "a@b.co", "4111 1111 1111 1111", "the of and to"])), max_size=40).map("".join)
+ANY_TEXT = st.lists(
+    st.one_of(
+        st.text(max_size=30),
+        st.sampled_from(
+            [
+                "\n",
+                "\n\n",
+                " ",
+                "...",
+                "#",
+                "{",
+                "Accept cookies\n",
+                "\u2028",
+                "a@b.co",
+                "4111 1111 1111 1111",
+                "the of and to",
+            ]
+        ),
+    ),
+    max_size=40,
+).map("".join)
 
 
 @settings(max_examples=150, deadline=None)
@@ -188,7 +241,12 @@ def test_no_step_raises_on_any_text(text, branch):
     a document is kept or removed with a reason, never quarantined by an exception."""
     ledger = Ledger()
     ledger.seen("web", 0)
-    out = run_document(Document("web/x", text, "web", {"path": "x.txt", "url": "https://example.org/a"}), _CHAINS[branch], ledger, branch)
+    out = run_document(
+        Document("web/x", text, "web", {"path": "x.txt", "url": "https://example.org/a"}),
+        _CHAINS[branch],
+        ledger,
+        branch,
+    )
     assert ledger.quarantined == []
     if out is None:
         assert len(ledger.removed) == 1

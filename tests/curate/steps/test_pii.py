@@ -40,7 +40,13 @@ def test_luhn_by_hand():
 
 def test_ssn_rules_by_hand():
     assert ssn_valid("123", "45", "6789")
-    for area, group, serial in [("000", "12", "3456"), ("666", "12", "3456"), ("900", "12", "3456"), ("123", "00", "4567"), ("123", "45", "0000")]:
+    for area, group, serial in [
+        ("000", "12", "3456"),
+        ("666", "12", "3456"),
+        ("900", "12", "3456"),
+        ("123", "00", "4567"),
+        ("123", "45", "0000"),
+    ]:
         assert not ssn_valid(area, group, serial)
 
 
@@ -69,7 +75,10 @@ FOUND = [
     ("amex 3782 822463 10005", "amex <CREDIT_CARD>"),
     ("4111 1111 1111 1111 123", "<CREDIT_CARD> 123"),  # a trailing group that breaks Luhn is not the card's
     ("SSN: 536-22-8745.", "SSN: <SSN>."),
-    ("the release went out; served from 93.184.216.34", "the release went out; served from <IP_ADDRESS>"),  # a version word marks only what follows it closely
+    (
+        "the release went out; served from 93.184.216.34",
+        "the release went out; served from <IP_ADDRESS>",
+    ),  # a version word marks only what follows it closely
     ("our office (17.253.144.10) is down", "our office (<IP_ADDRESS>) is down"),
     ("<td>93.184.216.34</td>", "<td><IP_ADDRESS></td>"),  # a tag's > is no version constraint
     ("ip.addr == 93.184.216.34", "ip.addr == <IP_ADDRESS>"),  # a filter, not a version pin
@@ -97,8 +106,14 @@ FOUND = [
     ("DB_PASSWORD=f8Kq2Lm9Np4Rs6Tv", "DB_PASSWORD=<SECRET>"),
     ('"client_secret": "4kD9qmX2vB7nR1tY6uW3zL8pA5s"', '"client_secret": "<SECRET>"'),
     ("apiKey: Zm9vYmFyYmF6cXV4MTIz", "apiKey: <SECRET>"),
-    ("a\n-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA3Tz2mr7SZiAMfQyuvBjM\n-----END RSA PRIVATE KEY-----\nb", "a\n<SECRET>\nb"),
-    ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\nAAAAAAAAAAAAAAAAAAAAAAAA\n\nthanks", "<SECRET>\n\nthanks"),  # truncated
+    (
+        "a\n-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA3Tz2mr7SZiAMfQyuvBjM\n-----END RSA PRIVATE KEY-----\nb",
+        "a\n<SECRET>\nb",
+    ),
+    (
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\nAAAAAAAAAAAAAAAAAAAAAAAA\n\nthanks",
+        "<SECRET>\n\nthanks",
+    ),  # truncated
 ]
 
 
@@ -108,24 +123,83 @@ def test_found_and_replaced(text: str, expected: str):
 
 
 KEPT = [
-    "user@localhost", "name@", "a@b", "@handle", "logo@2x.png", "docs: someone@example.com, x@test.invalid",  # emails
-    "999.1.1.1", "1.2.3.4.5", "version 1.2.3.4", "Release: 10.2.0.1", "192.168.1.1", "10.0.0.1", "127.0.0.1",
-    "8.8.8.8", "224.0.0.1", "01.02.03.04",  # IPv4: invalid, version-like, private, resolver, multicast, leading zeros
-    "2001:db8::1", "fe80::1", "::1", "12:30:45", "std::vector<int>", "00:1A:2B:3C:4D:5E", "a::b",  # IPv6 look-alikes
-    "4111111111111112", "9780306406157", "978-0-306-40615-7", "12345678901234567890", "0.4111111111111111",  # cards: Luhn, ISBN, long, decimal
-    "000-12-3456", "666-12-3456", "900-12-3456", "123-00-4567", "123-45-0000",  # SSNs never issued
-    "123-456-7890", "2023-10-12", "call 555 123 4567", "+1.5", "+20.000.000", "pi is 3.14159265",  # phones and dates
-    "555-123-4567", "(555) 123-4567", "x = 4294967296", "y = (x)+4155552671", "Decimal('+35236450.6')", "Boston, MA 02110-1301",
-    "  041 117 132   133 112 255",  # 555 is no area code; code constants, arithmetic, a ZIP+4, a row of a table of numbers
-    "Bump Standards-Version to 4.6.0.1", "xft (2.3.2.1-7) unstable; urgency=low", "libfoo (1.2.3.4+dfsg-1) sid", "see section 4.2.1.3",
-    "upgrade to 5.15.0.1", "Depends: base-passwd (>= 3.5.30.1)", "192.0.2.55", "198.51.100.7", "203.0.113.9", "0.0.0.0",  # IPs: versions, reserved
-    "git@github.com:kiln/kiln.git", "pi@raspberrypi.local", "svc@cluster.internal",  # an SCP remote, local networks
-    "078-05-1120", "219-09-9999", "123-45-6789",  # SSNs printed in advertising
-    "3473920184657394", "IMEI 357392018465732", "6012739201846579",  # Luhn-valid, but no issuer uses that prefix with that length
-    "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", "commit 9fceb02d0ae598e95dc970b74767f19372d61af8",
+    "user@localhost",
+    "name@",
+    "a@b",
+    "@handle",
+    "logo@2x.png",
+    "docs: someone@example.com, x@test.invalid",  # emails
+    "999.1.1.1",
+    "1.2.3.4.5",
+    "version 1.2.3.4",
+    "Release: 10.2.0.1",
+    "192.168.1.1",
+    "10.0.0.1",
+    "127.0.0.1",
+    "8.8.8.8",
+    "224.0.0.1",
+    "01.02.03.04",  # IPv4: invalid, version-like, private, resolver, multicast, leading zeros
+    "2001:db8::1",
+    "fe80::1",
+    "::1",
+    "12:30:45",
+    "std::vector<int>",
+    "00:1A:2B:3C:4D:5E",
+    "a::b",  # IPv6 look-alikes
+    "4111111111111112",
+    "9780306406157",
+    "978-0-306-40615-7",
+    "12345678901234567890",
+    "0.4111111111111111",  # cards: Luhn, ISBN, long, decimal
+    "000-12-3456",
+    "666-12-3456",
+    "900-12-3456",
+    "123-00-4567",
+    "123-45-0000",  # SSNs never issued
+    "123-456-7890",
+    "2023-10-12",
+    "call 555 123 4567",
+    "+1.5",
+    "+20.000.000",
+    "pi is 3.14159265",  # phones and dates
+    "555-123-4567",
+    "(555) 123-4567",
+    "x = 4294967296",
+    "y = (x)+4155552671",
+    "Decimal('+35236450.6')",
+    "Boston, MA 02110-1301",
+    # 555 is no area code; code constants, arithmetic, a ZIP+4, a row of a table of numbers
+    "  041 117 132   133 112 255",
+    "Bump Standards-Version to 4.6.0.1",
+    "xft (2.3.2.1-7) unstable; urgency=low",
+    "libfoo (1.2.3.4+dfsg-1) sid",
+    "see section 4.2.1.3",
+    "upgrade to 5.15.0.1",
+    "Depends: base-passwd (>= 3.5.30.1)",
+    "192.0.2.55",
+    "198.51.100.7",
+    "203.0.113.9",
+    "0.0.0.0",  # IPs: versions, reserved
+    "git@github.com:kiln/kiln.git",
+    "pi@raspberrypi.local",
+    "svc@cluster.internal",  # an SCP remote, local networks
+    "078-05-1120",
+    "219-09-9999",
+    "123-45-6789",  # SSNs printed in advertising
+    "3473920184657394",
+    "IMEI 357392018465732",
+    "6012739201846579",  # Luhn-valid, but no issuer uses that prefix with that length
+    "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    "commit 9fceb02d0ae598e95dc970b74767f19372d61af8",
     "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",  # AWS's documentation example
-    'password = os.environ["DB_PASSWORD"]', "token = get_token()", 'api_key = "YOUR_API_KEY"', "password: ${DB_PASSWORD}", "max_tokens = 4096",
-    "sk-learn-is-a-very-long-kebab-case-name-here", "pk_live_4eC39HqLyjWDarjtT1zdp7dc", "AKIA1234",  # secret look-alikes
+    'password = os.environ["DB_PASSWORD"]',
+    "token = get_token()",
+    'api_key = "YOUR_API_KEY"',
+    "password: ${DB_PASSWORD}",
+    "max_tokens = 4096",
+    "sk-learn-is-a-very-long-kebab-case-name-here",
+    "pk_live_4eC39HqLyjWDarjtT1zdp7dc",
+    "AKIA1234",  # secret look-alikes
     "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8A\n-----END PUBLIC KEY-----",
     "",
 ]
@@ -155,7 +229,14 @@ def test_phone_regions_decide_which_national_formats_count():
 
 @pytest.mark.parametrize(
     ("flag", "text"),
-    [("emails", "john@gmail.com"), ("phones", "212-555-0143"), ("ip_addresses", "93.184.216.34"), ("credit_cards", "4111111111111111"), ("ssns", "536-22-8745"), ("secrets", "AKIAIOSFODNN7EXAMPLE")],
+    [
+        ("emails", "john@gmail.com"),
+        ("phones", "212-555-0143"),
+        ("ip_addresses", "93.184.216.34"),
+        ("credit_cards", "4111111111111111"),
+        ("ssns", "536-22-8745"),
+        ("secrets", "AKIAIOSFODNN7EXAMPLE"),
+    ],
 )
 def test_each_type_can_be_turned_off(flag: str, text: str):
     assert redacted(text) != text
@@ -193,7 +274,11 @@ def test_max_hits_just_outside_drops():
 
 # --- properties --------------------------------------------------------------------------------
 
-FRAGMENTS = [t for t, _ in FOUND] + KEPT + [" ", "\n", "@", ".", "-", ":", "+", "(", ")", "1", "a", "é", "<EMAIL>", "version ", "4111"]
+FRAGMENTS = (
+    [t for t, _ in FOUND]
+    + KEPT
+    + [" ", "\n", "@", ".", "-", ":", "+", "(", ")", "1", "a", "é", "<EMAIL>", "version ", "4111"]
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -251,7 +336,10 @@ def test_step_pickles_for_workers():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.from_regex(r"[1-9][0-9]{6,14}", fullmatch=True), st.sampled_from(["x = {}", "return a+{}", "t={};", "f({}, 2)", "({})+{}", "[{}]"]))
+@given(
+    st.from_regex(r"[1-9][0-9]{6,14}", fullmatch=True),
+    st.sampled_from(["x = {}", "return a+{}", "t={};", "f({}, 2)", "({})+{}", "[{}]"]),
+)
 def test_a_bare_digit_run_in_code_is_never_a_phone(digits: str, template: str):
     assert "<PHONE>" not in REDACT.redact(template.format(digits, digits))[0]
 
@@ -265,7 +353,11 @@ def test_a_luhn_valid_number_without_an_issuer_prefix_is_never_a_card(first: str
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.ip_addresses(v=4).map(str), st.integers(1, 99), st.sampled_from(["pkg ({}-{})", "Standards-Version: {}", "bump to {}", "section {}", "v{}", "({}+dfsg{})"]))
+@given(
+    st.ip_addresses(v=4).map(str),
+    st.integers(1, 99),
+    st.sampled_from(["pkg ({}-{})", "Standards-Version: {}", "bump to {}", "section {}", "v{}", "({}+dfsg{})"]),
+)
 def test_an_ipv4_marked_as_a_version_or_section_is_never_redacted(ip: str, revision: int, template: str):
     text = template.format(ip, revision) if template.count("{}") == 2 else template.format(ip)
     assert "<IP_ADDRESS>" not in REDACT.redact(text)[0]
@@ -303,10 +395,19 @@ PHONE_WORD_FOUND = [
     ("Tel: +1 968 909 5111 (24/7 line)", "Tel: <PHONE> (24/7 line)"),
 ]
 PHONE_WORD_KEPT = [
-    "968.909.5111", "968-909-5111", "(968) 909-5111", "+1 968 909 5111", "+19689095111", "1-968-909-5111",  # no word
-    "contact 968.909.5111", "Hotel 968-909-5111", "Telephony 968-909-5111",  # no phone word, or one inside another
-    "mobile app build 968-909-5111", "phone 1 968.909.5111.2",  # not right before, or not a phone shape
-    "call 911", "Tel: +44 99",  # too short for any number
+    "968.909.5111",
+    "968-909-5111",
+    "(968) 909-5111",
+    "+1 968 909 5111",
+    "+19689095111",
+    "1-968-909-5111",  # no word
+    "contact 968.909.5111",
+    "Hotel 968-909-5111",
+    "Telephony 968-909-5111",  # no phone word, or one inside another
+    "mobile app build 968-909-5111",
+    "phone 1 968.909.5111.2",  # not right before, or not a phone shape
+    "call 911",
+    "Tel: +44 99",  # too short for any number
 ]
 
 
@@ -326,14 +427,30 @@ def test_a_phone_word_keeps_national_formats_to_phone_regions():
 
 VERSION_KEPT = [
     # after a product's name
-    "XFree86 4.3.0.1", "Python 3.11.7.1", "built with Python 3.11.7.1 today", "OpenSSL 1.2.11.4", "linux-4.3.0.1.tar.gz",
+    "XFree86 4.3.0.1",
+    "Python 3.11.7.1",
+    "built with Python 3.11.7.1 today",
+    "OpenSSL 1.2.11.4",
+    "linux-4.3.0.1.tar.gz",
     # changelog headings
-    "Changes in 1.2.11.4 (10 August 2003)", "Changes in XFree86 4.3.0.1", "What's new in at-spi2-core 2.44.1.1:",
-    "## 1.2.3.4 - 2020-01-01", "## [4.3.0.1] - 2003-08-10", "## 4.3.0.1", "# 4.3.0.1 (2003-08-10)", "== 4.3.0.1 ==",
+    "Changes in 1.2.11.4 (10 August 2003)",
+    "Changes in XFree86 4.3.0.1",
+    "What's new in at-spi2-core 2.44.1.1:",
+    "## 1.2.3.4 - 2020-01-01",
+    "## [4.3.0.1] - 2003-08-10",
+    "## 4.3.0.1",
+    "# 4.3.0.1 (2003-08-10)",
+    "== 4.3.0.1 ==",
     "Release 2.0.1.5",
     # assigned to a version name
-    '__version__ = "1.2.11.4"', "VERSION='4.3.0.1'", '"version": "1.0.0.2"', "version: '4.3.0.1'",
-    'AssemblyVersion("4.3.0.1")', "<version>4.3.0.1</version>", "APP_VERSION_STRING := 4.3.0.1", "release_version=4.3.0.1",
+    '__version__ = "1.2.11.4"',
+    "VERSION='4.3.0.1'",
+    '"version": "1.0.0.2"',
+    "version: '4.3.0.1'",
+    'AssemblyVersion("4.3.0.1")',
+    "<version>4.3.0.1</version>",
+    "APP_VERSION_STRING := 4.3.0.1",
+    "release_version=4.3.0.1",
 ]
 LOG_LINE = '93.184.216.34 - - [12/Oct/2024:10:01:02 +0000] "GET / HTTP/1.1" 200'
 IP_STILL_FOUND = [
@@ -380,7 +497,19 @@ def test_the_addresses_of_the_issue_go_when_their_ranges_are_not_kept():
 
 
 PHONE_WORDS = [
-    "phone", "Phone:", "tel", "Tel.", "telephone", "mobile", "Mob:", "cell", "fax", "call", "ph:", "PHONE NO.", "tel:",
+    "phone",
+    "Phone:",
+    "tel",
+    "Tel.",
+    "telephone",
+    "mobile",
+    "Mob:",
+    "cell",
+    "fax",
+    "call",
+    "ph:",
+    "PHONE NO.",
+    "tel:",
 ]
 NANP_SHAPES = ["{a}-{e}-{n}", "{a}.{e}.{n}", "({a}) {e}-{n}", "+1 {a} {e} {n}", "1-{a}-{e}-{n}", "+1{a}{e}{n}"]
 
@@ -403,8 +532,13 @@ def test_any_nanp_shape_with_any_area_after_a_phone_word_is_a_phone(
 
 
 VERSION_CONTEXTS = [
-    '__version__ = "{}"', "VERSION='{}'", '"version": "{}"', "XFree86 {}", "OpenSSL {} fixes",
-    "Changes in {} (10 August 2003)", "## {} - 2020-01-01",
+    '__version__ = "{}"',
+    "VERSION='{}'",
+    '"version": "{}"',
+    "XFree86 {}",
+    "OpenSSL {} fixes",
+    "Changes in {} (10 August 2003)",
+    "## {} - 2020-01-01",
 ]
 
 
@@ -416,7 +550,12 @@ def test_any_dotted_quad_in_a_version_context_is_kept(ip: str, template: str):
 
 
 NETWORK_CONTEXTS = [
-    "connected to {}", "server {} refused", "Server {} refused", "host={}", '"server": "{}"', "From {}",
+    "connected to {}",
+    "server {} refused",
+    "Server {} refused",
+    "host={}",
+    '"server": "{}"',
+    "From {}",
     "{} - - [12/Oct/2024:10:01:02 +0000]",
 ]
 
@@ -428,7 +567,10 @@ def test_any_public_address_after_a_network_word_is_redacted(ip: str, template: 
 
 
 CONTEXT_FRAGMENTS = (
-    [t for t, _ in PHONE_WORD_FOUND + IP_STILL_FOUND] + PHONE_WORD_KEPT + VERSION_KEPT + PHONE_WORDS
+    [t for t, _ in PHONE_WORD_FOUND + IP_STILL_FOUND]
+    + PHONE_WORD_KEPT
+    + VERSION_KEPT
+    + PHONE_WORDS
     + [" ", "\n", "## ", "968-909-5111", "4.3.0.1", "-"]
 )
 

@@ -54,7 +54,11 @@ def test_trie_regex_by_hand():
     assert _trie_regex(set()) is None
 
 
-STEP = URLFilter(URLFilterConfig(blocked_domains=["example.com", "*.bad.org", "Bücher.example", "1.2.3.4"], blocked_substrings=["casino", "PORN"]))
+STEP = URLFilter(
+    URLFilterConfig(
+        blocked_domains=["example.com", "*.bad.org", "Bücher.example", "1.2.3.4"], blocked_substrings=["casino", "PORN"]
+    )
+)
 
 
 @pytest.mark.parametrize(
@@ -73,14 +77,28 @@ def test_blocked_domain_drops_with_entry(url: str, entry: str):
     assert (ledger.removed[0]["reason"], ledger.removed[0]["note"]) == ("url_filter:blocked_domain", entry)
 
 
-@pytest.mark.parametrize("url", ["https://notexample.com/", "https://example.co/", "https://example.com.evil.net/", "http://5.1.2.3.4/", "https://ok.org/casin", None, "", "mailto:x@example.org"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://notexample.com/",
+        "https://example.co/",
+        "https://example.com.evil.net/",
+        "http://5.1.2.3.4/",
+        "https://ok.org/casin",
+        None,
+        "",
+        "mailto:x@example.org",
+    ],
+)
 def test_unblocked_url_kept_unchanged(url: str | None):
     d = doc(url)
     out, ledger = run(STEP, d)
     assert out == [d] and out[0] is d and not ledger.removed
 
 
-@pytest.mark.parametrize(("url", "entry"), [("https://ok.org/Casino-night", "casino"), ("https://ok.org/%70orn", "porn")])
+@pytest.mark.parametrize(
+    ("url", "entry"), [("https://ok.org/Casino-night", "casino"), ("https://ok.org/%70orn", "porn")]
+)
 def test_blocked_substring_drops_with_entry(url: str, entry: str):
     out, ledger = run(STEP, doc(url))
     assert out == []
@@ -132,7 +150,11 @@ def test_hundred_thousand_entries_are_fast(tmp_path: Path):
     start = time.perf_counter()
     step = URLFilter(URLFilterConfig(blocked_domain_files=[str(domains)], blocked_substring_files=[str(words)]))
     built = time.perf_counter() - start
-    urls = [f"https://www.{''.join(rng.choices(string.ascii_lowercase, k=10))}.net/{''.join(rng.choices(string.ascii_lowercase + '/-', k=60))}" for _ in range(2_000)]
+    urls = [
+        f"https://www.{''.join(rng.choices(string.ascii_lowercase, k=10))}.net/"
+        f"{''.join(rng.choices(string.ascii_lowercase + '/-', k=60))}"
+        for _ in range(2_000)
+    ]
     start = time.perf_counter()
     for u in urls:
         step.check(doc(u))

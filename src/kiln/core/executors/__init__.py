@@ -25,9 +25,20 @@ R = TypeVar("R")
 class ExecutorConfig(Section):
     """Which executor runs a stage's shard tasks, and how wide."""
 
-    kind: Literal["local", "ray"] = Field(default="local", description="local: a process pool on this machine; ray: a Ray cluster (see ray_address).")
-    workers: int | None = Field(default=None, ge=1, description="Parallel tasks; None means one per CPU core (local) or per CPU of the Ray cluster.")
-    ray_address: str | None = Field(default=None, description="For ray: address of a running cluster (e.g. 10.0.0.5:6379 or auto); None starts a local Ray instance.")
+    kind: Literal["local", "ray"] = Field(
+        default="local", description="local: a process pool on this machine; ray: a Ray cluster (see ray_address)."
+    )
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        description="Parallel tasks; None means one per CPU core (local) or per CPU of the Ray cluster.",
+    )
+    ray_address: str | None = Field(
+        default=None,
+        description=(
+            "For ray: address of a running cluster (e.g. 10.0.0.5:6379 or auto); None starts a local Ray instance."
+        ),
+    )
 
 
 class Executor(Protocol):

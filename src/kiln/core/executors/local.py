@@ -35,7 +35,10 @@ def end_with_parent(parent: int) -> None:
     code. subtle: it is sent when the *thread* that started the worker ends; the pool starts its
     workers in the thread that submits the tasks, the caller of imap_unordered (kiln's main thread).
     Elsewhere, or if prctl fails, a thread polls the parent's pid once a second."""
-    if sys.platform != "linux" or ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+    if (
+        sys.platform != "linux"
+        or ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0
+    ):
         threading.Thread(target=_watch_parent, args=(parent,), name="kiln-watch-parent", daemon=True).start()
     if os.getppid() != parent:  # it ended before the signal was asked for: none will come
         os._exit(1)
@@ -60,7 +63,12 @@ class LocalExecutor:
             yield from map(fn, tasks)
             return
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=end_with_parent, initargs=(os.getpid(),))
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=end_with_parent,
+                initargs=(os.getpid(),),
+            )
         pending: set[Future[R]] = {self._pool.submit(fn, task) for task in tasks}
         try:
             while pending:

@@ -33,16 +33,30 @@ class RayExecutor:
         self._ray = ray
         self._started = False
         if ray.is_initialized() and address:
-            log.warning("%s: ray is already initialized in this process; using that cluster, not ray_address=%s", section, address)
+            log.warning(
+                "%s: ray is already initialized in this process; using that cluster, not ray_address=%s",
+                section,
+                address,
+            )
         if not ray.is_initialized():
             if address:
                 ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
             else:
-                ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+                ray.init(
+                    num_cpus=workers or os.cpu_count() or 1,
+                    include_dashboard=False,
+                    logging_level=logging.WARNING,
+                    log_to_driver=False,
+                )
                 self._started = True
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = min(workers, cpus) if workers else cpus
-        log.info("%s: ray executor on %s with %d CPUs", section, "a local instance" if self._started else address or "the current cluster", cpus)
+        log.info(
+            "%s: ray executor on %s with %d CPUs",
+            section,
+            "a local instance" if self._started else address or "the current cluster",
+            cpus,
+        )
 
     def imap_unordered(self, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[R]:
         ray = self._ray

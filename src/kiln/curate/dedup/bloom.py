@@ -32,12 +32,16 @@ class BloomFilter:
 
     @staticmethod
     def size(n: int, fp_rate: float) -> tuple[int, int]:
-        """(m, k) for n keys at this false-positive rate: m = -n ln p / (ln 2)^2 rounded up to 64 bits, k = (m / n) ln 2."""
+        """(m, k) for n keys at this false-positive rate: m = -n ln p / (ln 2)^2 rounded up to 64 bits, k = (m / n) ln
+        2."""
         if n == 0:
             return 64, 1
         m = max(64, math.ceil(-n * math.log(fp_rate) / math.log(2) ** 2 / 64) * 64)
         if m > MAX_BLOOM_BITS:
-            raise FatalError(f"curate: a Bloom filter for {n:,} n-grams at false-positive rate {fp_rate:g} needs {m:,} bits, over the {MAX_BLOOM_BITS:,} allowed; raise bloom_fp_rate, split the set, or use mode: exact")
+            raise FatalError(
+                f"curate: a Bloom filter for {n:,} n-grams at false-positive rate {fp_rate:g} needs {m:,} bits, "
+                f"over the {MAX_BLOOM_BITS:,} allowed; raise bloom_fp_rate, split the set, or use mode: exact"
+            )
         return m, max(1, round(m / n * math.log(2)))
 
     @classmethod

@@ -23,13 +23,33 @@ from pydantic import Field
 from kiln.core.atomic import write_atomically
 from kiln.core.config import Section
 
-HASH_SCHEMA = pa.schema([("h1", pa.uint64()), ("h2", pa.uint64()), ("rank", pa.int32()), ("source", pa.string()), ("id", pa.string()), ("task", pa.int32()), ("ordinal", pa.int64())])
-REMOVAL_SCHEMA = pa.schema([("task", pa.int32()), ("ordinal", pa.int64()), ("id", pa.string()), ("kept_id", pa.string())])
+HASH_SCHEMA = pa.schema(
+    [
+        ("h1", pa.uint64()),
+        ("h2", pa.uint64()),
+        ("rank", pa.int32()),
+        ("source", pa.string()),
+        ("id", pa.string()),
+        ("task", pa.int32()),
+        ("ordinal", pa.int64()),
+    ]
+)
+REMOVAL_SCHEMA = pa.schema(
+    [("task", pa.int32()), ("ordinal", pa.int64()), ("id", pa.string()), ("kept_id", pa.string())]
+)
 
 
 class ExactDedupConfig(Section):
-    enabled: bool = Field(default=True, description="Remove documents whose normalized text equals another's, across all sources.")
-    source_priority: tuple[str, ...] = Field(default=(), description="Sources in order of preference: a duplicate group keeps its copy from the earliest listed source; unlisted sources come after, alphabetically; ties keep the smallest id.")
+    enabled: bool = Field(
+        default=True, description="Remove documents whose normalized text equals another's, across all sources."
+    )
+    source_priority: tuple[str, ...] = Field(
+        default=(),
+        description=(
+            "Sources in order of preference: a duplicate group keeps its copy from the earliest listed source; "
+            "unlisted sources come after, alphabetically; ties keep the smallest id."
+        ),
+    )
 
 
 def text_hash(text: str) -> tuple[int, int]:
@@ -75,8 +95,18 @@ class HashTable:
     def write(self, folder: Path, partitions: int) -> None:
         h1 = np.array(self.h1, dtype=np.uint64)
         part = partition_of(h1, partitions)
-        table = pa.table({"h1": h1, "h2": np.array(self.h2, dtype=np.uint64), "rank": np.array(self.rank, dtype=np.int32), "source": self.sources, "id": self.ids,
-                          "task": np.full(len(h1), self.task, dtype=np.int32), "ordinal": np.array(self.ordinal, dtype=np.int64)}, schema=HASH_SCHEMA)
+        table = pa.table(
+            {
+                "h1": h1,
+                "h2": np.array(self.h2, dtype=np.uint64),
+                "rank": np.array(self.rank, dtype=np.int32),
+                "source": self.sources,
+                "id": self.ids,
+                "task": np.full(len(h1), self.task, dtype=np.int32),
+                "ordinal": np.array(self.ordinal, dtype=np.int64),
+            },
+            schema=HASH_SCHEMA,
+        )
         for p in range(partitions):
             # one folder per partition: a dedup task lists only its own files, however many tasks there are
             out = partition_dir(folder, p) / f"{self.task:05d}.parquet"
@@ -104,16 +134,23 @@ def find_duplicates(table: pa.Table) -> pa.Table:
     starts[1:] = (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])
     keeper_pos = np.maximum.accumulate(np.where(starts, np.arange(len(order)), 0))
     dup = ~starts
-    return pa.table({
-        "task": table["task"].to_numpy()[order][dup], "ordinal": table["ordinal"].to_numpy()[order][dup],
-        "id": list(ids[dup]), "kept_id": list(ids[keeper_pos[dup]]),
-    }, schema=REMOVAL_SCHEMA)
+    return pa.table(
+        {
+            "task": table["task"].to_numpy()[order][dup],
+            "ordinal": table["ordinal"].to_numpy()[order][dup],
+            "id": list(ids[dup]),
+            "kept_id": list(ids[keeper_pos[dup]]),
+        },
+        schema=REMOVAL_SCHEMA,
+    )
 
 
 def dedup_partition(folder: Path, partition: int, out: Path) -> int:
     """Read partition `partition` of every task's hash file, write its removal rows; returns their number."""
     files = sorted(partition_dir(folder, partition).glob("*.parquet"))
-    table = pa.concat_tables([pq.read_table(f, schema=HASH_SCHEMA) for f in files]) if files else HASH_SCHEMA.empty_table()
+    table = (
+        pa.concat_tables([pq.read_table(f, schema=HASH_SCHEMA) for f in files]) if files else HASH_SCHEMA.empty_table()
+    )
     removals = find_duplicates(table)
     write_atomically(out, lambda tmp: pq.write_table(removals, tmp))
     return removals.num_rows

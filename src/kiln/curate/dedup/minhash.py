@@ -35,21 +35,62 @@ BATCH_ROWS = 8192  # shingles per (permutations x shingles) product: 112 x 8192 
 
 class MinHashConfig(Section):
     NOT_HASHED = frozenset()
-    enabled: bool = Field(default=True, description="Remove near-duplicates (MinHash LSH), across all sources, after exact dedup.")
+    enabled: bool = Field(
+        default=True, description="Remove near-duplicates (MinHash LSH), across all sources, after exact dedup."
+    )
     ngram: int = Field(default=5, ge=1, le=MAX_N, description="Shingle size in normalized words (FineWeb: 5).")
     bands: int = Field(default=14, ge=1, description="LSH bands (FineWeb: 14 bands of 8 rows, 112 permutations).")
     rows: int = Field(default=8, ge=1, description="Signature values per band; bands x rows permutations in all.")
-    threshold: float = Field(default=0.8, gt=0, le=1, description="Jaccard similarity of shingle sets at or above which two documents are near-duplicates.")
-    verify: bool = Field(default=True, description="Check every candidate pair's exact Jaccard against the threshold (rejects LSH false positives; stores shingle sets on disk, 8 bytes per shingle). Off: every candidate pair is a duplicate.")
-    seed: int = Field(default=1, ge=0, description="Seed of the permutations; changing it changes which pairs LSH proposes.")
-    fold_digits: bool = Field(default=True, description="Fold every digit to 0 before shingling, so documents differing only in numbers are near-duplicates.")
-    source_priority: tuple[str, ...] | None = Field(default=None, description="Sources in order of preference for the kept copy of a cluster; None uses exact_dedup.source_priority.")
-    prefer: str = Field(default="longest", description="After source priority, which copy to keep: longest, shortest, none (smallest id), or meta:FIELD (highest numeric meta value, e.g. a quality score; missing counts lowest).")
-    max_bucket_pairs: int = Field(default=32, ge=2, description="A bucket with up to this many documents proposes all its pairs; a bigger one links each member to the first and to the next (fewer verifications; a pair of members linked only through rejected links is missed).")
+    threshold: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="Jaccard similarity of shingle sets at or above which two documents are near-duplicates.",
+    )
+    verify: bool = Field(
+        default=True,
+        description=(
+            "Check every candidate pair's exact Jaccard against the threshold (rejects LSH false positives; stores "
+            "shingle sets on disk, 8 bytes per shingle). Off: every candidate pair is a duplicate."
+        ),
+    )
+    seed: int = Field(
+        default=1, ge=0, description="Seed of the permutations; changing it changes which pairs LSH proposes."
+    )
+    fold_digits: bool = Field(
+        default=True,
+        description=(
+            "Fold every digit to 0 before shingling, so documents differing only in numbers are near-duplicates."
+        ),
+    )
+    source_priority: tuple[str, ...] | None = Field(
+        default=None,
+        description=(
+            "Sources in order of preference for the kept copy of a cluster; None uses exact_dedup.source_priority."
+        ),
+    )
+    prefer: str = Field(
+        default="longest",
+        description=(
+            "After source priority, which copy to keep: longest, shortest, none (smallest id), or meta:FIELD (highest "
+            "numeric meta value, e.g. a quality score; missing counts lowest)."
+        ),
+    )
+    max_bucket_pairs: int = Field(
+        default=32,
+        ge=2,
+        description=(
+            "A bucket with up to this many documents proposes all its pairs; a bigger one links each member to the "
+            "first and to the next (fewer verifications; a pair of members linked only through rejected links is "
+            "missed)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> MinHashConfig:
-        if self.prefer not in ("longest", "shortest", "none") and not (self.prefer.startswith("meta:") and len(self.prefer) > 5):
+        if self.prefer not in ("longest", "shortest", "none") and not (
+            self.prefer.startswith("meta:") and len(self.prefer) > 5
+        ):
             raise ValueError(f"prefer={self.prefer!r}: use longest, shortest, none or meta:FIELD")
         return self
 
@@ -212,7 +253,9 @@ def preference_value(prefer: str, nbytes: int, meta: dict) -> float:
     return -number if math.isfinite(number) else math.inf
 
 
-def memory_estimate(docs: int, tasks: int, bucket_tasks: int, verify_tasks: int, cfg: MinHashConfig) -> dict[str, float]:
+def memory_estimate(
+    docs: int, tasks: int, bucket_tasks: int, verify_tasks: int, cfg: MinHashConfig
+) -> dict[str, float]:
     """Peak memory per process (MB) of each near-dedup phase, for `docs` documents split into
     `tasks` sign tasks, `bucket_tasks` bucket tasks and `verify_tasks` verify tasks, a worker's
     base included.
@@ -226,5 +269,7 @@ def memory_estimate(docs: int, tasks: int, bucket_tasks: int, verify_tasks: int,
     buckets = docs * cfg.bands / max(bucket_tasks, 1) * 16 * 4 / mb  # keys and docs, sorted copies, pairs
     candidates = docs * cfg.bands  # upper bound
     verify = candidates / max(verify_tasks, 1) * 16 * 3 / mb  # pairs; sets are read two at a time
-    components_mb = candidates * 8 * 6 / mb  # edges, node ids, labels: an upper bound; near-duplicate-free corpora need far less
+    components_mb = (
+        candidates * 8 * 6 / mb
+    )  # edges, node ids, labels: an upper bound; near-duplicate-free corpora need far less
     return {"sign": base + sign, "buckets": base + buckets, "verify": base + verify, "components": base + components_mb}

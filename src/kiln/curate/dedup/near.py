@@ -54,12 +54,29 @@ from kiln.curate.dedup.minhash import (
 )
 from kiln.text.shingles import shingle_sets
 
-DOCS_SCHEMA = pa.schema([("local", pa.int32()), ("ordinal", pa.int64()), ("id", pa.string()), ("source", pa.string()), ("rank", pa.int32()), ("preference", pa.float64())])
+DOCS_SCHEMA = pa.schema(
+    [
+        ("local", pa.int32()),
+        ("ordinal", pa.int64()),
+        ("id", pa.string()),
+        ("source", pa.string()),
+        ("rank", pa.int32()),
+        ("preference", pa.float64()),
+    ]
+)
 EDGE_SCHEMA = pa.schema([("a", pa.uint64()), ("b", pa.uint64()), ("jaccard", pa.float64())])
-ASSIGN_SCHEMA = pa.schema([
-    ("task", pa.int32()), ("ordinal", pa.int64()), ("doc", pa.uint64()), ("id", pa.string()), ("cluster", pa.int64()),
-    ("kept", pa.bool_()), ("keeper", pa.uint64()), ("kept_id", pa.string()),
-])
+ASSIGN_SCHEMA = pa.schema(
+    [
+        ("task", pa.int32()),
+        ("ordinal", pa.int64()),
+        ("doc", pa.uint64()),
+        ("id", pa.string()),
+        ("cluster", pa.int64()),
+        ("kept", pa.bool_()),
+        ("keeper", pa.uint64()),
+        ("kept_id", pa.string()),
+    ]
+)
 SIGN_BATCH = 512  # documents shingled and signed together
 
 
@@ -76,7 +93,9 @@ def task_of(doc: int | np.ndarray) -> Any:
 # --- 1. sign --------------------------------------------------------------------------------------
 
 
-def sign_task(filtered: Path, folder: Path, task: int, skip: Container[int], cfg: MinHashConfig, priority: Sequence[str]) -> dict[str, Any]:
+def sign_task(
+    filtered: Path, folder: Path, task: int, skip: Container[int], cfg: MinHashConfig, priority: Sequence[str]
+) -> dict[str, Any]:
     """Shingle and sign the documents of one filtered shard, except the ordinals in `skip`."""
     a, b = permutation_params(cfg.permutations, cfg.seed)
     base = folder / f"{task:05d}"
@@ -100,7 +119,9 @@ def sign_task(filtered: Path, folder: Path, task: int, skip: Container[int], cfg
                 rows["id"].append(doc.id)
                 rows["source"].append(doc.source)
                 rows["rank"].append(source_rank(doc.source, priority))
-                rows["preference"].append(preference_value(cfg.prefer, len(doc.text.encode("utf-8", "surrogatepass")), doc.meta))
+                rows["preference"].append(
+                    preference_value(cfg.prefer, len(doc.text.encode("utf-8", "surrogatepass")), doc.meta)
+                )
                 offsets.append(offsets[-1] + int(size))
                 signed += 1
             batch.clear()
@@ -123,7 +144,10 @@ def sign_task(filtered: Path, folder: Path, task: int, skip: Container[int], cfg
             flush()
     count = len(rows["local"])
     if count >= 2**31:  # a document's number holds its task-local index in 32 bits (int32 in the table)
-        raise FatalError(f"curate: read task {task} holds {count:,} documents, over the 2^31 one task can sign; split its input file (one JSONL file is one task)")
+        raise FatalError(
+            f"curate: read task {task} holds {count:,} documents, over the 2^31 one task can sign; split its "
+            "input file (one JSONL file is one task)"
+        )
     all_keys = np.concatenate(keys) if keys else np.zeros((0, cfg.bands), dtype=np.uint64)
     docs = doc_number(task, np.arange(count))
     bands = np.empty((cfg.bands, count, 2), dtype=np.uint64)
@@ -164,7 +188,11 @@ def bucket_task(sign_dir: Path, out: Path, band: int, sub: int, subs: int, cfg: 
         stop = np.searchsorted(rows[:, 0], hi) if hi is not None else len(rows)
         keys.append(np.asarray(rows[start:stop, 0]))
         docs.append(np.asarray(rows[start:stop, 1]))
-    pairs = bucket_pairs(np.concatenate(keys) if keys else np.zeros(0, np.uint64), np.concatenate(docs) if docs else np.zeros(0, np.uint64), cfg.max_bucket_pairs)
+    pairs = bucket_pairs(
+        np.concatenate(keys) if keys else np.zeros(0, np.uint64),
+        np.concatenate(docs) if docs else np.zeros(0, np.uint64),
+        cfg.max_bucket_pairs,
+    )
     pairs = np.unique(pairs, axis=0) if len(pairs) else pairs  # sorted by (a, b), repeats dropped
     save_npy(out, pairs)
     return {"candidates": int(len(pairs))}
@@ -190,7 +218,9 @@ class Sets:
 
     def __init__(self, sign_dir: Path, cfg: MinHashConfig):
         self.dir, self.cfg = sign_dir, cfg
-        self._open: OrderedDict[int, tuple[int, int, np.ndarray]] = OrderedDict()  # task -> (shingles fd, signatures fd, offsets)
+        self._open: OrderedDict[int, tuple[int, int, np.ndarray]] = (
+            OrderedDict()
+        )  # task -> (shingles fd, signatures fd, offsets)
 
     def _files(self, task: int) -> tuple[int, int, np.ndarray]:
         found = self._open.get(task)
@@ -202,7 +232,11 @@ class Sets:
             os.close(fd_sets)
             os.close(fd_sigs)
         base = self.dir / f"{task:05d}"
-        found = (os.open(base.with_suffix(".shingles.u64"), os.O_RDONLY), os.open(base.with_suffix(".sig.u32"), os.O_RDONLY), np.load(base.with_suffix(".offsets.npy")))
+        found = (
+            os.open(base.with_suffix(".shingles.u64"), os.O_RDONLY),
+            os.open(base.with_suffix(".sig.u32"), os.O_RDONLY),
+            np.load(base.with_suffix(".offsets.npy")),
+        )
         self._open[task] = found
         return found
 
@@ -236,7 +270,9 @@ class Sets:
         self.close()
 
 
-def verify_task(bucket_dir: Path, sign_dir: Path, out: Path, partition: int, partitions: int, tasks: int, cfg: MinHashConfig) -> dict[str, Any]:
+def verify_task(
+    bucket_dir: Path, sign_dir: Path, out: Path, partition: int, partitions: int, tasks: int, cfg: MinHashConfig
+) -> dict[str, Any]:
     """The verified pairs whose first document's sign task lies in this partition's range."""
     first, stop = task_range(partition, partitions, tasks)
     lo, hi = doc_number(first, 0), doc_number(stop, 0)
@@ -250,10 +286,22 @@ def verify_task(bucket_dir: Path, sign_dir: Path, out: Path, partition: int, par
     with Sets(sign_dir, cfg) as sets:
         sims = np.fromiter((sets.similarity(x, y) for x, y in pairs), dtype=np.float64, count=len(pairs))
     keep = sims >= cfg.threshold if cfg.verify else np.ones(len(pairs), dtype=bool)
-    edges = pa.table({"a": pairs[keep, 0] if len(pairs) else np.zeros(0, np.uint64), "b": pairs[keep, 1] if len(pairs) else np.zeros(0, np.uint64), "jaccard": sims[keep]}, schema=EDGE_SCHEMA)
+    edges = pa.table(
+        {
+            "a": pairs[keep, 0] if len(pairs) else np.zeros(0, np.uint64),
+            "b": pairs[keep, 1] if len(pairs) else np.zeros(0, np.uint64),
+            "jaccard": sims[keep],
+        },
+        schema=EDGE_SCHEMA,
+    )
     write_atomically(out, lambda p: pq.write_table(edges, p))
     rejected = sims[~keep]
-    return {"candidates": int(len(pairs)), "verified": int(keep.sum()), "rejected": int(len(rejected)), "max_rejected_jaccard": float(rejected.max()) if len(rejected) else None}
+    return {
+        "candidates": int(len(pairs)),
+        "verified": int(keep.sum()),
+        "rejected": int(len(rejected)),
+        "max_rejected_jaccard": float(rejected.max()) if len(rejected) else None,
+    }
 
 
 # --- 4. components --------------------------------------------------------------------------------
@@ -261,7 +309,10 @@ def verify_task(bucket_dir: Path, sign_dir: Path, out: Path, partition: int, par
 
 def components_task(verify_dir: Path, sign_dir: Path, out: Path) -> dict[str, Any]:
     """Cluster the verified pairs; write every clustered document's cluster and keeper, sorted by task."""
-    edges = pa.concat_tables([pq.read_table(p, schema=EDGE_SCHEMA) for p in sorted(verify_dir.glob("*.parquet"))] or [EDGE_SCHEMA.empty_table()])
+    edges = pa.concat_tables(
+        [pq.read_table(p, schema=EDGE_SCHEMA) for p in sorted(verify_dir.glob("*.parquet"))]
+        or [EDGE_SCHEMA.empty_table()]
+    )
     a, b = edges["a"].to_numpy(), edges["b"].to_numpy()
     nodes = np.unique(np.concatenate([a, b]))  # sorted document numbers, so sorted by task then local
     labels = components(np.searchsorted(nodes, a), np.searchsorted(nodes, b), len(nodes))
@@ -272,7 +323,9 @@ def components_task(verify_dir: Path, sign_dir: Path, out: Path) -> dict[str, An
         locals_ = (nodes[node_tasks == task] & np.uint64(0xFFFF_FFFF)).astype(np.int32)
         table = pq.read_table(sign_dir / f"{task:05d}.docs.parquet", schema=DOCS_SCHEMA)
         table = table.filter(pc.is_in(table["local"], pa.array(locals_)))
-        assert table.num_rows == len(locals_), f"sign task {task}: {table.num_rows} rows for {len(locals_)} clustered documents"
+        assert table.num_rows == len(locals_), (
+            f"sign task {task}: {table.num_rows} rows for {len(locals_)} clustered documents"
+        )
         tables.append(table.append_column("task", pa.array(np.full(table.num_rows, task, dtype=np.int32))))
     rows = pa.concat_tables(tables) if tables else DOCS_SCHEMA.append(pa.field("task", pa.int32())).empty_table()
     # ids tie-break by their rank in sorted order: a fixed-width string array would cost the
@@ -283,13 +336,27 @@ def components_task(verify_dir: Path, sign_dir: Path, out: Path) -> dict[str, An
     # Clusters are numbered in the order of their keepers' document numbers: the same for any worker count.
     cluster_keepers = np.unique(keepers)
     cluster = np.searchsorted(cluster_keepers, keepers)
-    table = pa.table({
-        "task": rows["task"], "ordinal": rows["ordinal"], "doc": nodes, "id": rows["id"], "cluster": cluster.astype(np.int64),
-        "kept": keepers == np.arange(len(nodes)), "keeper": nodes[keepers], "kept_id": rows["id"].take(pa.array(keepers)),
-    }, schema=ASSIGN_SCHEMA)
+    table = pa.table(
+        {
+            "task": rows["task"],
+            "ordinal": rows["ordinal"],
+            "doc": nodes,
+            "id": rows["id"],
+            "cluster": cluster.astype(np.int64),
+            "kept": keepers == np.arange(len(nodes)),
+            "keeper": nodes[keepers],
+            "kept_id": rows["id"].take(pa.array(keepers)),
+        },
+        schema=ASSIGN_SCHEMA,
+    )
     write_atomically(out, lambda p: pq.write_table(table, p, row_group_size=65536))
     sizes = np.bincount(cluster) if len(cluster) else np.zeros(0, np.int64)
-    return {"edges": int(len(a)), "clusters": int(len(cluster_keepers)), "clustered_docs": int(len(nodes)), "largest_cluster": int(sizes.max()) if len(sizes) else 0}
+    return {
+        "edges": int(len(a)),
+        "clusters": int(len(cluster_keepers)),
+        "clustered_docs": int(len(nodes)),
+        "largest_cluster": int(sizes.max()) if len(sizes) else 0,
+    }
 
 
 # --- the decision the write phase applies --------------------------------------------------------
@@ -329,7 +396,9 @@ def decisions_for_task(assign: Path, sign_dir: Path, task: int, cfg: MinHashConf
     table = pq.read_table(assign, filters=[("task", "=", task)], schema=ASSIGN_SCHEMA)
     decisions: dict[int, NearDecision] = {}
     with Sets(sign_dir, cfg) as sets:
-        for ordinal, doc, cluster, kept, keeper, kept_id in zip(*(table[c].to_pylist() for c in ("ordinal", "doc", "cluster", "kept", "keeper", "kept_id"))):
+        for ordinal, doc, cluster, kept, keeper, kept_id in zip(
+            *(table[c].to_pylist() for c in ("ordinal", "doc", "cluster", "kept", "keeper", "kept_id"))
+        ):
             similarity = 1.0 if kept else sets.similarity(int(doc), int(keeper))
             decisions[ordinal] = decide(cluster, kept, similarity, kept_id, cfg)
     return decisions

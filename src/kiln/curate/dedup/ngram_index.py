@@ -46,8 +46,17 @@ _ENTRY = np.dtype([("set", "<i4"), ("item", "<i8"), ("text", "<i4"), ("row", "<i
 
 class EvalSetConfig(Section):
     path: str = Field(description="JSONL file of evaluation items, one JSON object per line (.gz and .zst read too).")
-    name: str | None = Field(None, min_length=1, description="Name in reasons and reports; None uses the file name without .jsonl/.json/.gz/.zst.")
-    fields: tuple[str, ...] = Field((), description="Keys of an item that hold its text; empty uses every string value, inside lists and nested objects too.")
+    name: str | None = Field(
+        None,
+        min_length=1,
+        description="Name in reasons and reports; None uses the file name without .jsonl/.json/.gz/.zst.",
+    )
+    fields: tuple[str, ...] = Field(
+        (),
+        description=(
+            "Keys of an item that hold its text; empty uses every string value, inside lists and nested objects too."
+        ),
+    )
 
 
 class IndexSettings(Protocol):
@@ -113,16 +122,27 @@ def read_eval_set(es: EvalSetConfig) -> Iterator[tuple[int, list[str]]]:
                 except ValueError as e:  # JSONDecodeError and UnicodeDecodeError both are
                     raise FatalError(f"curate: {where} is not valid JSON ({e}); {fix}") from None
                 if not isinstance(record, dict):
-                    raise FatalError(f"curate: {where} is a JSON {type(record).__name__}, not an object; each line must be one item as a JSON object; {fix}")
+                    raise FatalError(
+                        f"curate: {where} is a JSON {type(record).__name__}, not an object; each line must be one "
+                        f"item as a JSON object; {fix}"
+                    )
                 texts = item_texts(record, es.fields)
                 if not texts:
                     named = f"fields {list(es.fields)}" if es.fields else "any value"
-                    raise FatalError(f"curate: {where} has no text (no string in {named}); set `fields` to the keys holding the item's text, or {fix}")
+                    raise FatalError(
+                        f"curate: {where} has no text (no string in {named}); set `fields` to the keys holding "
+                        f"the item's text, or {fix}"
+                    )
                 yield index, texts
     except FileNotFoundError:
-        raise FatalError(f"curate: evaluation set {path} does not exist; check curate.decontaminate.eval_sets[].path (relative paths are from the working directory)") from None
+        raise FatalError(
+            f"curate: evaluation set {path} does not exist; check curate.decontaminate.eval_sets[].path (relative "
+            "paths are from the working directory)"
+        ) from None
     except STREAM_ERRORS as e:
-        raise FatalError(f"curate: evaluation set {path} could not be read ({e}); check the file, or re-download it") from None
+        raise FatalError(
+            f"curate: evaluation set {path} could not be read ({e}); check the file, or re-download it"
+        ) from None
 
 
 # --- building the index ---------------------------------------------------------------------------
@@ -145,10 +165,21 @@ def build_index(cfg: IndexSettings, folder: Path) -> dict[str, Any]:
         distinct = np.unique(np.concatenate(set_hashes)) if set_hashes else np.zeros(0, dtype=np.uint64)
         if items == 0 or too_short == items:
             what = "holds no item" if items == 0 else f"has no item of {n} words or more (all {items} too short)"
-            log.warning("decontaminate: evaluation set %s %s: nothing in it can be checked, so it removes nothing; check the file and its fields", es.path, what)
+            log.warning(
+                (
+                    "decontaminate: evaluation set %s %s: nothing in it can be checked, so it removes nothing; check "
+                    "the file and its fields"
+                ),
+                es.path,
+                what,
+            )
         info: dict[str, Any] = {
-            "name": set_name(es), "path": es.path, "items": items,
-            "items_too_short": too_short, "too_short_sample": too_short_sample, "ngrams": len(distinct),
+            "name": set_name(es),
+            "path": es.path,
+            "items": items,
+            "items_too_short": too_short,
+            "too_short_sample": too_short_sample,
+            "ngrams": len(distinct),
         }
         if cfg.mode == "bloom":
             bloom = BloomFilter.build(distinct, cfg.bloom_fp_rate)
@@ -159,12 +190,19 @@ def build_index(cfg: IndexSettings, folder: Path) -> dict[str, Any]:
         sets.append(info)
 
     summary: dict[str, Any] = {
-        "format": INDEX_FORMAT, "shingles": SHINGLE_VERSION, "mode": cfg.mode, "ngram": n,
-        "fold_digits": cfg.fold_digits, "action": cfg.action, "sets": sets,
+        "format": INDEX_FORMAT,
+        "shingles": SHINGLE_VERSION,
+        "mode": cfg.mode,
+        "ngram": n,
+        "fold_digits": cfg.fold_digits,
+        "action": cfg.action,
+        "sets": sets,
     }
     if cfg.mode == "exact":
         summary["prefilter_log2"] = exact.write(folder)
-    write_atomically(folder / "index.json", lambda p: p.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8"))
+    write_atomically(
+        folder / "index.json", lambda p: p.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    )
     return summary
 
 
@@ -208,7 +246,9 @@ class ExactParts:
         return prefilter_log2
 
 
-def read_set(s: int, es: EvalSetConfig, cfg: IndexSettings, exact: ExactParts) -> tuple[list[np.ndarray], int, list[int], int]:
+def read_set(
+    s: int, es: EvalSetConfig, cfg: IndexSettings, exact: ExactParts
+) -> tuple[list[np.ndarray], int, list[int], int]:
     """Set `s`'s n-gram hashes per checkable text (added to `exact` in exact mode), its item count, the first
     ten items with no text of `ngram` words, and how many such items it has."""
     set_hashes: list[np.ndarray] = []
@@ -254,10 +294,14 @@ class Index:
         try:
             self.summary: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise FatalError(f"curate: no decontamination index at {folder} (index.json is missing); build it with build_index before the filter phase") from None
+            raise FatalError(
+                f"curate: no decontamination index at {folder} (index.json is missing); build it with build_index "
+                "before the filter phase"
+            ) from None
         if self.summary.get("format") != INDEX_FORMAT or self.summary.get("shingles") != SHINGLE_VERSION:
             raise FatalError(
-                f"curate: the decontamination index at {folder} is {self.summary.get('format')!r} with {self.summary.get('shingles')!r}; this kiln reads {INDEX_FORMAT!r} "
+                f"curate: the decontamination index at {folder} is {self.summary.get('format')!r} with "
+                f"{self.summary.get('shingles')!r}; this kiln reads {INDEX_FORMAT!r} "
                 f"with {SHINGLE_VERSION!r}; delete the folder and rebuild it"
             )
         self.mode: str = self.summary["mode"]
@@ -267,7 +311,9 @@ class Index:
         self.blooms: list[BloomFilter] = []
         if self.mode == "bloom":
             for i, s in enumerate(self.summary["sets"]):
-                self.blooms.append(BloomFilter(np.load(folder / f"bloom_{i}.npy", mmap_mode="r"), s["bits"], s["hashes"]))
+                self.blooms.append(
+                    BloomFilter(np.load(folder / f"bloom_{i}.npy", mmap_mode="r"), s["bits"], s["hashes"])
+                )
         else:
             self.prefilter: np.ndarray = np.load(folder / "prefilter.npy", mmap_mode="r")
             self.prefilter_shift = np.uint64(64 - self.summary["prefilter_log2"])
@@ -276,7 +322,9 @@ class Index:
             self.offsets: np.ndarray = np.load(folder / "text_offsets.npy", mmap_mode="r")
             size = int(self.offsets[-1])
             # np.memmap refuses an empty file (no checkable text at all); then nothing can be looked up.
-            self.texts = np.memmap(folder / "texts.txt", dtype=np.uint8, mode="r") if size else np.zeros(0, dtype=np.uint8)
+            self.texts = (
+                np.memmap(folder / "texts.txt", dtype=np.uint8, mode="r") if size else np.zeros(0, dtype=np.uint8)
+            )
 
     def row_words(self, row: int) -> list[str]:
         """The normalized words of one stored text (exact mode)."""
@@ -337,7 +385,9 @@ class Index:
         # at a group's first candidate, and at the next only when verification fails (a collision):
         # a document sharing a common n-gram with thousands of items costs one check per item.
         new_item = np.ones(len(at), dtype=bool)
-        new_item[1:] = (candidates["set"][1:] != candidates["set"][:-1]) | (candidates["item"][1:] != candidates["item"][:-1])
+        new_item[1:] = (candidates["set"][1:] != candidates["set"][:-1]) | (
+            candidates["item"][1:] != candidates["item"][:-1]
+        )
         bounds = [*np.flatnonzero(new_item).tolist(), len(at)]
         out: list[Hit] = []
         for a, b in zip(bounds[:-1], bounds[1:]):

@@ -135,19 +135,29 @@ class HashedClassifier:
         self.bias = float(bias)
 
     @classmethod
-    def train(cls, positives: Sequence[str], negatives: Sequence[str], cfg: ClassifierConfig, seed: int = 0, fold_digits: bool = True) -> HashedClassifier:
+    def train(
+        cls,
+        positives: Sequence[str],
+        negatives: Sequence[str],
+        cfg: ClassifierConfig,
+        seed: int = 0,
+        fold_digits: bool = True,
+    ) -> HashedClassifier:
         """Fit on reference texts (label 1) and raw texts (label 0): `cfg.epochs` passes of Adagrad
         over mini-batches of BATCH_DOCUMENTS in an order drawn from `seed`."""
         if not positives or not negatives:
             raise FatalError(
-                f"quality: the classifier needs both classes; got {len(positives)} reference documents and {len(negatives)} raw ones; "
+                f"quality: the classifier needs both classes; got {len(positives)} reference documents and "
+                f"{len(negatives)} raw ones; "
                 "check quality.reference_source (or quality.reference) and curate.inputs"
             )
         feats = _featurize([*positives, *negatives], cfg.ngrams, cfg.buckets, fold_digits)
         labels = np.concatenate([np.ones(len(positives)), np.zeros(len(negatives))])
         documents = len(labels)
         # Class balance: each class weighs half the loss whatever its size (mean weight 1).
-        balance = np.where(labels == 1, documents / (2 * max(len(positives), 1)), documents / (2 * max(len(negatives), 1)))
+        balance = np.where(
+            labels == 1, documents / (2 * max(len(positives), 1)), documents / (2 * max(len(negatives), 1))
+        )
         weights = np.zeros(cfg.buckets, np.float32)
         squares = np.zeros(cfg.buckets, np.float32)  # Adagrad's per-bucket sum of squared gradients
         bias, bias_squares = 0.0, 0.0
@@ -174,7 +184,9 @@ class HashedClassifier:
                 # and Vowpal Wabbit do); untouched weights need no update.
                 grad += cfg.l2 * weights[touched]
                 squares[touched] += (grad * grad).astype(np.float32)
-                weights[touched] -= (cfg.lr * grad / (np.sqrt(squares[touched], dtype=np.float64) + _EPSILON)).astype(np.float32)
+                weights[touched] -= (cfg.lr * grad / (np.sqrt(squares[touched], dtype=np.float64) + _EPSILON)).astype(
+                    np.float32
+                )
                 bias_grad = float(residual.sum())
                 bias_squares += bias_grad * bias_grad
                 bias -= cfg.lr * bias_grad / (np.sqrt(bias_squares) + _EPSILON)
@@ -187,8 +199,13 @@ class HashedClassifier:
 
     def save(self, path: Path) -> None:
         """One .npz (kiln.curate.quality.store) holding the settings, weights and bias; atomic, repeatable."""
-        arrays = {"ngrams": np.array(self.ngrams), "buckets": np.array(self.buckets), "fold_digits": np.array(self.fold_digits),
-                  "weights": self.weights, "bias": np.array(self.bias)}
+        arrays = {
+            "ngrams": np.array(self.ngrams),
+            "buckets": np.array(self.buckets),
+            "fold_digits": np.array(self.fold_digits),
+            "weights": self.weights,
+            "bias": np.array(self.bias),
+        }
         save_arrays(path, FORMAT, arrays)
 
     @classmethod
@@ -196,10 +213,16 @@ class HashedClassifier:
         """Read a classifier saved by `save`; FatalError when the file is missing, foreign, of another
         format or corrupt."""
         data = load_arrays(path, FORMAT, "classifier", "train it again with `kiln quality train-classifier`")
-        ngrams, buckets, fold_digits = data.scalar("ngrams", int), data.scalar("buckets", int), data.scalar("fold_digits", bool)
+        ngrams, buckets, fold_digits = (
+            data.scalar("ngrams", int),
+            data.scalar("buckets", int),
+            data.scalar("fold_digits", bool),
+        )
         weights, bias = data["weights"], data.scalar("bias", float)
         if weights.shape != (buckets,) or weights.dtype != np.float32 or not 1 <= ngrams <= 4:
-            raise data.corrupt(f"holds weights {weights.dtype}{list(weights.shape)} for {buckets} buckets and ngrams={ngrams}")
+            raise data.corrupt(
+                f"holds weights {weights.dtype}{list(weights.shape)} for {buckets} buckets and ngrams={ngrams}"
+            )
         return cls(ngrams, buckets, fold_digits, weights, bias)
 
 

@@ -39,7 +39,9 @@ log = logging.getLogger("kiln.curate.quality")
 _BOS = np.uint64(xxhash.xxh3_64_intdigest(b"<s>"))
 _EOS = np.uint64(xxhash.xxh3_64_intdigest(b"</s>"))
 # One salt per order, mixed into every key: part of FORMAT, as are MULTIPLIERS and the two above.
-_SALTS = np.array([xxhash.xxh3_64_intdigest(f"kiln-ngram order {n}".encode()) for n in range(MAX_ORDER + 1)], dtype=np.uint64)
+_SALTS = np.array(
+    [xxhash.xxh3_64_intdigest(f"kiln-ngram order {n}".encode()) for n in range(MAX_ORDER + 1)], dtype=np.uint64
+)
 _FALLBACK_DISCOUNTS = (0.5, 1.0, 1.5)  # lmplz --discount_fallback, for orders whose count-of-counts give none
 _BATCH_CHARS = 1 << 20  # text scored per numpy pass: ~200k tokens; scoring peaks at ~85 MB (tracemalloc, order 5)
 # ASCII letters and digits kept, "\n" kept, every other byte a space: the word breaks of shingles
@@ -59,7 +61,10 @@ def _text_lines(text: str, fold_digits: bool) -> tuple[np.ndarray, np.ndarray]:
     if text.isascii():
         counts = list(map(len, map(bytes.split, raw_lines)))
     else:  # "\n" is one byte in UTF-8: the byte lines and the text lines pair up
-        counts = [len(raw.split()) if raw.isascii() else len(words(line, fold_digits)) for raw, line in zip(raw_lines, text.split("\n"))]
+        counts = [
+            len(raw.split()) if raw.isascii() else len(words(line, fold_digits))
+            for raw, line in zip(raw_lines, text.split("\n"))
+        ]
     lengths = np.array(counts, dtype=np.int64)
     lengths = lengths[lengths > 0]
     assert lengths.sum() == len(hashes), "line word counts disagree with kiln.text.shingles.text_hashes"
@@ -143,7 +148,9 @@ class _Table:
         bits = max(1, len(keys).bit_length())  # 2^bits > len(keys): 0.5-1 keys per bucket
         self.shift = np.uint64(64 - bits)
         counts = np.bincount((keys >> self.shift).astype(np.intp), minlength=1 << bits)
-        self.starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.uint32 if len(keys) < 1 << 32 else np.int64)
+        self.starts = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(
+            np.uint32 if len(keys) < 1 << 32 else np.int64
+        )
 
     def find(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(index, found) per query: keys[index] == query where found."""
@@ -177,24 +184,37 @@ class NGramLM:
             raise ValueError(f"order {order} is outside 1..{MAX_ORDER}")
         hashes, lengths = _read_lines(texts, fold_digits)
         if not len(lengths):
-            raise FatalError("quality: the n-gram model's training text has no words; give it reference text with words in it")
+            raise FatalError(
+                "quality: the n-gram model's training text has no words; give it reference text with words in it"
+            )
         seq, off = _sentences(hashes, lengths)
         del hashes
         if len(seq) >= 2**31:
-            raise FatalError(f"quality: the n-gram model's training text has {len(seq):,} tokens, over 2^31; lower quality.lm.max_train_mb")
+            raise FatalError(
+                f"quality: the n-gram model's training text has {len(seq):,} tokens, over 2^31; lower "
+                "quality.lm.max_train_mb"
+            )
         grams = _count(seq, off, order)
         del seq, off
         tables, log_unk, discounts, vocab = _smooth(grams, order)
         meta = {"vocab": vocab, "discounts": discounts, "train_words": int(lengths.sum()), "train_lines": len(lengths)}
         model = cls(order, fold_digits, tables, log_unk, meta)
-        log.info("n-gram model: order %d, %s n-grams per order from %s words in %s lines", order, model.stats["ngrams"], f"{meta['train_words']:,}", f"{meta['train_lines']:,}")
+        log.info(
+            "n-gram model: order %d, %s n-grams per order from %s words in %s lines",
+            order,
+            model.stats["ngrams"],
+            f"{meta['train_words']:,}",
+            f"{meta['train_lines']:,}",
+        )
         return model
 
     # -------------------------------------------------------------------------------------------
     # scoring
 
     def score(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Per text: the sum of log10 probabilities over its lines and its token count. Each line is a sentence: context starts with <s>, every word and a closing </s> are predicted (so tokens = words + 1 per line), as KenLM scores a line. float64 and int64 arrays of len(texts)."""
+        """Per text: the sum of log10 probabilities over its lines and its token count. Each line is a sentence: context
+        starts with <s>, every word and a closing </s> are predicted (so tokens = words + 1 per line), as KenLM scores a
+        line. float64 and int64 arrays of len(texts)."""
         log10_sum = np.zeros(len(texts), dtype=np.float64)
         tokens = np.zeros(len(texts), dtype=np.int64)
         for hashes, lengths, owner in _line_batches(texts, self.fold_digits):
@@ -209,7 +229,8 @@ class NGramLM:
         return log10_sum, tokens
 
     def perplexities(self, texts: Sequence[str]) -> np.ndarray:
-        """10 ** (-sum log10 p / tokens) per text: CCNet's per-line, length-weighted document perplexity. NaN for a text with no words."""
+        """10 ** (-sum log10 p / tokens) per text: CCNet's per-line, length-weighted document perplexity. NaN for a text
+        with no words."""
         log10_sum, tokens = self.score(texts)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(tokens > 0, 10.0 ** (-log10_sum / np.maximum(tokens, 1)), np.nan)
@@ -276,17 +297,33 @@ class NGramLM:
         """Read a model saved by `save`; FatalError when the file is missing, foreign, of another
         format or corrupt."""
         data = load_arrays(path, FORMAT, "n-gram model", "train it again with `kiln quality train-lm`")
-        order, fold_digits, log_unk = data.scalar("order", int), data.scalar("fold_digits", bool), data.scalar("log_unk", float)
+        order, fold_digits, log_unk = (
+            data.scalar("order", int),
+            data.scalar("fold_digits", bool),
+            data.scalar("log_unk", float),
+        )
         if not 1 <= order <= MAX_ORDER:
             raise data.corrupt(f"has order {order}, outside 1..{MAX_ORDER}")
         discounts = data["discounts"]
         if discounts.dtype != np.float64 or discounts.shape != (order, 3):
             raise data.corrupt(f"holds discounts {discounts.dtype}{list(discounts.shape)} for order {order}")
-        meta = {"vocab": data.scalar("vocab", int), "train_words": data.scalar("train_words", int), "train_lines": data.scalar("train_lines", int),
-                "discounts": discounts.tolist()}
-        parts = [(data[f"keys{n}"], data[f"logp{n}"], data[f"logbo{n}"] if n < order else None) for n in range(1, order + 1)]
+        meta = {
+            "vocab": data.scalar("vocab", int),
+            "train_words": data.scalar("train_words", int),
+            "train_lines": data.scalar("train_lines", int),
+            "discounts": discounts.tolist(),
+        }
+        parts = [
+            (data[f"keys{n}"], data[f"logp{n}"], data[f"logbo{n}"] if n < order else None) for n in range(1, order + 1)
+        ]
         for n, (keys, logp, logbo) in enumerate(parts, start=1):
-            if keys.dtype != np.uint64 or logp.dtype != np.float64 or logp.shape != keys.shape or (logbo is not None and logbo.shape != keys.shape) or keys.ndim != 1:
+            if (
+                keys.dtype != np.uint64
+                or logp.dtype != np.float64
+                or logp.shape != keys.shape
+                or (logbo is not None and logbo.shape != keys.shape)
+                or keys.ndim != 1
+            ):
                 raise data.corrupt(f"holds order-{n} tables of shapes {keys.shape}, {logp.shape}")
         return cls(order, fold_digits, [_Table(*p) for p in parts], log_unk, meta)
 
@@ -342,7 +379,9 @@ class _Grams:
     """One order's distinct n-grams while training: keys (sorted), raw counts, whether each starts
     with <s>, and the indices (into order n - 1) of its context and of its suffix."""
 
-    def __init__(self, keys: np.ndarray, raw: np.ndarray, bos: np.ndarray, context: np.ndarray | None, suffix: np.ndarray | None):
+    def __init__(
+        self, keys: np.ndarray, raw: np.ndarray, bos: np.ndarray, context: np.ndarray | None, suffix: np.ndarray | None
+    ):
         self.keys, self.raw, self.bos, self.context, self.suffix = keys, raw, bos, context, suffix
         self.continuation: np.ndarray | None = None  # distinct left extensions; set by order n + 1
 
@@ -404,7 +443,9 @@ def _smooth(grams: list[_Grams], top: int) -> tuple[list[_Table], float, list[li
             # per context h: S(h) = sum of counts, gamma(h) = (D1 N1 + D2 N2 + D3+ N3+) / S(h)
             total = np.bincount(g.context, weights=adjusted, minlength=len(tables[n - 2].keys))
             taken = np.bincount(g.context, weights=discount, minlength=len(total))
-            prob = (adjusted - discount) / total[g.context] + (taken / np.maximum(total, 1))[g.context] * lower[g.suffix]
+            prob = (adjusted - discount) / total[g.context] + (taken / np.maximum(total, 1))[g.context] * lower[
+                g.suffix
+            ]
             # the lower order's backoff: log10 gamma(h) where h is a context, 0 (weight 1) elsewhere
             seen = total > 0
             tables[n - 2].logbo[seen] = np.log10(taken[seen] / total[seen])

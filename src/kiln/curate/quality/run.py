@@ -46,7 +46,9 @@ MIN_REFERENCE_WORDS = 100  # below this an n-gram model or a classifier learns n
 class CorpusInputs(Section):
     """What of the curate section decides which documents the quality stages read."""
 
-    inputs: tuple[InputConfig, ...] = Field(description="curate.inputs: the raw corpus (and the reference source, when it is one of them).")
+    inputs: tuple[InputConfig, ...] = Field(
+        description="curate.inputs: the raw corpus (and the reference source, when it is one of them)."
+    )
     max_doc_mb: float = Field(description="curate.max_doc_mb: larger documents are not read.")
     extract_timeout_s: float = Field(description="curate.extract_timeout_s: HTML taking longer to extract is not read.")
 
@@ -60,17 +62,33 @@ def text_digest(docs: list[Document]) -> str:
 
 
 def describe(docs: list[Document]) -> dict[str, Any]:
-    return {"docs": len(docs), "bytes": sum(len(d.text.encode("utf-8", "surrogatepass")) for d in docs), "text_xxh3_128": text_digest(docs)}
+    return {
+        "docs": len(docs),
+        "bytes": sum(len(d.text.encode("utf-8", "surrogatepass")) for d in docs),
+        "text_xxh3_128": text_digest(docs),
+    }
 
 
-def _stage(run_dir: Path, name: str, quality: QualityConfig, curate: CurateConfig, budgets: tuple[float, float]) -> tuple[Stage, Any, Any]:
+def _stage(
+    run_dir: Path, name: str, quality: QualityConfig, curate: CurateConfig, budgets: tuple[float, float]
+) -> tuple[Stage, Any, Any]:
     """The stage, with the reference and corpus selections whose files it hashes."""
     ref_inputs, only, corpus_inputs, without = reference_and_corpus(quality, curate)
     reference = select(ref_inputs, budgets[0], quality.seed, only=only)
     corpus = select(corpus_inputs, budgets[1], quality.seed + 1, without=without)
     # Only what changes this model is hashed: the other model's settings are left at their defaults.
     hashed = quality.model_copy(update={"classifier": ClassifierConfig()} if name == LM_DIR else {"lm": NGramConfig()})
-    stage = Stage(run_dir, name, {"quality": hashed, "curate_inputs": CorpusInputs(inputs=curate.inputs, max_doc_mb=curate.max_doc_mb, extract_timeout_s=curate.extract_timeout_s)}, inputs=reference.paths | corpus.paths)
+    stage = Stage(
+        run_dir,
+        name,
+        {
+            "quality": hashed,
+            "curate_inputs": CorpusInputs(
+                inputs=curate.inputs, max_doc_mb=curate.max_doc_mb, extract_timeout_s=curate.extract_timeout_s
+            ),
+        },
+        inputs=reference.paths | corpus.paths,
+    )
     return stage, reference, corpus
 
 
@@ -78,8 +96,11 @@ def _reference_docs(selection: Any, budget_mb: float, curate: CurateConfig) -> l
     docs = read_selection(selection, budget_mb, curate, "quality: reference")
     words = sum(len(d.text.split()) for d in docs)
     if words < MIN_REFERENCE_WORDS:
-        raise FatalError(f"quality: the reference text has {len(docs)} documents and {words} words, under {MIN_REFERENCE_WORDS}; "
-                         "check quality.reference_source / quality.reference (a source with prose in it: code documents are left out)")
+        raise FatalError(
+            f"quality: the reference text has {len(docs)} documents and {words} words, under {MIN_REFERENCE_WORDS}; "
+            "check quality.reference_source / quality.reference (a source with prose in it: code documents are "
+            "left out)"
+        )
     return docs
 
 
@@ -88,7 +109,9 @@ def _percentiles(scores: np.ndarray, points: tuple[float, ...] = (10, 30, 50, 60
 
 
 def train_lm(quality: QualityConfig, curate: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
-    stage, reference, corpus = _stage(run_dir, LM_DIR, quality, curate, (quality.lm.max_train_mb, quality.corpus_sample_mb))
+    stage, reference, corpus = _stage(
+        run_dir, LM_DIR, quality, curate, (quality.lm.max_train_mb, quality.corpus_sample_mb)
+    )
     if done := stage.up_to_date(force):
         return done
     ref_docs = _reference_docs(reference, quality.lm.max_train_mb, curate)  # too little reference text stops here
@@ -103,25 +126,39 @@ def train_lm(quality: QualityConfig, curate: CurateConfig, run_dir: Path, force:
     score_s = time.perf_counter() - t0
     scored = np.sort(ppl[np.isfinite(ppl)])
     if not len(scored):
-        raise FatalError(f"quality: the corpus sample has no prose document with words ({len(corpus_docs)} read), so no perplexity percentile exists; check curate.inputs and quality.corpus_sample_mb")
+        raise FatalError(
+            f"quality: the corpus sample has no prose document with words ({len(corpus_docs)} read), so no "
+            "perplexity percentile exists; check curate.inputs and quality.corpus_sample_mb"
+        )
     save_npy(stage.dir / LM_SCORES, scored)
     sample = describe(corpus_docs)
     counts = {
-        "reference": describe(ref_docs), "corpus_sample": sample, "model": model.stats,
-        "corpus_perplexity": _percentiles(scored), "train_seconds": round(train_s, 2),
+        "reference": describe(ref_docs),
+        "corpus_sample": sample,
+        "model": model.stats,
+        "corpus_perplexity": _percentiles(scored),
+        "train_seconds": round(train_s, 2),
         "score_mb_s": round(sample["bytes"] / 1e6 / max(score_s, 1e-9), 2),
     }
     report = stage.dir / "report.json"
     report.write_text(json.dumps(counts, indent=2) + "\n", encoding="utf-8")
-    summary = (f"n-gram LM (order {quality.lm.order}) on {counts['reference']['docs']:,} reference documents ({counts['reference']['bytes'] / 1e6:.1f} MB) in {train_s:.1f} s\n"
-               f"corpus sample: {len(corpus_docs):,} documents, {sample['bytes'] / 1e6:.1f} MB scored at {counts['score_mb_s']} MB/s\n"
-               "corpus perplexity percentiles: " + ", ".join(f"{k} {v:,.1f}" for k, v in counts["corpus_perplexity"].items()))
+    summary = (
+        f"n-gram LM (order {quality.lm.order}) on {counts['reference']['docs']:,} reference documents "
+        f"({counts['reference']['bytes'] / 1e6:.1f} MB) in {train_s:.1f} s\n"
+        f"corpus sample: {len(corpus_docs):,} documents, {sample['bytes'] / 1e6:.1f} MB scored at "
+        f"{counts['score_mb_s']} MB/s\n"
+        "corpus perplexity percentiles: " + ", ".join(f"{k} {v:,.1f}" for k, v in counts["corpus_perplexity"].items())
+    )
     return stage.finish([stage.dir / MODEL, stage.dir / LM_SCORES, report], counts, summary)
 
 
-def train_classifier(quality: QualityConfig, curate: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
+def train_classifier(
+    quality: QualityConfig, curate: CurateConfig, run_dir: Path, force: bool = False
+) -> dict[str, Any]:
     cfg = quality.classifier
-    stage, reference, corpus = _stage(run_dir, CLASSIFIER_DIR, quality, curate, (cfg.max_train_mb, quality.corpus_sample_mb))
+    stage, reference, corpus = _stage(
+        run_dir, CLASSIFIER_DIR, quality, curate, (cfg.max_train_mb, quality.corpus_sample_mb)
+    )
     if done := stage.up_to_date(force):
         return done
     positives = _reference_docs(reference, cfg.max_train_mb, curate)  # too little reference text stops here
@@ -133,12 +170,24 @@ def train_classifier(quality: QualityConfig, curate: CurateConfig, run_dir: Path
     corpus_docs = random.Random(quality.seed).sample(corpus_docs, len(corpus_docs))
     negatives = corpus_docs[: min(round(cfg.negatives_per_positive * len(positives)), len(corpus_docs) // 2)]
     if len(negatives) < 2:
-        raise FatalError(f"quality: the corpus sample has {len(corpus_docs)} prose documents; the classifier needs at least 4 (2 negatives, 2 to calibrate): raise quality.corpus_sample_mb or add curate.inputs")
-    split = {name: ([d for d in docs if not is_heldout(d.id, cfg.heldout_fraction)], [d for d in docs if is_heldout(d.id, cfg.heldout_fraction)])
-             for name, docs in (("positives", positives), ("negatives", negatives))}
+        raise FatalError(
+            f"quality: the corpus sample has {len(corpus_docs)} prose documents; the classifier needs at least 4 "
+            "(2 negatives, 2 to calibrate): raise quality.corpus_sample_mb or add curate.inputs"
+        )
+    split = {
+        name: (
+            [d for d in docs if not is_heldout(d.id, cfg.heldout_fraction)],
+            [d for d in docs if is_heldout(d.id, cfg.heldout_fraction)],
+        )
+        for name, docs in (("positives", positives), ("negatives", negatives))
+    }
     (train_pos, held_pos), (train_neg, held_neg) = split["positives"], split["negatives"]
     if not train_pos or not train_neg:
-        raise FatalError(f"quality: after holding out {cfg.heldout_fraction:.0%}, {len(train_pos)} positives and {len(train_neg)} negatives are left to train on; add reference text or lower quality.classifier.heldout_fraction")
+        raise FatalError(
+            f"quality: after holding out {cfg.heldout_fraction:.0%}, {len(train_pos)} positives and "
+            f"{len(train_neg)} negatives are left to train on; add reference text or lower "
+            "quality.classifier.heldout_fraction"
+        )
     t0 = time.perf_counter()
     model = HashedClassifier.train([d.text for d in train_pos], [d.text for d in train_neg], cfg, seed=quality.seed)
     train_s = time.perf_counter() - t0
@@ -147,7 +196,10 @@ def train_classifier(quality: QualityConfig, curate: CurateConfig, run_dir: Path
     labels = np.array([1] * len(held_pos) + [0] * len(held_neg))
     metrics = evaluate(labels, model.scores([d.text for d in held])) if len(held_pos) and len(held_neg) else {}
     if not metrics:
-        log.warning("quality classifier: no held-out %s; precision, recall and AUC are not measured", "positives" if not held_pos else "negatives")
+        log.warning(
+            "quality classifier: no held-out %s; precision, recall and AUC are not measured",
+            "positives" if not held_pos else "negatives",
+        )
     trained = {d.id for d in train_neg}
     calibration = [d for d in corpus_docs if d.id not in trained]
     t0 = time.perf_counter()
@@ -156,15 +208,30 @@ def train_classifier(quality: QualityConfig, curate: CurateConfig, run_dir: Path
     save_npy(stage.dir / CLASSIFIER_SCORES, scores)
     calibrated = describe(calibration)
     counts = {
-        "positives": describe(positives), "negatives": describe(negatives), "corpus_sample": describe(corpus_docs), "calibration": calibrated,
-        "train": {"positives": len(train_pos), "negatives": len(train_neg)}, "heldout": {k: round(float(v), 4) for k, v in metrics.items()},
-        "corpus_score": _percentiles(scores, (50, 90)), "train_seconds": round(train_s, 2), "score_mb_s": round(calibrated["bytes"] / 1e6 / max(score_s, 1e-9), 2),
+        "positives": describe(positives),
+        "negatives": describe(negatives),
+        "corpus_sample": describe(corpus_docs),
+        "calibration": calibrated,
+        "train": {"positives": len(train_pos), "negatives": len(train_neg)},
+        "heldout": {k: round(float(v), 4) for k, v in metrics.items()},
+        "corpus_score": _percentiles(scores, (50, 90)),
+        "train_seconds": round(train_s, 2),
+        "score_mb_s": round(calibrated["bytes"] / 1e6 / max(score_s, 1e-9), 2),
     }
     report = stage.dir / "report.json"
     report.write_text(json.dumps(counts, indent=2) + "\n", encoding="utf-8")
-    held_line = (f"held out ({len(held_pos)} positives, {len(held_neg)} negatives): precision {metrics['precision']:.3f}, recall {metrics['recall']:.3f}, AUC {metrics['auc']:.3f}"
-                 if metrics else "held out: not measured (one class has no held-out documents)")
-    summary = (f"classifier ({cfg.ngrams}-grams, {cfg.buckets:,} buckets) on {len(train_pos):,} positives and {len(train_neg):,} negatives in {train_s:.1f} s\n"
-               f"{held_line}\ncorpus sample not trained on: {len(calibration):,} documents scored at {counts['score_mb_s']} MB/s; "
-               + ", ".join(f"score {k} {v:.3f}" for k, v in counts["corpus_score"].items()))
+    held_line = (
+        (
+            f"held out ({len(held_pos)} positives, {len(held_neg)} negatives): precision {metrics['precision']:.3f}, "
+            f"recall {metrics['recall']:.3f}, AUC {metrics['auc']:.3f}"
+        )
+        if metrics
+        else "held out: not measured (one class has no held-out documents)"
+    )
+    summary = (
+        f"classifier ({cfg.ngrams}-grams, {cfg.buckets:,} buckets) on {len(train_pos):,} positives and "
+        f"{len(train_neg):,} negatives in {train_s:.1f} s\n"
+        f"{held_line}\ncorpus sample not trained on: {len(calibration):,} documents scored at "
+        f"{counts['score_mb_s']} MB/s; " + ", ".join(f"score {k} {v:.3f}" for k, v in counts["corpus_score"].items())
+    )
     return stage.finish([stage.dir / MODEL, stage.dir / CLASSIFIER_SCORES, report], counts, summary)

@@ -55,26 +55,39 @@ class Selection:
         return (self.only is None or doc.source == self.only) and (self.without is None or doc.source != self.without)
 
 
-def reference_and_corpus(quality: QualityConfig, curate: CurateConfig) -> tuple[tuple[InputConfig, ...], str | None, tuple[InputConfig, ...], str | None]:
+def reference_and_corpus(
+    quality: QualityConfig, curate: CurateConfig
+) -> tuple[tuple[InputConfig, ...], str | None, tuple[InputConfig, ...], str | None]:
     """(reference inputs, reference source to keep, corpus inputs, source to leave out of the corpus)."""
     if quality.reference:
         return quality.reference, None, curate.inputs, None
     name = quality.reference_source
     if name is None:
-        raise ConfigError("quality: no reference text; set quality.reference_source (a source of curate.inputs, e.g. wiki) or quality.reference (inputs, like curate.inputs)")
+        raise ConfigError(
+            "quality: no reference text; set quality.reference_source (a source of curate.inputs, e.g. wiki) or "
+            "quality.reference (inputs, like curate.inputs)"
+        )
     named = [i for i in curate.inputs if i.source == name]
     unnamed = [i for i in curate.inputs if i.source is None]  # their records name their sources
     if not named and not unnamed:
         sources = sorted({i.source for i in curate.inputs if i.source})
-        raise ConfigError(f"quality.reference_source={name!r} is not a source of curate.inputs (sources: {', '.join(sources)}); name one of them or set quality.reference")
+        raise ConfigError(
+            f"quality.reference_source={name!r} is not a source of curate.inputs (sources: {', '.join(sources)}); "
+            "name one of them or set quality.reference"
+        )
     reference = tuple(named + unnamed)
     corpus = tuple(i for i in curate.inputs if i.source != name)
     if not corpus:
-        raise ConfigError(f"quality: curate.inputs has no source other than the reference {name!r}, so there is no raw corpus to compare it with")
+        raise ConfigError(
+            f"quality: curate.inputs has no source other than the reference {name!r}, so there is no raw corpus "
+            "to compare it with"
+        )
     return reference, name, corpus, name
 
 
-def select(inputs: tuple[InputConfig, ...], budget_mb: float, seed: int, only: str | None = None, without: str | None = None) -> Selection:
+def select(
+    inputs: tuple[InputConfig, ...], budget_mb: float, seed: int, only: str | None = None, without: str | None = None
+) -> Selection:
     """Tasks of `inputs` in a seeded order, as many as cover `budget_mb` on disk."""
     tasks = plan_reads(inputs, None, int(PIECE_MB * MB))
     order = random.Random(seed).sample(tasks, len(tasks))

@@ -33,7 +33,9 @@ class ModelArrays(dict[str, np.ndarray]):
         try:
             return kind(self[name].item())
         except (TypeError, ValueError):
-            raise self.corrupt(f"holds {self[name].dtype}{list(self[name].shape)} as {name!r}, not one {kind.__name__}") from None
+            raise self.corrupt(
+                f"holds {self[name].dtype}{list(self[name].shape)} as {name!r}, not one {kind.__name__}"
+            ) from None
 
     def corrupt(self, what: str) -> FatalError:
         return FatalError(f"quality: {self.path} {what}; the file is corrupt; {self.fix}")
@@ -67,12 +69,17 @@ def load_arrays(path: Path, fmt: str, what: str, fix: str) -> ModelArrays:
             found = str(data["format"]) if "format" in data.files else None
             shingles = str(data["shingles"]) if "shingles" in data.files else None
             if found != fmt or shingles != SHINGLE_VERSION:
-                raise FatalError(f"quality: {path} is {found!r} with word hashes {shingles!r}; this kiln reads {fmt!r} with {SHINGLE_VERSION!r}; {fix}")
+                raise FatalError(
+                    f"quality: {path} is {found!r} with word hashes {shingles!r}; this kiln reads {fmt!r} with "
+                    f"{SHINGLE_VERSION!r}; {fix}"
+                )
             arrays = {name: data[name] for name in data.files}
     except FileNotFoundError:
         raise FatalError(f"quality: no {what} at {path}; {fix}") from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         # np.load raises ValueError/OSError for a file that is not .npy/.npz (or an empty one),
         # BadZipFile or EOFError for a truncated or corrupted one (a bad CRC).
-        raise FatalError(f"quality: {path} is not a readable {what} (corrupt, truncated or foreign: {type(e).__name__}: {e}); {fix}") from None
+        raise FatalError(
+            f"quality: {path} is not a readable {what} (corrupt, truncated or foreign: {type(e).__name__}: {e}); {fix}"
+        ) from None
     return ModelArrays(path, fix, arrays)

@@ -12,4 +12,14 @@ from kiln.curate.readers.plan import CAP_SEED, plan_reads
 from kiln.curate.readers.read import read_task
 from kiln.curate.readers.task import ReadTask, ReadUnit, task_paths
 
-__all__ = ["CAP_SEED", "InputConfig", "ReadLimits", "ReadTask", "ReadUnit", "detect_format", "plan_reads", "read_task", "task_paths"]
+__all__ = [
+    "CAP_SEED",
+    "InputConfig",
+    "ReadLimits",
+    "ReadTask",
+    "ReadUnit",
+    "detect_format",
+    "plan_reads",
+    "read_task",
+    "task_paths",
+]

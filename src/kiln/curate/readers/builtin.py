@@ -3,7 +3,8 @@
 stdlib_code: the standard library's .py files (code); pydoc_topics: the docs text in
 `pydoc_data.topics` (prose); usr_share_doc: READMEs, changelogs and licenses under
 /usr/share/doc (docs). `path` points stdlib_code and usr_share_doc at another root (a copy of
-them, as the tests take so that a package installed meanwhile changes nothing). Ids are exactly those of the original reader, so the demo's shards and
+them, as the tests take so that a package installed meanwhile changes nothing). Ids are exactly those of the original
+reader, so the demo's shards and
 its cap sample do not change. A missing source is skipped with a warning. Not handled here:
 reading the files (stdlib and /usr/share/doc files are read as text files, see textfile.py).
 """
@@ -22,7 +23,20 @@ from kiln.curate.readers.task import ReadUnit
 log = logging.getLogger("kiln.curate")
 
 # Names (lowercase, .gz stripped) of the /usr/share/doc files worth reading as prose.
-DOC_NAME_PATTERNS = ("readme*", "changelog*", "changes*", "news*", "history*", "copyright", "license*", "copying*", "authors*", "*.txt", "*.md", "*.rst")
+DOC_NAME_PATTERNS = (
+    "readme*",
+    "changelog*",
+    "changes*",
+    "news*",
+    "history*",
+    "copyright",
+    "license*",
+    "copying*",
+    "authors*",
+    "*.txt",
+    "*.md",
+    "*.rst",
+)
 
 
 def list_builtin(cfg: InputConfig) -> list[ReadUnit]:
@@ -34,7 +48,10 @@ def list_builtin(cfg: InputConfig) -> list[ReadUnit]:
             log.warning("input %s: %s does not exist on this machine; skipped", source, root)
             return []
         files = [p for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file()]
-        return [ReadUnit(str(p), f"{source}/{p.relative_to(root).as_posix()}", source, "stdlib_code", p.stat().st_size) for p in files]
+        return [
+            ReadUnit(str(p), f"{source}/{p.relative_to(root).as_posix()}", source, "stdlib_code", p.stat().st_size)
+            for p in files
+        ]
     if cfg.format == "pydoc_topics":
         try:
             import pydoc_data.topics as topics_module
@@ -42,7 +59,10 @@ def list_builtin(cfg: InputConfig) -> list[ReadUnit]:
             log.warning("input %s: pydoc_data is not shipped with this Python; skipped", source)
             return []
         path = topics_module.__file__
-        return [ReadUnit(path, f"{source}/{name}", source, "pydoc_topics", len(text.encode("utf-8")), key=name) for name, text in topics_module.topics.items()]
+        return [
+            ReadUnit(path, f"{source}/{name}", source, "pydoc_topics", len(text.encode("utf-8")), key=name)
+            for name, text in topics_module.topics.items()
+        ]
     assert cfg.format == "usr_share_doc"
     root = Path(cfg.path or "/usr/share/doc").absolute()  # planned paths are absolute (plan.py)
     if not root.is_dir():
@@ -55,7 +75,15 @@ def list_builtin(cfg: InputConfig) -> list[ReadUnit]:
             if any(fnmatch.fnmatch(plain, pat) for pat in DOC_NAME_PATTERNS):
                 p = Path(dirpath) / name
                 if p.is_file():
-                    units.append(ReadUnit(str(p), f"{source}/{p.relative_to(root).as_posix()}", source, "usr_share_doc", p.stat().st_size))
+                    units.append(
+                        ReadUnit(
+                            str(p),
+                            f"{source}/{p.relative_to(root).as_posix()}",
+                            source,
+                            "usr_share_doc",
+                            p.stat().st_size,
+                        )
+                    )
     return units
 
 

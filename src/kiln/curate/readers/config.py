@@ -27,7 +27,15 @@ CONTAINER_FORMATS = frozenset({"jsonl", "parquet", "warc"})
 
 COMPRESSIONS = (".gz", ".zst")
 # Extension (after a .gz or .zst is stripped) -> format; anything unlisted is text.
-EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".warc": "warc", ".html": "html", ".htm": "html"}
+EXTENSIONS = {
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+    ".warc": "warc",
+    ".html": "html",
+    ".htm": "html",
+}
 
 _UNSAFE_SOURCE_CHARS = re.compile(r"[^A-Za-z0-9_]")
 _SOURCE_NAME = re.compile(r"[A-Za-z0-9_]+")
@@ -66,17 +74,63 @@ def sanitize_source(name: str) -> str:
 
 
 class InputConfig(Section):
-    source: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_]+$", max_length=MAX_SOURCE_CHARS, description="Name of the stream (code, prose, web...), A-Za-z0-9_ and at most 64 characters; None: each record's source field when present, else the file's parent folder name (other names are made safe: characters outside A-Za-z0-9_ become _, cut to fit, plus _ and 8 hex digits of a hash of the original).")
-    format: Format = Field(default="auto", description="auto: from each file's extension (.jsonl/.json/.ndjson[.gz|.zst], .parquet, .warc[.gz], .html/.htm, anything else text); stdlib_code, pydoc_topics, usr_share_doc: the built-in demo corpus.")
-    path: str | None = Field(default=None, description="A file, a folder (read recursively) or a glob such as data/**/*.jsonl.zst; ids use paths relative to the folder before the first wildcard. For stdlib_code and usr_share_doc: the root folder (default: this Python's standard library, /usr/share/doc).")
-    text_field: str = Field(default="text", min_length=1, description="JSONL key or Parquet column holding the document text.")
-    id_field: str = Field(default="id", min_length=1, description="JSONL key or Parquet column holding a stable document id; records without it get `<source>/<file>:<line or row>`.")
-    source_field: str = Field(default="source", min_length=1, description="JSONL key or Parquet column naming the record's source; used only when `source` is not set.")
-    code: bool | None = Field(default=None, description="True or False marks this input as code (or not) for the code rules; None: decided automatically.")
-    extractor: Extractor = Field(default="resiliparse", description="Main-text extractor for HTML files and WARC pages: resiliparse (fast) or trafilatura (slower, often cleaner).")
+    source: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_]+$",
+        max_length=MAX_SOURCE_CHARS,
+        description=(
+            "Name of the stream (code, prose, web...), A-Za-z0-9_ and at most 64 characters; None: each record's "
+            "source field when present, else the file's parent folder name (other names are made safe: characters "
+            "outside A-Za-z0-9_ become _, cut to fit, plus _ and 8 hex digits of a hash of the original)."
+        ),
+    )
+    format: Format = Field(
+        default="auto",
+        description=(
+            "auto: from each file's extension (.jsonl/.json/.ndjson[.gz|.zst], .parquet, .warc[.gz], .html/.htm, "
+            "anything else text); stdlib_code, pydoc_topics, usr_share_doc: the built-in demo corpus."
+        ),
+    )
+    path: str | None = Field(
+        default=None,
+        description=(
+            "A file, a folder (read recursively) or a glob such as data/**/*.jsonl.zst; ids use paths relative to the "
+            "folder before the first wildcard. For stdlib_code and usr_share_doc: the root folder (default: this "
+            "Python's standard library, /usr/share/doc)."
+        ),
+    )
+    text_field: str = Field(
+        default="text", min_length=1, description="JSONL key or Parquet column holding the document text."
+    )
+    id_field: str = Field(
+        default="id",
+        min_length=1,
+        description=(
+            "JSONL key or Parquet column holding a stable document id; records without it get `<source>/<file>:<line "
+            "or row>`."
+        ),
+    )
+    source_field: str = Field(
+        default="source",
+        min_length=1,
+        description="JSONL key or Parquet column naming the record's source; used only when `source` is not set.",
+    )
+    code: bool | None = Field(
+        default=None,
+        description="True or False marks this input as code (or not) for the code rules; None: decided automatically.",
+    )
+    extractor: Extractor = Field(
+        default="resiliparse",
+        description=(
+            "Main-text extractor for HTML files and WARC pages: resiliparse (fast) or trafilatura (slower, often "
+            "cleaner)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _path_for_file_formats(self) -> InputConfig:
         if self.format not in BUILTIN_FORMATS and not self.path:
-            raise ValueError(f"input format {self.format} needs `path`: a file, a folder or a glob such as data/**/*.jsonl")
+            raise ValueError(
+                f"input format {self.format} needs `path`: a file, a folder or a glob such as data/**/*.jsonl"
+            )
         return self

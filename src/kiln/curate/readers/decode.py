@@ -91,6 +91,8 @@ def decode_html(body: bytes, declared: str | None) -> tuple[str, str | None]:
     except (UnicodeError, LookupError):  # UnicodeDecodeError is a UnicodeError
         pass
     try:
-        return body.decode(codec, errors="replace"), "read:invalid_utf8" if codec == "utf-8" else "read:invalid_encoding"
+        return body.decode(
+            codec, errors="replace"
+        ), "read:invalid_utf8" if codec == "utf-8" else "read:invalid_encoding"
     except (UnicodeError, LookupError):
         return decode_utf8(body)[0], "read:invalid_encoding"

@@ -208,7 +208,10 @@ class PageExtractor:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kiln.curate.readers.extract_helper", EXTRACTORS[self.extractor]],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                bufsize=0,
+                env=env,
             )
             os.set_blocking(self.proc.stdin.fileno(), False)
         except OSError as e:  # EMFILE (too many open files), ENOMEM, EAGAIN (process limit)

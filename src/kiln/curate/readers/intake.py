@@ -20,8 +20,12 @@ from kiln.curate.readers.extract import PageExtractor
 
 @dataclass(frozen=True)
 class ReadLimits:
-    max_doc_bytes: int = 1_000_000  # text bytes; bigger documents are quarantined ("read:too_large"), never loaded whole
-    extract_timeout_s: float = 5.0  # per HTML page; a page not done by then has its extractor process killed ("extract:timeout")
+    max_doc_bytes: int = (
+        1_000_000  # text bytes; bigger documents are quarantined ("read:too_large"), never loaded whole
+    )
+    extract_timeout_s: float = (
+        5.0  # per HTML page; a page not done by then has its extractor process killed ("extract:timeout")
+    )
     max_html_bytes: int | None = None  # raw HTML bytes read for one page; None: 10 x max_doc_bytes
 
     @property
@@ -43,16 +47,37 @@ class Intake:
     ledger: Ledger
     limits: ReadLimits
     file: str
-    pages: PageExtractor | None = None  # the task's HTML extractor process (read.py); None: extract in-process, no time limit
+    pages: PageExtractor | None = (
+        None  # the task's HTML extractor process (read.py); None: extract in-process, no time limit
+    )
 
-    def quarantine(self, doc_id: str, source: str, error: str, position: str | int | None = None, nbytes: int = 0) -> None:
+    def quarantine(
+        self, doc_id: str, source: str, error: str, position: str | int | None = None, nbytes: int = 0
+    ) -> None:
         self.ledger.quarantine(doc_id, source, error, file=self.file, position=position, nbytes=nbytes)
 
-    def too_large(self, doc_id: str, source: str, nbytes: int, position: str | int | None = None, what: str = "document", limit: str | None = None) -> None:
+    def too_large(
+        self,
+        doc_id: str,
+        source: str,
+        nbytes: int,
+        position: str | int | None = None,
+        what: str = "document",
+        limit: str | None = None,
+    ) -> None:
         limit = limit or f"the cap of {self.limits.max_doc_bytes} text bytes"
         self.quarantine(doc_id, source, f"read:too_large: {what} of {nbytes} bytes is over {limit}", position, nbytes)
 
-    def accept(self, doc_id: str, text: str, source: str, meta: dict[str, Any], position: str | int | None = None, replaced: str | None = None, empty_reason: tuple[str, str] = ("read", "empty")) -> Document | None:
+    def accept(
+        self,
+        doc_id: str,
+        text: str,
+        source: str,
+        meta: dict[str, Any],
+        position: str | int | None = None,
+        replaced: str | None = None,
+        empty_reason: tuple[str, str] = ("read", "empty"),
+    ) -> Document | None:
         """The Document to yield, or None when the record went to the ledger instead.
 
         `replaced` names the counter to bump (`read:invalid_utf8`) when decoding replaced bytes;

@@ -30,7 +30,9 @@ from kiln.curate.readers.records import MISSING, record_document
 from kiln.curate.readers.streams import STREAM_ERRORS, open_decompressed
 from kiln.curate.readers.task import ReadUnit
 
-JSON_BYTES_PER_TEXT_BYTE = 4  # line limit = this x max_doc_bytes; \uXXXX escaping doubles CJK, triples astral characters
+JSON_BYTES_PER_TEXT_BYTE = (
+    4  # line limit = this x max_doc_bytes; \uXXXX escaping doubles CJK, triples astral characters
+)
 SKIP_CHUNK_BYTES = 1 << 20
 # Only a line with a \uD800-\uDFFF escape can decode to a lone surrogate.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
@@ -47,17 +49,26 @@ def read_jsonl(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[Doc
                     break
                 lineno += 1
                 if lineno == 1 and line.startswith(codecs.BOM_UTF8):
-                    line = line[len(codecs.BOM_UTF8) :]  # a byte-order mark some editors write: not part of the first record
+                    line = line[
+                        len(codecs.BOM_UTF8) :
+                    ]  # a byte-order mark some editors write: not part of the first record
                 if len(line) > line_limit and not line.endswith(b"\n"):
                     nbytes = len(line) + _skip_rest_of_line(opened.stream)
                     limit = f"the line limit of {line_limit} bytes ({JSON_BYTES_PER_TEXT_BYTE} x the text cap)"
-                    intake.too_large(f"{unit.name}:{lineno}", unit.source, nbytes, lineno, what=f"line {lineno}", limit=limit)
+                    intake.too_large(
+                        f"{unit.name}:{lineno}", unit.source, nbytes, lineno, what=f"line {lineno}", limit=limit
+                    )
                     continue
                 doc = parse_line(line, lineno, unit, cfg, intake)
                 if doc is not None:
                     yield doc
         except STREAM_ERRORS as e:  # truncated or corrupt compressed data: what was read stands
-            intake.quarantine(f"{unit.name}:{lineno + 1}", unit.source, f"read:io_error: {unit.path} after line {lineno}: {type(e).__name__}: {e}", lineno + 1)
+            intake.quarantine(
+                f"{unit.name}:{lineno + 1}",
+                unit.source,
+                f"read:io_error: {unit.path} after line {lineno}: {type(e).__name__}: {e}",
+                lineno + 1,
+            )
 
 
 def _skip_rest_of_line(stream: BinaryIO) -> int:
@@ -80,12 +91,25 @@ def parse_line(line: bytes, lineno: int, unit: ReadUnit, cfg: InputConfig, intak
         intake.quarantine(f"{unit.name}:{lineno}", unit.source, f"read:bad_json: line {lineno}: {e}", lineno, len(line))
         return None
     except RecursionError:  # `[[[[...` thousands deep exhausts the C scanner's recursion limit
-        intake.quarantine(f"{unit.name}:{lineno}", unit.source, f"read:bad_json: line {lineno}: nested too deeply", lineno, len(line))
+        intake.quarantine(
+            f"{unit.name}:{lineno}", unit.source, f"read:bad_json: line {lineno}: nested too deeply", lineno, len(line)
+        )
         return None
     if not isinstance(record, dict):
-        intake.quarantine(f"{unit.name}:{lineno}", unit.source, f"read:bad_record: line {lineno} is a JSON {type(record).__name__}, not an object", lineno, len(line))
+        intake.quarantine(
+            f"{unit.name}:{lineno}",
+            unit.source,
+            f"read:bad_record: line {lineno} is a JSON {type(record).__name__}, not an object",
+            lineno,
+            len(line),
+        )
         return None
-    text, id_value, meta, url = record.get(cfg.text_field, MISSING), record.get(cfg.id_field), record.get("meta", record.get("metadata")), record.get("url")
+    text, id_value, meta, url = (
+        record.get(cfg.text_field, MISSING),
+        record.get(cfg.id_field),
+        record.get("meta", record.get("metadata")),
+        record.get("url"),
+    )
     source_value = record.get(cfg.source_field)
     if _SURROGATE_ESCAPE.search(text_line):
         if isinstance(text, str):

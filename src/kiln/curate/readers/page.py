@@ -42,18 +42,45 @@ class Page:
     def finish(self, outcome: str | Exception) -> Document | None:
         """The page's Document, or None when it went to the ledger (quarantined or removed)."""
         if isinstance(outcome, ExtractTimeout):
-            self.intake.quarantine(self.doc_id, self.source, f"extract:timeout: {self.extractor}: {outcome}", self.position, self.nbytes)
+            self.intake.quarantine(
+                self.doc_id, self.source, f"extract:timeout: {self.extractor}: {outcome}", self.position, self.nbytes
+            )
             return None
         if isinstance(outcome, ExtractFailed):  # already "Type: message" from the helper
-            self.intake.quarantine(self.doc_id, self.source, f"extract:error: {self.extractor}: {outcome}", self.position, self.nbytes)
+            self.intake.quarantine(
+                self.doc_id, self.source, f"extract:error: {self.extractor}: {outcome}", self.position, self.nbytes
+            )
             return None
         if isinstance(outcome, Exception):
-            self.intake.quarantine(self.doc_id, self.source, f"extract:error: {self.extractor}: {type(outcome).__name__}: {outcome}", self.position, self.nbytes)
+            self.intake.quarantine(
+                self.doc_id,
+                self.source,
+                f"extract:error: {self.extractor}: {type(outcome).__name__}: {outcome}",
+                self.position,
+                self.nbytes,
+            )
             return None
-        return self.intake.accept(self.doc_id, outcome, self.source, self.meta, self.position, self.replaced, empty_reason=("extract", "no_text"))
+        return self.intake.accept(
+            self.doc_id,
+            outcome,
+            self.source,
+            self.meta,
+            self.position,
+            self.replaced,
+            empty_reason=("extract", "no_text"),
+        )
 
 
-def submit_page(intake: Intake, doc_id: str, source: str, body: bytes, charset: str | None, meta: dict[str, Any], position: str | int | None, extractor: Extractor) -> Iterator[Document]:
+def submit_page(
+    intake: Intake,
+    doc_id: str,
+    source: str,
+    body: bytes,
+    charset: str | None,
+    meta: dict[str, Any],
+    position: str | int | None,
+    extractor: Extractor,
+) -> Iterator[Document]:
     """Send the page for extraction; yield the Documents of earlier pages now done."""
     html, replaced = decode_html(body, charset)
     page = Page(intake, doc_id, source, len(body), meta, position, replaced, extractor)

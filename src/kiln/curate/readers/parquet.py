@@ -39,17 +39,32 @@ def read_parquet(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[D
             # subtle: a file split into several tasks (plan.split_parquet) is quarantined once, by
             # the task holding its first row group, so "documents in" never depends on shard_mb.
             if not unit.row_groups or unit.row_groups[0] == 0:
-                why = f"read:bad_file: {unit.path} has no column {cfg.text_field!r} (columns: {sorted(names)}); set the input's text_field"
+                why = (
+                    f"read:bad_file: {unit.path} has no column {cfg.text_field!r} (columns: {sorted(names)}); set the "
+                    "input's text_field"
+                )
                 intake.quarantine(unit.name, unit.source, why, nbytes=os.path.getsize(unit.path))
             return
-        wanted = [cfg.text_field, cfg.id_field, cfg.source_field if cfg.source is None else None, "meta", "metadata", "url"]
+        wanted = [
+            cfg.text_field,
+            cfg.id_field,
+            cfg.source_field if cfg.source is None else None,
+            "meta",
+            "metadata",
+            "url",
+        ]
         columns = list(dict.fromkeys(c for c in wanted if c is not None and c in names))
         row_groups = list(unit.row_groups) if unit.row_groups is not None else list(range(pf.num_row_groups))
         row = unit.first_row
         cap = intake.limits.max_doc_bytes
         for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=row_groups, columns=columns, use_threads=False):
             texts = batch.column(cfg.text_field)
-            is_text = pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type) or pa.types.is_binary(texts.type) or pa.types.is_large_binary(texts.type)
+            is_text = (
+                pa.types.is_string(texts.type)
+                or pa.types.is_large_string(texts.type)
+                or pa.types.is_binary(texts.type)
+                or pa.types.is_large_binary(texts.type)
+            )
             over = [False] * batch.num_rows
             if is_text:
                 lengths = pc.binary_length(texts)
@@ -70,7 +85,9 @@ def read_parquet(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[D
                     doc_id, source = record_id(unit, cfg, row + i, ids[i], sources[i])
                     intake.too_large(doc_id, source, sizes[i], row + i, what=f"row {row + i}")
                     continue
-                doc = record_document(intake, unit, cfg, "row", row + i, values[i], ids[i], sources[i], metas[i], replaced[i], urls[i])
+                doc = record_document(
+                    intake, unit, cfg, "row", row + i, values[i], ids[i], sources[i], metas[i], replaced[i], urls[i]
+                )
                 if doc is not None:
                     yield doc
             row += batch.num_rows
@@ -98,4 +115,7 @@ def _column(batch, name: str) -> list:
     except UnicodeDecodeError:  # an id or source column with invalid UTF-8: read it as bytes, replaced
         import pyarrow as pa
 
-        return [None if raw is None else decode_utf8(raw)[0] for raw in batch.column(name).cast(pa.binary(), safe=False).to_pylist()]
+        return [
+            None if raw is None else decode_utf8(raw)[0]
+            for raw in batch.column(name).cast(pa.binary(), safe=False).to_pylist()
+        ]

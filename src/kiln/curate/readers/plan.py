@@ -48,7 +48,15 @@ def list_units(cfg: InputConfig) -> list[ReadUnit]:
             size = path.stat().st_size
         except OSError:  # gone or unreadable since it was listed: its task quarantines it
             size = 0
-        units.append(ReadUnit(str(path.resolve()), f"{source}/{path.relative_to(root).as_posix()}", source, file_format(cfg, path), size))
+        units.append(
+            ReadUnit(
+                str(path.resolve()),
+                f"{source}/{path.relative_to(root).as_posix()}",
+                source,
+                file_format(cfg, path),
+                size,
+            )
+        )
     return units
 
 
@@ -61,7 +69,8 @@ def plan_reads(inputs: tuple[InputConfig, ...], max_total_bytes: int | None, sha
     for index, (cfg, units) in enumerate(zip(inputs, listed)):
         if not units and cfg.format not in BUILTIN_FORMATS:
             raise FatalError(
-                f"curate.inputs[{index}].path: {cfg.path!r} matches no file (format {cfg.format}), so it has no input documents; "
+                f"curate.inputs[{index}].path: {cfg.path!r} matches no file (format {cfg.format}), so it has no "
+                "input documents; "
                 "check the path or glob (relative paths start from the folder kiln runs in), or remove the input"
             )
     listed = drop_repeats(inputs, listed)
@@ -69,7 +78,9 @@ def plan_reads(inputs: tuple[InputConfig, ...], max_total_bytes: int | None, sha
     tasks: list[ReadTask] = []
     for input_index, units in enumerate(chosen):
         for group in cut_tasks(sorted(units, key=lambda u: (u.source, u.name)), shard_bytes):
-            tasks.append(ReadTask(len(tasks), input_index, inputs[input_index], tuple(group), sum(u.size for u in group)))
+            tasks.append(
+                ReadTask(len(tasks), input_index, inputs[input_index], tuple(group), sum(u.size for u in group))
+            )
     return tasks
 
 
@@ -85,7 +96,16 @@ def drop_repeats(inputs: tuple[InputConfig, ...], listed: list[list[ReadUnit]]) 
                 planned.add(key)
                 kept.append(unit)
         if len(kept) < len(units):
-            log.warning("input %d (%s): %d of its %d files are already planned (by an earlier input, or twice through links); each is read once", index, inputs[index].path or inputs[index].format, len(units) - len(kept), len(units))
+            log.warning(
+                (
+                    "input %d (%s): %d of its %d files are already planned (by an earlier input, or twice through "
+                    "links); each is read once"
+                ),
+                index,
+                inputs[index].path or inputs[index].format,
+                len(units) - len(kept),
+                len(units),
+            )
         kept_lists.append(kept)
     return kept_lists
 
@@ -113,7 +133,9 @@ def apply_cap(listed: list[list[ReadUnit]], max_total_bytes: int) -> list[list[R
     chosen: list[list[ReadUnit]] = [[] for _ in listed]
     for source, units in by_source.items():
         used = 0
-        for input_index, unit in sorted(units, key=lambda item: xxhash.xxh3_64_intdigest(item[1].name.encode(), seed=CAP_SEED)):
+        for input_index, unit in sorted(
+            units, key=lambda item: xxhash.xxh3_64_intdigest(item[1].name.encode(), seed=CAP_SEED)
+        ):
             if used + unit.size <= shares[source]:
                 chosen[input_index].append(unit)
                 used += unit.size
@@ -154,7 +176,9 @@ def split_parquet(unit: ReadUnit, shard_bytes: int) -> list[ReadUnit]:
     try:
         meta = pq.read_metadata(unit.path)
     except Exception as e:  # noqa: BLE001 - any unreadable footer: reported once, by the task that reads it
-        log.warning("input %s: cannot read the Parquet footer of %s (%s); it will be quarantined", unit.source, unit.path, e)
+        log.warning(
+            "input %s: cannot read the Parquet footer of %s (%s); it will be quarantined", unit.source, unit.path, e
+        )
         return [unit]
     parts: list[ReadUnit] = []
     first_row, taken = 0, 0

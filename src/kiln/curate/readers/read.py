@@ -38,9 +38,13 @@ def read_task(task: ReadTask, limits: ReadLimits, ledger: Ledger) -> Iterator[Do
             try:
                 yield from _read_unit(unit, task, intake)
             except Exception as e:  # noqa: BLE001 - an unreadable file is quarantined, never the run
-                log.warning("input %s: cannot read %s: %s: %s; quarantined", unit.source, unit.path, type(e).__name__, e)
+                log.warning(
+                    "input %s: cannot read %s: %s: %s; quarantined", unit.source, unit.path, type(e).__name__, e
+                )
                 kind = "read:io_error" if isinstance(e, OSError) else "read:bad_file"
-                intake.quarantine(unit.name, unit.source, f"{kind}: {unit.path}: {type(e).__name__}: {e}", nbytes=unit.size)
+                intake.quarantine(
+                    unit.name, unit.source, f"{kind}: {unit.path}: {type(e).__name__}: {e}", nbytes=unit.size
+                )
         yield from flush_pages(pages)  # the pages still out carry their own intakes
 
 

@@ -72,7 +72,12 @@ def record_document(
     doc_id, source = record_id(unit, cfg, position, id_value, source_value)
     if not isinstance(text, str):
         found = "missing" if text is MISSING else "null" if text is None else f"a {type(text).__name__}, not a string"
-        intake.quarantine(doc_id, source, f"read:bad_record: field {cfg.text_field!r} is {found} ({position_key} {position})", position)
+        intake.quarantine(
+            doc_id,
+            source,
+            f"read:bad_record: field {cfg.text_field!r} is {found} ({position_key} {position})",
+            position,
+        )
         return None
     try:
         meta = record_meta(unit, cfg, position_key, position, source_value, meta_value, url_value)
@@ -82,7 +87,15 @@ def record_document(
     return intake.accept(doc_id, text, source, meta, position, "read:invalid_utf8" if replaced else None)
 
 
-def record_meta(unit: ReadUnit, cfg: InputConfig, position_key: str, position: int, source_value: Any, meta_value: Any, url_value: Any) -> dict[str, Any]:
+def record_meta(
+    unit: ReadUnit,
+    cfg: InputConfig,
+    position_key: str,
+    position: int,
+    source_value: Any,
+    meta_value: Any,
+    url_value: Any,
+) -> dict[str, Any]:
     """The document's meta (see the module docstring for the rules)."""
     if isinstance(meta_value, list) and all(isinstance(pair, tuple) and len(pair) == 2 for pair in meta_value):
         meta_value = dict(meta_value)  # a Parquet map column arrives as (key, value) tuples (JSON has none)
@@ -93,7 +106,12 @@ def record_meta(unit: ReadUnit, cfg: InputConfig, position_key: str, position: i
     meta["path"], meta[position_key] = unit.shown_path, position
     if not meta.get("url") and isinstance(url_value, str) and url_value:
         meta["url"] = url_value
-    if cfg.source is None and isinstance(source_value, str) and source_value and sanitize_source(source_value) != source_value:
+    if (
+        cfg.source is None
+        and isinstance(source_value, str)
+        and source_value
+        and sanitize_source(source_value) != source_value
+    ):
         meta["source_name"] = source_value
     return meta
 
@@ -123,7 +141,9 @@ def json_value(value: Any, depth: int = 0) -> Any:
         if depth >= MAX_META_DEPTH:
             raise MetaTooDeep(f"meta is nested more than {MAX_META_DEPTH} levels deep")
         if isinstance(value, dict):
-            return {(json_value(k) if isinstance(k, str) else str(k)): json_value(v, depth + 1) for k, v in value.items()}
+            return {
+                (json_value(k) if isinstance(k, str) else str(k)): json_value(v, depth + 1) for k, v in value.items()
+            }
         if isinstance(value, (set, frozenset)):
             value = sorted(value, key=repr)  # sorted: the same meta every run
         return [json_value(v, depth + 1) for v in value]

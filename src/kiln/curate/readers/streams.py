@@ -80,8 +80,18 @@ def check_zstd_frames(path: str) -> None:
             if magic != 0xFD2FB528:
                 raise EOFError(f"not a zstd frame at byte {pos} of {path}")
             descriptor = f.read(1)[0]
-            fcs_flag, single_segment, has_checksum, dict_flag = descriptor >> 6, (descriptor >> 5) & 1, (descriptor >> 2) & 1, descriptor & 3
-            header = 1 + (0 if single_segment else 1) + (0, 1, 2, 4)[dict_flag] + ((1 if single_segment else 0), 2, 4, 8)[fcs_flag]
+            fcs_flag, single_segment, has_checksum, dict_flag = (
+                descriptor >> 6,
+                (descriptor >> 5) & 1,
+                (descriptor >> 2) & 1,
+                descriptor & 3,
+            )
+            header = (
+                1
+                + (0 if single_segment else 1)
+                + (0, 1, 2, 4)[dict_flag]
+                + ((1 if single_segment else 0), 2, 4, 8)[fcs_flag]
+            )
             block = pos + 4 + header
             while True:
                 f.seek(block)

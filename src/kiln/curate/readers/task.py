@@ -35,6 +35,7 @@ class ReadUnit:
     def shown_path(self) -> str:
         """`path` as the metadata and the quarantine write it (printable, see printable)."""
         return printable(self.path)
+
     key: str | None = None  # pydoc_topics: the topic inside the module file
     row_groups: tuple[int, ...] | None = None  # parquet: the row groups to read; None: all
     first_row: int = 0  # parquet: index in the file of the first row of row_groups[0]

@@ -32,11 +32,15 @@ def read_text_file(unit: ReadUnit, intake: Intake) -> Iterator[Document]:
     if data is None:
         return
     if b"\x00" in data:
-        intake.quarantine(unit.name, unit.source, f"read:binary: {unit.path} contains NUL bytes; not text", nbytes=unit.size)
+        intake.quarantine(
+            unit.name, unit.source, f"read:binary: {unit.path} contains NUL bytes; not text", nbytes=unit.size
+        )
         return
     text, replaced = decode_utf8(data)
     yield from flush_pages(intake.pages)  # HTML files of the same task before it come first
-    doc = intake.accept(unit.name, text, unit.source, {"path": unit.shown_path}, replaced="read:invalid_utf8" if replaced else None)
+    doc = intake.accept(
+        unit.name, text, unit.source, {"path": unit.shown_path}, replaced="read:invalid_utf8" if replaced else None
+    )
     if doc is not None:
         yield doc
 
@@ -45,7 +49,9 @@ def read_html_file(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator
     body = _read_capped(unit, intake, intake.limits.html_bytes)
     if body is None:
         return
-    yield from submit_page(intake, unit.name, unit.source, body, None, {"path": unit.shown_path}, None, cfg.extractor)  # pipelined: read_task flushes
+    yield from submit_page(
+        intake, unit.name, unit.source, body, None, {"path": unit.shown_path}, None, cfg.extractor
+    )  # pipelined: read_task flushes
 
 
 def _read_capped(unit: ReadUnit, intake: Intake, cap: int) -> bytes | None:

@@ -70,7 +70,11 @@ class Place:
         return f"{unit.name}@{self.position}"
 
     def describe(self) -> str:
-        return f"byte {self.offset}" if not self.in_member else f"byte {self.in_member} of the gzip member at byte {self.offset}"
+        return (
+            f"byte {self.offset}"
+            if not self.in_member
+            else f"byte {self.in_member} of the gzip member at byte {self.offset}"
+        )
 
 
 def read_warc(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[Document]:
@@ -85,7 +89,10 @@ def _read_plain(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[Do
     last = -1  # offset of the last record seen (any type); records at or before it are never read twice
     start: int | None = 0
     size = os.path.getsize(unit.path)
-    with open(unit.path, "rb") as f, open(unit.path, "rb") as probe:  # probe: reads headers without moving fastwarc's stream
+    with (
+        open(unit.path, "rb") as f,
+        open(unit.path, "rb") as probe,
+    ):  # probe: reads headers without moving fastwarc's stream
         while start is not None:
             f.seek(start)
             resume_after = None
@@ -106,8 +113,20 @@ def _read_plain(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[Do
                         break
                     # subtle: fastwarc hands over a record cut inside its body as if it were whole;
                     # its Content-Length says where it must end.
-                    if offset + record.content_length + HEADER_BYTES > size and (end := record_end(probe, offset, HEADER_BYTES)) is not None and end - 4 > size:
-                        intake.quarantine(place.doc_id(unit), unit.source, f"read:bad_record: WARC record at byte {offset} is truncated: its Content-Length reaches byte {end - 4}, the file ends at byte {size}", place.position)
+                    if (
+                        offset + record.content_length + HEADER_BYTES > size
+                        and (end := record_end(probe, offset, HEADER_BYTES)) is not None
+                        and end - 4 > size
+                    ):
+                        intake.quarantine(
+                            place.doc_id(unit),
+                            unit.source,
+                            (
+                                f"read:bad_record: WARC record at byte {offset} is truncated: its Content-Length "
+                                f"reaches byte {end - 4}, the file ends at byte {size}"
+                            ),
+                            place.position,
+                        )
                         return
                     try:
                         found = _payload(record, place, unit, intake)
@@ -122,12 +141,22 @@ def _read_plain(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[Do
                     # 2.0.1), so a clean end must also be the file's end.
                     end = record_end(f, last) if last >= start else start
                     if end is not None and not _only_padding(f, end):
-                        intake.quarantine(f"{unit.name}@{end}", unit.source, f"read:bad_record: unreadable data at byte {end} (truncated or corrupt record)", end)
+                        intake.quarantine(
+                            f"{unit.name}@{end}",
+                            unit.source,
+                            f"read:bad_record: unreadable data at byte {end} (truncated or corrupt record)",
+                            end,
+                        )
                         resume_after = end
             except Exception as e:  # noqa: BLE001 - what follows the last good record does not parse
                 end = record_end(f, last) if last >= start else start
                 bad = end if end is not None else last + 1
-                intake.quarantine(f"{unit.name}@{bad}", unit.source, f"read:bad_record: no valid WARC record at byte {bad}: {type(e).__name__}: {e}", bad)
+                intake.quarantine(
+                    f"{unit.name}@{bad}",
+                    unit.source,
+                    f"read:bad_record: no valid WARC record at byte {bad}: {type(e).__name__}: {e}",
+                    bad,
+                )
                 resume_after = bad
             start = None if resume_after is None else next_record_start(f, resume_after + 1, gz=False)
 
@@ -169,17 +198,35 @@ def _read_gzipped(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[
             except Exception as e:  # noqa: BLE001 - fastwarc refused the decompressed bytes
                 if stream.error is None:
                     bad = _after(last, stream, start)
-                    intake.quarantine(bad.doc_id(unit), unit.source, f"read:bad_record: no valid WARC record at {bad.describe()}: {type(e).__name__}: {e}", bad.position)
+                    intake.quarantine(
+                        bad.doc_id(unit),
+                        unit.source,
+                        f"read:bad_record: no valid WARC record at {bad.describe()}: {type(e).__name__}: {e}",
+                        bad.position,
+                    )
                     resume_after = bad.offset
             if resume_after is None and stream.error is not None:
                 bad = Place(stream.error_offset)
-                intake.quarantine(bad.doc_id(unit), unit.source, f"read:bad_record: unreadable data at byte {bad.offset}: {stream.error} (truncated or corrupt record)", bad.position)
+                intake.quarantine(
+                    bad.doc_id(unit),
+                    unit.source,
+                    (
+                        f"read:bad_record: unreadable data at byte {bad.offset}: {stream.error} (truncated or corrupt "
+                        "record)"
+                    ),
+                    bad.position,
+                )
                 resume_after = bad.offset
             elif resume_after is None and not stream.finished:
                 # subtle: fastwarc stopped before the end of the decompressed data (garbage it
                 # does not take for a record); never let the rest of the file go unaccounted.
                 bad = _after(last, stream, start)
-                intake.quarantine(bad.doc_id(unit), unit.source, f"read:bad_record: unreadable data at {bad.describe()} (not a WARC record)", bad.position)
+                intake.quarantine(
+                    bad.doc_id(unit),
+                    unit.source,
+                    f"read:bad_record: unreadable data at {bad.describe()} (not a WARC record)",
+                    bad.position,
+                )
                 resume_after = bad.offset
             start = None if resume_after is None else next_record_start(f, resume_after + 1, gz=True)
 
@@ -201,12 +248,22 @@ def _is_junk(record) -> bool:
 
 def _quarantine_junk(unit: ReadUnit, intake: Intake, place: Place, gz: bool) -> None:
     rest = "; the rest of its gzip member is not read" if gz else ""
-    intake.quarantine(place.doc_id(unit), unit.source, f"read:bad_record: WARC record at {place.describe()} lacks WARC-Type or Content-Length{rest}", place.position)
+    intake.quarantine(
+        place.doc_id(unit),
+        unit.source,
+        f"read:bad_record: WARC record at {place.describe()} lacks WARC-Type or Content-Length{rest}",
+        place.position,
+    )
 
 
 def _quarantine_unreadable(unit: ReadUnit, intake: Intake, place: Place, e: Exception, gz: bool) -> None:
     rest = "; the rest of its gzip member is not read" if gz else ""
-    intake.quarantine(place.doc_id(unit), unit.source, f"read:bad_record: WARC record at {place.describe()}: {type(e).__name__}: {e}{rest}", place.position)
+    intake.quarantine(
+        place.doc_id(unit),
+        unit.source,
+        f"read:bad_record: WARC record at {place.describe()}: {type(e).__name__}: {e}{rest}",
+        place.position,
+    )
 
 
 def _only_padding(f: BinaryIO, pos: int) -> bool:
@@ -252,8 +309,16 @@ def _payload(record, place: Place, unit: ReadUnit, intake: Intake) -> Payload | 
         charset = content_type.partition("charset=")[2].strip(" \"'") or None
     cap = intake.limits.max_doc_bytes if plain else intake.limits.html_bytes
     body = record.reader.read(cap + 1)  # never more than the cap, whatever the record's length
-    meta = {"path": unit.shown_path, "offset": place.offset, **({"offset_in_member": place.in_member} if place.in_member else {})}
-    meta |= {"url": headers.get("WARC-Target-URI"), "warc_date": headers.get("WARC-Date"), "warc_record_id": record.record_id}
+    meta = {
+        "path": unit.shown_path,
+        "offset": place.offset,
+        **({"offset_in_member": place.in_member} if place.in_member else {}),
+    }
+    meta |= {
+        "url": headers.get("WARC-Target-URI"),
+        "warc_date": headers.get("WARC-Date"),
+        "warc_record_id": record.record_id,
+    }
     return Payload(body, plain, charset, record.content_length, meta)
 
 
@@ -270,7 +335,13 @@ def _record_documents(found: Payload, place: Place, unit: ReadUnit, cfg: InputCo
     try:
         docs.extend(_documents(found, place, unit, cfg, intake))
     except Exception as e:  # noqa: BLE001 - this record's failure, never the file's
-        intake.quarantine(place.doc_id(unit), unit.source, f"read:bad_record: WARC record at {place.describe()}: {type(e).__name__}: {e}", place.position, found.content_length)
+        intake.quarantine(
+            place.doc_id(unit),
+            unit.source,
+            f"read:bad_record: WARC record at {place.describe()}: {type(e).__name__}: {e}",
+            place.position,
+            found.content_length,
+        )
     return docs
 
 
@@ -279,7 +350,16 @@ def _documents(found: Payload, place: Place, unit: ReadUnit, cfg: InputConfig, i
     doc_id, position = place.doc_id(unit), place.position
     cap = intake.limits.max_doc_bytes if found.plain else intake.limits.html_bytes
     if len(found.body) > cap:
-        intake.quarantine(doc_id, unit.source, f"read:too_large: WARC record at {place.describe()} is over {cap} bytes ({'text' if found.plain else 'HTML'})", position, found.content_length)
+        intake.quarantine(
+            doc_id,
+            unit.source,
+            (
+                f"read:too_large: WARC record at {place.describe()} is over {cap} bytes "
+                f"({'text' if found.plain else 'HTML'})"
+            ),
+            position,
+            found.content_length,
+        )
         return
     if found.plain:
         yield from flush_pages(intake.pages)  # pages before it come first

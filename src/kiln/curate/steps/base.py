@@ -6,7 +6,8 @@ threshold. The ledger is passed in rather than held, so a step object has no per
 and can be rebuilt in any worker. A filter implements only `check`, returning None to keep or a
 `Drop` naming the failed rule. A step may also have `prepare(docs)`: given a group of documents
 before their `process` calls, it computes what it can in one pass (the model filters score the
-group in one model call) into each document's `cache`, never into the step. Not handled here: which steps run on which documents (code or
+group in one model call) into each document's `cache`, never into the step. Not handled here: which steps run on which
+documents (code or
 prose) and in what order (kiln.curate.steps.chain builds the chain).
 """
 

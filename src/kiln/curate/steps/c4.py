@@ -32,18 +32,31 @@ _TERMINAL = (".", "?", "!", '"', "'")  # C4's line-end marks; an ellipsis does n
 
 
 class C4Config(Section):
-    """C4's line and page rules (JMLR 2020, section 2.2, and TFDS c4_utils.py); defaults are C4's, terminal punctuation off."""
+    """C4's line and page rules (JMLR 2020, section 2.2, and TFDS c4_utils.py); defaults are C4's, terminal punctuation
+    off."""
 
     enabled: bool = Field(True, description="Run the C4 rules.")
-    max_word_chars: int = Field(1000, ge=1, description="Drop a line holding a whitespace-separated word longer than this many characters.")
+    max_word_chars: int = Field(
+        1000, ge=1, description="Drop a line holding a whitespace-separated word longer than this many characters."
+    )
     min_line_words: int = Field(3, ge=0, description="Drop a line with fewer whitespace-separated words than this.")
-    remove_citations: bool = Field(True, description="Strip '[1]', '[edit]' and '[citation needed]' markers from lines.")
-    require_terminal_punctuation: bool = Field(False, description="Drop a line not ending in . ? ! or a quote (C4 on; FineWeb and kiln off).")
+    remove_citations: bool = Field(
+        True, description="Strip '[1]', '[edit]' and '[citation needed]' markers from lines."
+    )
+    require_terminal_punctuation: bool = Field(
+        False, description="Drop a line not ending in . ? ! or a quote (C4 on; FineWeb and kiln off)."
+    )
     drop_javascript_lines: bool = Field(True, description="Drop a line that mentions javascript (any case).")
-    drop_policy_lines: bool = Field(True, description="Drop a line with cookie, privacy-policy or terms-of-use wording.")
-    drop_lorem_ipsum: bool = Field(True, description="Drop the document if a kept line contains 'lorem ipsum' (any case).")
+    drop_policy_lines: bool = Field(
+        True, description="Drop a line with cookie, privacy-policy or terms-of-use wording."
+    )
+    drop_lorem_ipsum: bool = Field(
+        True, description="Drop the document if a kept line contains 'lorem ipsum' (any case)."
+    )
     drop_curly_brace: bool = Field(True, description="Drop the document if a kept line contains '{' (code, not prose).")
-    min_sentences: int = Field(5, ge=0, description="Drop the document if its kept lines hold fewer sentences than this.")
+    min_sentences: int = Field(
+        5, ge=0, description="Drop the document if its kept lines hold fewer sentences than this."
+    )
 
 
 class C4:

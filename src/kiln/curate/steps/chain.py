@@ -52,15 +52,33 @@ from kiln.curate.steps.url import URLFilter, URLFilterConfig
 log = logging.getLogger("kiln.curate")
 
 # Each branch's steps in order, named by their config section (which is also the step's name).
-PROSE_STEPS = ("line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "perplexity", "quality_classifier", "pii", "length", "decontaminate")
+PROSE_STEPS = (
+    "line_dedup",
+    "language",
+    "gopher_repetition",
+    "gopher_quality",
+    "c4",
+    "fineweb",
+    "perplexity",
+    "quality_classifier",
+    "pii",
+    "length",
+    "decontaminate",
+)
 CODE_STEPS = ("code_quality", "pii", "length", "decontaminate")
 BRANCHES = ("prose", "code")
 # run_documents' groups: the model filters score a group in one call, which pays their fixed cost
 # per call once (kiln.curate.steps.quality.prepare_scores); a group's documents are a few MB in memory
 GROUP_DOCS, GROUP_CHARS = 512, 1 << 20
 _BUILD: dict[str, Callable[[Section], Step]] = {
-    "language": LanguageID, "gopher_repetition": GopherRepetition, "gopher_quality": GopherQuality, "c4": C4,
-    "fineweb": FineWebQuality, "code_quality": CodeQuality, "pii": RedactPII, "length": LengthFilter,
+    "language": LanguageID,
+    "gopher_repetition": GopherRepetition,
+    "gopher_quality": GopherQuality,
+    "c4": C4,
+    "fineweb": FineWebQuality,
+    "code_quality": CodeQuality,
+    "pii": RedactPII,
+    "length": LengthFilter,
 }
 
 
@@ -107,7 +125,11 @@ Steps = CurateConfig | StepSettings  # what the builders below read a source's s
 
 
 def enabled(cfg: Steps, names: Iterable[str]) -> list[str]:
-    return [name for name in names if getattr(cfg, name).enabled and (name != "decontaminate" or cfg.decontaminate.eval_sets)]
+    return [
+        name
+        for name in names
+        if getattr(cfg, name).enabled and (name != "decontaminate" or cfg.decontaminate.eval_sets)
+    ]
 
 
 def early_steps(cfg: Steps) -> list[Step]:
@@ -145,7 +167,11 @@ def funnel_rows(cfg: CurateConfig) -> list[str]:
     for branch, names in (("prose", PROSE_STEPS), ("code", CODE_STEPS)):
         on = {name for c in configs for name in enabled(c, names)}
         rows += [branch, *(f"{branch}/{name}" for name in names if name in on)]
-    return rows + (["exact_dedup"] if cfg.exact_dedup.enabled else []) + (["minhash_dedup"] if cfg.minhash_dedup.enabled else [])
+    return (
+        rows
+        + (["exact_dedup"] if cfg.exact_dedup.enabled else [])
+        + (["minhash_dedup"] if cfg.minhash_dedup.enabled else [])
+    )
 
 
 def run_document(doc: Document, steps: list[Step], ledger: Ledger, branch: str | None = None) -> Document | None:
@@ -153,7 +179,9 @@ def run_document(doc: Document, steps: list[Step], ledger: Ledger, branch: str |
     return run_documents([doc], steps, ledger, branch)[0]
 
 
-def run_documents(docs: list[Document], steps: list[Step], ledger: Ledger, branch: str | None = None) -> list[Document | None]:
+def run_documents(
+    docs: list[Document], steps: list[Step], ledger: Ledger, branch: str | None = None
+) -> list[Document | None]:
     """run_document of each document, in order, computed step by step over the group."""
     prefix = "" if branch is None else f"{branch}/"
     if branch is not None:
@@ -167,7 +195,13 @@ def run_documents(docs: list[Document], steps: list[Step], ledger: Ledger, branc
             try:
                 prepare(live)
             except Exception as e:  # left to the per-document calls below, which quarantine the document at fault alone
-                log.debug("%s: scoring %d documents in one call failed (%s: %s); scoring them one by one", step.name, len(live), type(e).__name__, e)
+                log.debug(
+                    "%s: scoring %d documents in one call failed (%s: %s); scoring them one by one",
+                    step.name,
+                    len(live),
+                    type(e).__name__,
+                    e,
+                )
         for i, doc in enumerate(alive):
             if doc is not None:
                 alive[i] = _run_step(step, doc, ledger, prefix)
@@ -192,7 +226,14 @@ def _run_step(step: Step, doc: Document, ledger: Ledger, prefix: str) -> Documen
     try:
         out = list(step.process((doc,), ledger))
     except Exception as e:  # one bad document is quarantined, never the run
-        ledger.quarantine(doc.id, doc.source, f"{step.name}: {type(e).__name__}: {e}", file=doc.meta.get("path"), position=_position(doc.meta), counted=True)
+        ledger.quarantine(
+            doc.id,
+            doc.source,
+            f"{step.name}: {type(e).__name__}: {e}",
+            file=doc.meta.get("path"),
+            position=_position(doc.meta),
+            counted=True,
+        )
         return None
     assert len(out) <= 1, f"step {step.name} yielded {len(out)} documents for one"
     if not out:

@@ -33,20 +33,47 @@ NOTE_CHARS = 300  # a removal note's length cap: the matched items, then one mat
 
 
 class DecontaminateConfig(Section):
-    enabled: bool = Field(True, description="Check documents against the evaluation sets (runs only when eval_sets is non-empty).")
-    eval_sets: tuple[EvalSetConfig, ...] = Field((), description="Evaluation sets whose items must not occur in the training corpus.")
-    ngram: int = Field(13, ge=1, le=MAX_N, description="Words in a shared n-gram that marks a document (normalized words; 13 is GPT-3's).")
-    action: Literal["remove", "flag"] = Field("remove", description="remove drops a matching document; flag keeps it with meta.contamination listing the matched items.")
-    mode: Literal["exact", "bloom"] = Field("exact", description="exact: hash index with every hit confirmed by its words, items named; bloom: one Bloom filter per set, smaller, sets named only.")
-    bloom_fp_rate: float = Field(1e-6, gt=0, lt=1, description="Bloom mode: target false-positive rate per n-gram looked up; sizes each filter.")
-    fold_digits: bool = Field(False, description="Fold every digit to 0 before comparing (then '2+2=4' matches '3+3=6').")
+    enabled: bool = Field(
+        True, description="Check documents against the evaluation sets (runs only when eval_sets is non-empty)."
+    )
+    eval_sets: tuple[EvalSetConfig, ...] = Field(
+        (), description="Evaluation sets whose items must not occur in the training corpus."
+    )
+    ngram: int = Field(
+        13,
+        ge=1,
+        le=MAX_N,
+        description="Words in a shared n-gram that marks a document (normalized words; 13 is GPT-3's).",
+    )
+    action: Literal["remove", "flag"] = Field(
+        "remove",
+        description=(
+            "remove drops a matching document; flag keeps it with meta.contamination listing the matched items."
+        ),
+    )
+    mode: Literal["exact", "bloom"] = Field(
+        "exact",
+        description=(
+            "exact: hash index with every hit confirmed by its words, items named; bloom: one Bloom filter per set, "
+            "smaller, sets named only."
+        ),
+    )
+    bloom_fp_rate: float = Field(
+        1e-6, gt=0, lt=1, description="Bloom mode: target false-positive rate per n-gram looked up; sizes each filter."
+    )
+    fold_digits: bool = Field(
+        False, description="Fold every digit to 0 before comparing (then '2+2=4' matches '3+3=6')."
+    )
 
     @model_validator(mode="after")
     def _distinct_names(self) -> DecontaminateConfig:
         names = [set_name(s) for s in self.eval_sets]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
-            raise ValueError(f"evaluation set names must differ, but {', '.join(repeated)} is used twice; give the sets distinct `name`s")
+            raise ValueError(
+                f"evaluation set names must differ, but {', '.join(repeated)} is used twice; give the sets "
+                "distinct `name`s"
+            )
         if "flagged" in names:  # its counter would collide with decontaminate:flagged
             raise ValueError("an evaluation set may not be named 'flagged'; set another `name`")
         return self
@@ -70,7 +97,8 @@ class Decontaminate:
         wanted = (cfg.mode, cfg.ngram, cfg.fold_digits, [set_name(s) for s in cfg.eval_sets])
         if built != wanted:
             raise FatalError(
-                f"curate: the decontamination index at {index_folder} was built for (mode, ngram, fold_digits, sets) = {built}, but the config asks for {wanted}; "
+                f"curate: the decontamination index at {index_folder} was built for (mode, ngram, fold_digits, "
+                f"sets) = {built}, but the config asks for {wanted}; "
                 "rebuild the index with build_index"
             )
 
@@ -86,11 +114,22 @@ class Decontaminate:
                 yield doc
                 continue
             for hit in hits:
-                ledger.record("contamination", {"id": doc.id, "source": doc.source, "set": index.names[hit.set], "item": hit.item, "action": action})
+                ledger.record(
+                    "contamination",
+                    {
+                        "id": doc.id,
+                        "source": doc.source,
+                        "set": index.names[hit.set],
+                        "item": hit.item,
+                        "action": action,
+                    },
+                )
             for s in sorted({hit.set for hit in hits}):
                 ledger.count(doc.source, f"decontaminate:{index.names[s]}")
             if action == "remove":
-                ledger.remove(doc, self.name, "ngram_overlap", value=len(hits), threshold=1, note=self.note(hits, doc_words))
+                ledger.remove(
+                    doc, self.name, "ngram_overlap", value=len(hits), threshold=1, note=self.note(hits, doc_words)
+                )
             else:
                 ledger.count(doc.source, "decontaminate:flagged")
                 yield doc.with_meta(contamination=[{"set": index.names[hit.set], "item": hit.item} for hit in hits])
@@ -126,22 +165,47 @@ def build_report(index_summary: dict[str, Any], rows: Iterable[dict[str, Any]]) 
     for s in index_summary["sets"]:
         found = by_set[s["name"]]
         docs = set().union(*found.values()) if found else set()
-        entry: dict[str, Any] = {"items": s["items"], "items_too_short": s["items_too_short"], "ngrams": s["ngrams"], "items_found": None if bloom else len(found), "documents_found": len(docs)}
+        entry: dict[str, Any] = {
+            "items": s["items"],
+            "items_too_short": s["items_too_short"],
+            "ngrams": s["ngrams"],
+            "items_found": None if bloom else len(found),
+            "documents_found": len(docs),
+        }
         if bloom:
-            entry.update(fp_rate=s["fp_rate"], found={}, documents=[{"id": i, "source": src} for i, src in sorted(docs)])
+            entry.update(
+                fp_rate=s["fp_rate"], found={}, documents=[{"id": i, "source": src} for i, src in sorted(docs)]
+            )
         else:
-            entry["found"] = {item: [{"id": i, "source": src} for i, src in sorted(found[item])] for item in sorted(found, key=int)}
+            entry["found"] = {
+                item: [{"id": i, "source": src} for i, src in sorted(found[item])] for item in sorted(found, key=int)
+            }
         sets[s["name"]] = entry
-    return {"format": REPORT_FORMAT, "mode": index_summary["mode"], "ngram": index_summary["ngram"], "action": index_summary["action"], "fold_digits": index_summary["fold_digits"], "sets": sets}
+    return {
+        "format": REPORT_FORMAT,
+        "mode": index_summary["mode"],
+        "ngram": index_summary["ngram"],
+        "action": index_summary["action"],
+        "fold_digits": index_summary["fold_digits"],
+        "sets": sets,
+    }
 
 
 def format_report(report: dict[str, Any]) -> str:
     """A few lines for people: one per set, and what the numbers mean."""
-    lines = [f"decontamination: {report['ngram']}-gram overlap, {report['mode']} mode, matching documents {'removed' if report['action'] == 'remove' else 'flagged'}"]
+    lines = [
+        (
+            f"decontamination: {report['ngram']}-gram overlap, {report['mode']} mode, matching documents "
+            f"{'removed' if report['action'] == 'remove' else 'flagged'}"
+        )
+    ]
     for name, s in report["sets"].items():
         docs = f"{s['documents_found']:,} training document{'' if s['documents_found'] == 1 else 's'}"
         if s["items_found"] is None:
-            line = f"{name}: found in {docs} (bloom mode: items not identified; false-positive rate {s['fp_rate']:.1e} per n-gram)"
+            line = (
+                f"{name}: found in {docs} (bloom mode: items not identified; false-positive rate {s['fp_rate']:.1e} "
+                "per n-gram)"
+            )
         else:
             line = f"{name}: {s['items_found']:,} of {s['items']:,} items found in {docs}"
         if s["items_too_short"]:

@@ -46,7 +46,9 @@ _SENTENCE_TERMINAL_RANGES = (  # first and last character of each range
     "\U0001da88\U0001da88"
 )
 SENTENCE_TERMINALS = frozenset(
-    chr(c) for lo, hi in zip(_SENTENCE_TERMINAL_RANGES[::2], _SENTENCE_TERMINAL_RANGES[1::2]) for c in range(ord(lo), ord(hi) + 1)
+    chr(c)
+    for lo, hi in zip(_SENTENCE_TERMINAL_RANGES[::2], _SENTENCE_TERMINAL_RANGES[1::2])
+    for c in range(ord(lo), ord(hi) + 1)
 )
 
 
@@ -54,10 +56,16 @@ class FineWebQualityConfig(Section):
     """FineWeb's custom filters (arXiv:2406.17557, section 3.5); defaults are FineWeb's."""
 
     enabled: bool = Field(True, description="Run the FineWeb quality rules.")
-    min_punctuated_line_fraction: float = Field(0.12, ge=0, le=1, description="Smallest fraction of non-blank lines ending in sentence-terminal punctuation.")
+    min_punctuated_line_fraction: float = Field(
+        0.12, ge=0, le=1, description="Smallest fraction of non-blank lines ending in sentence-terminal punctuation."
+    )
     max_short_line_chars: int = Field(30, ge=0, description="A line of at most this many characters is short.")
-    max_short_line_fraction: float = Field(0.67, ge=0, le=1, description="Largest fraction of non-blank lines that are short.")
-    max_dup_line_char_fraction: float = Field(0.01, ge=0, le=1, description="Largest share of the non-newline characters in lines repeating an earlier line.")
+    max_short_line_fraction: float = Field(
+        0.67, ge=0, le=1, description="Largest fraction of non-blank lines that are short."
+    )
+    max_dup_line_char_fraction: float = Field(
+        0.01, ge=0, le=1, description="Largest share of the non-newline characters in lines repeating an earlier line."
+    )
     max_newlines_per_word: float = Field(0.3, ge=0, description="Most newline characters per word token.")
 
 
@@ -89,7 +97,8 @@ class FineWebQuality(Filter):
             return Drop("dup_line_chars", dup, cfg.max_dup_line_char_fraction)
         n_words = len(seg.words)
         if n_words == 0:
-            # subtle: a non-blank text can have no tokens only if it is all whitespace-like marks; datatrove divides by zero here
+            # subtle: a non-blank text can have no tokens only if it is all whitespace-like marks; datatrove divides by
+            # zero here
             return Drop("newlines_per_word", None, cfg.max_newlines_per_word) if newlines else None
         per_word = newlines / n_words
         if per_word > cfg.max_newlines_per_word:

@@ -39,10 +39,18 @@ class GopherQualityConfig(Section):
     max_mean_word_length: float = Field(10.0, ge=0, description="Largest mean word length, in characters.")
     max_hashes_per_word: float = Field(0.1, ge=0, description="Most '#' characters per token.")
     max_ellipses_per_word: float = Field(0.1, ge=0, description="Most ellipses ('...' or '…') per token.")
-    max_bullet_line_fraction: float = Field(0.9, ge=0, le=1, description="Largest fraction of lines starting with a bullet ('•' or '-').")
-    max_ellipsis_line_fraction: float = Field(0.3, ge=0, le=1, description="Largest fraction of lines ending in an ellipsis.")
-    min_alpha_word_fraction: float = Field(0.8, ge=0, le=1, description="Smallest fraction of tokens containing a letter.")
-    min_stop_words: int = Field(2, ge=0, description="Fewest distinct stop words (lowercase, exact) a document must contain.")
+    max_bullet_line_fraction: float = Field(
+        0.9, ge=0, le=1, description="Largest fraction of lines starting with a bullet ('•' or '-')."
+    )
+    max_ellipsis_line_fraction: float = Field(
+        0.3, ge=0, le=1, description="Largest fraction of lines ending in an ellipsis."
+    )
+    min_alpha_word_fraction: float = Field(
+        0.8, ge=0, le=1, description="Smallest fraction of tokens containing a letter."
+    )
+    min_stop_words: int = Field(
+        2, ge=0, description="Fewest distinct stop words (lowercase, exact) a document must contain."
+    )
     stop_words: tuple[str, ...] = Field(GOPHER_STOP_WORDS, description="The stop words counted by min_stop_words.")
 
 
@@ -109,17 +117,31 @@ class GopherRepetitionConfig(Section):
     """Gopher's repetition thresholds (arXiv:2112.11446, Table A1); defaults are the paper's."""
 
     enabled: bool = Field(True, description="Run the Gopher repetition rules.")
-    max_dup_line_fraction: float = Field(0.30, ge=0, le=1, description="Largest fraction of non-empty lines that repeat an earlier line.")
-    max_dup_paragraph_fraction: float = Field(0.30, ge=0, le=1, description="Largest fraction of paragraphs that repeat an earlier paragraph.")
-    max_dup_line_char_fraction: float = Field(0.20, ge=0, le=1, description="Largest share of the text's characters in repeated lines.")
-    max_dup_paragraph_char_fraction: float = Field(0.20, ge=0, le=1, description="Largest share of the text's characters in repeated paragraphs.")
+    max_dup_line_fraction: float = Field(
+        0.30, ge=0, le=1, description="Largest fraction of non-empty lines that repeat an earlier line."
+    )
+    max_dup_paragraph_fraction: float = Field(
+        0.30, ge=0, le=1, description="Largest fraction of paragraphs that repeat an earlier paragraph."
+    )
+    max_dup_line_char_fraction: float = Field(
+        0.20, ge=0, le=1, description="Largest share of the text's characters in repeated lines."
+    )
+    max_dup_paragraph_char_fraction: float = Field(
+        0.20, ge=0, le=1, description="Largest share of the text's characters in repeated paragraphs."
+    )
     max_top_ngram_char_fraction: dict[int, float] = Field(
         {2: 0.20, 3: 0.18, 4: 0.16},
-        description="n -> largest share of the text's characters covered by the most frequent n-gram (counting its joining spaces).",
+        description=(
+            "n -> largest share of the text's characters covered by the most frequent n-gram (counting its joining "
+            "spaces)."
+        ),
     )
     max_dup_ngram_char_fraction: dict[int, float] = Field(
         {5: 0.15, 6: 0.14, 7: 0.13, 8: 0.12, 9: 0.11, 10: 0.10},
-        description="n -> largest share of the text's characters inside repeated n-grams (each repeat counted once, left to right).",
+        description=(
+            "n -> largest share of the text's characters inside repeated n-grams (each repeat counted once, left to "
+            "right)."
+        ),
     )
 
 

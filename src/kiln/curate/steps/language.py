@@ -21,10 +21,27 @@ from kiln.text.language import LID176_LANGUAGES, SCORE_DIGITS, load_model, predi
 
 class LanguageConfig(Section):
     enabled: bool = Field(True, description="Run language identification.")
-    languages: list[str] | None = Field(["en"], description="lid.176 language codes to keep (en, de, zh...); None or [] keeps every language and only annotates.")
+    languages: list[str] | None = Field(
+        ["en"],
+        description=(
+            "lid.176 language codes to keep (en, de, zh...); None or [] keeps every language and only annotates."
+        ),
+    )
     # FineWeb (Penedo et al. 2024) keeps English documents whose lid.176 score is at least 0.65.
-    min_score: float = Field(0.65, ge=0.0, le=1.0, description="Lowest top-language score (0-1) at which a document in an allowed language is kept.")
-    max_chars_predicted: int | None = Field(None, gt=0, description="Predict on at most this many leading characters (faster on long documents); None reads the whole text, as FineWeb does.")
+    min_score: float = Field(
+        0.65,
+        ge=0.0,
+        le=1.0,
+        description="Lowest top-language score (0-1) at which a document in an allowed language is kept.",
+    )
+    max_chars_predicted: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Predict on at most this many leading characters (faster on long documents); None reads the whole text, "
+            "as FineWeb does."
+        ),
+    )
 
 
 class LanguageID(Filter):
@@ -35,7 +52,10 @@ class LanguageID(Filter):
     def __init__(self, config: LanguageConfig):
         unknown = sorted(set(config.languages or ()) - LID176_LANGUAGES)
         if unknown:
-            raise ConfigError(f"language.languages: {unknown} are not lid.176 labels; use its ISO 639 codes such as en, de, zh (see fasttext.cc/docs/en/language-identification.html)")
+            raise ConfigError(
+                f"language.languages: {unknown} are not lid.176 labels; use its ISO 639 codes such as en, de, zh "
+                "(see fasttext.cc/docs/en/language-identification.html)"
+            )
         self.config = config
         self.allowed = frozenset(config.languages or ())
         load_model()  # fail at construction, before any work, if the model is not installed
@@ -53,7 +73,9 @@ class LanguageID(Filter):
             return None
         language, score = self.predict(doc)
         if language not in self.allowed:
-            return Drop("not_allowed", score, None, note=f"detected {language}; allowed {', '.join(sorted(self.allowed))}")
+            return Drop(
+                "not_allowed", score, None, note=f"detected {language}; allowed {', '.join(sorted(self.allowed))}"
+            )
         # The rounded score decides, so the recorded value and the decision never disagree.
         if score < self.config.min_score:
             return Drop("low_score", score, self.config.min_score, note=f"detected {language}")

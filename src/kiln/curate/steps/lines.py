@@ -31,8 +31,18 @@ _EDGE = " \t-*•·|>:;,.!?()[]\"'"
 
 
 class LineDedupConfig(Section):
-    enabled: bool = Field(default=True, description="Cut lines that occur in more than max_docs documents of the same source (prose sources only).")
-    max_docs: int = Field(default=10, ge=1, description="A normalized line found in more documents of one source than this is boilerplate (CCNet removes every repeated line of a shard group; a count keeps common short sentences in small corpora).")
+    enabled: bool = Field(
+        default=True,
+        description="Cut lines that occur in more than max_docs documents of the same source (prose sources only).",
+    )
+    max_docs: int = Field(
+        default=10,
+        ge=1,
+        description=(
+            "A normalized line found in more documents of one source than this is boilerplate (CCNet removes every "
+            "repeated line of a shard group; a count keeps common short sentences in small corpora)."
+        ),
+    )
 
 
 def normalize_line(line: str) -> str:
@@ -109,12 +119,18 @@ class BoilerplateLines:
     def process(self, docs: Iterable[Document], ledger: Ledger) -> Iterator[Document]:
         for doc in docs:
             lines = segments(doc).lines
-            kept = [line for line in lines if not (norm := normalize_line(line)) or line_key(doc.source, norm) not in self.boilerplate]
+            kept = [
+                line
+                for line in lines
+                if not (norm := normalize_line(line)) or line_key(doc.source, norm) not in self.boilerplate
+            ]
             if len(kept) == len(lines):
                 yield doc
                 continue
             ledger.count(doc.source, "line_dedup:lines_removed", len(lines) - len(kept))
-            text = BLANK_RUNS.sub("\n\n", "\n".join(kept)).strip("\n")  # a cut between two paragraphs leaves one empty line
+            text = BLANK_RUNS.sub("\n\n", "\n".join(kept)).strip(
+                "\n"
+            )  # a cut between two paragraphs leaves one empty line
             if text.strip():
                 yield doc.with_text(text)
             else:

@@ -60,7 +60,9 @@ class Normalize:
 
 class LengthConfig(Section):
     enabled: bool = Field(default=True, description="Drop documents outside the character range below.")
-    min_chars: int = Field(default=200, ge=0, description="Drop documents with fewer characters after normalization and line removal.")
+    min_chars: int = Field(
+        default=200, ge=0, description="Drop documents with fewer characters after normalization and line removal."
+    )
     max_chars: int = Field(default=1_000_000, gt=0, description="Drop documents with more characters than this.")
 
 

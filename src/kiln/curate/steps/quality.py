@@ -38,25 +38,70 @@ TRAIN_LM, TRAIN_CLASSIFIER = "kiln quality train-lm", "kiln quality train-classi
 
 
 class PerplexityConfig(Section):
-    enabled: bool = Field(default=False, description="Score documents with the reference n-gram model (`kiln quality train-lm` first) and keep the buckets below (prose only).")
-    model: str | None = Field(default=None, description="Folder of the trained model (model.npz, corpus_perplexity.npy); None: this run's quality/lm.")
-    percentiles: tuple[float, float] = Field(default=(30.0, 60.0), description="Perplexity percentiles of the model's corpus sample that split head | middle | tail (CCNet: 30, 60).")
-    keep: tuple[Bucket, ...] = Field(default=("head", "middle"), min_length=1, description="Buckets kept (head: lowest perplexity, most like the reference).")
-    max_perplexity: float | None = Field(default=None, gt=0, description="Absolute threshold instead of buckets: keep documents with perplexity at or below it.")
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "Score documents with the reference n-gram model (`kiln quality train-lm` first) and keep the buckets "
+            "below (prose only)."
+        ),
+    )
+    model: str | None = Field(
+        default=None,
+        description="Folder of the trained model (model.npz, corpus_perplexity.npy); None: this run's quality/lm.",
+    )
+    percentiles: tuple[float, float] = Field(
+        default=(30.0, 60.0),
+        description=(
+            "Perplexity percentiles of the model's corpus sample that split head | middle | tail (CCNet: 30, 60)."
+        ),
+    )
+    keep: tuple[Bucket, ...] = Field(
+        default=("head", "middle"),
+        min_length=1,
+        description="Buckets kept (head: lowest perplexity, most like the reference).",
+    )
+    max_perplexity: float | None = Field(
+        default=None,
+        gt=0,
+        description="Absolute threshold instead of buckets: keep documents with perplexity at or below it.",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> PerplexityConfig:
         low, high = self.percentiles
         if not 0 < low < high < 100:
-            raise ValueError(f"perplexity.percentiles must be two increasing values inside (0, 100), got {list(self.percentiles)}")
+            raise ValueError(
+                f"perplexity.percentiles must be two increasing values inside (0, 100), got {list(self.percentiles)}"
+            )
         return self
 
 
 class ClassifierFilterConfig(Section):
-    enabled: bool = Field(default=False, description="Score documents with the reference-vs-corpus classifier (`kiln quality train-classifier` first) and keep the best (prose only).")
-    model: str | None = Field(default=None, description="Folder of the trained classifier (model.npz, corpus_scores.npy); None: this run's quality/classifier.")
-    top_fraction: float = Field(default=0.1, gt=0, le=1, description="Keep documents scoring in this top fraction of the classifier's corpus sample (DCLM: 0.1).")
-    min_score: float | None = Field(default=None, ge=0, le=1, description="Absolute threshold instead of top_fraction: keep documents scoring at or above it.")
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "Score documents with the reference-vs-corpus classifier (`kiln quality train-classifier` first) and keep "
+            "the best (prose only)."
+        ),
+    )
+    model: str | None = Field(
+        default=None,
+        description=(
+            "Folder of the trained classifier (model.npz, corpus_scores.npy); None: this run's quality/classifier."
+        ),
+    )
+    top_fraction: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description="Keep documents scoring in this top fraction of the classifier's corpus sample (DCLM: 0.1).",
+    )
+    min_score: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Absolute threshold instead of top_fraction: keep documents scoring at or above it.",
+    )
 
 
 def model_folder(configured: str | None, run_dir: Path, default: str) -> Path:
@@ -69,7 +114,11 @@ def model_files(folder: Path, scores: str) -> list[Path]:
     files = [folder / MODEL, folder / scores]
     missing = [str(p) for p in files if not p.is_file()]
     if missing:
-        raise FatalError(f"curate: quality model files missing: {', '.join(missing)}; train them first (`kiln quality train-lm` / `kiln quality train-classifier` with the same recipe) or point the filter's `model` at their folder")
+        raise FatalError(
+            f"curate: quality model files missing: {', '.join(missing)}; train them first (`kiln quality "
+            "train-lm` / `kiln quality train-classifier` with the same recipe) or point the filter's `model` at "
+            "their folder"
+        )
     return files
 
 
@@ -92,7 +141,9 @@ def _mtime(path: Path, command: str) -> float:
     try:
         return path.stat().st_mtime
     except FileNotFoundError:
-        raise FatalError(f"quality: no model at {path}; train it with `{command}` or point the filter's `model` at its folder") from None
+        raise FatalError(
+            f"quality: no model at {path}; train it with `{command}` or point the filter's `model` at its folder"
+        ) from None
 
 
 def _sorted_scores(path: Path, command: str) -> np.ndarray:
@@ -110,7 +161,10 @@ def _sorted_scores(path: Path, command: str) -> np.ndarray:
     if scores.ndim != 1 or scores.dtype.kind != "f" or not np.isfinite(scores).all():
         raise FatalError(f"quality: {path} holds {scores.dtype}{list(scores.shape)}, not finite scores; {fix}")
     if len(scores) == 0:
-        raise FatalError(f"quality: {path}: the model's corpus sample has no scores, so no percentile cutoff exists; {fix} on more corpus text (quality.corpus_sample_mb)")
+        raise FatalError(
+            f"quality: {path}: the model's corpus sample has no scores, so no percentile cutoff exists; {fix} on "
+            "more corpus text (quality.corpus_sample_mb)"
+        )
     return scores
 
 
@@ -145,7 +199,9 @@ class PerplexityFilter:
         path = Path(folder) / MODEL
         self.model = _load_lm(path, _mtime(path, TRAIN_LM))
         self.keep, self.max_perplexity = set(cfg.keep), cfg.max_perplexity
-        self.cutoffs = tuple(float(c) for c in np.percentile(_sorted_scores(Path(folder) / LM_SCORES, TRAIN_LM), cfg.percentiles))
+        self.cutoffs = tuple(
+            float(c) for c in np.percentile(_sorted_scores(Path(folder) / LM_SCORES, TRAIN_LM), cfg.percentiles)
+        )
 
     def prepare(self, docs: list[Document]) -> None:
         prepare_scores(self.name, self.model.perplexities, docs)
@@ -165,8 +221,17 @@ class PerplexityFilter:
                     ledger.remove(doc, self.name, "above_max", perplexity, self.max_perplexity)
                     continue
             elif bucket not in self.keep:
-                threshold = self.cutoffs[1] if bucket == "tail" else self.cutoffs[0]  # the boundary the bucket starts (or, for head, ends) at
-                ledger.remove(doc, self.name, bucket, perplexity, threshold, note=f"buckets kept: {', '.join(b for b in BUCKETS if b in self.keep)}")
+                threshold = (
+                    self.cutoffs[1] if bucket == "tail" else self.cutoffs[0]
+                )  # the boundary the bucket starts (or, for head, ends) at
+                ledger.remove(
+                    doc,
+                    self.name,
+                    bucket,
+                    perplexity,
+                    threshold,
+                    note=f"buckets kept: {', '.join(b for b in BUCKETS if b in self.keep)}",
+                )
                 continue
             yield doc.with_meta(perplexity=round(perplexity, 3), perplexity_bucket=bucket)
 
@@ -179,11 +244,16 @@ class ClassifierFilter:
     def __init__(self, cfg: ClassifierFilterConfig, folder: Path):
         path = Path(folder) / MODEL
         self.model = _load_classifier(path, _mtime(path, TRAIN_CLASSIFIER))
-        scores = _sorted_scores(Path(folder) / CLASSIFIER_SCORES, TRAIN_CLASSIFIER)  # read even when unused: a broken model folder stops curate early
+        scores = _sorted_scores(
+            Path(folder) / CLASSIFIER_SCORES, TRAIN_CLASSIFIER
+        )  # read even when unused: a broken model folder stops curate early
         if cfg.min_score is not None:
             self.cutoff, self.rule = cfg.min_score, "below_min_score"
         elif cfg.top_fraction >= 1:
-            self.cutoff, self.rule = -math.inf, "below_top_fraction"  # everything, even scores below the sample's lowest
+            self.cutoff, self.rule = (
+                -math.inf,
+                "below_top_fraction",
+            )  # everything, even scores below the sample's lowest
         else:
             self.cutoff, self.rule = float(np.quantile(scores, 1 - cfg.top_fraction)), "below_top_fraction"
 

@@ -34,10 +34,21 @@ MAX_SUBSTRING_CHARS = 200
 
 class URLFilterConfig(Section):
     enabled: bool = Field(True, description="Run the URL filter (a no-op while every list is empty).")
-    blocked_domains: list[str] = Field(default_factory=list, description="Domains to block, with all their subdomains (example.com also blocks www.example.com).")
-    blocked_domain_files: list[str] = Field(default_factory=list, description="Files of blocked domains: one per line, # comments and blank lines ignored.")
-    blocked_substrings: list[str] = Field(default_factory=list, description="Strings that block a URL containing them anywhere (case-insensitive, after percent-decoding).")
-    blocked_substring_files: list[str] = Field(default_factory=list, description="Files of blocked substrings: one per line, # comments and blank lines ignored.")
+    blocked_domains: list[str] = Field(
+        default_factory=list,
+        description="Domains to block, with all their subdomains (example.com also blocks www.example.com).",
+    )
+    blocked_domain_files: list[str] = Field(
+        default_factory=list, description="Files of blocked domains: one per line, # comments and blank lines ignored."
+    )
+    blocked_substrings: list[str] = Field(
+        default_factory=list,
+        description="Strings that block a URL containing them anywhere (case-insensitive, after percent-decoding).",
+    )
+    blocked_substring_files: list[str] = Field(
+        default_factory=list,
+        description="Files of blocked substrings: one per line, # comments and blank lines ignored.",
+    )
     url_key: str = Field("url", description="Meta key holding the document's URL; documents without it pass.")
 
     @field_validator("blocked_domains", "blocked_substrings")
@@ -94,15 +105,24 @@ def _normalize_domain_entry(entry: str, where: str) -> str:
     """A block-list domain as a bare ASCII host: tolerates `*.`/leading dots and whole URLs."""
     raw = entry.strip()
     if any(c.isspace() for c in raw):
-        raise ConfigError(f"url_filter: {where}: domain entry {raw!r} contains whitespace; write one domain per line, e.g. example.com")
+        raise ConfigError(
+            f"url_filter: {where}: domain entry {raw!r} contains whitespace; write one domain per line, e.g. "
+            "example.com"
+        )
     raw = raw.removeprefix("*.")
     try:
         return str(ipaddress.ip_address(raw.strip("[]")))  # an address entry blocks that address only
     except ValueError:
         pass
-    host = url_host(raw.lstrip(".")) if "/" in raw or "@" in raw or ":" in raw else _ascii_host(raw.lstrip(".").rstrip(".").lower())
+    host = (
+        url_host(raw.lstrip("."))
+        if "/" in raw or "@" in raw or ":" in raw
+        else _ascii_host(raw.lstrip(".").rstrip(".").lower())
+    )
     if not host:
-        raise ConfigError(f"url_filter: {where}: domain entry {raw!r} names no host; write one domain per line, e.g. example.com")
+        raise ConfigError(
+            f"url_filter: {where}: domain entry {raw!r} names no host; write one domain per line, e.g. example.com"
+        )
     return host
 
 
@@ -110,7 +130,10 @@ def _read_list(path_text: str, kind: str) -> list[tuple[str, str]]:
     """(entry, 'path:line') for each entry of a list file; a missing file is a ConfigError."""
     path = Path(path_text).expanduser()
     if not path.is_file():
-        raise ConfigError(f"url_filter.{kind}: list file {str(path)!r} does not exist or is not a file; fix the path or remove it from the recipe")
+        raise ConfigError(
+            f"url_filter.{kind}: list file {str(path)!r} does not exist or is not a file; fix the path or remove "
+            "it from the recipe"
+        )
     entries = []
     with path.open(encoding="utf-8", errors="strict") as f:
         for number, line in enumerate(f, start=1):
@@ -136,7 +159,7 @@ def _trie_regex(entries: set[str]) -> re.Pattern[str] | None:
         parts: list[str] = []
         # Follow single-child chains without recursing, so recursion depth is the branching depth.
         while "" not in node and len(node) == 1:
-            (ch, node), = node.items()
+            ((ch, node),) = node.items()
             parts.append(re.escape(ch))
         if "" in node:
             return "".join(parts)
@@ -164,7 +187,10 @@ class URLFilter(Filter):
         ]:
             entry = entry.strip().lower()
             if len(entry) > MAX_SUBSTRING_CHARS:
-                raise ConfigError(f"url_filter: {where}: substring entry of {len(entry)} characters is longer than {MAX_SUBSTRING_CHARS}; shorten it")
+                raise ConfigError(
+                    f"url_filter: {where}: substring entry of {len(entry)} characters is longer than "
+                    f"{MAX_SUBSTRING_CHARS}; shorten it"
+                )
             substrings.add(entry)
         self.domains = frozenset(domains)
         self._substrings = _trie_regex(substrings)
@@ -174,7 +200,8 @@ class URLFilter(Filter):
         if host in self.domains:
             return host
         if ":" in host or _NUMERIC_TLD.search(host):
-            return None  # an IP address (or any all-numeric "TLD") is blocked only by itself, never by a suffix such as 2.3.4
+            # an IP address (or any all-numeric "TLD") is blocked only by itself, never by a suffix such as 2.3.4
+            return None
         dot = host.find(".")
         while dot != -1:
             suffix = host[dot + 1 :]
@@ -196,4 +223,3 @@ class URLFilter(Filter):
             if found is not None:
                 return Drop("blocked_substring", note=found.group(0))
         return None
-

@@ -29,8 +29,24 @@ from kiln.curate.steps.pii.ssns import ssn_valid
 from kiln.curate.steps.pii.step import EXAMPLE_CONTEXT, EXAMPLES_PER_KIND, PIIConfig, RedactPII
 
 __all__ = [
-    "EXAMPLES_PER_KIND", "EXAMPLE_CONTEXT", "IPRange", "MAX_NATIONAL_DIGITS", "MAX_PEM_BODY_CHARS", "MAX_PHONE_DIGITS",
-    "MIN_NATIONAL_DIGITS", "MIN_PHONE_DIGITS", "MIN_SECRET_ENTROPY", "PLACEHOLDERS", "PIIConfig", "PhoneCheck",
-    "RedactPII", "card_issued", "ip_range", "luhn_valid", "phone_possible", "phone_valid", "random_looking",
+    "EXAMPLES_PER_KIND",
+    "EXAMPLE_CONTEXT",
+    "IPRange",
+    "MAX_NATIONAL_DIGITS",
+    "MAX_PEM_BODY_CHARS",
+    "MAX_PHONE_DIGITS",
+    "MIN_NATIONAL_DIGITS",
+    "MIN_PHONE_DIGITS",
+    "MIN_SECRET_ENTROPY",
+    "PLACEHOLDERS",
+    "PIIConfig",
+    "PhoneCheck",
+    "RedactPII",
+    "card_issued",
+    "ip_range",
+    "luhn_valid",
+    "phone_possible",
+    "phone_valid",
+    "random_looking",
     "ssn_valid",
 ]

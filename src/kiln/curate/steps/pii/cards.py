@@ -23,17 +23,28 @@ CARD_SHAPE = (
 # published ranges): (first digits from, to) -> lengths. A number outside them is an order, an
 # IMEI, an ISBN or a timestamp, whatever its Luhn check says.
 _CARD_ISSUERS: tuple[tuple[int, int, frozenset[int]], ...] = tuple(
-    (low, high, frozenset(lengths)) for low, high, lengths in (
+    (low, high, frozenset(lengths))
+    for low, high, lengths in (
         (4, 4, (13, 16, 19)),  # Visa
-        (51, 55, (16,)), (2221, 2720, (16,)),  # Mastercard
-        (34, 34, (15,)), (37, 37, (15,)),  # American Express
-        (6011, 6011, range(16, 20)), (644, 649, range(16, 20)), (65, 65, range(16, 20)),  # Discover
-        (300, 305, range(14, 20)), (3095, 3095, range(14, 20)),  # Diners Club
-        (36, 36, range(14, 20)), (38, 39, range(14, 20)),  # Diners Club
+        (51, 55, (16,)),
+        (2221, 2720, (16,)),  # Mastercard
+        (34, 34, (15,)),
+        (37, 37, (15,)),  # American Express
+        (6011, 6011, range(16, 20)),
+        (644, 649, range(16, 20)),
+        (65, 65, range(16, 20)),  # Discover
+        (300, 305, range(14, 20)),
+        (3095, 3095, range(14, 20)),  # Diners Club
+        (36, 36, range(14, 20)),
+        (38, 39, range(14, 20)),  # Diners Club
         (3528, 3589, range(16, 20)),  # JCB
         (62, 62, range(16, 20)),  # UnionPay
-        (5018, 5018, range(12, 20)), (5020, 5020, range(12, 20)), (5038, 5038, range(12, 20)),  # Maestro
-        (5893, 5893, range(12, 20)), (6304, 6304, range(12, 20)), (6759, 6759, range(12, 20)),  # Maestro
+        (5018, 5018, range(12, 20)),
+        (5020, 5020, range(12, 20)),
+        (5038, 5038, range(12, 20)),  # Maestro
+        (5893, 5893, range(12, 20)),
+        (6304, 6304, range(12, 20)),
+        (6759, 6759, range(12, 20)),  # Maestro
         (6761, 6763, range(12, 20)),  # Maestro
         (2200, 2204, range(16, 20)),  # Mir
     )

@@ -27,10 +27,23 @@ _FILE_EXTENSION_TLDS = frozenset(
 # RFC 2606 reserves these for documentation: addresses there belong to no one.
 _RESERVED_DOMAINS = ("example.com", "example.org", "example.net")
 # ... and these name hosts on a local network, which no outside mail reaches (RFC 6762, 8375, ICANN).
-_RESERVED_TLDS = frozenset({
-    "example", "test", "invalid", "localhost", "local", "localdomain", "lan", "home", "internal", "intranet", "corp",
-    "private", "arpa",
-})
+_RESERVED_TLDS = frozenset(
+    {
+        "example",
+        "test",
+        "invalid",
+        "localhost",
+        "local",
+        "localdomain",
+        "lan",
+        "home",
+        "internal",
+        "intranet",
+        "corp",
+        "private",
+        "arpa",
+    }
+)
 _RESERVED_SUFFIXES = tuple("." + d for d in _RESERVED_DOMAINS)
 
 

@@ -35,13 +35,27 @@ _IPV6_HINT = re.compile(r":[0-9A-Fa-f]{0,4}:")
 _IPV6_RUN = re.compile(r"[0-9A-Fa-f:.]*")
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 # Public resolvers: printed in every networking tutorial, they identify no person.
-_WELL_KNOWN_IPS = frozenset({
-    "8.8.8.8", "8.8.4.4", "1.1.1.1", "1.0.0.1", "9.9.9.9", "149.112.112.112", "208.67.222.222", "208.67.220.220",
-    "2001:4860:4860::8888", "2001:4860:4860::8844", "2606:4700:4700::1111", "2606:4700:4700::1001",
-    "2620:fe::fe", "2620:fe::9",
-})
+_WELL_KNOWN_IPS = frozenset(
+    {
+        "8.8.8.8",
+        "8.8.4.4",
+        "1.1.1.1",
+        "1.0.0.1",
+        "9.9.9.9",
+        "149.112.112.112",
+        "208.67.222.222",
+        "208.67.220.220",
+        "2001:4860:4860::8888",
+        "2001:4860:4860::8844",
+        "2606:4700:4700::1111",
+        "2606:4700:4700::1001",
+        "2620:fe::fe",
+        "2620:fe::9",
+    }
+)
 _IP_RANGES: dict[str, list[ipaddress.IPv4Network | ipaddress.IPv6Network]] = {
-    kind: [ipaddress.ip_network(n) for n in nets] for kind, nets in {
+    kind: [ipaddress.ip_network(n) for n in nets]
+    for kind, nets in {
         # RFC 1918, 6598, 4193
         "private": ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7"],
         "loopback": ["127.0.0.0/8", "::1/128"],

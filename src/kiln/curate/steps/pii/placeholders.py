@@ -43,7 +43,10 @@ def touches_placeholder(text: str, secrets: bool) -> bool:
 
 
 def substitute(
-    pattern: re.Pattern[str], text: str, decide: Callable[[re.Match[str]], str | None], hits: dict[str, int] | None,
+    pattern: re.Pattern[str],
+    text: str,
+    decide: Callable[[re.Match[str]], str | None],
+    hits: dict[str, int] | None,
     kind: str,
 ) -> str:
     """`pattern.sub` where `decide` returns the replacement or None to keep the match; counts into `hits[kind]`."""

@@ -41,13 +41,15 @@ def _token(literal: str, rest: str) -> re.Pattern[str]:
 
 
 _TOKENS: tuple[re.Pattern[str], ...] = (
-    _token("AKIA", r"[0-9A-Z]{16}"), _token("ASIA", r"[0-9A-Z]{16}"),  # AWS access key id (ASIA: temporary)
+    _token("AKIA", r"[0-9A-Z]{16}"),
+    _token("ASIA", r"[0-9A-Z]{16}"),  # AWS access key id (ASIA: temporary)
     _token("gh", r"[pousr]_[A-Za-z0-9]{36}"),  # GitHub classic tokens
     _token("github_pat_", r"[A-Za-z0-9_]{82}"),  # GitHub fine-grained token
     _token("xox", r"[abposr]-[A-Za-z0-9-]{10,250}"),  # Slack tokens
     _token("AIza", r"[0-9A-Za-z_-]{35}"),  # Google API key
     # Stripe secret and restricted keys (pk_ is public)
-    _token("sk_", r"(?:live|test)_[0-9A-Za-z]{16,247}"), _token("rk_", r"(?:live|test)_[0-9A-Za-z]{16,247}"),
+    _token("sk_", r"(?:live|test)_[0-9A-Za-z]{16,247}"),
+    _token("rk_", r"(?:live|test)_[0-9A-Za-z]{16,247}"),
     _token("sk-", r"(?P<sk>[A-Za-z0-9_-]{32,250})"),  # OpenAI / Anthropic style
     # JWT: base64url '{"' header and payload
     _token("eyJ", r"[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
@@ -76,7 +78,16 @@ _ASSIGNED_TAIL = re.compile(r"[\"']?[ \t]*(?::=|=>|[:=])[ \t]*[\"']?(?P<value>[^
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 # Values that stand for a secret rather than being one.
 _PLACEHOLDER_WORDS = (
-    "your", "example", "changeme", "placeholder", "dummy", "redacted", "xxxx", "****", "secret_here", "token_here"
+    "your",
+    "example",
+    "changeme",
+    "placeholder",
+    "dummy",
+    "redacted",
+    "xxxx",
+    "****",
+    "secret_here",
+    "token_here",
 )
 _DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 MIN_SECRET_ENTROPY = 2.5  # bits per character: hunter22 has 2.75, aaaa1111 has 1.0
@@ -124,6 +135,7 @@ def redact_pem(text: str, hits: dict[str, int]) -> str:
 
 def redact_tokens(text: str, hits: dict[str, int]) -> str:
     """The text with each token of a known format replaced by <SECRET> (a bearer header keeps its name)."""
+
     def token(m: re.Match[str]) -> str | None:
         key = m.groupdict().get("sk")
         # subtle: `sk-` also starts kebab-case names (`sk-learn-...`); a real key is random

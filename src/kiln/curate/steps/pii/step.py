@@ -33,22 +33,22 @@ class PIIConfig(Section):
     phones: bool = Field(
         True,
         description="Replace phone numbers that libphonenumber validates (+country code; US (212) 555-0143, "
-                    "212-555-0143, 212.555.0143; national formats of phone_regions), or of a possible length right "
-                    "after a phone word (Phone:, mobile, tel:), with <PHONE>.",
+        "212-555-0143, 212.555.0143; national formats of phone_regions), or of a possible length right "
+        "after a phone word (Phone:, mobile, tel:), with <PHONE>.",
     )
     phone_regions: list[str] = Field(
         ["GB", "DE", "FR", "IT", "ES", "NL", "AU", "IE", "IN"],
         description="Regions (ISO 3166 codes) whose national formats, trunk 0 and groups (020 7946 0958), are "
-                    "checked; numbers with a + country code and the North American formats are checked for every "
-                    "region.",
+        "checked; numbers with a + country code and the North American formats are checked for every "
+        "region.",
     )
     ip_addresses: bool = Field(True, description="Replace IPv4 and IPv6 addresses with <IP_ADDRESS>.")
     keep_ip_ranges: list[IPRange] = Field(
         ["private", "loopback", "link_local", "unspecified", "documentation", "multicast", "reserved", "resolvers"],
         description="Address ranges left as they are: private (RFC 1918, 100.64/10, fc00::/7), loopback, link_local "
-                    "(169.254/16, fe80::/10), unspecified (0.0.0.0/8, ::), documentation (192.0.2/24, 198.51.100/24, "
-                    "203.0.113/24, 2001:db8::/32), multicast, reserved (any other range not routed on the internet), "
-                    "resolvers (public DNS resolvers such as 8.8.8.8); [] redacts every address.",
+        "(169.254/16, fe80::/10), unspecified (0.0.0.0/8, ::), documentation (192.0.2/24, 198.51.100/24, "
+        "203.0.113/24, 2001:db8::/32), multicast, reserved (any other range not routed on the internet), "
+        "resolvers (public DNS resolvers such as 8.8.8.8); [] redacts every address.",
     )
     credit_cards: bool = Field(
         True,
@@ -56,16 +56,16 @@ class PIIConfig(Section):
     )
     ssns: bool = Field(
         True,
-        description="Replace US social security numbers written AAA-GG-SSSS that the SSA could have issued with "
-                    "<SSN>.",
+        description="Replace US social security numbers written AAA-GG-SSSS that the SSA could have issued with <SSN>.",
     )
     secrets: bool = Field(
         True,
         description="Replace API keys and tokens of known formats, PEM private-key blocks and random-looking values "
-                    "assigned to password/secret/token/key names with <SECRET>.",
+        "assigned to password/secret/token/key names with <SECRET>.",
     )
     max_hits: int | None = Field(
-        None, ge=0,
+        None,
+        ge=0,
         description="Drop a document with more than this many redactions (all types together); None never drops.",
     )
 
@@ -92,7 +92,9 @@ class RedactPII:
         self.config = config
         ips = IPAddresses(config.keep_ip_ranges)
         enabled = {
-            "ip_address": config.ip_addresses, "credit_card": config.credit_cards, "ssn": config.ssns,
+            "ip_address": config.ip_addresses,
+            "credit_card": config.credit_cards,
+            "ssn": config.ssns,
             "phone": config.phones,
         }
         kinds = [kind for kind, on in enabled.items() if on]
@@ -157,4 +159,3 @@ class RedactPII:
         snippet = redacted[max(0, at - EXAMPLE_CONTEXT) : end + EXAMPLE_CONTEXT]
         example = {"source": doc.source, "kind": kind, "id": doc.id, "text": " ".join(snippet.split())}
         ledger.record("pii_example", example)
-
