@@ -100,6 +100,22 @@ class Progress:
         self.step, self.loss = step, loss
         self.tokens_trained, self.train_flops = self.tokens_trained + tokens, self.train_flops + flops
 
+    def result(self, ranks: Ranks, mixture: list[dict[str, Any]], rollbacks: int) -> TrainResult:
+        """The run's result once its last step is done (model states held gathered from every rank)."""
+        return TrainResult(
+            ranks.device,
+            self.loss,
+            self.val_before,
+            self.val_after,
+            self.checkpoint,
+            self.tokens_trained,
+            self.train_flops,
+            mixture,
+            rollbacks,
+            ranks.gather(self.held),
+            peak_rss_mb(),
+        )
+
 
 def train(
     model_cfg: ModelConfig,
@@ -126,7 +142,7 @@ def train(
                 shape = cfg.geometry(step)  # seq_len, rows and RoPE base (phases, batch-size warmup)
                 enter_phase(parts.core, shape, model_cfg.rope_theta, step)
                 lr = set_lr(parts.optimizer, cfg.lr(step) * guard.lr_scale(step))
-                micro_batches, data_wait_s = draw_step(batches, shape, step, guard.skips.get(step, 0), ranks)
+                micro_batches, wait_s = draw_step(batches, shape, step, guard.skips.get(step, 0), ranks)
                 step_tokens = kept_positions(micro_batches, ranks)
                 losses, bubble = forward_backward(parts, micro_batches, step_tokens, len(sources))
                 grad_norm = optimizer_step(parts, cfg.optim.grad_clip, progress)
@@ -139,21 +155,10 @@ def train(
                         continue
                 tokens, fpt = shape.tokens(ranks.data_world), flops_per_token(parts.core.cfg, shape.seq_len)
                 progress.count(step, loss, tokens, tokens * fpt)
-                monitor.log_step(
-                    StepLog(
-                        step,
-                        loss,
-                        by_source,
-                        lr,
-                        grad_norm,
-                        tokens,
-                        shape.seq_len,
-                        fpt,
-                        data_wait_s,
-                        guard.rollbacks,
-                        bubble,
-                    )
+                done = StepLog(
+                    step, loss, by_source, lr, grad_norm, tokens, shape.seq_len, fpt, wait_s, guard.rollbacks, bubble
                 )
+                monitor.log_step(done)
                 log_mixture(parts, batches, step, shape.progress, tokens)
                 maybe_adapt(parts, batches, step, cfg.geometry(step + 1).progress, cadence)  # for the rows drawn next
                 # The checkpoint is on disk before the final validation, which could still fail.
@@ -170,19 +175,7 @@ def train(
     monitor.close()
     saved = progress.checkpoint or not ranks.is_main
     assert progress.val_after is not None and saved, "the last step validates and saves"
-    return TrainResult(
-        ranks.device,
-        progress.loss,
-        progress.val_before,
-        progress.val_after,
-        progress.checkpoint,
-        progress.tokens_trained,
-        progress.train_flops,
-        parts.mixture.records,
-        guard.rollbacks,
-        ranks.gather(progress.held),
-        peak_rss_mb(),
-    )
+    return progress.result(ranks, parts.mixture.records, guard.rollbacks)
 
 
 def begin(
@@ -234,11 +227,8 @@ def restore(
 
 def rewind(progress: Progress, saved: dict[str, Any]) -> None:
     """Back to a state's step and counts after a rollback (this attempt's results stay)."""
-    progress.step, progress.tokens_trained, progress.train_flops = (
-        saved["step"],
-        saved["tokens_trained"],
-        saved["train_flops"],
-    )
+    progress.step = saved["step"]
+    progress.tokens_trained, progress.train_flops = saved["tokens_trained"], saved["train_flops"]
 
 
 def resumable(parts: TrainParts, batches: BatchSource, progress: Progress) -> dict[str, Any]:

@@ -79,9 +79,8 @@ def lm_loss(
 ) -> Loss:
     """step_tokens: kept positions of the whole step; None means this batch's own (its plain mean)."""
     loss_N = F.cross_entropy(logits_BTV.flatten(0, 1), batch.targets_BT.flatten(), reduction="none")
-    if isinstance(
-        loss_N, DTensor
-    ):  # tensor parallel: loss_parallel's cross-entropy over the vocabulary shards, whole on every rank
+    # Tensor parallel: loss_parallel's cross-entropy over the vocabulary shards, whole on every rank.
+    if isinstance(loss_N, DTensor):
         loss_N = loss_N.full_tensor()
     loss_BT = loss_N.view_as(batch.targets_BT)
     kept_BT = loss_BT * batch.loss_mask_BT  # masked positions contribute exactly 0

@@ -298,9 +298,8 @@ class PipelineSchedule:
             self.built.clear()
             b, device = rows // micro_batches, self.ranks.device
 
-            def hidden() -> (
-                torch.Tensor
-            ):  # requires_grad: the hidden states between stages carry gradients back (the ids do not)
+            # requires_grad: the hidden states between stages carry gradients back (the ids do not).
+            def hidden() -> torch.Tensor:
                 return torch.empty(
                     b, seq_len, self.core.cfg.d_model, dtype=self.hidden_dtype, device=device, requires_grad=True
                 )

@@ -322,9 +322,7 @@ class States:
         if self.pending is not None:
             self.pending.join()
             self.pending = None
-            if (
-                self.failure is not None and self.ranks.is_main
-            ):  # its partial folder goes; the run's failure is reported
+            if self.failure is not None and self.ranks.is_main:  # its partial folder goes; the failure is reported
                 shutil.rmtree(self.root / (step_name(self.pending_step) + ".tmp"), ignore_errors=True)
 
     def _prune(self) -> None:
