@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kiln-installed
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test test-fast clean
 
 setup: $(STAMP)
 
@@ -20,8 +20,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/kiln demo --recipe demo
 
+# One pytest worker per core; tests/conftest.py says how they share the machine.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n auto --dist loadgroup tests
+
+# The edit loop: everything but the tests marked slow (end-to-end runs, launched processes, Ray).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n auto --dist loadgroup -m "not slow" tests
 
 clean:
 	rm -rf runs $(VENV)

@@ -1,14 +1,81 @@
 """Shared fixtures: one local Ray instance (2 CPUs) for every Ray test (curate and quality), and one
-miniature `kiln demo` run (tests/minidemo.py) for tests/test_demo.py and tests/report/."""
+miniature `kiln demo` run (tests/minidemo.py) for tests/test_demo.py and tests/report/.
+
+And how the suite shares the machine when pytest-xdist runs it on several workers (`make test`:
+one per core, `--dist loadgroup`): each worker's torch, and the processes its tests start, use one
+thread; the tests of a shared session run go to one worker, which makes that run once; the long
+tests are handed out first; a test marked `cores` runs while the other workers wait.
+"""
 
 from __future__ import annotations
 
+import os
+
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if WORKER:
+    os.environ["OMP_NUM_THREADS"] = "1"  # read by torch at import, and by every process a test starts
+
+import fcntl
 import json
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 from minidemo import DEMO_STAGES, KILN, kiln_demo
+
+SHARED_RUNS = ("demo_run", "ray_local")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if WORKER:
+        import torch
+
+        torch.set_num_threads(1)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not WORKER:  # the controller, after its workers have stopped
+        for lock in Path(tempfile.gettempdir()).glob(f"kiln-tests-{os.getpid()}.*"):
+            lock.unlink()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in SHARED_RUNS:
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(fixture))
+                item.add_marker(pytest.mark.slow)  # the end-to-end run, or a Ray instance: not for `make test-fast`
+    # Long first, so that no worker is left with one long test while the others have finished.
+    items.sort(key=lambda item: not item.get_closest_marker("slow"))
+
+
+@contextmanager
+def machine_share(exclusive: bool) -> Iterator[None]:
+    """Hold the workers' shared lock for a test, or the exclusive one for a `cores` test. A test
+    waiting for the exclusive lock first takes the gate, which keeps other workers from starting
+    their next test meanwhile (the wait ends when their current one does)."""
+    if not WORKER:
+        yield
+        return
+    # The workers are the controller's children: the locks are named after it.
+    base = Path(tempfile.gettempdir()) / f"kiln-tests-{os.getppid()}"
+    with open(f"{base}.gate", "a") as gate, open(f"{base}.run", "a") as run:
+        fcntl.flock(gate, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        fcntl.flock(run, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        if not exclusive:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield  # closing the files releases what is held
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    with machine_share(item.get_closest_marker("cores") is not None):
+        return (yield)
 
 
 @pytest.fixture(scope="session")

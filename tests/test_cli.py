@@ -372,6 +372,7 @@ def test_a_failed_launch_is_reported_in_one_line(
     )
 
 
+@pytest.mark.slow  # kiln processes started
 def test_entry_point_exit_status(tmp_path: Path) -> None:
     if not KILN.is_file():
         pytest.skip(f"no kiln script beside {sys.executable}")

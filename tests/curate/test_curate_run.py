@@ -247,6 +247,7 @@ def test_no_inputs_is_fatal(tmp_path):
         run(CurateConfig(inputs=(InputConfig(path=str(tmp_path / "none" / "*.jsonl")),)), tmp_path / "run")
 
 
+@pytest.mark.slow  # kiln processes started and killed
 def test_killed_run_resumes_without_loss_duplication_or_redoing_finished_tasks(tmp_path, caplog):
     """SIGKILL a real `kiln curate` mid-way, re-run it, compare with an uninterrupted run."""
     corpus = write_corpus(tmp_path, pages=400, books=40)
@@ -329,6 +330,7 @@ def test_many_sources_in_one_task_are_written_in_passes(tmp_path, monkeypatch):
     )
 
 
+@pytest.mark.slow  # kiln processes started and killed
 def test_killed_during_the_write_phase_with_a_process_pool_resumes(tmp_path):
     corpus = write_corpus(tmp_path, pages=300, books=30)
     common = [

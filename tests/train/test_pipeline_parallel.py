@@ -230,6 +230,7 @@ def single_tied(tokenized_run: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.mark.slow
+@pytest.mark.cores  # the two stages overlap only on cores no other test is using
 def test_two_stages_with_gpipe_match_one_process_and_idle_as_the_schedule_says(
     single: tuple[list, Path], tokenized_run: Path, tmp_path: Path
 ) -> None:

@@ -537,6 +537,7 @@ def test_without_verification_a_direct_candidate_is_not_noted_as_chained(tmp_pat
 # --- kill and resume ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # kiln processes started and killed
 def test_killed_in_the_sign_phase_resumes_to_the_uninterrupted_result(tmp_path, caplog):
     """SIGKILL a real `kiln curate` after some sign tasks finished, re-run it, compare with a whole run."""
     tasks = 16
