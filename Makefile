@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kiln-installed
+# Python's bytecode cache stays on for kiln's own commands even where the environment turns it off
+# (PYTHONDONTWRITEBYTECODE): without it every process the suite starts compiles kiln's modules again,
+# and every pytest worker rewrites every test module again.
+RUN := env -u PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup demo test test-fast clean
 
@@ -18,15 +22,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/kiln demo --recipe demo
+	$(RUN) $(BIN)/kiln demo --recipe demo
 
 # One pytest worker per core; tests/conftest.py says how they share the machine.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadgroup tests
+	$(RUN) $(BIN)/python -m pytest -q -n auto --dist loadgroup tests
 
 # The edit loop: everything but the tests marked slow (end-to-end runs, launched processes, Ray).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadgroup -m "not slow" tests
+	$(RUN) $(BIN)/python -m pytest -q -n auto --dist loadgroup -m "not slow" tests
 
 clean:
 	rm -rf runs $(VENV)
