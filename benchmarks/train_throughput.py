@@ -151,7 +151,7 @@ def rope(x_BHTE: torch.Tensor, cos_TE2: torch.Tensor, sin_TE2: torch.Tensor) -> 
 class RefAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.h, self.k, self.e = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.h, self.k, self.e = cfg.n_heads, cfg.kv_heads, cfg.head_width
         self.wq = nn.Linear(cfg.d_model, self.h * self.e, bias=False)
         self.wk = nn.Linear(cfg.d_model, self.k * self.e, bias=False)
         self.wv = nn.Linear(cfg.d_model, self.k * self.e, bias=False)
@@ -203,7 +203,7 @@ class RefLlama(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        inv_freq = cfg.rope_theta ** (-torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)
+        inv_freq = cfg.rope_theta ** (-torch.arange(0, cfg.head_width, 2, dtype=torch.float32) / cfg.head_width)
         angles_TE2 = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float32), inv_freq)
         self.register_buffer("cos", angles_TE2.cos(), persistent=False)
         self.register_buffer("sin", angles_TE2.sin(), persistent=False)

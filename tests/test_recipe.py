@@ -57,7 +57,7 @@ def test_load_recipe_from_yaml_file(tmp_path):
     assert recipe.curate.length.min_chars == 50
     assert recipe.curate.length.max_chars == 1_000_000  # omitted keys take their defaults
     assert recipe.curate.gopher_quality.enabled  # omitted sections too
-    assert recipe.model.d_model == 64 and recipe.model.head_dim == 16
+    assert recipe.model.d_model == 64 and recipe.model.head_width == 16
     assert recipe.train.seq_len == 128
     assert recipe.eval.seq_len is None  # None: eval uses the window the checkpoint was trained with
 

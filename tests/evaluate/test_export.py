@@ -52,6 +52,10 @@ def make_run(root: Path, tokenizer: KilnTokenizer, **model: object) -> tuple[Pat
     # init_std 0.2: larger weights than a fresh model's make the logits differ from position to
     # position, so the comparison is not of near-uniform distributions.
     net = build_model(cfg.model_copy(update={"init_std": 0.2}), 0, "cpu").eval()
+    with torch.no_grad():  # attention biases start at zero: random ones make them count in the comparison
+        for name, p in net.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.5)
     layout.checkpoint.parent.mkdir(parents=True)
     save_weights(layout.checkpoint, net)
     return run_dir, net
@@ -68,6 +72,21 @@ def load_hf(folder: Path) -> tuple[torch.nn.Module, object]:
         ({"n_kv_heads": 2, "tie_embeddings": True}, "LlamaForCausalLM"),
         ({"n_kv_heads": 1, "rope_theta": 500000.0, "ffn_hidden": 96}, "LlamaForCausalLM"),
         ({"qk_norm": True, "n_kv_heads": 2, "z_loss": 1e-4}, "Qwen3ForCausalLM"),
+        ({"attention_bias": True, "n_kv_heads": 2, "head_dim": 24}, "Qwen2ForCausalLM"),
+        ({"qk_norm": True, "head_dim": 8, "n_kv_heads": 2}, "Qwen3ForCausalLM"),
+        ({"rope_scaling": {"type": "linear", "factor": 3.0}}, "LlamaForCausalLM"),
+        (
+            {
+                "rope_scaling": {
+                    "type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 256,
+                }
+            },
+            "LlamaForCausalLM",
+        ),
     ],
 )
 def test_transformers_computes_kilns_logits_from_the_exported_folder(
@@ -79,6 +98,9 @@ def test_transformers_computes_kilns_logits_from_the_exported_folder(
     assert manifest["counts"]["architecture"] == architecture
     hf, _ = load_hf(folder)
     assert type(hf).__name__ == architecture
+    assert hf.config.head_dim == ours.cfg.head_width
+    scaling = options.get("rope_scaling")
+    assert scaling is None or hf.config.rope_parameters["factor"] == scaling["factor"]
     random_ids = torch.randint(0, tokenizer.vocab_size, (3, 96), generator=torch.Generator().manual_seed(1))
     text_ids = torch.tensor([tokenizer.encode(TEXT)[:96]])
     for ids in (random_ids, text_ids):
@@ -168,6 +190,7 @@ def exported_tokenizer(tmp_path_factory: pytest.TempPathFactory, tokenizer: Kiln
         ({"activation": "relu2"}, "model.activation=relu2"),
         ({"activation": "gelu"}, "model.activation=gelu"),
         ({"logit_softcap": 30.0}, "model.logit_softcap=30.0"),
+        ({"qk_norm": True, "attention_bias": True}, "model.qk_norm with model.attention_bias"),
     ],
 )
 def test_options_without_a_transformers_counterpart_are_refused_by_name(

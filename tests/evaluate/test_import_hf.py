@@ -41,8 +41,10 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> KilnTokenizer:
     return tok
 
 
-def llama_folder(root: Path, tokenizer: KilnTokenizer, **config: object) -> tuple[Path, torch.nn.Module]:
-    """A random LlamaForCausalLM saved by transformers, with kiln's tokenizer.json beside it."""
+def llama_folder(
+    root: Path, tokenizer: KilnTokenizer, family: str = "Llama", **config: object
+) -> tuple[Path, torch.nn.Module]:
+    """A random <family>ForCausalLM (Llama by default) saved by transformers, with kiln's tokenizer.json beside it."""
     settings = {
         "vocab_size": tokenizer.vocab_size,
         "hidden_size": 64,
@@ -56,7 +58,12 @@ def llama_folder(root: Path, tokenizer: KilnTokenizer, **config: object) -> tupl
         "tie_word_embeddings": False,
     }
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**settings | config)).eval()
+    model_class, config_class = getattr(transformers, f"{family}ForCausalLM"), getattr(transformers, f"{family}Config")
+    model = model_class(config_class(**settings | config)).eval()
+    with torch.no_grad():  # transformers zeroes biases at init: random ones make them count in the comparison
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.5)
     folder = root / "hf-llama"
     model.save_pretrained(folder)
     assert tokenizer.path is not None
@@ -157,6 +164,58 @@ def test_export_then_import_gives_back_the_same_weights(tmp_path: Path, tokenize
     )
 
 
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    # head_dim 16: wavelengths 6 to 19,869 positions, so with 256 some are kept (< 64), one is blended
+    # (64 to 256) and the rest are divided by the factor: all three of the rule's cases.
+    "original_max_position_embeddings": 256,
+}
+
+
+@pytest.mark.parametrize(
+    ("family", "config", "options"),
+    [
+        ("Qwen2", {}, {"attention_bias": True}),
+        ("Qwen3", {"head_dim": 24}, {"head_dim": 24, "qk_norm": True}),
+        ("Llama", {"rope_parameters": {"rope_theta": 10000.0, **LLAMA3}}, {"rope_scaling": {"type": "llama3"}}),
+        (
+            "Llama",
+            {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}},
+            {"rope_scaling": {"type": "linear", "factor": 4.0}},
+        ),
+    ],
+)
+def test_qwen2_qwen3_and_scaled_rope_llama_import_and_export_with_the_same_logits(
+    tmp_path: Path, tokenizer: KilnTokenizer, family: str, config: dict, options: dict
+) -> None:
+    folder, theirs = llama_folder(tmp_path, tokenizer, family=family, **config)
+    run_dir = tmp_path / "runs" / "imported"
+    manifest = import_hf(ImportConfig(source=str(folder)), run_dir)
+    assert manifest["counts"]["architecture"] == f"{family}ForCausalLM"
+    ours = load_trained_model(RunLayout(run_dir).checkpoint)
+    for key, value in options.items():  # the settings arrive as kiln's own options
+        got = getattr(ours.cfg, key)
+        assert (got.model_dump() | value == got.model_dump()) if isinstance(value, dict) else got == value, key
+    assert manifest["counts"]["params"] == sum(p.numel() for p in theirs.parameters())
+    ids = torch.randint(0, tokenizer.vocab_size, (2, 100), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ours_BTV, theirs_BTV = ours(ids), theirs(ids).logits
+    # fp32 rounding: kiln takes RoPE angles in float64 and norms its own way; the default Llama differs by as much.
+    assert ours_BTV.std() > 1.0 and (ours_BTV - theirs_BTV).abs().max().item() < 5e-5
+    # Exported again, transformers builds the same class with the same settings and computes the same logits.
+    export(ExportConfig(), GenerateConfig(), run_dir)
+    exported = run_dir / "export" / "hf"
+    back = transformers.AutoModelForCausalLM.from_pretrained(exported, local_files_only=True, dtype=torch.float32)
+    assert type(back).__name__ == f"{family}ForCausalLM"
+    assert back.config.head_dim == ours.cfg.head_width
+    assert back.config.rope_parameters == theirs.config.rope_parameters
+    with torch.no_grad():
+        assert (back.eval()(ids).logits - theirs_BTV).abs().max().item() < 5e-5
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
@@ -164,13 +223,18 @@ def test_export_then_import_gives_back_the_same_weights(tmp_path: Path, tokenize
             lambda c: (
                 c
                 | {
-                    "rope_scaling": {"rope_type": "linear", "factor": 2.0},
-                    "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+                    "rope_scaling": {"rope_type": "yarn", "factor": 2.0},
+                    "rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0},
                 }
             ),
-            "RoPE scaling 'linear'",
+            "RoPE scaling 'yarn'",
         ),
-        (lambda c: c | {"attention_bias": True}, "attention_bias true"),
+        (lambda c: c | {"partial_rotary_factor": 0.5}, "partial_rotary_factor below 1"),
+        (lambda c: c | {"attention_bias": True}, "attention_bias true in LlamaForCausalLM"),
+        (
+            lambda c: c | {"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 16},
+            "use_sliding_window true",
+        ),
         (lambda c: c | {"architectures": ["MistralForCausalLM"]}, "architecture 'MistralForCausalLM'"),
     ],
 )

@@ -17,6 +17,10 @@ CONFIGS = {
     "mqa_tied": ModelConfig(vocab_size=50, d_model=64, n_layers=1, n_heads=4, n_kv_heads=1, tie_embeddings=True),
     "custom_ffn": ModelConfig(vocab_size=60, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, ffn_hidden=40),
     "demo_shape": ModelConfig(vocab_size=8192, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, tie_embeddings=True),
+    "qwen2_biases": ModelConfig(vocab_size=90, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, attention_bias=True),
+    "qwen3_wide_heads": ModelConfig(
+        vocab_size=90, d_model=30, n_layers=2, n_heads=3, n_kv_heads=1, head_dim=16, qk_norm=True, attention_bias=True
+    ),
 }
 
 
@@ -64,6 +68,18 @@ def test_flops_per_token_by_hand() -> None:
     assert flops_per_token(cfg, seq_len=9) - flops_per_token(cfg, seq_len=8) == 384
 
 
+def test_head_dim_and_attention_biases_by_hand() -> None:
+    # d=30, 3 heads of 16 (not 30/3), 1 kv head: wq 30*48 + wk 30*16 + wv 30*16 + wo 48*30 = 3,840 matrix weights,
+    # biases 48 + 16 + 16 = 80, q/k norms 2*16 and block norms 2*30 = 92; SwiGLU hidden 80 -> 128: 3*30*128 = 11,520.
+    cfg = CONFIGS["qwen3_wide_heads"]
+    assert cfg.head_width == 16 and cfg.hidden == 128
+    assert count_params(cfg, include_embeddings=False) == 2 * (3_840 + 80 + 92 + 11_520) + 30
+    # The biases are additions, not matrix products: the FLOPs are those of the same model without them.
+    assert flops_per_token(cfg, 8) == flops_per_token(cfg.model_copy(update={"attention_bias": False}), 8)
+    # 6 * (two blocks of 15,360 matrix weights + the 90*30 output projection) + 12 * 2 layers * 8 tokens * 48.
+    assert flops_per_token(cfg, 8) == 6 * (2 * 15_360 + 2_700) + 12 * 2 * 8 * 48
+
+
 def test_flops_per_token_counts_output_projection_whether_tied_or_not() -> None:
     # The input embedding is a lookup; the output projection is a matmul either way.
     assert flops_per_token(CONFIGS["tied"], 16) == flops_per_token(CONFIGS["untied_mha"], 16)
@@ -77,9 +93,26 @@ def test_resolved_fills_only_a_missing_vocab() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"d_model": 30, "n_heads": 4}, "d_model (30) must be a multiple of n_heads (4)"),
+        ({"d_model": 30, "n_heads": 4}, "d_model (30) must be a multiple of n_heads (4), or give model.head_dim"),
+        ({"d_model": 30, "n_heads": 4, "head_dim": 9}, "head_dim (9) must be even"),
         ({"d_model": 30, "n_heads": 2}, "head_dim d_model/n_heads = 15 must be even"),
         ({"d_model": 36, "n_heads": 6, "n_kv_heads": 4}, "n_heads (6) must be a multiple of n_kv_heads (4)"),
+        (
+            {
+                "rope_scaling": {
+                    "type": "llama3",
+                    "factor": 8,
+                    "low_freq_factor": 4,
+                    "high_freq_factor": 4,
+                    "original_max_position_embeddings": 64,
+                }
+            },
+            "high_freq_factor (4.0) must exceed low_freq_factor (4.0)",
+        ),
+        (
+            {"rope_scaling": {"type": "yarn", "factor": 4}},
+            "does not match any of the expected tags: 'linear', 'llama3'",
+        ),
     ],
 )
 def test_invalid_head_geometry_is_rejected(kwargs: dict, message: str) -> None:

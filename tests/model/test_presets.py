@@ -27,6 +27,16 @@ OPTIONS = {
     "qk_norm": {"qk_norm": True},
     "untied_softcap": {"tie_embeddings": False, "logit_softcap": 30.0},
     "depth_init_rope": {"init_depth_scale": "layer", "rope_theta": 500000.0},
+    "biases_wide_heads": {"attention_bias": True, "head_dim": 128, "qk_norm": True},
+    "rope_llama3": {
+        "rope_scaling": {
+            "type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
+    },
 }
 
 

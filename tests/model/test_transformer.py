@@ -9,9 +9,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kiln.model.config import ModelConfig
-from kiln.model.hf import hf_config, to_hf_state
+from kiln.model.hf import hf_config, model_config_from_hf, to_hf_state
 from kiln.model.init import build_model
 from kiln.model.transformer import RMSNorm, Transformer, apply_rope, rope_tables
 
@@ -127,7 +129,7 @@ def test_gqa_model_runs_and_matches_mha_with_repeated_kv_heads() -> None:
     gqa = seeded_model(gqa_cfg)
     mha = Transformer(small_cfg(n_heads=4, n_kv_heads=None)).eval()
     state = gqa.state_dict()
-    E, group = gqa_cfg.head_dim, 2
+    E, group = gqa_cfg.head_width, 2
     for i in range(gqa_cfg.n_layers):
         for w in ("wk", "wv"):
             key = f"blocks.{i}.attn.{w}.weight"
@@ -160,7 +162,7 @@ def assert_initialised(model: Transformer) -> None:
     assert model.blocks["3"].mlp.w_down.weight.std().item() == pytest.approx(0.005, rel=0.03)
     for norm in (model.norm, model.blocks["0"].attn_norm, model.blocks["7"].mlp_norm):
         assert torch.equal(norm.weight, torch.ones(256))
-    cos, sin = rope_tables(model.cfg.max_seq_len, model.cfg.head_dim, model.cfg.rope_theta)
+    cos, sin = rope_tables(model.cfg.max_seq_len, model.cfg.head_width, model.cfg.rope_theta)
     assert torch.equal(model.rope.cos, cos) and torch.equal(model.rope.sin, sin)
 
 
@@ -235,6 +237,49 @@ def test_logits_match_hugging_face_through_kilns_name_map(options: dict, archite
     idx = torch.randint(0, cfg.vocab_size, (2, 20), generator=torch.Generator().manual_seed(8))
     with torch.no_grad():
         torch.testing.assert_close(ours(idx), hf(idx).logits.float(), rtol=1e-4, atol=1e-4)
+
+
+SCALINGS = st.one_of(
+    st.none(),
+    st.builds(lambda f: {"type": "linear", "factor": f}, st.floats(1.0, 64.0)),
+    st.builds(
+        lambda f, low, gap, original: {
+            "type": "llama3",
+            "factor": f,
+            "low_freq_factor": low,
+            "high_freq_factor": low + gap,
+            "original_max_position_embeddings": original,
+        },
+        st.floats(1.0, 64.0),
+        st.floats(0.5, 4.0),
+        st.floats(0.5, 8.0),
+        st.integers(16, 131072),
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    head_dim=st.sampled_from([None, 16, 24, 40]),  # 8 is d_model / n_heads: an import leaves it implicit
+    family=st.sampled_from(["llama", "qwen2", "qwen3"]),
+    scaling=SCALINGS,
+    tie=st.booleans(),
+)
+def test_hf_config_reads_back_as_the_same_model_config(
+    head_dim: int | None, family: str, scaling: dict | None, tie: bool
+) -> None:
+    # The sizes transformers writes back are given explicitly (n_kv_heads, ffn_hidden), as an import sets them.
+    cfg = small_cfg(
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_hidden=48,
+        head_dim=head_dim,
+        qk_norm=family == "qwen3",
+        attention_bias=family == "qwen2",
+        rope_scaling=scaling,
+        tie_embeddings=tie,
+    )
+    assert model_config_from_hf(hf_config(cfg, eot_id=0, pad_id=1), "config.json") == cfg
 
 
 def test_depth_scaled_init_shrinks_each_blocks_residual_outputs_by_its_depth() -> None:

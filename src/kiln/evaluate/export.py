@@ -1,8 +1,8 @@
 """`kiln export --format hf`: the trained model as a Hugging Face folder that transformers loads offline.
 
 The folder (`export/hf/`, copied to `export.out` when given) holds config.json (kiln.model.hf:
-Llama, or Qwen3 with QK-norm), model.safetensors in transformers' names (a tied output projection
-stored once), kiln's tokenizer.json unchanged with tokenizer_config.json and
+Llama, Qwen3 with QK-norm, Qwen2 with attention biases), model.safetensors in transformers'
+names (a tied output projection stored once), kiln's tokenizer.json unchanged with tokenizer_config.json and
 special_tokens_map.json (end of document is bos and eos, no token added on encode, special-token
 spellings in text stay text as kiln encodes them, no clean-up of spaces on decode),
 generation_config.json from the recipe's generate section, and a model card (README.md) written
@@ -263,7 +263,7 @@ def run(cfg: ExportConfig, gen: GenerateConfig, run_dir: Path, force: bool = Fal
         manifest := stage.up_to_date(force, lambda m: f"the Hugging Face folder is {layout.stage(EXPORT) / HF_FOLDER}")
     ):
         model = load_trained_model(ckpt)
-        arch = architecture(model.cfg)  # refuses options Llama and Qwen3 lack before any work
+        arch = architecture(model.cfg)  # refuses options Llama and Qwen lack before any work
         tokenizer = KilnTokenizer.load(tok_path)
         stage.begin()
         folder = stage.dir / HF_FOLDER

@@ -1,7 +1,7 @@
-"""`kiln import-hf DIR --run NAME`: a Llama (or Qwen3) Hugging Face folder as a kiln run.
+"""`kiln import-hf DIR --run NAME`: a Llama (or Qwen2, Qwen3) Hugging Face folder as a kiln run.
 
 The folder's config.json becomes a ModelConfig (kiln.model.hf; settings kiln cannot reproduce,
-such as RoPE scaling, biases or sliding windows, stop the import with each named), its
+such as YaRN RoPE scaling, biases on the output projection or sliding windows, stop the import with each named), its
 safetensors weights (one file, or shards listed in model.safetensors.index.json) are renamed to
 kiln's parameters and loaded strictly, and its tokenizer.json must be one kiln made
 (kiln.text.tokenizer.adopt). The run gets two stages with manifests, as if it had trained:
@@ -18,7 +18,7 @@ plus the safetensors read fit in the memory this machine has available. A run wh
 train/ was not made by an import of this same folder (a run kiln trained, another import) is not
 replaced: --force moves those folders aside (`<stage>.old-<time>/`, never deleted).
 Not handled here: PyTorch pickles (`pytorch_model.bin`: kiln never unpickles downloaded files),
-tokenizers of other kinds, architectures other than Llama and Qwen3.
+tokenizers of other kinds, architectures other than Llama, Qwen2 and Qwen3.
 """
 
 from __future__ import annotations

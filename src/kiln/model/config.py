@@ -4,14 +4,15 @@ A recipe names a shape (`model.preset: tiny`, kiln.model.presets) and overrides 
 it; the vocabulary comes from the run's tokenizer unless `model.vocab_size` is given. These
 counts are the single source for the trainer's MFU and the planner; tests/model checks them
 against `sum(p.numel())` and torch's FLOP counter for every preset.
-Not handled here: mixture-of-experts layers, biases, learned position embeddings.
+Not handled here: mixture-of-experts layers, biases other than attention_bias's, learned position embeddings,
+RoPE scalings other than linear and llama3 (YaRN, dynamic NTK).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError
@@ -24,6 +25,38 @@ GATED = {"swiglu": True, "relu2": False, "gelu": False}
 # MLP at the 8*d^2 weights of a 4*d plain one (Llama), 4 is the plain MLP's usual width.
 DEFAULT_MULTIPLIER = {"swiglu": 8 / 3, "relu2": 4.0, "gelu": 4.0}
 FFN_ROUND_TO = 64
+
+
+class LinearRopeScaling(BaseModel):
+    """Every RoPE inverse frequency divided by `factor` (position interpolation, Chen et al. 2023)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["linear"]
+    factor: float = Field(gt=0)
+
+
+class Llama3RopeScaling(BaseModel):
+    """Llama 3.1's rule: wavelengths longer than original_max_position_embeddings / low_freq_factor
+    divided by `factor`, shorter than original / high_freq_factor kept, a smooth blend between."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["llama3"]
+    factor: float = Field(gt=0)
+    low_freq_factor: float = Field(gt=0)
+    high_freq_factor: float = Field(gt=0)
+    original_max_position_embeddings: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _factors(self) -> Llama3RopeScaling:
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                f"rope_scaling.high_freq_factor ({self.high_freq_factor}) must exceed low_freq_factor "
+                f"({self.low_freq_factor}): the blend divides by their difference"
+            )
+        return self
+
+
+RopeScaling = Annotated[LinearRopeScaling | Llama3RopeScaling, Field(discriminator="type")]
 
 
 class ModelConfig(Section):
@@ -40,7 +73,17 @@ class ModelConfig(Section):
     )
     d_model: int = Field(default=256, ge=8, description="Residual stream width.")
     n_layers: int = Field(default=4, ge=1, description="Transformer blocks.")
-    n_heads: int = Field(default=4, ge=1, description="Query heads; d_model must be a multiple.")
+    n_heads: int = Field(
+        default=4, ge=1, description="Query heads; d_model must be a multiple unless head_dim is given."
+    )
+    head_dim: int | None = Field(
+        default=None,
+        ge=2,
+        description=(
+            "Width of each attention head (even, for RoPE); None means d_model // n_heads (the config's "
+            "`head_width`). Qwen3 uses heads wider than d_model / n_heads."
+        ),
+    )
     n_kv_heads: int | None = Field(
         default=None,
         ge=1,
@@ -68,8 +111,20 @@ class ModelConfig(Section):
     )
     max_seq_len: int = Field(default=256, ge=2, description="Longest sequence the RoPE tables cover (tokens).")
     rope_theta: float = Field(default=10000.0, gt=0, description="RoPE base frequency.")
+    rope_scaling: RopeScaling | None = Field(
+        default=None,
+        description=(
+            "RoPE inverse frequencies rescaled as transformers does: {type: linear, factor} divides them all by "
+            "factor; {type: llama3, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings} is "
+            "Llama 3.1's rule. None is plain RoPE."
+        ),
+    )
     norm_eps: float = Field(default=1e-5, gt=0, description="RMSNorm epsilon.")
     tie_embeddings: bool = Field(default=False, description="Share the input embedding with the output projection.")
+    attention_bias: bool = Field(
+        default=False,
+        description="Biases on the query, key and value projections (Qwen2 has them; the output projection has none).",
+    )
     qk_norm: bool = Field(
         default=False,
         description=(
@@ -116,10 +171,14 @@ class ModelConfig(Section):
 
     @model_validator(mode="after")
     def _heads(self) -> ModelConfig:
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads})")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim d_model/n_heads = {self.head_dim} must be even for RoPE")
+        if self.head_dim is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(
+                    f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads}), or give model.head_dim"
+                )
+        if self.head_width % 2:
+            given = f"head_dim ({self.head_dim})" if self.head_dim else f"head_dim d_model/n_heads = {self.head_width}"
+            raise ValueError(f"{given} must be even for RoPE")
         if self.n_heads % self.kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.kv_heads})")
         if self.ffn_hidden is not None and self.ffn_multiplier is not None:
@@ -127,8 +186,10 @@ class ModelConfig(Section):
         return self
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+    def head_width(self) -> int:
+        """Width of each head: head_dim, or d_model // n_heads where it is not given (None stays out of the hashed
+        settings, so configs from before head_dim existed keep their stage fingerprints)."""
+        return self.head_dim or self.d_model // self.n_heads
 
     @property
     def kv_heads(self) -> int:
@@ -155,28 +216,35 @@ class ModelConfig(Section):
 def count_params(cfg: ModelConfig, include_embeddings: bool = True) -> int:
     """Exact parameter count of kiln.model.transformer.Transformer for this config."""
     assert cfg.vocab_size is not None, "resolve vocab_size first"
-    d, hd = cfg.d_model, cfg.head_dim
+    d, hd = cfg.d_model, cfg.head_width
     attn = d * (cfg.n_heads * hd) + 2 * d * (cfg.kv_heads * hd) + (cfg.n_heads * hd) * d
     mlp = (3 if cfg.gated else 2) * d * cfg.hidden
     norms = 2 * d + (2 * hd if cfg.qk_norm else 0)  # two RMSNorm gains, and the q/k norms
-    body = cfg.n_layers * (attn + mlp + norms) + d  # final norm
+    body = cfg.n_layers * (attn + attention_biases(cfg) + mlp + norms) + d  # final norm
     if not include_embeddings:
         return body
     emb = cfg.vocab_size * d
     return body + emb + (0 if cfg.tie_embeddings else emb)
 
 
+def attention_biases(cfg: ModelConfig) -> int:
+    """Bias entries of one block's query, key and value projections (0 without attention_bias)."""
+    return (cfg.n_heads + 2 * cfg.kv_heads) * cfg.head_width if cfg.attention_bias else 0
+
+
 def build_bytes(cfg: ModelConfig) -> int:
     """Peak bytes of memory building Transformer(cfg) takes: its fp32 parameters, and the RoPE tables
     (max_seq_len x head_dim/2 angles, cos and sin computed in float64 and kept in float32: 24 bytes
     each at the peak). What stages check against the machine's memory before building a model."""
-    return 4 * count_params(cfg) + 24 * cfg.max_seq_len * (cfg.head_dim // 2)
+    return 4 * count_params(cfg) + 24 * cfg.max_seq_len * (cfg.head_width // 2)
 
 
 def matmul_params(cfg: ModelConfig) -> int:
-    """Weights that take part in a matrix product per token: every block matrix and the output projection."""
+    """Weights that take part in a matrix product per token: every block matrix and the output projection (biases
+    are additions, like the norms' products not counted)."""
     assert cfg.vocab_size is not None, "resolve vocab_size first"
-    norms = cfg.n_layers * (2 * cfg.d_model + (2 * cfg.head_dim if cfg.qk_norm else 0)) + cfg.d_model
+    per_block = 2 * cfg.d_model + (2 * cfg.head_width if cfg.qk_norm else 0) + attention_biases(cfg)
+    norms = cfg.n_layers * per_block + cfg.d_model
     return (
         count_params(cfg, include_embeddings=False) - norms + cfg.vocab_size * cfg.d_model
     )  # output projection, tied or not
@@ -190,7 +258,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     square as in PaLM (Appendix B). The input embedding is a lookup and costs nothing; norms,
     activations and softmax are elementwise and not counted.
     """
-    attn = 6 * cfg.n_layers * seq_len * cfg.n_heads * cfg.head_dim * 2
+    attn = 6 * cfg.n_layers * seq_len * cfg.n_heads * cfg.head_width * 2
     return 6 * matmul_params(cfg) + attn
 
 

@@ -4,13 +4,19 @@ parameter names, both ways.
 kiln's block is Llama's (pre-norm RMSNorm, rotate-half RoPE, SwiGLU, grouped-query attention,
 no biases), so a kiln model is a `LlamaForCausalLM`; with `qk_norm` it is a `Qwen3ForCausalLM`
 (the same block plus an RMSNorm over each head's queries and keys, one gain of head_dim per
-projection, before RoPE, exactly kiln's). Options neither architecture has are refused by
-name: ReLU² and GELU feed-forwards (both are gated SiLU) and logit soft-capping. The z-loss and
-the init settings only shape training and leave the exported math unchanged.
+projection, before RoPE, exactly kiln's); with `attention_bias` (biases on q, k and v, none on
+o) it is a `Qwen2ForCausalLM`. All three take `head_dim` (heads of a width other than
+d_model / n_heads, as Qwen3's) and `rope_scaling` (linear, or Llama 3.1's llama3 rule). Options
+none of them has are refused by name: ReLU² and GELU feed-forwards (all are gated SiLU), logit
+soft-capping, and qk_norm with attention_bias together (Qwen3's attention_bias puts one on o
+too). The z-loss and the init settings only shape training and leave the exported math
+unchanged. Imports refuse by name what kiln cannot compute: other RoPE types (YaRN, dynamic,
+partial rotary), a sliding window in use, biases on o or on the feed-forward.
 
-config.json carries the RoPE base twice: `rope_parameters` (transformers 5) and `rope_theta`
-(transformers 4). The token ids of end of document (also the beginning-of-sequence id: a kiln
-document starts after one) and padding come from the kiln tokenizer.
+config.json carries the RoPE settings twice: `rope_parameters` (transformers 5) and `rope_theta`
+with `rope_scaling` (transformers 4). The token ids of end of document (also the
+beginning-of-sequence id: a kiln document starts after one) and padding come from the kiln
+tokenizer.
 Not handled here: files (kiln.evaluate.export), tokenizer files, other architectures.
 """
 
@@ -24,8 +30,10 @@ import torch
 from kiln.core.errors import FatalError
 from kiln.model.config import ModelConfig
 
-LLAMA, QWEN3 = "LlamaForCausalLM", "Qwen3ForCausalLM"
-MODEL_TYPES = {LLAMA: "llama", QWEN3: "qwen3"}
+LLAMA, QWEN2, QWEN3 = "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
+MODEL_TYPES = {LLAMA: "llama", QWEN2: "qwen2", QWEN3: "qwen3"}
+# The settings of each RoPE scaling kiln computes, besides its factor (kiln.model.config).
+ROPE_KEYS = {"linear": (), "llama3": ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 
 # kiln name -> Hugging Face name, inside block i (`blocks.{i}.` <-> `model.layers.{i}.`).
 BLOCK_NAMES = {
@@ -34,6 +42,9 @@ BLOCK_NAMES = {
     "attn.wk.weight": "self_attn.k_proj.weight",
     "attn.wv.weight": "self_attn.v_proj.weight",
     "attn.wo.weight": "self_attn.o_proj.weight",
+    "attn.wq.bias": "self_attn.q_proj.bias",
+    "attn.wk.bias": "self_attn.k_proj.bias",
+    "attn.wv.bias": "self_attn.v_proj.bias",
     "attn.q_norm.weight": "self_attn.q_norm.weight",
     "attn.k_norm.weight": "self_attn.k_norm.weight",
     "mlp_norm.weight": "post_attention_layernorm.weight",
@@ -56,13 +67,26 @@ def architecture(cfg: ModelConfig) -> str:
     missing = []
     if cfg.activation != "swiglu":
         missing.append(
-            f"model.activation={cfg.activation} (Llama and Qwen3 have only the gated SiLU feed-forward, swiglu)"
+            f"model.activation={cfg.activation} (Llama and Qwen have only the gated SiLU feed-forward, swiglu)"
         )
     if cfg.logit_softcap is not None:
         missing.append(f"model.logit_softcap={cfg.logit_softcap} (no Llama-family architecture soft-caps its logits)")
+    if cfg.qk_norm and cfg.attention_bias:
+        missing.append(
+            "model.qk_norm with model.attention_bias (Qwen3's attention_bias puts a bias on the output projection too, "
+            "Qwen2 has no qk_norm)"
+        )
     if missing:
         raise FatalError("this model cannot be exported to Hugging Face format: " + "; ".join(missing))
-    return QWEN3 if cfg.qk_norm else LLAMA
+    return QWEN3 if cfg.qk_norm else QWEN2 if cfg.attention_bias else LLAMA
+
+
+def rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
+    """transformers' rope_parameters for cfg: the base and, where cfg scales RoPE, the scaling's settings."""
+    if cfg.rope_scaling is None:
+        return {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    scaling = cfg.rope_scaling.model_dump()
+    return {"rope_type": scaling.pop("type"), "rope_theta": cfg.rope_theta, **scaling}
 
 
 def hf_config(cfg: ModelConfig, eot_id: int, pad_id: int) -> dict[str, Any]:
@@ -77,14 +101,14 @@ def hf_config(cfg: ModelConfig, eot_id: int, pad_id: int) -> dict[str, Any]:
         "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads,
         "num_key_value_heads": cfg.kv_heads,
-        "head_dim": cfg.head_dim,
+        "head_dim": cfg.head_width,
         "hidden_act": "silu",
         "max_position_embeddings": cfg.max_seq_len,
         "rms_norm_eps": cfg.norm_eps,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_parameters": rope_parameters(cfg),
         "rope_theta": cfg.rope_theta,
         "tie_word_embeddings": cfg.tie_embeddings,
-        "attention_bias": False,
+        "attention_bias": cfg.attention_bias,
         "attention_dropout": 0.0,
         "initializer_range": cfg.init_std,
         "bos_token_id": eot_id,
@@ -93,6 +117,8 @@ def hf_config(cfg: ModelConfig, eot_id: int, pad_id: int) -> dict[str, Any]:
         "torch_dtype": "float32",
         "use_cache": True,
     }
+    if cfg.rope_scaling is not None:  # transformers 4 reads the scaling here, the base from rope_theta
+        config["rope_scaling"] = {k: v for k, v in config["rope_parameters"].items() if k != "rope_theta"}
     if arch == LLAMA:
         config["mlp_bias"] = False
     else:
@@ -101,7 +127,7 @@ def hf_config(cfg: ModelConfig, eot_id: int, pad_id: int) -> dict[str, Any]:
 
 
 def model_config_from_hf(config: Any, where: str) -> ModelConfig:
-    """The kiln ModelConfig of a Llama or Qwen3 config.json; FatalError naming each setting kiln
+    """The kiln ModelConfig of a Llama, Qwen2 or Qwen3 config.json; FatalError naming each setting kiln
     cannot reproduce (config: the parsed JSON, of any kind; where: the file, for the message)."""
     if not isinstance(config, dict):
         raise FatalError(
@@ -135,32 +161,42 @@ def _model_config_from_hf(config: dict[str, Any], where: str) -> ModelConfig:
         raise FatalError(f"{where}: architecture {arch!r}; kiln imports {', '.join(MODEL_TYPES)}")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     differ = []
-    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
-        differ.append(f"RoPE scaling {rope.get('rope_type', rope.get('type'))!r} (kiln has plain RoPE)")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", None, *ROPE_KEYS):
+        differ.append(f"RoPE scaling {rope_type!r} (kiln scales RoPE by {' or '.join(ROPE_KEYS)} only)")
+    if rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) != 1.0:
+        differ.append("partial_rotary_factor below 1 (kiln rotates every dimension of a head)")
     if config.get("hidden_act", "silu") != "silu":
         differ.append(f"hidden_act {config['hidden_act']!r} (kiln's gated feed-forward is SiLU)")
-    for key in ("attention_bias", "mlp_bias"):
-        if config.get(key):
-            differ.append(f"{key} true (kiln's linear layers have no bias)")
+    if config.get("attention_bias") and arch != QWEN2:  # Qwen2's q/k/v biases are built in, whatever the key says
+        differ.append(f"attention_bias true in {arch} (a bias on the output projection too; kiln's o has none)")
+    if config.get("mlp_bias"):
+        differ.append("mlp_bias true (kiln's feed-forward has no bias)")
     if config.get("use_sliding_window"):
         differ.append("use_sliding_window true (kiln attends over the whole window)")
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    if (head_dim := config.get("head_dim") or hidden // heads) * heads != hidden:
-        differ.append(f"head_dim {head_dim} x {heads} heads != hidden_size {hidden} (kiln's heads split d_model)")
     if differ:
         raise FatalError(f"{where}: kiln cannot reproduce this model: " + "; ".join(differ))
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    head_dim = config.get("head_dim")
+    scaling = None
+    if rope_type in ROPE_KEYS:
+        scaling = {"type": rope_type, "factor": rope["factor"], **{k: rope[k] for k in ROPE_KEYS[rope_type]}}
     return ModelConfig(
         vocab_size=config["vocab_size"],
         d_model=hidden,
         n_layers=config["num_hidden_layers"],
         n_heads=heads,
+        # The default width stays implicit, as in a kiln-born config: head_dim only where heads do not split d_model.
+        head_dim=None if head_dim is None or head_dim * heads == hidden else head_dim,
         n_kv_heads=config.get("num_key_value_heads") or heads,
         ffn_hidden=config["intermediate_size"],
         max_seq_len=config.get("max_position_embeddings", 2048),
         rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
+        rope_scaling=scaling,
         norm_eps=config.get("rms_norm_eps", 1e-6),
         tie_embeddings=bool(config.get("tie_word_embeddings", False)),
         qk_norm=arch == QWEN3,
+        attention_bias=arch == QWEN2,
         init_std=config.get("initializer_range", 0.02),
     )
 

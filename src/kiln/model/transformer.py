@@ -2,7 +2,9 @@
 
 Options from the config: ReLU-squared or GELU feed-forward instead of SwiGLU, RMSNorm on
 queries and keys (qk_norm), tanh soft-capping of the output logits, depth-scaled
-initialisation. Positions default to 0..T-1; a caller packing several documents in a row passes
+initialisation, heads of a width of their own (head_dim), biases on the query, key and value
+projections (attention_bias, zero at init), RoPE frequencies rescaled (rope_scaling: linear,
+llama3). Positions default to 0..T-1; a caller packing several documents in a row passes
 `positions_BT` restarting at each document (kiln.model.batch), so each sees the rotations it
 would see alone.
 
@@ -22,7 +24,7 @@ initialised there (kiln.model.init).
 
 Shape legend:
     B batch, T sequence length, D d_model, H query heads, K key/value heads,
-    E head dim (D / H), F feed-forward hidden, V vocabulary.
+    E head dim (head_dim, by default D / H), F feed-forward hidden, V vocabulary.
 Decoding passes a KVCache (kiln.model.kv_cache): each block's attention stores its new keys
 and values there and attends over all of them; the caller gives the new positions.
 Not handled here: the z-loss (a loss term: kiln.train.loss reads model.z_loss), sampling.
@@ -40,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kiln.model.attention import CAUSAL, AttentionRule
-from kiln.model.config import ModelConfig
+from kiln.model.config import LinearRopeScaling, ModelConfig, RopeScaling
 from kiln.model.kv_cache import KVCache, LayerCache
 
 # What Transformer.forward's `head` is called with: final normed hidden states (B, T, D), output matrix (V, D), logit
@@ -60,9 +62,32 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x_BTD.float(), (x_BTD.shape[-1],), eps=self.eps).type_as(x_BTD) * self.weight
 
 
-def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of shape (T, E/2): position t rotates pair i by t * theta^(-2i/E)."""
-    inv_freq_E2 = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+def scaled_inv_freq(inv_freq_E2: torch.Tensor, scaling: RopeScaling | None) -> torch.Tensor:
+    """RoPE's inverse frequencies under `scaling`, by transformers' rules (modeling_rope_utils: linear and
+    llama3), so imported Llama 3.1 weights and scaled exports compute the same angles."""
+    if scaling is None:
+        return inv_freq_E2
+    if isinstance(scaling, LinearRopeScaling):
+        return inv_freq_E2 / scaling.factor
+    # llama3: wavelengths below original / high_freq_factor are kept, above original / low_freq_factor
+    # divided by factor, and in between blended linearly in original / wavelength.
+    original, low, high = scaling.original_max_position_embeddings, scaling.low_freq_factor, scaling.high_freq_factor
+    wavelen_E2 = 2 * math.pi / inv_freq_E2
+    long_E2 = torch.where(wavelen_E2 > original / low, inv_freq_E2 / scaling.factor, inv_freq_E2)
+    smooth_E2 = (original / wavelen_E2 - low) / (high - low)
+    blended_E2 = (1 - smooth_E2) * long_E2 / scaling.factor + smooth_E2 * long_E2
+    medium_E2 = (wavelen_E2 >= original / high) & (wavelen_E2 <= original / low)
+    return torch.where(medium_E2, blended_E2, long_E2)
+
+
+def rope_tables(
+    seq_len: int, head_dim: int, theta: float, scaling: RopeScaling | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of shape (T, E/2): position t rotates pair i by t * theta^(-2i/E), that frequency rescaled by
+    `scaling` (model.rope_scaling)."""
+    inv_freq_E2 = scaled_inv_freq(
+        1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim), scaling
+    )
     angles_TE2 = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq_E2)
     return angles_TE2.cos().float(), angles_TE2.sin().float()
 
@@ -73,14 +98,14 @@ class Rotary(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
+        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_width, cfg.rope_theta, cfg.rope_scaling)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
     @torch.no_grad()
     def fill(self, cfg: ModelConfig) -> None:
         """The tables of cfg's RoPE base, in place (after to_empty() they hold garbage)."""
-        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
+        cos, sin = rope_tables(cfg.max_seq_len, cfg.head_width, cfg.rope_theta, cfg.rope_scaling)
         self.cos.copy_(cos)
         self.sin.copy_(sin)
 
@@ -125,14 +150,14 @@ class ScaledDotProduct(nn.Module):
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.head_dim = cfg.head_dim
-        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
-        self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
-        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+        self.head_dim = cfg.head_width
+        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_width, bias=cfg.attention_bias)
+        self.wk = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_width, bias=cfg.attention_bias)
+        self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_width, bias=cfg.attention_bias)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_width, cfg.d_model, bias=False)
         # One gain vector per projection, shared by its heads (as OLMo 2 and Qwen 3 normalise per head).
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.q_norm = RMSNorm(cfg.head_width, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_width, cfg.norm_eps) if cfg.qk_norm else None
         self.sdpa = ScaledDotProduct(cfg.n_heads // cfg.kv_heads)
 
     def forward(
@@ -289,6 +314,9 @@ class Transformer(nn.Module):
         self.rope.fill(self.cfg)
         std = self.cfg.init_std
         for name, p in self.named_parameters():  # a tied weight comes once
+            if name.endswith(".bias"):  # attention_bias: zero, drawing nothing, so the matrices' draws stay the same
+                nn.init.zeros_(p)
+                continue
             if p.dim() < 2:
                 nn.init.ones_(p)  # norm gains: draws nothing from the generator
                 continue

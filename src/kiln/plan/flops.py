@@ -100,7 +100,7 @@ def count_flops(
             )
         cfg = get_preset(preset)
         seq_len = cfg.max_seq_len if seq_len is None else seq_len
-        n_layers, d_attn = cfg.n_layers, cfg.n_heads * cfg.head_dim
+        n_layers, d_attn = cfg.n_layers, cfg.n_heads * cfg.head_width
         n = count_params(cfg)
         fpt = flops_per_token(cfg, seq_len)
         matmul = (fpt - attention_flops_per_token(n_layers, seq_len, d_attn)) // 6
