@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from kiln.core.errors import FatalError
 from kiln.model.precision import autocast
 from kiln.model.transformer import Transformer
-from kiln.text.tokenizer import KilnTokenizer
+from kiln.text.load import AnyTokenizer
 
 
 @dataclass(frozen=True)
@@ -79,17 +79,18 @@ def _label(value: Any, n: int, where: str) -> int:
     return value
 
 
-def encode_pair(tokenizer: KilnTokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+def encode_pair(tokenizer: AnyTokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """(context ids, continuation ids): trailing whitespace of the context moves to the continuation,
     the pair is encoded whole and split after the context's own encoding."""
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
-    whole = tokenizer.encode(context + continuation)
-    context_ids = tokenizer.encode(context) or [tokenizer.eot_id]
-    if context:
-        return context_ids, whole[len(context_ids) :]
-    return context_ids, whole
+    prefix = [tokenizer.bos_id] if tokenizer.bos_id is not None else []  # a model that starts documents with bos
+    whole = prefix + tokenizer.encode(context + continuation)
+    context_ids = prefix + tokenizer.encode(context)
+    if not context_ids:  # no context, no bos: the continuation starts a fresh document
+        return [tokenizer.eot_id], whole
+    return context_ids, whole[len(context_ids) :]
 
 
 @torch.no_grad()
@@ -124,7 +125,7 @@ def loglikelihoods(
 
 def score_task(
     model: Transformer,
-    tokenizer: KilnTokenizer,
+    tokenizer: AnyTokenizer,
     items: list[Item],
     delimiter: str = " ",
     batch_size: int = 16,

@@ -37,7 +37,7 @@ from kiln.model.kv_cache import KVCache
 from kiln.model.precision import autocast, resolve_precision
 from kiln.model.transformer import Transformer
 from kiln.model.weights import CONFIG, WEIGHTS, load_trained_model
-from kiln.text.tokenizer import KilnTokenizer
+from kiln.text.load import AnyTokenizer, load_tokenizer
 
 log = logging.getLogger("kiln.generate")
 SAMPLES = "samples.jsonl"
@@ -107,7 +107,7 @@ def window_logits(model: Transformer, ids_BN: torch.Tensor, valid_BN: torch.Tens
 @torch.no_grad()
 def complete(
     model: Transformer,
-    tokenizer: KilnTokenizer,
+    tokenizer: AnyTokenizer,
     prompts: list[str],
     cfg: GenerateConfig,
     amp_dtype: torch.dtype | None = None,
@@ -116,8 +116,9 @@ def complete(
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     B, W, V = len(prompts), model.cfg.max_seq_len, model.cfg.vocab_size
-    # An empty prompt starts a fresh document.
-    encoded = [tokenizer.encode(p) or [tokenizer.eot_id] for p in prompts]
+    # A prompt starts a document: after bos for a model that has one; an empty one after end of document otherwise.
+    prefix = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
+    encoded = [prefix + tokenizer.encode(p) or [tokenizer.eot_id] for p in prompts]
     P = max(len(e) for e in encoded)
     ids_BN = torch.full((B, P + cfg.max_new_tokens), tokenizer.pad_id, dtype=torch.long)
     valid_BN = torch.zeros(B, P + cfg.max_new_tokens, dtype=torch.bool)
@@ -210,7 +211,7 @@ def complete(
 
 
 def generate(
-    model: Transformer, tokenizer: KilnTokenizer, cfg: GenerateConfig, amp_dtype: torch.dtype | None = None
+    model: Transformer, tokenizer: AnyTokenizer, cfg: GenerateConfig, amp_dtype: torch.dtype | None = None
 ) -> str:
     """generate.prompt and its continuation."""
     return cfg.prompt + complete(model, tokenizer, [cfg.prompt], cfg, amp_dtype)[0].completion
@@ -262,7 +263,7 @@ def run(cfg: GenerateConfig, run_dir: Path, force: bool = False) -> dict[str, An
     stage.begin()
     precision = resolve_precision(cfg.precision, "generate")
     model = load_trained_model(ckpt, precision.device)
-    tokenizer = KilnTokenizer.load(tok_path)
+    tokenizer = load_tokenizer(tok_path)
     t0 = time.perf_counter()
     done_list: list[Completion] = []
     for start in range(0, len(prompts), cfg.batch_size):

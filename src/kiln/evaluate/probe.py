@@ -25,7 +25,7 @@ from kiln.evaluate.config import GenerateConfig, ProbeConfig
 from kiln.evaluate.generate import complete
 from kiln.model.precision import autocast
 from kiln.model.transformer import Transformer
-from kiln.text.tokenizer import KilnTokenizer
+from kiln.text.load import load_tokenizer
 
 Probe = Callable[[Transformer], dict[str, Any]]
 
@@ -33,7 +33,7 @@ Probe = Callable[[Transformer], dict[str, Any]]
 def build_probe(run_dir: Path, cfg: ProbeConfig, amp_dtype: torch.dtype | None) -> Probe:
     """`model -> {"documents": {"<source>/<i>": {"loss", "tokens"}}, "generations": [{"prompt", "completion"}]}`."""
     layout = RunLayout(run_dir)
-    tokenizer = KilnTokenizer.load(layout.tokenizer_json)
+    tokenizer = load_tokenizer(layout.tokenizer_json)
     documents = {
         f"{source}/{i}": shard.document(i)
         for source, shard in sorted(open_split(layout.token_shards, "val").items())

@@ -32,7 +32,7 @@ from kiln.model.init import build_model
 from kiln.model.perplexity import evaluate_model, format_results, validation_scorer
 from kiln.model.precision import resolve_precision
 from kiln.model.weights import CONFIG, WEIGHTS, load_trained_model
-from kiln.text.tokenizer import KilnTokenizer
+from kiln.text.load import AnyTokenizer, load_tokenizer
 
 # The default window of a run kiln did not train (an import): its whole context, up to this many tokens.
 IMPORTED_WINDOW = 2048
@@ -50,7 +50,7 @@ class TokenArray:
 
 
 def score_files(
-    model: Any, tokenizer: KilnTokenizer, read_file: ReadFile, paths: list[Path], cfg: EvalConfig, amp_dtype: Any
+    model: Any, tokenizer: AnyTokenizer, read_file: ReadFile, paths: list[Path], cfg: EvalConfig, amp_dtype: Any
 ) -> dict[str, Any]:
     """Per file: {"sources": {source: scores}, "all": scores, "documents", "unreadable"}."""
     token_bytes = tokenizer.token_bytes()
@@ -61,7 +61,7 @@ def score_files(
             log.warning("eval: %s", line)
         by_source: dict[str, list[int]] = {}
         for source, text in docs:
-            by_source.setdefault(source, []).extend([*tokenizer.encode(text), tokenizer.eot_id])
+            by_source.setdefault(source, []).extend(tokenizer.document(text))
         if not by_source:
             raise FatalError(
                 f"{path}: no document to score"
@@ -148,7 +148,7 @@ def run(cfg: EvalConfig, run_dir: Path, force: bool = False, read_file: ReadFile
             )
         else:
             summary.append(f"validation:\n{format_results(after)}")
-    tokenizer = KilnTokenizer.load(tok_path)
+    tokenizer = load_tokenizer(tok_path)
     if data:
         assert read_file is not None
         counts["data"] = score_files(model, tokenizer, read_file, data, cfg, precision.amp_dtype)

@@ -31,7 +31,9 @@ from kiln.core.errors import FatalError
 from kiln.model.config import ModelConfig
 
 LLAMA, QWEN2, QWEN3 = "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"
+MISTRAL = "MistralForCausalLM"  # Llama's math and names; imported, and exported back under its own name
 MODEL_TYPES = {LLAMA: "llama", QWEN2: "qwen2", QWEN3: "qwen3"}
+IMPORTED = (*MODEL_TYPES, MISTRAL)
 # The settings of each RoPE scaling kiln computes, besides its factor (kiln.model.config).
 ROPE_KEYS = {"linear": (), "llama3": ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 
@@ -157,8 +159,8 @@ def model_config_from_hf(config: Any, where: str) -> ModelConfig:
 
 def _model_config_from_hf(config: dict[str, Any], where: str) -> ModelConfig:
     arch = (config.get("architectures") or [None])[0]
-    if arch not in MODEL_TYPES:
-        raise FatalError(f"{where}: architecture {arch!r}; kiln imports {', '.join(MODEL_TYPES)}")
+    if arch not in IMPORTED:
+        raise FatalError(f"{where}: architecture {arch!r}; kiln imports {', '.join(IMPORTED)}")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     differ = []
     rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -174,6 +176,8 @@ def _model_config_from_hf(config: dict[str, Any], where: str) -> ModelConfig:
         differ.append("mlp_bias true (kiln's feed-forward has no bias)")
     if config.get("use_sliding_window"):
         differ.append("use_sliding_window true (kiln attends over the whole window)")
+    if arch == MISTRAL and config.get("sliding_window") is not None:
+        differ.append(f"sliding_window {config['sliding_window']} (kiln attends over the whole window)")
     if differ:
         raise FatalError(f"{where}: kiln cannot reproduce this model: " + "; ".join(differ))
     hidden, heads = config["hidden_size"], config["num_attention_heads"]

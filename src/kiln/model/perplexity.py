@@ -28,7 +28,7 @@ from kiln.core.layout import RunLayout
 from kiln.core.tokenshards import TokenShard, open_split
 from kiln.model.precision import autocast
 from kiln.model.transformer import Transformer
-from kiln.text.tokenizer import KilnTokenizer
+from kiln.text.load import load_tokenizer
 
 
 class ScoringConfig(Section):
@@ -126,7 +126,7 @@ def validation_scorer(
     return partial(
         evaluate_model,
         shards=shards,
-        token_bytes=KilnTokenizer.load(RunLayout(run_dir).tokenizer_json).token_bytes(),
+        token_bytes=load_tokenizer(RunLayout(run_dir).tokenizer_json).token_bytes(),
         seq_len=cfg.seq_len,
         max_tokens_per_source=cfg.max_tokens_per_source,
         batch_size=cfg.batch_size,

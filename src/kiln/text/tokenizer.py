@@ -72,7 +72,14 @@ def file_hash(path: Path) -> str:
 
 
 class KilnTokenizer:
-    """Encode/decode, the special ids, and the files kiln writes (`tokenizer.json` + `kiln_tokenizer.json`)."""
+    """Encode/decode, the special ids, and the files kiln writes (`tokenizer.json` + `kiln_tokenizer.json`).
+
+    A document is its text then end of document, no beginning-of-sequence token: each one starts
+    after the previous one's end."""
+
+    kind = "kiln"
+    bos_id = None
+    encoder_name = "tiktoken"
 
     def __init__(self, hf: Tokenizer, specials: Sequence[str], path: Path | None = None):
         self.hf = hf
@@ -126,6 +133,13 @@ class KilnTokenizer:
         if threads > 1:
             return self.fast.encode_ordinary_batch(texts, num_threads=threads)
         return [self.fast.encode_ordinary(t) for t in texts]
+
+    def document(self, text: str) -> list[int]:
+        """One document's ids: the text, then end of document."""
+        return [*self.encode(text), self.eot_id]
+
+    def describe(self) -> str:
+        return f"no bos + text + {EOT} (id {self.eot_id}), pad {PAD} (id {self.pad_id}); kiln's own convention"
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of the ids; a sequence cut inside a multi-byte character shows U+FFFD there."""
@@ -206,6 +220,19 @@ def adopt(path: Path) -> KilnTokenizer:
         hf = Tokenizer.from_str(text)
     except Exception as e:  # tokenizers raises a bare Exception on malformed files
         raise FatalError(f"{where}: cannot read it as a tokenizers JSON file ({e})") from None
+    if differ := differences(data):
+        raise FatalError(
+            f"{where}: not a tokenizer kiln made ({'; '.join(differ)}); kiln can read a Hugging Face folder only "
+            "with the tokenizer `kiln export` wrote"
+        )
+    specials = [t["content"] for t in sorted(data.get("added_tokens", []), key=lambda t: t["id"]) if t.get("special")]
+    return KilnTokenizer(hf, specials)
+
+
+def differences(data: Any) -> list[str]:
+    """How a parsed tokenizer.json differs from the kind kiln trains (none: kiln's own, as `kiln export` wrote it)."""
+    if not isinstance(data, dict):
+        return ["not a JSON object"]
     probe = Tokenizer(models.BPE())
     probe.pre_tokenizer = kiln_pre_tokenizer()
     model = data.get("model") or {}
@@ -216,13 +243,11 @@ def adopt(path: Path) -> KilnTokenizer:
         differ.append("another pre-split (kiln splits with its own regex, then maps bytes to the byte-level alphabet)")
     if not model.get("ignore_merges"):
         differ.append("merges without tiktoken's rule (ignore_merges false)")
-    if differ:
-        raise FatalError(
-            f"{where}: not a tokenizer kiln made ({'; '.join(differ)}); kiln can read a Hugging Face folder only "
-            "with the tokenizer `kiln export` wrote"
-        )
-    specials = [t["content"] for t in sorted(data.get("added_tokens", []), key=lambda t: t["id"]) if t.get("special")]
-    return KilnTokenizer(hf, specials)
+    if not all(t.get("content") in (model.get("vocab") or {}) for t in data.get("added_tokens", [])):
+        differ.append("added tokens outside the BPE vocabulary")
+    if missing := [t for t in FIXED_SPECIALS if t not in (model.get("vocab") or {})]:
+        differ.append(f"no {', '.join(missing)}")
+    return differ
 
 
 def _read_meta(meta_path: Path) -> dict[str, Any]:

@@ -11,6 +11,19 @@ from kiln.core.executors import ExecutorConfig
 from kiln.text.specials import BYTE_ALPHABET, special_tokens
 
 
+class BoundaryConfig(Section):
+    """The tokens around each document, over those an imported tokenizer's folder names (None keeps each)."""
+
+    bos: str | bool | None = Field(
+        default=None,
+        description=(
+            "Token to start every document with: a spelling, true for the folder's bos_token, false for none."
+        ),
+    )
+    eos: str | None = Field(default=None, description="Token that ends every document (a spelling).")
+    pad: str | None = Field(default=None, description="Token that pads rows (a spelling).")
+
+
 class TokenizerConfig(Section):
     # No `ge` here: _room_for_merges gives the floor with the specials counted and the fix.
     vocab_size: int = Field(
@@ -54,6 +67,14 @@ class TokenizerConfig(Section):
         description=(
             "Run directory whose trained tokenizer this run uses unchanged instead of training one (continued "
             "pretraining keeps the starting model's ids); the settings above are then unused."
+        ),
+    )
+
+    boundaries: BoundaryConfig | None = Field(
+        default=None,
+        description=(
+            "With from_run of an imported model: the tokens around each document, instead of those its tokenizer "
+            "folder gives (bos, eos, pad; see the tokenize summary for what is in use)."
         ),
     )
 

@@ -1,6 +1,7 @@
 """The tokenize stage: curated shards -> per-source token shards, train and validation.
 
-Every document is encoded whole and followed by `<|endoftext|>`; a document goes to validation
+Every document is encoded whole between its model's boundaries (kiln's: followed by
+`<|endoftext|>`; an imported model's: its bos where it has one, then its eos); a document goes to validation
 when its id hash falls under tokenize.val_fraction (the same rule the tokenizer used for its
 held-out text). With tokenize.fim, a share of the train split's documents is rearranged for
 fill-in-the-middle (kiln.text.fim) before encoding; validation documents never are, and a third
@@ -15,7 +16,7 @@ trainer's fill-in-the-middle validation loss. Two phases:
 Output does not depend on the worker count. Memory per worker is one batch of documents plus
 the tokenizer, whatever the corpus size; the join copies in fixed-size chunks. Disk holds the
 tokens twice while the join runs.
-Not handled here: mixing or packing into sequences (kiln.mix), other tokenizers than kiln's.
+Not handled here: mixing or packing into sequences (kiln.mix), the tokenizers themselves (kiln.text.load).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from kiln.core.manifest import Stage, read_manifest, recorded_outputs
 from kiln.core.split import is_heldout
 from kiln.core.tokenshards import DOC_SCORES, SCORES_SUFFIX, TokenShard, TokenShardWriter, doc_scores, dtype_for
 from kiln.text.fim import FimCut, draw_cut, fim_ids
-from kiln.text.tokenizer import META_NAME, KilnTokenizer, file_hash
+from kiln.text.load import AnyTokenizer, load_tokenizer
+from kiln.text.tokenizer import META_NAME, file_hash
 from kiln.tokenize.config import FimConfig, TokenizeConfig
 
 log = logging.getLogger("kiln.tokenize")
@@ -61,22 +63,20 @@ class EncodeTask:
     fim: FimConfig | None = None
 
 
-_loaded: dict[tuple[str, str], KilnTokenizer] = {}
+_loaded: dict[tuple[str, str], AnyTokenizer] = {}
 
 
-def tokenizer_for(path: str, file_hash: str) -> KilnTokenizer:
+def tokenizer_for(path: str, file_hash: str) -> AnyTokenizer:
     """One tokenizer per worker process, loaded on its first task (about 0.15 s for 32k tokens)."""
     if (path, file_hash) not in _loaded:
-        _loaded[(path, file_hash)] = KilnTokenizer.load(Path(path))
+        _loaded[(path, file_hash)] = load_tokenizer(Path(path))
     return _loaded[(path, file_hash)]
 
 
 class PartWriter:
     """The train and validation shards of one task (and, with FIM, val_fim), filled batch by batch."""
 
-    def __init__(
-        self, out: Path, tokenizer: KilnTokenizer, val_fraction: float, dtype: np.dtype, fim: FimConfig | None
-    ):
+    def __init__(self, out: Path, tokenizer: AnyTokenizer, val_fraction: float, dtype: np.dtype, fim: FimConfig | None):
         self.out, self.tokenizer, self.val_fraction, self.fim = out, tokenizer, val_fraction, fim
         self.splits = splits_for(fim)
         self.writers = {split: TokenShardWriter(out / split, tokenizer.vocab_size, dtype) for split in self.splits}
@@ -93,6 +93,7 @@ class PartWriter:
     def encode(self, doc: Document, cut: FimCut | None) -> list[int]:
         if cut is None:
             return self.tokenizer.encode(doc.text)
+        assert self.tokenizer.fim_ids is not None, "run() stops first when the vocabulary has no FIM tokens"
         return fim_ids(cut, self.tokenizer.encode, *self.tokenizer.fim_ids)
 
     def add(self, batch: list[Document]) -> None:
@@ -123,11 +124,15 @@ class PartWriter:
             self.write("val_fim", [(d, self.encode(d, cut), True) for d, cut in rearranged])
 
     def write(self, split: str, picked: list[tuple[Document, list[int], bool]]) -> None:
-        """Append (document, ids, rearranged) records to a split, each followed by end-of-document."""
+        """Append (document, ids, rearranged) records to a split, each between the model's boundaries:
+        after beginning-of-sequence where the model has one, followed by end of document."""
         if not picked:
             return
+        bos = self.tokenizer.bos_id
         for _, ids, _ in picked:
             ids.append(self.tokenizer.eot_id)  # the document boundary, by id
+            if bos is not None:
+                ids.insert(0, bos)
         lengths = np.fromiter((len(ids) for _, ids, _ in picked), dtype=np.int64, count=len(picked))
         flat = np.fromiter(chain.from_iterable(ids for _, ids, _ in picked), dtype=np.int64, count=int(lengths.sum()))
         self.writers[split].add_many(flat, lengths)
@@ -229,7 +234,12 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
             f"tokenize: {layout.curated_shards} holds no curated shards; see {layout.stage(CURATE) / SUMMARY} for "
             "where the documents went"
         )
-    tokenizer = KilnTokenizer.load(tok_path)
+    tokenizer = load_tokenizer(tok_path)
+    if cfg.fim is not None and tokenizer.fim_ids is None:
+        raise FatalError(
+            f"tokenize.fim: the tokenizer {tok_path} has no fill-in-the-middle tokens (<|fim_prefix|>, "
+            "<|fim_middle|>, <|fim_suffix|>); add them with `kiln extend-tokenizer` or drop tokenize.fim"
+        )
     dtype = dtype_for(
         tokenizer.vocab_size, cfg.dtype
     )  # a uint16 request for a larger vocabulary stops here, before any work
@@ -295,6 +305,8 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
         "val_docs": sum(s["val"]["docs"] for s in per_source.values()),
         "fim_docs": sum(s["train"]["fim_docs"] for s in per_source.values()),
         "vocab_size": tokenizer.vocab_size,
+        "boundaries": {"bos": tokenizer.bos_id, "eos": tokenizer.eot_id, "pad": tokenizer.pad_id},
+        "encoder": tokenizer.encoder_name,
         "dtype": str(dtype),
         "per_source": per_source,
     }
@@ -302,7 +314,8 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
         (
             f"{counts['train_tokens']:,} train and {counts['val_tokens']:,} validation tokens ({counts['dtype']}) "
             f"from {len(shards)} curated shards"
-        )
+        ),
+        f"each document: {tokenizer.describe()}",
     ]
     lines += [
         (

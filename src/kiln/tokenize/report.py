@@ -27,7 +27,7 @@ import regex
 from kiln.core.document import Document
 from kiln.text.code import is_code
 from kiln.text.language import predict_language
-from kiln.text.tokenizer import KilnTokenizer
+from kiln.text.load import AnyTokenizer
 
 UNSPACED = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}"
 # One optional leading space is kept with the word: that is how BPE sees most words mid-sentence.
@@ -87,7 +87,7 @@ class GroupStats:
         }
 
 
-def measure(tokenizer: KilnTokenizer, docs: Sequence[HeldoutDoc]) -> dict[str, Any]:
+def measure(tokenizer: AnyTokenizer, docs: Sequence[HeldoutDoc]) -> dict[str, Any]:
     """The report for `docs` (see the module docstring); JSON-ready."""
     total, by_source, by_language = GroupStats(), {}, {}
     used: Counter[int] = Counter()

@@ -32,6 +32,8 @@ from kiln.core.errors import ConfigError, FatalError
 from kiln.core.layout import CURATE, SHARDS, TOKENIZER, TOKENIZER_JSON, TOKENIZER_META, TOKENIZER_SWEEP, RunLayout
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs
 from kiln.core.split import is_heldout
+from kiln.text.hf_tokenizer import HfTokenizer
+from kiln.text.load import load_tokenizer
 from kiln.text.tokenizer import KilnTokenizer, train_bpe
 from kiln.tokenize.config import TokenizerConfig
 from kiln.tokenize.report import HeldoutDoc, format_report, format_sweep, heldout_doc, measure
@@ -195,18 +197,30 @@ def reuse(cfg: TokenizerConfig, run_dir: Path, force: bool) -> dict[str, Any]:
     """The tokenizer stage with tokenizer.from_run: that run's tokenizer, copied and checked, as this run's."""
     assert cfg.from_run is not None
     source = RunLayout(Path(cfg.from_run)).tokenizer_json
-    tokenizer = KilnTokenizer.load(source)  # stops on a missing, foreign or changed tokenizer
+    tokenizer = load_tokenizer(source)  # stops on a missing or changed tokenizer
+    b = cfg.boundaries
+    if b is not None and isinstance(tokenizer, HfTokenizer):
+        tokenizer = tokenizer.with_boundaries(b.bos, b.eos, b.pad)
+    elif b is not None and (b.bos, b.eos, b.pad) != (None, None, None):
+        raise ConfigError(
+            f"tokenizer.boundaries: the tokenizer of {cfg.from_run} is kiln's own, whose documents always end with "
+            "<|endoftext|>; boundaries apply to an imported model's tokenizer"
+        )
     stage = Stage(run_dir, TOKENIZER, {"tokenizer": cfg}, inputs=[source, source.with_name(TOKENIZER_META)])
     if done := stage.up_to_date(force, lambda m: f"vocab {m['counts']['vocab_size']}, from {cfg.from_run}"):
         return done
     stage.begin()
-    outputs = [Path(shutil.copy2(p, stage.dir / p.name)) for p in (source, source.with_name(TOKENIZER_META))]
+    if isinstance(tokenizer, HfTokenizer):
+        outputs = tokenizer.save(stage.dir / TOKENIZER_JSON)  # the folder's files, the boundaries in use
+    else:
+        outputs = [Path(shutil.copy2(p, stage.dir / p.name)) for p in (source, source.with_name(TOKENIZER_META))]
     # The tokenizer's own measurements, taken on its run's held-out text.
     counts = {**read_manifest(source.parent)["counts"], "vocab_size": tokenizer.vocab_size, "from_run": cfg.from_run}
     return stage.finish(
         outputs,
         counts,
-        f"vocab {tokenizer.vocab_size:,}, the tokenizer of {cfg.from_run} (tokenizer.from_run), unchanged",
+        f"vocab {tokenizer.vocab_size:,}, the tokenizer of {cfg.from_run} (tokenizer.from_run), unchanged\n"
+        f"each document: {tokenizer.describe()}",
     )
 
 

@@ -29,6 +29,7 @@ Not handled here: drawing windows (kiln.mix), batching rows (kiln.train.collate)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import Literal
 
 import numpy as np
@@ -36,7 +37,7 @@ from pydantic import Field, model_validator
 
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError
-from kiln.text.tokenizer import KilnTokenizer
+from kiln.text.load import AnyTokenizer
 
 Objective = Literal["clm", "fim", "mlm", "prefix_lm", "span_corruption"]
 Attention = Literal["causal", "full", "prefix"]
@@ -108,23 +109,33 @@ class TokenIds:
 
     eot: int
     pad: int
-    mask: int
-    fim_middle: int
+    mask: int | None  # None: the vocabulary has no mask token (an imported one may not)
+    fim_middle: int | None
     sentinels: tuple[int, ...]
-    first_ordinary: int  # specials take ids 0..first_ordinary-1
+    first_ordinary: int  # ids below are special
     vocab_size: int
+    late_specials: tuple[int, ...] = ()  # special ids at or above first_ordinary (an imported vocabulary's end)
 
 
-def token_ids(tokenizer: KilnTokenizer) -> TokenIds:
+def token_ids(tokenizer: AnyTokenizer) -> TokenIds:
+    specials = sorted(tokenizer.specials.values())
+    first = next((i for i, s in enumerate(specials) if s != i), len(specials))  # specials 0..first-1 come first
     return TokenIds(
         tokenizer.eot_id,
         tokenizer.pad_id,
         tokenizer.mask_id,
-        tokenizer.fim_ids[1],
+        tokenizer.fim_ids[1] if tokenizer.fim_ids else None,
         tuple(tokenizer.sentinel_ids),
-        max(tokenizer.specials.values()) + 1,
+        first,
         tokenizer.vocab_size,
+        tuple(specials[first:]),
     )
+
+
+@cache
+def ordinary_ids(first: int, vocab_size: int, late: tuple[int, ...]) -> np.ndarray:
+    """The ordinary ids in order: first..vocab_size without the late specials."""
+    return np.setdiff1d(np.arange(first, vocab_size), np.array(late, dtype=np.int64))
 
 
 def check_objectives(
@@ -138,8 +149,19 @@ def check_objectives(
                 f"train.objective span_corruption at seq_len {seq_len} corrupts {n_spans} spans per row but the "
                 "tokenizer reserves"
                 f" {len(ids.sentinels)} sentinels; raise tokenizer.sentinel_tokens to {n_spans} (retrains the "
-                "tokenizer) or raise train.span_corruption.mean_span"
+                "tokenizer; an imported one gains <|sentinel_i|> tokens with `kiln extend-tokenizer`) or raise "
+                "train.span_corruption.mean_span"
             )
+    missing = [
+        f"{token} (train.objective {name})"
+        for name, token, have in (("mlm", "a mask token", ids.mask), ("fim", "<|fim_middle|>", ids.fim_middle))
+        if name in objectives and have is None
+    ]
+    if missing:
+        raise ConfigError(
+            f"this run's tokenizer has no {', '.join(missing)}; add the tokens with `kiln extend-tokenizer` or "
+            "choose another objective"
+        )
     if "fim" in objectives and not (tokenize_fim and tokenize_fim["rate"] > 0):
         raise ConfigError(
             "train.objective fim trains on documents the tokenize stage rearranged, and this run's token shards "
@@ -176,9 +198,16 @@ def clm(window: np.ndarray, ids: TokenIds, masking: bool) -> Row:
 
 def mlm(window: np.ndarray, ids: TokenIds, cfg: MLMConfig, masking: bool, rng: np.random.Generator) -> Row:
     T = len(window)
-    selected = (window >= ids.first_ordinary) & (rng.random(T) < cfg.mask_rate)  # specials are never selected
+    ordinary = window >= ids.first_ordinary
+    if ids.late_specials:
+        ordinary &= ~np.isin(window, ids.late_specials)
+    selected = ordinary & (rng.random(T) < cfg.mask_rate)  # specials are never selected
     how = rng.random(T)  # < replace_with_mask: mask; then random; the rest unchanged
-    random_ids = rng.integers(ids.first_ordinary, ids.vocab_size, size=T)
+    if ids.late_specials:
+        pool = ordinary_ids(ids.first_ordinary, ids.vocab_size, ids.late_specials)
+        random_ids = pool[rng.integers(0, len(pool), size=T)]
+    else:  # the same draws as indexing first..vocab_size
+        random_ids = rng.integers(ids.first_ordinary, ids.vocab_size, size=T)
     inputs = window.copy()
     to_mask = selected & (how < cfg.replace_with_mask)
     to_random = selected & (how >= cfg.replace_with_mask) & (how < cfg.replace_with_mask + cfg.replace_with_random)

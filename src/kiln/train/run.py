@@ -38,7 +38,7 @@ from kiln.model.config import ModelConfig, count_params, flops_per_token
 from kiln.model.perplexity import ScoringConfig
 from kiln.model.precision import resolve_precision
 from kiln.model.weights import CONFIG, WEIGHTS
-from kiln.text.tokenizer import KilnTokenizer
+from kiln.text.load import load_tokenizer
 from kiln.train.collate import build_collator
 from kiln.train.config import TrainConfig
 from kiln.train.data_plan import format_plan, plan_data
@@ -91,7 +91,7 @@ def prepare_data(
     cfg: TrainConfig, make_rows: Callable[[int, str], RowSource], layout: RunLayout, tokenized: dict[str, Any]
 ) -> tuple[RowSource, TokenIds, dict[str, Any]]:
     """The row source, the tokenizer's special ids and the planned mixture, after every check that needs no compute."""
-    ids = token_ids(KilnTokenizer.load(layout.tokenizer_json))
+    ids = token_ids(load_tokenizer(layout.tokenizer_json))
     check_objectives(cfg.objectives, cfg.seq_len, cfg.span_corruption, ids, tokenized["config"]["tokenize"].get("fim"))
     rows = make_rows(cfg.seq_len, "train")  # a window longer than every source's tokens stops here
     if "fim" in cfg.objectives:

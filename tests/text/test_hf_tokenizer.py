@@ -1,0 +1,128 @@
+"""kiln.text.hf_tokenizer: a Hugging Face folder's tokenizer gives transformers' AutoTokenizer's ids
+on any text, for every kind a model folder carries, with the boundaries its model was trained with."""
+
+from __future__ import annotations
+
+import pydoc_data.topics
+import sysconfig
+from pathlib import Path
+
+import pytest
+from hf_tokenizers import BYTE_LEVEL, KINDS, save
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kiln.core.errors import FatalError
+from kiln.text.hf_tokenizer import TOKENIZER_JSON, HfTokenizer
+from kiln.text.load import load_tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+SPELLINGS = ["<|endoftext|>", "<s>", "</s>", "[CLS]", "[SEP]", "<unk>", "<|begin_of_text|>", "<|im_start|>", "<pad>"]
+TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=200)
+PIECES = st.one_of(
+    TEXT,
+    st.sampled_from(SPELLINGS),
+    st.text(" \t\n\r\u00a0\u3000", min_size=1, max_size=12),  # whitespace runs
+    st.sampled_from(["👩‍💻", "🇫🇷🇩🇪", "👍🏽", "🙂" * 5, "e\u0301", "ﬁ"]),  # emoji sequences, combining marks
+    st.text("ab xy\n", min_size=500, max_size=3000),  # long lines
+)
+
+
+def folder_of(kind: str, root: Path) -> Path:
+    return save(kind, root / kind)
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[HfTokenizer, object]]:
+    """Per kind: kiln's tokenizer of the saved folder, and transformers' AutoTokenizer of the same folder."""
+    root = tmp_path_factory.mktemp("hf-tokenizers")
+    out = {}
+    for kind in KINDS:
+        folder = folder_of(kind, root)
+        files = {p.name: p.read_bytes() for p in folder.iterdir() if p.suffix == ".json"}
+        theirs = transformers.AutoTokenizer.from_pretrained(folder, split_special_tokens=True)
+        out[kind] = (HfTokenizer(files, str(folder)), theirs)
+    return out
+
+
+def demo_texts() -> list[str]:
+    """A slice of the demo corpus: every pydoc topic and every 40th standard-library module."""
+    stdlib = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[::40]
+    return [*pydoc_data.topics.topics.values(), *(p.read_text(encoding="utf-8") for p in stdlib)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pieces=st.lists(PIECES, max_size=6))
+def test_ids_equal_autotokenizers_on_any_text(pairs: dict, kind: str, pieces: list[str]) -> None:
+    ours, theirs = pairs[kind]
+    text = "".join(pieces)
+    assert ours.encode(text) == theirs(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_ids_equal_autotokenizers_on_the_demo_corpus(pairs: dict, kind: str) -> None:
+    ours, theirs = pairs[kind]
+    texts = demo_texts()
+    assert sum(len(t) for t in texts) > 500_000
+    assert ours.encode_batch(texts) == theirs(texts, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_document_has_the_boundaries_the_model_was_trained_with(pairs: dict, kind: str) -> None:
+    """AutoTokenizer's own template gives the start (and BERT's and T5's the end); kiln ends every document with eos."""
+    ours, theirs = pairs[kind]
+    text = "def f(x):\n    return x  # ok"
+    template = theirs(text)["input_ids"]
+    doc = ours.document(text)
+    if kind in ("bert", "unigram"):  # their templates end with the end-of-document token
+        assert doc == template
+    else:
+        assert doc[:-1] == template
+        assert doc[-1] == ours.eot_id == theirs.convert_tokens_to_ids(theirs.eos_token)
+    expected_bos = {"llama3": "<|begin_of_text|>", "llama2": "<s>", "bert": "[CLS]"}.get(kind)
+    assert ours.boundaries.bos == expected_bos
+
+
+def test_boundaries_come_from_the_folder_and_the_recipe_overrides_them(pairs: dict) -> None:
+    qwen, _ = pairs["qwen2"]
+    assert (qwen.bos_id, qwen.boundaries.eos, qwen.boundaries.pad) == (None, "<|endoftext|>", "<|endoftext|>")
+    assert qwen.fim_ids is not None and qwen.mask_id is None
+    llama2, _ = pairs["llama2"]
+    assert (llama2.boundaries.bos, llama2.boundaries.eos, llama2.boundaries.pad) == ("<s>", "</s>", "</s>")
+    assert "no pad_token: pad is eos" in llama2.describe()
+    changed = llama2.with_boundaries(False, None, "<unk>")
+    assert changed.bos_id is None and changed.pad_id == 0 and changed.document("a")[-1] == llama2.eot_id
+    assert llama2.with_boundaries(True, None, None).bos_id == 1
+    with pytest.raises(FatalError, match=r"\['<nope>'\] are not in the vocabulary"):
+        llama2.with_boundaries(None, "<nope>", None)
+
+
+@pytest.mark.parametrize("kind", BYTE_LEVEL)
+def test_byte_level_tokenizers_encode_with_the_fastest_exact_library(pairs: dict, kind: str) -> None:
+    ours, _ = pairs[kind]
+    assert ours.encoder_name == "splintr"
+
+
+def test_the_bytes_of_each_token_add_up_to_the_text(pairs: dict) -> None:
+    """Bits per byte needs each id's bytes: byte-level and byte-fallback tokens add up to the UTF-8 text exactly."""
+    text = "Grüße 🙂 def f(x):\n\treturn 42 \x00 東京"
+    for kind in ("gpt2", "llama3", "qwen2"):
+        ours, _ = pairs[kind]
+        assert int(ours.token_bytes()[ours.encode(text)].sum()) == len(text.encode("utf-8"))
+    llama2, _ = pairs["llama2"]  # the normaliser's leading ▁ counts as one more byte, the space it stands for
+    assert int(llama2.token_bytes()[llama2.encode(text)].sum()) == len(text.encode("utf-8")) + 1
+
+
+def test_saved_files_come_back_byte_for_byte_and_a_changed_one_is_refused(pairs: dict, tmp_path: Path) -> None:
+    ours, _ = pairs["llama3"]
+    outputs = ours.save(tmp_path / TOKENIZER_JSON)
+    assert {p.name for p in outputs} >= {"tokenizer.json", "tokenizer_config.json", "kiln_tokenizer.json"}
+    again = load_tokenizer(tmp_path / TOKENIZER_JSON)
+    assert isinstance(again, HfTokenizer) and again.files == ours.files
+    assert again.encode("hello world") == ours.encode("hello world") and again.bos_id == ours.bos_id
+    config = tmp_path / "tokenizer_config.json"
+    config.write_text(config.read_text().replace("begin_of_text", "begin_of_tex"))
+    with pytest.raises(FatalError, match="tokenizer_config.json: changed since kiln wrote it"):
+        load_tokenizer(tmp_path / TOKENIZER_JSON)
