@@ -124,6 +124,31 @@ def test_greedy_generation_is_the_same_token_for_token(tmp_path: Path, tokenizer
     assert hf_tok.decode(out[0]) == tokenizer.decode(ids)
 
 
+def test_a_model_larger_than_max_shard_mb_is_sharded_with_an_index_transformers_loads(
+    tmp_path: Path, tokenizer: KilnTokenizer
+) -> None:
+    run_dir, ours = make_run(tmp_path, tokenizer, n_kv_heads=2)  # about 0.6 MB in fp32
+    out = tmp_path / "out"
+    manifest = export(ExportConfig(max_shard_mb=0.1, out=str(out)), GenerateConfig(), run_dir)
+    folder = run_dir / "export" / "hf"
+    shards = sorted(p.name for p in folder.glob("model-*.safetensors"))
+    assert len(shards) > 2 and shards[-1] == f"model-{len(shards):05d}-of-{len(shards):05d}.safetensors"
+    assert not (folder / "model.safetensors").exists()
+    assert all((folder / name).stat().st_size <= 0.1e6 + 4096 for name in shards)  # a tensor fits a shard here
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == shards
+    assert index["metadata"]["total_size"] == sum(p.numel() * 4 for p in ours.parameters())
+    assert {*shards, "model.safetensors.index.json"} <= set(manifest["counts"]["files"])
+    hf, _ = load_hf(folder)
+    ids = torch.randint(0, tokenizer.vocab_size, (2, 96), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours_BTV, theirs_BTV = ours(ids), hf(ids).logits
+    assert ours_BTV.std() > 1.0 and (ours_BTV - theirs_BTV).abs().max().item() < 1e-4
+    # The copy at OUT holds the shards, and a later export replaces it as one of its own.
+    export(ExportConfig(max_shard_mb=0.1, out=str(out)), GenerateConfig(), run_dir, force=True)
+    assert tree(out) == tree(folder) | {"kiln_export.json": (out / "kiln_export.json").read_bytes()}
+
+
 def test_the_folder_describes_the_tokens_and_the_sampling(tmp_path: Path, tokenizer: KilnTokenizer) -> None:
     run_dir, _ = make_run(tmp_path, tokenizer)
     export(ExportConfig(), GenerateConfig(temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=33), run_dir)

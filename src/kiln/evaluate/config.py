@@ -127,12 +127,20 @@ class ExportConfig(Section):
     format: Literal["hf"] = Field(
         default="hf",
         description=(
-            "hf: a Hugging Face transformers folder (config.json, model.safetensors, tokenizer, generation config, "
-            "model card)."
+            "hf: a Hugging Face transformers folder (config.json, model.safetensors or its shards with an index, "
+            "tokenizer, generation config, model card)."
         ),
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="float32", description="Weight dtype of the exported safetensors (kiln trains fp32 master weights)."
+    )
+    max_shard_mb: float = Field(
+        default=5000,
+        gt=0,
+        description=(
+            "Largest safetensors file in MB (1e6 bytes, in export.dtype); a larger model is cut into "
+            "model-0000i-of-0000N.safetensors files plus model.safetensors.index.json, as transformers shards at 5 GB."
+        ),
     )
     out: str | None = Field(
         default=None,

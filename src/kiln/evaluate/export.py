@@ -2,12 +2,16 @@
 
 The folder (`export/hf/`, copied to `export.out` when given) holds config.json (kiln.model.hf:
 Llama, Qwen3 with QK-norm, Qwen2 with attention biases), model.safetensors in transformers'
-names (a tied output projection stored once), kiln's tokenizer.json unchanged with tokenizer_config.json and
+names (a tied output projection stored once; a model larger than export.max_shard_mb is cut into
+model-00001-of-0000N.safetensors files listed in model.safetensors.index.json, as transformers
+shards), kiln's tokenizer.json unchanged with tokenizer_config.json and
 special_tokens_map.json (end of document is bos and eos, no token added on encode, special-token
 spellings in text stay text as kiln encodes them, no clean-up of spaces on decode),
 generation_config.json from the recipe's generate section, and a model card (README.md) written
 from the run's manifests: sources and tokens, curation steps, tokenizer, training and compute,
-validation bits per byte, and each stage's fingerprint.
+validation bits per byte, and each stage's fingerprint. The weights stream: the checkpoint's
+header is checked against its config, then each tensor is read, converted to export.dtype and
+written on its own, so memory holds one tensor (and its converted copy), never the model.
 
 OUT is the user's place, so kiln never deletes there what it did not write: OUT (and the staging
 folders `<OUT>.tmp`, `<OUT>.old` beside it) is replaced only when missing, empty, or holding an
@@ -22,12 +26,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from kiln.core.atomic import replace_dir
 from kiln.core.config import Section
@@ -36,18 +40,22 @@ from kiln.core.layout import CURATE, EVAL, EXPORT, MANIFEST, TOKENIZE, TOKENIZER
 from kiln.core.manifest import FORMAT as MANIFEST_FORMAT
 from kiln.core.manifest import IN_PROGRESS, Stage, read_manifest
 from kiln.evaluate.config import ExportConfig, GenerateConfig
-from kiln.model.config import count_params
-from kiln.model.hf import architecture, hf_config, to_hf_state
-from kiln.model.transformer import Transformer
-from kiln.model.weights import CONFIG, WEIGHTS, load_trained_model
+from kiln.model.config import ModelConfig, count_params
+from kiln.model.hf import architecture, hf_config, hf_name
+from kiln.model.safetensors_stream import SafetensorsWriter, TensorSpec, read_tensor, shard_groups
+from kiln.model.weights import CONFIG, WEIGHTS, checked_tensors, checkpoint_config
 from kiln.text.specials import EOT, MASK, PAD
 from kiln.text.tokenizer import KilnTokenizer
 
 log = logging.getLogger("kiln.export")
 HF_FOLDER = "hf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Every file of an exported folder, in the order they are written and listed.
+# Every file of an exported folder, in the order they are written and listed; the weights are
+# model.safetensors, or shards (SHARD) and their INDEX when the model is larger than export.max_shard_mb.
 MODEL_FILES = ("config.json", "model.safetensors", "generation_config.json", "README.md")
+INDEX, SHARD = "model.safetensors.index.json", re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+MB = 1e6  # bytes, as transformers counts max_shard_size
+DAMAGED = "the checkpoint is damaged: train again, or restore it"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # What marks a copy at OUT as kiln's: the run and the export it came from.
 MARKER, MARKER_FORMAT = "kiln_export.json", "kiln-export v1"
@@ -108,30 +116,61 @@ def generation_config(gen: GenerateConfig, tokenizer: KilnTokenizer) -> dict[str
     }
 
 
-def write_hf_folder(
-    folder: Path, model: Transformer, tokenizer: KilnTokenizer, gen: GenerateConfig, dtype: str, card: str
+def write_hf_weights(
+    folder: Path, ckpt: Path, stored: dict[str, TensorSpec], dtype: torch.dtype, max_shard_bytes: float
 ) -> list[Path]:
-    """Every file of the Hugging Face folder into `folder` (existing, empty); returns their paths."""
-    cfg = model.cfg
-    config = hf_config(cfg, tokenizer.eot_id, tokenizer.pad_id) | {"torch_dtype": dtype}
-    state = {k: v.detach().to(DTYPES[dtype]).contiguous() for k, v in to_hf_state(model.state_dict(), cfg).items()}
-    paths = [folder / name for name in MODEL_FILES]
-    paths[0].write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    save_file(state, str(paths[1]), metadata={"format": "pt"})  # transformers reads the "pt" format tag
-    paths[2].write_text(json.dumps(generation_config(gen, tokenizer), indent=2) + "\n", encoding="utf-8")
-    paths[3].write_text(card, encoding="utf-8")
-    return paths + tokenizer_files(folder, tokenizer, cfg.max_seq_len)
+    """The checkpoint's tensors (stored: checked_tensors) in transformers' names and `dtype`, one at a
+    time, into model.safetensors, or into shards of at most max_shard_bytes and their index."""
+    kiln_of = {hf_name(k): k for k in stored}  # a tied output projection is stored once, as the embedding
+    groups = shard_groups([TensorSpec(hf, dtype, stored[k].shape) for hf, k in kiln_of.items()], int(max_shard_bytes))
+    names = (
+        [WEIGHTS]
+        if len(groups) == 1
+        else [f"model-{i:05d}-of-{len(groups):05d}.safetensors" for i in range(1, len(groups) + 1)]
+    )
+    for name, group in zip(names, groups, strict=True):
+        with SafetensorsWriter(folder / name, group, {"format": "pt"}) as out:  # transformers reads the "pt" tag
+            for spec in group:
+                out.write(spec.name, read_tensor(ckpt / WEIGHTS, kiln_of[spec.name], DAMAGED).to(dtype))
+    if len(groups) == 1:
+        return [folder / WEIGHTS]
+    index = {
+        "metadata": {"total_size": sum(s.nbytes for group in groups for s in group)},
+        "weight_map": {s.name: name for name, group in zip(names, groups, strict=True) for s in group},
+    }
+    (folder / INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    return [folder / name for name in names] + [folder / INDEX]
+
+
+def write_hf_folder(
+    folder: Path,
+    ckpt: Path,
+    stored: dict[str, TensorSpec],
+    cfg: ModelConfig,
+    tokenizer: KilnTokenizer,
+    gen: GenerateConfig,
+    export: ExportConfig,
+    card: str,
+) -> list[Path]:
+    """Every file of the Hugging Face folder into `folder` (existing, empty), the weights streamed from
+    the checkpoint folder `ckpt` (its tensors `stored`, checked_tensors against `cfg`); returns their paths."""
+    config = hf_config(cfg, tokenizer.eot_id, tokenizer.pad_id) | {"torch_dtype": export.dtype}
+    config_path, generation_path, card_path = (folder / name for name in MODEL_FILES if name != WEIGHTS)
+    config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    weights = write_hf_weights(folder, ckpt, stored, DTYPES[export.dtype], export.max_shard_mb * MB)
+    generation_path.write_text(json.dumps(generation_config(gen, tokenizer), indent=2) + "\n", encoding="utf-8")
+    card_path.write_text(card, encoding="utf-8")
+    return [config_path, *weights, generation_path, card_path] + tokenizer_files(folder, tokenizer, cfg.max_seq_len)
 
 
 def _manifest(layout: RunLayout, stage: str) -> dict[str, Any] | None:
     return read_manifest(layout.stage(stage)) if (layout.stage(stage) / MANIFEST).is_file() else None
 
 
-def model_card(run_dir: Path, model: Transformer, tokenizer: KilnTokenizer, arch: str) -> str:
+def model_card(run_dir: Path, cfg: ModelConfig, tokenizer: KilnTokenizer, arch: str) -> str:
     """README.md of the exported folder, from whatever manifests the run has (a stage it lacks is left out)."""
     layout = RunLayout(run_dir)
     m = {s: _manifest(layout, s) for s in (CURATE, TOKENIZER, TOKENIZE, TRAIN, EVAL)}
-    cfg = model.cfg
     name = Path(run_dir).name
     lines = [
         "---",
@@ -262,13 +301,16 @@ def run(cfg: ExportConfig, gen: GenerateConfig, run_dir: Path, force: bool = Fal
     if not (
         manifest := stage.up_to_date(force, lambda m: f"the Hugging Face folder is {layout.stage(EXPORT) / HF_FOLDER}")
     ):
-        model = load_trained_model(ckpt)
-        arch = architecture(model.cfg)  # refuses options Llama and Qwen lack before any work
+        model_cfg = checkpoint_config(ckpt)
+        stored = checked_tensors(ckpt, model_cfg)  # a checkpoint that is not its config's stops before any work
+        arch = architecture(model_cfg)  # refuses options Llama and Qwen lack before any work
         tokenizer = KilnTokenizer.load(tok_path)
         stage.begin()
         folder = stage.dir / HF_FOLDER
         folder.mkdir(parents=True)
-        paths = write_hf_folder(folder, model, tokenizer, gen, cfg.dtype, model_card(run_dir, model, tokenizer, arch))
+        paths = write_hf_folder(
+            folder, ckpt, stored, model_cfg, tokenizer, gen, cfg, model_card(run_dir, model_cfg, tokenizer, arch)
+        )
         # No OUT in the summary: it is written once, and a later call may copy somewhere else.
         summary = f"{arch} ({cfg.dtype}) with kiln's tokenizer: {layout.stage(EXPORT) / HF_FOLDER}"
         manifest = stage.finish(
@@ -276,7 +318,7 @@ def run(cfg: ExportConfig, gen: GenerateConfig, run_dir: Path, force: bool = Fal
             {
                 "architecture": arch,
                 "dtype": cfg.dtype,
-                "params": count_params(model.cfg),
+                "params": count_params(model_cfg),
                 "folder": str(layout.stage(EXPORT) / HF_FOLDER),
                 "files": [p.name for p in paths],
             },
@@ -364,8 +406,12 @@ def not_exported(folder: Path) -> list[str]:
         marked = False
     if not marked:
         return names
-    ours = {MARKER, *MODEL_FILES, *TOKENIZER_FILES}
-    return [n for n in names if n not in ours or (folder / n).is_symlink() or not (folder / n).is_file()]
+    ours = {MARKER, *MODEL_FILES, INDEX, *TOKENIZER_FILES}
+    return [
+        n
+        for n in names
+        if (n not in ours and not SHARD.fullmatch(n)) or (folder / n).is_symlink() or not (folder / n).is_file()
+    ]
 
 
 def copy_out(folder: Path, target: Path, marker: dict[str, Any]) -> None:

@@ -3,8 +3,15 @@
 The folder's config.json becomes a ModelConfig (kiln.model.hf; settings kiln cannot reproduce,
 such as YaRN RoPE scaling, biases on the output projection or sliding windows, stop the import with each named), its
 safetensors weights (one file, or shards listed in model.safetensors.index.json) are renamed to
-kiln's parameters and loaded strictly, and its tokenizer.json must be one kiln made
-(kiln.text.tokenizer.adopt). The run gets two stages with manifests, as if it had trained:
+kiln's parameters and checked strictly, and its tokenizer.json must be one kiln made
+(kiln.text.tokenizer.adopt). The weights stream: every file's header is checked first (each
+tensor's name, dtype and shape against the model the config implies, built on the meta device;
+a truncated file stops here too), then the tensors are copied one at a time into the checkpoint
+(read_tensor: the file opened for each), so memory holds one tensor, never the model or a shard.
+The checkpoint keeps the folder's dtype (bf16 stays bf16, at half an fp32 copy's size): every
+loader (kiln.model.weights' load_trained_model for generate and eval, load_weights_into
+for train.init_from) copies it into the fp32 model it builds, which gives exactly the fp32 values.
+The run gets two stages with manifests, as if it had trained:
 `tokenizer/` (tokenizer.json + kiln_tokenizer.json) and `train/checkpoint/` (model.safetensors +
 config.json). From there `kiln generate`, `kiln export`, `kiln eval --data FILE`, and continued
 pretraining (`train.init_from: runs/NAME/train/checkpoint`, `tokenizer.from_run: runs/NAME`,
@@ -13,10 +20,13 @@ the model section printed at the end) work as on a run kiln trained.
 Before anything is read into memory every file is checked: config.json is one JSON object whose
 sizes are positive integers, every file is a regular file of the folder (a symlink may point only
 into it, or in a Hugging Face hub cache snapshot into the repository's blobs/; never at a device
-or a system file), the index's weight_map names only the folder's own files, and the model (fp32)
-plus the safetensors read fit in the memory this machine has available. A run whose tokenizer/ or
-train/ was not made by an import of this same folder (a run kiln trained, another import) is not
-replaced: --force moves those folders aside (`<stage>.old-<time>/`, never deleted).
+or a system file), the index's weight_map names only the folder's own files, the files' headers
+hold at least the config's parameters at 2 bytes each (a config of a billion layers stops at
+once), and the largest tensor fits twice in the memory this machine has available (its mapped
+pages, its copy).
+A run whose tokenizer/ or train/ was not made by an import of this same folder (a run kiln
+trained, another import) is not replaced: --force moves those folders aside
+(`<stage>.old-<time>/`, never deleted).
 Not handled here: PyTorch pickles (`pytorch_model.bin`: kiln never unpickles downloaded files),
 tokenizers of other kinds, architectures other than Llama, Qwen2 and Qwen3.
 """
@@ -30,24 +40,24 @@ from typing import Any
 
 import torch
 import yaml
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 
 from kiln.core.errors import FatalError
 from kiln.core.hardware import GB, available_memory, check_memory
 from kiln.core.layout import MANIFEST, TOKENIZER, TOKENIZER_JSON, TRAIN, RunLayout
 from kiln.core.manifest import IN_PROGRESS, Stage
 from kiln.evaluate.config import ImportConfig
-from kiln.model.config import ModelConfig, build_bytes, count_params
-from kiln.model.hf import architecture, from_hf_state, model_config_from_hf
-from kiln.model.transformer import Transformer
-from kiln.model.weights import save_weights
+from kiln.model.config import ModelConfig, count_params
+from kiln.model.hf import architecture, from_hf_state, hf_name, model_config_from_hf
+from kiln.model.safetensors_stream import SafetensorsWriter, TensorSpec, header_specs, open_safetensors, read_tensor
+from kiln.model.weights import parameter_shapes, save_streamed
 from kiln.text.tokenizer import KilnTokenizer, adopt
 
 log = logging.getLogger("kiln.import")
 INDEX = "model.safetensors.index.json"
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
+DAMAGED = "the file is truncated or damaged: download it again"
+MIN_BYTES_PER_PARAM = 2  # bf16 and fp16, the narrowest dtypes kiln imports
 
 
 def present(path: Path) -> bool:
@@ -123,7 +133,7 @@ def weight_files(folder: Path) -> list[Path]:
 
 def check_folder(folder: Path) -> tuple[ModelConfig, KilnTokenizer, list[Path]]:
     """The model config, the tokenizer and the weight files of a Hugging Face folder, each checked,
-    and the memory the import takes checked against this machine's, with no tensor read yet."""
+    with no tensor read yet (plan_import reads the files' headers)."""
     if not folder.is_dir():
         raise FatalError(f"{folder}: no such folder; give a Hugging Face model folder")
     if not present(folder / CONFIG):
@@ -131,17 +141,6 @@ def check_folder(folder: Path) -> tuple[ModelConfig, KilnTokenizer, list[Path]]:
     config_path = folder_file(folder, CONFIG)
     cfg = model_config_from_hf(read_json(config_path), str(config_path))
     files = weight_files(folder)
-    read = sum(p.stat().st_size for p in files)  # load_file holds every tensor of the files at once
-    check_memory(
-        (
-            f"{config_path}: importing {count_params(cfg):,} parameters (fp32, after reading {read / GB:,.1f} GB of "
-            "safetensors)"
-        ),
-        build_bytes(cfg) + read,
-        available_memory(),
-        "this machine",
-        "import on a machine with more memory, or check the sizes in config.json",
-    )
     if not present(folder / TOKENIZER_JSON):
         raise FatalError(f"{folder}: no {TOKENIZER_JSON} (kiln needs the model's tokenizer to encode text for it)")
     tokenizer = adopt(folder_file(folder, TOKENIZER_JSON))
@@ -153,32 +152,68 @@ def check_folder(folder: Path) -> tuple[ModelConfig, KilnTokenizer, list[Path]]:
     return cfg, tokenizer, files
 
 
-def load_model(folder: Path, cfg: ModelConfig, files: list[Path]) -> Transformer:
-    """The model (fp32, on the CPU) the weight files hold; FatalError naming the first problem."""
-    state: dict[str, torch.Tensor] = {}
+def plan_import(folder: Path, cfg: ModelConfig, files: list[Path]) -> list[tuple[Path, dict[str, TensorSpec]]]:
+    """Each weight file with the tensors to copy from it (Hugging Face name -> kiln's spec), from the
+    files' headers alone: names, dtypes and shapes checked against what the config implies before
+    any tensor is read. FatalError naming the file (and the tensor) of the first problem."""
+    found: dict[str, tuple[Path, TensorSpec]] = {}
     for path in files:
-        try:
-            state |= load_file(str(path))
-        except (SafetensorError, OSError, ValueError) as e:
+        with open_safetensors(path, DAMAGED) as f:
+            for name, spec in header_specs(f, path).items():
+                if name in found:
+                    raise FatalError(
+                        f"{path}: {name} is also in {found[name][0]}; a tensor belongs to one file: download the "
+                        "folder again"
+                    )
+                found[name] = path, spec
+    # Before the meta model is built: a config of a billion layers stops here, at once.
+    held = sum(spec.nbytes for _, spec in found.values())
+    if count_params(cfg) * MIN_BYTES_PER_PARAM > held:
+        raise FatalError(
+            f"{folder / CONFIG}: importing {count_params(cfg):,} parameters (its sizes) needs "
+            f"{count_params(cfg) * MIN_BYTES_PER_PARAM / GB:,.1f} GB of weights or more, and the folder's safetensors "
+            f"hold {held / GB:,.1f} GB; config.json does not describe these weights: check its sizes, or download "
+            "the folder again"
+        )
+    where, largest = max(found.values(), key=lambda found_in: found_in[1].nbytes)
+    check_memory(  # a tensor read is its mapped pages and its copy; nothing else is held
+        f"{where}: importing tensor by tensor, the largest {largest.name} of {largest.nbytes / GB:,.1f} GB",
+        2 * largest.nbytes,
+        available_memory(),
+        "this machine",
+        "import on a machine with more memory",
+    )
+    shapes = parameter_shapes(cfg)
+    # Meta tensors stand for the stored ones: from_hf_state checks the names (missing, unexpected) without data.
+    from_hf_state(
+        {name: torch.empty(spec.shape, dtype=spec.dtype, device="meta") for name, (_, spec) in found.items()},
+        cfg,
+        list(shapes),
+        str(folder),
+    )
+    kiln_of = {hf_name(k): k for k in shapes}
+    plan: dict[Path, dict[str, TensorSpec]] = {path: {} for path in files}
+    for name, (path, spec) in found.items():
+        if (kiln := kiln_of.get(name)) is None:  # a rotary buffer, or a tied output projection stored twice
+            continue
+        if spec.shape != shapes[kiln]:
             raise FatalError(
-                f"{path}: cannot be read as safetensors ({type(e).__name__}: {e}); the file is truncated or "
-                "damaged: download it again"
-            ) from None
-    model = Transformer(cfg)
-    names = [n for n, _ in model.named_parameters()]  # a tied weight once
-    # No fp32 copies: load_state_dict copies bf16 or fp16 tensors into the fp32 parameters itself.
-    weights = from_hf_state(state, cfg, names, str(folder))
-    if cfg.tie_embeddings:
-        weights["lm_head.weight"] = weights["embed.weight"]
-    shapes = [
-        f"{k}: {tuple(v.shape)} in the folder, {tuple(p.shape)} for the config"
-        for k, v in weights.items()
-        if (p := model.state_dict()[k]).shape != v.shape
-    ]
-    if shapes:
-        raise FatalError(f"{folder}: weights do not fit {CONFIG}: {'; '.join(shapes[:3])}")
-    model.load_state_dict(weights, strict=True)
-    return model.eval()
+                f"{path}: {name} is {spec.shape} and {folder / CONFIG} makes it {shapes[kiln]}; the weights and the "
+                "config are from different models: download the folder again"
+            )
+        plan[path][name] = TensorSpec(kiln, spec.dtype, spec.shape)
+    return list(plan.items())
+
+
+def write_checkpoint(out: Path, cfg: ModelConfig, plan: list[tuple[Path, dict[str, TensorSpec]]]) -> list[Path]:
+    """kiln's checkpoint at `out`, copied tensor by tensor in the stored dtype."""
+
+    def fill(writer: SafetensorsWriter) -> None:
+        for path, tensors in plan:
+            for name, spec in tensors.items():
+                writer.write(spec.name, read_tensor(path, name, DAMAGED))
+
+    return save_streamed(out, cfg, [spec for _, tensors in plan for spec in tensors.values()], fill)
 
 
 def same_import(folder: Path, marker: str, key: str, source: str) -> bool:
@@ -223,7 +258,7 @@ def run(cfg: ImportConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     # Every folder this call replaces is checked before either is written (a bare Stage: its folders only).
     for replaced in ([] if tok_done else [tok_stage]) + [stage or Stage(run_dir, TRAIN, {"import": cfg}, inputs=[])]:
         refuse_other_work(replaced, cfg.source, force)
-    model = load_model(folder, model_cfg, weights)  # a damaged file stops here, before the run is written
+    plan = plan_import(folder, model_cfg, weights)  # a damaged file stops here, before the run is written
     if not tok_done:
         tok_stage.begin()
         outputs = tokenizer.save(tok_stage.dir / layout.tokenizer_json.name)
@@ -235,7 +270,7 @@ def run(cfg: ImportConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
         stage = Stage(run_dir, TRAIN, {"import": cfg}, inputs=files, upstream=[TOKENIZER])
     assert stage is not None
     stage.begin()
-    outputs = save_weights(stage.dir / layout.checkpoint.name, model)
+    outputs = write_checkpoint(stage.dir / layout.checkpoint.name, model_cfg, plan)
     section = yaml.safe_dump(
         {"model": {k: v for k, v in model_cfg.model_dump(mode="json").items() if v is not None}}, sort_keys=False
     )
