@@ -26,6 +26,8 @@ from kiln.evaluate.import_hf import run as import_hf
 from kiln.model.config import ModelConfig
 from kiln.model.init import build_model
 from kiln.model.weights import checkpoint_config, load_trained_model, load_weights_into, save_weights
+from kiln.text.hf_tokenizer import HfTokenizer
+from kiln.text.load import load_tokenizer
 from kiln.text.specials import special_tokens
 from kiln.text.tokenizer import KilnTokenizer, train_bpe
 from kiln.tokenize.config import TokenizerConfig
@@ -257,7 +259,8 @@ def test_qwen2_qwen3_and_scaled_rope_llama_import_and_export_with_the_same_logit
             lambda c: c | {"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "sliding_window": 16},
             "use_sliding_window true",
         ),
-        (lambda c: c | {"architectures": ["MistralForCausalLM"]}, "architecture 'MistralForCausalLM'"),
+        (lambda c: c | {"architectures": ["MistralForCausalLM"], "sliding_window": 4096}, "sliding_window 4096"),
+        (lambda c: c | {"architectures": ["GPTNeoXForCausalLM"]}, "architecture 'GPTNeoXForCausalLM'"),
     ],
 )
 def test_settings_kiln_cannot_reproduce_are_refused_by_name(
@@ -271,13 +274,15 @@ def test_settings_kiln_cannot_reproduce_are_refused_by_name(
     assert not (tmp_path / "runs" / "x").exists()
 
 
-def test_a_foreign_tokenizer_is_refused_with_the_reason(tmp_path: Path, tokenizer: KilnTokenizer) -> None:
+def test_a_tokenizer_kiln_did_not_make_is_kept_as_the_folders_own(tmp_path: Path, tokenizer: KilnTokenizer) -> None:
     folder, _ = llama_folder(tmp_path, tokenizer)
     data = json.loads((folder / "tokenizer.json").read_text())
-    data["model"]["ignore_merges"] = False
+    data["model"]["ignore_merges"] = False  # no longer kiln's kind: kept byte for byte, read by `tokenizers`' rules
     (folder / "tokenizer.json").write_text(json.dumps(data))
-    with pytest.raises(FatalError, match="not a tokenizer kiln made .*ignore_merges false"):
-        import_hf(ImportConfig(source=str(folder)), tmp_path / "runs" / "x")
+    import_hf(ImportConfig(source=str(folder)), tmp_path / "runs" / "x")
+    kept = load_tokenizer(RunLayout(tmp_path / "runs" / "x").tokenizer_json)
+    assert isinstance(kept, HfTokenizer) and kept.files["tokenizer.json"] == (folder / "tokenizer.json").read_bytes()
+    assert (folder / "config.json").read_bytes() == kept.origin["config.json"]
     (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
     shutil.copyfile(tokenizer.path, folder / "tokenizer.json")  # type: ignore[arg-type]
     with pytest.raises(FatalError, match="kiln does not unpickle weights"):

@@ -44,8 +44,9 @@ from kiln.model.config import ModelConfig, count_params
 from kiln.model.hf import architecture, hf_config, hf_name
 from kiln.model.safetensors_stream import SafetensorsWriter, TensorSpec, read_tensor, shard_groups
 from kiln.model.weights import CONFIG, WEIGHTS, checked_tensors, checkpoint_config
+from kiln.text.hf_tokenizer import HfTokenizer
+from kiln.text.load import AnyTokenizer, load_tokenizer
 from kiln.text.specials import EOT, MASK, PAD
-from kiln.text.tokenizer import KilnTokenizer
 
 log = logging.getLogger("kiln.export")
 HF_FOLDER = "hf"
@@ -57,6 +58,7 @@ INDEX, SHARD = "model.safetensors.index.json", re.compile(r"model-\d{5}-of-\d{5}
 MB = 1e6  # bytes, as transformers counts max_shard_size
 DAMAGED = "the checkpoint is damaged: train again, or restore it"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+ORIGIN_CONFIG, ORIGIN_GENERATION = "config.json", "generation_config.json"  # an imported model's, kept
 # What marks a copy at OUT as kiln's: the run and the export it came from.
 MARKER, MARKER_FORMAT = "kiln_export.json", "kiln-export v1"
 
@@ -70,8 +72,13 @@ class GenerationDefaults(Section):
     top_p: float | None
 
 
-def tokenizer_files(folder: Path, tokenizer: KilnTokenizer, max_len: int) -> list[Path]:
-    """tokenizer.json as kiln wrote it, and the two files that make AutoTokenizer read it as kiln does."""
+def tokenizer_files(folder: Path, tokenizer: AnyTokenizer, max_len: int) -> list[Path]:
+    """An imported model's tokenizer files byte for byte as they came; kiln's tokenizer.json as kiln
+    wrote it, with the two files that make AutoTokenizer read it as kiln does."""
+    if isinstance(tokenizer, HfTokenizer):
+        for name, data in tokenizer.files.items():
+            (folder / name).write_bytes(data)
+        return [folder / name for name in tokenizer.files]
     assert tokenizer.path is not None, "a loaded tokenizer knows its file"
     paths = [folder / name for name in TOKENIZER_FILES]
     shutil.copyfile(tokenizer.path, paths[0])
@@ -99,9 +106,22 @@ def tokenizer_files(folder: Path, tokenizer: KilnTokenizer, max_len: int) -> lis
     return paths
 
 
-def generation_config(gen: GenerateConfig, tokenizer: KilnTokenizer) -> dict[str, Any]:
+def model_config(cfg: ModelConfig, tokenizer: AnyTokenizer, dtype: str) -> dict[str, Any]:
+    """config.json: an imported model's own, every key kept (architecture, RoPE settings, token ids),
+    with only the vocabulary size (grown by extend-tokenizer) and dtype written over; kiln's for the rest."""
+    if isinstance(tokenizer, HfTokenizer) and ORIGIN_CONFIG in tokenizer.origin:
+        origin = json.loads(tokenizer.origin[ORIGIN_CONFIG])
+        return origin | {"vocab_size": cfg.vocab_size} | {k: dtype for k in ("torch_dtype", "dtype") if k in origin}
+    bos = tokenizer.eot_id if tokenizer.bos_id is None else tokenizer.bos_id
+    config = hf_config(cfg, tokenizer.eot_id, tokenizer.pad_id) | {"torch_dtype": dtype}
+    return config | {"bos_token_id": bos}
+
+
+def generation_config(gen: GenerateConfig, tokenizer: AnyTokenizer) -> dict[str, Any]:
+    """generation_config.json: the recipe's sampling defaults and the tokenizer's ids (an imported
+    model's own generation_config.json is copied as it came instead, by write_hf_folder)."""
     config: dict[str, Any] = {
-        "bos_token_id": tokenizer.eot_id,
+        "bos_token_id": tokenizer.eot_id if tokenizer.bos_id is None else tokenizer.bos_id,
         "eos_token_id": tokenizer.eot_id,
         "pad_token_id": tokenizer.pad_id,
         "max_new_tokens": gen.max_new_tokens,
@@ -147,18 +167,21 @@ def write_hf_folder(
     ckpt: Path,
     stored: dict[str, TensorSpec],
     cfg: ModelConfig,
-    tokenizer: KilnTokenizer,
+    tokenizer: AnyTokenizer,
     gen: GenerateConfig,
     export: ExportConfig,
     card: str,
 ) -> list[Path]:
     """Every file of the Hugging Face folder into `folder` (existing, empty), the weights streamed from
     the checkpoint folder `ckpt` (its tensors `stored`, checked_tensors against `cfg`); returns their paths."""
-    config = hf_config(cfg, tokenizer.eot_id, tokenizer.pad_id) | {"torch_dtype": export.dtype}
+    config = model_config(cfg, tokenizer, export.dtype)
     config_path, generation_path, card_path = (folder / name for name in MODEL_FILES if name != WEIGHTS)
     config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     weights = write_hf_weights(folder, ckpt, stored, DTYPES[export.dtype], export.max_shard_mb * MB)
-    generation_path.write_text(json.dumps(generation_config(gen, tokenizer), indent=2) + "\n", encoding="utf-8")
+    if isinstance(tokenizer, HfTokenizer) and ORIGIN_GENERATION in tokenizer.origin:
+        generation_path.write_bytes(tokenizer.origin[ORIGIN_GENERATION])
+    else:
+        generation_path.write_text(json.dumps(generation_config(gen, tokenizer), indent=2) + "\n", encoding="utf-8")
     card_path.write_text(card, encoding="utf-8")
     return [config_path, *weights, generation_path, card_path] + tokenizer_files(folder, tokenizer, cfg.max_seq_len)
 
@@ -167,7 +190,7 @@ def _manifest(layout: RunLayout, stage: str) -> dict[str, Any] | None:
     return read_manifest(layout.stage(stage)) if (layout.stage(stage) / MANIFEST).is_file() else None
 
 
-def model_card(run_dir: Path, cfg: ModelConfig, tokenizer: KilnTokenizer, arch: str) -> str:
+def model_card(run_dir: Path, cfg: ModelConfig, tokenizer: AnyTokenizer, arch: str) -> str:
     """README.md of the exported folder, from whatever manifests the run has (a stage it lacks is left out)."""
     layout = RunLayout(run_dir)
     m = {s: _manifest(layout, s) for s in (CURATE, TOKENIZER, TOKENIZE, TRAIN, EVAL)}
@@ -209,7 +232,15 @@ def model_card(run_dir: Path, cfg: ModelConfig, tokenizer: KilnTokenizer, arch: 
             lines.append(f"- {source}: " + " -> ".join(s.get("funnel", {})))
         top = sorted(c["removed"].items(), key=lambda kv: -kv[1])[:8]
         lines += ["", "Most frequent removal reasons: " + ", ".join(f"{r} ({n:,})" for r, n in top) + ".", ""]
-    if (tk := m[TOKENIZER]) is not None:
+    if (tk := m[TOKENIZER]) is not None and isinstance(tokenizer, HfTokenizer):
+        lines += [
+            "## Tokenizer",
+            "",
+            f"The model's own tokenizer ({tokenizer.vocab_size:,} tokens), its files as they came; each document: "
+            f"{tokenizer.describe()}.",
+            "",
+        ]
+    elif tk is not None:
         measured = tk["counts"].get("heldout_bytes_per_token")  # an imported tokenizer has no measurement
         lines += [
             "## Tokenizer",
@@ -304,7 +335,8 @@ def run(cfg: ExportConfig, gen: GenerateConfig, run_dir: Path, force: bool = Fal
         model_cfg = checkpoint_config(ckpt)
         stored = checked_tensors(ckpt, model_cfg)  # a checkpoint that is not its config's stops before any work
         arch = architecture(model_cfg)  # refuses options Llama and Qwen lack before any work
-        tokenizer = KilnTokenizer.load(tok_path)
+        tokenizer = load_tokenizer(tok_path)
+        arch = model_config(model_cfg, tokenizer, cfg.dtype).get("architectures", [arch])[0]  # an import's own name
         stage.begin()
         folder = stage.dir / HF_FOLDER
         folder.mkdir(parents=True)
@@ -312,7 +344,8 @@ def run(cfg: ExportConfig, gen: GenerateConfig, run_dir: Path, force: bool = Fal
             folder, ckpt, stored, model_cfg, tokenizer, gen, cfg, model_card(run_dir, model_cfg, tokenizer, arch)
         )
         # No OUT in the summary: it is written once, and a later call may copy somewhere else.
-        summary = f"{arch} ({cfg.dtype}) with kiln's tokenizer: {layout.stage(EXPORT) / HF_FOLDER}"
+        which = "its own tokenizer files" if isinstance(tokenizer, HfTokenizer) else "kiln's tokenizer"
+        summary = f"{arch} ({cfg.dtype}) with {which}: {layout.stage(EXPORT) / HF_FOLDER}"
         manifest = stage.finish(
             paths,
             {

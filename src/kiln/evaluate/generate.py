@@ -134,7 +134,9 @@ def complete(
             1, torch.where(valid_BN[:, :P], ids_BN[:, :P], tokenizer.pad_id), True
         )  # padding is banned anyway
     # Specials other than end-of-document (padding, mask, FIM, sentinels, reserved) are never text.
-    banned = torch.tensor([i for i in tokenizer.specials.values() if i != tokenizer.eot_id], device=device)
+    banned = torch.tensor(
+        [i for i in tokenizer.specials.values() if i != tokenizer.eot_id], dtype=torch.long, device=device
+    )  # none for a vocabulary whose only special is end of document (GPT-2's)
     # Room for what this call can reach: the prompt and its new tokens, at most the context.
     cache = KVCache(model.cfg.n_layers, min(W, P + cfg.max_new_tokens)) if cfg.use_cache and P < W else None
     # Each row's next RoPE position: its real tokens so far (left padding counts none).

@@ -28,7 +28,7 @@ A run whose tokenizer/ or train/ was not made by an import of this same folder (
 trained, another import) is not replaced: --force moves those folders aside
 (`<stage>.old-<time>/`, never deleted).
 Not handled here: PyTorch pickles (`pytorch_model.bin`: kiln never unpickles downloaded files),
-tokenizers of other kinds, architectures other than Llama, Qwen2 and Qwen3.
+architectures other than Llama (with Mistral and TinyLlama), Qwen2 and Qwen3.
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ from kiln.model.config import ModelConfig, count_params
 from kiln.model.hf import architecture, from_hf_state, hf_name, model_config_from_hf
 from kiln.model.safetensors_stream import SafetensorsWriter, TensorSpec, header_specs, open_safetensors, read_tensor
 from kiln.model.weights import parameter_shapes, save_streamed
-from kiln.text.tokenizer import KilnTokenizer, adopt
+from kiln.text.hf_tokenizer import FOLDER_FILES, ORIGIN_FILES, HfTokenizer
+from kiln.text.load import AnyTokenizer
+from kiln.text.tokenizer import adopt, differences
 
 log = logging.getLogger("kiln.import")
 INDEX = "model.safetensors.index.json"
@@ -131,7 +133,19 @@ def weight_files(folder: Path) -> list[Path]:
     )
 
 
-def check_folder(folder: Path) -> tuple[ModelConfig, KilnTokenizer, list[Path]]:
+def folder_tokenizer(folder: Path) -> AnyTokenizer:
+    """kiln's own tokenizer when the folder is a kiln export (the same ids and encoder as before);
+    otherwise the folder's tokenizer files as they are, with config.json and generation_config.json
+    kept beside them for the export."""
+    path = folder_file(folder, TOKENIZER_JSON)
+    if not differences(read_json(path)):
+        return adopt(path)
+    files = {name: folder_file(folder, name).read_bytes() for name in FOLDER_FILES if present(folder / name)}
+    origin = {name: folder_file(folder, name).read_bytes() for name in ORIGIN_FILES if present(folder / name)}
+    return HfTokenizer(files, str(folder), origin=origin)
+
+
+def check_folder(folder: Path) -> tuple[ModelConfig, AnyTokenizer, list[Path]]:
     """The model config, the tokenizer and the weight files of a Hugging Face folder, each checked,
     with no tensor read yet (plan_import reads the files' headers)."""
     if not folder.is_dir():
@@ -143,7 +157,7 @@ def check_folder(folder: Path) -> tuple[ModelConfig, KilnTokenizer, list[Path]]:
     files = weight_files(folder)
     if not present(folder / TOKENIZER_JSON):
         raise FatalError(f"{folder}: no {TOKENIZER_JSON} (kiln needs the model's tokenizer to encode text for it)")
-    tokenizer = adopt(folder_file(folder, TOKENIZER_JSON))
+    tokenizer = folder_tokenizer(folder)
     if tokenizer.vocab_size > (cfg.vocab_size or 0):
         raise FatalError(
             f"{folder}: the tokenizer has {tokenizer.vocab_size} tokens, the model's embedding only "
@@ -249,7 +263,8 @@ def run(cfg: ImportConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     model_cfg, tokenizer, weights = check_folder(folder)
     arch = architecture(model_cfg)
     files = [folder / CONFIG, folder / TOKENIZER_JSON, *weights]
-    tok_stage = Stage(run_dir, TOKENIZER, {"import": cfg}, inputs=[folder / TOKENIZER_JSON])
+    tok_inputs = [folder / name for name in (*FOLDER_FILES, *ORIGIN_FILES) if present(folder / name)]
+    tok_stage = Stage(run_dir, TOKENIZER, {"import": cfg}, inputs=tok_inputs)
     tok_done = tok_stage.up_to_date(force)
     # The train stage's Stage hashes the weights and needs a finished tokenizer stage: made once, when it can be.
     stage = Stage(run_dir, TRAIN, {"import": cfg}, inputs=files, upstream=[TOKENIZER]) if tok_done else None
@@ -264,8 +279,17 @@ def run(cfg: ImportConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
         outputs = tokenizer.save(tok_stage.dir / layout.tokenizer_json.name)
         tok_stage.finish(
             outputs,
-            {"vocab_size": tokenizer.vocab_size, "imported_from": str(folder)},
-            f"vocab {tokenizer.vocab_size:,}, imported from {folder}",
+            {
+                "vocab_size": tokenizer.vocab_size,
+                "imported_from": str(folder),
+                "kind": tokenizer.kind,
+                "encoder": tokenizer.encoder_name,
+                "boundaries": {"bos": tokenizer.bos_id, "eos": tokenizer.eot_id, "pad": tokenizer.pad_id},
+            },
+            (
+                f"vocab {tokenizer.vocab_size:,}, imported from {folder}, encoded with {tokenizer.encoder_name}\n"
+                f"each document: {tokenizer.describe()}"
+            ),
         )
         stage = Stage(run_dir, TRAIN, {"import": cfg}, inputs=files, upstream=[TOKENIZER])
     assert stage is not None
