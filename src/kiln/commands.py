@@ -167,6 +167,11 @@ def extend_tokenizer_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="Checkpoint folder to resize (default: the run's train/checkpoint when it exists).",
     )
+    p.add_argument(
+        "--text",
+        metavar="FILE",
+        help="The domain's validation text (UTF-8): its fertility and tokens per word are reported before and after.",
+    )
 
 
 def quality_arguments(p: argparse.ArgumentParser) -> None:

@@ -115,10 +115,12 @@ def run_import_hf(r: Recipe, force: bool, folder: str) -> dict[str, Any]:
     return run(ImportConfig(source=folder), r.run_dir, force)
 
 
-def run_extend_tokenizer(r: Recipe, force: bool, terms: str, checkpoint: str | None = None) -> dict[str, Any]:
+def run_extend_tokenizer(
+    r: Recipe, force: bool, terms: str, checkpoint: str | None = None, text: str | None = None
+) -> dict[str, Any]:
     from kiln.tokenize.extend import ExtendConfig, run
 
-    return run(ExtendConfig(terms=terms, checkpoint=checkpoint), r.run_dir, force)
+    return run(ExtendConfig(terms=terms, checkpoint=checkpoint, text=text), r.run_dir, force)
 
 
 def run_quality_lm(r: Recipe, force: bool) -> dict[str, Any]:

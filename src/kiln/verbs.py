@@ -231,13 +231,14 @@ OTHER_VERBS = (
     ),  # writes tokenizer/ and train/, the stages of the verbs above
     Verb(
         "extend-tokenizer",
-        "Add domain terms to the run's trained tokenizer as whole tokens (printing each term's token count "
-        "before and after) and give the run's train checkpoint (or --checkpoint) embedding and output rows "
-        "for them; writes tokenizer-extended/.",
+        "Add domain terms to the run's tokenizer (trained, or an imported model's BPE) as whole tokens "
+        "(printing each term's token count before and after, and with --text the fertility of the domain's "
+        "validation text) and give the run's train checkpoint (or --checkpoint) embedding and output rows "
+        "for them, each the mean of the rows of the term's old pieces; writes tokenizer-extended/.",
         run="kiln.stages:run_extend_tokenizer",
         stage=TOKENIZER_EXTENDED,
         arguments="kiln.commands:extend_tokenizer_arguments",
-        options=("terms", "checkpoint"),
+        options=("terms", "checkpoint", "text"),
     ),
     Verb(
         "quality",

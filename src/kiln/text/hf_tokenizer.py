@@ -198,6 +198,11 @@ class HfTokenizer:
                 raise FatalError(f"{self.where}: tokenizer.boundaries.bos true, but the folder names no bos_token")
         return HfTokenizer(self.files, self.where, changed, self.origin)
 
+    def with_files(self, changed: dict[str, bytes]) -> HfTokenizer:
+        """The same folder with `changed` (FOLDER_FILES by name) in place of its own, as kiln.tokenize.extend
+        writes an extended vocabulary: the other files, the model folder's and the boundaries kept as they are."""
+        return HfTokenizer({**self.files, **changed}, self.where, self.boundaries, self.origin)
+
     def token_bytes(self) -> np.ndarray:
         """UTF-8 bytes each id stands for (0 for special tokens), shape (vocab,); see the module docstring."""
         model = json.loads(self.files[TOKENIZER_JSON]).get("model", {})

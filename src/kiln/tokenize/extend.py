@@ -13,6 +13,23 @@ it is added. A form that is already one token is left as it is.
 The checkpoint (the run's train checkpoint, or --checkpoint) gains one embedding row per new
 token, the mean of the rows of the pieces the old tokenizer cut that form into, and likewise
 one output row when the output projection is not tied. Optimizer state is not carried over.
+An imported run's tokenizer (kiln.text.hf_tokenizer: byte-level BPE as GPT-2, Llama 3 and Qwen2
+ship it, or SentencePiece-style BPE as Llama 2 and Mistral do) gains each form as a vocabulary
+entry after every id it has (added tokens included), and its BPE reads a pre-split piece found in
+the vocabulary as that one token (`ignore_merges`, Llama 3's rule). No merge is added, so text
+without the terms keeps its ids: the rule changes none when every token encodes as itself
+(checked); a SentencePiece-style file, which has no pre-split, gets one at each space marker `▁`
+(no id changes when no token holds a marker after another character, checked). A form is what
+the term is after a line break: the bare form is a piece of its own only under a byte-level
+pre-split; with `▁` pieces only the spaced form is added, and a term followed by punctuation
+stays split (the piece holds the punctuation). tokenizer_config.json then names the transformers
+class that runs tokenizer.json as it is (run_as_is); the other files and the boundaries are kept.
+A Qwen2 model's folder is read by transformers with its own class, rebuilt from vocabulary and
+merges, so there merges join each form's old pieces from the left; the tokens on the way are new
+too (rows likewise), and text holding their pieces side by side takes them (the summary says so).
+--text: the domain's validation text, its fertility and tokens per word (kiln.tokenize.report)
+before and after. Ids are checked against transformers' AutoTokenizer in the tests.
+Not handled here: WordPiece and Unigram vocabularies (refused), special tokens.
 Output: `tokenizer-extended/{tokenizer.json, kiln_tokenizer.json, terms.json, checkpoint/}`.
 """
 
@@ -26,7 +43,7 @@ from typing import Any
 
 import torch
 from pydantic import Field
-from tokenizers import Tokenizer
+from tokenizers import Regex, Tokenizer, pre_tokenizers
 
 from kiln.core.config import Section
 from kiln.core.errors import FatalError
@@ -34,9 +51,25 @@ from kiln.core.layout import CHECKPOINT, TOKENIZER, TOKENIZER_EXTENDED, TOKENIZE
 from kiln.core.manifest import Stage
 from kiln.model.transformer import Transformer
 from kiln.model.weights import CONFIG, WEIGHTS, load_trained_model, save_weights
+from kiln.text.hf_tokenizer import CONFIG as HF_CONFIG
+from kiln.text.hf_tokenizer import MODEL_CONFIG, HfTokenizer
+from kiln.text.load import AnyTokenizer, load_tokenizer
 from kiln.text.tokenizer import META_NAME, KilnTokenizer, tiktoken_rules
+from kiln.tokenize.report import HeldoutDoc, measure
 
 log = logging.getLogger("kiln.tokenizer")
+
+CONTEXT = "\n"  # a form is read after a line break: there every pre-split cuts it off as it does mid-text
+WORD_MARKER = "▁"  # SentencePiece's space
+# subtle: pieces cut where a space marker follows another character, as BPE over the whole text never
+# merges across such a place when no token holds "x▁" (checked in marker_split)
+MARKER_PIECES = Regex(f"{WORD_MARKER}*[^{WORD_MARKER}]+|{WORD_MARKER}+")
+AS_IS = "PreTrainedTokenizerFast"  # transformers' class that runs a tokenizer.json as it is (TokenizersBackend in 5)
+AS_IS_CLASSES = (AS_IS, "TokenizersBackend")
+# Model types whose folders transformers 5 reads with a tokenizer class of its own whatever tokenizer_config.json
+# names (its MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS; of them kiln imports Qwen2): that class rebuilds BPE from
+# the vocabulary and merges alone, so their terms are made by merges (tested against AutoTokenizer).
+REBUILT_BY_TRANSFORMERS = ("qwen2",)
 
 
 class ExtendConfig(Section):
@@ -47,6 +80,13 @@ class ExtendConfig(Section):
         default=None,
         description="Checkpoint folder to resize; None means the run's train checkpoint when there is one.",
     )
+    text: str | None = Field(
+        default=None,
+        description=(
+            "The domain's validation text (UTF-8 file): its fertility and tokens per word are reported before and "
+            "after; None: only each term form's token count."
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -56,6 +96,7 @@ class FormAdded:
     id: int | None  # its token; None when the form was one token already
     new: bool  # whether this form made the token (False: already one token, or a repeat)
     pieces: list[int]  # its ids under the old tokenizer
+    step: bool = False  # a token merges make on the way to a form (form: its spelling in the vocabulary)
 
 
 def read_terms(path: Path) -> list[str]:
@@ -69,6 +110,22 @@ def read_terms(path: Path) -> list[str]:
     if not terms:
         raise FatalError(f"{path}: no terms (one per line); nothing to add")
     return terms
+
+
+def read_text(path: Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FatalError(f"{path}: no such validation text file; give the domain's held-out text (--text)") from None
+    except UnicodeDecodeError as e:
+        raise FatalError(f"{path}: not UTF-8 ({e}); save the validation text as UTF-8") from None
+
+
+def text_fertility(old: AnyTokenizer, new: AnyTokenizer, text: str) -> dict[str, dict[str, Any]]:
+    """Fertility and tokens per word of `text` (kiln.tokenize.report's measures) under each tokenizer."""
+    doc = [HeldoutDoc("text", "text", text)]
+    measures = ("fertility", "tokens_per_word")
+    return {name: {k: measure(tok, doc)["all"][k] for k in measures} for name, tok in (("before", old), ("after", new))}
 
 
 def extend(tokenizer: KilnTokenizer, terms: list[str]) -> tuple[KilnTokenizer, list[FormAdded]]:
@@ -99,6 +156,179 @@ def extend(tokenizer: KilnTokenizer, terms: list[str]) -> tuple[KilnTokenizer, l
             added.append(FormAdded(term, form, vocab[piece], True, old_ids))
     extended = KilnTokenizer(Tokenizer.from_str(json.dumps(tiktoken_rules(data))), list(tokenizer.specials))
     return extended, added
+
+
+def marker_split(hf: Tokenizer, vocab: dict[str, int], where: str) -> None:
+    """Give a tokenizer with no pre-split one at each space marker; FatalError when that could change an id."""
+    crossing = [t for t in vocab if WORD_MARKER in t.lstrip(WORD_MARKER)]
+    if crossing:
+        raise FatalError(
+            f"{where}: tokenizer.json has no pre-split and tokens that hold {WORD_MARKER!r} after another "
+            f"character ({crossing[:5]}), so a term cannot be read as a piece of its own; extend-tokenizer adds "
+            "terms to byte-level and SentencePiece-style BPE"
+        )
+    hf.pre_tokenizer = pre_tokenizers.Split(MARKER_PIECES, behavior="isolated")
+
+
+def check_whole_pieces(hf: Tokenizer, model: dict[str, Any], added: set[str], where: str) -> None:
+    """FatalError unless every vocabulary token encodes as itself, so that reading a piece found in the
+    vocabulary as one token (ignore_merges) changes no id; a file that has that rule already passes."""
+    if model.get("ignore_merges"):
+        return
+    # subtle: byte_fallback's <0xNN> tokens are spellings of bytes, never a piece of text (every piece starts ▁)
+    byte = model.get("byte_fallback")
+    unreached = [
+        t
+        for t in model["vocab"]
+        if t not in added
+        and not (byte and len(t) == 6 and t.startswith("<0x"))
+        and [x.value for x in hf.model.tokenize(t)] != [t]
+    ]
+    if unreached:
+        raise FatalError(
+            f"{where}: {len(unreached)} tokens of tokenizer.json do not encode as themselves ({unreached[:5]}); "
+            "adding terms would change how they encode, so this tokenizer cannot be extended"
+        )
+
+
+def form_piece(hf: Tokenizer, form: str) -> str | None:
+    """What BPE sees of `form` after a line break (normalised, in the pre-split's alphabet), or None when the
+    pre-split does not cut it off as one piece there."""
+    normalize = hf.normalizer.normalize_str if hf.normalizer else str
+    head, text = normalize(CONTEXT), normalize(CONTEXT + form)
+    if not text.startswith(head):
+        return None
+    head_pieces = [p for p, _ in hf.pre_tokenizer.pre_tokenize_str(head)]
+    pieces = [p for p, _ in hf.pre_tokenizer.pre_tokenize_str(text)]
+    return pieces[-1] if len(pieces) == len(head_pieces) + 1 and pieces[:-1] == head_pieces else None
+
+
+def extend_hf(tokenizer: HfTokenizer, terms: list[str]) -> tuple[HfTokenizer, list[FormAdded]]:
+    """The imported BPE tokenizer with each term's forms as whole tokens (module docstring), and what was added."""
+    where = tokenizer.where
+    data = json.loads(tokenizer.files[TOKENIZER_JSON])
+    model = data["model"]
+    if model.get("type") != "BPE" or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        raise FatalError(
+            f"{where}: a {model.get('type')} tokenizer with subword markers or no BPE; extend-tokenizer adds terms "
+            "to byte-level and SentencePiece-style BPE vocabularies"
+        )
+    hf = Tokenizer.from_str(tokenizer.files[TOKENIZER_JSON].decode("utf-8"))
+    if hf.pre_tokenizer is None:
+        marker_split(hf, model["vocab"], where)
+    by_merges = not model.get("ignore_merges") and model_type(tokenizer) in REBUILT_BY_TRANSFORMERS
+    if not by_merges:
+        check_whole_pieces(hf, model, {t.content for t in hf.get_added_tokens_decoder().values()}, where)
+    vocab: dict[str, int] = model["vocab"]
+    next_id = max(hf.get_vocab(with_added_tokens=True).values()) + 1  # after the added tokens' ids too
+    merges: dict[tuple[str, str], int] = {}  # the new merges by rank, after every merge the file has
+    old_ids: dict[str, list[int]] = {}  # each new token's ids under the old tokenizer
+    added: list[FormAdded] = []
+    for term in terms:
+        forms = [(form, piece) for form in (" " + term, term) if (piece := form_piece(hf, form)) is not None]
+        if any(c.isspace() for c in term) or not forms:
+            raise FatalError(
+                f"term {term!r}: {where}'s pre-split cuts it into several pieces; a term must be one piece, such as "
+                "a word of letters (digits, punctuation and spaces are split off before BPE)"
+            )
+        for form, piece in forms:
+            old = hf.model.tokenize(piece)
+            if "".join(t.value for t in old) != piece:
+                raise FatalError(
+                    f"term {term!r}: {where}'s vocabulary lacks some of its characters (they fall back to bytes: "
+                    f"{[t.value for t in old]}); such a term cannot become one token"
+                )
+            ids = [t.id for t in old]
+            if len(ids) == 1:
+                added.append(FormAdded(term, form, None, False, ids))
+                continue
+            existed = piece in vocab
+            if by_merges:
+                for made, pieces in merge_chain([t.value for t in old], merges, vocab, old_ids):
+                    vocab[made], next_id = next_id, next_id + 1
+                    old_ids[made] = pieces
+                    if made != piece:
+                        added.append(FormAdded(term, made, vocab[made], True, pieces, step=True))
+            elif not existed:
+                vocab[piece], next_id = next_id, next_id + 1
+            added.append(FormAdded(term, form, vocab[piece], not existed, ids))
+    if by_merges:
+        pairs = model["merges"]
+        pairs += [[a, b] if not pairs or isinstance(pairs[0], list) else f"{a} {b}" for a, b in merges]
+        merged = Tokenizer.from_str(json.dumps(data))
+        check_built(merged, hf, [f for f in added if f.id is not None and not f.step], where)
+        return tokenizer.with_files({TOKENIZER_JSON: merged.to_str(pretty=True).encode("utf-8")}), added
+    model["ignore_merges"] = True
+    data["pre_tokenizer"] = json.loads(hf.to_str())["pre_tokenizer"]
+    rewritten = Tokenizer.from_str(json.dumps(data, ensure_ascii=False)).to_str(pretty=True)
+    changed = {TOKENIZER_JSON: rewritten.encode("utf-8"), HF_CONFIG: run_as_is(tokenizer.files.get(HF_CONFIG), where)}
+    return tokenizer.with_files(changed), added
+
+
+def check_built(merged: Tokenizer, hf: Tokenizer, forms: list[FormAdded], where: str) -> None:
+    """FatalError naming the forms the new merges do not make one token (a merge that makes a token the file
+    had can let one of the file's own merges in before the next new one)."""
+    split = [f.form for f in forms if [t.id for t in merged.model.tokenize(form_piece(hf, f.form) or "")] != [f.id]]
+    if split:
+        raise FatalError(
+            f"terms {split}: {where}'s merges cannot build them into one token each; leave them out of the terms file"
+        )
+
+
+def model_type(tokenizer: HfTokenizer) -> str | None:
+    try:
+        return json.loads(tokenizer.origin.get(MODEL_CONFIG, b"{}")).get("model_type")
+    except ValueError:
+        return None
+
+
+def apply_merges(pieces: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
+    """`pieces` after the new merges in `ranks`, lowest rank and then leftmost first, as BPE applies them (the
+    file's own merges are spent by then: every new one ranks after them, and none of them makes a new token)."""
+    while True:
+        found = [(ranks[pair], i) for i, pair in enumerate(zip(pieces, pieces[1:])) if pair in ranks]
+        if not found:
+            return pieces
+        _, i = min(found)
+        pieces = [*pieces[:i], pieces[i] + pieces[i + 1], *pieces[i + 2 :]]
+
+
+def merge_chain(
+    pieces: list[str], ranks: dict[tuple[str, str], int], vocab: dict[str, int], old_ids: dict[str, list[int]]
+) -> list[tuple[str, list[int]]]:
+    """Add to `ranks` the merges that join `pieces` (a form's old split) from the left into one token; returns
+    the tokens this makes that the vocabulary lacks, each with its ids under the old tokenizer."""
+    pieces = apply_merges(pieces, ranks)  # the split the merges of earlier forms leave
+    made: list[tuple[str, list[int]]] = []
+    ids = {**{t: [vocab[t]] for t in pieces if t in vocab}, **old_ids}
+    left = pieces[0]
+    for right in pieces[1:]:
+        ranks.setdefault((left, right), len(ranks))
+        joined = left + right
+        ids.setdefault(joined, ids[left] + ids[right])
+        if joined not in vocab:
+            made.append((joined, ids[joined]))
+        left = joined
+    return made
+
+
+def run_as_is(config: bytes | None, where: str) -> bytes:
+    """tokenizer_config.json naming the class that runs tokenizer.json as it is (the file unchanged when it
+    names it already). subtle: transformers 5 rebuilds a LlamaTokenizer, Qwen2Tokenizer or GPT2Tokenizer, and
+    picks one from config.json's model_type when no class is named, from the vocabulary and merges alone,
+    dropping the ignore_merges rule and the pre-split that make the terms one token (tested)."""
+    settings = json.loads(config) if config else {}
+    if settings.get("tokenizer_class") in AS_IS_CLASSES:
+        assert config is not None
+        return config
+    log.info("extend-tokenizer: %s's tokenizer_class %s becomes %s", where, settings.get("tokenizer_class"), AS_IS)
+    return (json.dumps({**settings, "tokenizer_class": AS_IS}, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def form_tokens(tokenizer: AnyTokenizer, form: str) -> int:
+    """How many tokens `form` takes in running text (after a line break; alone, a SentencePiece-style
+    tokenizer would read a leading space as two markers)."""
+    return len(tokenizer.encode(CONTEXT + form)) - len(tokenizer.encode(CONTEXT))
 
 
 def resize(model: Transformer, added: list[FormAdded], old_vocab: int, vocab_size: int) -> Transformer:
@@ -156,14 +386,20 @@ def run(cfg: ExtendConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     inputs = [Path(cfg.terms), tok_path, tok_path.with_name(META_NAME)] + (
         [checkpoint / WEIGHTS, checkpoint / CONFIG] if has_checkpoint else []
     )
+    inputs += [Path(cfg.text)] if cfg.text else []
     stage = Stage(run_dir, TOKENIZER_EXTENDED, {"extend": cfg}, inputs=inputs, upstream=[TOKENIZER])
     if done := stage.up_to_date(force, lambda m: f"vocab {m['counts']['vocab_size']}"):
         return done
-    old = KilnTokenizer.load(tok_path)
-    new, added = extend(old, read_terms(Path(cfg.terms)))  # a bad term stops here, before the stage folder is touched
+    old = load_tokenizer(tok_path)
+    terms = read_terms(Path(cfg.terms))
+    text = read_text(Path(cfg.text)) if cfg.text else None
+    # A bad term or tokenizer stops here, before the stage folder is touched.
+    new, added = extend(old, terms) if isinstance(old, KilnTokenizer) else extend_hf(old, terms)
     stage.begin()
     outputs = new.save(stage.dir / TOKENIZER_JSON)
-    rows = [{**asdict(f), "tokens_before": len(f.pieces), "tokens_after": len(new.encode(f.form))} for f in added]
+    forms, steps = [f for f in added if not f.step], [f for f in added if f.step]
+    rows = [{**asdict(f), "tokens_before": len(f.pieces), "tokens_after": form_tokens(new, f.form)} for f in forms]
+    rows += [{**asdict(f), "tokens_before": len(f.pieces), "tokens_after": 1} for f in steps]
     (stage.dir / "terms.json").write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     outputs.append(stage.dir / "terms.json")
     if has_checkpoint:
@@ -177,12 +413,34 @@ def run(cfg: ExtendConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
         "added_tokens": len(new_ids),
         "terms": len({f.term for f in added}),
         "checkpoint_resized": has_checkpoint,
+        **({"merge_steps": len(steps)} if steps else {}),
+        **({"fertility": text_fertility(old, new, text)} if text is not None else {}),
     }
-    width = max(len(repr(f.form)) for f in added)
+    rows = rows[: len(forms)]  # the table and fertility are the forms'
+    width = max(len(repr(f.form)) for f in forms)
     lines = [
         f"vocab {old.vocab_size:,} -> {new.vocab_size:,}: {len(new_ids)} new tokens for {counts['terms']} terms"
-        + (f"; checkpoint resized into {stage.dir / 'checkpoint'}" if has_checkpoint else "; no checkpoint to resize")
+        + (f"; checkpoint resized into {layout.stage(TOKENIZER_EXTENDED) / CHECKPOINT}" if has_checkpoint else "")
+        + ("" if has_checkpoint else "; no checkpoint to resize")
     ]
+    if has_checkpoint:
+        lines.append(
+            "each new embedding row (and output row, when not tied) is the mean of the rows of the tokens its form "
+            "was cut into before"
+        )
+    if steps:
+        lines.append(
+            f"{len(steps)} of the new tokens are steps on the way to a form (its merges join the old pieces from the "
+            "left); text that holds a step's pieces side by side now takes that token"
+        )
+    before, after = (sum(r[k] for r in rows) / len(rows) for k in ("tokens_before", "tokens_after"))
+    lines.append(f"fertility of the term forms (tokens per form in running text): {before:.2f} -> {after:.2f}")
+    if text is not None:
+        f = counts["fertility"]
+        lines.append(
+            f"validation text {cfg.text}: fertility {f['before']['fertility']} -> {f['after']['fertility']}, tokens "
+            f"per word {f['before']['tokens_per_word']} -> {f['after']['tokens_per_word']}"
+        )
     lines.append(f"  {'term form':<{width}}  tokens before -> after")
     lines += [f"  {r['form']!r:<{width}}  {r['tokens_before']:>6} -> {r['tokens_after']}" for r in rows]
     return stage.finish(outputs, counts, "\n".join(lines))
