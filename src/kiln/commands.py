@@ -172,6 +172,14 @@ def extend_tokenizer_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="The domain's validation text (UTF-8): its fertility and tokens per word are reported before and after.",
     )
+    p.add_argument(
+        "--specials",
+        metavar="LIST",
+        help=(
+            "Also add kiln's special tokens to an imported tokenizer: fim, mask, sentinels:N, comma-separated "
+            "(each new row the mean of every old row)."
+        ),
+    )
 
 
 def quality_arguments(p: argparse.ArgumentParser) -> None:

@@ -116,11 +116,16 @@ def run_import_hf(r: Recipe, force: bool, folder: str) -> dict[str, Any]:
 
 
 def run_extend_tokenizer(
-    r: Recipe, force: bool, terms: str, checkpoint: str | None = None, text: str | None = None
+    r: Recipe,
+    force: bool,
+    terms: str,
+    checkpoint: str | None = None,
+    text: str | None = None,
+    specials: str | None = None,
 ) -> dict[str, Any]:
     from kiln.tokenize.extend import ExtendConfig, run
 
-    return run(ExtendConfig(terms=terms, checkpoint=checkpoint, text=text), r.run_dir, force)
+    return run(ExtendConfig(terms=terms, checkpoint=checkpoint, text=text, specials=specials), r.run_dir, force)
 
 
 def run_quality_lm(r: Recipe, force: bool) -> dict[str, Any]:

@@ -238,7 +238,7 @@ OTHER_VERBS = (
         run="kiln.stages:run_extend_tokenizer",
         stage=TOKENIZER_EXTENDED,
         arguments="kiln.commands:extend_tokenizer_arguments",
-        options=("terms", "checkpoint", "text"),
+        options=("terms", "checkpoint", "text", "specials"),
     ),
     Verb(
         "quality",

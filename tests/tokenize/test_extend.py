@@ -179,3 +179,5 @@ def test_stage_extends_tokenizer_and_checkpoint(curated_run, tmp_path, capsys):
     with pytest.raises(FatalError, match="inside tokenizer-extended/, which this stage rewrites"):
         extend_run(ExtendConfig(terms=str(terms), checkpoint=str(folder / "checkpoint")), run_dir, force=True)
     assert (folder / "checkpoint" / "model.safetensors").is_file()  # refused before anything was removed
+    with pytest.raises(FatalError, match="is kiln's own tokenizer, which has mask, FIM and"):
+        extend_run(ExtendConfig(terms=str(terms), specials="fim"), run_dir, force=True)

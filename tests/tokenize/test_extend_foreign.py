@@ -26,7 +26,8 @@ from kiln.evaluate.import_hf import run as import_hf
 from kiln.model.weights import load_trained_model
 from kiln.text.hf_tokenizer import CONFIG, HfTokenizer
 from kiln.text.load import load_tokenizer
-from kiln.tokenize.extend import ExtendConfig, extend_hf
+from kiln.text.specials import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, MASK, sentinel
+from kiln.tokenize.extend import ExtendConfig, extend_hf, parse_specials
 from kiln.tokenize.extend import run as extend_run
 
 transformers = pytest.importorskip("transformers")
@@ -266,3 +267,40 @@ def test_a_tokenizer_where_reading_whole_pieces_would_change_ids_is_refused(tmp_
     # A token across a space marker: cutting the text at each marker would change its ids.
     with pytest.raises(FatalError, match=r"tokens that hold '▁' after another character \(\['a▁b'\]\)"):
         extend_hf(edited("llama2", tmp_path / "llama2", "a▁b"), TERMS)
+
+
+def test_kiln_special_tokens_join_an_imported_tokenizer_with_mean_rows(tmp_path: Path) -> None:
+    run_dir = imported_run(tmp_path, "llama3")
+    terms = tmp_path / "terms.txt"
+    terms.write_text("pretraining\n", encoding="utf-8")
+    manifest = extend_run(ExtendConfig(terms=str(terms), specials="fim,mask,sentinels:2"), run_dir)
+    layout = RunLayout(run_dir)
+    folder = layout.stage(TOKENIZER_EXTENDED)
+    old, new = load_tokenizer(layout.tokenizer_json), load_tokenizer(folder / "tokenizer.json")
+    spellings = [FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX, MASK, sentinel(0), sentinel(1)]
+    ids = list(range(old.vocab_size + 2, old.vocab_size + 8))  # after the term's two forms
+    assert old.fim_ids is None and old.mask_id is None and old.sentinel_ids == []
+    assert new.fim_ids == tuple(ids[:3]) and new.mask_id == ids[3] and new.sentinel_ids == ids[4:]
+    assert manifest["counts"]["special_tokens"] == spellings
+    before, after = load_trained_model(layout.checkpoint), load_trained_model(folder / CHECKPOINT)
+    for name in ("embed.weight", "lm_head.weight"):
+        mean = before.state_dict()[name][: old.vocab_size].mean(dim=0)
+        assert all(torch.allclose(after.state_dict()[name][i], mean) for i in ids)
+    assert transformers.AutoTokenizer.from_pretrained(folder).convert_tokens_to_ids(spellings) == ids
+    text = f"{FIM_PREFIX}def f(): {FIM_SUFFIX} pretraining"  # spelled in a document: text, for both
+    assert new.encode(text) == auto_tokenizer(folder)(text, add_special_tokens=False)["input_ids"]
+    assert not set(ids) & set(new.encode(text))
+
+
+def test_specials_list() -> None:
+    assert parse_specials("mask, sentinels:2,fim,mask") == [
+        MASK,
+        sentinel(0),
+        sentinel(1),
+        FIM_PREFIX,
+        FIM_MIDDLE,
+        FIM_SUFFIX,
+    ]
+    for bad in ("sentinels", "sentinels:0", "fim:2", "cls"):
+        with pytest.raises(FatalError, match=rf"--specials '{bad}': '{bad}' is not fim, mask or sentinels:N"):
+            parse_specials(bad)

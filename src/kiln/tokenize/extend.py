@@ -28,8 +28,11 @@ A Qwen2 model's folder is read by transformers with its own class, rebuilt from 
 merges, so there merges join each form's old pieces from the left; the tokens on the way are new
 too (rows likewise), and text holding their pieces side by side takes them (the summary says so).
 --text: the domain's validation text, its fertility and tokens per word (kiln.tokenize.report)
-before and after. Ids are checked against transformers' AutoTokenizer in the tests.
-Not handled here: WordPiece and Unigram vocabularies (refused), special tokens.
+before and after. --specials fim,mask,sentinels:N: kiln's spellings of those special tokens join an
+imported tokenizer as special added tokens (kiln's own has them from training), each row the mean
+of every old row, as no piece of text stands for them. Ids are checked against transformers'
+AutoTokenizer in the tests.
+Not handled here: WordPiece and Unigram vocabularies (refused); the objectives that use the specials.
 Output: `tokenizer-extended/{tokenizer.json, kiln_tokenizer.json, terms.json, checkpoint/}`.
 """
 
@@ -54,11 +57,13 @@ from kiln.model.weights import CONFIG, WEIGHTS, load_trained_model, save_weights
 from kiln.text.hf_tokenizer import CONFIG as HF_CONFIG
 from kiln.text.hf_tokenizer import MODEL_CONFIG, HfTokenizer
 from kiln.text.load import AnyTokenizer, load_tokenizer
+from kiln.text.specials import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, MASK, sentinel
 from kiln.text.tokenizer import META_NAME, KilnTokenizer, tiktoken_rules
 from kiln.tokenize.report import HeldoutDoc, measure
 
 log = logging.getLogger("kiln.tokenizer")
 
+SPECIAL_GROUPS = {"fim": (FIM_PREFIX, FIM_MIDDLE, FIM_SUFFIX), "mask": (MASK,)}  # --specials; also sentinels:N
 CONTEXT = "\n"  # a form is read after a line break: there every pre-split cuts it off as it does mid-text
 WORD_MARKER = "▁"  # SentencePiece's space
 # subtle: pieces cut where a space marker follows another character, as BPE over the whole text never
@@ -80,6 +85,14 @@ class ExtendConfig(Section):
         default=None,
         description="Checkpoint folder to resize; None means the run's train checkpoint when there is one.",
     )
+    specials: str | None = Field(
+        default=None,
+        description=(
+            "kiln's special tokens to add to an imported tokenizer as special tokens, comma-separated: fim "
+            "(<|fim_prefix|> <|fim_middle|> <|fim_suffix|>), mask (<|mask|>), sentinels:N (<|sentinel_0|>...); "
+            "None: none."
+        ),
+    )
     text: str | None = Field(
         default=None,
         description=(
@@ -97,6 +110,7 @@ class FormAdded:
     new: bool  # whether this form made the token (False: already one token, or a repeat)
     pieces: list[int]  # its ids under the old tokenizer
     step: bool = False  # a token merges make on the way to a form (form: its spelling in the vocabulary)
+    special: bool = False  # one of kiln's special tokens (--specials): its rows are the mean of every old row
 
 
 def read_terms(path: Path) -> list[str]:
@@ -110,6 +124,34 @@ def read_terms(path: Path) -> list[str]:
     if not terms:
         raise FatalError(f"{path}: no terms (one per line); nothing to add")
     return terms
+
+
+def parse_specials(spec: str) -> list[str]:
+    """The spellings `spec` (ExtendConfig.specials) names, in order, each once."""
+    spellings: list[str] = []
+    for item in filter(None, (i.strip() for i in spec.split(","))):
+        name, _, count = item.partition(":")
+        if name in SPECIAL_GROUPS and not count:
+            spellings += SPECIAL_GROUPS[name]
+        elif name == "sentinels" and count.isdigit() and int(count) > 0:
+            spellings += [sentinel(i) for i in range(int(count))]
+        else:
+            raise FatalError(
+                f"--specials {spec!r}: {item!r} is not fim, mask or sentinels:N (N > 0); e.g. --specials fim,mask,"
+                "sentinels:8"
+            )
+    return list(dict.fromkeys(spellings))
+
+
+def add_specials(data: dict[str, Any], spellings: list[str], next_id: int, have: set[str]) -> list[FormAdded]:
+    """Add to tokenizer.json `data` each spelling not in `have` as a special added token, from `next_id` on."""
+    added = []
+    for spelling in (s for s in spellings if s not in have):
+        flags = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+        data["added_tokens"].append({"id": next_id, "content": spelling, **flags})
+        added.append(FormAdded(spelling, spelling, next_id, True, [], special=True))
+        next_id += 1
+    return added
 
 
 def read_text(path: Path) -> str:
@@ -203,8 +245,11 @@ def form_piece(hf: Tokenizer, form: str) -> str | None:
     return pieces[-1] if len(pieces) == len(head_pieces) + 1 and pieces[:-1] == head_pieces else None
 
 
-def extend_hf(tokenizer: HfTokenizer, terms: list[str]) -> tuple[HfTokenizer, list[FormAdded]]:
-    """The imported BPE tokenizer with each term's forms as whole tokens (module docstring), and what was added."""
+def extend_hf(
+    tokenizer: HfTokenizer, terms: list[str], specials: list[str] | None = None
+) -> tuple[HfTokenizer, list[FormAdded]]:
+    """The imported BPE tokenizer with each term's forms as whole tokens (module docstring) and `specials` (kiln's
+    spellings) as special tokens where it lacks them, and what was added."""
     where = tokenizer.where
     data = json.loads(tokenizer.files[TOKENIZER_JSON])
     model = data["model"]
@@ -252,11 +297,12 @@ def extend_hf(tokenizer: HfTokenizer, terms: list[str]) -> tuple[HfTokenizer, li
             elif not existed:
                 vocab[piece], next_id = next_id, next_id + 1
             added.append(FormAdded(term, form, vocab[piece], not existed, ids))
+    added += add_specials(data, specials or [], next_id, set(hf.get_vocab(with_added_tokens=True)) | set(vocab))
     if by_merges:
         pairs = model["merges"]
         pairs += [[a, b] if not pairs or isinstance(pairs[0], list) else f"{a} {b}" for a, b in merges]
         merged = Tokenizer.from_str(json.dumps(data))
-        check_built(merged, hf, [f for f in added if f.id is not None and not f.step], where)
+        check_built(merged, hf, [f for f in added if f.id is not None and not f.step and not f.special], where)
         return tokenizer.with_files({TOKENIZER_JSON: merged.to_str(pretty=True).encode("utf-8")}), added
     model["ignore_merges"] = True
     data["pre_tokenizer"] = json.loads(hf.to_str())["pre_tokenizer"]
@@ -361,7 +407,7 @@ def resize(model: Transformer, added: list[FormAdded], old_vocab: int, vocab_siz
             new = torch.cat([table, table.new_zeros(rows, table.shape[1])])
             for form in added:
                 if form.new:  # subtle: with a padded vocabulary the id may be an unused row already there
-                    new[form.id] = table[form.pieces].mean(dim=0)
+                    new[form.id] = table[:old_vocab].mean(dim=0) if form.special else table[form.pieces].mean(dim=0)
             state[key] = new
         grown.load_state_dict(state)
     return grown.eval()
@@ -393,11 +439,18 @@ def run(cfg: ExtendConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     old = load_tokenizer(tok_path)
     terms = read_terms(Path(cfg.terms))
     text = read_text(Path(cfg.text)) if cfg.text else None
+    specials = parse_specials(cfg.specials) if cfg.specials else []
+    if specials and isinstance(old, KilnTokenizer):
+        raise FatalError(
+            f"--specials {cfg.specials}: {tok_path} is kiln's own tokenizer, which has mask, FIM and "
+            "tokenizer.sentinel_tokens sentinels from train-tokenizer; --specials is for an imported one"
+        )
     # A bad term or tokenizer stops here, before the stage folder is touched.
-    new, added = extend(old, terms) if isinstance(old, KilnTokenizer) else extend_hf(old, terms)
+    new, added = extend(old, terms) if isinstance(old, KilnTokenizer) else extend_hf(old, terms, specials)
     stage.begin()
     outputs = new.save(stage.dir / TOKENIZER_JSON)
-    forms, steps = [f for f in added if not f.step], [f for f in added if f.step]
+    forms, steps = [f for f in added if not f.step and not f.special], [f for f in added if f.step]
+    new_specials = [f for f in added if f.special]
     rows = [{**asdict(f), "tokens_before": len(f.pieces), "tokens_after": form_tokens(new, f.form)} for f in forms]
     rows += [{**asdict(f), "tokens_before": len(f.pieces), "tokens_after": 1} for f in steps]
     (stage.dir / "terms.json").write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -414,6 +467,7 @@ def run(cfg: ExtendConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
         "terms": len({f.term for f in added}),
         "checkpoint_resized": has_checkpoint,
         **({"merge_steps": len(steps)} if steps else {}),
+        **({"special_tokens": [f.form for f in new_specials]} if new_specials else {}),
         **({"fertility": text_fertility(old, new, text)} if text is not None else {}),
     }
     rows = rows[: len(forms)]  # the table and fertility are the forms'
@@ -427,6 +481,11 @@ def run(cfg: ExtendConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
         lines.append(
             "each new embedding row (and output row, when not tied) is the mean of the rows of the tokens its form "
             "was cut into before"
+        )
+    if new_specials:
+        lines.append(
+            f"special tokens {' '.join(f.form for f in new_specials)} (ids {new_specials[0].id}-{new_specials[-1].id})"
+            + (": each row the mean of every old row" if has_checkpoint else "")
         )
     if steps:
         lines.append(
