@@ -126,3 +126,14 @@ def test_saved_files_come_back_byte_for_byte_and_a_changed_one_is_refused(pairs:
     config.write_text(config.read_text().replace("begin_of_text", "begin_of_tex"))
     with pytest.raises(FatalError, match="tokenizer_config.json: changed since kiln wrote it"):
         load_tokenizer(tmp_path / TOKENIZER_JSON)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_flat_batch_equals_autotokenizers(pairs: dict, kind: str) -> None:
+    """The flat batch call gives AutoTokenizer's ids: no template, special spellings in text as text."""
+    ours, theirs = pairs[kind]
+    texts = [*demo_texts()[:20], "", *(f"a {s} b" for s in SPELLINGS), "plain words only"]
+    ids, lengths = ours.encode_flat(texts)
+    expected = theirs(texts, add_special_tokens=False)["input_ids"]
+    assert lengths.tolist() == [len(e) for e in expected]
+    assert ids.tolist() == [i for row in expected for i in row]

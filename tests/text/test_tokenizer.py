@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from kiln.core.errors import FatalError
+from kiln.text.byte_level import byte_alphabet
 from kiln.text.specials import EOT, FIXED_SPECIALS, PAD, special_tokens
-from kiln.text.tokenizer import META_NAME, KilnTokenizer, byte_alphabet, tiktoken_rules, train_bpe
+from kiln.text.tokenizer import META_NAME, KilnTokenizer, tiktoken_rules, train_bpe
 
 VOCAB = 600
 SPECIALS = special_tokens(n_sentinels=4, n_reserved=2)
@@ -233,3 +234,36 @@ def test_unreadable_metadata_is_fatal(saved):
 def test_literal_special_token_text_is_not_the_special_id(tok):
     ids = tok.encode("the GPT-2 separator is <|endoftext|> in its vocabulary, <|fim_prefix|> and <|sentinel_0|> too")
     assert not set(ids) & set(tok.specials.values())
+
+
+def test_the_fastest_exact_encoder_is_picked_against_tiktoken(tok):
+    """splintr reads the same tokenizer.json; it encodes when its ids equal tiktoken's (which define kiln's)."""
+    assert tok.encoder_name == "splintr"
+    texts = [*real_text()[:40], "a <|endoftext|> b", "x\ud800y 東京"]
+    assert tok.encode_batch(texts) == [tok.fast.encode_ordinary(t) for t in texts]
+
+
+def test_flat_batch_equals_the_ids_of_each_text(tok):
+    texts = [
+        *real_text()[:30],
+        "",
+        "the separator <|endoftext|> and <|fim_prefix|> stay text",
+        "lone \ud800 surrogate",
+        "  leading spaces\n\n\nand newlines",
+    ]
+    ids, lengths = tok.encode_flat(texts)
+    per_text = [tok.encode(t) for t in texts]
+    assert lengths.tolist() == [len(i) for i in per_text]
+    assert ids.tolist() == [i for row in per_text for i in row]
+    assert not set(ids.tolist()) & set(tok.specials.values())
+    assert tok.decode(per_text[-2]) == "lone \ufffd surrogate"
+
+
+def test_flat_batch_of_plain_text_only_and_of_nothing(tok):
+    texts = ["def f(x):\n    return x", "Ünïcödé 東京"]  # no special spelling: one batch call
+    ids, lengths = tok.encode_flat(texts)
+    assert ids.tolist() == tok.encode(texts[0]) + tok.encode(texts[1]) and lengths.tolist() == [
+        len(tok.encode(t)) for t in texts
+    ]
+    ids, lengths = tok.encode_flat([])
+    assert ids.size == 0 and lengths.size == 0

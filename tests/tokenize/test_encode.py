@@ -8,17 +8,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hf_tokenizers import save as save_hf_tokenizer
 
 from kiln.core.docshards import list_shards, read_shard
+from kiln.core.document import Document
 from kiln.core.errors import FatalError
 from kiln.core.manifest import MANIFEST
 from kiln.core.split import is_heldout
 from kiln.core.tokenshards import DOC_SCORES, TokenShard, doc_scores, open_split, read_scores
 from kiln.text.fim import restore
+from kiln.text.hf_tokenizer import HfTokenizer
 from kiln.text.specials import EOT
 from kiln.text.tokenizer import KilnTokenizer
 from kiln.tokenize import encode as encode_module
 from kiln.tokenize.config import TokenizeConfig, TokenizerConfig
+from kiln.tokenize.encode import PartWriter, bounded
 from kiln.tokenize.encode import run as encode
 from kiln.tokenize.train import run as train_tokenizer
 
@@ -61,6 +65,7 @@ def test_encode(run_dir):
 
     counts = manifest["counts"]
     assert counts["vocab_size"] == 600 and counts["dtype"] == "uint16"
+    assert counts["encoder"] == tok.encoder_name == "splintr"  # what the tasks encoded with
     for source, source_docs in docs.items():
         val_ids = [d.id for d in source_docs if is_heldout(d.id, CFG.val_fraction)]
         assert (stage_dir / source / "val_ids.txt").read_text(encoding="utf-8").splitlines() == val_ids
@@ -277,3 +282,37 @@ def test_fim_rearranges_train_documents_of_the_chosen_sources_only(run_dir):
         counts["fim_docs"] == code_train["fim_docs"] == code_train["docs"]
         and counts["per_source"]["prose"]["train"]["fim_docs"] == 0
     )
+
+
+def test_boundaries_hand_worked():
+    ids, lengths = np.array([5, 6, 7], dtype=np.uint32), np.array([2, 1])
+    flat, out_lengths = bounded(ids, lengths, bos=1, eos=0)
+    assert flat.tolist() == [1, 5, 6, 0, 1, 7, 0] and out_lengths.tolist() == [4, 3]
+    flat, out_lengths = bounded(ids, lengths, bos=None, eos=0)
+    assert flat.tolist() == [5, 6, 0, 7, 0] and out_lengths.tolist() == [3, 2]
+    flat, out_lengths = bounded(np.array([], dtype=np.uint32), np.array([0]), bos=1, eos=0)
+    assert flat.tolist() == [1, 0] and out_lengths.tolist() == [2]
+
+
+@pytest.mark.parametrize("kind", ["kiln", "llama2"])
+def test_each_written_document_is_the_tokenizers_document(tokenized_run, tmp_path, kind):
+    """Through the flat batch path, each document is tokenizer.document(text): bos where the model has one
+    (llama2's <s>), the text with special spellings as text, then eos."""
+    if kind == "kiln":
+        tok = KilnTokenizer.load(tokenized_run / "tokenizer" / "tokenizer.json")
+    else:
+        folder = save_hf_tokenizer(kind, tmp_path / kind)
+        tok = HfTokenizer({p.name: p.read_bytes() for p in folder.iterdir() if p.suffix == ".json"}, str(folder))
+    texts = ["def f(x):\n    return x", "", "a <|endoftext|> b </s> <s>", "Grüße 東京 🙂", "end."]
+    docs = [Document(f"d{i}", t, "code") for i, t in enumerate(texts * 4)]
+    out = tmp_path / "part"
+    out.mkdir()
+    part = PartWriter(out, tok, 0.5, np.dtype(np.uint16), None)
+    part.add(docs)
+    part.close()
+    for split in ("train", "val"):
+        expected = [d for d in docs if is_heldout(d.id, 0.5) == (split == "val")]
+        assert expected, f"{split} is empty; the test would prove nothing"
+        shard = TokenShard(out / split, verify=True)
+        assert [shard.document(i).tolist() for i in range(shard.n_docs)] == [tok.document(d.text) for d in expected]
+        assert part.stats[split]["tokens"] == len(shard)

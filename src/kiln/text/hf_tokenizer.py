@@ -35,9 +35,9 @@ from tokenizers import Tokenizer
 
 from kiln.core.errors import FatalError
 from kiln.core.layout import TOKENIZER_META
-from kiln.text.engines import Encoder, pick, template
+from kiln.text.byte_level import token_to_bytes
+from kiln.text.engines import Encoder, Flat, pick, template
 from kiln.text.specials import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, MASK, sentinel
-from kiln.text.tokenizer import token_to_bytes
 
 FORMAT, VERSION = "kiln-hf-tokenizer", 1
 TOKENIZER_JSON, CONFIG, SPECIAL_MAP = "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"
@@ -168,6 +168,10 @@ class HfTokenizer:
     def encode_batch(self, texts: list[str], threads: int = 1) -> list[list[int]]:
         encode = self._encoder().encode
         return [encode(t) for t in texts]
+
+    def encode_flat(self, texts: list[str]) -> Flat:
+        """The texts' ids run together and each text's count, as numpy arrays (no Python int per token)."""
+        return self._encoder().encode_flat(texts)
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=False)

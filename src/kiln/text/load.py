@@ -1,8 +1,8 @@
 """The run's tokenizer, of whichever kind its kiln_tokenizer.json names: kiln's own, or a Hugging Face folder's.
 
-Both kinds answer the same calls (encode, encode_batch, decode, document, token_bytes, vocab_size,
-specials, bos_id, eot_id, pad_id, mask_id, fim_ids, sentinel_ids, describe, save), so the
-tokenize stage, training, evaluation, generation and export take either.
+Both kinds answer the same calls (encode, encode_batch, encode_flat, decode, document, token_bytes,
+vocab_size, encoder_name, specials, bos_id, eot_id, pad_id, mask_id, fim_ids, sentinel_ids, describe,
+save), so the tokenize stage, training, evaluation, generation and export take either.
 Not handled here: the kinds themselves (kiln.text.tokenizer, kiln.text.hf_tokenizer).
 """
 

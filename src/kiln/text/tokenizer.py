@@ -1,4 +1,4 @@
-"""kiln's tokenizer: a byte-level BPE kept as a Hugging Face `tokenizer.json`, encoded with tiktoken.
+"""kiln's tokenizer: a byte-level BPE kept as a Hugging Face `tokenizer.json`, encoded by the fastest exact library.
 
 Byte-level means every string encodes (no unknown token) and decodes back exactly. The pre-split
 regex is GPT-4 style: contractions, letters with one leading non-letter, numbers in groups of at
@@ -6,16 +6,18 @@ most 3 digits, punctuation runs, and newlines apart from other whitespace. Speci
 the first ids (end of document, padding, mask, FIM prefix/middle/suffix, sentinels, reserved);
 text that spells one ("<|endoftext|>" in a document) is encoded as plain text, never as the id.
 
-Two encoders, one result. `tokenizer.json` is written so that Hugging Face `tokenizers` follows
+Several encoders, one result. `tokenizer.json` is written so that Hugging Face `tokenizers` follows
 tiktoken's rule: `ignore_merges` (a pre-split piece that is a whole vocabulary entry is one
 token) and merges completed, so every split of a token into two tokens is a merge ranked by the
-token's id. kiln encodes with tiktoken built from the same vocabulary (measured several times
-faster than `encode_batch`, see benchmarks/tokenize_speed.py) and both give the same ids.
+token's id. tiktoken built from the same vocabulary gives the ids (several times faster than
+`tokenizers`' `encode_batch`); on first use, splintr reading the same file is checked against it
+on a fixed probe (kiln.text.engines.pick) and encodes instead when its ids are equal, about 3x
+faster than tiktoken on one thread (5x through its flat batch call; benchmarks/tokenize_speed.py).
 A `kiln_tokenizer.json` beside it carries the format version, the specials and the hash of
 `tokenizer.json`, so a file from another tool, another version or edited by hand is refused.
 
 Lone surrogates (possible in a Python str, impossible in UTF-8) are replaced by U+FFFD before
-encoding, so decode(encode(x)) == x for every x without them.
+encoding, by every encoder, so decode(encode(x)) == x for every x without them.
 Not handled here: adding terms (extend.py), training on a corpus and reports (train.py).
 """
 
@@ -33,6 +35,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 
 from kiln.core.errors import FatalError
 from kiln.core.layout import TOKENIZER_META
+from kiln.text.byte_level import token_to_bytes
+from kiln.text.engines import Encoder, Flat, flat_of, pick
 from kiln.text.specials import EOT, FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, FIXED_SPECIALS, MASK, PAD
 
 SPLIT_PATTERN = (
@@ -41,30 +45,6 @@ SPLIT_PATTERN = (
 )
 FORMAT, VERSION = "kiln-tokenizer", 2
 META_NAME = TOKENIZER_META  # beside tokenizer.json
-
-
-def byte_alphabet() -> dict[int, str]:
-    """Byte -> the printable character byte-level BPE writes it as (the GPT-2 table).
-
-    Printable Latin-1 bytes stand for themselves; the other 68 (controls, space, 0x7F-0xA0,
-    0xAD) are shifted to U+0100 onwards in byte order, so every token is a printable string.
-    """
-    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table = {b: chr(b) for b in keep}
-    shifted = (b for b in range(256) if b not in table)
-    table.update({b: chr(0x100 + i) for i, b in enumerate(shifted)})
-    return table
-
-
-CHAR_TO_BYTE = {c: b for b, c in byte_alphabet().items()}
-
-
-def token_to_bytes(token: str) -> bytes | None:
-    """The bytes a byte-level token stands for; None when it holds a character outside the alphabet."""
-    try:
-        return bytes(CHAR_TO_BYTE[c] for c in token)
-    except KeyError:
-        return None
 
 
 def file_hash(path: Path) -> str:
@@ -79,7 +59,6 @@ class KilnTokenizer:
 
     kind = "kiln"
     bos_id = None
-    encoder_name = "tiktoken"
 
     def __init__(self, hf: Tokenizer, specials: Sequence[str], path: Path | None = None):
         self.hf = hf
@@ -119,20 +98,36 @@ class KilnTokenizer:
         self.eot_id, self.pad_id, self.mask_id = self.specials[EOT], self.specials[PAD], self.specials[MASK]
         self.fim_ids = (self.specials[FIM_PREFIX], self.specials[FIM_MIDDLE], self.specials[FIM_SUFFIX])
         self.sentinel_ids = [i for s, i in self.specials.items() if s.startswith("<|sentinel_")]
+        self.encoder: Encoder | None = None
+
+    def _encoder(self) -> Encoder:
+        if self.encoder is None:  # picked on first use (about 0.1 s for 8k tokens): saving needs no encoder
+            # tiktoken replaces lone surrogates by U+FFFD itself (the documented replacement).
+            exact = Encoder("tiktoken", self.fast.encode_ordinary, flat_of(self.fast.encode_ordinary))
+            self.encoder = pick(self.hf.to_str().encode("utf-8"), self.hf, exact)
+        return self.encoder
+
+    @property
+    def encoder_name(self) -> str:
+        return self._encoder().name
 
     @property
     def vocab_size(self) -> int:
         return self.hf.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
-        # tiktoken replaces lone surrogates by U+FFFD itself (the documented replacement).
-        return self.fast.encode_ordinary(text)
+        return self._encoder().encode(text)
 
     def encode_batch(self, texts: list[str], threads: int = 1) -> list[list[int]]:
         """One list of ids per text; threads > 1 runs tiktoken's encoder on that many threads (it releases the GIL)."""
         if threads > 1:
             return self.fast.encode_ordinary_batch(texts, num_threads=threads)
-        return [self.fast.encode_ordinary(t) for t in texts]
+        encode = self._encoder().encode
+        return [encode(t) for t in texts]
+
+    def encode_flat(self, texts: list[str]) -> Flat:
+        """The texts' ids run together and each text's count, as numpy arrays (no Python int per token)."""
+        return self._encoder().encode_flat(texts)
 
     def document(self, text: str) -> list[int]:
         """One document's ids: the text, then end of document."""

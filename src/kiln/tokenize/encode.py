@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from kiln.core.layout import CURATE, SHARDS, SUMMARY, TOKENIZE, TOKENIZER, RunLa
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs
 from kiln.core.split import is_heldout
 from kiln.core.tokenshards import DOC_SCORES, SCORES_SUFFIX, TokenShard, TokenShardWriter, doc_scores, dtype_for
+from kiln.text.engines import Flat, packed
 from kiln.text.fim import FimCut, draw_cut, fim_ids
 from kiln.text.load import AnyTokenizer, load_tokenizer
 from kiln.text.tokenizer import META_NAME, file_hash
@@ -67,10 +68,37 @@ _loaded: dict[tuple[str, str], AnyTokenizer] = {}
 
 
 def tokenizer_for(path: str, file_hash: str) -> AnyTokenizer:
-    """One tokenizer per worker process, loaded on its first task (about 0.15 s for 32k tokens)."""
+    """One tokenizer per process (the stage's own, which runs the tasks of one worker, and each worker's), loaded
+    on its first task (about 0.15 s for 32k tokens)."""
+    # perf: splintr's batch call runs on Rayon's global pool, sized from RAYON_NUM_THREADS on its first use (the
+    # encoder's check at load); the stage parallelises across worker processes, which inherit this, so one
+    # thread each unless the environment says otherwise.
+    os.environ.setdefault("RAYON_NUM_THREADS", "1")
     if (path, file_hash) not in _loaded:
         _loaded[(path, file_hash)] = load_tokenizer(Path(path))
     return _loaded[(path, file_hash)]
+
+
+def selected(ids: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> Flat:
+    """The documents of a flat batch where keep (one bool per document) is set."""
+    return ids[np.repeat(keep, lengths)], lengths[keep]
+
+
+def bounded(ids: np.ndarray, lengths: np.ndarray, bos: int | None, eos: int) -> Flat:
+    """Each document of a flat batch between the model's boundaries: bos first where it has one, eos last.
+
+    Hand-worked: ids [5 6 7], lengths [2 1], bos 1, eos 0 -> [1 5 6 0 1 7 0], lengths [4 3]."""
+    lengths = lengths + (1 if bos is None else 2)
+    ends = np.cumsum(lengths)
+    out = np.empty(int(ends[-1]) if ends.size else 0, dtype=np.int64)
+    content = np.ones(out.size, dtype=bool)
+    content[ends - 1] = False
+    out[ends - 1] = eos  # the document boundary, by id
+    if bos is not None:
+        content[ends - lengths] = False
+        out[ends - lengths] = bos
+    out[content] = ids
+    return out, lengths
 
 
 class PartWriter:
@@ -90,58 +118,62 @@ class PartWriter:
             return None
         return draw_cut(doc.text, doc.id, fim.seed, rate, fim.spm_rate)
 
-    def encode(self, doc: Document, cut: FimCut | None) -> list[int]:
-        if cut is None:
-            return self.tokenizer.encode(doc.text)
+    def encode(self, doc: Document, cut: FimCut) -> list[int]:
         assert self.tokenizer.fim_ids is not None, "run() stops first when the vocabulary has no FIM tokens"
         return fim_ids(cut, self.tokenizer.encode, *self.tokenizer.fim_ids)
 
     def add(self, batch: list[Document]) -> None:
-        in_val = [is_heldout(d.id, self.val_fraction) for d in batch]
+        in_val = np.array([is_heldout(d.id, self.val_fraction) for d in batch], dtype=bool)
         # Train documents are rearranged at tokenize.fim.rate; validation documents never are.
         cuts = [
             None if val else self.fim_cut(d, self.fim.rate if self.fim else 0.0)
             for d, val in zip(batch, in_val, strict=True)
         ]
-        if any(cuts):
-            encoded = [self.encode(d, cut) for d, cut in zip(batch, cuts, strict=True)]
+        rearranged = np.array([cut is not None for cut in cuts], dtype=bool)
+        if rearranged.any():
+            ids, lengths = packed(
+                [
+                    self.tokenizer.encode(d.text) if cut is None else self.encode(d, cut)
+                    for d, cut in zip(batch, cuts, strict=True)
+                ]
+            )
         else:
-            encoded = self.tokenizer.encode_batch([d.text for d in batch])
-        self.write(
-            "train",
-            [
-                (d, ids, cut is not None)
-                for d, ids, cut, val in zip(batch, encoded, cuts, in_val, strict=True)
-                if not val
-            ],
-        )
-        val = [(d, ids, False) for d, ids, v in zip(batch, encoded, in_val, strict=True) if v]
-        self.write("val", val)
-        self.val_ids.write("".join(f"{d.id}\n" for d, _, _ in val))
+            # perf: flat arrays straight from the encoder, no Python int per token (was a third of the stage's
+            # time on the demo corpus with tiktoken's lists).
+            ids, lengths = self.tokenizer.encode_flat([d.text for d in batch])
+        self.write("train", batch, ids, lengths, ~in_val, rearranged)
+        self.write("val", batch, ids, lengths, in_val, rearranged)
+        val = [d for d, v in zip(batch, in_val, strict=True) if v]
+        self.val_ids.write("".join(f"{d.id}\n" for d in val))
         if "val_fim" in self.splits:
             # Every validation document of a FIM source, rearranged: the trainer scores its middles.
-            rearranged = [(d, cut) for d, _, _ in val if (cut := self.fim_cut(d, 1.0)) is not None]
-            self.write("val_fim", [(d, self.encode(d, cut), True) for d, cut in rearranged])
+            picked = [(d, cut) for d in val if (cut := self.fim_cut(d, 1.0)) is not None]
+            ids, lengths = packed([self.encode(d, cut) for d, cut in picked])
+            every = np.ones(len(picked), dtype=bool)
+            self.write("val_fim", [d for d, _ in picked], ids, lengths, every, every)
 
-    def write(self, split: str, picked: list[tuple[Document, list[int], bool]]) -> None:
-        """Append (document, ids, rearranged) records to a split, each between the model's boundaries:
-        after beginning-of-sequence where the model has one, followed by end of document."""
-        if not picked:
+    def write(
+        self,
+        split: str,
+        docs: list[Document],
+        ids: np.ndarray,
+        lengths: np.ndarray,
+        keep: np.ndarray,
+        rearranged: np.ndarray,
+    ) -> None:
+        """Append the documents where keep is set (ids, lengths: the flat batch of all of docs) to a split,
+        each between the model's boundaries; rearranged marks the ones FIM rearranged."""
+        if not keep.any():
             return
-        bos = self.tokenizer.bos_id
-        for _, ids, _ in picked:
-            ids.append(self.tokenizer.eot_id)  # the document boundary, by id
-            if bos is not None:
-                ids.insert(0, bos)
-        lengths = np.fromiter((len(ids) for _, ids, _ in picked), dtype=np.int64, count=len(picked))
-        flat = np.fromiter(chain.from_iterable(ids for _, ids, _ in picked), dtype=np.int64, count=int(lengths.sum()))
+        picked = [d for d, k in zip(docs, keep, strict=True) if k]
+        flat, lengths = bounded(*selected(ids, lengths, keep), self.tokenizer.bos_id, self.tokenizer.eot_id)
         self.writers[split].add_many(flat, lengths)
-        self.scores[split] += [doc_scores(d.meta) for d, _, _ in picked]
+        self.scores[split] += [doc_scores(d.meta) for d in picked]
         stats = self.stats[split]
         stats["docs"] += len(picked)
         stats["tokens"] += int(lengths.sum())
-        stats["bytes"] += sum(len(d.text.encode("utf-8")) for d, _, _ in picked)
-        stats["fim_docs"] += sum(rearranged for _, _, rearranged in picked)
+        stats["bytes"] += sum(len(d.text.encode("utf-8")) for d in picked)
+        stats["fim_docs"] += int(rearranged[keep].sum())
 
     def close(self) -> None:
         for split, writer in self.writers.items():
@@ -177,8 +209,9 @@ def encode_shard(task: EncodeTask) -> dict[str, Any]:
     if batch:
         part.add(batch)
     part.close()
-    write_atomically(out / DONE, lambda p: p.write_text(json.dumps(part.stats)))
-    return part.stats
+    stats = {**part.stats, "encoder": tokenizer.encoder_name}
+    write_atomically(out / DONE, lambda p: p.write_text(json.dumps(stats)))
+    return stats
 
 
 def join(
@@ -234,7 +267,8 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
             f"tokenize: {layout.curated_shards} holds no curated shards; see {layout.stage(CURATE) / SUMMARY} for "
             "where the documents went"
         )
-    tokenizer = load_tokenizer(tok_path)
+    tok_hash = file_hash(tok_path)
+    tokenizer = tokenizer_for(str(tok_path), tok_hash)
     if cfg.fim is not None and tokenizer.fim_ids is None:
         raise FatalError(
             f"tokenize.fim: the tokenizer {tok_path} has no fill-in-the-middle tokens (<|fim_prefix|>, "
@@ -250,7 +284,7 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
             str(s),
             str(parts_dir / s.name.removesuffix(SUFFIX)),
             str(tok_path),
-            file_hash(tok_path),
+            tok_hash,
             cfg.val_fraction,
             cfg.dtype,
             cfg.batch_docs,
@@ -261,6 +295,7 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
     total_bytes = sum(t["bytes_out"] for t in curated["counts"]["per_source"].values())
     executor = build_executor(cfg.executor, "tokenize.executor")
     val_docs = train_docs = 0
+    encoders: set[str] = set()  # from the tasks: the stage's own tokenizer picks its encoder only when it encodes
     try:
         # The bar advances per finished curated shard (each task is one).
         with tqdm(
@@ -273,6 +308,7 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
             for stats in executor.imap_unordered(encode_shard, tasks):
                 bar.update(stats["train"]["bytes"] + stats["val"]["bytes"])
                 val_docs, train_docs = val_docs + stats["val"]["docs"], train_docs + stats["train"]["docs"]
+                encoders.add(stats.get("encoder") or tokenizer.encoder_name)  # none in a part of an older kiln
     finally:
         executor.close()
     if not val_docs:  # before the join, so a rerun with a larger fraction keeps nothing stale
@@ -306,7 +342,7 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
         "fim_docs": sum(s["train"]["fim_docs"] for s in per_source.values()),
         "vocab_size": tokenizer.vocab_size,
         "boundaries": {"bos": tokenizer.bos_id, "eos": tokenizer.eot_id, "pad": tokenizer.pad_id},
-        "encoder": tokenizer.encoder_name,
+        "encoder": ", ".join(sorted(encoders)),
         "dtype": str(dtype),
         "per_source": per_source,
     }
