@@ -341,7 +341,7 @@ def test_unknown_recipe_name_lists_shipped(tmp_path, monkeypatch):
         load_recipe("nosuch")
     message = str(info.value)
     assert "'nosuch'" in message
-    assert "shipped: continued, curriculum, demo, fim-code, span-corruption" in message
+    assert "shipped: continued, continued-open, curriculum, demo, fim-code, open-replay, span-corruption" in message
 
 
 def test_recipe_that_is_not_a_mapping(tmp_path):

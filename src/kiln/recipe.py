@@ -9,6 +9,7 @@ Not handled here: running stages (kiln.stages) or writing manifests (kiln.core.m
 from __future__ import annotations
 
 import copy
+import json
 import math
 import types
 import typing
@@ -73,7 +74,9 @@ class Recipe(Section):
             )
         if self.eval.seq_len is not None and self.eval.seq_len > self.model.max_seq_len:
             raise ValueError(f"eval.seq_len ({self.eval.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})")
-        if self.model.vocab_size is not None and self.model.vocab_size < self.tokenizer.vocab_size:
+        # With tokenizer.from_run the tokenizer section's vocab_size is unused: the train stage checks the real one.
+        trains_one = self.tokenizer.from_run is None
+        if trains_one and self.model.vocab_size is not None and self.model.vocab_size < self.tokenizer.vocab_size:
             raise ValueError(
                 f"model.vocab_size ({self.model.vocab_size}) is below tokenizer.vocab_size "
                 f"({self.tokenizer.vocab_size})"
@@ -240,7 +243,22 @@ def load_recipe(recipe: str | Path | None, overrides: list[str] | tuple[str, ...
         data, origin = copy.deepcopy(data), str(path)
     for assignment in overrides:
         apply_override(data, assignment)
-    return validate_recipe(data, origin=origin)
+    return validate_recipe(with_checkpoint_model(data), origin=origin)
+
+
+def with_checkpoint_model(data: dict[str, Any]) -> dict[str, Any]:
+    """The recipe, with the model section of train.init_from's checkpoint where it continues one and
+    has no model section of its own (an imported model: its section is what `kiln import-hf` read)."""
+    train = data.get("train")
+    init_from = train.get("init_from") if isinstance(train, dict) else None
+    config = Path(init_from) / "config.json" if isinstance(init_from, str) else None
+    if "model" in data or config is None or not config.is_file():
+        return data  # a missing checkpoint is named by the train stage, which reads it
+    try:
+        model = json.loads(config.read_text(encoding="utf-8"))["model"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return data  # not a kiln checkpoint config: the train stage names what is wrong with it
+    return data | {"model": {k: v for k, v in model.items() if v is not None}}
 
 
 def validate_recipe(data: dict[str, Any], origin: str = "recipe") -> Recipe:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from kiln.core.errors import ConfigError, FatalError
-from kiln.core.layout import TRAIN, RunLayout
+from kiln.core.layout import MANIFEST, TRAIN, RunLayout
 from kiln.core.manifest import read_manifest
 from kiln.core.tokenshards import TokenShard, open_split
 from kiln.mix.adaptive import reweight
@@ -228,13 +228,18 @@ def _probe_points(schedule: Schedule) -> list[float]:
 
 def replayed(cfg: MixConfig) -> dict[str, tuple[TokenShard, float]]:
     """mix.replay's sources as `<run>/<source>`: the run's train shards, each with its share of the
-    tokens that run's training read (its train manifest), its original mixture as realized."""
+    tokens that run's training read (its train manifest), its original mixture as realized. A run
+    that only tokenized (general text standing in for an imported model's pretraining data, which
+    kiln never saw) is spread in proportion to each source's train tokens."""
     assert cfg.replay is not None
-    run = Path(cfg.replay.run)
-    read = read_manifest(RunLayout(run).stage(TRAIN))["counts"]["tokens_by_source"]
-    shards = open_split(RunLayout(run).token_shards, "train", verify=True)
+    run = RunLayout(Path(cfg.replay.run))
+    if (run.stage(TRAIN) / MANIFEST).is_file():
+        read = read_manifest(run.stage(TRAIN))["counts"]["tokens_by_source"]
+    else:
+        read = {s: v["train"]["tokens"] for s, v in read_manifest(run.token_shards)["counts"]["per_source"].items()}
+    shards = open_split(run.token_shards, "train", verify=True)
     total = sum(read.values())
-    return {f"{run.name}/{s}": (shards[s], n / total) for s, n in read.items() if n and s in shards}
+    return {f"{Path(run.root).name}/{s}": (shards[s], n / total) for s, n in read.items() if n and s in shards}
 
 
 def build_sampler(tokenize_dir: Path, cfg: MixConfig, seq_len: int, split: str = "train") -> Sampler:

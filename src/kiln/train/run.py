@@ -30,7 +30,7 @@ import torch
 
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError, FatalError
-from kiln.core.layout import MANIFEST, TOKENIZE, TRAIN, RunLayout
+from kiln.core.layout import MANIFEST, TOKENIZE, TOKENIZER_META, TRAIN, RunLayout
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs, sha256_file
 from kiln.core.ranks import world_size
 from kiln.model.batch import Batch, RowSource
@@ -339,19 +339,26 @@ def reference_inputs(layout: RunLayout, reference_runs: Sequence[Path], init_fro
     (with its tokenizer, which must be this run's), the starting checkpoint's weights."""
     inputs = []
     for run in map(RunLayout, reference_runs):
-        if not (run.stage(TRAIN) / MANIFEST).is_file():
+        if not (run.token_shards / MANIFEST).is_file():
             raise ConfigError(
-                f"mix.replay.run {run.run_dir}: no finished train stage there ({run.stage(TRAIN) / MANIFEST} missing)"
+                f"mix.replay.run {run.root}: no token shards there ({run.token_shards / MANIFEST} missing); run "
+                "`kiln tokenize` for it first"
             )
-        if sha256_file(run.tokenizer_json) != sha256_file(layout.tokenizer_json):
+        # kiln_tokenizer.json too: an imported tokenizer's boundaries (bos, eos, pad) live there.
+        if any(
+            sha256_file(run.tokenizer_json.with_name(n)) != sha256_file(layout.tokenizer_json.with_name(n))
+            for n in (layout.tokenizer_json.name, TOKENIZER_META)
+        ):
             raise ConfigError(
-                f"mix.replay.run {run.run_dir} has another tokenizer than this run; set tokenizer.from_run: "
-                f"{run.run_dir} so that ids mean the same tokens"
+                f"mix.replay.run {run.root} has another tokenizer than this run, or other document boundaries; set "
+                f"tokenizer.from_run to the run both take it from, with the same tokenizer.boundaries, so that ids "
+                "mean the same tokens"
             )
-        # Its shards, and its train manifest: the replayed shares are what that training read.
+        # Its shards, and its train manifest where it trained: the replayed shares are what that training read.
+        trained = run.stage(TRAIN) / MANIFEST
         inputs += [
             *(p for p in recorded_outputs(run.token_shards) if p.suffix in (".bin", ".idx", ".npy")),
-            run.stage(TRAIN) / MANIFEST,
+            *([trained] if trained.is_file() else []),
         ]
     if init_from:
         inputs += [Path(init_from) / WEIGHTS, Path(init_from) / CONFIG]
