@@ -48,7 +48,9 @@ PROBE = (
     "한국어 🙂🙃 👩‍💻 🇫🇷 👍🏽 e\u0301 ﬁ ＡＢＣ   many   spaces\u00a0nbsp \x00\x1b[0m\u200b end. "
     "<|endoftext|> <s> </s> [CLS] [SEP] <unk> <|im_start|> <mask> ▁word ##ing 0x41 <0x41> "
     # Runs of characters few vocabularies hold, next to digits and markup: unknown pieces fuse or not.
-    "8<unk>9 ⱥ𝔘ᚠ8<q>7 ꙮ₿ 🫠󠁁x "
+    "8<unk>9 ⱥ𝔘ᚠ8<q>7 ꙮ₿ \U0001fae0\U000e0041x "
+    # Every CJK ideograph block (BERT's normaliser isolates each such character) against digits.
+    "0\u4e001\u34002\U000200003\U0002a7004\U0002b7405\U0002b8206\U0002ceb07\U000309008\uf9009\U0002f800 "
 )
 
 
