@@ -17,6 +17,7 @@ from minidemo import KILN, snapshot_corpus
 
 from kiln.cli import main
 from kiln.core.layout import RunLayout
+from kiln.model.weights import load_trained_model
 from kiln.text.load import load_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -130,3 +131,40 @@ def test_fsdp2_over_two_processes_trains_as_one_process_does(tokenized: dict[str
     assert two["processes"] == 2 and one["processes"] == 1
     for source, c in one["val_change"].items():
         assert two["val_change"][source]["after"] == pytest.approx(c["after"], abs=2e-3), source
+
+
+def test_an_extended_open_model_continues_and_exports_with_its_new_vocabulary(
+    tokenized: dict[str, Path], tmp_path: Path
+) -> None:
+    """extend-tokenizer on the imported run, then continued pretraining from tokenizer-extended/ (its
+    tokenizer and checkpoint), exported: transformers reads the new tokens with kiln's ids and logits."""
+    base = tokenized["runs"]
+    runs = tmp_path / "runs"
+    shutil.copytree(base / "open-base", runs / "open-base")
+    terms = tmp_path / "terms.txt"
+    terms.write_text("pretraining\ndataloader\n")
+    assert (
+        main(["extend-tokenizer", "--terms", str(terms), "--set", f"runs_dir={runs}", "--set", "name=open-base"]) == 0
+    )
+    extended = runs / "open-base" / "tokenizer-extended"
+    shutil.copytree(base / "continued-open" / "curate", runs / "continued-open" / "curate")
+    from_extended = [f"tokenizer.from_run={extended}", *SMALL]
+    for verb in ("train-tokenizer", "tokenize"):
+        stage(verb, "continued-open", runs, *from_extended)
+    tok = load_tokenizer(RunLayout(runs / "continued-open").tokenizer_json)
+    assert len(tok.encode(" pretraining")) == 1 and tok.vocab_size > 600
+    args = [str(KILN), "train", "--recipe", "continued-open", "--set", f"runs_dir={runs}", "--set", "mix.replay=null"]
+    for o in (*from_extended, f"train.init_from={extended / 'checkpoint'}", *TRAIN):
+        args += ["--set", o]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["export", "--recipe", "continued-open", "--set", f"runs_dir={runs}"]) == 0
+    folder = runs / "continued-open" / "export" / "hf"
+    text = "Resume pretraining when the dataloader stalls."
+    auto = transformers.AutoTokenizer.from_pretrained(folder, split_special_tokens=True)
+    ids = tok.encode(text)
+    assert auto(text, add_special_tokens=False)["input_ids"] == ids and len(auto) == tok.vocab_size
+    ours = load_trained_model(RunLayout(runs / "continued-open").checkpoint)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert (ours(torch.tensor([ids])) - theirs(torch.tensor([ids])).logits).abs().max().item() < 2e-5

@@ -65,8 +65,9 @@ class TokenizerConfig(Section):
     from_run: str | None = Field(
         default=None,
         description=(
-            "Run directory whose trained tokenizer this run uses unchanged instead of training one (continued "
-            "pretraining keeps the starting model's ids); the settings above are then unused."
+            "Run directory whose tokenizer this run uses unchanged instead of training one (continued "
+            "pretraining keeps the starting model's ids), or that run's tokenizer-extended folder (after `kiln "
+            "extend-tokenizer`; start from its checkpoint); the settings above are then unused."
         ),
     )
 

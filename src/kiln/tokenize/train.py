@@ -194,9 +194,12 @@ def train_and_measure(
 
 
 def reuse(cfg: TokenizerConfig, run_dir: Path, force: bool) -> dict[str, Any]:
-    """The tokenizer stage with tokenizer.from_run: that run's tokenizer, copied and checked, as this run's."""
+    """The tokenizer stage with tokenizer.from_run: that run's tokenizer (or the extended one of its
+    tokenizer-extended/ folder), copied and checked, as this run's."""
     assert cfg.from_run is not None
-    source = RunLayout(Path(cfg.from_run)).tokenizer_json
+    given = Path(cfg.from_run)
+    # A run directory, or a tokenizer folder of one named directly (its tokenizer-extended/).
+    source = given / TOKENIZER_JSON if (given / TOKENIZER_JSON).is_file() else RunLayout(given).tokenizer_json
     tokenizer = load_tokenizer(source)  # stops on a missing or changed tokenizer
     b = cfg.boundaries
     if b is not None and isinstance(tokenizer, HfTokenizer):
