@@ -107,7 +107,7 @@ def test_transformers_computes_kilns_logits_from_the_exported_folder(
         with torch.no_grad():
             ours_BTV, theirs_BTV = ours(ids), hf(ids).logits.float()
         assert ours_BTV.std() > 1.0  # logits that vary: a real comparison
-        assert (ours_BTV - theirs_BTV).abs().max().item() < 1e-4
+        assert (ours_BTV - theirs_BTV).abs().max().item() < 1e-6
 
 
 def test_greedy_generation_is_the_same_token_for_token(tmp_path: Path, tokenizer: KilnTokenizer) -> None:
@@ -143,7 +143,7 @@ def test_a_model_larger_than_max_shard_mb_is_sharded_with_an_index_transformers_
     ids = torch.randint(0, tokenizer.vocab_size, (2, 96), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ours_BTV, theirs_BTV = ours(ids), hf(ids).logits
-    assert ours_BTV.std() > 1.0 and (ours_BTV - theirs_BTV).abs().max().item() < 1e-4
+    assert ours_BTV.std() > 1.0 and (ours_BTV - theirs_BTV).abs().max().item() < 1e-6
     # The copy at OUT holds the shards, and a later export replaces it as one of its own.
     export(ExportConfig(max_shard_mb=0.1, out=str(out)), GenerateConfig(), run_dir, force=True)
     assert tree(out) == tree(folder) | {"kiln_export.json": (out / "kiln_export.json").read_bytes()}

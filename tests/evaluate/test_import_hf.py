@@ -115,7 +115,7 @@ def test_a_transformers_llama_imports_with_the_same_logits(
     )
     with torch.no_grad():
         ours_BTV, theirs_BTV = ours(ids), theirs(ids).logits
-    assert ours_BTV.std() > 1.0 and (ours_BTV - theirs_BTV).abs().max().item() < 1e-4
+    assert ours_BTV.std() > 1.0 and (ours_BTV - theirs_BTV).abs().max().item() < 1e-6
     # The run works as a trained one: generation, and a starting point for continued pretraining.
     sample = generate(GenerateConfig(prompt="def ", max_new_tokens=5, temperature=0), run_dir)["counts"]["sample"]
     assert sample.startswith("def ")
@@ -228,7 +228,7 @@ def test_qwen2_qwen3_and_scaled_rope_llama_import_and_export_with_the_same_logit
     with torch.no_grad():
         ours_BTV, theirs_BTV = ours(ids), theirs(ids).logits
     # fp32 rounding: kiln takes RoPE angles in float64 and norms its own way; the default Llama differs by as much.
-    assert ours_BTV.std() > 1.0 and (ours_BTV - theirs_BTV).abs().max().item() < 5e-5
+    assert ours_BTV.std() > 1.0 and (ours_BTV - theirs_BTV).abs().max().item() < 1e-6
     # Exported again, transformers builds the same class with the same settings and computes the same logits.
     export(ExportConfig(), GenerateConfig(), run_dir)
     exported = run_dir / "export" / "hf"
@@ -237,7 +237,7 @@ def test_qwen2_qwen3_and_scaled_rope_llama_import_and_export_with_the_same_logit
     assert back.config.head_dim == ours.cfg.head_width
     assert back.config.rope_parameters == theirs.config.rope_parameters
     with torch.no_grad():
-        assert (back.eval()(ids).logits - theirs_BTV).abs().max().item() < 5e-5
+        assert (back.eval()(ids).logits - theirs_BTV).abs().max().item() < 1e-6
 
 
 @pytest.mark.parametrize(

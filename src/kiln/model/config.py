@@ -234,9 +234,9 @@ def attention_biases(cfg: ModelConfig) -> int:
 
 def build_bytes(cfg: ModelConfig) -> int:
     """Peak bytes of memory building Transformer(cfg) takes: its fp32 parameters, and the RoPE tables
-    (max_seq_len x head_dim/2 angles, cos and sin computed in float64 and kept in float32: 24 bytes
-    each at the peak). What stages check against the machine's memory before building a model."""
-    return 4 * count_params(cfg) + 24 * cfg.max_seq_len * (cfg.head_width // 2)
+    (max_seq_len x head_dim/2 angles, cos and sin, all float32: 12 bytes each at the peak). What
+    stages check against the machine's memory before building a model."""
+    return 4 * count_params(cfg) + 12 * cfg.max_seq_len * (cfg.head_width // 2)
 
 
 def matmul_params(cfg: ModelConfig) -> int:

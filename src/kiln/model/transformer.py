@@ -84,12 +84,12 @@ def rope_tables(
     seq_len: int, head_dim: int, theta: float, scaling: RopeScaling | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of shape (T, E/2): position t rotates pair i by t * theta^(-2i/E), that frequency rescaled by
-    `scaling` (model.rope_scaling)."""
-    inv_freq_E2 = scaled_inv_freq(
-        1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim), scaling
-    )
-    angles_TE2 = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq_E2)
-    return angles_TE2.cos().float(), angles_TE2.sin().float()
+    `scaling` (model.rope_scaling). Computed in fp32 step by step as transformers computes them: an
+    imported model gets the angles it was trained with, and its logits are transformers' bit for bit
+    (tables computed in fp64 and rounded differ from them by about 1e-5 in the logits)."""
+    inv_freq_E2 = scaled_inv_freq(1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim), scaling)
+    angles_TE2 = torch.outer(torch.arange(seq_len).float(), inv_freq_E2)
+    return angles_TE2.cos(), angles_TE2.sin()
 
 
 class Rotary(nn.Module):
