@@ -137,3 +137,16 @@ def test_flat_batch_equals_autotokenizers(pairs: dict, kind: str) -> None:
     expected = theirs(texts, add_special_tokens=False)["input_ids"]
     assert lengths.tolist() == [len(e) for e in expected]
     assert ids.tolist() == [i for row in expected for i in row]
+
+
+def test_fertility_reads_a_spaced_word_as_the_tokenizer_sees_it_in_text(pairs: dict) -> None:
+    """A SentencePiece-style tokenizer marks word starts itself: " quick" counts as "quick" alone,
+    the tokens it takes inside text, not as two word markers."""
+    from kiln.tokenize.report import HeldoutDoc, measure
+
+    llama2, _ = pairs["llama2"]
+    assert llama2.prepends_space and not pairs["llama3"][0].prepends_space
+    report = measure(llama2, [HeldoutDoc("prose", "en", "The quick quick quick")])
+    in_text = len(llama2.encode("The quick quick quick")) / 4
+    assert report["all"]["fertility"] == pytest.approx(in_text)
+    assert len(llama2.encode(" quick")) > len(llama2.encode("quick"))  # what counting " quick" alone gave

@@ -147,6 +147,7 @@ class HfTokenizer:
         fim = next((f for f in FIM_SPELLINGS if all(s in vocab for s in f)), None)
         self.fim_ids = tuple(vocab[s] for s in fim) if fim else None
         self.sentinel_ids = sentinel_ids(vocab)
+        self.prepends_space = prepends_space(json.loads(files[TOKENIZER_JSON]))
         self.encoder: Encoder | None = None
 
     def _encoder(self) -> Encoder:
@@ -280,6 +281,13 @@ def read_checked(folder: Path, digests: dict[str, str], allowed: tuple[str, ...]
                 "again, or `kiln extend-tokenizer` to add terms"
             )
     return files
+
+
+def prepends_space(data: dict[str, Any]) -> bool:
+    """Whether the file puts a word marker before the text (SentencePiece style: a Prepend("▁")
+    normaliser, or a Metaspace pre-split that prepends): " word" alone then reads as two markers."""
+    parts = json.dumps([data.get("normalizer"), data.get("pre_tokenizer")])
+    return '"Prepend"' in parts or ('"Metaspace"' in parts and '"prepend_scheme": "never"' not in parts)
 
 
 def sentinel_ids(vocab: dict[str, int]) -> list[int]:

@@ -59,6 +59,7 @@ class KilnTokenizer:
 
     kind = "kiln"
     bos_id = None
+    prepends_space = False  # a leading space is part of the word's piece
 
     def __init__(self, hf: Tokenizer, specials: Sequence[str], path: Path | None = None):
         self.hf = hf

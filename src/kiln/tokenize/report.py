@@ -5,7 +5,8 @@ Measures, for documents the tokenizer never trained on:
 - tokens per word (all tokens, whitespace and punctuation included, / words): the sequence
   length a word of this text costs;
 - fertility (tokens per word when each word is encoded alone, with its leading space if it had
-  one) and the share of words split into two or more tokens.
+  one; a SentencePiece-style tokenizer's own word marker stands for that space) and the share of
+  words split into two or more tokens.
 A word is a run of letters, marks and digits; in scripts written without spaces (Han, kana,
 Thai, Lao, Khmer, Myanmar) each character counts as one word, so their figures stay comparable
 to spaced scripts instead of counting a whole clause as one word.
@@ -104,7 +105,9 @@ def measure(tokenizer: AnyTokenizer, docs: Sequence[HeldoutDoc]) -> dict[str, An
             stats.add(n_bytes, len(ids), doc_words)
         used.update(ids)
     unique = list(total.words)
-    word_tokens = dict(zip(unique, map(len, tokenizer.encode_batch(unique)), strict=True))
+    # A SentencePiece-style tokenizer marks the word start itself: " word" alone would read as two marks.
+    alone = [w[1:] if tokenizer.prepends_space and w.startswith(" ") else w for w in unique]
+    word_tokens = dict(zip(unique, map(len, tokenizer.encode_batch(alone)), strict=True))
     token_bytes = tokenizer.token_bytes()
     merged = [i for i in range(tokenizer.vocab_size) if token_bytes[i] > 1]
 
