@@ -168,12 +168,19 @@ def shard_bytes(run_dir: Path) -> dict[Path, bytes]:
     return {p.relative_to(run_dir / "tokenize"): p.read_bytes() for p in sorted((run_dir / "tokenize").glob("*/*.*"))}
 
 
-def test_workers_and_executors_give_identical_shards(run_dir, ray_local):
+def test_workers_and_executors_give_identical_shards(run_dir, ray_local, monkeypatch):
     encode(configured(executor={"workers": 1}), run_dir)
     one = shard_bytes(run_dir)
     assert not (run_dir / "tokenize" / ".parts").exists()  # the per-shard parts are joined, then removed
-    encode(configured(executor={"workers": 2}), run_dir, force=True)
+    used: list[str] = []
+    real_threads, real_build = encode_module.ThreadExecutor, encode_module.build_executor
+    monkeypatch.setattr(encode_module, "ThreadExecutor", lambda n: used.append("threads") or real_threads(n))
+    monkeypatch.setattr(encode_module, "build_executor", lambda *a: used.append("executor") or real_build(*a))
+    encode(configured(executor={"workers": 2}), run_dir, force=True)  # a small corpus: threads of this process
     assert shard_bytes(run_dir) == one
+    monkeypatch.setattr(encode_module, "INLINE_BYTES_PER_WORKER", 0)  # as for a large one: worker processes
+    encode(configured(executor={"workers": 2}), run_dir, force=True)
+    assert shard_bytes(run_dir) == one and used == ["threads", "executor"]
     encode(configured(executor={"kind": "ray", "workers": 2}), run_dir, force=True)
     assert shard_bytes(run_dir) == one
 

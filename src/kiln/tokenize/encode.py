@@ -37,6 +37,7 @@ from kiln.core.docshards import SUFFIX, read_shard, shard_source
 from kiln.core.document import Document
 from kiln.core.errors import FatalError
 from kiln.core.executors import build_executor
+from kiln.core.executors.local import ThreadExecutor
 from kiln.core.layout import CURATE, SHARDS, SUMMARY, TOKENIZE, TOKENIZER, RunLayout
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs
 from kiln.core.split import is_heldout
@@ -65,6 +66,11 @@ class EncodeTask:
 
 
 _loaded: dict[tuple[str, str], AnyTokenizer] = {}
+# perf: a worker process takes about 0.25 s to start (spawn and imports), as long as encoding a
+# dozen MB; a corpus under this many bytes per worker is encoded by threads of the stage's own
+# process (the encoders release the GIL while they encode). Measured on the demo corpus (26 MB)
+# with 2 workers: 40 MB/s with two processes, 66 MB/s with two threads.
+INLINE_BYTES_PER_WORKER = 32_000_000
 
 
 def tokenizer_for(path: str, file_hash: str) -> AnyTokenizer:
@@ -267,6 +273,9 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
             f"tokenize: {layout.curated_shards} holds no curated shards; see {layout.stage(CURATE) / SUMMARY} for "
             "where the documents went"
         )
+    total_bytes = sum(t["bytes_out"] for t in curated["counts"]["per_source"].values())
+    workers = cfg.executor.workers or os.cpu_count() or 1
+    inline = cfg.executor.kind == "local" and workers > 1 and total_bytes < INLINE_BYTES_PER_WORKER * workers
     tok_hash = file_hash(tok_path)
     tokenizer = tokenizer_for(str(tok_path), tok_hash)
     if cfg.fim is not None and tokenizer.fim_ids is None:
@@ -292,8 +301,7 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
         )
         for s in shards
     ]
-    total_bytes = sum(t["bytes_out"] for t in curated["counts"]["per_source"].values())
-    executor = build_executor(cfg.executor, "tokenize.executor")
+    executor = ThreadExecutor(workers) if inline else build_executor(cfg.executor, "tokenize.executor")
     val_docs = train_docs = 0
     encoders: set[str] = set()  # from the tasks: the stage's own tokenizer picks its encoder only when it encodes
     try:
@@ -302,7 +310,7 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
             total=total_bytes,
             unit="B",
             unit_scale=True,
-            desc=f"tokenize ({executor.workers} workers)",
+            desc=f"tokenize ({executor.workers} {'threads' if inline else 'workers'})",
             dynamic_ncols=True,
         ) as bar:
             for stats in executor.imap_unordered(encode_shard, tasks):

@@ -6,6 +6,8 @@ of one stage pay the start-up (about 1 s per worker for imports) once. With one 
 run inline, which keeps tracebacks plain. A worker ends with the process that started it, even
 one killed by SIGKILL, which can stop nothing: it would otherwise write on into the stage's
 partial folder under the next run's lock.
+`ThreadExecutor` runs tasks on threads of this process instead, for a stage whose tasks spend
+their time in code that releases the GIL and are too few to pay for starting processes.
 Not handled here: other machines (the Ray executor), memory limits per worker.
 """
 
@@ -19,7 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed, wait
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -83,3 +85,23 @@ class LocalExecutor:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
+
+
+class ThreadExecutor:
+    """Tasks on `workers` threads of this process: no start-up, shared memory, one GIL between them."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+
+    def imap_unordered(self, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[R]:
+        with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="kiln-task") as pool:
+            futures = [pool.submit(fn, task) for task in tasks]
+            try:
+                for future in as_completed(futures):
+                    yield future.result()
+            finally:
+                for future in futures:  # a failed task or a closed generator: do not start the rest
+                    future.cancel()
+
+    def close(self) -> None:
+        pass
