@@ -158,3 +158,19 @@ def test_the_export_loads_in_transformers_with_the_same_logits_files_and_keys(im
         assert (back(ids).logits - theirs(ids).logits).abs().max().item() < 1e-6  # the same weights, the same code
     auto = transformers.AutoTokenizer.from_pretrained(out, split_special_tokens=True)
     assert auto(TEXT, add_special_tokens=False)["input_ids"] == imported["tokenizer"].encode(TEXT)
+
+
+def test_a_model_trained_anew_with_an_imported_tokenizer_exports_its_own_config(imported: dict) -> None:
+    """The imported config.json is kept only for the model it describes: another shape with the same
+    tokenizer (tokenizer.from_run, trained from scratch) gets kiln's config with the tokenizer's ids."""
+    from kiln.evaluate.export import model_config
+    from kiln.model.weights import checkpoint_config
+
+    tokenizer = imported["tokenizer"]
+    own = checkpoint_config(RunLayout(imported["run"]).checkpoint)
+    kept = model_config(own, tokenizer, "float32")
+    assert kept["architectures"] == json.loads((imported["folder"] / "config.json").read_text())["architectures"]
+    other = own.model_copy(update={"d_model": 32, "n_heads": 2, "n_kv_heads": 1, "head_dim": None})
+    written = model_config(other, tokenizer, "float32")
+    assert written["hidden_size"] == 32 and written["num_attention_heads"] == 2
+    assert written["eos_token_id"] == tokenizer.eot_id

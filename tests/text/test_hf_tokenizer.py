@@ -3,6 +3,7 @@ on any text, for every kind a model folder carries, with the boundaries its mode
 
 from __future__ import annotations
 
+import json
 import pydoc_data.topics
 import sysconfig
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from hf_tokenizers import BYTE_LEVEL, KINDS, save
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tokenizers import models, pre_tokenizers
 
 from kiln.core.errors import FatalError
 from kiln.text.hf_tokenizer import TOKENIZER_JSON, HfTokenizer
@@ -150,3 +152,34 @@ def test_fertility_reads_a_spaced_word_as_the_tokenizer_sees_it_in_text(pairs: d
     in_text = len(llama2.encode("The quick quick quick")) / 4
     assert report["all"]["fertility"] == pytest.approx(in_text)
     assert len(llama2.encode(" quick")) > len(llama2.encode("quick"))  # what counting " quick" alone gave
+
+
+def test_tiktoken_is_not_offered_when_its_merge_order_would_differ() -> None:
+    """tiktoken merges by the id a merge makes, tokenizers by the merges' order: "cab" is c+ab to the
+    file (a b comes first) but ca+b to tiktoken (ca has the lower id), so tiktoken is not a candidate."""
+    from tokenizers import Tokenizer as HF
+
+    from kiln.text.byte_level import byte_alphabet
+    from kiln.text.engines import reference, with_tiktoken
+
+    vocab = {c: b for b, c in byte_alphabet().items()} | {"ca": 256, "ab": 257}
+    hf = HF(models.BPE(vocab=vocab, merges=[("a", "b"), ("c", "a")]))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    assert reference(hf).encode("cab") == [99, 257]
+    assert with_tiktoken(json.loads(hf.to_str()), hf) is None
+    hf = HF(models.BPE(vocab=vocab | {"ca": 257, "ab": 256}, merges=[("a", "b"), ("c", "a")]))  # ids in merge order
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    assert with_tiktoken(json.loads(hf.to_str()), hf) is not None
+
+
+def test_roles_are_read_as_transformers_reads_them_and_bad_files_are_named(tmp_path: Path) -> None:
+    folder = save("llama2", tmp_path / "llama2")
+    (folder / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<unk>", "pad_token": None}))
+    files = {p.name: p.read_bytes() for p in folder.iterdir() if p.suffix == ".json"}
+    ours = HfTokenizer(files, str(folder))
+    theirs = transformers.AutoTokenizer.from_pretrained(folder)
+    assert ours.boundaries.eos == theirs.eos_token == "<unk>"  # the map's role over tokenizer_config.json's
+    with pytest.raises(FatalError, match=r"llama2/tokenizer_config.json: not valid JSON"):
+        HfTokenizer(files | {"tokenizer_config.json": b"{oops"}, str(folder))
+    with pytest.raises(FatalError, match=r"special_tokens_map.json: a JSON list, not an object"):
+        HfTokenizer(files | {"special_tokens_map.json": b"[]"}, str(folder))

@@ -7,7 +7,11 @@ model-00001-of-0000N.safetensors files listed in model.safetensors.index.json, a
 shards), kiln's tokenizer.json unchanged with tokenizer_config.json and
 special_tokens_map.json (end of document is bos and eos, no token added on encode, special-token
 spellings in text stay text as kiln encodes them, no clean-up of spaces on decode),
-generation_config.json from the recipe's generate section, and a model card (README.md) written
+generation_config.json from the recipe's generate section, and a model card. An imported model
+continued or extended (kept_origin) gets its own files back instead: its tokenizer files byte for
+byte, its config.json with every key kept but vocab_size and dtype, its generation_config.json;
+a model trained anew with an imported tokenizer gets kiln's config.json with the tokenizer's ids.
+The model card (README.md) is written
 from the run's manifests: sources and tokens, curation steps, tokenizer, training and compute,
 validation bits per byte, and each stage's fingerprint. The weights stream: the checkpoint's
 header is checked against its config, then each tensor is read, converted to export.dtype and
@@ -41,7 +45,7 @@ from kiln.core.manifest import FORMAT as MANIFEST_FORMAT
 from kiln.core.manifest import IN_PROGRESS, Stage, read_manifest
 from kiln.evaluate.config import ExportConfig, GenerateConfig
 from kiln.model.config import ModelConfig, count_params
-from kiln.model.hf import architecture, hf_config, hf_name
+from kiln.model.hf import architecture, hf_config, hf_name, model_config_from_hf
 from kiln.model.safetensors_stream import SafetensorsWriter, TensorSpec, read_tensor, shard_groups
 from kiln.model.weights import CONFIG, WEIGHTS, checked_tensors, checkpoint_config
 from kiln.text.hf_tokenizer import HfTokenizer
@@ -106,11 +110,29 @@ def tokenizer_files(folder: Path, tokenizer: AnyTokenizer, max_len: int) -> list
     return paths
 
 
+# What may differ between an imported config.json and the model it is kept for: ids, sizes kiln grows, training.
+NOT_SHAPE = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "torch_dtype")
+
+
+def kept_origin(cfg: ModelConfig, tokenizer: AnyTokenizer) -> dict[str, Any] | None:
+    """The imported model's own config.json when it describes `cfg` (a continued or extended import,
+    not a model trained anew with the import's tokenizer) and the run kept the folder's boundaries."""
+    if not isinstance(tokenizer, HfTokenizer) or ORIGIN_CONFIG not in tokenizer.origin or tokenizer.boundaries.set:
+        return None
+    origin = json.loads(tokenizer.origin[ORIGIN_CONFIG])
+    try:
+        imported = model_config_from_hf(origin, ORIGIN_CONFIG)
+    except FatalError:
+        return None
+    shape = lambda c: {k: v for k, v in hf_config(c, 0, 0).items() if k not in NOT_SHAPE}  # noqa: E731
+    return origin if shape(imported) == shape(cfg) else None
+
+
 def model_config(cfg: ModelConfig, tokenizer: AnyTokenizer, dtype: str) -> dict[str, Any]:
-    """config.json: an imported model's own, every key kept (architecture, RoPE settings, token ids),
-    with only the vocabulary size (grown by extend-tokenizer) and dtype written over; kiln's for the rest."""
-    if isinstance(tokenizer, HfTokenizer) and ORIGIN_CONFIG in tokenizer.origin:
-        origin = json.loads(tokenizer.origin[ORIGIN_CONFIG])
+    """config.json: an imported model's own (kept_origin), every key kept (architecture, RoPE settings,
+    token ids), with only the vocabulary size (grown by extend-tokenizer) and dtype written over; kiln's,
+    with the tokenizer's ids, for any other model."""
+    if (origin := kept_origin(cfg, tokenizer)) is not None:
         return origin | {"vocab_size": cfg.vocab_size} | {k: dtype for k in ("torch_dtype", "dtype") if k in origin}
     bos = tokenizer.eot_id if tokenizer.bos_id is None else tokenizer.bos_id
     config = hf_config(cfg, tokenizer.eot_id, tokenizer.pad_id) | {"torch_dtype": dtype}
@@ -178,7 +200,7 @@ def write_hf_folder(
     config_path, generation_path, card_path = (folder / name for name in MODEL_FILES if name != WEIGHTS)
     config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     weights = write_hf_weights(folder, ckpt, stored, DTYPES[export.dtype], export.max_shard_mb * MB)
-    if isinstance(tokenizer, HfTokenizer) and ORIGIN_GENERATION in tokenizer.origin:
+    if kept_origin(cfg, tokenizer) is not None and ORIGIN_GENERATION in tokenizer.origin:
         generation_path.write_bytes(tokenizer.origin[ORIGIN_GENERATION])
     else:
         generation_path.write_text(json.dumps(generation_config(gen, tokenizer), indent=2) + "\n", encoding="utf-8")

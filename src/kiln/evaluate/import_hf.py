@@ -1,10 +1,12 @@
-"""`kiln import-hf DIR --run NAME`: a Llama (or Qwen2, Qwen3) Hugging Face folder as a kiln run.
+"""`kiln import-hf DIR --run NAME`: a Llama, Mistral, Qwen2 or Qwen3 Hugging Face folder as a kiln run.
 
 The folder's config.json becomes a ModelConfig (kiln.model.hf; settings kiln cannot reproduce,
 such as YaRN RoPE scaling, biases on the output projection or sliding windows, stop the import with each named), its
 safetensors weights (one file, or shards listed in model.safetensors.index.json) are renamed to
-kiln's parameters and checked strictly, and its tokenizer.json must be one kiln made
-(kiln.text.tokenizer.adopt). The weights stream: every file's header is checked first (each
+kiln's parameters and checked strictly, and its tokenizer comes along: kiln's own when the folder
+is a kiln export (kiln.text.tokenizer.adopt), otherwise the folder's tokenizer files as they are,
+with its config.json and generation_config.json kept for the export (kiln.text.hf_tokenizer, any
+kind `tokenizers` reads; `folder_tokenizer`). The weights stream: every file's header is checked first (each
 tensor's name, dtype and shape against the model the config implies, built on the meta device;
 a truncated file stops here too), then the tensors are copied one at a time into the checkpoint
 (read_tensor: the file opened for each), so memory holds one tensor, never the model or a shard.

@@ -205,6 +205,10 @@ def with_tiktoken(data: dict[str, Any], hf: Tokenizer) -> Encoder | None:
         ranks[raw] = i
     if any(bytes([b]) not in ranks for b in range(256)):
         return None
+    # tiktoken applies merges in the order of the ids they make, tokenizers in the order of `merges`.
+    made = [model["vocab"].get("".join(m) if isinstance(m, list) else m.replace(" ", "", 1)) for m in model["merges"]]
+    if None in made or any(a > b for a, b in zip(made, made[1:])):
+        return None
     enc = tiktoken.Encoding(f"hf-{len(ranks)}", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
     if norm is not None:
 
@@ -243,6 +247,16 @@ def holds(check: Callable[[Encoder, list[str], list[list[int]]], bool], *args: A
         return False
 
 
+def built(build: Callable[[], Encoder | None]) -> Encoder | None:
+    """build(), or None when the library fails on the file (a Rust panic included)."""
+    try:
+        return build()
+    except BaseException as e:  # a Rust panic in the library arrives as a BaseException of its own
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        return None
+
+
 def pick(tokenizer_json: bytes, hf: Tokenizer, exact: Encoder | None = None) -> Encoder:
     """The fastest encoder whose ids equal exact's on the probe texts, exact itself when none does (hf:
     tokenizer_json loaded, with encode_special_tokens set; exact: `tokenizers` itself when None). A candidate
@@ -257,11 +271,8 @@ def pick(tokenizer_json: bytes, hf: Tokenizer, exact: Encoder | None = None) -> 
     for name, build in builds.items():
         if name == exact.name:
             continue
-        try:
-            candidate = build()
-        except (ValueError, RuntimeError, OSError, KeyError, TypeError):  # a file the library cannot read
-            continue
-        if candidate is None:
+        candidate = built(build)
+        if candidate is None:  # a file the library cannot read, or does not read as tokenizers does
             continue
         if holds(agrees, candidate, texts, expected):
             if holds(flat_agrees, candidate, texts, expected):

@@ -57,6 +57,7 @@ class Boundaries:
     eos: str
     pad: str
     origin: str
+    set: bool = False  # the recipe's (tokenizer.boundaries), not the folder's
 
     def describe(self, ids: dict[str, int]) -> str:
         bos = f"{self.bos} (id {ids[self.bos]})" if self.bos else "no bos"
@@ -119,13 +120,11 @@ class HfTokenizer:
         self.where = where
         try:
             self.hf = Tokenizer.from_str(files[TOKENIZER_JSON].decode("utf-8"))
-            self.config = json.loads(files[CONFIG]) if CONFIG in files else {}
-            roles = json.loads(files[SPECIAL_MAP]) if SPECIAL_MAP in files else {}
         except Exception as e:  # tokenizers raises a bare Exception on a malformed file
-            raise FatalError(f"{where}: cannot read the tokenizer files ({type(e).__name__}: {e})") from None
-        if not isinstance(self.config, dict) or not isinstance(roles, dict):
-            raise FatalError(f"{where}: {CONFIG} and {SPECIAL_MAP} must each be one JSON object")
-        self.config = {**roles, **self.config}
+            raise FatalError(f"{where}/{TOKENIZER_JSON}: not a tokenizer `tokenizers` reads ({e})") from None
+        config, roles = json_object(files, CONFIG, where), json_object(files, SPECIAL_MAP, where)
+        # As transformers reads them: special_tokens_map.json's roles over tokenizer_config.json's; a null is no role.
+        self.config = {k: v for k, v in {**config, **roles}.items() if v is not None}
         self.hf.encode_special_tokens = True  # a document that spells "</s>" gets no boundary from it
         vocab = self.hf.get_vocab()
         try:
@@ -152,7 +151,10 @@ class HfTokenizer:
 
     def _encoder(self) -> Encoder:
         if self.encoder is None:  # picked on first use: saving and copying need no encoder
-            self.encoder = pick(self.files[TOKENIZER_JSON], self.hf)
+            try:
+                self.encoder = pick(self.files[TOKENIZER_JSON], self.hf)
+            except Exception as e:  # tokenizers itself fails on the probe (a bare Exception)
+                raise FatalError(f"{self.where}/{TOKENIZER_JSON}: `tokenizers` cannot encode with it ({e})") from None
         return self.encoder
 
     @property
@@ -196,6 +198,7 @@ class HfTokenizer:
             eos=eos or b.eos,
             pad=pad or b.pad,
             origin="tokenizer.boundaries in the recipe, over " + b.origin,
+            set=True,
         )
         if bos is True:
             changed = replace(changed, bos=role(self.config.get("bos_token")))
@@ -245,6 +248,7 @@ class HfTokenizer:
                 "eos": self.boundaries.eos,
                 "pad": self.boundaries.pad,
                 "origin": self.boundaries.origin,
+                "set": self.boundaries.set,
             },
             "vocab_size": self.vocab_size,
         }
@@ -261,10 +265,25 @@ class HfTokenizer:
             raise FatalError(f"{folder / TOKENIZER_META}: lists no {TOKENIZER_JSON}; import the model again")
         origin = read_checked(folder, meta.get("origin") or {}, ORIGIN_FILES, ORIGIN)
         b = meta.get("boundaries") or {}
-        bounds = Boundaries(b.get("bos"), b.get("eos"), b.get("pad"), b.get("origin", ""))
+        if not isinstance(b.get("eos"), str) or not isinstance(b.get("pad"), str):
+            raise FatalError(f"{folder / TOKENIZER_META}: no boundaries.eos and .pad; import the model again")
+        bounds = Boundaries(b.get("bos"), b["eos"], b["pad"], b.get("origin", ""), bool(b.get("set")))
         tok = cls(files, str(folder), bounds, origin)
         tok.path = folder / TOKENIZER_JSON
         return tok
+
+
+def json_object(files: dict[str, bytes], name: str, where: str) -> dict[str, Any]:
+    """files[name] parsed, {} when absent; FatalError naming the file when it is not one JSON object."""
+    if name not in files:
+        return {}
+    try:
+        value = json.loads(files[name])
+    except (UnicodeDecodeError, ValueError) as e:
+        raise FatalError(f"{where}/{name}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise FatalError(f"{where}/{name}: a JSON {type(value).__name__}, not an object of settings")
+    return value
 
 
 def read_checked(folder: Path, digests: dict[str, str], allowed: tuple[str, ...], prefix: str) -> dict[str, bytes]:

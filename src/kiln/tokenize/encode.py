@@ -276,7 +276,7 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
     total_bytes = sum(t["bytes_out"] for t in curated["counts"]["per_source"].values())
     workers = cfg.executor.workers or os.cpu_count() or 1
     inline = cfg.executor.kind == "local" and workers > 1 and total_bytes < INLINE_BYTES_PER_WORKER * workers
-    tok_hash = file_hash(tok_path)
+    tok_hash = file_hash(tok_path) + file_hash(tok_path.with_name(META_NAME))  # boundaries live in the meta
     tokenizer = tokenizer_for(str(tok_path), tok_hash)
     if cfg.fim is not None and tokenizer.fim_ids is None:
         raise FatalError(
