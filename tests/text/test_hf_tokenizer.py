@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pydoc_data.topics
 import sysconfig
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,31 @@ def test_roles_are_read_as_transformers_reads_them_and_bad_files_are_named(tmp_p
         HfTokenizer(files | {"tokenizer_config.json": b"{oops"}, str(folder))
     with pytest.raises(FatalError, match=r"special_tokens_map.json: a JSON list, not an object"):
         HfTokenizer(files | {"special_tokens_map.json": b"[]"}, str(folder))
+
+
+@settings(max_examples=80, deadline=None)
+@given(pieces=st.lists(st.one_of(TEXT, st.sampled_from(["<tool_call>", "</tool_call>", "<tool", "call>"])), max_size=6))
+def test_non_special_added_tokens_keep_the_fast_encoder_and_transformers_ids(pieces: list[str]) -> None:
+    """Qwen2.5's kind: added tokens that are not special are matched in text by tokenizers (specials split or
+    not); kiln cuts them out before splintr encodes the rest."""
+    ours, theirs = qwen_with_tools()
+    assert ours.encoder_name == "splintr"
+    text = "".join(pieces)
+    assert ours.encode(text) == theirs(text, add_special_tokens=False)["input_ids"]
+
+
+@cache
+def qwen_with_tools() -> tuple[HfTokenizer, object]:
+    from tempfile import mkdtemp
+
+    from hf_tokenizers import ROLES, build
+    from tokenizers import AddedToken, Tokenizer
+
+    tok = Tokenizer.from_str(build("qwen2").to_str())
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<tool_call>", "</tool_call>")])
+    folder = Path(mkdtemp()) / "qwen-tools"
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **ROLES["qwen2"]).save_pretrained(folder)
+    files = {p.name: p.read_bytes() for p in folder.iterdir() if p.suffix == ".json"}
+    return HfTokenizer(files, str(folder)), transformers.AutoTokenizer.from_pretrained(
+        folder, split_special_tokens=True
+    )
