@@ -89,6 +89,40 @@ def ray_local():
 
 
 @pytest.fixture(scope="session")
+def s3_store() -> Iterator[str]:
+    """An S3 API on localhost for this test process: moto's standalone server (the one s3fs's own tests
+    run against), reached by the same client code users point at AWS or MinIO, through the environment
+    it reads (AWS_ENDPOINT_URL and the keys). Yields the endpoint; the server stops at the session's end."""
+    import socket
+
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "kiln-test",
+        "AWS_SECRET_ACCESS_KEY": "kiln-test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield endpoint
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if not KILN.is_file():
         pytest.skip(f"no kiln script beside {sys.executable}")

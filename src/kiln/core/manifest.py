@@ -45,6 +45,7 @@ from kiln.core.atomic import write_atomically
 from kiln.core.config import Section
 from kiln.core.errors import FatalError
 from kiln.core.layout import MANIFEST, SUMMARY
+from kiln.core.storage import exists, identity, is_url
 
 IN_PROGRESS = "in_progress.json"  # what an unfinished attempt was doing; resume keeps its work only if it matches
 FORMAT = "kiln-manifest v1"
@@ -92,9 +93,15 @@ def fingerprint(manifest: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def describe_files(paths: Iterable[Path], root: Path | None = None) -> list[dict[str, Any]]:
+def describe_files(paths: Iterable[Path | str], root: Path | None = None) -> list[dict[str, Any]]:
+    """Each file's path (relative to root when given), size and sha256; an object of a store (a
+    URL) its size and the store's fingerprint instead, read without downloading it."""
     out = []
-    for p in sorted(Path(p) for p in paths):
+    for p in sorted(paths, key=str):
+        if is_url(p):
+            out.append(identity(str(p)))
+            continue
+        p = Path(p)
         name = str(p.relative_to(root)) if root is not None else str(p)
         out.append({"path": name, "bytes": p.stat().st_size, "sha256": sha256_file(p)})
     return out
@@ -142,7 +149,7 @@ class Stage:
         run_dir: Path,
         name: str,
         config: Mapping[str, Section],
-        inputs: Collection[Path],
+        inputs: Collection[Path | str],
         upstream: Iterable[str] = (),
     ):
         self.run_dir = Path(run_dir)
@@ -156,7 +163,7 @@ class Stage:
         # .get: a manifest written before fingerprints existed matches nothing, so this stage redoes.
         upstream_manifests = {u: read_manifest(self.run_dir / u) for u in upstream}
         self.upstream = {u: m.get("fingerprint") for u, m in upstream_manifests.items()}
-        missing = sorted(str(p) for p in inputs if not Path(p).is_file())
+        missing = sorted(str(p) for p in inputs if not (exists(str(p)) if is_url(p) else Path(p).is_file()))
         if missing:
             raise FatalError(
                 f"{name}: input files missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; "

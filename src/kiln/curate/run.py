@@ -34,6 +34,7 @@ from kiln.core.errors import FatalError
 from kiln.core.executors import Executor, build_executor
 from kiln.core.layout import CURATE, SHARDS, SUMMARY
 from kiln.core.manifest import Stage
+from kiln.core.storage import is_url
 from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
 from kiln.curate.dedup.minhash import memory_estimate
@@ -176,7 +177,7 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
         )
     refuse_own_outputs(tasks, run_dir / CURATE)
     inputs = {
-        p for t in tasks for p in task_paths(t) if os.access(p, os.R_OK)
+        p for t in tasks for p in task_paths(t) if is_url(p) or os.access(p, os.R_OK)
     }  # an unreadable file is quarantined by its task
     eval_sets = decontamination_sets(cfg)
     inputs |= eval_sets  # a changed evaluation set redoes the stage
@@ -318,7 +319,7 @@ def refuse_own_outputs(tasks: list[ReadTask], stage_dir: Path) -> None:
     own = (stage_dir.resolve(), stage_dir.resolve().with_name(stage_dir.name + ".partial"))  # finished, or being built
     for task in tasks:
         for path in task_paths(task):
-            if any(Path(path).resolve().is_relative_to(folder) for folder in own):
+            if not is_url(path) and any(Path(path).resolve().is_relative_to(folder) for folder in own):
                 raise FatalError(
                     f"curate: input file {path} is inside this run's own curate stage ({stage_dir}), which the "
                     "stage rewrites; "

@@ -285,7 +285,7 @@ def test_one_document_files_are_grouped_by_source_up_to_shard_bytes(tmp_path):
         (2, 0, ["a/a/f004.txt"], 100),
         (3, 0, ["b/b/f000.txt", "b/b/f001.txt"], 200),  # a new source starts a new task
     ]
-    assert task_paths(tasks[0]) == [tmp_path / "a" / "f000.txt", tmp_path / "a" / "f001.txt"]
+    assert task_paths(tasks[0]) == [str(tmp_path / "a" / "f000.txt"), str(tmp_path / "a" / "f001.txt")]
 
 
 def test_containers_are_one_task_each_and_parquet_splits_by_row_groups(tmp_path):
@@ -303,7 +303,7 @@ def test_containers_are_one_task_each_and_parquet_splits_by_row_groups(tmp_path)
     assert [u.row_groups for u in parquet_units] == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)]
     assert [u.first_row for u in parquet_units] == [0, 20, 40, 60, 80]
     assert sum(u.size for u in parquet_units) == sum(group_bytes)
-    assert task_paths(tasks[1]) == [tmp_path / "web" / "b.parquet"]
+    assert task_paths(tasks[1]) == [str(tmp_path / "web" / "b.parquet")]
 
 
 def test_plans_do_not_depend_on_anything_but_inputs_cap_and_shard_bytes(tmp_path):

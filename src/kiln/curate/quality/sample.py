@@ -19,7 +19,6 @@ import logging
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from tqdm import tqdm
 
@@ -48,7 +47,7 @@ class Selection:
     without: str | None = None
 
     @property
-    def paths(self) -> set[Path]:
+    def paths(self) -> set[str]:
         return {p for t in self.tasks for p in task_paths(t)}
 
     def wants(self, doc: Document) -> bool:

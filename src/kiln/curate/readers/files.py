@@ -3,8 +3,8 @@
 `path` is a glob (`data/**/*.jsonl`), a folder (read recursively; with an explicit format only
 files with that format's extensions), or one file. Ids use the path relative to the folder
 before the first wildcard, so moving a dataset keeps its ids. Hidden files and folders (names
-starting with a dot) are skipped, as glob skips them. Not handled here: remote paths (s3://);
-only the local filesystem is listed.
+starting with a dot) are skipped, as glob skips them. Not handled here: inputs in an object
+store (URLs; plan.store_units lists them through kiln.core.storage).
 """
 
 from __future__ import annotations

@@ -15,10 +15,11 @@ records.py.
 
 from __future__ import annotations
 
-import os
+import io
 from collections.abc import Iterator
 
 from kiln.core.document import Document
+from kiln.core.storage import open_read
 from kiln.curate.readers.config import InputConfig
 from kiln.curate.readers.decode import decode_utf8
 from kiln.curate.readers.intake import Intake
@@ -33,7 +34,7 @@ def read_parquet(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[D
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    with pq.ParquetFile(unit.path) as pf:
+    with open_read(unit.path) as raw, pq.ParquetFile(raw) as pf:  # from a store: its row groups' ranges
         names = set(pf.schema_arrow.names)
         if cfg.text_field not in names:
             # subtle: a file split into several tasks (plan.split_parquet) is quarantined once, by
@@ -43,7 +44,7 @@ def read_parquet(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[D
                     f"read:bad_file: {unit.path} has no column {cfg.text_field!r} (columns: {sorted(names)}); set the "
                     "input's text_field"
                 )
-                intake.quarantine(unit.name, unit.source, why, nbytes=os.path.getsize(unit.path))
+                intake.quarantine(unit.name, unit.source, why, nbytes=raw.seek(0, io.SEEK_END))
             return
         wanted = [
             cfg.text_field,

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from pathlib import Path
 
 import xxhash
 
 from kiln.core.errors import FatalError
+from kiln.core.storage import is_url, listing, open_read
 from kiln.curate.readers.builtin import list_builtin
-from kiln.curate.readers.config import BUILTIN_FORMATS, CONTAINER_FORMATS, InputConfig
+from kiln.curate.readers.config import BUILTIN_FORMATS, CONTAINER_FORMATS, InputConfig, detect_format, sanitize_source
 from kiln.curate.readers.files import file_format, folder_source, list_files
 from kiln.curate.readers.task import ReadTask, ReadUnit
 
@@ -40,6 +42,8 @@ def list_units(cfg: InputConfig) -> list[ReadUnit]:
     """
     if cfg.format in BUILTIN_FORMATS:
         return list_builtin(cfg)
+    if is_url(cfg.path):
+        return store_units(cfg)
     root, files = list_files(cfg)
     units = []
     for path in files:
@@ -57,6 +61,27 @@ def list_units(cfg: InputConfig) -> list[ReadUnit]:
                 size,
             )
         )
+    return units
+
+
+def store_units(cfg: InputConfig) -> list[ReadUnit]:
+    """All units of an input in an object store; ids are relative to the prefix before the first
+    wildcard (the object's own prefix for one object), as for local files."""
+    assert cfg.path is not None
+    objects = listing(cfg.path)
+    glob = next((i for i, c in enumerate(cfg.path) if c in "*?["), None)
+    one = [u for u, _ in objects] == [cfg.path]
+    if glob is not None:
+        root = cfg.path[:glob].rsplit("/", 1)[0]
+    else:
+        root = cfg.path.rsplit("/", 1)[0] if one else cfg.path.rstrip("/")
+    units = []
+    for url, size in objects:
+        if glob is None and not one and cfg.format not in ("auto", "text", detect_format(url)):
+            continue  # a prefix with an explicit format: that format's objects only, as for a folder
+        source = cfg.source or sanitize_source(url.rsplit("/", 2)[-2])
+        name = url.removeprefix(root).lstrip("/")
+        units.append(ReadUnit(url, f"{source}/{name}", source, file_format(cfg, Path(name)), size))
     return units
 
 
@@ -174,7 +199,8 @@ def split_parquet(unit: ReadUnit, shard_bytes: int) -> list[ReadUnit]:
     import pyarrow.parquet as pq
 
     try:
-        meta = pq.read_metadata(unit.path)
+        with open_read(unit.path) as f:  # from a store: the footer's ranges only
+            meta = pq.read_metadata(f)
     except Exception as e:  # noqa: BLE001 - any unreadable footer: reported once, by the task that reads it
         log.warning(
             "input %s: cannot read the Parquet footer of %s (%s); it will be quarantined", unit.source, unit.path, e

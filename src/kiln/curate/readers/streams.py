@@ -18,6 +18,8 @@ from typing import BinaryIO
 
 import zstandard
 
+from kiln.core.storage import open_read
+
 BUFFER_BYTES = 1 << 20  # large reads: the decompressors and json both go faster per call
 # What reading a damaged file raises: truncated or corrupt gzip/zstd data, or the disk itself.
 STREAM_ERRORS = (OSError, EOFError, zlib.error, zstandard.ZstdError)
@@ -31,7 +33,7 @@ class Opened:
 
 @contextmanager
 def open_decompressed(path: str) -> Generator[Opened, None, None]:
-    with open(path, "rb", buffering=BUFFER_BYTES) as raw:
+    with open_read(path, BUFFER_BYTES) as raw:  # a local file, or an object of a store read in ranges
         lower = path.lower()
         if lower.endswith(".gz"):
             yield Opened(gzip.GzipFile(fileobj=raw, mode="rb"), raw)
@@ -68,7 +70,7 @@ class _CheckedEnd(io.RawIOBase):
 
 def check_zstd_frames(path: str) -> None:
     """Raise EOFError naming the offset when the file does not end on a complete zstd frame."""
-    with open(path, "rb") as f:
+    with open_read(path) as f:
         size = f.seek(0, io.SEEK_END)
         pos = 0
         while pos < size:

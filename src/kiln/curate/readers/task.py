@@ -7,7 +7,6 @@ cheaply. Not handled here: making a plan (plan.py) or reading one (read.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from kiln.curate.audit import printable
 from kiln.curate.readers.config import InputConfig
@@ -51,6 +50,6 @@ class ReadTask:
     size: int  # bytes on disk the task reads (for progress bars and the cap)
 
 
-def task_paths(task: ReadTask) -> list[Path]:
-    """The files the task reads, each once, in order (the stage hashes them)."""
-    return [Path(p) for p in dict.fromkeys(u.path for u in task.units)]
+def task_paths(task: ReadTask) -> list[str]:
+    """The files (or a store's objects, by URL) the task reads, each once, in order (the stage records them)."""
+    return list(dict.fromkeys(u.path for u in task.units))

@@ -33,13 +33,13 @@ Not handled here: WARC files compressed with zstd.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from kiln.core.document import Document
+from kiln.core.storage import open_read
 from kiln.curate.readers.config import InputConfig
 from kiln.curate.readers.decode import decode_utf8
 from kiln.curate.readers.gzmembers import GzipMembers
@@ -88,10 +88,10 @@ def _read_plain(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[Do
 
     last = -1  # offset of the last record seen (any type); records at or before it are never read twice
     start: int | None = 0
-    size = os.path.getsize(unit.path)
+    size = unit.size
     with (
-        open(unit.path, "rb") as f,
-        open(unit.path, "rb") as probe,
+        open_read(unit.path) as f,
+        open_read(unit.path) as probe,
     ):  # probe: reads headers without moving fastwarc's stream
         while start is not None:
             f.seek(start)
@@ -165,7 +165,7 @@ def _read_gzipped(unit: ReadUnit, cfg: InputConfig, intake: Intake) -> Iterator[
     from fastwarc.warc import ArchiveIterator
 
     start: int | None = 0
-    with open(unit.path, "rb") as f:
+    with open_read(unit.path) as f:
         while start is not None:
             stream = GzipMembers(f, start)
             resume_after = None  # a member offset: go on at the next member after it

@@ -1,0 +1,124 @@
+"""Where data lives: this machine's disk, or an object store reached through fsspec.
+
+A location is a local path or a URL: `s3://` (AWS and S3-compatible stores such as MinIO or Ceph,
+reached at AWS_ENDPOINT_URL when set), `gs://`, `az://`/`abfs://`, `hf://datasets/...` and
+`https://`. Credentials and endpoints come the way each library takes them (environment
+variables such as AWS_ACCESS_KEY_ID, profiles, the library's own config); a URL that carries
+credentials itself is refused, so none is ever written into a manifest or a log. This module is
+the only place that asks whether a location is local.
+What stages get here: the objects a prefix or glob names, with their sizes; an object opened for
+streaming reads (range requests: a Parquet reader fetches its footer and the row groups it reads,
+never the whole object); an object's identity for a manifest (size and the store's ETag, or its
+checksum, in place of a sha256 that would download it). A failure is one FatalError naming the URL:
+a missing bucket or object, refused credentials, an unreachable endpoint.
+Not handled here: writing to a store (outputs are local paths for now).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from typing import IO, Any
+
+from kiln.core.errors import FatalError
+
+SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "abfss", "hf", "http", "https")
+
+
+def is_url(location: object) -> bool:
+    """Whether `location` names an object store (a URL of SCHEMES), not a local path."""
+    scheme, sep, _ = str(location).partition("://")
+    return bool(sep) and scheme.lower() in SCHEMES
+
+
+@functools.cache
+def _filesystem(scheme: str) -> Any:
+    import fsspec  # only runs that name a store pay for the import
+
+    try:
+        return fsspec.filesystem(scheme)
+    except ImportError as e:
+        raise FatalError(
+            f"{scheme}:// locations need fsspec's {scheme} filesystem ({e}); install it (s3fs, gcsfs, adlfs or "
+            "huggingface_hub)"
+        ) from None
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """(the fsspec filesystem of the URL's scheme, the URL without its scheme)."""
+    scheme, _, rest = url.partition("://")
+    if "@" in rest.split("/", 1)[0]:
+        raise FatalError(f"{url.split('@')[-1]}: a URL with credentials in it; give them through the environment")
+    return _filesystem(scheme.lower()), (url if scheme.lower() in ("http", "https") else rest)
+
+
+def failure(url: str, e: BaseException) -> FatalError:
+    """One line naming the URL and what the store said."""
+    text = str(e) or type(e).__name__
+    if isinstance(e, FileNotFoundError):
+        what = "no such bucket or object"
+    elif isinstance(e, PermissionError) or "AccessDenied" in text or "InvalidAccessKeyId" in text:
+        what = "access refused (check the credentials in the environment or profile)"
+    elif "connect" in text.lower() or "Could not connect" in text:
+        what = "the store cannot be reached (check AWS_ENDPOINT_URL or the network)"
+    else:
+        what = "the store failed"
+    return FatalError(f"{url}: {what}: {text}")
+
+
+def listing(pattern: str) -> list[tuple[str, int]]:
+    """(URL, size) of every object `pattern` names, sorted: one object, every object under a prefix,
+    or a glob (`s3://bucket/cc/2024-10/*.warc.gz`, `**` for any depth). Names starting with a dot
+    are left out, as local globs leave them."""
+    fs, path = filesystem(pattern)
+    scheme = pattern.partition("://")[0]
+    try:
+        if any(c in path for c in "*?["):
+            found = fs.glob(path, detail=True)
+        elif fs.isfile(path):
+            found = {path: fs.info(path)}
+        else:
+            found = fs.find(path, detail=True)
+        # A glob in a bucket that is not there matches nothing, quietly: say which it is.
+        if not found and scheme not in ("http", "https") and not fs.exists(path.split("/", 1)[0]):
+            raise FileNotFoundError(f"no bucket {scheme}://{path.split('/', 1)[0]}")
+    except Exception as e:  # each library raises its own kinds; the URL and its message say what happened
+        raise failure(pattern, e) from None
+    return sorted(
+        (f"{scheme}://{name}" if scheme not in ("http", "https") else name, int(info.get("size") or 0))
+        for name, info in found.items()
+        if info.get("type") != "directory" and not any(part.startswith(".") for part in name.split("/"))
+    )
+
+
+def open_read(location: str, buffer_bytes: int = 1 << 20) -> IO[bytes]:
+    """The file or object opened for reading: seekable, buffered in `buffer_bytes` (an object is
+    fetched in ranges of that size, 8 MB at least: each request costs a round trip)."""
+    if not is_url(location):
+        return open(location, "rb", buffering=buffer_bytes)  # noqa: SIM115 - the caller closes it
+    fs, path = filesystem(location)
+    try:
+        # BufferedReader: fsspec's file lacks readline(limit) and peek, which the readers use on local files.
+        return io.BufferedReader(fs.open(path, "rb", block_size=max(buffer_bytes, 8 << 20)), buffer_bytes)
+    except Exception as e:
+        raise failure(location, e) from None
+
+
+def identity(url: str) -> dict[str, Any]:
+    """What a manifest records of an object: its size and the store's own fingerprint (ETag,
+    checksum or modification time), read from its metadata without downloading it."""
+    fs, path = filesystem(url)
+    try:
+        info = fs.info(path)
+    except Exception as e:
+        raise failure(url, e) from None
+    tag = next((info[k] for k in ("ETag", "etag", "md5Hash", "content_md5", "sha256", "mtime") if info.get(k)), None)
+    return {"path": url, "bytes": int(info.get("size") or 0), "etag": str(tag).strip('"') if tag else None}
+
+
+def exists(url: str) -> bool:
+    fs, path = filesystem(url)
+    try:
+        return bool(fs.exists(path))
+    except Exception as e:
+        raise failure(url, e) from None

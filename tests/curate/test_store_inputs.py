@@ -1,0 +1,70 @@
+"""curate reads its inputs from an object store as from disk: JSONL, text and Parquet objects under
+S3 prefixes and globs, through the S3 API of a server started on localhost (tests/conftest.py);
+the manifest records each object's size and ETag; a missing bucket or an empty prefix is named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from curate_corpus import prose, write_corpus
+
+from kiln.core.docshards import list_shards, read_shard
+from kiln.core.errors import FatalError
+from kiln.curate.config import CurateConfig
+from kiln.curate.readers import InputConfig
+from kiln.curate.run import run
+
+s3fs = pytest.importorskip("s3fs")
+
+
+def config(web: str, books: str, tables: str) -> CurateConfig:
+    return CurateConfig(
+        inputs=(InputConfig(path=web), InputConfig(path=books), InputConfig(path=tables, format="parquet")),
+        shard_mb=0.01,
+        executor={"workers": 1},
+    )
+
+
+def kept(stage_dir: Path) -> dict[str, str]:
+    return {d.id: d.text for p in list_shards(stage_dir / "shards") for d in read_shard(p)}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory, s3_store: str) -> Path:
+    """The curate test corpus plus a two-row-group Parquet table, on disk and in bucket `corpus`."""
+    root = tmp_path_factory.mktemp("store")
+    write_corpus(root)
+    (root / "in" / "tables").mkdir()
+    table = pa.table({"id": [f"t{i}" for i in range(6)], "text": [prose(3000 + i) for i in range(6)]})
+    pq.write_table(table, root / "in" / "tables" / "t.parquet", row_group_size=3)
+    fs = s3fs.S3FileSystem()
+    fs.mkdir("corpus")
+    fs.put(str(root / "in"), "corpus/in", recursive=True)
+    return root
+
+
+def test_curate_reads_objects_of_a_store_as_it_reads_files(corpus: Path, tmp_path: Path) -> None:
+    local = config(str(corpus / "in" / "web" / "*.jsonl"), str(corpus / "in" / "books"), str(corpus / "in" / "tables"))
+    remote = config("s3://corpus/in/web/*.jsonl", "s3://corpus/in/books", "s3://corpus/in/tables")
+    run(local, tmp_path / "local")
+    manifest = run(remote, tmp_path / "remote")
+    assert kept(tmp_path / "remote" / "curate") == kept(tmp_path / "local" / "curate")
+    assert manifest["counts"]["docs_in"] > 50 and any(d.startswith("t") for d in kept(tmp_path / "remote" / "curate"))
+    objects = {i["path"]: i for i in manifest["inputs"] if i["path"].startswith("s3://")}
+    assert "s3://corpus/in/tables/t.parquet" in objects and all(i["etag"] and i["bytes"] for i in objects.values())
+    # Unchanged objects: the stage is current without reading them again; a changed object redoes it.
+    assert run(remote, tmp_path / "remote") == manifest
+    fs = s3fs.S3FileSystem()
+    fs.pipe("corpus/in/books/extra.txt", prose(4242).encode())
+    assert run(remote, tmp_path / "remote")["counts"]["docs_in"] == manifest["counts"]["docs_in"] + 1
+    fs.rm("corpus/in/books/extra.txt")
+
+
+def test_a_missing_bucket_and_an_empty_prefix_are_named(corpus: Path, tmp_path: Path) -> None:
+    with pytest.raises(FatalError, match=r"s3://no-such-bucket/in/\*\.jsonl: no such bucket or object"):
+        run(config("s3://no-such-bucket/in/*.jsonl", str(corpus / "in" / "books"), "s3://corpus/in/tables"), tmp_path)
+    with pytest.raises(FatalError, match=r"curate.inputs\[0\].path: 's3://corpus/nothing/\*.jsonl' matches no file"):
+        run(config("s3://corpus/nothing/*.jsonl", str(corpus / "in" / "books"), "s3://corpus/in/tables"), tmp_path)
