@@ -54,6 +54,30 @@ def test_ray_runs_every_task_on_a_local_instance(ray_local):
         list(ray_local.imap_unordered(json.loads, ["1", "not json", "3"]))
 
 
+def die_once(marker: str) -> int:
+    """The first attempt kills its own worker process, as a lost node would; a later one returns its pid."""
+    if not os.path.exists(marker):
+        Path(marker).write_text("died")
+        os._exit(1)
+    return os.getpid()
+
+
+def test_ray_runs_a_task_again_when_its_worker_dies(ray_local, tmp_path: Path):
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import a test module
+    try:
+        markers = [str(tmp_path / f"task{i}") for i in range(3)]
+        pids = list(ray_local.imap_unordered(die_once, markers))
+        assert len(pids) == 3 and all(Path(m).read_text() == "died" for m in markers)  # each died once, ran again
+        ray_local.max_retries = 0
+        with pytest.raises(Exception, match="(?i)worker.*(died|crashed|exit)"):
+            list(ray_local.imap_unordered(die_once, [str(tmp_path / "again")]))
+    finally:
+        ray_local.max_retries = 3
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
 def test_a_missing_ray_is_named_by_the_section_that_asked_for_it(monkeypatch: pytest.MonkeyPatch):
     import builtins
 

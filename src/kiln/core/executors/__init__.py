@@ -4,8 +4,9 @@
 cluster, an existing one by address or one started on this machine. Both yield results as
 tasks finish, in any order: callers key results by task, so outputs never depend on the
 executor, the worker count or the finishing order.
-Not handled here: retries (a failed task fails the phase; the re-run resumes from the
-completion markers) and data transfer (tasks read and write files).
+A task that raises fails the phase (the re-run resumes from the completion markers); on Ray a task
+whose worker or node dies is run again, up to `max_retries` times. Not handled here: data transfer
+(tasks read and write files).
 Logs go to `kiln.executors`.
 """
 
@@ -33,6 +34,14 @@ class ExecutorConfig(Section):
         ge=1,
         description="Parallel tasks; None means one per CPU core (local) or per CPU of the Ray cluster.",
     )
+    max_retries: int = Field(
+        default=3,
+        ge=0,
+        description=(
+            "ray: times a task is run again when its worker or node dies (a task's own error is not retried); "
+            "tasks redo their output from scratch, so nothing is counted twice."
+        ),
+    )
     ray_address: str | None = Field(
         default=None,
         description=(
@@ -57,7 +66,7 @@ def build_executor(cfg: ExecutorConfig, section: str) -> Executor:
     if cfg.kind == "ray":
         from kiln.core.executors.ray import RayExecutor
 
-        return RayExecutor(cfg.workers, cfg.ray_address, section)
+        return RayExecutor(cfg.workers, cfg.ray_address, section, cfg.max_retries)
     from kiln.core.executors.local import LocalExecutor
 
     return LocalExecutor(cfg.workers)

@@ -4,6 +4,7 @@ It joins a running cluster when given an address, else starts a Ray instance on 
 with `workers` CPUs (and stops it on close). Each task asks for one CPU, so the cluster's CPU
 count bounds the parallelism. Task functions and arguments travel by pickle, as with the
 process pool, so workers need kiln installed at the same version.
+A task whose worker or node dies runs again, up to `max_retries` times (3).
 Not handled here: placement across nodes (Ray schedules), object-store data transfer (tasks
 exchange data through files, which must be on storage every node can reach).
 """
@@ -25,13 +26,16 @@ log = logging.getLogger("kiln.executors")
 class RayExecutor:
     """Shard tasks as Ray tasks of one CPU each, at most `workers` in flight."""
 
-    def __init__(self, workers: int | None = None, address: str | None = None, section: str = "executor"):
+    def __init__(
+        self, workers: int | None = None, address: str | None = None, section: str = "executor", max_retries: int = 3
+    ):
         try:
             import ray
         except ImportError:
             raise FatalError(f"{section}.kind=ray needs the `ray` package: pip install 'ray>=2.9'") from None
         self._ray = ray
         self._started = False
+        self.max_retries = max_retries
         if ray.is_initialized() and address:
             log.warning(
                 "%s: ray is already initialized in this process; using that cluster, not ray_address=%s",
@@ -60,7 +64,10 @@ class RayExecutor:
 
     def imap_unordered(self, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[R]:
         ray = self._ray
-        remote = ray.remote(num_cpus=1, max_retries=0)(fn)
+        # A dead worker or node: the task runs again (a task's own exception is not retried). Tasks write
+        # under their own task's names, over what an attempt left, and their completion marker last, and
+        # the stage counts what the returned result says: a retry counts nothing twice.
+        remote = ray.remote(num_cpus=1, max_retries=self.max_retries)(fn)
         queue = list(tasks)
         running: list[Any] = []
         try:
