@@ -78,6 +78,18 @@ def test_ray_runs_a_task_again_when_its_worker_dies(ray_local, tmp_path: Path):
         ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
+def test_workers_of_another_kiln_version_are_refused_before_any_task(ray_local):
+    import ray
+
+    from kiln.core.errors import FatalError
+    from kiln.core.executors import ray as ray_executor
+
+    ray_executor.check_worker_versions(ray, "curate.executor")  # the local instance runs this very kiln
+    newer = {"python": ray_executor.versions()["python"], "kiln": "999.0"}  # this process, as if upgraded
+    with pytest.raises(FatalError, match=r"curate.executor: the Ray workers run another version \(kiln .* there, 999"):
+        ray_executor.check_worker_versions(ray, "curate.executor", newer)
+
+
 def test_a_missing_ray_is_named_by_the_section_that_asked_for_it(monkeypatch: pytest.MonkeyPatch):
     import builtins
 

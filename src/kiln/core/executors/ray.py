@@ -3,7 +3,8 @@
 It joins a running cluster when given an address, else starts a Ray instance on this machine
 with `workers` CPUs (and stops it on close). Each task asks for one CPU, so the cluster's CPU
 count bounds the parallelism. Task functions and arguments travel by pickle, as with the
-process pool, so workers need kiln installed at the same version.
+process pool, so workers need kiln installed at the same version: a worker's Python and kiln
+versions are checked against this process's before any task.
 A task whose worker or node dies runs again, up to `max_retries` times (3).
 Not handled here: placement across nodes (Ray schedules), object-store data transfer (tasks
 exchange data through files, which must be on storage every node can reach).
@@ -21,6 +22,28 @@ from kiln.core.errors import FatalError
 T = TypeVar("T")
 R = TypeVar("R")
 log = logging.getLogger("kiln.executors")
+
+
+def versions() -> dict[str, str]:
+    """The versions a task's pickle depends on: Python's (minor) and kiln's."""
+    import sys
+
+    import kiln
+
+    return {"python": f"{sys.version_info.major}.{sys.version_info.minor}", "kiln": kiln.__version__}
+
+
+def check_worker_versions(ray: Any, section: str, ours: dict[str, str] | None = None) -> None:
+    """Stop before any task when a worker runs another Python or kiln than this process (ours:
+    versions() unless given): task functions and arguments travel by pickle, and another version
+    would read them wrongly."""
+    theirs = ray.get(ray.remote(num_cpus=0)(versions).remote())
+    ours = ours or versions()
+    if theirs != ours:
+        differ = ", ".join(f"{k} {theirs.get(k)} there, {v} here" for k, v in ours.items() if theirs.get(k) != v)
+        raise FatalError(
+            f"{section}: the Ray workers run another version ({differ}); install the same kiln and Python on every node"
+        )
 
 
 class RayExecutor:
@@ -53,6 +76,7 @@ class RayExecutor:
                     log_to_driver=False,
                 )
                 self._started = True
+        check_worker_versions(ray, section)
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = min(workers, cpus) if workers else cpus
         log.info(
