@@ -4,6 +4,7 @@ the manifest records each object's size and ETag; a missing bucket or an empty p
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pyarrow as pa
@@ -68,3 +69,26 @@ def test_a_missing_bucket_and_an_empty_prefix_are_named(corpus: Path, tmp_path: 
         run(config("s3://no-such-bucket/in/*.jsonl", str(corpus / "in" / "books"), "s3://corpus/in/tables"), tmp_path)
     with pytest.raises(FatalError, match=r"curate.inputs\[0\].path: 's3://corpus/nothing/\*.jsonl' matches no file"):
         run(config("s3://corpus/nothing/*.jsonl", str(corpus / "in" / "books"), "s3://corpus/in/tables"), tmp_path)
+
+
+def test_a_file_on_a_web_server_is_read_and_fingerprinted_by_its_content(corpus: Path, tmp_path: Path) -> None:
+    """https:// (here http:// on localhost): one object per input, no listing; a plain server sends no ETag,
+    so the manifest holds the content's sha256, read through."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(corpus / "in"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/web/pages.jsonl"
+        cfg = CurateConfig(inputs=(InputConfig(path=url, source="web"),), executor={"workers": 1})
+        manifest = run(cfg, tmp_path / "web")
+        local = CurateConfig(inputs=(InputConfig(path=str(corpus / "in" / "web" / "pages.jsonl")),))
+        run(local.model_copy(update={"executor": cfg.executor}), tmp_path / "local")
+        assert kept(tmp_path / "web" / "curate") == kept(tmp_path / "local" / "curate")
+        [entry] = [i for i in manifest["inputs"] if i["path"] == url]
+        assert entry["sha256"] == hashlib.sha256((corpus / "in" / "web" / "pages.jsonl").read_bytes()).hexdigest()
+    finally:
+        server.shutdown()

@@ -9,7 +9,8 @@ the only place that asks whether a location is local.
 What stages get here: the objects a prefix or glob names, with their sizes; an object opened for
 streaming reads (range requests: a Parquet reader fetches its footer and the row groups it reads,
 never the whole object); an object's identity for a manifest (size and the store's ETag, or its
-checksum, in place of a sha256 that would download it). A failure is one FatalError naming the URL:
+checksum, in place of a sha256 that would download it; a web server that gives neither is hashed
+through). A failure is one FatalError naming the URL:
 a missing bucket or object, refused credentials, an unreachable endpoint.
 Not handled here: writing to a store (outputs are local paths for now).
 """
@@ -17,6 +18,7 @@ Not handled here: writing to a store (outputs are local paths for now).
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 from typing import IO, Any
 
@@ -113,7 +115,13 @@ def identity(url: str) -> dict[str, Any]:
     except Exception as e:
         raise failure(url, e) from None
     tag = next((info[k] for k in ("ETag", "etag", "md5Hash", "content_md5", "sha256", "mtime") if info.get(k)), None)
-    return {"path": url, "bytes": int(info.get("size") or 0), "etag": str(tag).strip('"') if tag else None}
+    if tag is None:  # a server that names no fingerprint (a plain web server): the content's own hash, read through
+        digest = hashlib.sha256()
+        with open_read(url) as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+        return {"path": url, "bytes": int(info.get("size") or 0), "sha256": digest.hexdigest()}
+    return {"path": url, "bytes": int(info.get("size") or 0), "etag": str(tag).strip('"')}
 
 
 def exists(url: str) -> bool:
