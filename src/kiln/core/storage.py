@@ -11,7 +11,8 @@ streaming reads (range requests: a Parquet reader fetches its footer and the row
 never the whole object); an object's identity for a manifest (size and the store's ETag, or its
 checksum, in place of a sha256 that would download it; a web server that gives neither is hashed
 through). A failure is one FatalError naming the URL:
-a missing bucket or object, refused credentials, an unreachable endpoint.
+a missing bucket or object, refused credentials, an unreachable endpoint, a connection that keeps
+dropping (a dropped read is retried where it stopped, with backoff).
 Not handled here: writing to a store (outputs are local paths for now).
 """
 
@@ -20,11 +21,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import time
+from collections.abc import Callable
 from typing import IO, Any
 
 from kiln.core.errors import FatalError
 
 SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "abfss", "hf", "http", "https")
+RETRIES, RETRY_WAIT_S = 4, 0.5  # a dropped read: opened again after 0.5, 1, 2 and 4 s
 
 
 def is_url(location: object) -> bool:
@@ -99,11 +103,60 @@ def open_read(location: str, buffer_bytes: int = 1 << 20) -> IO[bytes]:
     if not is_url(location):
         return open(location, "rb", buffering=buffer_bytes)  # noqa: SIM115 - the caller closes it
     fs, path = filesystem(location)
+    opener = functools.partial(fs.open, path, "rb", block_size=max(buffer_bytes, 8 << 20))
     try:
         # BufferedReader: fsspec's file lacks readline(limit) and peek, which the readers use on local files.
-        return io.BufferedReader(fs.open(path, "rb", block_size=max(buffer_bytes, 8 << 20)), buffer_bytes)
+        return io.BufferedReader(Resumable(location, opener), buffer_bytes)
     except Exception as e:
         raise failure(location, e) from None
+
+
+class Resumable(io.RawIOBase):
+    """An object read over a connection that may drop: a failed read opens the object again where it
+    stopped, after a wait that doubles from RETRY_WAIT_S; after RETRIES such failures in a row, a
+    FatalError naming the object and the offset. A missing object or refused access is not retried."""
+
+    def __init__(self, url: str, opener: Callable[[], Any]):
+        self.url, self.opener = url, opener
+        self.file, self.pos = opener(), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        for attempt in range(RETRIES + 1):
+            try:
+                n = self.file.readinto(buffer)
+            except (FileNotFoundError, PermissionError) as e:
+                raise failure(self.url, e) from None
+            except Exception as e:  # a dropped connection, a timeout: each library raises its own kind
+                if attempt == RETRIES:
+                    raise FatalError(
+                        f"{self.url}: the connection failed {RETRIES + 1} times reading at byte {self.pos:,} ({e}); "
+                        "check the network or the store, then run again (finished tasks are kept)"
+                    ) from None
+                time.sleep(RETRY_WAIT_S * 2**attempt)
+                self.file.close()
+                self.file = self.opener()
+                self.file.seek(self.pos)
+                continue
+            self.pos += n
+            return n
+        raise AssertionError("unreachable")
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = self.file.seek(offset, whence)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
 
 
 def identity(url: str) -> dict[str, Any]:
