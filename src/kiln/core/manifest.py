@@ -97,7 +97,8 @@ def describe_files(paths: Iterable[Path | str], root: Path | None = None) -> lis
     """Each file's path (relative to root when given), size and sha256; an object of a store (a
     URL) its size and the store's fingerprint instead, read without downloading it."""
     out = []
-    for p in sorted(paths, key=str):
+    # Local files in Path order (as manifests always listed them), then a store's objects by URL.
+    for p in sorted(paths, key=lambda p: (True, str(p), Path()) if is_url(p) else (False, "", Path(p))):
         if is_url(p):
             out.append(identity(str(p)))
             continue
