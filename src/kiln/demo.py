@@ -19,6 +19,7 @@ from typing import Any
 
 from kiln.core.errors import FatalError
 from kiln.core.layout import CURATE, EXPORT, RunLayout
+from kiln.core.mirror import push, refresh
 from kiln.recipe import Recipe
 from kiln.report_hooks import build_report
 from kiln.stages import run_stage
@@ -33,7 +34,7 @@ MIN_LOSS_DROP = 0.30
 def corpus_files(curate_dir: Path) -> dict[str, dict[str, Any]]:
     """The files a finished curate stage read, path -> {bytes, sha256} (its manifest's inputs); {} before any."""
     path = Path(curate_dir) / "manifest.json"
-    return {i["path"]: i for i in json.loads(path.read_text())["inputs"]} if path.is_file() else {}
+    return {i["path"]: i for i in json.loads(path.read_text())["inputs"]} if refresh(path) else {}
 
 
 def corpus_changes(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -77,6 +78,7 @@ def run_demo(recipe: Recipe, force: bool = False) -> dict[str, Any]:
         )
         summary["report"] = None
     layout.summary_json.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    push(layout.summary_json)
     log.info("demo: summary written to %s", layout.summary_json)
     return summary
 

@@ -21,6 +21,8 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError
+from kiln.core.mirror import mirror_of
+from kiln.core.storage import is_url
 from kiln.curate.config import CurateConfig
 from kiln.curate.quality.config import QualityConfig
 from kiln.evaluate.config import EvalConfig, ExportConfig, GenerateConfig
@@ -35,7 +37,13 @@ RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 
 class Recipe(Section):
     name: str = Field(description="Run name; stages write under <runs_dir>/<name>/.", pattern=r"^[A-Za-z0-9_.-]+$")
-    runs_dir: str = Field(default="runs", description="Folder holding run directories.")
+    runs_dir: str = Field(
+        default="runs",
+        description=(
+            "Folder holding run directories: a local path, or a store URL (s3://bucket/runs, gs://, az://) worked "
+            "on through a local mirror under $KILN_CACHE (default ~/.cache/kiln)."
+        ),
+    )
     curate: CurateConfig = Field(default_factory=CurateConfig, description="Reading and cleaning raw text.")
     quality: QualityConfig = Field(
         default_factory=QualityConfig,
@@ -92,7 +100,8 @@ class Recipe(Section):
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.runs_dir) / self.name
+        """The run's folder: for runs_dir on a store, its local mirror (kiln.core.mirror)."""
+        return (mirror_of(self.runs_dir) if is_url(self.runs_dir) else Path(self.runs_dir)) / self.name
 
 
 def resolve_recipe_path(recipe: str) -> Path:

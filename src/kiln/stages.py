@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.core.layout import RunLayout
+from kiln.core.mirror import push
 from kiln.core.ranks import is_main_process
 from kiln.recipe import Recipe, recipe_to_yaml
 from kiln.verbs import Verb, resolve
@@ -32,7 +33,9 @@ def run_stage(verb: Verb, recipe: Recipe, force: bool = False, **options: Any) -
 
 def save_resolved(recipe: Recipe) -> None:
     recipe.run_dir.mkdir(parents=True, exist_ok=True)
-    RunLayout(recipe.run_dir).recipe_yaml.write_text(recipe_to_yaml(recipe), encoding="utf-8")
+    path = RunLayout(recipe.run_dir).recipe_yaml
+    path.write_text(recipe_to_yaml(recipe), encoding="utf-8")
+    push(path)  # a run on a store keeps its recipe there too
 
 
 def embedding_shape(recipe: Recipe) -> Any:

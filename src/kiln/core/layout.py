@@ -3,7 +3,7 @@
 Stages find each other's outputs only through these names (the files between stages are the
 contract), so renaming a file or folder is a change to this module and nowhere else.
 A stage's scratch files (curate's `work/`, tokenize's `.parts/`) are its own business and are
-named inside the stage. Not handled here: remote filesystems (paths are local).
+named inside the stage. A run on an object store has this layout in its local mirror (kiln.core.mirror).
 """
 
 from __future__ import annotations

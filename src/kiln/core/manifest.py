@@ -21,7 +21,11 @@ A manifest's `fingerprint` is the sha256 of what identifies its result: config h
 upstream fingerprints and outputs, not timings. Downstream stages record it, so a model traces
 back to the exact data and rules that made it, and a redone stage whose outputs came out
 byte-identical does not force its downstream stages to redo.
-Not handled here: remote filesystems (paths are local for now).
+A run on an object store (runs_dir a URL) is worked on in a local mirror (kiln.core.mirror):
+manifests are read fresh from the store, the upstream outputs a stage reads are fetched and
+checked against their recorded sha256, the lock is also an object on the store, and a finished
+stage is published there with its manifest last.
+Not handled here: moving objects (kiln.core.storage, kiln.core.mirror).
 """
 
 from __future__ import annotations
@@ -41,10 +45,12 @@ from pathlib import Path
 from typing import Any
 
 from kiln import __version__
+from kiln.core import storage
 from kiln.core.atomic import write_atomically
 from kiln.core.config import Section
 from kiln.core.errors import FatalError
 from kiln.core.layout import MANIFEST, SUMMARY
+from kiln.core.mirror import StoreLock, fetch, fetch_recorded, publish, refresh, shown, url_of
 from kiln.core.storage import exists, identity, is_url
 
 IN_PROGRESS = "in_progress.json"  # what an unfinished attempt was doing; resume keeps its work only if it matches
@@ -95,7 +101,9 @@ def fingerprint(manifest: Mapping[str, Any]) -> str:
 
 def describe_files(paths: Iterable[Path | str], root: Path | None = None) -> list[dict[str, Any]]:
     """Each file's path (relative to root when given), size and sha256; an object of a store (a
-    URL) its size and the store's fingerprint instead, read without downloading it."""
+    URL) its size and the store's fingerprint instead, read without downloading it. A file of a run on
+    a store is named by its URL, not by where this machine's mirror keeps it, so that manifests read
+    the same from every machine."""
     out = []
     # Local files in Path order (as manifests always listed them), then a store's objects by URL.
     for p in sorted(paths, key=lambda p: (True, str(p), Path()) if is_url(p) else (False, "", Path(p))):
@@ -103,7 +111,7 @@ def describe_files(paths: Iterable[Path | str], root: Path | None = None) -> lis
             out.append(identity(str(p)))
             continue
         p = Path(p)
-        name = str(p.relative_to(root)) if root is not None else str(p)
+        name = str(p.relative_to(root)) if root is not None else url_of(p) or str(p)
         out.append({"path": name, "bytes": p.stat().st_size, "sha256": sha256_file(p)})
     return out
 
@@ -119,9 +127,10 @@ def versions() -> dict[str, str]:
 
 
 def read_manifest(stage_dir: Path) -> dict[str, Any]:
-    path = stage_dir / MANIFEST
-    if not path.is_file():
-        raise FatalError(f"{stage_dir}: no {MANIFEST}; run that stage first (or `kiln demo`)")
+    """A finished stage's manifest (read fresh from the store for a run on one)."""
+    path = Path(stage_dir) / MANIFEST
+    if not refresh(path):
+        raise FatalError(f"{shown(stage_dir)}: no {MANIFEST}; run that stage first (or `kiln demo`)")
     return json.loads(path.read_text())
 
 
@@ -132,9 +141,9 @@ def recorded_outputs(stage_dir: Path, under: str = "") -> list[Path]:
     deleted output is reported as missing instead of silently left out.
     """
     prefix = f"{under.rstrip('/')}/" if under else ""
-    return [
-        Path(stage_dir) / o["path"] for o in read_manifest(Path(stage_dir))["outputs"] if o["path"].startswith(prefix)
-    ]
+    chosen = [o for o in read_manifest(Path(stage_dir))["outputs"] if o["path"].startswith(prefix)]
+    fetch_recorded(Path(stage_dir), chosen)  # a run on a store: into this machine's mirror, checked
+    return [Path(stage_dir) / o["path"] for o in chosen]
 
 
 def _cpu_seconds() -> float:
@@ -159,11 +168,15 @@ class Stage:
         self.dir = self.final_dir  # where outputs are written: the partial folder between begin() and finish()
         self.partial_dir = self.final_dir.with_name(self.final_dir.name + ".partial")
         self.lock_path = self.final_dir.with_name(self.final_dir.name + ".lock")
+        self.store = url_of(self.final_dir)  # the stage's location on a store, for a run on one
+        self.store_lock: StoreLock | None = None
         self.config = dict(config)
         # Upstream first: a missing upstream stage explains a missing input better than the input does.
         # .get: a manifest written before fingerprints existed matches nothing, so this stage redoes.
         upstream_manifests = {u: read_manifest(self.run_dir / u) for u in upstream}
         self.upstream = {u: m.get("fingerprint") for u, m in upstream_manifests.items()}
+        if self.store is not None:
+            self._fetch_inputs(inputs, upstream_manifests)
         missing = sorted(str(p) for p in inputs if not (exists(str(p)) if is_url(p) else Path(p).is_file()))
         if missing:
             raise FatalError(
@@ -177,16 +190,31 @@ class Stage:
         self.log = logging.getLogger(f"kiln.{name}")
         self._t0 = self._cpu0 = 0.0
 
+    def _fetch_inputs(self, inputs: Collection[Path | str], manifests: Mapping[str, Mapping[str, Any]]) -> None:
+        """A run on a store: the inputs inside it that an upstream stage recorded, into the mirror, checked."""
+        for p in inputs:
+            if is_url(p) or url_of(p) is None or not Path(p).is_relative_to(self.run_dir):
+                continue
+            rel = Path(p).relative_to(self.run_dir)
+            stage, rel = rel.parts[0], rel.relative_to(rel.parts[0])
+            if stage not in manifests and stage != self.name and refresh(self.run_dir / stage / MANIFEST):
+                manifests = {**manifests, stage: read_manifest(self.run_dir / stage)}
+            manifest = manifests.get(stage, {})
+            found = next((o for o in manifest.get("outputs", []) if o["path"] == rel.as_posix()), None)
+            if found is not None:
+                fetch(Path(p), found["bytes"], found["sha256"])
+
     def _check_upstream_records(self, manifests: Mapping[str, Mapping[str, Any]]) -> None:
         """Every input inside an upstream stage's folder must be one of its recorded outputs, unchanged."""
         for u, manifest in manifests.items():
             folder = self.run_dir / u
+            named = (url_of(folder) or str(folder)) + "/"  # how describe_files names the files in it
             recorded = {o["path"]: o for o in manifest.get("outputs", [])}
             for found in self.inputs:
-                path = Path(found["path"])
-                if not path.is_relative_to(folder):
+                path = found["path"]
+                if not path.startswith(named):
                     continue
-                rel = str(path.relative_to(folder))
+                rel = path.removeprefix(named)
                 want = recorded.get(rel)
                 if want is None:
                     raise FatalError(
@@ -214,7 +242,7 @@ class Stage:
             seen.add(name)
             for above, recorded in (manifest.get("upstream") or {}).items():
                 path = self.run_dir / above / MANIFEST
-                if not path.is_file():
+                if not refresh(path):
                     continue
                 current = json.loads(path.read_text())
                 if current.get("fingerprint") != recorded:
@@ -230,21 +258,27 @@ class Stage:
     def current_manifest(self) -> dict[str, Any] | None:
         """The finished manifest if this stage is up to date, else None (with the reason logged)."""
         path = self.final_dir / MANIFEST
-        if not path.is_file():
+        if not refresh(path):
             return None
         old = json.loads(path.read_text())
+        on_store = storage.objects(self.store + "/") if self.store is not None else None
         if old.get("config_hash") != self.config_hash:
             reason = "the config changed"
         elif old.get("inputs") != self.inputs:
             reason = "an input changed"
         elif old.get("upstream") != self.upstream:
             reason = "an upstream stage was redone"
-        elif any(
-            not (self.final_dir / o["path"]).is_file() or (self.final_dir / o["path"]).stat().st_size != o["bytes"]
-            for o in old.get("outputs", [])
+        elif (
+            any(
+                not (self.final_dir / o["path"]).is_file() or (self.final_dir / o["path"]).stat().st_size != o["bytes"]
+                for o in old.get("outputs", [])
+            )
+            if on_store is None
+            else any(on_store.get(o["path"], {}).get("bytes") != o["bytes"] for o in old["outputs"])
         ):
             reason = "an output is missing or was modified"
         else:
+            refresh(self.final_dir / SUMMARY)
             return old
         self.log.info("%s: redoing because %s", self.name, reason)
         return None
@@ -335,6 +369,9 @@ class Stage:
         for d in (self.final_dir, self.partial_dir):
             check_owned(d)
         self.lock()
+        if self.store is not None and self.store_lock is None:
+            self.store_lock = StoreLock(self.store + ".lock", self.name)
+            self.store_lock.acquire()
         marker = self.partial_dir / IN_PROGRESS
         kept = resume and self.partial_matches()
         if not kept:
@@ -381,7 +418,10 @@ class Stage:
         (self.dir / IN_PROGRESS).unlink(missing_ok=True)
         # the manifest appears only once everything else is written
         write_atomically(self.dir / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2) + "\n"))
+        if self.store_lock is not None:
+            self.store_lock.check()
         self._swap_in()
+        publish(self.final_dir, manifest, MANIFEST)
         self._unlock()
         self.log.info("%s: done in %.1fs\n%s", self.name, manifest["wall_seconds"], summary.rstrip())
         return manifest
@@ -438,6 +478,9 @@ class Stage:
 
     def _unlock(self) -> None:
         self.lock_path.unlink(missing_ok=True)
+        if self.store_lock is not None:
+            self.store_lock.release()
+            self.store_lock = None
 
 
 def _without_none(value: Any) -> Any:

@@ -10,10 +10,12 @@ What stages get here: the objects a prefix or glob names, with their sizes; an o
 streaming reads (range requests: a Parquet reader fetches its footer and the row groups it reads,
 never the whole object); an object's identity for a manifest (size and the store's ETag, or its
 checksum, in place of a sha256 that would download it; a web server that gives neither is hashed
-through). A failure is one FatalError naming the URL:
-a missing bucket or object, refused credentials, an unreachable endpoint, a connection that keeps
-dropping (a dropped read is retried where it stopped, with backoff).
-Not handled here: writing to a store (outputs are local paths for now).
+through); writing: a whole object put from a file or bytes (visible whole or not at all, as a PUT
+is), put only if absent or only over a known version (the conditional writes a lock needs), copied
+within the store, removed. A failure is one FatalError naming the URL:
+a missing bucket or object, refused credentials, an unreachable endpoint, a refused write, a
+connection that keeps dropping (a dropped read is retried where it stopped, with backoff).
+Not handled here: which objects a run keeps where (kiln.core.mirror).
 """
 
 from __future__ import annotations
@@ -183,3 +185,121 @@ def exists(url: str) -> bool:
         return bool(fs.exists(path))
     except Exception as e:
         raise failure(url, e) from None
+
+
+class Conflict(Exception):
+    """A conditional write found the object there (create only) or changed (replace only)."""
+
+
+def objects(prefix: str) -> dict[str, dict[str, Any]]:
+    """Every object under `prefix` (a URL ending in `/`), by name relative to it: {"bytes", "etag"}.
+    Read fresh from the store each time (another machine may have written since)."""
+    fs, path = filesystem(prefix)
+    fs.invalidate_cache()
+    try:
+        found = fs.find(path, detail=True) if fs.exists(path.rstrip("/")) else {}
+    except Exception as e:
+        raise failure(prefix, e) from None
+    root = path.rstrip("/") + "/"
+    return {
+        name[len(root) :]: {"bytes": int(info.get("size") or 0), "etag": str(info.get("ETag") or "").strip('"')}
+        for name, info in found.items()
+        if name.startswith(root) and info.get("type") != "directory"
+    }
+
+
+def read_bytes(url: str) -> tuple[bytes, str] | None:
+    """The object's content and version tag (its ETag), or None when there is no such object."""
+    fs, path = filesystem(url)
+    fs.invalidate_cache(path)
+    try:
+        info = fs.info(path)
+        return fs.cat_file(path), str(info.get("ETag") or info.get("etag") or "").strip('"')
+    except FileNotFoundError:
+        return None
+    except Exception as e:
+        raise failure(url, e) from None
+
+
+def write_bytes(url: str, data: bytes, *, create: bool = False, replace: str | None = None) -> None:
+    """Put `data` as the object at `url`. `create`: only if no object is there; `replace`: only over
+    the version with that ETag. Either condition failing raises Conflict (the store checks it, so two
+    writers cannot both win: S3 and S3-compatible stores with conditional writes; others check first)."""
+    fs, path = filesystem(url)
+    condition = {"IfNoneMatch": "*"} if create else {"IfMatch": f'"{replace}"'} if replace else {}
+    try:
+        if condition and url.startswith("s3://"):
+            fs.pipe_file(path, data, **condition)
+        else:
+            if create and fs.exists(path):
+                raise Conflict(url)
+            fs.pipe_file(path, data)
+    except Conflict:
+        raise
+    except Exception as e:
+        said = str(e).lower().replace("-", "")
+        if condition and any(k in said for k in ("precondition", "412", "conditionalrequestconflict")):
+            raise Conflict(url) from None
+        raise write_failure(url, e) from None
+    finally:
+        fs.invalidate_cache(path)
+
+
+def put_file(local: str, url: str) -> None:
+    """Upload the local file to `url` (multipart for a large one; visible only once complete)."""
+    fs, path = filesystem(url)
+    try:
+        fs.put_file(local, path)
+    except Exception as e:
+        raise write_failure(url, e) from None
+    finally:
+        fs.invalidate_cache(path)
+
+
+def get_file(url: str, local: str) -> str:
+    """Download the object to the local path (its folder must exist), through the retrying reader;
+    returns the sha256 of what was written."""
+    digest = hashlib.sha256()
+    with open_read(url, 8 << 20) as src, open(local, "wb") as dst:
+        while block := src.read(8 << 20):
+            digest.update(block)
+            dst.write(block)
+    return digest.hexdigest()
+
+
+def copy(src: str, dst: str) -> None:
+    """Copy an object within one store (the store copies it: nothing passes through this machine)."""
+    fs, path = filesystem(src)
+    try:
+        fs.copy(path, filesystem(dst)[1])
+    except Exception as e:
+        raise write_failure(dst, e) from None
+    finally:
+        fs.invalidate_cache()
+
+
+def remove(urls: list[str]) -> None:
+    """Delete these objects (each one kiln wrote: callers name them from a manifest or a task's record)."""
+    if not urls:
+        return
+    fs, _ = filesystem(urls[0])
+    try:
+        fs.rm([filesystem(u)[1] for u in urls])
+    except FileNotFoundError:
+        pass
+    except Exception as e:
+        raise write_failure(urls[0], e) from None
+    finally:
+        fs.invalidate_cache()
+
+
+def write_failure(url: str, e: BaseException) -> FatalError:
+    """A refused write, said as such (read-only credentials and stores are common)."""
+    text = str(e) or type(e).__name__
+    if isinstance(e, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
+        return FatalError(f"{url}: the store refused the write ({text}); check that the credentials may write there")
+    if url.split("://")[0] in ("http", "https", "hf"):
+        return FatalError(
+            f"{url}: {url.split('://')[0]}:// locations are read only; write the run to s3://, gs:// or az://"
+        )
+    return failure(url, e)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kiln.core.atomic import write_atomically
+from kiln.core.mirror import push, sync_run
 from kiln.report.curation import curation_sections
 from kiln.report.html import TITLES, Section, missing, page
 from kiln.report.results import evaluation, lineage, samples, tokenizer
@@ -72,6 +73,7 @@ def build_report(run_dir: Path, hooks: Hooks | None = None) -> Path:
     """Write `<run_dir>/report/index.html` and return its path."""
     run_dir = Path(run_dir)
     t0 = time.perf_counter()
+    sync_run(run_dir)  # a run on a store: its records, fresh, into this machine's mirror
     run = scan_run(run_dir)
     hooks = hooks or Hooks()
     sections = build_sections(run, hooks)
@@ -80,6 +82,7 @@ def build_report(run_dir: Path, hooks: Hooks | None = None) -> Path:
     out = run_dir / REPORT_DIR / INDEX
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(out, lambda tmp: tmp.write_text(html, encoding="utf-8"))
+    push(out)
     log.info("report: %s (%.0f KB, %.1f s)", out, out.stat().st_size / 1024, time.perf_counter() - t0)
     return out
 

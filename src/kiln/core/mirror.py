@@ -1,0 +1,287 @@
+"""A run whose location is on an object store, worked on through a local mirror of it.
+
+`runs_dir` may be a URL (`--set runs_dir=s3://bucket/runs`). kiln then works in a local folder
+standing for it, `<cache>/stores/<hash of the URL>/` ($KILN_CACHE, else ~/.cache/kiln), marked
+with the URL: stages read and write local files there as in a local run (token shards stay
+memory-mapped, writes stay atomic renames), and the store holds the truth:
+- a stage's manifest is read fresh from the store, and the outputs a later stage reads are
+  downloaded into the mirror when missing or different, each checked against the sha256 its
+  manifest recorded (so the mirror holds what this machine read, nothing more);
+- a finished stage is published: its old manifest removed first (the stage reads as unfinished
+  from then on), its files uploaded (an output whose recorded sha256 is unchanged is not sent
+  again), the objects the old manifest listed and the new one does not removed (kiln wrote them;
+  nothing else is ever deleted), its manifest put last. A reader that finds a manifest finds
+  every file it lists;
+- `StoreLock`: a lock object (host, pid, expiry, renewed while held) keeps two runs on any
+  machines from building one stage; one past its expiry is taken over.
+Not handled here: the objects themselves (kiln.core.storage), tasks that run on other machines
+(they pull and push their own files, kiln.curate.jobs).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from kiln.core import storage
+from kiln.core.atomic import write_atomically
+from kiln.core.errors import FatalError
+from kiln.core.layout import MANIFEST as MANIFEST_NAME
+from kiln.core.layout import SUMMARY as SUMMARY_NAME
+
+MARKER = ".kiln-store.json"  # in a mirror's root: {"url": the store location it stands for}
+VERIFIED = ".kiln-verified"  # in a mirror's root: one file per checked download, so a file is hashed once
+LOCK_TTL_S = 120.0  # a lock not renewed for this long is stale; its holder renews it every third of that
+log = logging.getLogger("kiln.core")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("KILN_CACHE") or Path.home() / ".cache" / "kiln")
+
+
+def mirror_of(url: str) -> Path:
+    """The local folder standing for the store location `url` (made, and marked, on first use)."""
+    url = url.rstrip("/")
+    root = cache_root() / "stores" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    if not (root / MARKER).is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        write_atomically(root / MARKER, lambda p: p.write_text(json.dumps({"url": url}) + "\n"))
+        _marked.cache_clear()
+    return root
+
+
+@functools.cache
+def _marked(folder: Path) -> str | None:
+    marker = folder / MARKER
+    return json.loads(marker.read_text())["url"] if marker.is_file() else None
+
+
+def _root(path: Path | str) -> tuple[Path, str] | None:
+    """(the mirror folder holding `path`, the store URL it stands for), or None outside any mirror."""
+    path = Path(os.path.abspath(path))
+    for folder in (path, *path.parents):
+        if (url := _marked(folder)) is not None:
+            return folder, url
+    return None
+
+
+def url_of(path: Path | str) -> str | None:
+    """The store URL a path inside a mirror stands for; None for any other path (a local run)."""
+    if (found := _root(path)) is None:
+        return None
+    folder, url = found
+    rel = Path(os.path.abspath(path)).relative_to(folder).as_posix()
+    return url if rel == "." else f"{url}/{rel}"
+
+
+def shown(path: Path | str) -> str:
+    """How messages name a path: its store URL when it lies in a mirror."""
+    return url_of(path) or str(path)
+
+
+def refresh(path: Path) -> bool:
+    """Bring the mirror's copy of one small file (a manifest, a marker) up to the store's: fetched
+    when the store has it, removed from the mirror when the store does not. Returns whether it
+    exists. For a path outside any mirror: whether the local file exists."""
+    url = url_of(path)
+    if url is None:
+        return path.is_file()
+    found = storage.read_bytes(url)
+    if found is None:
+        path.unlink(missing_ok=True)
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, lambda p: p.write_bytes(found[0]))
+    return True
+
+
+def fetch(path: Path, size: int, sha256: str) -> None:
+    """Make the mirror's copy of a recorded output the one its manifest describes: kept when it has
+    that size and sha256 (checked once per download), else downloaded and checked. A mismatch after
+    download names the object: it was changed on the store after its stage wrote it."""
+    url = url_of(path)
+    if url is None:
+        return
+    seen = _verified(path)
+    stat = path.stat() if path.is_file() else None
+    if stat is not None and stat.st_size == size:
+        if seen.is_file() and seen.read_text() == f"{stat.st_size} {stat.st_mtime_ns} {sha256}":
+            return
+        if _sha256(path) == sha256:
+            _remember(path, sha256)
+            return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    got = storage.get_file(url, str(part))
+    if got != sha256:
+        part.unlink(missing_ok=True)
+        raise FatalError(
+            f"{url}: its content (sha256 {got[:12]}) is not what its stage's manifest recorded ({sha256[:12]}); "
+            "it was changed or damaged on the store: rerun the stage that wrote it with --force"
+        )
+    os.replace(part, path)
+    _remember(path, sha256)
+
+
+def fetch_recorded(stage_dir: Path, outputs: Iterable[Mapping[str, Any]]) -> None:
+    """fetch() each output (manifest entries: path relative to the stage, bytes, sha256)."""
+    for o in outputs:
+        fetch(Path(stage_dir) / o["path"], o["bytes"], o["sha256"])
+
+
+def _verified(path: Path) -> Path:
+    found = _root(path)
+    assert found is not None
+    return found[0] / VERIFIED / hashlib.sha256(str(url_of(path)).encode()).hexdigest()
+
+
+def _remember(path: Path, sha256: str) -> None:
+    stat = path.stat()
+    seen = _verified(path)
+    seen.parent.mkdir(exist_ok=True)
+    seen.write_text(f"{stat.st_size} {stat.st_mtime_ns} {sha256}")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sync_run(run_dir: Path, suffixes: tuple[str, ...] = (".json", ".jsonl", ".parquet", ".txt")) -> None:
+    """For a run on a store, what a reader of its records needs in the mirror: every finished stage's
+    manifest and summary, its logs, and its outputs with these suffixes (reports, audit files; not
+    shards or weights). Nothing for a local run."""
+    url = url_of(run_dir)
+    if url is None:
+        return
+    stages = {key.split("/")[0] for key in storage.objects(url + "/") if key.count("/") >= 1}
+    for stage in sorted(stages):
+        if "." in stage or not refresh(run_dir / stage / MANIFEST_NAME):
+            continue
+        manifest = json.loads((run_dir / stage / MANIFEST_NAME).read_text())
+        refresh(run_dir / stage / SUMMARY_NAME)
+        wanted = manifest.get("logs", []) + [o for o in manifest.get("outputs", []) if o["path"].endswith(suffixes)]
+        fetch_recorded(run_dir / stage, wanted)
+
+
+def push(path: Path) -> None:
+    """Upload one local file of a mirror (a run's recipe.yaml) to its URL; nothing for a local run."""
+    if (url := url_of(path)) is not None:
+        storage.put_file(str(path), url)
+
+
+def publish(final_dir: Path, manifest: Mapping[str, Any], manifest_name: str) -> None:
+    """Make a finished stage on the store what its local folder holds (see the module's steps)."""
+    url = url_of(final_dir)
+    if url is None:
+        return
+    found = storage.read_bytes(f"{url}/{manifest_name}")
+    old = json.loads(found[0]) if found else {}
+    storage.remove([f"{url}/{manifest_name}"])  # from here on readers see an unfinished stage
+    there = storage.objects(url + "/")
+    was = {o["path"]: o["sha256"] for o in old.get("outputs", []) + old.get("logs", [])}
+    now = {o["path"]: o for o in manifest.get("outputs", []) + manifest.get("logs", [])}
+    files = sorted(p for p in final_dir.rglob("*") if p.is_file() and p.name != manifest_name)
+    for p in files:
+        rel = p.relative_to(final_dir).as_posix()
+        same = (
+            rel in now and was.get(rel) == now[rel]["sha256"] and there.get(rel, {}).get("bytes") == now[rel]["bytes"]
+        )
+        if not same:
+            storage.put_file(str(p), f"{url}/{rel}")
+    local = {p.relative_to(final_dir).as_posix() for p in files}
+    storage.remove([f"{url}/{rel}" for rel in sorted(was) if rel not in local and rel in there])
+    storage.put_file(str(final_dir / manifest_name), f"{url}/{manifest_name}")
+    log.info("%s: published to %s (%d files)", final_dir.name, url, len(files) + 1)
+
+
+class StoreLock:
+    """A stage's lock object on the store: {host, pid, since, expires}. Taken by a create-only write
+    (the store decides between two takers), renewed every LOCK_TTL_S / 3 by a background thread,
+    taken over when past its expiry (its holder died or lost the store), removed on release."""
+
+    def __init__(self, url: str, what: str):
+        self.url, self.what = url, what
+        self.etag: str | None = None
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _record(self) -> bytes:
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        return json.dumps({**me, "expires": time.time() + LOCK_TTL_S}).encode()
+
+    def acquire(self) -> None:
+        while self.etag is None:
+            try:
+                storage.write_bytes(self.url, self._record(), create=True)
+            except storage.Conflict:
+                found = storage.read_bytes(self.url)
+                if found is None:
+                    continue  # released between our two requests
+                holder = json.loads(found[0] or b"{}")
+                if holder.get("expires", 0) > time.time():
+                    raise FatalError(
+                        f"{self.what}: {self.url} is held by pid {holder.get('pid')} on {holder.get('host')} since "
+                        f"{holder.get('since')} (until {time.strftime('%H:%M:%S', time.gmtime(holder['expires']))} "
+                        "UTC unless renewed); wait for that run to finish"
+                    ) from None
+                log.warning(
+                    "%s: taking over %s, left by pid %s on %s (expired)",
+                    self.what,
+                    self.url,
+                    holder.get("pid"),
+                    holder.get("host"),
+                )
+                try:
+                    storage.write_bytes(self.url, self._record(), replace=found[1])
+                except storage.Conflict:
+                    continue  # another run took it over first: look again
+            found = storage.read_bytes(
+                self.url
+            )  # its version, for renewing (and a check where writes are unconditional)
+            mine = {"host": socket.gethostname(), "pid": os.getpid()}
+            if found is not None and {k: json.loads(found[0]).get(k) for k in mine} == mine:
+                self.etag = found[1]
+        self._thread = threading.Thread(target=self._renew, daemon=True, name="kiln-store-lock")
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(LOCK_TTL_S / 3):
+            try:
+                storage.write_bytes(self.url, self._record(), replace=self.etag)
+                found = storage.read_bytes(self.url)
+                self.etag = found[1] if found else None
+            except (storage.Conflict, FatalError) as e:
+                self.lost = True
+                log.error("%s: lost %s (%s); this run will not publish its result", self.what, self.url, e)
+                return
+
+    def check(self) -> None:
+        """Stop before publishing when the lock was lost (renewal failed: another run may have taken it)."""
+        if self.lost:
+            raise FatalError(
+                f"{self.what}: the lock {self.url} was lost while the stage ran; another run may have taken it "
+                "over; nothing was published: run again"
+            )
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        found = storage.read_bytes(self.url)
+        if found is not None and found[1] == self.etag:
+            storage.remove([self.url])
+        self.etag = None

@@ -1,0 +1,140 @@
+"""A stage of a run whose location is on an object store (kiln.core.mirror through kiln.core.manifest.Stage),
+against the S3 API of a server on localhost (tests/conftest.py): published with its manifest last, read back on
+a machine with an empty mirror, checked against its recorded sha256, locked against a second run, and never
+deleting an object kiln did not write."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from pydantic import Field
+
+from kiln.core.config import Section
+from kiln.core.errors import FatalError
+from kiln.core.manifest import Stage, read_manifest, recorded_outputs
+from kiln.core.mirror import mirror_of, url_of
+
+s3fs = pytest.importorskip("s3fs")
+
+
+class Thing(Section):
+    """A stage's settings: how many output files it writes."""
+
+    files: int = Field(default=2, description="output files")
+
+
+@pytest.fixture
+def runs(s3_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket's runs_dir URL; the mirror's cache under tmp_path/cache."""
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
+    bucket = f"runs-{uuid.uuid4().hex[:8]}"
+    s3fs.S3FileSystem().mkdir(bucket)
+    return f"s3://{bucket}/runs"
+
+
+def make(run_dir: Path, files: int = 2, seed: str = "a") -> dict:
+    """Run stage `thing`: `files` outputs under out/, each 1 kB of text depending on `seed`."""
+    stage = Stage(run_dir, "thing", {"thing": Thing(files=files)}, inputs=[])
+    if done := stage.up_to_date(False):
+        return done
+    stage.begin()
+    outputs = []
+    for i in range(files):
+        path = stage.dir / "out" / f"part-{i}.txt"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(f"{seed}{i}" * 500)
+        outputs.append(path)
+    return stage.finish(outputs, {"files": files}, f"{files} files")
+
+
+def test_a_stage_is_published_and_read_back_on_a_machine_with_an_empty_mirror(
+    runs: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = mirror_of(runs) / "r"
+    assert url_of(run_dir / "thing" / "out") == f"{runs}/r/thing/out"
+    manifest = make(run_dir)
+    fs = s3fs.S3FileSystem()
+    prefix = runs.removeprefix("s3://") + "/r/thing/"
+    assert sorted(p.removeprefix(prefix) for p in fs.find(prefix)) == [
+        "manifest.json",
+        "out/part-0.txt",
+        "out/part-1.txt",
+        "summary.txt",
+    ]
+    assert json.loads(fs.cat(prefix + "manifest.json")) == manifest
+    assert not fs.exists(runs.removeprefix("s3://") + "/r/thing.lock")  # released
+
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "other"))  # another machine: nothing local
+    other = mirror_of(runs) / "r"
+    assert other != run_dir and not (other / "thing").exists()
+    assert make(other) == manifest  # up to date from the store's manifest, without its outputs
+    assert not (other / "thing" / "out").exists()
+    paths = recorded_outputs(other / "thing", "out")  # what a later stage reads: fetched and checked
+    assert [p.read_text() for p in paths] == [f"a{i}" * 500 for i in range(2)]
+
+
+def test_an_object_changed_on_the_store_is_named_and_a_stale_copy_is_fetched_again(
+    runs: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = mirror_of(runs) / "r"
+    make(run_dir)
+    fs = s3fs.S3FileSystem()
+    key = runs.removeprefix("s3://") + "/r/thing/out/part-1.txt"
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "other"))
+    other = mirror_of(runs) / "r"
+    # A mirror copy of the right size but other content (an earlier attempt's): replaced by the store's.
+    stale = other / "thing" / "out" / "part-0.txt"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("b0" * 500)
+    fs.pipe(key, ("c1" * 500).encode())  # the same size, another content
+    with pytest.raises(FatalError, match=rf"s3://{key}: its content \(sha256 \w+\) is not what its stage's manifest"):
+        recorded_outputs(other / "thing", "out")
+    assert stale.read_text() == "a0" * 500 and not (other / "thing" / "out" / "part-1.txt").exists()
+
+
+def test_a_redone_stage_removes_only_the_objects_its_old_manifest_listed(runs: str) -> None:
+    run_dir = mirror_of(runs) / "r"
+    make(run_dir, files=3)
+    fs = s3fs.S3FileSystem()
+    prefix = runs.removeprefix("s3://") + "/r/thing/"
+    fs.pipe(prefix + "notes.txt", b"a user's own file")
+    manifest = make(run_dir, files=1)  # another config: redone, writing one file
+    assert manifest["counts"] == {"files": 1}
+    assert sorted(p.removeprefix(prefix) for p in fs.find(prefix)) == [
+        "manifest.json",
+        "notes.txt",
+        "out/part-0.txt",
+        "summary.txt",
+    ]
+    assert read_manifest(run_dir / "thing") == manifest
+
+
+def test_a_live_lock_on_the_store_stops_a_second_run_and_an_expired_one_is_taken_over(
+    runs: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_dir = mirror_of(runs) / "r"
+    fs = s3fs.S3FileSystem()
+    lock = runs.removeprefix("s3://") + "/r/thing.lock"
+    holder = {"host": "node-7", "pid": 4242, "since": "2026-11-28T10:00:00Z"}
+    fs.pipe(lock, json.dumps({**holder, "expires": time.time() + 60}).encode())
+    with pytest.raises(
+        FatalError, match=rf"thing: s3://{lock} is held by pid 4242 on node-7 since 2026-11-28T10:00:00Z"
+    ):
+        make(run_dir)
+    assert not fs.exists(runs.removeprefix("s3://") + "/r/thing/manifest.json")
+    fs.pipe(lock, json.dumps({**holder, "expires": time.time() - 1}).encode())
+    with caplog.at_level(logging.WARNING, logger="kiln.core"):
+        assert make(run_dir)["counts"] == {"files": 2}
+    assert f"taking over s3://{lock}, left by pid 4242 on node-7 (expired)" in caplog.text
+    assert not fs.exists(lock)
+
+
+def test_a_missing_bucket_is_named(s3_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(FatalError, match=r"s3://no-such-bucket-kiln/runs/r/thing.lock: no such bucket or object"):
+        make(mirror_of("s3://no-such-bucket-kiln/runs") / "r")
