@@ -50,7 +50,7 @@ from kiln.core.atomic import write_atomically
 from kiln.core.config import Section
 from kiln.core.errors import FatalError
 from kiln.core.layout import MANIFEST, SUMMARY
-from kiln.core.mirror import StoreLock, fetch, fetch_recorded, publish, refresh, shown, url_of
+from kiln.core.mirror import StoreLock, clear, fetch, fetch_recorded, publish, push_files, refresh, shown, url_of
 from kiln.core.storage import exists, identity, is_url
 
 IN_PROGRESS = "in_progress.json"  # what an unfinished attempt was doing; resume keeps its work only if it matches
@@ -99,7 +99,9 @@ def fingerprint(manifest: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def describe_files(paths: Iterable[Path | str], root: Path | None = None) -> list[dict[str, Any]]:
+def describe_files(
+    paths: Iterable[Path | str], root: Path | None = None, known: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """Each file's path (relative to root when given), size and sha256; an object of a store (a
     URL) its size and the store's fingerprint instead, read without downloading it. A file of a run on
     a store is named by its URL, not by where this machine's mirror keeps it, so that manifests read
@@ -112,6 +114,9 @@ def describe_files(paths: Iterable[Path | str], root: Path | None = None) -> lis
             continue
         p = Path(p)
         name = str(p.relative_to(root)) if root is not None else url_of(p) or str(p)
+        if known and name in known:  # hashed by the task that wrote it (perhaps on another machine)
+            out.append({"path": name, "bytes": known[name]["bytes"], "sha256": known[name]["sha256"]})
+            continue
         out.append({"path": name, "bytes": p.stat().st_size, "sha256": sha256_file(p)})
     return out
 
@@ -134,7 +139,7 @@ def read_manifest(stage_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def recorded_outputs(stage_dir: Path, under: str = "") -> list[Path]:
+def recorded_outputs(stage_dir: Path, under: str = "", fetch: bool = True) -> list[Path]:
     """The outputs a finished stage's manifest lists (below `under`), in path order.
 
     Downstream stages take their input list from here rather than from a directory listing, so a
@@ -142,7 +147,8 @@ def recorded_outputs(stage_dir: Path, under: str = "") -> list[Path]:
     """
     prefix = f"{under.rstrip('/')}/" if under else ""
     chosen = [o for o in read_manifest(Path(stage_dir))["outputs"] if o["path"].startswith(prefix)]
-    fetch_recorded(Path(stage_dir), chosen)  # a run on a store: into this machine's mirror, checked
+    if fetch:  # a run on a store: into this machine's mirror, checked (not for files only tasks elsewhere read)
+        fetch_recorded(Path(stage_dir), chosen)
     return [Path(stage_dir) / o["path"] for o in chosen]
 
 
@@ -161,6 +167,7 @@ class Stage:
         config: Mapping[str, Section],
         inputs: Collection[Path | str],
         upstream: Iterable[str] = (),
+        fetch_inputs: bool = True,
     ):
         self.run_dir = Path(run_dir)
         self.name = name
@@ -175,23 +182,31 @@ class Stage:
         # .get: a manifest written before fingerprints existed matches nothing, so this stage redoes.
         upstream_manifests = {u: read_manifest(self.run_dir / u) for u in upstream}
         self.upstream = {u: m.get("fingerprint") for u, m in upstream_manifests.items()}
-        if self.store is not None:
-            self._fetch_inputs(inputs, upstream_manifests)
-        missing = sorted(str(p) for p in inputs if not (exists(str(p)) if is_url(p) else Path(p).is_file()))
+        # A run on a store: inputs another stage recorded are taken as recorded, and fetched into the mirror
+        # (checked) unless `fetch_inputs` is off (tasks on other machines fetch what they read).
+        known = self._recorded_inputs(inputs, upstream_manifests) if self.store is not None else {}
+        for record in known.values() if fetch_inputs else ():
+            fetch(record["local"], record["bytes"], record["sha256"])
+        missing = sorted(
+            str(p) for p in inputs if not (exists(str(p)) if is_url(p) else Path(p).is_file() or url_of(p) in known)
+        )
         if missing:
             raise FatalError(
                 f"{name}: input files missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; "
                 "rerun the stage that makes them with --force"
             )
-        self.inputs = describe_files(inputs)
+        self.inputs = describe_files(inputs, known=known)
         self._check_upstream_records(upstream_manifests)
         self._check_upstream_chain(upstream_manifests)
         self.config_hash = config_hash(self.config)
         self.log = logging.getLogger(f"kiln.{name}")
         self._t0 = self._cpu0 = 0.0
 
-    def _fetch_inputs(self, inputs: Collection[Path | str], manifests: Mapping[str, Mapping[str, Any]]) -> None:
-        """A run on a store: the inputs inside it that an upstream stage recorded, into the mirror, checked."""
+    def _recorded_inputs(
+        self, inputs: Collection[Path | str], manifests: Mapping[str, Mapping[str, Any]]
+    ) -> dict[str, dict[str, Any]]:
+        """The inputs inside this run that a stage's manifest records, by URL: {"local", "bytes", "sha256"}."""
+        found = {}
         for p in inputs:
             if is_url(p) or url_of(p) is None or not Path(p).is_relative_to(self.run_dir):
                 continue
@@ -199,10 +214,10 @@ class Stage:
             stage, rel = rel.parts[0], rel.relative_to(rel.parts[0])
             if stage not in manifests and stage != self.name and refresh(self.run_dir / stage / MANIFEST):
                 manifests = {**manifests, stage: read_manifest(self.run_dir / stage)}
-            manifest = manifests.get(stage, {})
-            found = next((o for o in manifest.get("outputs", []) if o["path"] == rel.as_posix()), None)
-            if found is not None:
-                fetch(Path(p), found["bytes"], found["sha256"])
+            record = next((o for o in manifests.get(stage, {}).get("outputs", []) if o["path"] == rel.as_posix()), None)
+            if record is not None:
+                found[str(url_of(p))] = {"local": Path(p), "bytes": record["bytes"], "sha256": record["sha256"]}
+        return found
 
     def _check_upstream_records(self, manifests: Mapping[str, Mapping[str, Any]]) -> None:
         """Every input inside an upstream stage's folder must be one of its recorded outputs, unchanged."""
@@ -369,16 +384,20 @@ class Stage:
         for d in (self.final_dir, self.partial_dir):
             check_owned(d)
         self.lock()
-        if self.store is not None and self.store_lock is None:
-            self.store_lock = StoreLock(self.store + ".lock", self.name)
-            self.store_lock.acquire()
         marker = self.partial_dir / IN_PROGRESS
+        if self.store is not None:
+            if self.store_lock is None:
+                self.store_lock = StoreLock(self.store + ".lock", self.name)
+                self.store_lock.acquire()
+            refresh(marker)  # the store's unfinished attempt, if any, is the one a resume continues
         kept = resume and self.partial_matches()
         if not kept:
             if self.partial_dir.exists():
                 shutil.rmtree(self.partial_dir)  # an unfinished attempt of this stage: never a finished output
             self.partial_dir.mkdir(parents=True)
             marker.write_text(json.dumps({**self._identity(), "settings": hashed_settings(self.config)}))
+            clear(self.partial_dir, IN_PROGRESS)  # a run on a store: the abandoned attempt's objects there
+            push_files(self.partial_dir, [marker])
         else:
             self.log.info("%s: resuming the interrupted attempt in %s", self.name, self.partial_dir)
         self.dir = self.partial_dir
@@ -392,11 +411,14 @@ class Stage:
         summary: str,
         extra: Mapping[str, Any] | None = None,
         logs: Iterable[Path] = (),
+        known: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Write manifest.json last, then swap the partial folder in for the finished one.
 
         `logs` (e.g. per-step metrics with timings) are listed but are not results: they stay out
-        of the fingerprint, so they never force downstream redos."""
+        of the fingerprint, so they never force downstream redos. `known`: the size and sha256 of
+        outputs (by path in the stage) that tasks on other machines wrote to the store and this
+        machine may not hold (taken as given: the task that wrote each one hashed it)."""
         manifest = {
             "format": FORMAT,
             "stage": self.name,
@@ -404,7 +426,7 @@ class Stage:
             "config_hash": self.config_hash,
             "inputs": self.inputs,
             "upstream": self.upstream,
-            "outputs": describe_files(outputs, root=self.dir),
+            "outputs": describe_files(outputs, root=self.dir, known=known),
             "logs": describe_files(logs, root=self.dir),
             "counts": dict(counts),
             "wall_seconds": round(time.perf_counter() - self._t0, 3),
@@ -421,7 +443,8 @@ class Stage:
         if self.store_lock is not None:
             self.store_lock.check()
         self._swap_in()
-        publish(self.final_dir, manifest, MANIFEST)
+        publish(self.final_dir, manifest, MANIFEST, self.partial_dir)
+        clear(self.partial_dir, IN_PROGRESS)
         self._unlock()
         self.log.info("%s: done in %.1fs\n%s", self.name, manifest["wall_seconds"], summary.rstrip())
         return manifest

@@ -20,11 +20,13 @@ Not handled here: the objects themselves (kiln.core.storage), tasks that run on 
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import hashlib
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -81,6 +83,74 @@ def url_of(path: Path | str) -> str | None:
     folder, url = found
     rel = Path(os.path.abspath(path)).relative_to(folder).as_posix()
     return url if rel == "." else f"{url}/{rel}"
+
+
+def place(path: Path | str) -> tuple[str, str] | None:
+    """Where a path of a mirror is, in terms every machine can resolve: (the mirror's URL, the path
+    within it); None outside any mirror. `local_path` turns it back into this machine's path."""
+    if (found := _root(path)) is None:
+        return None
+    folder, url = found
+    return url, Path(os.path.abspath(path)).relative_to(folder).as_posix()
+
+
+def local_path(where: tuple[str, str]) -> Path:
+    """This machine's path for a place() made on any machine (each keeps its own mirror)."""
+    return mirror_of(where[0]) / where[1]
+
+
+def pull(folder: Path, patterns: Iterable[str]) -> dict[str, int]:
+    """For a folder of a mirror: download the store's objects below it that match a pattern (a glob
+    relative to the folder; its part before the first wildcard narrows the listing) and that the
+    mirror lacks or holds at another size. Returns each matching object's path relative to the
+    folder with the bytes downloaded for it (0: the mirror had it). Nothing outside a mirror."""
+    url = url_of(folder)
+    if url is None:
+        return {}
+    fetched: dict[str, int] = {}
+    for pattern in patterns:
+        literal = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
+        under, _, starting = literal.rpartition("/")
+        listed = storage.objects(f"{url}/{under}/" if under else f"{url}/", starting)
+        for rel, info in sorted(listed.items()):
+            rel = f"{under}/{rel}" if under else rel
+            local = folder / rel
+            if not fnmatch.fnmatchcase(rel, pattern):
+                continue
+            fetched[rel] = 0
+            if local.is_file() and local.stat().st_size == info["bytes"]:
+                continue
+            local.parent.mkdir(parents=True, exist_ok=True)
+            part = local.with_name(local.name + ".part")
+            storage.get_file(f"{url}/{rel}", str(part))
+            os.replace(part, local)
+            fetched[rel] = info["bytes"]
+    return fetched
+
+
+def push_files(folder: Path, paths: Iterable[Path]) -> int:
+    """Upload these files of a folder of a mirror to the store, in the order given (a completion
+    marker last). Returns the bytes uploaded. Nothing outside a mirror."""
+    url = url_of(folder)
+    if url is None:
+        return 0
+    sent = 0
+    for p in paths:
+        storage.put_file(str(p), f"{url}/{Path(p).relative_to(folder).as_posix()}")
+        sent += Path(p).stat().st_size
+    return sent
+
+
+def clear(folder: Path, marker: str) -> None:
+    """Remove a folder's objects from the store (a stage's partial prefix, once published or
+    abandoned), only when it holds `marker`, the file kiln writes first in every such folder:
+    otherwise the prefix is not kiln's and is left alone."""
+    url = url_of(folder)
+    if url is None:
+        return
+    found = storage.objects(url + "/")
+    if marker in found:
+        storage.remove([f"{url}/{rel}" for rel in sorted(found) if rel != marker] + [f"{url}/{marker}"])
 
 
 def shown(path: Path | str) -> str:
@@ -182,8 +252,10 @@ def push(path: Path) -> None:
         storage.put_file(str(path), url)
 
 
-def publish(final_dir: Path, manifest: Mapping[str, Any], manifest_name: str) -> None:
-    """Make a finished stage on the store what its local folder holds (see the module's steps)."""
+def publish(final_dir: Path, manifest: Mapping[str, Any], manifest_name: str, partial: Path) -> None:
+    """Make a finished stage on the store what its local folder holds (see the module's steps); an
+    output this machine does not hold (a task on another machine wrote it) is copied within the store
+    from the stage's partial prefix, where that task put it."""
     url = url_of(final_dir)
     if url is None:
         return
@@ -193,18 +265,18 @@ def publish(final_dir: Path, manifest: Mapping[str, Any], manifest_name: str) ->
     there = storage.objects(url + "/")
     was = {o["path"]: o["sha256"] for o in old.get("outputs", []) + old.get("logs", [])}
     now = {o["path"]: o for o in manifest.get("outputs", []) + manifest.get("logs", [])}
-    files = sorted(p for p in final_dir.rglob("*") if p.is_file() and p.name != manifest_name)
-    for p in files:
-        rel = p.relative_to(final_dir).as_posix()
-        same = (
-            rel in now and was.get(rel) == now[rel]["sha256"] and there.get(rel, {}).get("bytes") == now[rel]["bytes"]
-        )
-        if not same:
-            storage.put_file(str(p), f"{url}/{rel}")
-    local = {p.relative_to(final_dir).as_posix() for p in files}
-    storage.remove([f"{url}/{rel}" for rel in sorted(was) if rel not in local and rel in there])
+    local = {p.relative_to(final_dir).as_posix(): p for p in final_dir.rglob("*") if p.is_file()}
+    local.pop(manifest_name, None)
+    for rel in sorted(local.keys() | now.keys()):
+        if rel in now and was.get(rel) == now[rel]["sha256"] and there.get(rel, {}).get("bytes") == now[rel]["bytes"]:
+            continue  # unchanged since the last publish
+        if rel in local:
+            storage.put_file(str(local[rel]), f"{url}/{rel}")
+        else:
+            storage.copy(f"{url_of(partial)}/{rel}", f"{url}/{rel}")
+    storage.remove([f"{url}/{rel}" for rel in sorted(was) if rel not in local and rel not in now and rel in there])
     storage.put_file(str(final_dir / manifest_name), f"{url}/{manifest_name}")
-    log.info("%s: published to %s (%d files)", final_dir.name, url, len(files) + 1)
+    log.info("%s: published to %s (%d files)", final_dir.name, url, len(local.keys() | now.keys()) + 1)
 
 
 class StoreLock:

@@ -191,20 +191,26 @@ class Conflict(Exception):
     """A conditional write found the object there (create only) or changed (replace only)."""
 
 
-def objects(prefix: str) -> dict[str, dict[str, Any]]:
-    """Every object under `prefix` (a URL ending in `/`), by name relative to it: {"bytes", "etag"}.
-    Read fresh from the store each time (another machine may have written since)."""
+def objects(prefix: str, starting: str = "") -> dict[str, dict[str, Any]]:
+    """Every object under `prefix` (a URL ending in `/`) whose name relative to it starts with
+    `starting`, by that relative name: {"bytes", "etag"}. Read fresh from the store each time
+    (another machine may have written since); on S3 `starting` narrows the listing requests."""
     fs, path = filesystem(prefix)
+    root = path.rstrip("/") + "/"
     fs.invalidate_cache()
     try:
-        found = fs.find(path, detail=True) if fs.exists(path.rstrip("/")) else {}
+        if prefix.startswith("s3://"):
+            found = fs.find(root, prefix=starting, detail=True)
+        else:
+            found = fs.find(root, detail=True) if fs.exists(root.rstrip("/")) else {}
+    except FileNotFoundError:
+        found = {}
     except Exception as e:
         raise failure(prefix, e) from None
-    root = path.rstrip("/") + "/"
     return {
         name[len(root) :]: {"bytes": int(info.get("size") or 0), "etag": str(info.get("ETag") or "").strip('"')}
         for name, info in found.items()
-        if name.startswith(root) and info.get("type") != "directory"
+        if name.startswith(root + starting) and info.get("type") != "directory"
     }
 
 

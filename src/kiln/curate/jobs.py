@@ -9,6 +9,13 @@ work/<phase>/<index:05d><suffix> for a task's files (its `.done` marker last), a
 between phases (the boilerplate line list, the decontamination index, the MinHash assignment).
 Not handled here: what a phase does and what its files hold (kiln.curate.phases; the dedup modules
 name the files inside the folders they are given), and running jobs (kiln.curate.run).
+
+A run on a store (kiln.core.mirror): a job may run on any machine. `WorkDir` then names the stage
+folder by its place in the mirror, which each machine resolves to its own mirror; `run_job` first
+downloads the files the phase reads (`Phase.reads`, globs under work/), and after the phase uploads
+the job's own files (those named for its index, and what its summary lists under `files`), its
+completion marker last. So the store holds every finished task, a re-run on any machine resumes
+from it, and a task run twice (its worker died) writes the same names again: nothing counts twice.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from kiln.core.atomic import write_atomically
+from kiln.core.mirror import local_path, pull, push_files
 from kiln.curate.readers import ReadTask
 
 S = TypeVar("S")
@@ -30,7 +38,13 @@ S = TypeVar("S")
 class WorkDir:
     """The scratch folder of a curate stage, `<stage_dir>/work`, removed when the stage finishes."""
 
-    stage_dir: Path
+    path: Path  # the stage folder, on the machine that planned the run
+    place: tuple[str, str] | None = None  # a run on a store: the folder's place in the mirror (kiln.core.mirror)
+
+    @property
+    def stage_dir(self) -> Path:
+        """The stage folder on the machine running this code (its own mirror, for a run on a store)."""
+        return self.path if self.place is None else local_path(self.place)
 
     @property
     def root(self) -> Path:
@@ -67,6 +81,8 @@ class Phase(Generic[S]):
 
     name: str
     run: Callable[[Job[S]], dict[str, Any]]
+    # Globs under work/ of the files it reads (fetched first in a run on a store); module-level, so a job pickles.
+    reads: Callable[[Job[S]], list[str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +107,18 @@ class Job(Generic[S]):
     def marker(self) -> Path:
         return self.file(".done")
 
+    def own_files(self, summary: dict[str, Any]) -> list[Path]:
+        """The files this job wrote: in its phase's folder (at any depth) those named for its index (or for
+        no task, as the one-job components phase names its output), and those its summary lists under
+        `files` (paths relative to the stage folder); the marker last."""
+        prefix = f"{self.index:05d}"
+        found = [
+            p
+            for p in self.folder.rglob("*")
+            if p.is_file() and p != self.marker and (p.name.startswith(prefix) or not p.name[:5].isdigit())
+        ]
+        return sorted(found) + [self.work.stage_dir / f for f in summary.get("files", [])] + [self.marker]
+
     def finish(self, summary: dict[str, Any]) -> dict[str, Any]:
         """Write the completion marker (after every other output of the task) and return its content,
         with the process's peak resident memory so far (the phase's memory figure)."""
@@ -100,5 +128,26 @@ class Job(Generic[S]):
 
 
 def run_job(job: Job[Any]) -> tuple[int, dict[str, Any]]:
-    """The executor's entry point: run the job's phase function on it; return its index and marker content."""
-    return job.index, job.phase.run(job)
+    """The executor's entry point: run the job's phase function on it; return its index and marker content.
+    A run on a store: the phase's reads are fetched first, the job's files and marker stored after."""
+    if job.work.place is None:
+        return job.index, job.phase.run(job)
+    job.folder.mkdir(parents=True, exist_ok=True)
+    fetched = sum(pull(job.work.root, job.phase.reads(job) if job.phase.reads else []).values())
+    summary = job.phase.run(job)
+    sent = push_files(job.work.stage_dir, job.own_files(summary))
+    return job.index, {**summary, "store_bytes": {"read": fetched, "written": sent}}
+
+
+def finished(jobs: list[Job[Any]]) -> dict[int, dict[str, Any]]:
+    """The marker content of every job that finished earlier: its marker is in the mirror (a local run),
+    or on the store (a run on one: fetched; a marker this machine has but the store lacks does not count)."""
+    if not jobs:
+        return {}
+    work, phase = jobs[0].work, jobs[0].phase.name
+    stored = None if work.place is None else set(pull(work.root, [f"{phase}/*.done"]))
+    return {
+        job.index: json.loads(job.marker.read_text(encoding="utf-8"))
+        for job in jobs
+        if job.marker.is_file() and (stored is None or f"{phase}/{job.marker.name}" in stored)
+    }

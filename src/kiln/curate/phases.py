@@ -39,6 +39,7 @@ from kiln.core.atomic import save_npy, write_atomically
 from kiln.core.docshards import SUFFIX, ShardWriter, read_shard, read_shard_lines
 from kiln.core.document import Document
 from kiln.core.layout import SHARDS
+from kiln.core.manifest import sha256_file
 from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
 from kiln.curate.dedup.exact import ExactDedupConfig, HashTable, dedup_partition, removals_for_task
@@ -68,6 +69,7 @@ from kiln.text.code import doc_is_code
 
 MB = 1_000_000
 LEDGER_PHASES = ("read", "filter", "write")  # the phases whose tasks save a ledger (save_ledger)
+LEDGER_FILES = (".removed.parquet", ".quarantine.jsonl", ".records.jsonl")  # what save_ledger writes beside its marker
 MAX_OPEN_SHARDS = 64  # shard writers one write task keeps open at once
 # The rows of clusters.parquet and removed.parquet; each task writes its part in the same schema.
 CLUSTERS_SCHEMA = pa.schema(
@@ -406,6 +408,7 @@ def write_phase(job: Job[WriteSettings]) -> dict[str, Any]:
     decisions = decisions_for_task(work.assignments, work.phase("sign"), job.index, near) if near.enabled else {}
     clusters: dict[str, list[Any]] = {name: [] for name in CLUSTERS_SCHEMA.names}
     filtered = work.file("filter", job.index, SUFFIX)
+    (work.stage_dir / SHARDS).mkdir(exist_ok=True)  # on another machine of a run on a store, the first shard there
     finished: set[str] = set()
     shards, docs, more = [], 0, True
     while more:
@@ -431,13 +434,17 @@ def write_phase(job: Job[WriteSettings]) -> dict[str, Any]:
             raise
         for writer in writers.values():
             writer.close()
-            shards.append(writer.path.name)
+            shards.append(writer.path)
             docs += writer.docs
         finished |= batch
     # every row of a source is written in that source's pass: sort so the file never depends on passes
     table = pa.table(clusters, schema=CLUSTERS_SCHEMA).sort_by([("cluster", "ascending"), ("id", "ascending")])
     write_atomically(job.file(".clusters.parquet"), lambda p: pq.write_table(table, p))
-    return save_ledger(job, ledger, {"docs": docs, "shards": sorted(shards)})
+    # Each shard's size and sha256 (read back from the page cache): the stage's manifest takes them from
+    # here, so a driver that never holds a shard (a run on a store, tasks on other machines) records them.
+    records = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(shards)}
+    files = [f"{SHARDS}/{name}" for name in records]
+    return save_ledger(job, ledger, {"docs": docs, "shards": sorted(records), "shard_records": records, "files": files})
 
 
 def survives_dedup(
@@ -477,13 +484,49 @@ def survives_dedup(
     return True
 
 
+def lines_reads(job: Job[LinesSettings]) -> list[str]:
+    return ["read/*.keys.npy", "read/*.counts.npy"]
+
+
+def filter_reads(job: Job[FilterSettings]) -> list[str]:
+    own = f"read/{job.index:05d}"
+    return [own + SUFFIX, own + ".renames.json", "lines/boilerplate.npy", "decontaminate/*"]
+
+
+def dedup_reads(job: Job[None]) -> list[str]:
+    return [f"filter/p{job.index:04d}/*.parquet"]
+
+
+def sign_reads(job: Job[SignSettings]) -> list[str]:
+    return [f"filter/{job.index:05d}{SUFFIX}", "dedup/*.parquet"]
+
+
+def bucket_reads(job: Job[BucketSettings]) -> list[str]:
+    return ["sign/*.bands.npy"]
+
+
+def verify_reads(job: Job[VerifySettings]) -> list[str]:
+    return ["buckets/*.npy", "sign/*"]
+
+
+def components_reads(job: Job[None]) -> list[str]:
+    return ["verify/*.parquet", "sign/*.docs.parquet"]
+
+
+def write_reads(job: Job[WriteSettings]) -> list[str]:
+    # The sign files of every task: a removed document's Jaccard to its keeper reads the keeper's task's sets.
+    return [f"filter/{job.index:05d}{SUFFIX}", "dedup/*.parquet", "components/assign.parquet", "sign/*"]
+
+
+# What each phase reads of the others' files (globs under work/): what a task on another machine of a run on
+# a store fetches first (kiln.curate.jobs.run_job).
 READ: Phase[ReadSettings] = Phase("read", read_phase)
-LINES: Phase[LinesSettings] = Phase("lines", lines_phase)
-FILTER: Phase[FilterSettings] = Phase("filter", filter_phase)
-DEDUP: Phase[None] = Phase("dedup", dedup_phase)
-SIGN: Phase[SignSettings] = Phase("sign", sign_phase)
-BUCKETS: Phase[BucketSettings] = Phase("buckets", bucket_phase)
-VERIFY: Phase[VerifySettings] = Phase("verify", verify_phase)
-COMPONENTS: Phase[None] = Phase("components", components_phase)
-WRITE: Phase[WriteSettings] = Phase("write", write_phase)
+LINES: Phase[LinesSettings] = Phase("lines", lines_phase, lines_reads)
+FILTER: Phase[FilterSettings] = Phase("filter", filter_phase, filter_reads)
+DEDUP: Phase[None] = Phase("dedup", dedup_phase, dedup_reads)
+SIGN: Phase[SignSettings] = Phase("sign", sign_phase, sign_reads)
+BUCKETS: Phase[BucketSettings] = Phase("buckets", bucket_phase, bucket_reads)
+VERIFY: Phase[VerifySettings] = Phase("verify", verify_phase, verify_reads)
+COMPONENTS: Phase[None] = Phase("components", components_phase, components_reads)
+WRITE: Phase[WriteSettings] = Phase("write", write_phase, write_reads)
 PHASES: tuple[Phase[Any], ...] = (READ, LINES, FILTER, DEDUP, SIGN, BUCKETS, VERIFY, COMPONENTS, WRITE)  # in run order

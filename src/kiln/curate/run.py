@@ -34,17 +34,19 @@ from kiln.core.errors import FatalError
 from kiln.core.executors import Executor, build_executor
 from kiln.core.layout import CURATE, SHARDS, SUMMARY
 from kiln.core.manifest import Stage
+from kiln.core.mirror import place, pull, push_files
 from kiln.core.storage import is_url
 from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
 from kiln.curate.dedup.minhash import memory_estimate
 from kiln.curate.dedup.ngram_index import build_index
-from kiln.curate.jobs import Job, Phase, WorkDir, run_job
+from kiln.curate.jobs import Job, Phase, WorkDir, finished, run_job
 from kiln.curate.phases import (
     BUCKETS,
     COMPONENTS,
     DEDUP,
     FILTER,
+    LEDGER_FILES,
     LINES,
     MB,
     PHASES,
@@ -101,14 +103,10 @@ def run_phase(
 ) -> dict[int, dict[str, Any]]:
     """Run the jobs whose marker is missing, with a progress bar (`weight` of each job, in `unit`); return every job's
     marker content by index."""
-    results: dict[int, dict[str, Any]] = {}
-    todo = []
-    for job in jobs:
+    for job in jobs[:1]:
         job.folder.mkdir(parents=True, exist_ok=True)
-        if job.marker.is_file():
-            results[job.index] = json.loads(job.marker.read_text(encoding="utf-8"))
-        else:
-            todo.append(job)
+    results = finished(jobs)
+    todo = [job for job in jobs if job.index not in results]
     if jobs and len(todo) < len(jobs):
         log.info(
             "curate: %s phase: %d of %d tasks already finished, skipped",
@@ -144,6 +142,7 @@ class PhaseRunner:
     tasks: list[ReadTask]
     work: WorkDir
     timings: dict[str, dict[str, float]] = field(default_factory=dict)
+    store_bytes: dict[str, int] = field(default_factory=lambda: {"read": 0, "written": 0})  # tasks' work files
 
     def per_task(self, phase: Phase[S], settings: S) -> dict[int, dict[str, Any]]:
         """One job per read task, the progress counted in raw input bytes."""
@@ -162,6 +161,9 @@ class PhaseRunner:
             self.executor, jobs, f"curate {PHASES.index(phase) + 1}/{len(PHASES)} {phase.name}", weight, unit
         )
         peak = max((r.get("rss_mb", 0) for r in results.values()), default=0)
+        for r in results.values():
+            for k, n in r.get("store_bytes", {}).items():
+                self.store_bytes[k] += n
         self.timings[phase.name] = {"seconds": round(time.perf_counter() - started, 3), "max_rss_mb": round(peak, 1)}
         return results
 
@@ -189,7 +191,9 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     check_quality_models(cfg_for_tasks)
     stage.begin(resume=not force)
     (stage.dir / SHARDS).mkdir(exist_ok=True)
-    work = WorkDir(stage.dir.resolve())  # tasks may run on other machines (ray): no path relative to this process's cwd
+    # Tasks may run on other machines (ray): no path relative to this process's cwd, and for a run on a store,
+    # the folder's place in the mirror, which each machine resolves to its own.
+    work = WorkDir(stage.dir.resolve(), place(stage.dir))
     partitions = partition_count(len(tasks))
     executor = build_executor(cfg.executor, "curate.executor")
     log.info(
@@ -210,13 +214,18 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
         executor.close()
 
     ledger = account(cfg, tasks, results)  # the accounting check: raises when a document is lost
+    # A run on a store: the tasks' ledgers, wherever they ran, into this machine's mirror.
+    pull(work.root, [f"*/?????{suffix}" for suffix in LEDGER_FILES] + ["write/*.clusters.parquet"])
     outputs, report, examples = write_reports(cfg, ledger, tasks, results, contamination_index, stage.dir)
     shutil.rmtree(work.root)
     counts = {**totals(ledger), **({"minhash": near} if near else {})}
-    shards = sorted((stage.dir / SHARDS).glob("*" + SUFFIX))
+    # The shards as the write tasks recorded them: a task on another machine kept its shards on the store only.
+    known = {f"{SHARDS}/{name}": r for written in results[-1].values() for name, r in written["shard_records"].items()}
+    shards = [stage.dir / name for name in sorted(known)]
     summary = summarize(cfg, counts, examples, report, stage)
     # phase timings vary from run to run: beside the counts, never in them
-    return stage.finish(shards + outputs, counts, summary, extra={"phases": runner.timings})
+    extra = {"phases": runner.timings, **({"store": runner.store_bytes} if work.place else {})}
+    return stage.finish(shards + outputs, counts, summary, extra=extra, known=known)
 
 
 def run_phases(
@@ -227,9 +236,12 @@ def run_phases(
     work, tasks = runner.work, len(runner.tasks)
     read = runner.per_task(READ, ReadSettings.of(cfg))
     settle_duplicate_ids(cfg, work, tasks)
+    pull(work.root, ["lines/boilerplate.npy"])  # a run on a store: made by an earlier attempt
     if cfg.line_dedup.enabled and not work.boilerplate.is_file():
         runner.per_partition(LINES, LinesSettings(partitions, cfg.line_dedup.max_docs), partitions)
+        pull(work.root, ["lines/?????.npy"])
         save_npy(work.boilerplate, np.concatenate([np.load(work.file("lines", p, ".npy")) for p in range(partitions)]))
+        push_files(work.stage_dir, [work.boilerplate])
     filtered = runner.per_task(FILTER, FilterSettings.of(cfg, partitions))
     if cfg.exact_dedup.enabled:
         runner.per_partition(DEDUP, None, partitions)
@@ -294,6 +306,7 @@ def summarize(
 def settle_duplicate_ids(cfg: CurateConfig, work: WorkDir, tasks: int) -> None:
     """Find ids that several documents share (across every read task); rename the later holders
     in the filter phase (curate.duplicate_ids: rename) or stop naming the first (refuse)."""
+    pull(work.root, ["read/*.ids.npy"])
     found = duplicate_ids(work, tasks)
     if found and cfg.duplicate_ids == "refuse":
         task, positions = min(found.items())
@@ -311,6 +324,7 @@ def settle_duplicate_ids(cfg: CurateConfig, work: WorkDir, tasks: int) -> None:
             sum(len(p) for p in found.values()),
         )
     save_renames(work, found, tasks)
+    push_files(work.stage_dir, sorted(work.phase("read").glob("*.renames.json")))
 
 
 def refuse_own_outputs(tasks: list[ReadTask], stage_dir: Path) -> None:
@@ -371,9 +385,11 @@ def decontamination_sets(cfg: CurateConfig) -> set[Path]:
 def build_contamination_index(cfg: CurateConfig, folder: Path) -> dict[str, Any]:
     """The decontamination index, built once per run (a resumed run reuses it); returns its summary."""
     done = folder / "index.json"  # written last by build_index
+    pull(folder, ["*"])  # a run on a store: built by an earlier attempt
     if done.is_file():
         return json.loads(done.read_text(encoding="utf-8"))
     summary = build_index(cfg.decontaminate, folder)
+    push_files(folder, sorted(p for p in folder.rglob("*") if p.is_file() and p != done) + [done])
     for found in summary["sets"]:
         if found["items_too_short"]:
             log.warning(

@@ -13,6 +13,10 @@ trainer's fill-in-the-middle validation loss. Two phases:
 2. join: per source and split, the parts are appended in shard order into
    `<source>/{train,val}.{bin,idx,scores.npy}` and `<source>/val_ids.txt` (the validation documents' ids
    in order); then `.parts/` is removed.
+A run on a store (kiln.core.mirror): a task may run on any machine. Its paths are then places in
+the run's mirror, which each machine resolves to its own; it fetches its curated shard and the
+tokenizer (checked against their recorded sha256), and stores its part's files, `stats.json` last,
+so a re-run on any machine keeps the finished parts. The join runs where the stage was started.
 Output does not depend on the worker count. Memory per worker is one batch of documents plus
 the tokenizer, whatever the corpus size; the join copies in fixed-size chunks. Disk holds the
 tokens twice while the join runs.
@@ -40,6 +44,7 @@ from kiln.core.executors import build_executor
 from kiln.core.executors.local import ThreadExecutor
 from kiln.core.layout import CURATE, SHARDS, SUMMARY, TOKENIZE, TOKENIZER, RunLayout
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs
+from kiln.core.mirror import fetch, local_path, place, pull, push_files, url_of
 from kiln.core.split import is_heldout
 from kiln.core.tokenshards import DOC_SCORES, SCORES_SUFFIX, TokenShard, TokenShardWriter, doc_scores, dtype_for
 from kiln.text.engines import Flat, packed
@@ -63,6 +68,15 @@ class EncodeTask:
     dtype: str
     batch_docs: int
     fim: FimConfig | None = None
+    # A run on a store: the mirror's URL (shard, out and tokenizer are then paths within it, kiln.core.mirror)
+    # and the (bytes, sha256) of the shard and of the tokenizer's two files, checked when fetched.
+    mirror: str | None = None
+    records: tuple[tuple[int, str], ...] = ()
+
+    def path(self, name: str) -> Path:
+        """This machine's path for the task's `shard`, `out` or `tokenizer`."""
+        given = getattr(self, name)
+        return local_path((self.mirror, given)) if self.mirror else Path(given)
 
 
 _loaded: dict[tuple[str, str], AnyTokenizer] = {}
@@ -198,16 +212,19 @@ def splits_for(fim: FimConfig | None) -> tuple[str, ...]:
 
 def encode_shard(task: EncodeTask) -> dict[str, Any]:
     """Encode one curated shard into its part folder; a finished part is returned as it is."""
-    out = Path(task.out)
+    out, shard, tok_path = task.path("out"), task.path("shard"), task.path("tokenizer")
+    pull(out, [DONE])  # a run on a store: a part finished on any machine
     if (out / DONE).is_file():
         return json.loads((out / DONE).read_text())
     if out.exists():
         shutil.rmtree(out)  # an interrupted task: start it again
     out.mkdir(parents=True)
-    tokenizer = tokenizer_for(task.tokenizer, task.tokenizer_hash)
+    for path, (size, sha256) in zip((shard, tok_path, tok_path.with_name(META_NAME)), task.records):
+        fetch(path, size, sha256)
+    tokenizer = tokenizer_for(str(tok_path), task.tokenizer_hash)
     part = PartWriter(out, tokenizer, task.val_fraction, dtype_for(tokenizer.vocab_size, task.dtype), task.fim)
     batch: list[Document] = []
-    for doc in read_shard(Path(task.shard)):
+    for doc in read_shard(shard):
         batch.append(doc)
         if len(batch) >= task.batch_docs:
             part.add(batch)
@@ -217,6 +234,7 @@ def encode_shard(task: EncodeTask) -> dict[str, Any]:
     part.close()
     stats = {**part.stats, "encoder": tokenizer.encoder_name}
     write_atomically(out / DONE, lambda p: p.write_text(json.dumps(stats)))
+    push_files(out, sorted(p for p in out.iterdir() if p.name != DONE) + [out / DONE])
     return stats
 
 
@@ -253,11 +271,27 @@ def join(
     return stats
 
 
+def task_for(shard: Path, out: Path, tok_path: Path, stage: Stage, tok_hash: str, cfg: TokenizeConfig) -> EncodeTask:
+    """The encode task of one curated shard: by absolute paths, or for a run on a store by places in its
+    mirror with the records the task checks what it fetches against."""
+    common = (tok_hash, cfg.val_fraction, cfg.dtype, cfg.batch_docs, cfg.fim)
+    where = place(shard)
+    if where is None:
+        return EncodeTask(str(shard), str(out), str(tok_path), *common)
+    recorded = {i["path"]: (i["bytes"], i["sha256"]) for i in stage.inputs}
+    records = tuple(recorded[str(url_of(p))] for p in (shard, tok_path, tok_path.with_name(META_NAME)))
+    (_, out_rel), (_, tok_rel) = place(out) or ("", ""), place(tok_path) or ("", "")
+    return EncodeTask(where[1], out_rel, tok_rel, *common, mirror=where[0], records=records)
+
+
 def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
     run_dir = Path(run_dir)
     layout = RunLayout(run_dir)
     curated = read_manifest(layout.stage(CURATE))
-    shards = recorded_outputs(layout.stage(CURATE), SHARDS)
+    # A run on a store: the curated shards are fetched by the tasks that encode them, wherever they run; the
+    # tokenizer's files (small) here too.
+    shards = recorded_outputs(layout.stage(CURATE), SHARDS, fetch=False)
+    recorded_outputs(layout.stage(TOKENIZER))
     tok_path = layout.tokenizer_json
     stage = Stage(
         run_dir,
@@ -265,6 +299,7 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
         {"tokenize": cfg},
         inputs=[*shards, tok_path, tok_path.with_name(META_NAME)],
         upstream=[CURATE, TOKENIZER],
+        fetch_inputs=False,
     )
     if done := stage.up_to_date(force, lambda m: f"{m['counts']['train_tokens']:,} train tokens"):
         return done
@@ -288,19 +323,7 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
     )  # a uint16 request for a larger vocabulary stops here, before any work
     stage.begin(resume=not force)
     parts_dir = stage.dir / ".parts"  # a dot: no source's folder can take its name
-    tasks = [
-        EncodeTask(
-            str(s),
-            str(parts_dir / s.name.removesuffix(SUFFIX)),
-            str(tok_path),
-            tok_hash,
-            cfg.val_fraction,
-            cfg.dtype,
-            cfg.batch_docs,
-            cfg.fim,
-        )
-        for s in shards
-    ]
+    tasks = [task_for(s, parts_dir / s.name.removesuffix(SUFFIX), tok_path, stage, tok_hash, cfg) for s in shards]
     executor = ThreadExecutor(workers) if inline else build_executor(cfg.executor, "tokenize.executor")
     val_docs = train_docs = 0
     encoders: set[str] = set()  # from the tasks: the stage's own tokenizer picks its encoder only when it encodes
@@ -324,10 +347,11 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
             f"tokenize: no document fell in the validation split at tokenize.val_fraction={cfg.val_fraction} "
             f"({train_docs} documents in all); raise it or curate more documents"
         )
+    pull(parts_dir, ["*"])  # a run on a store: the parts tasks on other machines wrote
     per_source: dict[str, dict[str, dict[str, int]]] = {}
     outputs: list[Path] = []
     for source in sorted({shard_source(s) for s in shards}):
-        parts = [Path(t.out) for t in tasks if shard_source(Path(t.shard)) == source]
+        parts = [t.path("out") for t in tasks if shard_source(t.path("shard")) == source]
         per_source[source] = join(parts, stage.dir / source, tokenizer.vocab_size, dtype, splits_for(cfg.fim))
         outputs += [
             stage.dir / source / f"{split}{ext}"
