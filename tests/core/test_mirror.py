@@ -67,6 +67,9 @@ def test_a_stage_is_published_and_read_back_on_a_machine_with_an_empty_mirror(
         "summary.txt",
     ]
     assert json.loads(fs.cat(prefix + "manifest.json")) == manifest
+    # What the stage asked of the store is counted: its lock, its unfinished attempt's marker, its reads.
+    assert manifest["store_traffic"]["s3"]["PutObject"] >= 2 and manifest["store_traffic"]["s3"]["bytes_written"] > 0
+    assert "store s3://: " in (run_dir / "thing" / "summary.txt").read_text()
     assert not fs.exists(runs.removeprefix("s3://") + "/r/thing.lock")  # released
 
     monkeypatch.setenv("KILN_CACHE", str(tmp_path / "other"))  # another machine: nothing local

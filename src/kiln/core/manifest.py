@@ -51,7 +51,7 @@ from kiln.core.config import Section
 from kiln.core.errors import FatalError
 from kiln.core.layout import MANIFEST, SUMMARY
 from kiln.core.mirror import StoreLock, clear, fetch, fetch_recorded, publish, push_files, refresh, shown, url_of
-from kiln.core.storage import exists, identity, is_url
+from kiln.core.storage import describe_traffic, exists, identity, is_url, traffic_since
 
 IN_PROGRESS = "in_progress.json"  # what an unfinished attempt was doing; resume keeps its work only if it matches
 FORMAT = "kiln-manifest v1"
@@ -201,6 +201,7 @@ class Stage:
         self.config_hash = config_hash(self.config)
         self.log = logging.getLogger(f"kiln.{name}")
         self._t0 = self._cpu0 = 0.0
+        self._traffic0 = traffic_since()  # what this stage reads from and writes to stores is counted from here
 
     def _recorded_inputs(
         self, inputs: Collection[Path | str], manifests: Mapping[str, Mapping[str, Any]]
@@ -436,6 +437,9 @@ class Stage:
             **(extra or {}),
         }
         manifest["fingerprint"] = fingerprint(manifest)
+        if traffic := {s: c for s, c in traffic_since(self._traffic0).items() if any(c.values())}:
+            manifest["store_traffic"] = traffic  # beside the identity, like the timings
+            summary = "\n".join([summary.rstrip(), *describe_traffic(traffic)])
         (self.dir / SUMMARY).write_text(summary.rstrip() + "\n")
         (self.dir / IN_PROGRESS).unlink(missing_ok=True)
         # the manifest appears only once everything else is written

@@ -20,9 +20,11 @@ Not handled here: which objects a run keeps where (kiln.core.mirror).
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import io
+import os
 import time
 from collections.abc import Callable
 from typing import IO, Any
@@ -31,6 +33,66 @@ from kiln.core.errors import FatalError
 
 SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "abfss", "hf", "http", "https")
 RETRIES, RETRY_WAIT_S = 4, 0.5  # a dropped read: opened again after 0.5, 1, 2 and 4 s
+# This process's traffic per store (scheme): bytes_read, bytes_written, reopened (dropped reads resumed) and,
+# for S3, every API call by operation (GetObject, PutObject, ...) and `sends`, its HTTP attempts: the client's
+# own retries are sends less calls. Tasks return what they added (traffic_since), which the stage adds up.
+TRAFFIC: dict[str, collections.Counter[str]] = {}
+
+
+def count(scheme: str, key: str, n: int = 1) -> None:
+    TRAFFIC.setdefault(scheme, collections.Counter())[key] += n
+
+
+def traffic_since(before: dict[str, dict[str, int]] | None = None) -> dict[str, dict[str, int]]:
+    """This process's traffic per store since the snapshot `before` (a traffic_since() result), or in all."""
+    before = before or {}
+    return {
+        scheme: {k: n - before.get(scheme, {}).get(k, 0) for k, n in sorted(c.items())}
+        for scheme, c in sorted(TRAFFIC.items())
+    }
+
+
+def add_traffic(found: dict[str, dict[str, int]]) -> None:
+    """Add another process's traffic (a task's, from its result) to this one's."""
+    for scheme, counts in found.items():
+        for key, n in counts.items():
+            count(scheme, key, n)
+
+
+def task_traffic(before: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """What a task returns of its traffic: the counts since `before` and its process id."""
+    return {"pid": os.getpid(), "counts": traffic_since(before)}
+
+
+def merge_task_traffic(found: dict[str, Any] | None) -> None:
+    """Add a task's traffic (task_traffic) to this process's, unless the task ran in this process."""
+    if found and found["pid"] != os.getpid():
+        add_traffic(found["counts"])
+
+
+def brief_traffic(before: dict[str, dict[str, int]]) -> str:
+    """For a progress bar: each store's requests and megabytes since the snapshot `before`."""
+    return ", ".join(
+        f"{scheme} {sum(n for k, n in c.items() if k[0].isupper()):,} req {c.get('bytes_read', 0) / 1e6:,.0f}/"
+        f"{c.get('bytes_written', 0) / 1e6:,.0f} MB in/out"
+        for scheme, c in traffic_since(before).items()
+        if any(c.values())
+    )
+
+
+def describe_traffic(found: dict[str, dict[str, int]]) -> list[str]:
+    """One line per store: requests by kind, bytes each way, retries."""
+    lines = []
+    for scheme, c in found.items():
+        calls = {k: n for k, n in c.items() if k[0].isupper() and n}
+        retries = c.get("sends", 0) - sum(calls.values()) + c.get("reopened", 0)
+        kinds = ", ".join(f"{k} {n:,}" for k, n in sorted(calls.items(), key=lambda kv: -kv[1]))
+        requests = f"{sum(calls.values()):,} requests ({kinds})" if calls else "requests not counted"
+        lines.append(
+            f"store {scheme}://: {requests}, {c.get('bytes_read', 0) / 1e6:,.1f} MB read, "
+            f"{c.get('bytes_written', 0) / 1e6:,.1f} MB written, {max(retries, 0):,} retries"
+        )
+    return lines
 
 
 def is_url(location: object) -> bool:
@@ -44,12 +106,17 @@ def _filesystem(scheme: str) -> Any:
     import fsspec  # only runs that name a store pay for the import
 
     try:
-        return fsspec.filesystem(scheme)
+        fs = fsspec.filesystem(scheme)
     except ImportError as e:
         raise FatalError(
             f"{scheme}:// locations need fsspec's {scheme} filesystem ({e}); install it (s3fs, gcsfs, adlfs or "
             "huggingface_hub)"
         ) from None
+    if scheme == "s3":  # every API call and HTTP attempt of the client, counted (TRAFFIC)
+        fs.connect()
+        fs.s3.meta.events.register("before-call.s3", lambda model, **_: count("s3", model.name))
+        fs.s3.meta.events.register("before-send.s3", lambda **_: count("s3", "sends"))
+    return fs
 
 
 def filesystem(url: str) -> tuple[Any, str]:
@@ -141,11 +208,13 @@ class Resumable(io.RawIOBase):
                         "check the network or the store, then run again (finished tasks are kept)"
                     ) from None
                 time.sleep(RETRY_WAIT_S * 2**attempt)
+                count(self.url.partition("://")[0], "reopened")
                 self.file.close()
                 self.file = self.opener()
                 self.file.seek(self.pos)
                 continue
             self.pos += n
+            count(self.url.partition("://")[0], "bytes_read", n)
             return n
         raise AssertionError("unreachable")
 
@@ -220,7 +289,9 @@ def read_bytes(url: str) -> tuple[bytes, str] | None:
     fs.invalidate_cache(path)
     try:
         info = fs.info(path)
-        return fs.cat_file(path), str(info.get("ETag") or info.get("etag") or "").strip('"')
+        data = fs.cat_file(path)
+        count(url.partition("://")[0], "bytes_read", len(data))
+        return data, str(info.get("ETag") or info.get("etag") or "").strip('"')
     except FileNotFoundError:
         return None
     except Exception as e:
@@ -240,6 +311,7 @@ def write_bytes(url: str, data: bytes, *, create: bool = False, replace: str | N
             if create and fs.exists(path):
                 raise Conflict(url)
             fs.pipe_file(path, data)
+        count(url.partition("://")[0], "bytes_written", len(data))
     except Conflict:
         raise
     except Exception as e:
@@ -260,6 +332,7 @@ def put_file(local: str, url: str) -> None:
         raise write_failure(url, e) from None
     finally:
         fs.invalidate_cache(path)
+    count(url.partition("://")[0], "bytes_written", os.path.getsize(local))
 
 
 def get_file(url: str, local: str) -> str:

@@ -29,6 +29,7 @@ from typing import Any, Generic, TypeVar
 
 from kiln.core.atomic import write_atomically
 from kiln.core.mirror import local_path, pull, push_files
+from kiln.core.storage import task_traffic, traffic_since
 from kiln.curate.readers import ReadTask
 
 S = TypeVar("S")
@@ -130,13 +131,14 @@ class Job(Generic[S]):
 def run_job(job: Job[Any]) -> tuple[int, dict[str, Any]]:
     """The executor's entry point: run the job's phase function on it; return its index and marker content.
     A run on a store: the phase's reads are fetched first, the job's files and marker stored after."""
+    before = traffic_since()
     if job.work.place is None:
-        return job.index, job.phase.run(job)
+        return job.index, {**job.phase.run(job), "traffic": task_traffic(before)}
     job.folder.mkdir(parents=True, exist_ok=True)
-    fetched = sum(pull(job.work.root, job.phase.reads(job) if job.phase.reads else []).values())
+    pull(job.work.root, job.phase.reads(job) if job.phase.reads else [])
     summary = job.phase.run(job)
-    sent = push_files(job.work.stage_dir, job.own_files(summary))
-    return job.index, {**summary, "store_bytes": {"read": fetched, "written": sent}}
+    push_files(job.work.stage_dir, job.own_files(summary))
+    return job.index, {**summary, "traffic": task_traffic(before)}
 
 
 def finished(jobs: list[Job[Any]]) -> dict[int, dict[str, Any]]:

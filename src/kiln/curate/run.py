@@ -35,7 +35,7 @@ from kiln.core.executors import Executor, build_executor
 from kiln.core.layout import CURATE, SHARDS, SUMMARY
 from kiln.core.manifest import Stage
 from kiln.core.mirror import place, pull, push_files
-from kiln.core.storage import is_url
+from kiln.core.storage import brief_traffic, is_url, merge_task_traffic, traffic_since
 from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
 from kiln.curate.dedup.minhash import memory_estimate
@@ -115,7 +115,7 @@ def run_phase(
             len(jobs),
         )
     by_index = {job.index: job for job in jobs}
-    started, docs = time.perf_counter(), 0
+    started, docs, traffic = time.perf_counter(), 0, traffic_since()
     with tqdm(
         total=sum(map(weight, jobs)),
         initial=sum(weight(by_index[i]) for i in results),
@@ -126,10 +126,12 @@ def run_phase(
         leave=False,
     ) as bar:
         for index, summary in executor.imap_unordered(run_job, todo):
+            merge_task_traffic(summary.pop("traffic", None))
             results[index] = summary
             docs += summary.get("docs", 0)
             bar.update(weight(by_index[index]))
-            bar.set_postfix_str(f"{docs / max(time.perf_counter() - started, 1e-9):,.0f} docs/s", refresh=False)
+            rate = f"{docs / max(time.perf_counter() - started, 1e-9):,.0f} docs/s"
+            bar.set_postfix_str(", ".join(filter(None, (rate, brief_traffic(traffic)))), refresh=False)
     return results
 
 
@@ -142,7 +144,6 @@ class PhaseRunner:
     tasks: list[ReadTask]
     work: WorkDir
     timings: dict[str, dict[str, float]] = field(default_factory=dict)
-    store_bytes: dict[str, int] = field(default_factory=lambda: {"read": 0, "written": 0})  # tasks' work files
 
     def per_task(self, phase: Phase[S], settings: S) -> dict[int, dict[str, Any]]:
         """One job per read task, the progress counted in raw input bytes."""
@@ -161,9 +162,6 @@ class PhaseRunner:
             self.executor, jobs, f"curate {PHASES.index(phase) + 1}/{len(PHASES)} {phase.name}", weight, unit
         )
         peak = max((r.get("rss_mb", 0) for r in results.values()), default=0)
-        for r in results.values():
-            for k, n in r.get("store_bytes", {}).items():
-                self.store_bytes[k] += n
         self.timings[phase.name] = {"seconds": round(time.perf_counter() - started, 3), "max_rss_mb": round(peak, 1)}
         return results
 
@@ -224,8 +222,7 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     shards = [stage.dir / name for name in sorted(known)]
     summary = summarize(cfg, counts, examples, report, stage)
     # phase timings vary from run to run: beside the counts, never in them
-    extra = {"phases": runner.timings, **({"store": runner.store_bytes} if work.place else {})}
-    return stage.finish(shards + outputs, counts, summary, extra=extra, known=known)
+    return stage.finish(shards + outputs, counts, summary, extra={"phases": runner.timings}, known=known)
 
 
 def run_phases(

@@ -46,6 +46,7 @@ from kiln.core.layout import CURATE, SHARDS, SUMMARY, TOKENIZE, TOKENIZER, RunLa
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs
 from kiln.core.mirror import fetch, local_path, place, pull, push_files, url_of
 from kiln.core.split import is_heldout
+from kiln.core.storage import brief_traffic, merge_task_traffic, task_traffic, traffic_since
 from kiln.core.tokenshards import DOC_SCORES, SCORES_SUFFIX, TokenShard, TokenShardWriter, doc_scores, dtype_for
 from kiln.text.engines import Flat, packed
 from kiln.text.fim import FimCut, draw_cut, fim_ids
@@ -213,9 +214,10 @@ def splits_for(fim: FimConfig | None) -> tuple[str, ...]:
 def encode_shard(task: EncodeTask) -> dict[str, Any]:
     """Encode one curated shard into its part folder; a finished part is returned as it is."""
     out, shard, tok_path = task.path("out"), task.path("shard"), task.path("tokenizer")
+    before = traffic_since()
     pull(out, [DONE])  # a run on a store: a part finished on any machine
     if (out / DONE).is_file():
-        return json.loads((out / DONE).read_text())
+        return {**json.loads((out / DONE).read_text()), "traffic": task_traffic(before)}
     if out.exists():
         shutil.rmtree(out)  # an interrupted task: start it again
     out.mkdir(parents=True)
@@ -235,7 +237,7 @@ def encode_shard(task: EncodeTask) -> dict[str, Any]:
     stats = {**part.stats, "encoder": tokenizer.encoder_name}
     write_atomically(out / DONE, lambda p: p.write_text(json.dumps(stats)))
     push_files(out, sorted(p for p in out.iterdir() if p.name != DONE) + [out / DONE])
-    return stats
+    return {**stats, "traffic": task_traffic(before)}
 
 
 def join(
@@ -326,6 +328,7 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
     tasks = [task_for(s, parts_dir / s.name.removesuffix(SUFFIX), tok_path, stage, tok_hash, cfg) for s in shards]
     executor = ThreadExecutor(workers) if inline else build_executor(cfg.executor, "tokenize.executor")
     val_docs = train_docs = 0
+    stage_traffic = traffic_since()
     encoders: set[str] = set()  # from the tasks: the stage's own tokenizer picks its encoder only when it encodes
     try:
         # The bar advances per finished curated shard (each task is one).
@@ -337,7 +340,10 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
             dynamic_ncols=True,
         ) as bar:
             for stats in executor.imap_unordered(encode_shard, tasks):
+                merge_task_traffic(stats.get("traffic"))
                 bar.update(stats["train"]["bytes"] + stats["val"]["bytes"])
+                if traffic := brief_traffic(stage_traffic):
+                    bar.set_postfix_str(traffic, refresh=False)
                 val_docs, train_docs = val_docs + stats["val"]["docs"], train_docs + stats["train"]["docs"]
                 encoders.add(stats.get("encoder") or tokenizer.encoder_name)  # none in a part of an older kiln
     finally:
