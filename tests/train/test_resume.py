@@ -240,3 +240,33 @@ def test_force_while_another_run_holds_the_lock_moves_nothing(runs: Any) -> None
         live.wait()
     assert sorted(p.name for p in (run_dir / "train.partial" / "checkpoints").iterdir()) == held
     assert not list(run_dir.glob("train.old-*"))
+
+
+def test_a_run_on_a_store_resumes_on_another_machine_from_the_state_the_store_kept(
+    runs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_store: str
+) -> None:
+    """The tokenized run in a bucket (tests/conftest.py's S3 server); training crashes after step 10 with
+    states after steps 4 and 8 stored; a machine with an empty cache resumes from step 8's and trains the
+    same steps 9-16 as an uninterrupted run."""
+    s3fs = pytest.importorskip("s3fs")
+    from kiln.core.mirror import mirror_of
+
+    fresh, whole = runs
+    bucket = "resume-" + tmp_path.name[-12:].lower().replace("_", "-").strip("-")
+    fs = s3fs.S3FileSystem()
+    fs.mkdir(bucket)
+    fs.put(str(fresh("to-store")), f"{bucket}/runs/r", recursive=True)
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "first"))
+    with pytest.raises(Crash):
+        train(mirror_of(f"s3://{bucket}/runs") / "r", cfg(), crash_after_step=10)
+    stored = sorted(fs.glob(f"{bucket}/runs/r/train.partial/checkpoints/*/complete.json"))
+    assert [p.split("/")[-2] for p in stored] == ["step-0000004", "step-0000008"]
+
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "second"))
+    run_dir = mirror_of(f"s3://{bucket}/runs") / "r"
+    assert not (run_dir / "train.partial").exists()
+    manifest = train(run_dir, cfg())
+    assert manifest["counts"]["steps"] == STEPS and fs.exists(f"{bucket}/runs/r/train/checkpoint/model.safetensors")
+    resumed = losses(run_dir)
+    assert min(resumed) == 9 and resumed == {s: v for s, v in whole.items() if s > 8}
+    assert not fs.exists(f"{bucket}/runs/r/train.partial")  # published, then the attempt's objects removed

@@ -50,7 +50,18 @@ from kiln.core.atomic import write_atomically
 from kiln.core.config import Section
 from kiln.core.errors import FatalError
 from kiln.core.layout import MANIFEST, SUMMARY
-from kiln.core.mirror import StoreLock, clear, fetch, fetch_recorded, publish, push_files, refresh, shown, url_of
+from kiln.core.mirror import (
+    StoreLock,
+    clear,
+    fetch,
+    fetch_recorded,
+    process_alive,
+    publish,
+    push_files,
+    refresh,
+    shown,
+    url_of,
+)
 from kiln.core.storage import describe_traffic, exists, identity, is_url, traffic_since
 
 IN_PROGRESS = "in_progress.json"  # what an unfinished attempt was doing; resume keeps its work only if it matches
@@ -387,9 +398,7 @@ class Stage:
         self.lock()
         marker = self.partial_dir / IN_PROGRESS
         if self.store is not None:
-            if self.store_lock is None:
-                self.store_lock = StoreLock(self.store + ".lock", self.name)
-                self.store_lock.acquire()
+            self.store_lock = StoreLock.take(self.store + ".lock", self.name)
             refresh(marker)  # the store's unfinished attempt, if any, is the one a resume continues
         kept = resume and self.partial_matches()
         if not kept:
@@ -484,7 +493,7 @@ class Stage:
                     continue  # released (or half-written) between our two calls: try again
                 if holder.get("host") == me["host"] and holder.get("pid") == me["pid"]:
                     return  # ours: taken earlier in this command (or by this process's earlier attempt)
-                if holder.get("host") != me["host"] or _alive(holder.get("pid")):
+                if holder.get("host") != me["host"] or process_alive(holder.get("pid")):
                     raise FatalError(
                         f"{self.name}: {self.final_dir} is being built by pid {holder.get('pid')} on "
                         f"{holder.get('host')} since {holder.get('since')}; "
@@ -540,20 +549,3 @@ def _read_lock(path: Path) -> dict[str, Any] | None:
         return None
     except json.JSONDecodeError:
         return {}  # a lock whose writer died mid-write: no live holder to name
-
-
-def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by another user
-    # A killed process nobody has reaped yet (a zombie) still answers signal 0, but holds nothing.
-    stat = Path(f"/proc/{pid}/stat")
-    try:
-        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True

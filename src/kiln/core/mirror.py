@@ -279,10 +279,40 @@ def publish(final_dir: Path, manifest: Mapping[str, Any], manifest_name: str, pa
     log.info("%s: published to %s (%d files)", final_dir.name, url, len(local.keys() | now.keys()) + 1)
 
 
+def process_alive(pid: Any) -> bool:
+    """Whether a process of this machine with that id is running (a lock's holder)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by another user
+    # A killed process nobody has reaped yet (a zombie) still answers signal 0, but holds nothing.
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
 class StoreLock:
     """A stage's lock object on the store: {host, pid, since, expires}. Taken by a create-only write
     (the store decides between two takers), renewed every LOCK_TTL_S / 3 by a background thread,
-    taken over when past its expiry (its holder died or lost the store), removed on release."""
+    taken over when past its expiry (its holder died or lost the store) or at once when its holder was
+    a process of this machine that is gone, removed on release. `take` gives the lock this process
+    already holds (an attempt that failed earlier in it) rather than a second one."""
+
+    held: dict[str, StoreLock] = {}  # this process's, by URL
+
+    @classmethod
+    def take(cls, url: str, what: str) -> StoreLock:
+        if url not in cls.held:
+            lock = cls(url, what)
+            lock.acquire()
+            cls.held[url] = lock
+        return cls.held[url]
 
     def __init__(self, url: str, what: str):
         self.url, self.what = url, what
@@ -304,19 +334,23 @@ class StoreLock:
                 if found is None:
                     continue  # released between our two requests
                 holder = json.loads(found[0] or b"{}")
-                if holder.get("expires", 0) > time.time():
+                ours = holder.get("host") == socket.gethostname() and holder.get("pid") == os.getpid()
+                dead = holder.get("host") == socket.gethostname() and not process_alive(holder.get("pid"))
+                if holder.get("expires", 0) > time.time() and not ours and not dead:
                     raise FatalError(
                         f"{self.what}: {self.url} is held by pid {holder.get('pid')} on {holder.get('host')} since "
                         f"{holder.get('since')} (until {time.strftime('%H:%M:%S', time.gmtime(holder['expires']))} "
                         "UTC unless renewed); wait for that run to finish"
                     ) from None
-                log.warning(
-                    "%s: taking over %s, left by pid %s on %s (expired)",
-                    self.what,
-                    self.url,
-                    holder.get("pid"),
-                    holder.get("host"),
-                )
+                if not ours:
+                    log.warning(
+                        "%s: taking over %s, left by pid %s on %s (%s)",
+                        self.what,
+                        self.url,
+                        holder.get("pid"),
+                        holder.get("host"),
+                        "no longer running" if dead else "expired",
+                    )
                 try:
                     storage.write_bytes(self.url, self._record(), replace=found[1])
                 except storage.Conflict:
@@ -350,6 +384,7 @@ class StoreLock:
             )
 
     def release(self) -> None:
+        StoreLock.held.pop(self.url, None)
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

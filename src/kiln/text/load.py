@@ -12,6 +12,9 @@ import json
 from pathlib import Path
 
 from kiln.core.errors import FatalError
+from kiln.core.layout import MANIFEST
+from kiln.core.manifest import recorded_outputs
+from kiln.core.mirror import refresh, url_of
 from kiln.text.hf_tokenizer import FORMAT as HF_FORMAT
 from kiln.text.hf_tokenizer import VERSION as HF_VERSION
 from kiln.text.hf_tokenizer import HfTokenizer
@@ -23,6 +26,8 @@ AnyTokenizer = KilnTokenizer | HfTokenizer
 def load_tokenizer(path: Path) -> AnyTokenizer:
     """The tokenizer whose tokenizer.json is `path`; FatalError naming what is missing, foreign or changed."""
     path = Path(path)
+    if url_of(path) is not None and refresh(path.parent / MANIFEST):
+        recorded_outputs(path.parent)  # a run on a store: the files of the stage that made it (small), checked
     meta_path = path.with_name(META_NAME)
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}

@@ -20,7 +20,10 @@ background thread while training goes on (on a process group of its own, so its 
 interleave with the loop's); rank 0 completes the folder once every rank's shards are written
 (DCP's save finishes on the coordinator last). The next save, a rollback or the end of training
 waits for it.
-Not handled here: the consolidated safetensors checkpoint the stage outputs (kiln.train.checkpoint).
+A run on a store (kiln.core.mirror) keeps each complete state there as well, complete.json last, and
+removes the pruned ones; a resumed run fetches the store's states first (kiln.train.run.pick_state).
+Not handled here: the consolidated safetensors checkpoint the stage outputs (kiln.train.checkpoint),
+states of a run on a store written by ranks on several machines (refused: kiln.train.run).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from kiln.core.errors import FatalError
 from kiln.core.manifest import sha256_file
+from kiln.core.mirror import clear, push_files
 from kiln.train.mesh import Ranks
 from kiln.train.state_files import (
     NOT_LOADED,
@@ -301,6 +305,8 @@ class States:
         write_text(tmp / COMPLETE, json.dumps({p.name: sha256_file(p) for p in sorted(tmp.iterdir())}, indent=1))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
+        # A run on a store: the state goes there too, complete.json last, so a re-run on any machine resumes from it.
+        push_files(self.root, sorted(p for p in final.iterdir() if p.name != COMPLETE) + [final / COMPLETE])
         self._prune()
 
     def wait(self) -> None:
@@ -332,6 +338,7 @@ class States:
                 and state_step(old) not in self.keep_steps
             ):
                 shutil.rmtree(old)
+                clear(old, COMPLETE)  # and its copy on the store, for a run on one
 
     def load(
         self, folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig

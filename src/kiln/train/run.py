@@ -31,7 +31,8 @@ import torch
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError, FatalError
 from kiln.core.layout import MANIFEST, TOKENIZE, TOKENIZER_META, TRAIN, RunLayout
-from kiln.core.manifest import Stage, read_manifest, recorded_outputs, sha256_file
+from kiln.core.manifest import IN_PROGRESS, Stage, read_manifest, recorded_outputs, sha256_file
+from kiln.core.mirror import pull, refresh, url_of
 from kiln.core.ranks import world_size
 from kiln.model.batch import Batch, RowSource
 from kiln.model.config import ModelConfig, count_params, flops_per_token
@@ -263,6 +264,9 @@ def pick_state(stage: Stage, cfg: TrainConfig, force: bool, from_step: int | Non
 
     Everything here happens under the stage's lock: a live run's folders are never moved."""
     stage.lock()
+    if stage.store is not None:  # a run on a store: its interrupted attempt and saved states, whichever machine ran it
+        refresh(stage.partial_dir / IN_PROGRESS)
+        pull(stage.partial_dir, [f"{STATES}/*"])
     if from_step is not None and force:
         raise FatalError(
             f"train: --from {from_step} resumes the interrupted run and --force starts over; give one of them"
@@ -370,6 +374,12 @@ def train_stage(
 ) -> dict[str, Any]:
     layout = RunLayout(run_dir)
     tokenized = read_manifest(layout.token_shards)
+    if url_of(run_dir) is not None and int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world)) != ranks.world:
+        raise FatalError(
+            f"train: the run is on a store ({url_of(run_dir)}) and its {ranks.world} processes span several machines; "
+            "a run on a store trains on one machine for now (its resumable states are written there, then stored): "
+            "run on one node, or give runs_dir a filesystem every node shares"
+        )
     check_layout(model_cfg, cfg, inputs.parallel, ranks.degrees, resolve_precision(cfg.precision, "train").amp_dtype)
     stage = None
     if ranks.is_main:  # inputs are hashed and checked once, here
