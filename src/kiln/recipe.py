@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError
 from kiln.core.mirror import mirror_of
-from kiln.core.storage import is_url
+from kiln.core.storage import READ_ONLY_SCHEMES, is_url
 from kiln.curate.config import CurateConfig
 from kiln.curate.quality.config import QualityConfig
 from kiln.evaluate.config import EvalConfig, ExportConfig, GenerateConfig
@@ -76,6 +76,11 @@ class Recipe(Section):
 
     @model_validator(mode="after")
     def _cross_section(self) -> Recipe:
+        if is_url(self.runs_dir) and self.runs_dir.split("://")[0].lower() in READ_ONLY_SCHEMES:
+            raise ValueError(
+                f"runs_dir {self.runs_dir!r}: {self.runs_dir.split('://')[0]}:// locations are read only; give "
+                "runs_dir a local folder or an s3://, gs:// or az:// location"
+            )
         if self.train.seq_len > self.model.max_seq_len:
             raise ValueError(
                 f"train.seq_len ({self.train.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})"

@@ -141,3 +141,16 @@ def test_a_missing_bucket_is_named(s3_store: str, tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
     with pytest.raises(FatalError, match=r"s3://no-such-bucket-kiln/runs/r/thing.lock: no such bucket or object"):
         make(mirror_of("s3://no-such-bucket-kiln/runs") / "r")
+
+
+def test_a_read_only_location_as_runs_dir_is_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kiln.core.errors import ConfigError
+    from kiln.recipe import load_recipe
+
+    with pytest.raises(ConfigError, match=r"runs_dir 'https://example.org/runs': https:// locations are read only"):
+        load_recipe("demo", ["runs_dir=https://example.org/runs"])
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path))
+    assert load_recipe("demo", ["runs_dir=s3://bucket/runs"]).run_dir == mirror_of("s3://bucket/runs") / "demo"
+    assert url_of(mirror_of("s3://bucket/runs") / "demo") == "s3://bucket/runs/demo"

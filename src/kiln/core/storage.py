@@ -32,6 +32,7 @@ from typing import IO, Any
 from kiln.core.errors import FatalError
 
 SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "abfss", "hf", "http", "https")
+READ_ONLY_SCHEMES = ("hf", "http", "https")  # inputs only: kiln never writes there
 RETRIES, RETRY_WAIT_S = 4, 0.5  # a dropped read: opened again after 0.5, 1, 2 and 4 s
 # This process's traffic per store (scheme): bytes_read, bytes_written, reopened (dropped reads resumed) and,
 # for S3, every API call by operation (GetObject, PutObject, ...) and `sends`, its HTTP attempts: the client's
@@ -377,7 +378,7 @@ def write_failure(url: str, e: BaseException) -> FatalError:
     text = str(e) or type(e).__name__
     if isinstance(e, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
         return FatalError(f"{url}: the store refused the write ({text}); check that the credentials may write there")
-    if url.split("://")[0] in ("http", "https", "hf"):
+    if url.split("://")[0] in READ_ONLY_SCHEMES:
         return FatalError(
             f"{url}: {url.split('://')[0]}:// locations are read only; write the run to s3://, gs:// or az://"
         )
