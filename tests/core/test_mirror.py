@@ -154,3 +154,26 @@ def test_a_read_only_location_as_runs_dir_is_refused_before_any_work(
     monkeypatch.setenv("KILN_CACHE", str(tmp_path))
     assert load_recipe("demo", ["runs_dir=s3://bucket/runs"]).run_dir == mirror_of("s3://bucket/runs") / "demo"
     assert url_of(mirror_of("s3://bucket/runs") / "demo") == "s3://bucket/runs/demo"
+
+
+def test_fetched_files_are_kept_within_kiln_cache_gb_least_recently_used_first(
+    runs: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from kiln.core import mirror
+
+    make(mirror_of(runs) / "r", files=3)  # three outputs of 1,000 bytes
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "other"))
+    stage = mirror_of(runs) / "r" / "thing"
+    paths = recorded_outputs(stage, "out")
+    records = mirror.mirror_of(runs) / mirror.VERIFIED
+    for i, path in enumerate(paths):  # used in this order: part-0 longest ago
+        (records / mirror._verified(path).name).touch()
+        time.sleep(0.01 * (i + 1))
+    monkeypatch.setenv("KILN_CACHE_GB", "0.0000025")  # 2,500 bytes
+    monkeypatch.setattr(mirror, "STARTED", time.time() + 1)  # as a later command sees them
+    mirror._evict(records)
+    assert [p.exists() for p in paths] == [False, True, True] and len(list(records.iterdir())) == 2
+    monkeypatch.setattr(mirror, "STARTED", time.time() - 1)  # this command uses all three: none goes
+    with caplog.at_level(logging.WARNING, logger="kiln.core"):
+        assert [p.read_text() for p in recorded_outputs(stage, "out")] == [f"a{i}" * 500 for i in range(3)]
+    assert all(p.exists() for p in paths) and "over KILN_CACHE_GB=0" in caplog.text

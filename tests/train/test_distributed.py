@@ -131,3 +131,45 @@ def test_sigterm_saves_a_resumable_state_and_the_run_continues_exactly(
     ]
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
     assert [r["loss"] for r in steps] == [r["loss"] for r in single[0]]  # bit for bit, one process both times
+
+
+def test_two_machines_without_a_shared_disk_train_a_run_in_a_bucket(
+    single: tuple[list, Path], tokenized_run: Path, tmp_path: Path, s3_store: str
+) -> None:
+    # FSDP2 over two torchrun "nodes" of one process each, each with its own KILN_CACHE (no disk between them),
+    # the run in the S3 server on localhost (tests/conftest.py): the same losses as one process, and each
+    # state in the bucket holds both ranks' shards, with complete.json listing them.
+    import os
+
+    s3fs = pytest.importorskip("s3fs")
+    fs = s3fs.S3FileSystem()
+    bucket = f"two-nodes-{free_port()}"
+    fs.mkdir(bucket)
+    for stage in ("curate", "tokenizer", "tokenize"):
+        fs.put(str(tokenized_run / stage), f"{bucket}/runs/run/{stage}", recursive=True)
+    recipe, port = write_recipe(tmp_path, micro=2), free_port()
+    overrides = ("parallel.dp_shard=-1", f"runs_dir=s3://{bucket}/runs", "train.checkpoint.every=5")
+    nodes = [
+        subprocess.Popen(
+            nodes_command(recipe, 2, 1, port, *overrides),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                "CUDA_VISIBLE_DEVICES": "",
+                "OMP_NUM_THREADS": "1",
+                "KILN_CACHE": str(tmp_path / f"n{i}"),
+            },
+        )
+        for i in range(2)
+    ]
+    for node in nodes:
+        assert node.wait(timeout=300) == 0, node.stderr.read()[-3000:] if node.stderr else ""
+    metrics = fs.cat(f"{bucket}/runs/run/train/metrics.jsonl").decode().splitlines()
+    assert_same_losses([r for r in map(json.loads, metrics) if "loss" in r], single[0])
+    state = f"{bucket}/runs/run/train/checkpoints/step-0000010"
+    listed = json.loads(fs.cat(f"{state}/complete.json"))
+    assert {"__0_0.distcp", "__1_0.distcp", "rng-0.json", "rng-1.json"} <= set(listed)
+    assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(state)) == sorted([*listed, "complete.json"])
+    assert not fs.exists(f"{bucket}/runs/run/train.partial")

@@ -13,9 +13,12 @@ memory-mapped, writes stay atomic renames), and the store holds the truth:
   nothing else is ever deleted), its manifest put last. A reader that finds a manifest finds
   every file it lists;
 - `StoreLock`: a lock object (host, pid, expiry, renewed while held) keeps two runs on any
-  machines from building one stage; one past its expiry is taken over.
-Not handled here: the objects themselves (kiln.core.storage), tasks that run on other machines
-(they pull and push their own files, kiln.curate.jobs).
+  machines from building one stage; one past its expiry is taken over;
+- `pull`, `push_files`, `place`/`local_path`: what tasks on other machines use to fetch the files
+  they read and store the files they wrote (kiln.curate.jobs, kiln.tokenize.encode,
+  kiln.train.resume);
+- the fetched outputs stay within KILN_CACHE_GB, least recently used evicted first.
+Not handled here: the objects themselves (kiln.core.storage).
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from kiln.core.layout import SUMMARY as SUMMARY_NAME
 MARKER = ".kiln-store.json"  # in a mirror's root: {"url": the store location it stands for}
 VERIFIED = ".kiln-verified"  # in a mirror's root: one file per checked download, so a file is hashed once
 LOCK_TTL_S = 120.0  # a lock not renewed for this long is stale; its holder renews it every third of that
+CACHE_GB = 100.0  # the fetched outputs a machine keeps (KILN_CACHE_GB overrides): beyond it, the least recently used go
+STARTED = time.time()  # files this process fetched or used are never evicted by it
 log = logging.getLogger("kiln.core")
 
 
@@ -121,7 +126,7 @@ def pull(folder: Path, patterns: Iterable[str]) -> dict[str, int]:
             if local.is_file() and local.stat().st_size == info["bytes"]:
                 continue
             local.parent.mkdir(parents=True, exist_ok=True)
-            part = local.with_name(local.name + ".part")
+            part = local.with_name(f"{local.name}.part-{os.getpid()}")  # ranks of one machine may fetch it at once
             storage.get_file(f"{url}/{rel}", str(part))
             os.replace(part, local)
             fetched[rel] = info["bytes"]
@@ -184,13 +189,14 @@ def fetch(path: Path, size: int, sha256: str) -> None:
     seen = _verified(path)
     stat = path.stat() if path.is_file() else None
     if stat is not None and stat.st_size == size:
-        if seen.is_file() and seen.read_text() == f"{stat.st_size} {stat.st_mtime_ns} {sha256}":
+        if seen.is_file() and seen.read_text().split("\n")[0] == f"{stat.st_size} {stat.st_mtime_ns} {sha256}":
+            seen.touch()  # used now: the last to be evicted
             return
         if _sha256(path) == sha256:
             _remember(path, sha256)
             return
     path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(path.name + ".part")
+    part = path.with_name(f"{path.name}.part-{os.getpid()}")
     got = storage.get_file(url, str(part))
     if got != sha256:
         part.unlink(missing_ok=True)
@@ -200,12 +206,45 @@ def fetch(path: Path, size: int, sha256: str) -> None:
         )
     os.replace(part, path)
     _remember(path, sha256)
+    if time.time() - _checked[0] > 60:  # perf: the records are listed at most once a minute (and after a batch)
+        _evict(seen.parent)
+
+
+_checked = [0.0]  # when _evict last listed the records
+
+
+def _evict(records: Path) -> None:
+    """Keep the fetched files within KILN_CACHE_GB: remove the least recently used ones that no command of
+    this process has used (a memory-mapped file removed stays readable to whoever mapped it)."""
+    _checked[0] = time.time()
+    limit = float(os.environ.get("KILN_CACHE_GB") or CACHE_GB) * 1e9
+    found = []
+    for record in records.iterdir():
+        size, _, rest = record.read_text().partition(" ")
+        found.append((record.stat().st_mtime, int(size), Path(rest.partition("\n")[2]), record))
+    total = sum(size for _, size, _, _ in found)
+    for used, size, path, record in sorted(found, key=lambda f: f[0]):
+        if total <= limit or used >= STARTED:
+            break
+        path.unlink(missing_ok=True)
+        record.unlink(missing_ok=True)
+        total -= size
+    if total > limit:
+        log.warning(
+            "the mirror %s holds %.1f GB of fetched files this command uses, over KILN_CACHE_GB=%.0f",
+            records.parent,
+            total / 1e9,
+            limit / 1e9,
+        )
 
 
 def fetch_recorded(stage_dir: Path, outputs: Iterable[Mapping[str, Any]]) -> None:
     """fetch() each output (manifest entries: path relative to the stage, bytes, sha256)."""
+    outputs = list(outputs)
     for o in outputs:
         fetch(Path(stage_dir) / o["path"], o["bytes"], o["sha256"])
+    if outputs and url_of(stage_dir) is not None and (records := _verified(Path(stage_dir)).parent).is_dir():
+        _evict(records)
 
 
 def _verified(path: Path) -> Path:
@@ -218,7 +257,7 @@ def _remember(path: Path, sha256: str) -> None:
     stat = path.stat()
     seen = _verified(path)
     seen.parent.mkdir(exist_ok=True)
-    seen.write_text(f"{stat.st_size} {stat.st_mtime_ns} {sha256}")
+    seen.write_text(f"{stat.st_size} {stat.st_mtime_ns} {sha256}\n{path}")
 
 
 def _sha256(path: Path) -> str:
@@ -267,6 +306,16 @@ def publish(final_dir: Path, manifest: Mapping[str, Any], manifest_name: str, pa
     now = {o["path"]: o for o in manifest.get("outputs", []) + manifest.get("logs", [])}
     local = {p.relative_to(final_dir).as_posix(): p for p in final_dir.rglob("*") if p.is_file()}
     local.pop(manifest_name, None)
+    # Files other machines stored in a folder this one holds part of (a training state written by ranks on
+    # several machines) come along; a folder this machine dropped (curate's work/) does not.
+    folders = {rel.rpartition("/")[0] for rel in local}
+    elsewhere = [
+        rel
+        for rel in storage.objects(f"{url_of(partial)}/")
+        if rel not in local and rel not in now and "/" in rel and rel.rpartition("/")[0] in folders
+    ]
+    for rel in sorted(elsewhere):
+        storage.copy(f"{url_of(partial)}/{rel}", f"{url}/{rel}")
     for rel in sorted(local.keys() | now.keys()):
         if rel in now and was.get(rel) == now[rel]["sha256"] and there.get(rel, {}).get("bytes") == now[rel]["bytes"]:
             continue  # unchanged since the last publish

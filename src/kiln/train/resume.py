@@ -20,10 +20,12 @@ background thread while training goes on (on a process group of its own, so its 
 interleave with the loop's); rank 0 completes the folder once every rank's shards are written
 (DCP's save finishes on the coordinator last). The next save, a rollback or the end of training
 waits for it.
-A run on a store (kiln.core.mirror) keeps each complete state there as well, complete.json last, and
-removes the pruned ones; a resumed run fetches the store's states first (kiln.train.run.pick_state).
-Not handled here: the consolidated safetensors checkpoint the stage outputs (kiln.train.checkpoint),
-states of a run on a store written by ranks on several machines (refused: kiln.train.run).
+A run on a store (kiln.core.mirror) keeps each complete state there as well and removes the pruned
+ones: every rank stores the files it wrote (its shards, its RNG file), rank 0 gathers their checksums
+and stores complete.json last, so ranks on machines that share no disk write one state; a state is
+fetched into each machine's mirror before it is loaded, and a resumed run fetches the store's states
+first (kiln.train.run.pick_state). Asynchronous saves of such a run across machines are refused.
+Not handled here: the consolidated safetensors checkpoint the stage outputs (kiln.train.checkpoint).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import base64
 import errno
 import json
 import logging
+import os
 import random
 import shutil
 import threading
@@ -56,9 +59,11 @@ from torch.distributed.checkpoint.state_dict import (
 
 from kiln.core.errors import FatalError
 from kiln.core.manifest import sha256_file
-from kiln.core.mirror import clear, push_files
+from kiln.core.mirror import clear, pull, push_files, url_of
+from kiln.core.storage import put_file
 from kiln.train.mesh import Ranks
 from kiln.train.state_files import (
+    METADATA,
     NOT_LOADED,
     PICKLED_METADATA,
     Reader,
@@ -222,6 +227,13 @@ class States:
         self.data_ranks: list[tuple[int, int]] = [(1, ranks.data_world)]
         # Async saves run collectives from a thread: on a group of their own (a CPU backend, as DCP needs).
         self.group = dist.new_group(backend="gloo") if cfg.async_save and ranks.world > 1 else None
+        self.store = url_of(root)  # a run on a store: states go there too
+        spread = int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world)) != ranks.world  # ranks on several machines
+        if self.store is not None and spread and cfg.async_save:
+            raise FatalError(
+                f"train.checkpoint.async_save: the run is on a store ({self.store}) and its ranks span several "
+                "machines, whose states are stored rank by rank after each save; set train.checkpoint.async_save=false"
+            )
 
     def complete(self) -> list[Path]:
         return complete_states(self.root)
@@ -256,9 +268,12 @@ class States:
             if not self.async_save or wait:
                 dcp.save(state, storage_writer=Writer(tmp))
                 self.ranks.barrier()  # every rank's rng file and shards are written
+                sums = self._store_own(tmp, final) if self.store is not None else None
                 if self.ranks.is_main:
-                    self._finish(tmp, final)
+                    self._finish(tmp, final, sums)
                 self.ranks.barrier()
+                if sums is not None and os.environ.get("LOCAL_RANK", "0") == "0" and tmp.is_dir():
+                    shutil.rmtree(tmp)  # a machine other than rank 0's: its part is on the store
                 return
             upload = dcp.async_save(state, storage_writer=Writer(tmp), process_group=self.group)
         except (OSError, CheckpointException) as e:
@@ -301,12 +316,28 @@ class States:
         except BaseException as e:  # raised on the training thread by wait()
             self.failure = e
 
-    def _finish(self, tmp: Path, final: Path) -> None:
-        write_text(tmp / COMPLETE, json.dumps({p.name: sha256_file(p) for p in sorted(tmp.iterdir())}, indent=1))
+    def _store_own(self, tmp: Path, final: Path) -> dict[str, str]:
+        """A run on a store: this rank's files of the state stored under the state's final name; returns every
+        rank's files with their sha256 (a collective)."""
+        rank = self.ranks.rank
+        own = [tmp / f"rng-{rank}.json", *sorted(tmp.glob(f"__{rank}_*.distcp"))]  # DCP names shards __<rank>_<n>
+        if self.ranks.is_main:
+            own += [tmp / TRAIN_STATE_JSON, tmp / METADATA]
+        sums = {p.name: sha256_file(p) for p in own}
+        for p in own:
+            put_file(str(p), f"{url_of(final)}/{p.name}")
+        return {name: sha for found in self.ranks.gather(sums) for name, sha in found.items()}
+
+    def _finish(self, tmp: Path, final: Path, sums: dict[str, str] | None = None) -> None:
+        """complete.json, then the rename. `sums`: every rank's files, each already stored (a run on a store);
+        without them, this machine's files, summed here (and stored here for a run on a store)."""
+        found = sums or {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
+        write_text(tmp / COMPLETE, json.dumps(dict(sorted(found.items())), indent=1))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         # A run on a store: the state goes there too, complete.json last, so a re-run on any machine resumes from it.
-        push_files(self.root, sorted(p for p in final.iterdir() if p.name != COMPLETE) + [final / COMPLETE])
+        rest = [] if sums else sorted(p for p in final.iterdir() if p.name != COMPLETE)
+        push_files(self.root, [*rest, final / COMPLETE])
         self._prune()
 
     def wait(self) -> None:
@@ -350,6 +381,9 @@ class States:
         kiln draws its data from seeded generators, not from these.
         """
         self.wait()
+        if self.store is not None:  # each machine's mirror: the state's files, wherever its ranks saved them
+            pull(folder, ["*"])
+        self.ranks.barrier()
         if self.ranks.is_main:
             verify(folder, cfg)
         self.ranks.barrier()

@@ -30,7 +30,7 @@ import torch
 
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError, FatalError
-from kiln.core.layout import MANIFEST, TOKENIZE, TOKENIZER_META, TRAIN, RunLayout
+from kiln.core.layout import MANIFEST, TOKENIZE, TOKENIZER, TOKENIZER_META, TRAIN, RunLayout
 from kiln.core.manifest import IN_PROGRESS, Stage, read_manifest, recorded_outputs, sha256_file
 from kiln.core.mirror import pull, refresh, url_of
 from kiln.core.ranks import world_size
@@ -374,12 +374,6 @@ def train_stage(
 ) -> dict[str, Any]:
     layout = RunLayout(run_dir)
     tokenized = read_manifest(layout.token_shards)
-    if url_of(run_dir) is not None and int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world)) != ranks.world:
-        raise FatalError(
-            f"train: the run is on a store ({url_of(run_dir)}) and its {ranks.world} processes span several machines; "
-            "a run on a store trains on one machine for now (its resumable states are written there, then stored): "
-            "run on one node, or give runs_dir a filesystem every node shares"
-        )
     check_layout(model_cfg, cfg, inputs.parallel, ranks.degrees, resolve_precision(cfg.precision, "train").amp_dtype)
     stage = None
     if ranks.is_main:  # inputs are hashed and checked once, here
@@ -392,6 +386,11 @@ def train_stage(
     def finished(m: dict[str, Any]) -> str:
         return f"{m['counts']['steps']} steps, val loss {m['counts']['val_after']['all']['loss']:.3f}"
 
+    if url_of(run_dir) is not None and stage is None and os.environ.get("LOCAL_RANK", "0") == "0":
+        # A run on a store, another machine than rank 0's: its mirror gets the shards and tokenizer once, checked.
+        recorded_outputs(layout.token_shards)
+        recorded_outputs(layout.stage(TOKENIZER))
+    ranks.barrier()  # every machine's mirror holds them before any rank reads them
     done = ranks.broadcast(stage.up_to_date(request.force, finished) if stage else None)
     if done:
         return done
