@@ -9,6 +9,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,51 @@ def test_fetched_files_are_kept_within_kiln_cache_gb_least_recently_used_first(
     with caplog.at_level(logging.WARNING, logger="kiln.core"):
         assert [p.read_text() for p in recorded_outputs(stage, "out")] == [f"a{i}" * 500 for i in range(3)]
     assert all(p.exists() for p in paths) and "over KILN_CACHE_GB=0" in caplog.text
+
+
+@pytest.fixture
+def reader(runs: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The S3 server checking signatures and policies (moto's IAM checks), with a user that may only read;
+    yields the bucket of `runs`. The server and the client's cached connections are restored after."""
+    import boto3
+    from moto import settings
+    from moto.core.authorization import ActionAuthenticatorMixin
+
+    from kiln.core import storage
+
+    iam = boto3.client("iam")
+    iam.create_user(UserName="reader")
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": ["s3:Get*", "s3:List*", "s3:Head*"], "Resource": "*"}],
+    }
+    iam.put_user_policy(UserName="reader", PolicyName="read", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName="reader")["AccessKey"]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key["AccessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key["SecretAccessKey"])
+    before = settings.INITIAL_NO_AUTH_ACTION_COUNT
+    settings.INITIAL_NO_AUTH_ACTION_COUNT, ActionAuthenticatorMixin.request_count = 0, 0
+    storage._filesystem.cache_clear()
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        yield runs.removeprefix("s3://").split("/")[0]
+    finally:
+        settings.INITIAL_NO_AUTH_ACTION_COUNT = before
+        storage._filesystem.cache_clear()
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_refused_credentials_and_a_refused_write_are_named(
+    reader: str, runs: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kiln.core import storage
+
+    with pytest.raises(
+        FatalError, match=rf"s3://{reader}/runs/r/thing.lock: the store refused the write \(Access Denied\)"
+    ):
+        make(mirror_of(runs) / "r")  # may read (no manifest there yet), may not write its lock
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIANOTAKNOWNKEY0000")
+    storage._filesystem.cache_clear()
+    s3fs.S3FileSystem.clear_instance_cache()
+    with pytest.raises(FatalError, match=rf"s3://{reader}/runs/: access refused \(check the credentials"):
+        storage.listing(f"s3://{reader}/runs/")
