@@ -29,7 +29,7 @@ def demo_on(runs_dir: str, corpus: Path, cache: Path) -> subprocess.CompletedPro
 
 
 def test_the_demo_with_its_run_in_a_bucket_matches_the_local_run_byte_for_byte(
-    demo_run: dict[str, Any], s3_store: str, tmp_path: Path
+    demo_run: dict[str, Any], s3_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fs = s3fs.S3FileSystem()
     bucket = f"runs-{uuid.uuid4().hex[:8]}"
@@ -56,3 +56,13 @@ def test_the_demo_with_its_run_in_a_bucket_matches_the_local_run_byte_for_byte(
     html = fs.cat(f"{bucket}/runs/demo/report/index.html").decode()
     assert html.count("<td>finished</td>") == len(DEMO_STAGES), html[:2000]
     assert json.loads(fs.cat(f"{bucket}/runs/demo/summary.json"))["docs_out"] == demo_run["summary"]["docs_out"]
+
+    # A third machine scores a file that is itself in the bucket, with the model the bucket holds.
+    from kiln.cli import main  # in this process: a kiln subprocess would spend 4 s on imports
+
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "third"))
+    fs.pipe(f"{bucket}/held_out.jsonl", (json.dumps({"text": Path(json.__file__).read_text()[:4000]}) + "\n").encode())
+    assert main(["eval", "--set", f"runs_dir=s3://{bucket}/runs", "--data", f"s3://{bucket}/held_out.jsonl"]) == 0
+    scored = json.loads(fs.cat(f"{bucket}/runs/demo/eval/manifest.json"))
+    assert scored["counts"]["data"]["held_out.jsonl"]["documents"] == 1
+    assert any(i["path"] == f"s3://{bucket}/held_out.jsonl" and i["etag"] for i in scored["inputs"])

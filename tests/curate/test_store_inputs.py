@@ -5,6 +5,7 @@ the manifest records each object's size and ETag; a missing bucket or an empty p
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -92,3 +93,22 @@ def test_a_file_on_a_web_server_is_read_and_fingerprinted_by_its_content(corpus:
         assert entry["sha256"] == hashlib.sha256((corpus / "in" / "web" / "pages.jsonl").read_bytes()).hexdigest()
     finally:
         server.shutdown()
+
+
+def test_an_evaluation_set_in_a_store_decontaminates_as_a_local_one(corpus: Path, tmp_path: Path) -> None:
+    base = config(str(corpus / "in" / "web" / "*.jsonl"), str(corpus / "in" / "books"), str(corpus / "in" / "tables"))
+    run(base, tmp_path / "plain")
+    planted = " ".join(sorted(kept(tmp_path / "plain" / "curate").values())[0].split()[20:50])  # a kept text's words
+    item = json.dumps({"question": planted}) + "\n"
+    (tmp_path / "set.jsonl").write_text(item)
+    s3fs.S3FileSystem().pipe("corpus/evals/set.jsonl", item.encode())
+    found = {}
+    for where, path in (("local", str(tmp_path / "set.jsonl")), ("store", "s3://corpus/evals/set.jsonl")):
+        settings = {
+            **base.model_dump(),
+            "decontaminate": {"enabled": True, "eval_sets": [{"path": path, "name": "set"}]},
+        }
+        manifest = run(CurateConfig.model_validate(settings), tmp_path / where)
+        found[where] = {k: n for k, n in manifest["counts"]["removed"].items() if k.startswith("decontaminate")}
+    assert found["store"] == found["local"] and sum(found["store"].values()) == 1
+    assert any(i["path"] == "s3://corpus/evals/set.jsonl" and i["etag"] for i in manifest["inputs"])

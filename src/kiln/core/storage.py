@@ -102,6 +102,19 @@ def is_url(location: object) -> bool:
     return bool(sep) and scheme.lower() in SCHEMES
 
 
+def as_location(value: str | os.PathLike[str]) -> Any:
+    """A location as given on the command line or in a recipe: a URL stays a string (a Path would fold its
+    `//`), anything else becomes a Path."""
+    from pathlib import Path
+
+    return str(value) if is_url(value) else Path(value)
+
+
+def is_file(location: Any) -> bool:
+    """Whether the local file, or the store's object, exists."""
+    return exists(str(location)) if is_url(location) else os.path.isfile(location)
+
+
 @functools.cache
 def _filesystem(scheme: str) -> Any:
     import fsspec  # only runs that name a store pay for the import

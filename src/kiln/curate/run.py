@@ -35,7 +35,7 @@ from kiln.core.executors import Executor, build_executor
 from kiln.core.layout import CURATE, SHARDS, SUMMARY
 from kiln.core.manifest import Stage
 from kiln.core.mirror import place, pull, push_files
-from kiln.core.storage import brief_traffic, is_url, merge_task_traffic, traffic_since
+from kiln.core.storage import as_location, brief_traffic, is_file, is_url, merge_task_traffic, traffic_since
 from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
 from kiln.curate.dedup.minhash import memory_estimate
@@ -365,13 +365,14 @@ def check_quality_models(cfg: CurateConfig) -> None:
     release_models()
 
 
-def decontamination_sets(cfg: CurateConfig) -> set[Path]:
-    """The evaluation set files decontamination reads (none when it is off); each must exist."""
+def decontamination_sets(cfg: CurateConfig) -> set[Path | str]:
+    """The evaluation set files decontamination reads (none when it is off); each must exist (a file, or a
+    store's object)."""
     if not (cfg.decontaminate.enabled and cfg.decontaminate.eval_sets):
         return set()
-    paths = {Path(es.path) for es in cfg.decontaminate.eval_sets}
-    for path in sorted(paths):
-        if not path.is_file():
+    paths = {as_location(es.path) for es in cfg.decontaminate.eval_sets}
+    for path in sorted(paths, key=str):
+        if not is_file(path):
             raise FatalError(
                 f"curate.decontaminate: evaluation set {path} does not exist; fix the path given to "
                 "--decontaminate (or curate.decontaminate.eval_sets)"

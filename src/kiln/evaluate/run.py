@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ import numpy as np
 from kiln.core.errors import FatalError
 from kiln.core.layout import EVAL, MANIFEST, TOKENIZE, TRAIN, RunLayout
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs
+from kiln.core.storage import as_location, is_file
 from kiln.evaluate.choices import read_task, score_task
 from kiln.evaluate.config import EvalConfig
 from kiln.model.config import ModelConfig
@@ -72,7 +73,7 @@ def score_files(
         result = evaluate_model(
             model, arrays, token_bytes, cfg.seq_len, cfg.max_tokens_per_source, cfg.batch_size, amp_dtype
         )  # type: ignore[arg-type]
-        out[path.name] = result | {"documents": len(docs), "unreadable": len(unreadable)}
+        out[PurePosixPath(str(path)).name] = result | {"documents": len(docs), "unreadable": len(unreadable)}
     return out
 
 
@@ -96,12 +97,12 @@ def run(cfg: EvalConfig, run_dir: Path, force: bool = False, read_file: ReadFile
         }
     )
     has_shards = (layout.token_shards / MANIFEST).is_file()
-    data, tasks = [Path(d) for d in cfg.data], [Path(t) for t in cfg.tasks]
+    data, tasks = [as_location(d) for d in cfg.data], [Path(t) for t in cfg.tasks]  # data may be a store's objects
     for path in data:
-        if not path.is_file():
+        if not is_file(path):
             raise FatalError(f"eval.data: {path} is not a file (give each text, JSONL or Parquet file)")
     for key, paths in (("eval.data", data), ("eval.tasks", tasks)):
-        names = [p.name for p in paths]
+        names = [PurePosixPath(str(p)).name for p in paths]
         if twice := sorted({n for n in names if names.count(n) > 1}):
             raise FatalError(f"{key}: two files named {twice[0]} (results are keyed by file name); rename one")
     if not has_shards and not data and not tasks:
