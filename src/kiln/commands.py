@@ -262,9 +262,12 @@ def recipe_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str
 
 def load(args: argparse.Namespace) -> Recipe:
     """The recipe of this command line, validated whole before any work."""
+    from kiln.core.storage import configure
     from kiln.recipe import load_recipe
 
-    return load_recipe(*recipe_and_overrides(args))
+    recipe = load_recipe(*recipe_and_overrides(args))
+    configure(recipe.storage)  # before any stage reaches a store
+    return recipe
 
 
 def flags_for(verb: Verb, args: argparse.Namespace) -> dict[str, Any]:

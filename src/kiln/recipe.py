@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError
 from kiln.core.mirror import mirror_of
-from kiln.core.storage import READ_ONLY_SCHEMES, is_url
+from kiln.core.storage import READ_ONLY_SCHEMES, StorageConfig, is_url
 from kiln.curate.config import CurateConfig
 from kiln.curate.quality.config import QualityConfig
 from kiln.evaluate.config import EvalConfig, ExportConfig, GenerateConfig
@@ -58,6 +58,12 @@ class Recipe(Section):
     train: TrainConfig = Field(
         default_factory=TrainConfig,
         description="Training: length, batch, seed; optim, schedule, precision and checkpoint sub-sections.",
+    )
+    storage: StorageConfig = Field(
+        default_factory=StorageConfig,
+        description=(
+            "Reaching object stores (an S3-compatible endpoint, region, profile); credentials stay in the environment."
+        ),
     )
     parallel: ParallelConfig = Field(
         default_factory=ParallelConfig,

@@ -226,3 +226,23 @@ def test_refused_credentials_and_a_refused_write_are_named(
     s3fs.S3FileSystem.clear_instance_cache()
     with pytest.raises(FatalError, match=rf"s3://{reader}/runs/: access refused \(check the credentials"):
         storage.listing(f"s3://{reader}/runs/")
+
+
+def test_the_recipes_storage_section_reaches_a_store_the_environment_does_not_name(
+    runs: str, s3_store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kiln.core import storage
+    from kiln.core.errors import ConfigError
+    from kiln.recipe import load_recipe
+
+    make(mirror_of(runs) / "r")
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    storage.configure(load_recipe("demo", [f"storage.endpoint_url={s3_store}"]).storage)
+    try:
+        assert "thing/manifest.json" in storage.objects(f"{runs}/r/")
+    finally:
+        storage._filesystem.cache_clear()
+        s3fs.S3FileSystem.clear_instance_cache()
+    with pytest.raises(ConfigError, match=r"storage.aws_secret_access_key"):
+        load_recipe("demo", ["storage.aws_secret_access_key=x"])  # credentials never go in a recipe

@@ -29,6 +29,9 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
+from pydantic import Field
+
+from kiln.core.config import Section
 from kiln.core.errors import FatalError
 
 SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "abfss", "hf", "http", "https")
@@ -96,6 +99,36 @@ def describe_traffic(found: dict[str, dict[str, int]]) -> list[str]:
     return lines
 
 
+class StorageConfig(Section):
+    """How to reach object stores, beside what the environment says (never credentials: those come from the
+    environment, a profile or the machine's role, and a recipe that names one is refused as an unknown key)."""
+
+    NOT_HASHED = frozenset({"endpoint_url", "region", "profile", "anonymous"})  # where, not what: no result changes
+
+    endpoint_url: str | None = Field(
+        default=None,
+        description="S3-compatible store's endpoint (MinIO, Ceph, R2), as AWS_ENDPOINT_URL; None: the environment's.",
+    )
+    region: str | None = Field(default=None, description="S3 region, as AWS_DEFAULT_REGION; None: the environment's.")
+    profile: str | None = Field(
+        default=None, description="A named profile of the AWS config files, as AWS_PROFILE; None: the environment's."
+    )
+    anonymous: bool = Field(default=False, description="Read public S3 buckets without credentials.")
+
+
+def configure(cfg: StorageConfig) -> None:
+    """Apply a recipe's storage section to this process and the processes it starts: the environment
+    variables the S3 client reads (a Ray cluster's other nodes take theirs from their own environment)."""
+    for var, value in (("AWS_ENDPOINT_URL", cfg.endpoint_url), ("AWS_DEFAULT_REGION", cfg.region)):
+        if value:
+            os.environ[var] = value
+    if cfg.profile:
+        os.environ["AWS_PROFILE"] = cfg.profile
+    if cfg.anonymous:
+        os.environ["KILN_S3_ANONYMOUS"] = "1"
+    _filesystem.cache_clear()
+
+
 def is_url(location: object) -> bool:
     """Whether `location` names an object store (a URL of SCHEMES), not a local path."""
     scheme, sep, _ = str(location).partition("://")
@@ -119,8 +152,9 @@ def is_file(location: Any) -> bool:
 def _filesystem(scheme: str) -> Any:
     import fsspec  # only runs that name a store pay for the import
 
+    options = {"anon": True} if scheme == "s3" and os.environ.get("KILN_S3_ANONYMOUS") else {}
     try:
-        fs = fsspec.filesystem(scheme)
+        fs = fsspec.filesystem(scheme, **options)
     except ImportError as e:
         raise FatalError(
             f"{scheme}:// locations need fsspec's {scheme} filesystem ({e}); install it (s3fs, gcsfs, adlfs or "
