@@ -66,3 +66,27 @@ def test_the_demo_with_its_run_in_a_bucket_matches_the_local_run_byte_for_byte(
     scored = json.loads(fs.cat(f"{bucket}/runs/demo/eval/manifest.json"))
     assert scored["counts"]["data"]["held_out.jsonl"]["documents"] == 1
     assert any(i["path"] == f"s3://{bucket}/held_out.jsonl" and i["etag"] for i in scored["inputs"])
+
+    # The model out to a prefix of the bucket, and imported from there into a local run: the same weights.
+    out = f"s3://{bucket}/models/demo-hf"
+    assert main(["export", "--set", f"runs_dir=s3://{bucket}/runs", "--set", f"export.out={out}"]) == 0
+    assert fs.exists(f"{bucket}/models/demo-hf/model.safetensors")
+    assert main(["import-hf", out, "--run", "back", "--set", f"runs_dir={tmp_path / 'local'}"]) == 0
+    imported = json.loads((tmp_path / "local" / "back" / "train" / "manifest.json").read_text())
+    trained = json.loads(fs.cat(f"{bucket}/runs/demo/train/manifest.json"))
+    weights = {o["path"]: o["sha256"] for o in trained["outputs"]}["checkpoint/model.safetensors"]
+    assert {o["path"]: o["sha256"] for o in imported["outputs"]}["checkpoint/model.safetensors"] == weights
+    assert any(i["path"] == f"{out}/model.safetensors" and i["etag"] for i in imported["inputs"])
+
+    # A run continuing the bucket's names its tokenizer and starting checkpoint by URL.
+    from kiln.core.manifest import sha256_file
+    from kiln.core.mirror import local_folder
+    from kiln.recipe import with_checkpoint_model
+
+    sets = ["--set", f"runs_dir={tmp_path / 'local'}", "--set", "name=cont"]
+    assert main(["train-tokenizer", *sets, "--set", f"tokenizer.from_run=s3://{bucket}/runs/demo"]) == 0
+    tokenizer = (tmp_path / "local" / "cont" / "tokenizer" / "tokenizer.json").read_bytes()
+    assert tokenizer == fs.cat(f"{bucket}/runs/demo/tokenizer/tokenizer.json")
+    start = f"s3://{bucket}/runs/demo/train/checkpoint"
+    assert with_checkpoint_model({"train": {"init_from": start}})["model"]["d_model"] == 64
+    assert sha256_file(local_folder(start) / "model.safetensors") == weights

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError
 from kiln.core.mirror import mirror_of
-from kiln.core.storage import READ_ONLY_SCHEMES, StorageConfig, is_url
+from kiln.core.storage import READ_ONLY_SCHEMES, StorageConfig, is_url, read_bytes
 from kiln.curate.config import CurateConfig
 from kiln.curate.quality.config import QualityConfig
 from kiln.evaluate.config import EvalConfig, ExportConfig, GenerateConfig
@@ -271,11 +271,17 @@ def with_checkpoint_model(data: dict[str, Any]) -> dict[str, Any]:
     has no model section of its own (an imported model: its section is what `kiln import-hf` read)."""
     train = data.get("train")
     init_from = train.get("init_from") if isinstance(train, dict) else None
-    config = Path(init_from) / "config.json" if isinstance(init_from, str) else None
-    if "model" in data or config is None or not config.is_file():
+    text = None
+    if isinstance(init_from, str) and "model" not in data:
+        if is_url(init_from):  # a checkpoint in a store: its config.json alone, not its weights
+            found = read_bytes(f"{init_from.rstrip('/')}/config.json")
+            text = found[0].decode("utf-8", "replace") if found else None
+        elif (Path(init_from) / "config.json").is_file():
+            text = (Path(init_from) / "config.json").read_text(encoding="utf-8")
+    if text is None:
         return data  # a missing checkpoint is named by the train stage, which reads it
     try:
-        model = json.loads(config.read_text(encoding="utf-8"))["model"]
+        model = json.loads(text)["model"]
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
         return data  # not a kiln checkpoint config: the train stage names what is wrong with it
     return data | {"model": {k: v for k, v in model.items() if v is not None}}

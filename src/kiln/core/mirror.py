@@ -158,6 +158,38 @@ def clear(folder: Path, marker: str) -> None:
         storage.remove([f"{url}/{rel}" for rel in sorted(found) if rel != marker] + [f"{url}/{marker}"])
 
 
+def copy_of(prefix: str) -> Path:
+    """A local copy of every object under a store's prefix (a model folder to import), in
+    `<cache>/copies/<hash of the URL>/`; an object the copy holds at its size is not fetched again."""
+    prefix = prefix.rstrip("/")
+    root = cache_root() / "copies" / hashlib.sha256(prefix.encode()).hexdigest()[:16]
+    found = storage.objects(prefix + "/")
+    if not found:
+        raise FatalError(f"{prefix}: no objects under this prefix; check the URL (a folder's files are read from it)")
+    for rel, info in sorted(found.items()):
+        local = root / rel
+        if not (local.is_file() and local.stat().st_size == info["bytes"]):
+            local.parent.mkdir(parents=True, exist_ok=True)
+            part = local.with_name(f"{local.name}.part-{os.getpid()}")
+            storage.get_file(f"{prefix}/{rel}", str(part))
+            os.replace(part, local)
+    return root
+
+
+def local_folder(location: str) -> Path:
+    """A folder named by a path or by a store's URL (a checkpoint to start from): the path, or a local copy."""
+    return copy_of(location) if storage.is_url(location) else Path(location)
+
+
+def run_path(location: str) -> Path:
+    """A run (or a folder of one) named by a path or by a store's URL: the path, or its place in the mirror
+    of the URL's parent (whose files kiln fetches as it reads them, checked)."""
+    if not storage.is_url(location):
+        return Path(location)
+    parent, _, name = location.rstrip("/").rpartition("/")
+    return mirror_of(parent) / name
+
+
 def shown(path: Path | str) -> str:
     """How messages name a path: its store URL when it lies in a mirror."""
     return url_of(path) or str(path)

@@ -37,12 +37,15 @@ from typing import Any
 
 import torch
 
+from kiln.core import storage
 from kiln.core.atomic import replace_dir
 from kiln.core.config import Section
 from kiln.core.errors import FatalError
 from kiln.core.layout import CURATE, EVAL, EXPORT, MANIFEST, TOKENIZE, TOKENIZER, TRAIN, RunLayout
 from kiln.core.manifest import FORMAT as MANIFEST_FORMAT
 from kiln.core.manifest import IN_PROGRESS, Stage, read_manifest
+from kiln.core.mirror import shown
+from kiln.core.storage import is_url
 from kiln.evaluate.config import ExportConfig, GenerateConfig
 from kiln.model.config import ModelConfig, count_params
 from kiln.model.hf import architecture, hf_config, hf_name, model_config_from_hf
@@ -380,19 +383,28 @@ def run(cfg: ExportConfig, gen: GenerateConfig, run_dir: Path, force: bool = Fal
             summary,
         )
     if out is not None:
-        copy_out(
-            layout.stage(EXPORT) / HF_FOLDER,
-            out,
-            {"format": MARKER_FORMAT, "run": str(run_dir.resolve()), "fingerprint": manifest["fingerprint"]},
-        )
+        marker = {"format": MARKER_FORMAT, "run": shown(run_dir.resolve()), "fingerprint": manifest["fingerprint"]}
+        (copy_to_store if isinstance(out, str) else copy_out)(layout.stage(EXPORT) / HF_FOLDER, out, marker)
     return manifest
 
 
-def check_out(out: str | None, run_dir: Path) -> Path | None:
+def check_out(out: str | None, run_dir: Path) -> Path | str | None:
     """export.out resolved (symlinks followed), or FatalError when kiln may not write there: inside
-    the run directory or any stage folder, holding the run, or holding what no export wrote."""
+    the run directory or any stage folder, holding the run, or holding what no export wrote. A store's
+    prefix stays a URL, checked as a folder is: empty, or an earlier export and nothing else."""
     if out is None:
         return None
+    if is_url(out):
+        found = storage.objects(out.rstrip("/") + "/")
+        marked = MARKER in found and json.loads(storage.read_bytes(f"{out.rstrip('/')}/{MARKER}")[0]).get("format")
+        ours = {MARKER, *MODEL_FILES, INDEX, *TOKENIZER_FILES}
+        if foreign := sorted(n for n in found if marked != MARKER_FORMAT or (n not in ours and not SHARD.fullmatch(n))):
+            raise FatalError(
+                f"export.out {out}: holds {', '.join(foreign[:6])}{' ...' if len(foreign) > 6 else ''}, which kiln did "
+                "not write; kiln replaces a prefix only when it holds an earlier export and nothing else: choose "
+                "another one"
+            )
+        return out.rstrip("/")
     target, run = Path(out).resolve(), run_dir.resolve()
     if target.is_relative_to(run) or run.is_relative_to(target):
         where = (
@@ -467,6 +479,18 @@ def not_exported(folder: Path) -> list[str]:
         for n in names
         if (n not in ours and not SHARD.fullmatch(n)) or (folder / n).is_symlink() or not (folder / n).is_file()
     ]
+
+
+def copy_to_store(folder: Path, target: str, marker: dict[str, Any]) -> None:
+    """The finished folder also under a store's prefix (checked by check_out): the marker first, then
+    the files, then the earlier export's objects this one does not have."""
+    before = storage.objects(target + "/")
+    storage.write_bytes(f"{target}/{MARKER}", (json.dumps(marker, indent=2) + "\n").encode())
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    for path in files:
+        storage.put_file(str(path), f"{target}/{path.name}")
+    storage.remove([f"{target}/{n}" for n in sorted(before) if n != MARKER and n not in {p.name for p in files}])
+    log.info("export: copied %s to %s", folder, target)
 
 
 def copy_out(folder: Path, target: Path, marker: dict[str, Any]) -> None:

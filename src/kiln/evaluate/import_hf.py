@@ -47,6 +47,8 @@ from kiln.core.errors import FatalError
 from kiln.core.hardware import GB, available_memory, check_memory
 from kiln.core.layout import MANIFEST, TOKENIZER, TOKENIZER_JSON, TRAIN, RunLayout
 from kiln.core.manifest import IN_PROGRESS, Stage
+from kiln.core.mirror import copy_of
+from kiln.core.storage import is_url
 from kiln.evaluate.config import ImportConfig
 from kiln.model.config import ModelConfig, count_params
 from kiln.model.hf import architecture, from_hf_state, hf_name, model_config_from_hf
@@ -260,12 +262,17 @@ def refuse_other_work(stage: Stage, source: str, force: bool) -> None:
 
 
 def run(cfg: ImportConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
-    folder, run_dir = Path(cfg.source), Path(run_dir)
+    # A folder in a store is read from a local copy; the stages record its objects by URL and ETag.
+    folder, run_dir = (copy_of(cfg.source) if is_url(cfg.source) else Path(cfg.source)), Path(run_dir)
     layout = RunLayout(run_dir)
     model_cfg, tokenizer, weights = check_folder(folder)
     arch = architecture(model_cfg)
-    files = [folder / CONFIG, folder / TOKENIZER_JSON, *weights]
-    tok_inputs = [folder / name for name in (*FOLDER_FILES, *ORIGIN_FILES) if present(folder / name)]
+
+    def named(path: Path) -> Path | str:
+        return f"{cfg.source.rstrip('/')}/{path.relative_to(folder).as_posix()}" if is_url(cfg.source) else path
+
+    files = [named(p) for p in (folder / CONFIG, folder / TOKENIZER_JSON, *weights)]
+    tok_inputs = [named(folder / name) for name in (*FOLDER_FILES, *ORIGIN_FILES) if present(folder / name)]
     tok_stage = Stage(run_dir, TOKENIZER, {"import": cfg}, inputs=tok_inputs)
     tok_done = tok_stage.up_to_date(force)
     # The train stage's Stage hashes the weights and needs a finished tokenizer stage: made once, when it can be.

@@ -25,6 +25,7 @@ import numpy as np
 from kiln.core.errors import FatalError
 from kiln.core.layout import EVAL, MANIFEST, TOKENIZE, TRAIN, RunLayout
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs
+from kiln.core.mirror import local_folder
 from kiln.core.storage import as_location, is_file
 from kiln.evaluate.choices import read_task, score_task
 from kiln.evaluate.config import EvalConfig
@@ -139,7 +140,7 @@ def run(cfg: EvalConfig, run_dir: Path, force: bool = False, read_file: ReadFile
         start = train_cfg.get("init_from") if train_cfg else None
         if train_cfg:
             counts["before"] = before = score(
-                load_trained_model(Path(start), precision.device)
+                load_trained_model(local_folder(start), precision.device)
                 if start
                 else build_model(ModelConfig.model_validate(trained["model"]), train_cfg["seed"], precision.device)
             )

@@ -29,8 +29,18 @@ from pydantic import Field, ValidationError
 from kiln.core.config import Section
 from kiln.core.docshards import read_shard, shard_source
 from kiln.core.errors import ConfigError, FatalError
-from kiln.core.layout import CURATE, SHARDS, TOKENIZER, TOKENIZER_JSON, TOKENIZER_META, TOKENIZER_SWEEP, RunLayout
+from kiln.core.layout import (
+    CURATE,
+    MANIFEST,
+    SHARDS,
+    TOKENIZER,
+    TOKENIZER_JSON,
+    TOKENIZER_META,
+    TOKENIZER_SWEEP,
+    RunLayout,
+)
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs
+from kiln.core.mirror import refresh, run_path, url_of
 from kiln.core.split import is_heldout
 from kiln.text.hf_tokenizer import HfTokenizer
 from kiln.text.load import load_tokenizer
@@ -197,9 +207,10 @@ def reuse(cfg: TokenizerConfig, run_dir: Path, force: bool) -> dict[str, Any]:
     """The tokenizer stage with tokenizer.from_run: that run's tokenizer (or the extended one of its
     tokenizer-extended/ folder), copied and checked, as this run's."""
     assert cfg.from_run is not None
-    given = Path(cfg.from_run)
+    given = run_path(cfg.from_run)  # a run in a store: its place in a mirror
     # A run directory, or a tokenizer folder of one named directly (its tokenizer-extended/).
-    source = given / TOKENIZER_JSON if (given / TOKENIZER_JSON).is_file() else RunLayout(given).tokenizer_json
+    direct = (given / TOKENIZER_JSON).is_file() or (url_of(given) is not None and refresh(given / MANIFEST))
+    source = given / TOKENIZER_JSON if direct else RunLayout(given).tokenizer_json
     tokenizer = load_tokenizer(source)  # stops on a missing or changed tokenizer
     b = cfg.boundaries
     if b is not None and isinstance(tokenizer, HfTokenizer):

@@ -28,6 +28,7 @@ from torch import nn
 
 from kiln.core.hardware import available_memory, check_memory
 from kiln.core.layout import RunLayout
+from kiln.core.mirror import local_folder
 from kiln.model.batch import Batch, BatchSource
 from kiln.model.config import ModelConfig, build_bytes, count_params, flops_per_token, matmul_params
 from kiln.model.init import build_model
@@ -228,7 +229,7 @@ def build_core(model_cfg: ModelConfig, seed: int, init_from: str | None, optimiz
     check_model_fits(model_cfg, optimizer, ranks)
     core = build_model(model_cfg, seed, ranks.device)
     if init_from:
-        load_weights_into(core, Path(init_from))
+        load_weights_into(core, local_folder(init_from))  # a checkpoint in a store: a local copy
     return core
 
 

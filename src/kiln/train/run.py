@@ -34,6 +34,7 @@ from kiln.core.layout import MANIFEST, TOKENIZE, TOKENIZER, TOKENIZER_META, TRAI
 from kiln.core.manifest import IN_PROGRESS, Stage, read_manifest, recorded_outputs, sha256_file
 from kiln.core.mirror import pull, refresh, url_of
 from kiln.core.ranks import world_size
+from kiln.core.storage import is_url
 from kiln.model.batch import Batch, RowSource
 from kiln.model.config import ModelConfig, count_params, flops_per_token
 from kiln.model.perplexity import ScoringConfig
@@ -338,7 +339,7 @@ def seed_attempt(out_dir: Path, state: Path) -> Path:
     return copy
 
 
-def reference_inputs(layout: RunLayout, reference_runs: Sequence[Path], init_from: str | None) -> list[Path]:
+def reference_inputs(layout: RunLayout, reference_runs: Sequence[Path], init_from: str | None) -> list[Path | str]:
     """The files of other runs this stage reads (hashed as inputs): a reference run's token shards
     (with its tokenizer, which must be this run's), the starting checkpoint's weights."""
     inputs = []
@@ -364,7 +365,9 @@ def reference_inputs(layout: RunLayout, reference_runs: Sequence[Path], init_fro
             *(p for p in recorded_outputs(run.token_shards) if p.suffix in (".bin", ".idx", ".npy")),
             *([trained] if trained.is_file() else []),
         ]
-    if init_from:
+    if init_from and is_url(init_from):  # a checkpoint in a store: its objects, by URL and ETag
+        inputs += [f"{init_from.rstrip('/')}/{WEIGHTS}", f"{init_from.rstrip('/')}/{CONFIG}"]
+    elif init_from:
         inputs += [Path(init_from) / WEIGHTS, Path(init_from) / CONFIG]
     return inputs
 
