@@ -18,6 +18,12 @@ s3fs = pytest.importorskip("s3fs")
 pytestmark = pytest.mark.slow
 
 
+def url_of_or_path(p: object) -> object:
+    from kiln.core.mirror import url_of
+
+    return url_of(p) or p
+
+
 def demo_on(runs_dir: str, corpus: Path, cache: Path) -> subprocess.CompletedProcess[str]:
     args = [str(KILN), "demo", "--recipe", "demo", "--set", f"runs_dir={runs_dir}"]
     for override in [*OVERRIDES, snapshot_corpus("demo", OVERRIDES, corpus)]:
@@ -90,3 +96,29 @@ def test_the_demo_with_its_run_in_a_bucket_matches_the_local_run_byte_for_byte(
     start = f"s3://{bucket}/runs/demo/train/checkpoint"
     assert with_checkpoint_model({"train": {"init_from": start}})["model"]["d_model"] == 64
     assert sha256_file(local_folder(start) / "model.safetensors") == weights
+    from kiln.core.layout import RunLayout
+    from kiln.core.mirror import run_path
+    from kiln.mix.config import MixConfig
+    from kiln.mix.sampler import replayed
+    from kiln.train.run import reference_inputs
+
+    demo_url = f"s3://{bucket}/runs/demo"  # its train shards replayed, and counted as the stage's inputs
+    replay = replayed(MixConfig.model_validate({"replay": {"run": demo_url, "fraction": 0.25}}))
+    tokenized = json.loads(fs.cat(f"{bucket}/runs/demo/tokenize/manifest.json"))["counts"]["per_source"]
+    assert sorted(replay) == [f"demo/{s}" for s in sorted(tokenized)]
+    named = reference_inputs(RunLayout(tmp_path / "local" / "cont"), [run_path(demo_url)], start)
+    assert f"{demo_url}/tokenize/code/train.bin" in map(str, map(url_of_or_path, named))
+
+    # The small files a command line names, from the bucket: prompts, a multiple-choice task, domain terms.
+    task = {"context": "def main(", "choices": ["):", "}}}"], "label": 0}
+    fs.pipe(f"{bucket}/in/prompts.txt", b"def \nimport \n")
+    fs.pipe(f"{bucket}/in/task.jsonl", (json.dumps(task) + "\n").encode())
+    fs.pipe(f"{bucket}/in/terms.txt", b"assertEqual\n")
+    on_store = ["--set", f"runs_dir=s3://{bucket}/runs"]
+    assert main(["generate", *on_store, "--prompt-file", f"s3://{bucket}/in/prompts.txt"]) == 0
+    assert json.loads(fs.cat(f"{bucket}/runs/demo/generate/manifest.json"))["counts"]["prompts"] == 2
+    assert main(["eval", *on_store, "--task", f"s3://{bucket}/in/task.jsonl"]) == 0
+    assert json.loads(fs.cat(f"{bucket}/runs/demo/eval/manifest.json"))["counts"]["tasks"]["task"]["items"] == 1
+    assert main(["extend-tokenizer", *on_store, "--terms", f"s3://{bucket}/in/terms.txt"]) == 0
+    extended = json.loads(fs.cat(f"{bucket}/runs/demo/tokenizer-extended/manifest.json"))
+    assert any(i["path"] == f"s3://{bucket}/in/terms.txt" and i["etag"] for i in extended["inputs"])

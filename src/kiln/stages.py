@@ -12,11 +12,10 @@ Not handled here: which stages run and in what order (kiln.verbs), flags (kiln.c
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from kiln.core.layout import RunLayout
-from kiln.core.mirror import push
+from kiln.core.mirror import push, run_path
 from kiln.core.ranks import is_main_process
 from kiln.recipe import Recipe, recipe_to_yaml
 from kiln.verbs import Verb, resolve
@@ -78,7 +77,7 @@ def run_train(r: Recipe, force: bool, from_step: int | None = None) -> dict[str,
     from kiln.train.run import TrainInputs, run
 
     make_rows = partial(build_sampler, RunLayout(r.run_dir).token_shards, r.mix)
-    replay = [Path(r.mix.replay.run)] if r.mix.replay else []
+    replay = [run_path(r.mix.replay.run)] if r.mix.replay else []  # a run in a store: its place in a mirror
     # The probe set is evaluate's; the trainer only knows when to call it (train.probe_every).
     make_probe = partial(build_probe, r.run_dir, r.eval.probe)
     return run(

@@ -143,6 +143,18 @@ def as_location(value: str | os.PathLike[str]) -> Any:
     return str(value) if is_url(value) else Path(value)
 
 
+def read_text(location: Any) -> str:
+    """A small file's or object's whole text (UTF-8): FileNotFoundError or UnicodeDecodeError as a local
+    file raises them."""
+    if not is_url(location):
+        with open(location, encoding="utf-8") as f:
+            return f.read()
+    found = read_bytes(str(location))
+    if found is None:
+        raise FileNotFoundError(location)
+    return found[0].decode("utf-8")
+
+
 def is_file(location: Any) -> bool:
     """Whether the local file, or the store's object, exists."""
     return exists(str(location)) if is_url(location) else os.path.isfile(location)

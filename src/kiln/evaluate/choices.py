@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln.core.errors import FatalError
+from kiln.core.storage import read_text
 from kiln.model.precision import autocast
 from kiln.model.transformer import Transformer
 from kiln.text.load import AnyTokenizer
@@ -40,11 +41,11 @@ class Item:
     where: str = field(default="", compare=False)  # file:line, for messages
 
 
-def read_task(path: Path) -> list[Item]:
+def read_task(path: Path | str) -> list[Item]:
     """Every item of a task file; FatalError naming the file and line of the first bad one."""
     items = []
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = read_text(path).splitlines()  # a file, or a store's object
     except (OSError, UnicodeDecodeError) as e:
         raise FatalError(f"{path}: cannot read the task file ({e})") from None
     for number, line in enumerate(lines, start=1):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ import torch
 from kiln.core.errors import FatalError
 from kiln.core.layout import GENERATE, SUMMARY, TRAIN, RunLayout
 from kiln.core.manifest import Stage
+from kiln.core.storage import as_location, is_file, read_text
 from kiln.evaluate.config import GenerateConfig
 from kiln.model.attention import CAUSAL
 from kiln.model.kv_cache import KVCache
@@ -219,13 +221,13 @@ def generate(
     return cfg.prompt + complete(model, tokenizer, [cfg.prompt], cfg, amp_dtype)[0].completion
 
 
-def read_prompts(path: Path) -> list[str]:
+def read_prompts(path: Path | str) -> list[str]:
     """Prompts from a file: JSONL with a `prompt` field per line, or plain text with one prompt per line."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_text(path).splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise FatalError(f"{path}: cannot read the prompt file ({e})") from None
-    if path.suffix != ".jsonl":
+    if not str(path).endswith(".jsonl"):
         return [line for line in lines if line.strip()]
     prompts = []
     for number, line in enumerate(lines, start=1):
@@ -245,9 +247,9 @@ def run(cfg: GenerateConfig, run_dir: Path, force: bool = False) -> dict[str, An
     run_dir = Path(run_dir)
     layout = RunLayout(run_dir)
     ckpt, tok_path = layout.checkpoint, layout.tokenizer_json
-    prompt_file = [Path(cfg.prompt_file)] if cfg.prompt_file else []
-    if prompt_file and not prompt_file[0].is_file():  # the user's file, not an output a stage could remake
-        what = "a folder, not a file" if prompt_file[0].is_dir() else "no such file"
+    prompt_file = [as_location(cfg.prompt_file)] if cfg.prompt_file else []  # a file, or a store's object
+    if prompt_file and not is_file(prompt_file[0]):  # the user's file, not an output a stage could remake
+        what = "a folder, not a file" if os.path.isdir(prompt_file[0]) else "no such file"
         raise FatalError(
             f"generate.prompt_file {cfg.prompt_file}: {what}; give a JSONL file with a `prompt` field per line, "
             "or a text file with one prompt per line (--prompt-file FILE)"

@@ -98,7 +98,7 @@ def run(cfg: EvalConfig, run_dir: Path, force: bool = False, read_file: ReadFile
         }
     )
     has_shards = (layout.token_shards / MANIFEST).is_file()
-    data, tasks = [as_location(d) for d in cfg.data], [Path(t) for t in cfg.tasks]  # data may be a store's objects
+    data, tasks = [as_location(d) for d in cfg.data], [as_location(t) for t in cfg.tasks]  # files or a store's objects
     for path in data:
         if not is_file(path):
             raise FatalError(f"eval.data: {path} is not a file (give each text, JSONL or Parquet file)")
@@ -166,8 +166,8 @@ def run(cfg: EvalConfig, run_dir: Path, force: bool = False, read_file: ReadFile
     return stage.finish([], counts, "\n".join(summary))
 
 
-def task_name(path: Path) -> str:
-    return path.name.removesuffix(".jsonl")
+def task_name(path: Path | str) -> str:
+    return PurePosixPath(str(path)).name.removesuffix(".jsonl")
 
 
 def format_tasks(tasks: dict[str, Any]) -> str:

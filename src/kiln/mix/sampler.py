@@ -25,7 +25,8 @@ import numpy as np
 
 from kiln.core.errors import ConfigError, FatalError
 from kiln.core.layout import MANIFEST, TRAIN, RunLayout
-from kiln.core.manifest import read_manifest
+from kiln.core.manifest import read_manifest, recorded_outputs
+from kiln.core.mirror import refresh, run_path
 from kiln.core.tokenshards import TokenShard, open_split
 from kiln.mix.adaptive import reweight
 from kiln.mix.config import MixConfig
@@ -232,8 +233,9 @@ def replayed(cfg: MixConfig) -> dict[str, tuple[TokenShard, float]]:
     that only tokenized (general text standing in for an imported model's pretraining data, which
     kiln never saw) is spread in proportion to each source's train tokens."""
     assert cfg.replay is not None
-    run = RunLayout(Path(cfg.replay.run))
-    if (run.stage(TRAIN) / MANIFEST).is_file():
+    run = RunLayout(run_path(cfg.replay.run))  # a run in a store: its place in a mirror
+    recorded_outputs(run.token_shards)  # there: fetched once and checked; here: its manifest read
+    if refresh(run.stage(TRAIN) / MANIFEST):
         read = read_manifest(run.stage(TRAIN))["counts"]["tokens_by_source"]
     else:
         read = {s: v["train"]["tokens"] for s, v in read_manifest(run.token_shards)["counts"]["per_source"].items()}

@@ -48,6 +48,7 @@ import torch
 from pydantic import Field
 from tokenizers import Regex, Tokenizer, pre_tokenizers
 
+from kiln.core import storage
 from kiln.core.config import Section
 from kiln.core.errors import FatalError
 from kiln.core.layout import CHECKPOINT, TOKENIZER, TOKENIZER_EXTENDED, TOKENIZER_JSON, RunLayout
@@ -115,7 +116,7 @@ class FormAdded:
 
 def read_terms(path: Path) -> list[str]:
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = storage.read_text(path).splitlines()
     except FileNotFoundError:
         raise FatalError(f"{path}: no such terms file; give one term per line") from None
     except UnicodeDecodeError as e:
@@ -156,7 +157,7 @@ def add_specials(data: dict[str, Any], spellings: list[str], next_id: int, have:
 
 def read_text(path: Path) -> str:
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return storage.read_text(path)
     except FileNotFoundError:
         raise FatalError(f"{path}: no such validation text file; give the domain's held-out text (--text)") from None
     except UnicodeDecodeError as e:
@@ -429,16 +430,16 @@ def run(cfg: ExtendConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
             "runs/NAME/train/checkpoint"
         )
     has_checkpoint = (checkpoint / CONFIG).is_file()
-    inputs = [Path(cfg.terms), tok_path, tok_path.with_name(META_NAME)] + (
+    inputs = [storage.as_location(cfg.terms), tok_path, tok_path.with_name(META_NAME)] + (
         [checkpoint / WEIGHTS, checkpoint / CONFIG] if has_checkpoint else []
     )
-    inputs += [Path(cfg.text)] if cfg.text else []
+    inputs += [storage.as_location(cfg.text)] if cfg.text else []  # either may be a store's object
     stage = Stage(run_dir, TOKENIZER_EXTENDED, {"extend": cfg}, inputs=inputs, upstream=[TOKENIZER])
     if done := stage.up_to_date(force, lambda m: f"vocab {m['counts']['vocab_size']}"):
         return done
     old = load_tokenizer(tok_path)
-    terms = read_terms(Path(cfg.terms))
-    text = read_text(Path(cfg.text)) if cfg.text else None
+    terms = read_terms(storage.as_location(cfg.terms))
+    text = read_text(storage.as_location(cfg.text)) if cfg.text else None
     specials = parse_specials(cfg.specials) if cfg.specials else []
     if specials and isinstance(old, KilnTokenizer):
         raise FatalError(

@@ -344,12 +344,13 @@ def reference_inputs(layout: RunLayout, reference_runs: Sequence[Path], init_fro
     (with its tokenizer, which must be this run's), the starting checkpoint's weights."""
     inputs = []
     for run in map(RunLayout, reference_runs):
-        if not (run.token_shards / MANIFEST).is_file():
+        if not refresh(run.token_shards / MANIFEST):  # a run in a store: read fresh from it
             raise ConfigError(
                 f"mix.replay.run {run.root}: no token shards there ({run.token_shards / MANIFEST} missing); run "
                 "`kiln tokenize` for it first"
             )
         # kiln_tokenizer.json too: an imported tokenizer's boundaries (bos, eos, pad) live there.
+        recorded_outputs(run.stage(TOKENIZER))  # a run in a store: its tokenizer's files, fetched and checked
         if any(
             sha256_file(run.tokenizer_json.with_name(n)) != sha256_file(layout.tokenizer_json.with_name(n))
             for n in (layout.tokenizer_json.name, TOKENIZER_META)
@@ -363,7 +364,7 @@ def reference_inputs(layout: RunLayout, reference_runs: Sequence[Path], init_fro
         trained = run.stage(TRAIN) / MANIFEST
         inputs += [
             *(p for p in recorded_outputs(run.token_shards) if p.suffix in (".bin", ".idx", ".npy")),
-            *([trained] if trained.is_file() else []),
+            *([trained] if refresh(trained) else []),
         ]
     if init_from and is_url(init_from):  # a checkpoint in a store: its objects, by URL and ETag
         inputs += [f"{init_from.rstrip('/')}/{WEIGHTS}", f"{init_from.rstrip('/')}/{CONFIG}"]
@@ -391,7 +392,8 @@ def train_stage(
 
     if url_of(run_dir) is not None and stage is None and os.environ.get("LOCAL_RANK", "0") == "0":
         # A run on a store, another machine than rank 0's: its mirror gets the shards and tokenizer once, checked.
-        recorded_outputs(layout.token_shards)
+        for run in [layout, *map(RunLayout, inputs.reference_runs)]:
+            recorded_outputs(run.token_shards)
         recorded_outputs(layout.stage(TOKENIZER))
     ranks.barrier()  # every machine's mirror holds them before any rank reads them
     done = ranks.broadcast(stage.up_to_date(request.force, finished) if stage else None)
