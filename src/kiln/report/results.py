@@ -119,6 +119,8 @@ def tokenizer(run: RunFiles) -> Section:
     if report is None:
         return Section("tokenizer", missing("No tokenizer report yet (kiln train-tokenizer)."))
     held = report["heldout"]
+    # The manifest keeps the training time (report.json did, before kiln kept outputs free of timings).
+    seconds = run.manifests[TOKENIZER].get("train_seconds", report.get("train_seconds"))
     headers = ["", "documents", "bytes/token", "tokens/word", "fertility", "split words"]
 
     def row(name: str, r: dict[str, Any]) -> list[object]:
@@ -135,7 +137,7 @@ def tokenizer(run: RunFiles) -> Section:
     body = para(
         f"Byte-level BPE, vocabulary {held['vocab_size']:,} ({held['special_tokens']} special tokens, "
         f"{held['merges']:,} merges), trained on {report['sample_docs']:,} documents "
-        f"({report['sample_bytes'] / MB:,.1f} MB) in {report['train_seconds']} s; measured on held-out documents."
+        f"({report['sample_bytes'] / MB:,.1f} MB) in {seconds} s; measured on held-out documents."
     )
     body += "<h3>Per source</h3>" + table(
         headers, [row("all", held["all"]), *(row(s, r) for s, r in held["per_source"].items())]
