@@ -66,7 +66,11 @@ def read_in_steps(location: str) -> bytes:
 def test_a_dropped_read_goes_on_where_it_stopped(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(storage, "RETRY_WAIT_S", 0.01)
     Flaky.drops = 2
+    before = storage.traffic_since()
     assert read_in_steps(url) == BODY and Flaky.drops == 0
+    counted = storage.traffic_since(before)["http"]
+    assert counted["reopened"] == 2 and counted["bytes_read"] == len(BODY)  # what the run's manifest reports
+    assert storage.describe_traffic({"http": counted})[0].endswith(", 2 retries")
 
 
 def test_a_connection_that_keeps_dropping_is_named_with_the_offset(url: str, monkeypatch: pytest.MonkeyPatch) -> None:

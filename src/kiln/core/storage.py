@@ -75,13 +75,23 @@ def merge_task_traffic(found: dict[str, Any] | None) -> None:
 
 
 def brief_traffic(before: dict[str, dict[str, int]]) -> str:
-    """For a progress bar: each store's requests and megabytes since the snapshot `before`."""
-    return ", ".join(
-        f"{scheme} {sum(n for k, n in c.items() if k[0].isupper()):,} req {c.get('bytes_read', 0) / 1e6:,.0f}/"
-        f"{c.get('bytes_written', 0) / 1e6:,.0f} MB in/out"
-        for scheme, c in traffic_since(before).items()
-        if any(c.values())
-    )
+    """For a progress bar: each store's requests, megabytes and retries since the snapshot `before`."""
+    parts = []
+    for scheme, c in traffic_since(before).items():
+        if not any(c.values()):
+            continue
+        calls = {k: n for k, n in c.items() if k[0].isupper() and n}
+        retries = retried(c, calls)
+        parts.append(
+            f"{scheme} {sum(calls.values()):,} req {c.get('bytes_read', 0) / 1e6:,.0f}/"
+            f"{c.get('bytes_written', 0) / 1e6:,.0f} MB in/out" + (f" {retries:,} retries" if retries else "")
+        )
+    return ", ".join(parts)
+
+
+def retried(counts: dict[str, int], calls: dict[str, int]) -> int:
+    """HTTP attempts beyond one per call (the client's own retries), and reads reopened after a drop."""
+    return max(counts.get("sends", 0) - sum(calls.values()), 0) + counts.get("reopened", 0)
 
 
 def describe_traffic(found: dict[str, dict[str, int]]) -> list[str]:
@@ -89,12 +99,12 @@ def describe_traffic(found: dict[str, dict[str, int]]) -> list[str]:
     lines = []
     for scheme, c in found.items():
         calls = {k: n for k, n in c.items() if k[0].isupper() and n}
-        retries = c.get("sends", 0) - sum(calls.values()) + c.get("reopened", 0)
+        retries = retried(c, calls)
         kinds = ", ".join(f"{k} {n:,}" for k, n in sorted(calls.items(), key=lambda kv: -kv[1]))
         requests = f"{sum(calls.values()):,} requests ({kinds})" if calls else "requests not counted"
         lines.append(
             f"store {scheme}://: {requests}, {c.get('bytes_read', 0) / 1e6:,.1f} MB read, "
-            f"{c.get('bytes_written', 0) / 1e6:,.1f} MB written, {max(retries, 0):,} retries"
+            f"{c.get('bytes_written', 0) / 1e6:,.1f} MB written, {retries:,} retries"
         )
     return lines
 
