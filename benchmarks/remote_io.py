@@ -97,7 +97,9 @@ def curate(name: str, corpus: str, runs_dir: str, workers: int, env: dict[str, s
 
 
 def requests(manifest: dict) -> dict[str, int]:
-    return {k: n for k, n in manifest.get("store_traffic", {}).get("s3", {}).items() if k[0].isupper()}
+    from kiln.core.storage import api_calls
+
+    return api_calls(manifest.get("store_traffic", {}).get("s3", {}))
 
 
 def loader_tokens_s(tokenize_dir: Path, rows: int, seq_len: int) -> float:

@@ -62,19 +62,11 @@ from kiln.core.mirror import (
     shown,
     url_of,
 )
-from kiln.core.storage import describe_traffic, exists, identity, is_url, traffic_since
+from kiln.core.storage import describe_traffic, exists, identity, is_url, sha256_file, traffic_since
 
 IN_PROGRESS = "in_progress.json"  # what an unfinished attempt was doing; resume keeps its work only if it matches
 FORMAT = "kiln-manifest v1"
 log = logging.getLogger("kiln.core")
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def hashed_settings(config: Mapping[str, Section]) -> dict[str, Any]:
@@ -288,27 +280,28 @@ class Stage:
         if not refresh(path):
             return None
         old = json.loads(path.read_text())
-        on_store = storage.objects(self.store + "/") if self.store is not None else None
         if old.get("config_hash") != self.config_hash:
             reason = "the config changed"
         elif old.get("inputs") != self.inputs:
             reason = "an input changed"
         elif old.get("upstream") != self.upstream:
             reason = "an upstream stage was redone"
-        elif (
-            any(
-                not (self.final_dir / o["path"]).is_file() or (self.final_dir / o["path"]).stat().st_size != o["bytes"]
-                for o in old.get("outputs", [])
-            )
-            if on_store is None
-            else any(on_store.get(o["path"], {}).get("bytes") != o["bytes"] for o in old["outputs"])
-        ):
+        elif any(size != o["bytes"] for o, size in zip(old.get("outputs", []), self._output_sizes(old), strict=True)):
             reason = "an output is missing or was modified"
         else:
             refresh(self.final_dir / SUMMARY)
             return old
         self.log.info("%s: redoing because %s", self.name, reason)
         return None
+
+    def _output_sizes(self, manifest: Mapping[str, Any]) -> list[int | None]:
+        """The size each output of `manifest` has now (None: missing): on disk, or on the store for a run on one
+        (listed once: this machine's mirror need not hold them)."""
+        outputs = manifest.get("outputs", [])
+        if self.store is not None:
+            on_store = storage.objects(self.store + "/")
+            return [on_store.get(o["path"], {}).get("bytes") for o in outputs]
+        return [(p.stat().st_size if (p := self.final_dir / o["path"]).is_file() else None) for o in outputs]
 
     def up_to_date(
         self, force: bool, describe: Callable[[dict[str, Any]], str] = lambda m: ""

@@ -123,14 +123,25 @@ def pull(folder: Path, patterns: Iterable[str]) -> dict[str, int]:
             if not fnmatch.fnmatchcase(rel, pattern):
                 continue
             fetched[rel] = 0
-            if local.is_file() and local.stat().st_size == info["bytes"]:
-                continue
-            local.parent.mkdir(parents=True, exist_ok=True)
-            part = local.with_name(f"{local.name}.part-{os.getpid()}")  # ranks of one machine may fetch it at once
-            storage.get_file(f"{url}/{rel}", str(part))
-            os.replace(part, local)
-            fetched[rel] = info["bytes"]
+            if not (local.is_file() and local.stat().st_size == info["bytes"]):
+                _download(f"{url}/{rel}", local)
+                fetched[rel] = info["bytes"]
     return fetched
+
+
+def _download(url: str, local: Path, sha256: str | None = None) -> None:
+    """The object at `local`, whole or not at all (a part file named for this process: the ranks of one
+    machine may fetch it at once); with `sha256`, a copy of other content is refused, naming the object."""
+    local.parent.mkdir(parents=True, exist_ok=True)
+    part = local.with_name(f"{local.name}.part-{os.getpid()}")
+    got = storage.get_file(url, str(part))
+    if sha256 is not None and got != sha256:
+        part.unlink(missing_ok=True)
+        raise FatalError(
+            f"{url}: its content (sha256 {got[:12]}) is not what its stage's manifest recorded ({sha256[:12]}); "
+            "it was changed or damaged on the store: rerun the stage that wrote it with --force"
+        )
+    os.replace(part, local)
 
 
 def push_files(folder: Path, paths: Iterable[Path]) -> int:
@@ -169,10 +180,7 @@ def copy_of(prefix: str) -> Path:
     for rel, info in sorted(found.items()):
         local = root / rel
         if not (local.is_file() and local.stat().st_size == info["bytes"]):
-            local.parent.mkdir(parents=True, exist_ok=True)
-            part = local.with_name(f"{local.name}.part-{os.getpid()}")
-            storage.get_file(f"{prefix}/{rel}", str(part))
-            os.replace(part, local)
+            _download(f"{prefix}/{rel}", local)
     return root
 
 
@@ -224,19 +232,10 @@ def fetch(path: Path, size: int, sha256: str) -> None:
         if seen.is_file() and seen.read_text().split("\n")[0] == f"{stat.st_size} {stat.st_mtime_ns} {sha256}":
             seen.touch()  # used now: the last to be evicted
             return
-        if _sha256(path) == sha256:
+        if storage.sha256_file(path) == sha256:
             _remember(path, sha256)
             return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(f"{path.name}.part-{os.getpid()}")
-    got = storage.get_file(url, str(part))
-    if got != sha256:
-        part.unlink(missing_ok=True)
-        raise FatalError(
-            f"{url}: its content (sha256 {got[:12]}) is not what its stage's manifest recorded ({sha256[:12]}); "
-            "it was changed or damaged on the store: rerun the stage that wrote it with --force"
-        )
-    os.replace(part, path)
+    _download(url, path, sha256)
     _remember(path, sha256)
     if time.time() - _checked[0] > 60:  # perf: the records are listed at most once a minute (and after a batch)
         _evict(seen.parent)
@@ -292,14 +291,6 @@ def _remember(path: Path, sha256: str) -> None:
     seen.write_text(f"{stat.st_size} {stat.st_mtime_ns} {sha256}\n{path}")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def sync_run(run_dir: Path, suffixes: tuple[str, ...] = (".json", ".jsonl", ".parquet", ".txt")) -> None:
     """For a run on a store, what a reader of its records needs in the mirror: every finished stage's
     manifest and summary, its logs, and its outputs with these suffixes (reports, audit files; not
@@ -340,21 +331,21 @@ def publish(final_dir: Path, manifest: Mapping[str, Any], manifest_name: str, pa
     local.pop(manifest_name, None)
     # Files other machines stored in a folder this one holds part of (a training state written by ranks on
     # several machines) come along; a folder this machine dropped (curate's work/) does not.
-    folders = {rel.rpartition("/")[0] for rel in local}
+    folders, partial_url = {rel.rpartition("/")[0] for rel in local}, url_of(partial)
     elsewhere = [
         rel
-        for rel in storage.objects(f"{url_of(partial)}/")
+        for rel in storage.objects(f"{partial_url}/")
         if rel not in local and rel not in now and "/" in rel and rel.rpartition("/")[0] in folders
     ]
     for rel in sorted(elsewhere):
-        storage.copy(f"{url_of(partial)}/{rel}", f"{url}/{rel}")
+        storage.copy(f"{partial_url}/{rel}", f"{url}/{rel}")
     for rel in sorted(local.keys() | now.keys()):
         if rel in now and was.get(rel) == now[rel]["sha256"] and there.get(rel, {}).get("bytes") == now[rel]["bytes"]:
             continue  # unchanged since the last publish
         if rel in local:
             storage.put_file(str(local[rel]), f"{url}/{rel}")
         else:
-            storage.copy(f"{url_of(partial)}/{rel}", f"{url}/{rel}")
+            storage.copy(f"{partial_url}/{rel}", f"{url}/{rel}")
     storage.remove([f"{url}/{rel}" for rel in sorted(was) if rel not in local and rel not in now and rel in there])
     storage.put_file(str(final_dir / manifest_name), f"{url}/{manifest_name}")
     log.info("%s: published to %s (%d files)", final_dir.name, url, len(local.keys() | now.keys()) + 1)
@@ -402,6 +393,11 @@ class StoreLock:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @staticmethod
+    def _mine(holder: Mapping[str, Any]) -> bool:
+        """Whether a lock record is this process's."""
+        return holder.get("host") == socket.gethostname() and holder.get("pid") == os.getpid()
+
     def _record(self) -> bytes:
         me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%SZ")}
         return json.dumps({**me, "expires": time.time() + LOCK_TTL_S}).encode()
@@ -415,7 +411,7 @@ class StoreLock:
                 if found is None:
                     continue  # released between our two requests
                 holder = json.loads(found[0] or b"{}")
-                ours = holder.get("host") == socket.gethostname() and holder.get("pid") == os.getpid()
+                ours = self._mine(holder)
                 dead = holder.get("host") == socket.gethostname() and not process_alive(holder.get("pid"))
                 if holder.get("expires", 0) > time.time() and not ours and not dead:
                     raise FatalError(
@@ -436,11 +432,9 @@ class StoreLock:
                     storage.write_bytes(self.url, self._record(), replace=found[1])
                 except storage.Conflict:
                     continue  # another run took it over first: look again
-            found = storage.read_bytes(
-                self.url
-            )  # its version, for renewing (and a check where writes are unconditional)
-            mine = {"host": socket.gethostname(), "pid": os.getpid()}
-            if found is not None and {k: json.loads(found[0]).get(k) for k in mine} == mine:
+            # Its version, for renewing (and a check where writes are unconditional).
+            found = storage.read_bytes(self.url)
+            if found is not None and self._mine(json.loads(found[0])):
                 self.etag = found[1]
         self._thread = threading.Thread(target=self._renew, daemon=True, name="kiln-store-lock")
         self._thread.start()

@@ -80,13 +80,18 @@ def brief_traffic(before: dict[str, dict[str, int]]) -> str:
     for scheme, c in traffic_since(before).items():
         if not any(c.values()):
             continue
-        calls = {k: n for k, n in c.items() if k[0].isupper() and n}
+        calls = api_calls(c)
         retries = retried(c, calls)
         parts.append(
             f"{scheme} {sum(calls.values()):,} req {c.get('bytes_read', 0) / 1e6:,.0f}/"
             f"{c.get('bytes_written', 0) / 1e6:,.0f} MB in/out" + (f" {retries:,} retries" if retries else "")
         )
     return ", ".join(parts)
+
+
+def api_calls(counts: dict[str, int]) -> dict[str, int]:
+    """The store's API calls among a store's traffic counts (named by operation: GetObject, PutObject, ...)."""
+    return {k: n for k, n in counts.items() if k[0].isupper() and n}
 
 
 def retried(counts: dict[str, int], calls: dict[str, int]) -> int:
@@ -98,7 +103,7 @@ def describe_traffic(found: dict[str, dict[str, int]]) -> list[str]:
     """One line per store: requests by kind, bytes each way, retries."""
     lines = []
     for scheme, c in found.items():
-        calls = {k: n for k, n in c.items() if k[0].isupper() and n}
+        calls = api_calls(c)
         retries = retried(c, calls)
         kinds = ", ".join(f"{k} {n:,}" for k, n in sorted(calls.items(), key=lambda kv: -kv[1]))
         requests = f"{sum(calls.values()):,} requests ({kinds})" if calls else "requests not counted"
@@ -163,6 +168,15 @@ def read_text(location: Any) -> str:
     if found is None:
         raise FileNotFoundError(location)
     return found[0].decode("utf-8")
+
+
+def sha256_file(path: Any, chunk: int = 1 << 20) -> str:
+    """The sha256 of a local file's content."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def is_file(location: Any) -> bool:
