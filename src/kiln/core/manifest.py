@@ -51,11 +51,10 @@ from kiln.core.config import Section
 from kiln.core.errors import FatalError
 from kiln.core.layout import MANIFEST, SUMMARY
 from kiln.core.mirror import (
-    StoreLock,
     clear,
     fetch,
     fetch_recorded,
-    process_alive,
+    key_path,
     publish,
     push_files,
     refresh,
@@ -63,6 +62,7 @@ from kiln.core.mirror import (
     url_of,
 )
 from kiln.core.storage import describe_traffic, exists, identity, is_url, sha256_file, traffic_since
+from kiln.core.store_lock import StoreLock, process_alive
 
 IN_PROGRESS = "in_progress.json"  # what an unfinished attempt was doing; resume keeps its work only if it matches
 FORMAT = "kiln-manifest v1"
@@ -152,7 +152,7 @@ def recorded_outputs(stage_dir: Path, under: str = "", fetch: bool = True) -> li
     chosen = [o for o in read_manifest(Path(stage_dir))["outputs"] if o["path"].startswith(prefix)]
     if fetch:  # a run on a store: into this machine's mirror, checked (not for files only tasks elsewhere read)
         fetch_recorded(Path(stage_dir), chosen)
-    return [Path(stage_dir) / o["path"] for o in chosen]
+    return [key_path(Path(stage_dir), o["path"], f"{shown(stage_dir)}/{MANIFEST}") for o in chosen]
 
 
 def _cpu_seconds() -> float:
@@ -447,7 +447,7 @@ class Stage:
         # the manifest appears only once everything else is written
         write_atomically(self.dir / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2) + "\n"))
         if self.store_lock is not None:
-            self.store_lock.check()
+            self.store_lock.guard()
         self._swap_in()
         publish(self.final_dir, manifest, MANIFEST, self.partial_dir)
         clear(self.partial_dir, IN_PROGRESS)

@@ -12,8 +12,8 @@ memory-mapped, writes stay atomic renames), and the store holds the truth:
   again), the objects the old manifest listed and the new one does not removed (kiln wrote them;
   nothing else is ever deleted), its manifest put last. A reader that finds a manifest finds
   every file it lists;
-- `StoreLock`: a lock object (host, pid, expiry, renewed while held) keeps two runs on any
-  machines from building one stage; one past its expiry is taken over;
+- every write under a stage goes through kiln.core.store_lock.guard: a run that lost the stage's lock
+  (kiln.core.store_lock.StoreLock) stops writing;
 - `pull`, `push_files`, `place`/`local_path`: what tasks on other machines use to fetch the files
   they read and store the files they wrote (kiln.curate.jobs, kiln.tokenize.encode,
   kiln.train.resume);
@@ -30,8 +30,6 @@ import json
 import logging
 import os
 import re
-import socket
-import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -42,10 +40,10 @@ from kiln.core.atomic import write_atomically
 from kiln.core.errors import FatalError
 from kiln.core.layout import MANIFEST as MANIFEST_NAME
 from kiln.core.layout import SUMMARY as SUMMARY_NAME
+from kiln.core.store_lock import guard
 
 MARKER = ".kiln-store.json"  # in a mirror's root: {"url": the store location it stands for}
 VERIFIED = ".kiln-verified"  # in a mirror's root: one file per checked download, so a file is hashed once
-LOCK_TTL_S = 120.0  # a lock not renewed for this long is stale; its holder renews it every third of that
 CACHE_GB = 100.0  # the fetched outputs a machine keeps (KILN_CACHE_GB overrides): beyond it, the least recently used go
 STARTED = time.time()  # files this process fetched or used are never evicted by it
 log = logging.getLogger("kiln.core")
@@ -58,6 +56,7 @@ def cache_root() -> Path:
 def mirror_of(url: str) -> Path:
     """The local folder standing for the store location `url` (made, and marked, on first use)."""
     url = url.rstrip("/")
+    key_path(Path("/"), url.partition("://")[2], url)  # s3://bucket/../x: refused, not folded into another prefix
     root = cache_root() / "stores" / hashlib.sha256(url.encode()).hexdigest()[:16]
     if not (root / MARKER).is_file():
         root.mkdir(parents=True, exist_ok=True)
@@ -101,7 +100,23 @@ def place(path: Path | str) -> tuple[str, str] | None:
 
 def local_path(where: tuple[str, str]) -> Path:
     """This machine's path for a place() made on any machine (each keeps its own mirror)."""
-    return mirror_of(where[0]) / where[1]
+    root = mirror_of(where[0])
+    return root if where[1] == "." else key_path(root, where[1], where[0])
+
+
+def key_path(root: Path, key: str, where: str) -> Path:
+    """`root / key` for a key that names a file below `root`: an object's key relative to a prefix, or an
+    output a manifest records. Every download goes through it: a key with an empty, `.` or `..` component,
+    an absolute one or one holding NUL is refused naming `where` (what listed it), since joined unchecked
+    it would place a file outside the mirror or the folder that asked for it (anyone who may write to a
+    bucket may put such a key there)."""
+    parts = key.split("/")
+    if not key or any(part in ("", ".", "..") or "\0" in part for part in parts):
+        raise FatalError(
+            f"{where}: {key!r} has an empty, '.' or '..' part (or starts with '/'), so it would land outside the "
+            "folder kiln keeps it in; kiln did not write it: remove that object from the store"
+        )
+    return root.joinpath(*parts)
 
 
 def pull(folder: Path, patterns: Iterable[str]) -> dict[str, int]:
@@ -119,26 +134,28 @@ def pull(folder: Path, patterns: Iterable[str]) -> dict[str, int]:
         listed = storage.objects(f"{url}/{under}/" if under else f"{url}/", starting)
         for rel, info in sorted(listed.items()):
             rel = f"{under}/{rel}" if under else rel
-            local = folder / rel
             if not fnmatch.fnmatchcase(rel, pattern):
                 continue
+            local = key_path(folder, rel, f"{url}/")
             fetched[rel] = 0
             if not (local.is_file() and local.stat().st_size == info["bytes"]):
-                _download(f"{url}/{rel}", local)
+                _download(url, folder, rel)
                 fetched[rel] = info["bytes"]
     return fetched
 
 
-def _download(url: str, local: Path, sha256: str | None = None) -> None:
-    """The object at `local`, whole or not at all (a part file named for this process: the ranks of one
-    machine may fetch it at once); with `sha256`, a copy of other content is refused, naming the object."""
+def _download(url: str, root: Path, key: str, sha256: str | None = None) -> None:
+    """The object `url/key` at `root/key` (key_path checks the key), whole or not at all (a part file named
+    for this process: the ranks of one machine may fetch it at once); with `sha256`, a copy of other
+    content is refused, naming the object."""
+    local = key_path(root, key, f"{url}/")
     local.parent.mkdir(parents=True, exist_ok=True)
     part = local.with_name(f"{local.name}.part-{os.getpid()}")
-    got = storage.get_file(url, str(part))
+    got = storage.get_file(f"{url}/{key}", str(part))
     if sha256 is not None and got != sha256:
         part.unlink(missing_ok=True)
         raise FatalError(
-            f"{url}: its content (sha256 {got[:12]}) is not what its stage's manifest recorded ({sha256[:12]}); "
+            f"{url}/{key}: its content (sha256 {got[:12]}) is not what its stage's manifest recorded ({sha256[:12]}); "
             "it was changed or damaged on the store: rerun the stage that wrote it with --force"
         )
     os.replace(part, local)
@@ -152,9 +169,15 @@ def push_files(folder: Path, paths: Iterable[Path]) -> int:
         return 0
     sent = 0
     for p in paths:
-        storage.put_file(str(p), f"{url}/{Path(p).relative_to(folder).as_posix()}")
+        put(p, f"{url}/{Path(p).relative_to(folder).as_posix()}")
         sent += Path(p).stat().st_size
     return sent
+
+
+def put(local: Path, url: str) -> None:
+    """Upload a local file to `url`, unless the run lost the lock of the stage it belongs to (guard)."""
+    guard(url)
+    storage.put_file(str(local), url)
 
 
 def clear(folder: Path, marker: str) -> None:
@@ -166,6 +189,7 @@ def clear(folder: Path, marker: str) -> None:
         return
     found = storage.objects(url + "/")
     if marker in found:
+        guard(url + "/")
         storage.remove([f"{url}/{rel}" for rel in sorted(found) if rel != marker] + [f"{url}/{marker}"])
 
 
@@ -178,9 +202,9 @@ def copy_of(prefix: str) -> Path:
     if not found:
         raise FatalError(f"{prefix}: no objects under this prefix; check the URL (a folder's files are read from it)")
     for rel, info in sorted(found.items()):
-        local = root / rel
+        local = key_path(root, rel, f"{prefix}/")
         if not (local.is_file() and local.stat().st_size == info["bytes"]):
-            _download(f"{prefix}/{rel}", local)
+            _download(prefix, root, rel)
     return root
 
 
@@ -235,7 +259,10 @@ def fetch(path: Path, size: int, sha256: str) -> None:
         if storage.sha256_file(path) == sha256:
             _remember(path, sha256)
             return
-    _download(url, path, sha256)
+    found = _root(path)
+    assert found is not None  # url_of found it
+    root, root_url = found
+    _download(root_url, root, Path(os.path.abspath(path)).relative_to(root).as_posix(), sha256)
     _remember(path, sha256)
     if time.time() - _checked[0] > 60:  # perf: the records are listed at most once a minute (and after a batch)
         _evict(seen.parent)
@@ -273,7 +300,7 @@ def fetch_recorded(stage_dir: Path, outputs: Iterable[Mapping[str, Any]]) -> Non
     """fetch() each output (manifest entries: path relative to the stage, bytes, sha256)."""
     outputs = list(outputs)
     for o in outputs:
-        fetch(Path(stage_dir) / o["path"], o["bytes"], o["sha256"])
+        fetch(key_path(Path(stage_dir), o["path"], f"{shown(stage_dir)}/{MANIFEST_NAME}"), o["bytes"], o["sha256"])
     if outputs and url_of(stage_dir) is not None and (records := _verified(Path(stage_dir)).parent).is_dir():
         _evict(records)
 
@@ -311,7 +338,7 @@ def sync_run(run_dir: Path, suffixes: tuple[str, ...] = (".json", ".jsonl", ".pa
 def push(path: Path) -> None:
     """Upload one local file of a mirror (a run's recipe.yaml) to its URL; nothing for a local run."""
     if (url := url_of(path)) is not None:
-        storage.put_file(str(path), url)
+        put(path, url)
 
 
 def publish(final_dir: Path, manifest: Mapping[str, Any], manifest_name: str, partial: Path) -> None:
@@ -321,6 +348,7 @@ def publish(final_dir: Path, manifest: Mapping[str, Any], manifest_name: str, pa
     url = url_of(final_dir)
     if url is None:
         return
+    guard(url + "/")
     found = storage.read_bytes(f"{url}/{manifest_name}")
     old = json.loads(found[0]) if found else {}
     storage.remove([f"{url}/{manifest_name}"])  # from here on readers see an unfinished stage
@@ -338,132 +366,15 @@ def publish(final_dir: Path, manifest: Mapping[str, Any], manifest_name: str, pa
         if rel not in local and rel not in now and "/" in rel and rel.rpartition("/")[0] in folders
     ]
     for rel in sorted(elsewhere):
+        key_path(final_dir, rel, f"{partial_url}/")
         storage.copy(f"{partial_url}/{rel}", f"{url}/{rel}")
     for rel in sorted(local.keys() | now.keys()):
         if rel in now and was.get(rel) == now[rel]["sha256"] and there.get(rel, {}).get("bytes") == now[rel]["bytes"]:
             continue  # unchanged since the last publish
         if rel in local:
-            storage.put_file(str(local[rel]), f"{url}/{rel}")
+            put(local[rel], f"{url}/{rel}")
         else:
             storage.copy(f"{partial_url}/{rel}", f"{url}/{rel}")
     storage.remove([f"{url}/{rel}" for rel in sorted(was) if rel not in local and rel not in now and rel in there])
-    storage.put_file(str(final_dir / manifest_name), f"{url}/{manifest_name}")
+    put(final_dir / manifest_name, f"{url}/{manifest_name}")  # guarded again: the uploads may have taken long
     log.info("%s: published to %s (%d files)", final_dir.name, url, len(local.keys() | now.keys()) + 1)
-
-
-def process_alive(pid: Any) -> bool:
-    """Whether a process of this machine with that id is running (a lock's holder)."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by another user
-    # A killed process nobody has reaped yet (a zombie) still answers signal 0, but holds nothing.
-    stat = Path(f"/proc/{pid}/stat")
-    try:
-        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-class StoreLock:
-    """A stage's lock object on the store: {host, pid, since, expires}. Taken by a create-only write
-    (the store decides between two takers), renewed every LOCK_TTL_S / 3 by a background thread,
-    taken over when past its expiry (its holder died or lost the store) or at once when its holder was
-    a process of this machine that is gone, removed on release. `take` gives the lock this process
-    already holds (an attempt that failed earlier in it) rather than a second one."""
-
-    held: dict[str, StoreLock] = {}  # this process's, by URL
-
-    @classmethod
-    def take(cls, url: str, what: str) -> StoreLock:
-        if url not in cls.held:
-            lock = cls(url, what)
-            lock.acquire()
-            cls.held[url] = lock
-        return cls.held[url]
-
-    def __init__(self, url: str, what: str):
-        self.url, self.what = url, what
-        self.etag: str | None = None
-        self.lost = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @staticmethod
-    def _mine(holder: Mapping[str, Any]) -> bool:
-        """Whether a lock record is this process's."""
-        return holder.get("host") == socket.gethostname() and holder.get("pid") == os.getpid()
-
-    def _record(self) -> bytes:
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%SZ")}
-        return json.dumps({**me, "expires": time.time() + LOCK_TTL_S}).encode()
-
-    def acquire(self) -> None:
-        while self.etag is None:
-            try:
-                storage.write_bytes(self.url, self._record(), create=True)
-            except storage.Conflict:
-                found = storage.read_bytes(self.url)
-                if found is None:
-                    continue  # released between our two requests
-                holder = json.loads(found[0] or b"{}")
-                ours = self._mine(holder)
-                dead = holder.get("host") == socket.gethostname() and not process_alive(holder.get("pid"))
-                if holder.get("expires", 0) > time.time() and not ours and not dead:
-                    raise FatalError(
-                        f"{self.what}: {self.url} is held by pid {holder.get('pid')} on {holder.get('host')} since "
-                        f"{holder.get('since')} (until {time.strftime('%H:%M:%S', time.gmtime(holder['expires']))} "
-                        "UTC unless renewed); wait for that run to finish"
-                    ) from None
-                if not ours:
-                    log.warning(
-                        "%s: taking over %s, left by pid %s on %s (%s)",
-                        self.what,
-                        self.url,
-                        holder.get("pid"),
-                        holder.get("host"),
-                        "no longer running" if dead else "expired",
-                    )
-                try:
-                    storage.write_bytes(self.url, self._record(), replace=found[1])
-                except storage.Conflict:
-                    continue  # another run took it over first: look again
-            # Its version, for renewing (and a check where writes are unconditional).
-            found = storage.read_bytes(self.url)
-            if found is not None and self._mine(json.loads(found[0])):
-                self.etag = found[1]
-        self._thread = threading.Thread(target=self._renew, daemon=True, name="kiln-store-lock")
-        self._thread.start()
-
-    def _renew(self) -> None:
-        while not self._stop.wait(LOCK_TTL_S / 3):
-            try:
-                storage.write_bytes(self.url, self._record(), replace=self.etag)
-                found = storage.read_bytes(self.url)
-                self.etag = found[1] if found else None
-            except (storage.Conflict, FatalError) as e:
-                self.lost = True
-                log.error("%s: lost %s (%s); this run will not publish its result", self.what, self.url, e)
-                return
-
-    def check(self) -> None:
-        """Stop before publishing when the lock was lost (renewal failed: another run may have taken it)."""
-        if self.lost:
-            raise FatalError(
-                f"{self.what}: the lock {self.url} was lost while the stage ran; another run may have taken it "
-                "over; nothing was published: run again"
-            )
-
-    def release(self) -> None:
-        StoreLock.held.pop(self.url, None)
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        found = storage.read_bytes(self.url)
-        if found is not None and found[1] == self.etag:
-            storage.remove([self.url])
-        self.etag = None

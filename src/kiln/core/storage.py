@@ -118,7 +118,8 @@ class StorageConfig(Section):
     """How to reach object stores, beside what the environment says (never credentials: those come from the
     environment, a profile or the machine's role, and a recipe that names one is refused as an unknown key)."""
 
-    NOT_HASHED = frozenset({"endpoint_url", "region", "profile", "anonymous"})  # where, not what: no result changes
+    # where and how safely, not what: no result changes
+    NOT_HASHED = frozenset({"endpoint_url", "region", "profile", "anonymous", "lock_seconds"})
 
     endpoint_url: str | None = Field(
         default=None,
@@ -129,6 +130,15 @@ class StorageConfig(Section):
         default=None, description="A named profile of the AWS config files, as AWS_PROFILE; None: the environment's."
     )
     anonymous: bool = Field(default=False, description="Read public S3 buckets without credentials.")
+    lock_seconds: float | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Seconds a stage's lock on a store lives unless renewed (its holder renews it every third of that); a "
+            "run stopped or cut off for longer loses the stage to the next run and stops writing; None: "
+            "KILN_LOCK_SECONDS, else 120."
+        ),
+    )
 
 
 def configure(cfg: StorageConfig) -> None:
@@ -141,6 +151,8 @@ def configure(cfg: StorageConfig) -> None:
         os.environ["AWS_PROFILE"] = cfg.profile
     if cfg.anonymous:
         os.environ["KILN_S3_ANONYMOUS"] = "1"
+    if cfg.lock_seconds:
+        os.environ["KILN_LOCK_SECONDS"] = str(cfg.lock_seconds)
     _filesystem.cache_clear()
 
 

@@ -36,6 +36,7 @@ from kiln.core.layout import CURATE, SHARDS, SUMMARY
 from kiln.core.manifest import Stage
 from kiln.core.mirror import place, pull, push_files
 from kiln.core.storage import as_location, brief_traffic, is_file, is_url, merge_task_traffic, traffic_since
+from kiln.core.store_lock import fenced
 from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
 from kiln.curate.dedup.minhash import memory_estimate
@@ -125,7 +126,7 @@ def run_phase(
         dynamic_ncols=True,
         leave=False,
     ) as bar:
-        for index, summary in executor.imap_unordered(run_job, todo):
+        for index, summary in executor.imap_unordered(fenced(run_job), todo):
             merge_task_traffic(summary.pop("traffic", None))
             results[index] = summary
             docs += summary.get("docs", 0)

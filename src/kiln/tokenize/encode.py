@@ -47,6 +47,7 @@ from kiln.core.manifest import Stage, read_manifest, recorded_outputs
 from kiln.core.mirror import fetch, local_path, place, pull, push_files, url_of
 from kiln.core.split import is_heldout
 from kiln.core.storage import brief_traffic, merge_task_traffic, task_traffic, traffic_since
+from kiln.core.store_lock import fenced
 from kiln.core.tokenshards import DOC_SCORES, SCORES_SUFFIX, TokenShard, TokenShardWriter, doc_scores, dtype_for
 from kiln.text.engines import Flat, packed
 from kiln.text.fim import FimCut, draw_cut, fim_ids
@@ -339,7 +340,7 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
             desc=f"tokenize ({executor.workers} {'threads' if inline else 'workers'})",
             dynamic_ncols=True,
         ) as bar:
-            for stats in executor.imap_unordered(encode_shard, tasks):
+            for stats in executor.imap_unordered(fenced(encode_shard), tasks):
                 merge_task_traffic(stats.get("traffic"))
                 bar.update(stats["train"]["bytes"] + stats["val"]["bytes"])
                 if traffic := brief_traffic(stage_traffic):

@@ -59,8 +59,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from kiln.core.errors import FatalError
 from kiln.core.manifest import sha256_file
-from kiln.core.mirror import clear, pull, push_files, url_of
-from kiln.core.storage import put_file
+from kiln.core.mirror import clear, pull, push_files, put, url_of
 from kiln.train.mesh import Ranks
 from kiln.train.state_files import (
     METADATA,
@@ -325,7 +324,7 @@ class States:
             own += [tmp / TRAIN_STATE_JSON, tmp / METADATA]
         sums = {p.name: sha256_file(p) for p in own}
         for p in own:
-            put_file(str(p), f"{url_of(final)}/{p.name}")
+            put(p, f"{url_of(final)}/{p.name}")
         return {name: sha for found in self.ranks.gather(sums) for name, sha in found.items()}
 
     def _finish(self, tmp: Path, final: Path, sums: dict[str, str] | None = None) -> None:

@@ -35,6 +35,7 @@ from kiln.core.manifest import IN_PROGRESS, Stage, read_manifest, recorded_outpu
 from kiln.core.mirror import pull, refresh, url_of
 from kiln.core.ranks import world_size
 from kiln.core.storage import is_url
+from kiln.core.store_lock import adopt, tokens
 from kiln.model.batch import Batch, RowSource
 from kiln.model.config import ModelConfig, count_params, flops_per_token
 from kiln.model.perplexity import ScoringConfig
@@ -414,9 +415,9 @@ def train_stage(
     resume_from = start.resume or (
         seed_attempt(stage.dir, start.extend) if stage is not None and start.extend else None
     )
-    out_dir, resume_from = ranks.broadcast(
-        (str(stage.dir), resume_from) if stage else None
-    )  # only rank 0 writes into out_dir
+    # Only rank 0 writes into out_dir; every rank stores its own state files under the lock rank 0 holds.
+    out_dir, resume_from, fences = ranks.broadcast((str(stage.dir), resume_from, tokens()) if stage else None)
+    adopt(fences)
     data = TrainData(batches, rows.adapt_every, rows.report_windows)
     validation = Validation(run_dir, inputs.scoring, val_batches, inputs.reference_runs, inputs.make_probe)
     result = train(model_cfg, cfg, data, validation, Path(out_dir), Placement(ranks, inputs.parallel, resume_from))

@@ -46,6 +46,11 @@ def check_worker_versions(ray: Any, section: str, ours: dict[str, str] | None = 
         )
 
 
+def call(fn: Callable[[T], R], task: T) -> R:
+    """A task as Ray runs it: `fn` may be any callable (ray.remote takes only functions, not a partial)."""
+    return fn(task)
+
+
 class RayExecutor:
     """Shard tasks as Ray tasks of one CPU each, at most `workers` in flight."""
 
@@ -91,7 +96,7 @@ class RayExecutor:
         # A dead worker or node: the task runs again (a task's own exception is not retried). Tasks write
         # under their own task's names, over what an attempt left, and their completion marker last, and
         # the stage counts what the returned result says: a retry counts nothing twice.
-        remote = ray.remote(num_cpus=1, max_retries=self.max_retries)(fn)
+        remote = ray.remote(num_cpus=1, max_retries=self.max_retries)(call)
         queue = list(tasks)
         running: list[Any] = []
         try:
@@ -99,7 +104,7 @@ class RayExecutor:
             # bigger cluster too, and a failure leaves the rest of the queue unstarted.
             while queue or running:
                 while queue and len(running) < self.workers:
-                    running.append(remote.remote(queue.pop(0)))
+                    running.append(remote.remote(fn, queue.pop(0)))
                 done, running = ray.wait(running, num_returns=1)
                 yield ray.get(done[0])
         finally:
