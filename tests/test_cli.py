@@ -412,3 +412,71 @@ def test_paths_given_as_flags_arrive_unchanged(name: str) -> None:
         *recipe_and_overrides(parser.parse_args(["eval", "--data", f"{name}.txt", "--task", f"{name}.jsonl"]))
     )
     assert scored.eval.data == [f"{name}.txt"] and scored.eval.tasks == [f"{name}.jsonl"]
+
+
+def test_a_secret_in_the_recipe_or_a_set_never_reaches_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("name: x\nstorage:\n  aws_secret_access_key: SECRETXYZ\n")
+    for argv in (
+        ["plan", "--recipe", str(recipe)],
+        ["plan", "--set", "storage.aws_secret_access_key=SECRETXYZ"],
+        ["plan", "--set", "storage.secret=SECRETXYZ"],
+    ):
+        code, out, err = run_main(argv, capsys)
+        key = "storage.secret" if "storage.secret=SECRETXYZ" in argv else "storage.aws_secret_access_key"
+        assert code == 2 and f"{key}: unknown key; allowed keys here: " in err, err
+        assert "SECRETXYZ" not in out + err
+
+
+def test_run_name_dot_dot_writes_nothing_outside_runs_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # import-hf --run .. wrote tokenizer/ and train/ beside runs_dir; --run, like name and --set name=, is one folder.
+    runs = tmp_path / "runs"
+    code, _, err = run_main(
+        ["-q", "import-hf", str(tmp_path / "hf"), "--run", "..", "--set", f"runs_dir={runs}"], capsys
+    )
+    assert code == 2 and "name '..': not a run name; a run is one folder under runs_dir" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_storage_profile_this_machine_lacks_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("botocore")
+    (tmp_path / "config").write_text("[profile mine]\nregion = us-east-1\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_PROFILE", "mine")  # applying the storage section sets it: restored after the test
+    code, _, err = run_main(["plan", "--set", "storage.profile=nosuchprofile"], capsys)
+    assert code == 2 and err == (
+        "kiln plan: error: storage.profile 'nosuchprofile': no such profile in this machine's AWS config files "
+        "(profiles there: mine); create it (aws configure --profile nosuchprofile) or name another\n"
+    )
+    assert run_main(["plan", "--set", "storage.profile=mine"], capsys)[0] == 0
+
+
+def test_a_recipe_in_a_store_is_read_from_there(
+    s3_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import uuid
+
+    s3fs = pytest.importorskip("s3fs")
+    from kiln.recipe import recipe_to_yaml
+
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
+    bucket = f"recipes-{uuid.uuid4().hex[:8]}"
+    s3fs.S3FileSystem().mkdir(bucket)
+    # What a run in a bucket keeps as its resolved recipe: a stage is rerun from it without copying it down.
+    overrides = [f"runs_dir=s3://{bucket}/runs", "name=s3r", "train.steps=7"]
+    text = recipe_to_yaml(load_recipe("demo", overrides))
+    url = f"s3://{bucket}/runs/s3r/recipe.yaml"
+    s3fs.S3FileSystem().pipe(url.removeprefix("s3://"), text.encode())
+    assert recipe_to_yaml(load_recipe(url)) == text
+    code, out, err = run_main(["plan", "--json", "--recipe", url], capsys)
+    assert code == 0, err
+    assert json.loads(out) == json.loads(
+        run_main(["plan", "--json", *[a for o in overrides for a in ("--set", o)]], capsys)[1]
+    )
+    code, _, err = run_main(["plan", "--recipe", f"s3://{bucket}/runs/none/recipe.yaml"], capsys)
+    assert code == 2 and f"recipe s3://{bucket}/runs/none/recipe.yaml: no such object" in err, err

@@ -74,8 +74,9 @@ def _common(p: argparse.ArgumentParser, force: bool = True) -> None:
     p.add_argument(
         "--recipe",
         metavar="FILE|NAME",
-        help="Recipe YAML file, or the name of one shipped in recipes/ (default: demo; for `curate --input`, "
-        "every default).",
+        help="Recipe YAML file (a path, or a store URL such as s3://bucket/runs/NAME/recipe.yaml, the resolved "
+        "recipe a run keeps), or the name of one shipped in recipes/ (default: demo; for `curate --input`, every "
+        "default).",
     )
     p.add_argument(
         "--set",

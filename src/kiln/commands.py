@@ -266,8 +266,27 @@ def load(args: argparse.Namespace) -> Recipe:
     from kiln.recipe import load_recipe
 
     recipe = load_recipe(*recipe_and_overrides(args))
+    check_profile(recipe.storage.profile)
     configure(recipe.storage)  # before any stage reaches a store
     return recipe
+
+
+def check_profile(profile: str | None) -> None:
+    """storage.profile names a profile of this machine's AWS config files: checked here, as the section is
+    applied, not at the first request of some stage (where botocore's ProfileNotFound ended the command)."""
+    if profile is None:
+        return
+    try:
+        import botocore.session  # installed with s3fs; only a recipe naming a profile pays for the import
+    except ImportError:
+        return  # no S3 client here: the first s3:// location says what to install (kiln.core.storage)
+    # Reads AWS_CONFIG_FILE and AWS_SHARED_CREDENTIALS_FILE (default ~/.aws/config and ~/.aws/credentials).
+    known = botocore.session.Session().available_profiles
+    if profile not in known:
+        raise ConfigError(
+            f"storage.profile {profile!r}: no such profile in this machine's AWS config files (profiles there: "
+            f"{', '.join(sorted(known)) or 'none'}); create it (aws configure --profile {profile}) or name another"
+        )
 
 
 def flags_for(verb: Verb, args: argparse.Namespace) -> dict[str, Any]:

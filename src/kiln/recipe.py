@@ -1,8 +1,12 @@
 """The recipe: one YAML file with a section per stage, validated before any work starts.
 
-`load_recipe` reads a file (or a name shipped in recipes/), applies `--set a.b=value`
-overrides to a copy, and validates everything at once. Every problem is reported in one
-ConfigError naming the key path, the bad value and what is allowed.
+`load_recipe` reads a file, an object in a store (`s3://bucket/runs/r/recipe.yaml`, the resolved
+recipe a run keeps) or a name shipped in recipes/, applies `--set a.b=value` overrides to a copy,
+and validates everything at once. Every problem is reported in one ConfigError naming the key
+path, the bad value and what is allowed; a key no section declares is named with the keys allowed
+there, never with its value (a credential put in the recipe by mistake stays out of logs).
+The run name is one folder under runs_dir, and a runs_dir in a store is a URL whose parts are
+taken as written (no `..`, `.` or empty parts, which a store keeps as literal key parts).
 Not handled here: running stages (kiln.stages) or writing manifests (kiln.core.manifest).
 """
 
@@ -11,18 +15,19 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError
 from kiln.core.mirror import mirror_of
-from kiln.core.storage import READ_ONLY_SCHEMES, StorageConfig, is_url, read_bytes
+from kiln.core.storage import READ_ONLY_SCHEMES, SCHEMES, StorageConfig, is_url, read_bytes, read_text
 from kiln.curate.config import CurateConfig
 from kiln.curate.quality.config import QualityConfig
 from kiln.evaluate.config import EvalConfig, ExportConfig, GenerateConfig
@@ -33,10 +38,65 @@ from kiln.train.config import TrainConfig
 from kiln.train.mesh import ParallelConfig, data_ranks
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+# One folder name that no shell, store or OS reads as anything else: no separator, no `.`/`..`, no hidden folder.
+RUN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+
+
+def check_run_name(name: str) -> str:
+    """`name` when it names one folder directly under runs_dir; ValueError naming the rule otherwise."""
+    if not RUN_NAME.fullmatch(name):
+        raise ValueError(
+            f"name {name!r}: not a run name; a run is one folder under runs_dir, named with letters, digits, _, - "
+            "and . (not first), e.g. demo or web-2024.10"
+        )
+    return name
+
+
+def check_store_location(key: str, location: str) -> str:
+    """A location where a run is written: a local path as it is, or a store URL with a bucket and
+    no `..`, `.` or empty parts (a store takes `s3://b/../x` as the key `../x`, not as `s3://x`),
+    trailing slashes dropped. ValueError naming the key and the rule; a URL carrying credentials
+    is refused without being repeated."""
+    scheme, sep, rest = location.partition("://")
+    if not sep:
+        return location
+    if "@" in rest.split("/", 1)[0]:
+        raise ValueError(
+            f"{key}: a URL with credentials in it (before '@'); give them through the environment or "
+            "storage.profile, never in the recipe"
+        )
+    if scheme.lower() == "file":
+        plain = rest if rest.startswith("/") else "the path itself"
+        raise ValueError(f"{key} {location!r}: file:// URLs are not read as paths; give the plain path ({plain})")
+    if scheme.lower() not in SCHEMES:
+        raise ValueError(
+            f"{key} {location!r}: {scheme}:// is not a store kiln reaches; give a local folder or an s3://, gs:// "
+            "or az:// location"
+        )
+    if scheme.lower() in READ_ONLY_SCHEMES:
+        raise ValueError(
+            f"{key} {location!r}: {scheme}:// locations are read only; give {key} a local folder or an s3://, "
+            "gs:// or az:// location"
+        )
+    parts = rest.rstrip("/").split("/")
+    if not parts[0]:
+        raise ValueError(f"{key} {location!r}: no bucket; give {scheme}://BUCKET/PATH, e.g. {scheme}://my-bucket/runs")
+    bad = [p for i, p in enumerate(parts) if p in (".", "..") or (i and not p)]
+    if bad:
+        raise ValueError(
+            f"{key} {location!r}: the path part {bad[0]!r} (stores take every part as written, so nothing is "
+            f"resolved); write the location without empty, '.' or '..' parts"
+        )
+    return f"{scheme}://{rest.rstrip('/')}"
 
 
 class Recipe(Section):
-    name: str = Field(description="Run name; stages write under <runs_dir>/<name>/.", pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(
+        description=(
+            "Run name; stages write under <runs_dir>/<name>/: one folder name of letters, digits, _, - and . (not "
+            "first)."
+        )
+    )
     runs_dir: str = Field(
         default="runs",
         description=(
@@ -80,13 +140,20 @@ class Recipe(Section):
         default_factory=ExportConfig, description="Writing the trained model as a Hugging Face folder."
     )
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        return check_run_name(name)
+
+    @field_validator("runs_dir")
+    @classmethod
+    def _runs_dir(cls, runs_dir: str) -> str:
+        return check_store_location("runs_dir", runs_dir)
+
     @model_validator(mode="after")
     def _cross_section(self) -> Recipe:
-        if is_url(self.runs_dir) and self.runs_dir.split("://")[0].lower() in READ_ONLY_SCHEMES:
-            raise ValueError(
-                f"runs_dir {self.runs_dir!r}: {self.runs_dir.split('://')[0]}:// locations are read only; give "
-                "runs_dir a local folder or an s3://, gs:// or az:// location"
-            )
+        if self.export.out is not None:  # the other place a run writes to (`kiln export OUT`)
+            check_store_location("export.out", self.export.out)
         if self.train.seq_len > self.model.max_seq_len:
             raise ValueError(
                 f"train.seq_len ({self.train.seq_len}) exceeds model.max_seq_len ({self.model.max_seq_len})"
@@ -143,7 +210,7 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {assignment!r}: {part!r} is a value, not a section")
+            raise ConfigError(f"--set {key.strip()}: {part!r} is a value, not a section")
         node = child
     annotation = _annotation(parts)
     if raw.strip() and annotation is not None and _takes_text_only(annotation):
@@ -158,6 +225,9 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     try:
         node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else raw
     except yaml.YAMLError as e:
+        if not _declared(parts):  # validation refuses the key by name; its value (a secret?) is never quoted
+            node[parts[-1]] = raw
+            return
         raise ConfigError(f"--set {assignment!r}: the value is not valid YAML ({e})") from None
 
 
@@ -183,6 +253,20 @@ def _quoted(raw: str) -> str | None:
     if isinstance(node, yaml.ScalarNode) and node.style == text[0] and node.end_mark.index == len(text):
         return str(node.value)
     return None
+
+
+def _declared(parts: list[str]) -> bool:
+    """Whether a section declares the recipe key `parts`: every part a field of the section above it, down
+    to a field that is not a section (a list or a mapping such as mix.weights, whose items are its own)."""
+    model: type[BaseModel] | None = Recipe
+    for part in parts:
+        if model is None:
+            return True
+        field = model.model_fields.get(part)
+        if field is None:
+            return False
+        model = _model_in(field.annotation)
+    return True
 
 
 def _annotation(parts: list[str]) -> Any:
@@ -244,23 +328,33 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
 
 def load_recipe(recipe: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
-    """A recipe file (or shipped name) with overrides applied; None starts from every default."""
+    """A recipe file, store URL (read from the store, reached as the environment says: the recipe's own
+    storage section applies only once it is read) or shipped name, with overrides applied; None starts
+    from every default."""
     if recipe is None:
         data, origin = {}, "defaults"
     else:
-        path = resolve_recipe_path(str(recipe))
+        origin = str(recipe) if is_url(recipe) else str(resolve_recipe_path(str(recipe)))
         try:
             # noqa: S506 (a SafeLoader)
-            data = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader) or {}
+            data = yaml.load(read_text(origin), Loader=UniqueKeyLoader) or {}
+        except FileNotFoundError:  # a URL: a path was found by resolve_recipe_path
+            raise ConfigError(
+                f"recipe {origin}: no such object; give the URL of a recipe YAML (a run in a store keeps its "
+                "resolved recipe as <runs_dir>/<name>/recipe.yaml)"
+            ) from None
         except UnicodeDecodeError as e:
             raise ConfigError(
-                f"recipe {path}: not UTF-8 text (byte {e.start}: {e.object[e.start : e.start + 1]!r}); save it as UTF-8"
+                f"recipe {origin}: not UTF-8 text (byte {e.start}: {e.object[e.start : e.start + 1]!r}); save it as "
+                "UTF-8"
             ) from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"recipe {path}: not valid YAML: {e}") from None
+            raise ConfigError(f"recipe {origin}: not valid YAML: {e}") from None
         if not isinstance(data, dict):
-            raise ConfigError(f"recipe {path}: the top level must be a mapping of sections, got {type(data).__name__}")
-        data, origin = copy.deepcopy(data), str(path)
+            raise ConfigError(
+                f"recipe {origin}: the top level must be a mapping of sections, got {type(data).__name__}"
+            )
+        data = copy.deepcopy(data)
     for assignment in overrides:
         apply_override(data, assignment)
     return validate_recipe(with_checkpoint_model(data), origin=origin)
@@ -309,13 +403,18 @@ def _describe(err: dict[str, Any]) -> str:
     loc = (
         ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))) or "(top level)"
     )
-    value = err.get("input")
     if err["type"] == "extra_forbidden":
+        # subtle: never the value: a key kiln does not know may hold anything (a secret key put under storage).
         allowed = _allowed_keys(err["loc"][:-1])
-        return f"{loc}: unknown key (value {value!r}); allowed keys here: {', '.join(allowed)}"
+        return f"{loc}: unknown key; allowed keys here: {', '.join(allowed)}"
     if err["type"] == "value_error":
-        return f"{loc or 'recipe'}: {err['msg'].removeprefix('Value error, ')}"
-    return f"{loc}: {err['msg'].lower()}; got {value!r}"
+        said = err["msg"].removeprefix("Value error, ")
+        # A cross-section check (no key of its own) or a message that starts with its key (`runs_dir 's3://...':
+        # ...`) names the keys itself: not prefixed again.
+        return said if loc == "(top level)" or said.startswith((f"{loc} ", f"{loc}:")) else f"{loc}: {said}"
+    if err["loc"][:1] == ("storage",):  # how a store is reached: a value pasted there may be a credential
+        return f"{loc}: {err['msg'].lower()}"
+    return f"{loc}: {err['msg'].lower()}; got {err.get('input')!r}"
 
 
 def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:

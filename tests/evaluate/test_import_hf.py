@@ -253,6 +253,12 @@ def test_qwen2_qwen3_and_scaled_rope_llama_import_and_export_with_the_same_logit
             ),
             "RoPE scaling 'yarn'",
         ),
+        # transformers 5 reads rope_scaling first: beside a default rope_parameters it is still YaRN or dynamic.
+        (
+            lambda c: c | {"rope_scaling": {"rope_type": "yarn", "factor": 2.0}},
+            r"RoPE scaling 'yarn' in rope_scaling \(kiln scales RoPE by linear or llama3 only\)",
+        ),
+        (lambda c: c | {"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "RoPE scaling 'dynamic' in rope_scaling"),
         (lambda c: c | {"partial_rotary_factor": 0.5}, "partial_rotary_factor below 1"),
         (lambda c: c | {"attention_bias": True}, "attention_bias true in LlamaForCausalLM"),
         (
@@ -269,6 +275,9 @@ def test_settings_kiln_cannot_reproduce_are_refused_by_name(
     folder, _ = llama_folder(tmp_path, tokenizer)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(edit(config)))  # type: ignore[operator]
+    if "rope_scaling" in message:  # what transformers builds from it: the scaling kiln names
+        loaded = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+        assert loaded.rope_parameters["rope_type"] in message
     with pytest.raises(FatalError, match=message):
         import_hf(ImportConfig(source=str(folder)), tmp_path / "runs" / "x")
     assert not (tmp_path / "runs" / "x").exists()
@@ -358,6 +367,18 @@ HOSTILE = {
     "no hidden size": (
         edit_json("config.json", lambda c: {k: v for k, v in c.items() if k != "hidden_size"}),
         "config.json: hidden_size is missing",
+    ),
+    "heads not dividing the width": (
+        edit_json("config.json", lambda c: c | {"num_attention_heads": 5}),
+        "config.json: kiln cannot reproduce this model: hidden_size 64 is not a multiple of num_attention_heads 5",
+    ),
+    "kv heads not dividing the heads": (
+        edit_json("config.json", lambda c: c | {"num_key_value_heads": 3}),
+        "config.json: kiln cannot reproduce this model: num_attention_heads 4 is not a multiple of num_key_value_heads",
+    ),
+    "odd head_dim": (
+        edit_json("config.json", lambda c: c | {"head_dim": 3}),
+        r"config.json: not a model kiln can build: head_dim \(3\) must be even for RoPE",
     ),
     "rope a list": (
         edit_json("config.json", lambda c: c | {"rope_parameters": [1], "rope_scaling": None}),
@@ -567,3 +588,92 @@ def test_an_interrupted_training_in_the_run_is_kept_aside_by_a_forced_reimport(
     (aside,) = run_dir.glob("train.old-*-partial")
     assert (aside / "states" / "step-00000010" / "model.pt").read_bytes() == b"\1" * 32
     assert not partial.exists() and (run_dir / "train" / "checkpoint" / "model.safetensors").is_file()
+
+
+def copied(source: Path, root: Path) -> Path:
+    folder = root / "hf"
+    shutil.copytree(source, folder)
+    return folder
+
+
+def logits_of(model: torch.nn.Module, vocab_size: int) -> torch.Tensor:
+    ids = torch.randint(0, vocab_size, (2, 64), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = model(ids)
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def test_rope_scaling_beside_rope_parameters_is_read_as_transformers_reads_it(
+    tmp_path: Path, tokenizer: KilnTokenizer, saved_llama: Path
+) -> None:
+    # rope_scaling wins, and its base is the top-level rope_theta's default, not rope_parameters' 50,000.
+    folder = copied(saved_llama, tmp_path)
+    edit_json(
+        "config.json",
+        lambda c: (
+            c
+            | {
+                "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0},
+                "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+            }
+        ),
+    )(folder)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+    assert theirs.config.rope_parameters == {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}
+    import_hf(ImportConfig(source=str(folder)), tmp_path / "runs" / "r")
+    ours = load_trained_model(RunLayout(tmp_path / "runs" / "r").checkpoint)
+    assert ours.cfg.rope_theta == 10000.0 and ours.cfg.rope_scaling.model_dump() == {"type": "linear", "factor": 4.0}
+    assert (logits_of(ours, tokenizer.vocab_size) - logits_of(theirs.eval(), tokenizer.vocab_size)).abs().max() < 1e-6
+
+
+def test_a_tied_config_with_its_own_lm_head_imports_as_transformers_loads_it(
+    tmp_path: Path, tokenizer: KilnTokenizer, saved_llama: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    folder = copied(saved_llama, tmp_path)  # untied: lm_head.weight stored, other values than the embedding
+    edit_json("config.json", lambda c: c | {"tie_word_embeddings": True})(folder)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+    assert not torch.equal(theirs.lm_head.weight, theirs.model.embed_tokens.weight)  # transformers 5 keeps it apart
+    caplog.set_level(logging.WARNING, logger="kiln")
+    import_hf(ImportConfig(source=str(folder)), tmp_path / "runs" / "apart")
+    assert "tie_word_embeddings is true, but model.safetensors holds lm_head.weight with other values" in caplog.text
+    ours = load_trained_model(RunLayout(tmp_path / "runs" / "apart").checkpoint)
+    assert not ours.cfg.tie_embeddings
+    assert (logits_of(ours, tokenizer.vocab_size) - logits_of(theirs.eval(), tokenizer.vocab_size)).abs().max() < 1e-6
+    export(ExportConfig(), GenerateConfig(), tmp_path / "runs" / "apart")  # and says so to transformers 4 and 5
+    assert (
+        json.loads((tmp_path / "runs" / "apart" / "export" / "hf" / "config.json").read_text())["tie_word_embeddings"]
+        is False
+    )
+    # The same values stored twice: tied, by both.
+    state = load_file(folder / "model.safetensors")
+    save_file(
+        state | {"lm_head.weight": state["model.embed_tokens.weight"].clone()},
+        folder / "model.safetensors",
+        {"format": "pt"},
+    )
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32)
+    assert theirs.lm_head.weight.data_ptr() == theirs.model.embed_tokens.weight.data_ptr()
+    import_hf(ImportConfig(source=str(folder)), tmp_path / "runs" / "tied")
+    assert load_trained_model(RunLayout(tmp_path / "runs" / "tied").checkpoint).cfg.tie_embeddings
+
+
+def test_weights_holding_nan_or_inf_stop_the_import_naming_the_tensor(
+    tmp_path: Path, saved_llama: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from kiln.cli import main
+
+    folder = copied(saved_llama, tmp_path)
+    state = load_file(folder / "model.safetensors")
+    state["model.layers.1.mlp.up_proj.weight"][3, :2] = torch.tensor([float("nan"), float("inf")])
+    save_file(state, folder / "model.safetensors", {"format": "pt"})
+    code = main(["-q", "import-hf", str(folder), "--run", "x", "--set", f"runs_dir={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert re.search(
+        r"hf/model.safetensors: model.layers.1.mlp.up_proj.weight holds 2 NaN or infinite values of 10,240; ", err
+    ), err
+    assert not (tmp_path / "runs" / "x" / "train").exists()  # no checkpoint: the stage never finished

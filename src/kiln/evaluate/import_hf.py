@@ -10,9 +10,14 @@ kind `tokenizers` reads; `folder_tokenizer`). The weights stream: every file's h
 tensor's name, dtype and shape against the model the config implies, built on the meta device;
 a truncated file stops here too), then the tensors are copied one at a time into the checkpoint
 (read_tensor: the file opened for each), so memory holds one tensor, never the model or a shard.
+Each tensor is checked as it is copied: one holding NaN or an infinity stops the import naming
+it (a model computing NaN logits cannot be evaluated or trained from).
 The checkpoint keeps the folder's dtype (bf16 stays bf16, at half an fp32 copy's size): every
 loader (kiln.model.weights' load_trained_model for generate and eval, load_weights_into
 for train.init_from) copies it into the fp32 model it builds, which gives exactly the fp32 values.
+A config that ties the output projection to the embedding while the weights hold an lm_head.weight
+of other values is imported untied, with a warning: transformers 5 loads it so (it ties only equal
+values; transformers 4 tied them, dropping the stored lm_head), and the export then says untied.
 The run gets two stages with manifests, as if it had trained:
 `tokenizer/` (tokenizer.json + kiln_tokenizer.json) and `train/checkpoint/` (model.safetensors +
 config.json). From there `kiln generate`, `kiln export`, `kiln eval --data FILE`, and continued
@@ -64,6 +69,8 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 DAMAGED = "the file is truncated or damaged: download it again"
 MIN_BYTES_PER_PARAM = 2  # bf16 and fp16, the narrowest dtypes kiln imports
+BLOCK_ELEMENTS = 1 << 24  # values compared or checked at a time: 16M (64 MB in fp32), whatever the tensor's size
+EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 
 def present(path: Path) -> bool:
@@ -170,10 +177,45 @@ def check_folder(folder: Path) -> tuple[ModelConfig, AnyTokenizer, list[Path]]:
     return cfg, tokenizer, files
 
 
-def plan_import(folder: Path, cfg: ModelConfig, files: list[Path]) -> list[tuple[Path, dict[str, TensorSpec]]]:
-    """Each weight file with the tensors to copy from it (Hugging Face name -> kiln's spec), from the
-    files' headers alone: names, dtypes and shapes checked against what the config implies before
-    any tensor is read. FatalError naming the file (and the tensor) of the first problem."""
+def same_values(a: tuple[Path, TensorSpec], b: tuple[Path, TensorSpec]) -> bool:
+    """Whether two stored tensors hold the same values (torch.equal, as transformers decides whether
+    to tie), read a block of rows at a time, each file opened per block (read_tensor says why)."""
+    (path_a, spec_a), (path_b, spec_b) = a, b
+    if spec_a.shape != spec_b.shape:
+        return False
+    rows = max(1, BLOCK_ELEMENTS // max(1, spec_a.shape[-1]))
+    for start in range(0, spec_a.shape[0], rows):
+        with open_safetensors(path_a, DAMAGED) as fa, open_safetensors(path_b, DAMAGED) as fb:
+            x, y = fa.get_slice(spec_a.name)[start : start + rows], fb.get_slice(spec_b.name)[start : start + rows]
+        if not torch.equal(x.float(), y.float()):
+            return False
+    return True
+
+
+def untie_if_stored_apart(cfg: ModelConfig, found: dict[str, tuple[Path, TensorSpec]], where: Path) -> ModelConfig:
+    """cfg, untied where it ties the output projection but the weights store one of other values:
+    transformers 5 keeps that lm_head (its warning: "both are present in the checkpoints with
+    different values, so we will NOT tie them"), so the logits are the untied model's."""
+    if not (cfg.tie_embeddings and LM_HEAD in found and EMBED in found) or same_values(found[EMBED], found[LM_HEAD]):
+        return cfg
+    log.warning(
+        "%s: tie_word_embeddings is true, but %s holds %s with other values than %s: imported untied, as "
+        "transformers loads it (set tie_word_embeddings to false in the folder to say so)",
+        where,
+        found[LM_HEAD][0].name,
+        LM_HEAD,
+        EMBED,
+    )
+    return cfg.model_copy(update={"tie_embeddings": False})
+
+
+def plan_import(
+    folder: Path, cfg: ModelConfig, files: list[Path]
+) -> tuple[ModelConfig, list[tuple[Path, dict[str, TensorSpec]]]]:
+    """The model config as the weights settle it (untie_if_stored_apart) and each weight file with the
+    tensors to copy from it (Hugging Face name -> kiln's spec): names, dtypes and shapes checked
+    against what the config implies from the files' headers, before any other tensor is read.
+    FatalError naming the file (and the tensor) of the first problem."""
     found: dict[str, tuple[Path, TensorSpec]] = {}
     for path in files:
         with open_safetensors(path, DAMAGED) as f:
@@ -201,6 +243,7 @@ def plan_import(folder: Path, cfg: ModelConfig, files: list[Path]) -> list[tuple
         "this machine",
         "import on a machine with more memory",
     )
+    cfg = untie_if_stored_apart(cfg, found, folder / CONFIG)
     shapes = parameter_shapes(cfg)
     # Meta tensors stand for the stored ones: from_hf_state checks the names (missing, unexpected) without data.
     from_hf_state(
@@ -220,16 +263,30 @@ def plan_import(folder: Path, cfg: ModelConfig, files: list[Path]) -> list[tuple
                 "config are from different models: download the folder again"
             )
         plan[path][name] = TensorSpec(kiln, spec.dtype, spec.shape)
-    return list(plan.items())
+    return cfg, list(plan.items())
+
+
+def check_finite(path: Path, name: str, tensor: torch.Tensor) -> None:
+    """FatalError naming the tensor when it holds NaN or an infinity (counted a block at a time: the
+    mask of a whole embedding would be another copy of it)."""
+    bad = sum(int((~torch.isfinite(block)).sum()) for block in tensor.reshape(-1).split(BLOCK_ELEMENTS))
+    if bad:
+        raise FatalError(
+            f"{path}: {name} holds {bad:,} NaN or infinite values of {tensor.numel():,}; a model with them computes "
+            "NaN logits and cannot be trained from: download the folder again, or take a checkpoint from before "
+            "the training diverged"
+        )
 
 
 def write_checkpoint(out: Path, cfg: ModelConfig, plan: list[tuple[Path, dict[str, TensorSpec]]]) -> list[Path]:
-    """kiln's checkpoint at `out`, copied tensor by tensor in the stored dtype."""
+    """kiln's checkpoint at `out`, copied tensor by tensor in the stored dtype, each checked finite as it is read."""
 
     def fill(writer: SafetensorsWriter) -> None:
         for path, tensors in plan:
             for name, spec in tensors.items():
-                writer.write(spec.name, read_tensor(path, name, DAMAGED))
+                tensor = read_tensor(path, name, DAMAGED)
+                check_finite(path, name, tensor)
+                writer.write(spec.name, tensor)
 
     return save_streamed(out, cfg, [spec for _, tensors in plan for spec in tensors.values()], fill)
 
@@ -282,7 +339,7 @@ def run(cfg: ImportConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     # Every folder this call replaces is checked before either is written (a bare Stage: its folders only).
     for replaced in ([] if tok_done else [tok_stage]) + [stage or Stage(run_dir, TRAIN, {"import": cfg}, inputs=[])]:
         refuse_other_work(replaced, cfg.source, force)
-    plan = plan_import(folder, model_cfg, weights)  # a damaged file stops here, before the run is written
+    model_cfg, plan = plan_import(folder, model_cfg, weights)  # a damaged file stops here, before the run is written
     if not tok_done:
         tok_stage.begin()
         outputs = tokenizer.save(tok_stage.dir / layout.tokenizer_json.name)

@@ -14,9 +14,13 @@ unchanged. Imports refuse by name what kiln cannot compute: other RoPE types (Ya
 partial rotary), a sliding window in use, biases on o or on the feed-forward.
 
 config.json carries the RoPE settings twice: `rope_parameters` (transformers 5) and `rope_theta`
-with `rope_scaling` (transformers 4). The token ids of end of document (also the
-beginning-of-sequence id: a kiln document starts after one) and padding come from the kiln
-tokenizer.
+with `rope_scaling` (transformers 4). An import reads them as transformers 5 builds the model:
+`rope_scaling`, when set, over `rope_parameters` (a YaRN `rope_scaling` beside a default
+`rope_parameters` is YaRN, and refused), the base from the chosen one, else `rope_theta`. Sizes
+left out take transformers' defaults: head_dim hidden_size / num_attention_heads (Qwen3: 128).
+The token ids of end of document (also the beginning-of-sequence id: a kiln document starts after
+one) and padding come from the kiln tokenizer. Whether a tied output projection stays tied is
+decided by the weights (kiln.evaluate.import_hf), not here.
 Not handled here: files (kiln.evaluate.export), tokenizer files, other architectures.
 """
 
@@ -26,6 +30,7 @@ import json
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 
 from kiln.core.errors import FatalError
 from kiln.model.config import ModelConfig
@@ -36,6 +41,7 @@ MODEL_TYPES = {LLAMA: "llama", QWEN2: "qwen2", QWEN3: "qwen3"}
 IMPORTED = (*MODEL_TYPES, MISTRAL)
 # The settings of each RoPE scaling kiln computes, besides its factor (kiln.model.config).
 ROPE_KEYS = {"linear": (), "llama3": ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+QWEN3_HEAD_DIM = 128  # Qwen3Config's head_dim when config.json leaves it out (the others: hidden / heads)
 
 # kiln name -> Hugging Face name, inside block i (`blocks.{i}.` <-> `model.layers.{i}.`).
 BLOCK_NAMES = {
@@ -148,25 +154,41 @@ def model_config_from_hf(config: Any, where: str) -> ModelConfig:
             )
     try:
         return _model_config_from_hf(config, where)
-    except (
-        AttributeError,
-        KeyError,
-        TypeError,
-        ValueError,
-    ) as e:  # a value of the wrong kind, or one ModelConfig refuses
+    except ValidationError as e:  # a combination ModelConfig refuses: its rules, one line
+        rules = "; ".join(
+            ".".join(map(str, err["loc"])) + ": " * bool(err["loc"]) + str(err["msg"]).removeprefix("Value error, ")
+            for err in e.errors()
+        )
+        raise FatalError(f"{where}: not a model kiln can build: {rules}") from None
+    except (AttributeError, KeyError, TypeError, ValueError) as e:  # a value of the wrong kind
         raise FatalError(f"{where}: not a config kiln can read ({type(e).__name__}: {e})") from None
+
+
+def rope_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The RoPE settings transformers 5 builds the model from (RotaryEmbeddingConfigMixin): `rope_scaling`
+    when set, else `rope_parameters`, with the base and the partial rotary factor from the top level where
+    the chosen one has none, and llama3's original length from max_position_embeddings likewise."""
+    rope = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
+    rope.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+    if config.get("partial_rotary_factor") is not None:  # a null one is left out, as transformers does
+        rope.setdefault("partial_rotary_factor", config["partial_rotary_factor"])
+    rope.setdefault("rope_type", rope.get("type", "default"))
+    if rope["rope_type"] == "llama3":
+        rope.setdefault("original_max_position_embeddings", config.get("max_position_embeddings", 2048))
+    return rope
 
 
 def _model_config_from_hf(config: dict[str, Any], where: str) -> ModelConfig:
     arch = (config.get("architectures") or [None])[0]
     if arch not in IMPORTED:
         raise FatalError(f"{where}: architecture {arch!r}; kiln imports {', '.join(IMPORTED)}")
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope = rope_settings(config)
     differ = []
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    rope_type = rope["rope_type"]
     if rope_type not in ("default", None, *ROPE_KEYS):
-        differ.append(f"RoPE scaling {rope_type!r} (kiln scales RoPE by {' or '.join(ROPE_KEYS)} only)")
-    if rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) != 1.0:
+        given = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+        differ.append(f"RoPE scaling {rope_type!r} in {given} (kiln scales RoPE by {' or '.join(ROPE_KEYS)} only)")
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
         differ.append("partial_rotary_factor below 1 (kiln rotates every dimension of a head)")
     if config.get("hidden_act", "silu") != "silu":
         differ.append(f"hidden_act {config['hidden_act']!r} (kiln's gated feed-forward is SiLU)")
@@ -178,10 +200,21 @@ def _model_config_from_hf(config: dict[str, Any], where: str) -> ModelConfig:
         differ.append("use_sliding_window true (kiln attends over the whole window)")
     if arch == MISTRAL and config.get("sliding_window") is not None:
         differ.append(f"sliding_window {config['sliding_window']} (kiln attends over the whole window)")
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    if arch == LLAMA and hidden % heads:  # whatever head_dim says
+        differ.append(
+            f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} (transformers' LlamaConfig "
+            "refuses it too)"
+        )
+    if heads % kv_heads:
+        differ.append(
+            f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads} (each key/value head "
+            "serves a whole group of query heads)"
+        )
     if differ:
         raise FatalError(f"{where}: kiln cannot reproduce this model: " + "; ".join(differ))
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    head_dim = config.get("head_dim")
+    head_dim = config.get("head_dim") or (QWEN3_HEAD_DIM if arch == QWEN3 else hidden // heads)
     scaling = None
     if rope_type in ROPE_KEYS:
         scaling = {"type": rope_type, "factor": rope["factor"], **{k: rope[k] for k in ROPE_KEYS[rope_type]}}
@@ -191,11 +224,11 @@ def _model_config_from_hf(config: dict[str, Any], where: str) -> ModelConfig:
         n_layers=config["num_hidden_layers"],
         n_heads=heads,
         # The default width stays implicit, as in a kiln-born config: head_dim only where heads do not split d_model.
-        head_dim=None if head_dim is None or head_dim * heads == hidden else head_dim,
-        n_kv_heads=config.get("num_key_value_heads") or heads,
+        head_dim=None if head_dim * heads == hidden else head_dim,
+        n_kv_heads=kv_heads,
         ffn_hidden=config["intermediate_size"],
         max_seq_len=config.get("max_position_embeddings", 2048),
-        rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
+        rope_theta=float(rope["rope_theta"]),
         rope_scaling=scaling,
         norm_eps=config.get("rms_norm_eps", 1e-6),
         tie_embeddings=bool(config.get("tie_word_embeddings", False)),
