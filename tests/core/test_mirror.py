@@ -38,10 +38,10 @@ def runs(s3_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return f"s3://{bucket}/runs"
 
 
-def make(run_dir: Path, files: int = 2, seed: str = "a") -> dict:
+def make(run_dir: Path, files: int = 2, seed: str = "a", force: bool = False) -> dict:
     """Run stage `thing`: `files` outputs under out/, each 1 kB of text depending on `seed`."""
     stage = Stage(run_dir, "thing", {"thing": Thing(files=files)}, inputs=[])
-    if done := stage.up_to_date(False):
+    if done := stage.up_to_date(force):
         return done
     stage.begin()
     outputs = []
@@ -246,3 +246,39 @@ def test_the_recipes_storage_section_reaches_a_store_the_environment_does_not_na
         s3fs.S3FileSystem.clear_instance_cache()
     with pytest.raises(ConfigError, match=r"storage.aws_secret_access_key"):
         load_recipe("demo", ["storage.aws_secret_access_key=x"])  # credentials never go in a recipe
+
+
+def test_force_puts_back_an_object_changed_on_the_store_at_its_own_size(runs: str) -> None:
+    run_dir = mirror_of(runs) / "r"
+    make(run_dir)
+    key, fs = runs.removeprefix("s3://") + "/r/thing/out/part-0.txt", s3fs.S3FileSystem()
+    fs.pipe(key, b"X" * 1000)  # part-0.txt is "a0" * 500: the same size
+    (run_dir / "thing" / "out" / "part-0.txt").unlink()  # this machine's copy gone: read from the store
+    with pytest.raises(FatalError, match=r"part-0.txt: its content .* is not what its stage's manifest recorded"):
+        recorded_outputs(run_dir / "thing")
+    make(run_dir, force=True)  # what the message advises
+    fs.invalidate_cache()
+    assert fs.cat(key) == b"a0" * 500
+    assert recorded_outputs(run_dir / "thing")[0].read_bytes() == b"a0" * 500
+
+
+@pytest.mark.parametrize("garbage", [b'{"format": 1, "stage": "tok', b"[1, 2]", b'{"outputs": [{"path": 3}]}'])
+def test_a_damaged_manifest_on_the_store_is_named_in_one_line_and_its_own_stage_redoes(
+    runs: str, garbage: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_dir = mirror_of(runs) / "r"
+    make(run_dir)
+    s3fs.S3FileSystem().pipe(runs.removeprefix("s3://") + "/r/thing/manifest.json", garbage)
+    with pytest.raises(
+        FatalError, match=rf"^{runs}/r/thing/manifest.json: not a manifest kiln writes .* rerun the thing"
+    ):
+        Stage(run_dir, "next", {"thing": Thing()}, inputs=[], upstream=["thing"])
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        assert make(run_dir, seed="b")["counts"] == {"files": 2}
+    assert "redoing because its manifest.json is damaged" in caplog.text
+
+
+def test_a_missing_bucket_is_named_when_a_stage_reads_from_it(s3_store: str, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(FatalError, match=r"no bucket s3://no-such-bucket-kiln \(or no access to it\)"):
+        read_manifest(mirror_of("s3://no-such-bucket-kiln/runs") / "r" / "tokenize")

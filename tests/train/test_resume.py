@@ -270,3 +270,31 @@ def test_a_run_on_a_store_resumes_on_another_machine_from_the_state_the_store_ke
     resumed = losses(run_dir)
     assert min(resumed) == 9 and resumed == {s: v for s, v in whole.items() if s > 8}
     assert not fs.exists(f"{bucket}/runs/r/train.partial")  # published, then the attempt's objects removed
+
+
+def test_on_a_store_a_finished_run_moved_aside_is_kept_in_the_bucket_and_leaves_no_state_behind(
+    runs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_store: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A finished run in a bucket, trained again with other settings on a machine whose cache is empty: the
+    earlier model moves aside in the bucket (named there), and the new stage holds its own states only."""
+    s3fs = pytest.importorskip("s3fs")
+    from kiln.core.mirror import mirror_of
+
+    fresh, _ = runs
+    bucket = "aside-" + tmp_path.name[-12:].lower().replace("_", "-").strip("-")
+    fs = s3fs.S3FileSystem()
+    fs.mkdir(bucket)
+    fs.put(str(fresh("to-store-aside")), f"{bucket}/runs/r", recursive=True)
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "first"))
+    train(mirror_of(f"s3://{bucket}/runs") / "r", cfg(optim={"lr": 5e-3}))  # states after steps 4, 8 and 12
+    before = {p.removeprefix(f"{bucket}/runs/r/train/"): fs.info(p)["ETag"] for p in fs.find(f"{bucket}/runs/r/train")}
+
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "second"))
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        train(mirror_of(f"s3://{bucket}/runs") / "r", cfg(checkpoint={"every": 5, "keep_last": 3}))
+    fs.invalidate_cache()
+    (aside,) = fs.glob(f"{bucket}/runs/r/train.old-*")
+    assert {p.removeprefix(f"{aside}/"): fs.info(p)["ETag"] for p in fs.find(aside)} == before
+    assert f"moved s3://{bucket}/runs/r/train aside to s3://{aside}" in caplog.text
+    states = sorted(p.split("/")[-2] for p in fs.glob(f"{bucket}/runs/r/train/checkpoints/*/complete.json"))
+    assert states == ["step-0000005", "step-0000010", "step-0000015"]

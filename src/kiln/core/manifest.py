@@ -55,6 +55,7 @@ from kiln.core.mirror import (
     fetch,
     fetch_recorded,
     key_path,
+    move,
     publish,
     push_files,
     refresh,
@@ -138,8 +139,37 @@ def read_manifest(stage_dir: Path) -> dict[str, Any]:
     """A finished stage's manifest (read fresh from the store for a run on one)."""
     path = Path(stage_dir) / MANIFEST
     if not refresh(path):
+        if (url := url_of(path)) is not None:
+            storage.check_bucket(url)
         raise FatalError(f"{shown(stage_dir)}: no {MANIFEST}; run that stage first (or `kiln demo`)")
-    return json.loads(path.read_text())
+    return checked_manifest(path)
+
+
+def checked_manifest(path: Path) -> dict[str, Any]:
+    """load_manifest(path), or a FatalError naming it and the stage to redo."""
+    manifest = load_manifest(path)
+    if manifest is None:
+        raise FatalError(
+            f"{shown(path)}: not a manifest kiln writes (damaged, or written by something else); rerun the "
+            f"{path.parent.name} stage with --force"
+        )
+    return manifest
+
+
+def load_manifest(path: Path) -> dict[str, Any] | None:
+    """The manifest in a local file, or None when it is not one kiln writes: not JSON, not an object, or
+    outputs that are not records of a path, a size and a sha256."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    outputs = found.get("outputs") if isinstance(found, dict) else None
+    fields = {"path": str, "bytes": int, "sha256": str}
+    if not isinstance(outputs, list) or not all(
+        isinstance(o, dict) and all(isinstance(o.get(k), t) for k, t in fields.items()) for o in outputs
+    ):
+        return None
+    return found
 
 
 def recorded_outputs(stage_dir: Path, under: str = "", fetch: bool = True) -> list[Path]:
@@ -263,7 +293,7 @@ class Stage:
                 path = self.run_dir / above / MANIFEST
                 if not refresh(path):
                     continue
-                current = json.loads(path.read_text())
+                current = checked_manifest(path)
                 if current.get("fingerprint") != recorded:
                     raise FatalError(
                         f"{self.name}: {self.run_dir / name} was made from an earlier {above} stage "
@@ -279,8 +309,10 @@ class Stage:
         path = self.final_dir / MANIFEST
         if not refresh(path):
             return None
-        old = json.loads(path.read_text())
-        if old.get("config_hash") != self.config_hash:
+        old = load_manifest(path)
+        if old is None:
+            reason = f"its {MANIFEST} is damaged"
+        elif old.get("config_hash") != self.config_hash:
             reason = "the config changed"
         elif old.get("inputs") != self.inputs:
             reason = "an input changed"
@@ -316,30 +348,41 @@ class Stage:
     def refuse_to_replace(self, files: Iterable[str], why: str, force: bool) -> None:
         """Stop before work when the finished or partial folder holds any of `files` (e.g. checkpoints)
         that this run would not carry on from; with `force`, move those folders aside instead."""
-        held = [d for d in (self.final_dir, self.partial_dir) if any((d / f).exists() for f in files)]
+        held = [d for d in (self.final_dir, self.partial_dir) if any(self._holds(d, f) for f in files)]
         if not held:
             return
         if not force:
             raise FatalError(
-                f"{self.name}: {held[0]} holds {why}; pass --force to move it aside (kept as "
+                f"{self.name}: {shown(held[0])} holds {why}; pass --force to move it aside (kept as "
                 f"{self.final_dir.name}.old-<time>/) and start over"
             )
         for d in held:
             self.set_aside(d, "--force")
 
+    def _holds(self, folder: Path, name: str) -> bool:
+        """Whether the folder holds `name` (a file or a folder): on disk, or on the store for a run on one."""
+        if (folder / name).exists():
+            return True
+        url = url_of(folder)
+        return url is not None and any(rel == name or rel.startswith(name + "/") for rel in storage.objects(url + "/"))
+
     def set_aside(self, folder: Path, why: str) -> Path:
         """Rename the finished or partial folder to `<stage>.old-<time>[-partial]/` (kept, never
-        deleted) under the stage's lock, logging where it went and why; returns the new path."""
+        deleted) under the stage's lock, logging where it went and why; returns the new path. For a run
+        on a store the objects move there too (copied within the store, then removed), so the earlier
+        result is kept where every machine finds it, not only in this machine's mirror."""
         self.lock()  # subtle: a live run's folder is never moved: its holder's lock stops us first
         stamp = time.strftime("%Y%m%d-%H%M%S")
         suffix = "-partial" if folder == self.partial_dir else ""
         aside = folder.with_name(f"{self.final_dir.name}.old-{stamp}{suffix}")
         n = 1
-        while aside.exists():  # two set aside within one second
-            n += 1
+        while aside.exists() or (url_of(aside) is not None and storage.objects(f"{url_of(aside)}/")):
+            n += 1  # two set aside within one second
             aside = folder.with_name(f"{self.final_dir.name}.old-{stamp}-{n}{suffix}")
-        folder.rename(aside)
-        self.log.warning("%s: moved %s aside to %s (%s); it is kept", self.name, folder, aside, why)
+        if folder.exists():
+            folder.rename(aside)
+        move(folder, aside, MANIFEST)
+        self.log.warning("%s: moved %s aside to %s (%s); it is kept", self.name, shown(folder), shown(aside), why)
         return aside
 
     def _identity(self) -> dict[str, Any]:
@@ -356,7 +399,13 @@ class Stage:
         marker = self.partial_dir / IN_PROGRESS
         if not marker.is_file():
             return []
-        return self._changes(json.loads(marker.read_text()))
+        try:
+            found = json.loads(marker.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            found = None
+        if not isinstance(found, dict):
+            return [f"its record {shown(marker)} is damaged"]
+        return self._changes(found)
 
     def finished_changes(self) -> list[str]:
         """What differs between the finished outputs in `<stage>/` and this attempt, as partial_changes says it."""
@@ -391,7 +440,6 @@ class Stage:
         self.lock()
         marker = self.partial_dir / IN_PROGRESS
         if self.store is not None:
-            self.store_lock = StoreLock.take(self.store + ".lock", self.name)
             refresh(marker)  # the store's unfinished attempt, if any, is the one a resume continues
         kept = resume and self.partial_matches()
         if not kept:
@@ -469,8 +517,14 @@ class Stage:
         self.dir = self.final_dir
 
     def lock(self) -> None:
-        """Hold `<stage>.lock` (host, pid) until finish(); a no-op when this process holds it already.
-        Stops with the holder's name when another live process holds it."""
+        """Hold `<stage>.lock` (host, pid) until finish(), and for a run on a store the lock object beside the
+        stage there; a no-op when this process holds them already. Stops with the holder's name when another
+        live process holds one."""
+        self._lock_here()
+        if self.store is not None:
+            self.store_lock = StoreLock.take(self.store + ".lock", self.name)
+
+    def _lock_here(self) -> None:
         me = {
             "host": socket.gethostname(),
             "pid": os.getpid(),

@@ -193,6 +193,23 @@ def clear(folder: Path, marker: str) -> None:
         storage.remove([f"{url}/{rel}" for rel in sorted(found) if rel != marker] + [f"{url}/{marker}"])
 
 
+def move(src: Path, dst: Path, manifest_name: str) -> None:
+    """For two folders of one mirror: every object under src's prefix moved under dst's (copied within the
+    store, then removed, src's manifest first, so src reads as unfinished from the first removal on).
+    Nothing for folders outside a mirror."""
+    src_url, dst_url = url_of(src), url_of(dst)
+    if src_url is None or dst_url is None:
+        return
+    found = sorted(storage.objects(src_url + "/"))
+    guard(src_url + "/")
+    for rel in found:
+        key_path(dst, rel, f"{src_url}/")
+        storage.copy(f"{src_url}/{rel}", f"{dst_url}/{rel}")
+    first = [rel for rel in found if rel == manifest_name]
+    storage.remove([f"{src_url}/{rel}" for rel in first])
+    storage.remove([f"{src_url}/{rel}" for rel in found if rel not in first])
+
+
 def copy_of(prefix: str) -> Path:
     """A local copy of every object under a store's prefix (a model folder to import), in
     `<cache>/copies/<hash of the URL>/`; an object the copy holds at its size is not fetched again."""
@@ -200,6 +217,7 @@ def copy_of(prefix: str) -> Path:
     root = cache_root() / "copies" / hashlib.sha256(prefix.encode()).hexdigest()[:16]
     found = storage.objects(prefix + "/")
     if not found:
+        storage.check_bucket(prefix)
         raise FatalError(f"{prefix}: no objects under this prefix; check the URL (a folder's files are read from it)")
     for rel, info in sorted(found.items()):
         local = key_path(root, rel, f"{prefix}/")
@@ -329,9 +347,12 @@ def sync_run(run_dir: Path, suffixes: tuple[str, ...] = (".json", ".jsonl", ".pa
     for stage in sorted(stages):
         if "." in stage or not refresh(run_dir / stage / MANIFEST_NAME):
             continue
-        manifest = json.loads((run_dir / stage / MANIFEST_NAME).read_text())
+        try:
+            manifest = json.loads((run_dir / stage / MANIFEST_NAME).read_text())
+            wanted = manifest.get("logs", []) + [o for o in manifest["outputs"] if o["path"].endswith(suffixes)]
+        except (ValueError, AttributeError, KeyError, TypeError):  # its reader says so (manifest.read_manifest)
+            continue
         refresh(run_dir / stage / SUMMARY_NAME)
-        wanted = manifest.get("logs", []) + [o for o in manifest.get("outputs", []) if o["path"].endswith(suffixes)]
         fetch_recorded(run_dir / stage, wanted)
 
 
@@ -339,6 +360,22 @@ def push(path: Path) -> None:
     """Upload one local file of a mirror (a run's recipe.yaml) to its URL; nothing for a local run."""
     if (url := url_of(path)) is not None:
         put(path, url)
+
+
+def _listed_by(url: str) -> set[str]:
+    """The paths the manifest a stage had on the store before this publish lists (none when there is none,
+    or when it is not a manifest kiln writes: then no object beside it is removed, since what it listed is
+    unknown)."""
+    found = storage.read_bytes(url)
+    if found is None:
+        return set()
+    try:
+        old = json.loads(found[0])
+        listed = old.get("outputs", []) + old.get("logs", [])
+        return {o["path"] for o in listed if isinstance(o["path"], str)}
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, TypeError, KeyError):
+        log.warning("%s is not a manifest kiln writes; replacing it, and removing none of the objects beside it", url)
+        return set()
 
 
 def publish(final_dir: Path, manifest: Mapping[str, Any], manifest_name: str, partial: Path) -> None:
@@ -349,28 +386,31 @@ def publish(final_dir: Path, manifest: Mapping[str, Any], manifest_name: str, pa
     if url is None:
         return
     guard(url + "/")
-    found = storage.read_bytes(f"{url}/{manifest_name}")
-    old = json.loads(found[0]) if found else {}
+    was = _listed_by(f"{url}/{manifest_name}")
     storage.remove([f"{url}/{manifest_name}"])  # from here on readers see an unfinished stage
     there = storage.objects(url + "/")
-    was = {o["path"]: o["sha256"] for o in old.get("outputs", []) + old.get("logs", [])}
     now = {o["path"]: o for o in manifest.get("outputs", []) + manifest.get("logs", [])}
     local = {p.relative_to(final_dir).as_posix(): p for p in final_dir.rglob("*") if p.is_file()}
     local.pop(manifest_name, None)
     # Files other machines stored in a folder this one holds part of (a training state written by ranks on
     # several machines) come along; a folder this machine dropped (curate's work/) does not.
     folders, partial_url = {rel.rpartition("/")[0] for rel in local}, url_of(partial)
+    in_partial = storage.objects(f"{partial_url}/")
     elsewhere = [
         rel
-        for rel in storage.objects(f"{partial_url}/")
+        for rel in in_partial
         if rel not in local and rel not in now and "/" in rel and rel.rpartition("/")[0] in folders
     ]
     for rel in sorted(elsewhere):
         key_path(final_dir, rel, f"{partial_url}/")
         storage.copy(f"{partial_url}/{rel}", f"{url}/{rel}")
     for rel in sorted(local.keys() | now.keys()):
-        if rel in now and was.get(rel) == now[rel]["sha256"] and there.get(rel, {}).get("bytes") == now[rel]["bytes"]:
-            continue  # unchanged since the last publish
+        stored = there.get(rel, {}).get("etag")
+        # subtle: unchanged only when the stored object is this content, as its ETag says (an S3 ETag is the
+        # content's MD5 unless uploaded in parts); a manifest's record alone would keep an object tampered
+        # with at the same size, under a fresh manifest (--force would not mend it).
+        if stored and stored == (storage.md5_file(local[rel]) if rel in local else in_partial.get(rel, {}).get("etag")):
+            continue
         if rel in local:
             put(local[rel], f"{url}/{rel}")
         else:

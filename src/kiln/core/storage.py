@@ -191,6 +191,15 @@ def sha256_file(path: Any, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def md5_file(path: Any, chunk: int = 1 << 20) -> str:
+    """The MD5 of a local file's content: an S3 object's ETag when it was put whole (not in parts)."""
+    h = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
 def is_file(location: Any) -> bool:
     """Whether the local file, or the store's object, exists."""
     return exists(str(location)) if is_url(location) else os.path.isfile(location)
@@ -350,6 +359,17 @@ def exists(url: str) -> bool:
         return bool(fs.exists(path))
     except Exception as e:
         raise failure(url, e) from None
+
+
+def check_bucket(url: str) -> None:
+    """A FatalError naming the bucket when the one `url` lies in does not exist (a missing object reads as
+    missing either way: say which it is)."""
+    scheme, _, rest = url.partition("://")
+    if scheme.lower() in ("http", "https"):
+        return
+    bucket = f"{scheme}://{rest.split('/', 1)[0]}"
+    if not exists(bucket):
+        raise FatalError(f"{url}: no bucket {bucket} (or no access to it); check the URL and the store's endpoint")
 
 
 class Conflict(Exception):
