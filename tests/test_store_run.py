@@ -72,6 +72,13 @@ def test_the_demo_with_its_run_in_a_bucket_matches_the_local_run_byte_for_byte(
     assert scored["counts"]["data"]["held_out.jsonl"]["documents"] == 1
     assert any(i["path"] == f"s3://{bucket}/held_out.jsonl" and i["etag"] for i in scored["inputs"])
 
+    # Another machine, its cache empty: the report and the validation of the model on the bucket's token shards.
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "fourth"))
+    assert main(["report", "--set", f"runs_dir=s3://{bucket}/runs"]) == 0
+    assert main(["eval", "--set", f"runs_dir=s3://{bucket}/runs"]) == 0
+    assert "after" in json.loads(fs.cat(f"{bucket}/runs/demo/eval/manifest.json"))["counts"]
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "third"))
+
     # The model out to a prefix of the bucket, and imported from there into a local run: the same weights.
     out = f"s3://{bucket}/models/demo-hf"
     assert main(["export", "--set", f"runs_dir=s3://{bucket}/runs", "--set", f"export.out={out}"]) == 0

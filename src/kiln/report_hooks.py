@@ -14,8 +14,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from kiln.core import storage
 from kiln.core.errors import FatalError, KilnError
 from kiln.core.layout import CURATE, RunLayout
+from kiln.core.mirror import url_of
 
 log = logging.getLogger("kiln")
 
@@ -55,10 +57,12 @@ def build_report(run_dir: Path, watch_s: float | None = None) -> Path:
     from kiln.report.build import build_report as build
     from kiln.report.build import watch
 
-    if not Path(run_dir).is_dir():
+    url = url_of(run_dir)  # a run in a store is there whether or not this machine's mirror holds any of it
+    if not (storage.exists(url + "/") if url is not None else Path(run_dir).is_dir()):
         raise FatalError(
-            f"{run_dir}: no such run directory; give the run's name with --run NAME (and "
+            f"{url or run_dir}: no such run directory; give the run's name with --run NAME (and "
             "runs_dir with --set runs_dir=DIR)"
         )
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
     hooks = report_hooks(run_dir)
     return watch(run_dir, hooks, watch_s) if watch_s else build(run_dir, hooks)

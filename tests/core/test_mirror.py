@@ -282,3 +282,44 @@ def test_a_missing_bucket_is_named_when_a_stage_reads_from_it(s3_store: str, tmp
     monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
     with pytest.raises(FatalError, match=r"no bucket s3://no-such-bucket-kiln \(or no access to it\)"):
         read_manifest(mirror_of("s3://no-such-bucket-kiln/runs") / "r" / "tokenize")
+
+
+def test_a_prefix_emptied_on_the_store_is_started_over_not_blocked_by_this_machines_copy(
+    runs: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = mirror_of(runs) / "r"
+    make(run_dir)
+    s3fs.S3FileSystem().rm(runs.removeprefix("s3://") + "/r", recursive=True)  # the user starts over
+    assert make(run_dir, seed="b")["counts"] == {"files": 2}
+    assert s3fs.S3FileSystem().cat(runs.removeprefix("s3://") + "/r/thing/out/part-0.txt") == b"b0" * 500
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")  # the same bucket name on another server
+    assert mirror_of(runs) != run_dir.parent
+
+
+def test_what_a_verb_fetches_before_its_stage_begins_is_counted_as_that_stages_traffic(
+    runs: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make(mirror_of(runs) / "r", files=3)
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "other"))  # another machine: its mirror holds nothing
+    run_dir = mirror_of(runs) / "r"
+    inputs = recorded_outputs(run_dir / "thing")  # as train-tokenizer reads curate's shards, before its Stage
+    stage = Stage(run_dir, "next", {"thing": Thing()}, inputs=inputs, upstream=["thing"])
+    stage.begin()
+    traffic = stage.finish([], {}, "nothing")["store_traffic"]["s3"]
+    assert traffic["GetObject"] >= 3 and traffic["bytes_read"] >= 3 * 1000, traffic
+
+
+def test_a_cache_that_is_a_file_or_a_limit_that_is_not_a_number_is_one_line_before_any_work(
+    s3_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kiln.cli import main
+
+    (tmp_path / "somefile").write_text("")
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "somefile"))
+    with pytest.raises(FatalError, match=rf"^KILN_CACHE={tmp_path}/somefile on .*: cannot keep .* \(Not a directory\)"):
+        mirror_of("s3://some-bucket/runs")
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("KILN_CACHE_GB", "abc")
+    assert main(["tokenize", "--set", "runs_dir=s3://some-bucket/runs"]) == 2
+    with pytest.raises(FatalError, match=r"^KILN_CACHE_GB='abc': not a positive number of gigabytes"):
+        mirror_of("s3://some-bucket/runs")

@@ -47,7 +47,10 @@ def test_a_lock_object_that_is_not_a_lock_record_is_named_and_taken_over(
     assert json.loads(s3fs.S3FileSystem().cat(f"{bucket}/runs/r/tokenize.lock"))["token"] == lock.token
 
 
-def test_a_holder_frozen_past_its_expiry_and_overtaken_stops_at_its_next_write(bucket: str) -> None:
+@pytest.mark.parametrize("rival_finished", [False, True])
+def test_a_holder_frozen_past_its_expiry_and_overtaken_stops_at_its_next_write(
+    bucket: str, rival_finished: bool
+) -> None:
     url = f"s3://{bucket}/runs/r/train.lock"
     mine = StoreLock.take(url, "train")
     mine._stop.set()  # frozen: no renewals from here on (as under SIGSTOP)
@@ -59,13 +62,18 @@ def test_a_holder_frozen_past_its_expiry_and_overtaken_stops_at_its_next_write(b
     rival = StoreLock(url, "train")  # another machine's run: the lock has expired, it takes it over
     rival.acquire()
     rival._stop.set()
+    if rival_finished:  # and released it: the lock object is gone when the frozen run wakes up
+        rival.release()
     (folder / "b.txt").write_text("written after the lock was lost")
     with pytest.raises(FatalError, match=rf"train: the lock {url} was lost while the stage ran"):
         push_files(folder, [folder / "b.txt"])
     assert not s3fs.S3FileSystem().exists(f"{bucket}/runs/r/train.partial/b.txt")
     assert mine.lost
-    mine.release()  # leaves the rival's lock in place
-    assert json.loads(s3fs.S3FileSystem().cat(f"{bucket}/runs/r/train.lock"))["token"] == rival.token
+    mine.release()  # leaves the rival's lock in place, or none
+    if rival_finished:
+        assert not s3fs.S3FileSystem().exists(f"{bucket}/runs/r/train.lock")
+    else:
+        assert json.loads(s3fs.S3FileSystem().cat(f"{bucket}/runs/r/train.lock"))["token"] == rival.token
 
 
 def test_a_task_with_its_runs_token_stops_writing_once_another_run_holds_the_lock(bucket: str) -> None:

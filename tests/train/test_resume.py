@@ -298,3 +298,34 @@ def test_on_a_store_a_finished_run_moved_aside_is_kept_in_the_bucket_and_leaves_
     assert f"moved s3://{bucket}/runs/r/train aside to s3://{aside}" in caplog.text
     states = sorted(p.split("/")[-2] for p in fs.glob(f"{bucket}/runs/r/train/checkpoints/*/complete.json"))
     assert states == ["step-0000005", "step-0000010", "step-0000015"]
+
+
+def test_a_damaged_state_in_a_bucket_is_named_there_and_from_resumes_the_one_before_on_any_machine(
+    runs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_store: str
+) -> None:
+    s3fs = pytest.importorskip("s3fs")
+    from kiln.core.mirror import mirror_of
+
+    fresh, whole = runs
+    bucket = "damaged-" + tmp_path.name[-12:].lower().replace("_", "-").strip("-")
+    fs = s3fs.S3FileSystem()
+    fs.mkdir(bucket)
+    fs.put(str(fresh("to-store-damaged")), f"{bucket}/runs/r", recursive=True)
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "first"))
+    with pytest.raises(Crash):
+        train(mirror_of(f"s3://{bucket}/runs") / "r", cfg(), crash_after_step=10)  # states after steps 4 and 8
+    shard = f"{bucket}/runs/r/train.partial/checkpoints/step-0000008/__0_0.distcp"
+    data = bytearray(fs.cat(shard))
+    data[100:116] = bytes(16)
+    fs.pipe(shard, bytes(data))
+
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "second"))
+    run_dir = mirror_of(f"s3://{bucket}/runs") / "r"
+    state = f"s3://{bucket}/runs/r/train.partial/checkpoints/step-0000008"
+    with pytest.raises(FatalError, match=rf"^{state}: its files do not match .* with --from 4 \(this one is then"):
+        train(run_dir, cfg())
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "third"))  # what it advises, on yet another machine
+    train(mirror_of(f"s3://{bucket}/runs") / "r", cfg(), from_step=4)
+    assert losses(mirror_of(f"s3://{bucket}/runs") / "r") == {s: v for s, v in whole.items() if s > 4}
+    fs.invalidate_cache()
+    assert not fs.exists(state.removeprefix("s3://") + "/complete.json")  # moved aside there too

@@ -65,6 +65,7 @@ from kiln.core.mirror import (
 from kiln.core.storage import describe_traffic, exists, identity, is_url, sha256_file, traffic_since
 from kiln.core.store_lock import StoreLock, process_alive
 
+TRAFFIC_MARK = [traffic_since()]  # the store traffic this process had when its last stage ended (see Stage)
 IN_PROGRESS = "in_progress.json"  # what an unfinished attempt was doing; resume keeps its work only if it matches
 FORMAT = "kiln-manifest v1"
 log = logging.getLogger("kiln.core")
@@ -202,6 +203,10 @@ class Stage:
         upstream: Iterable[str] = (),
         fetch_inputs: bool = True,
     ):
+        # What this stage reads from and writes to stores counts from the end of the previous stage this process ran
+        # (or its start): the upstream outputs its verb fetched before making it are its own (a train-tokenizer that
+        # fetched 24 shards counted 2 requests when its count began here).
+        self._traffic0 = TRAFFIC_MARK[0]
         self.run_dir = Path(run_dir)
         self.name = name
         self.final_dir = self.run_dir / name
@@ -234,7 +239,6 @@ class Stage:
         self.config_hash = config_hash(self.config)
         self.log = logging.getLogger(f"kiln.{name}")
         self._t0 = self._cpu0 = 0.0
-        self._traffic0 = traffic_since()  # what this stage reads from and writes to stores is counted from here
 
     def _recorded_inputs(
         self, inputs: Collection[Path | str], manifests: Mapping[str, Mapping[str, Any]]
@@ -341,6 +345,7 @@ class Stage:
         """The finished manifest when there is nothing to do (logged with `describe(manifest)`), else None."""
         if force or (done := self.current_manifest()) is None:
             return None
+        TRAFFIC_MARK[0] = traffic_since()  # what deciding cost is not the next stage's
         what = describe(done)
         self.log.info("%s: up to date%s; nothing to do. Use --force to redo.", self.name, f" ({what})" if what else "")
         return done
@@ -499,6 +504,7 @@ class Stage:
         self._swap_in()
         publish(self.final_dir, manifest, MANIFEST, self.partial_dir)
         clear(self.partial_dir, IN_PROGRESS)
+        TRAFFIC_MARK[0] = traffic_since()  # publishing is this stage's (not in its manifest, written before it)
         self._unlock()
         self.log.info("%s: done in %.1fs\n%s", self.name, manifest["wall_seconds"], summary.rstrip())
         return manifest
@@ -576,13 +582,19 @@ def _without_none(value: Any) -> Any:
 
 
 def check_owned(folder: Path) -> None:
-    """Refuse to touch a non-empty folder that kiln did not write (no manifest, no in-progress marker)."""
+    """Refuse to touch a non-empty folder that kiln did not write (no manifest, no in-progress marker). A
+    folder of a mirror is this machine's copy of a store's, never the user's: one the store no longer
+    backs (its prefix was emptied, or it is another server's) is a stale copy, removed."""
     if (
         folder.is_dir()
         and any(folder.iterdir())
         and not (folder / MANIFEST).is_file()
         and not (folder / IN_PROGRESS).is_file()
     ):
+        if url_of(folder) is not None:
+            log.info("%s: this machine's copy is not on the store any more; removed from the mirror", shown(folder))
+            shutil.rmtree(folder)
+            return
         raise FatalError(
             f"{folder} exists but kiln did not write it (no {MANIFEST} or {IN_PROGRESS}); move it elsewhere or "
             "choose another run name (--set name=...)"

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import re
+import socket
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -53,14 +54,50 @@ def cache_root() -> Path:
     return Path(os.environ.get("KILN_CACHE") or Path.home() / ".cache" / "kiln")
 
 
+def cache_limit() -> float:
+    """KILN_CACHE_GB in bytes (CACHE_GB when unset); a FatalError naming it when it is not a positive number."""
+    said = os.environ.get("KILN_CACHE_GB")
+    try:
+        limit = float(said) if said else CACHE_GB
+    except ValueError:
+        limit = -1.0
+    if not limit > 0:
+        raise FatalError(f"KILN_CACHE_GB={said!r}: not a positive number of gigabytes; set it as e.g. 50, or unset it")
+    return limit * 1e9
+
+
+def check_cache() -> Path:
+    """The cache folder, made if missing: a FatalError naming KILN_CACHE, this machine and the fix when it is a
+    file or cannot be written (checked before a run on a store starts, and on every machine that runs its tasks)."""
+    root = cache_root()
+    cache_limit()
+    try:
+        (root / "stores").mkdir(parents=True, exist_ok=True)
+        probe = root / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise FatalError(
+            f"KILN_CACHE={root} on {socket.gethostname()}: cannot keep kiln's copies of store objects there "
+            f"({e.strerror}); point KILN_CACHE at a writable folder with room for the shards a run reads"
+        ) from None
+    return root
+
+
 def mirror_of(url: str) -> Path:
-    """The local folder standing for the store location `url` (made, and marked, on first use)."""
+    """The local folder standing for the store location `url` (made, and marked, on first use). Its name
+    is a hash of the URL and, for S3, the endpoint it is reached at: one bucket name on two servers (a
+    local MinIO and AWS, an old test server and a new one) gets two mirrors."""
     url = url.rstrip("/")
     key_path(Path("/"), url.partition("://")[2], url)  # s3://bucket/../x: refused, not folded into another prefix
-    root = cache_root() / "stores" / hashlib.sha256(url.encode()).hexdigest()[:16]
+    endpoint = os.environ.get("AWS_ENDPOINT_URL", "") if url.startswith("s3://") else ""
+    name = hashlib.sha256(f"{endpoint} {url}".strip().encode()).hexdigest()[:16]
+    root = cache_root() / "stores" / name
+    cache_limit()
     if not (root / MARKER).is_file():
+        check_cache()
         root.mkdir(parents=True, exist_ok=True)
-        write_atomically(root / MARKER, lambda p: p.write_text(json.dumps({"url": url}) + "\n"))
+        write_atomically(root / MARKER, lambda p: p.write_text(json.dumps({"url": url, "endpoint": endpoint}) + "\n"))
         _marked.cache_clear()
     return root
 
@@ -214,7 +251,7 @@ def copy_of(prefix: str) -> Path:
     """A local copy of every object under a store's prefix (a model folder to import), in
     `<cache>/copies/<hash of the URL>/`; an object the copy holds at its size is not fetched again."""
     prefix = prefix.rstrip("/")
-    root = cache_root() / "copies" / hashlib.sha256(prefix.encode()).hexdigest()[:16]
+    root = check_cache() / "copies" / hashlib.sha256(prefix.encode()).hexdigest()[:16]
     found = storage.objects(prefix + "/")
     if not found:
         storage.check_bucket(prefix)
@@ -293,7 +330,7 @@ def _evict(records: Path) -> None:
     """Keep the fetched files within KILN_CACHE_GB: remove the least recently used ones that no command of
     this process has used (a memory-mapped file removed stays readable to whoever mapped it)."""
     _checked[0] = time.time()
-    limit = float(os.environ.get("KILN_CACHE_GB") or CACHE_GB) * 1e9
+    limit = cache_limit()
     found = []
     for record in records.iterdir():
         size, _, rest = record.read_text().partition(" ")

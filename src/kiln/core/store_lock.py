@@ -161,6 +161,11 @@ class StoreLock:
                 return
             started = time.monotonic()
             try:
+                # subtle: read first: a lock another run took over and then released is gone, and some stores
+                # (moto) create the object under a conditional write that names a version of a missing one.
+                found = storage.read_bytes(self.url)
+                if found is None or found[1] != self.etag:
+                    raise storage.Conflict(f"{self.url} is {'gone' if found is None else 'held by another run'}")
                 storage.write_bytes(self.url, self._record(), replace=self.etag)
                 found = storage.read_bytes(self.url)
                 if found is None or not self._mine(parse_record(found[0])):
@@ -189,7 +194,8 @@ class StoreLock:
             )
 
     def release(self) -> None:
-        StoreLock.held.pop(self.url, None)
+        if StoreLock.held.get(self.url) is self:
+            del StoreLock.held[self.url]
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

@@ -25,7 +25,7 @@ import numpy as np
 from kiln.core.errors import FatalError
 from kiln.core.layout import EVAL, MANIFEST, TOKENIZE, TRAIN, RunLayout
 from kiln.core.manifest import Stage, read_manifest, recorded_outputs
-from kiln.core.mirror import local_folder
+from kiln.core.mirror import local_folder, refresh
 from kiln.core.storage import as_location, is_file
 from kiln.evaluate.choices import read_task, score_task
 from kiln.evaluate.config import EvalConfig
@@ -97,7 +97,7 @@ def run(cfg: EvalConfig, run_dir: Path, force: bool = False, read_file: ReadFile
             )
         }
     )
-    has_shards = (layout.token_shards / MANIFEST).is_file()
+    has_shards = refresh(layout.token_shards / MANIFEST)  # a run in a store: read there, not in the mirror
     data, tasks = [as_location(d) for d in cfg.data], [as_location(t) for t in cfg.tasks]  # files or a store's objects
     for path in data:
         if not is_file(path):

@@ -59,7 +59,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from kiln.core.errors import FatalError
 from kiln.core.manifest import sha256_file
-from kiln.core.mirror import clear, pull, push_files, put, url_of
+from kiln.core.mirror import clear, move, pull, push_files, put, shown, url_of
 from kiln.train.mesh import Ranks
 from kiln.train.state_files import (
     METADATA,
@@ -153,9 +153,15 @@ def verify(folder: Path, cfg: TrainConfig) -> None:
     recorded = read_json(folder / COMPLETE, Checksums).root
     present = {p.name for p in folder.iterdir() if p.name != COMPLETE}
     if present != set(recorded) or any(sha256_file(folder / name) != digest for name, digest in recorded.items()):
+        earlier = [state_step(p) for p in complete_states(folder.parent) if state_step(p) < state_step(folder)]
+        fix = (
+            f"Resume from the state before it with --from {earlier[-1]} (this one is then moved aside, kept), or "
+            "pass --force to start over"
+            if earlier
+            else "There is no earlier state: pass --force to start over"
+        )
         raise FatalError(
-            f"{folder}: its files do not match the checksums in {COMPLETE}; it was changed or damaged. Move it "
-            "away to resume from the one before, or pass --force to start over"
+            f"{shown(folder)}: its files do not match the checksums in {COMPLETE}; it was changed or damaged. {fix}"
         )
     read_metadata(folder)
     check_train_state(folder / TRAIN_STATE_JSON, state_step(folder), cfg)
@@ -203,8 +209,11 @@ def set_aside_after(root: Path, step: int) -> list[Path]:
         return []
     aside = root / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
     aside.mkdir()
-    moved = [p.rename(aside / p.name) for p in sorted(newer)]
-    log.warning("train: resuming after step %d; the %d newer state(s) moved to %s", step, len(moved), aside)
+    moved = []
+    for p in sorted(newer):
+        moved.append(p.rename(aside / p.name))
+        move(p, aside / p.name, COMPLETE)  # a run in a store: there too, complete.json first, so none resumes it
+    log.warning("train: resuming after step %d; the %d newer state(s) moved to %s", step, len(moved), shown(aside))
     return moved
 
 
