@@ -128,3 +128,11 @@ def test_the_demo_with_its_run_in_a_bucket_matches_the_local_run_byte_for_byte(
     assert main(["extend-tokenizer", *on_store, "--terms", f"s3://{bucket}/in/terms.txt"]) == 0
     extended = json.loads(fs.cat(f"{bucket}/runs/demo/tokenizer-extended/manifest.json"))
     assert any(i["path"] == f"s3://{bucket}/in/terms.txt" and i["etag"] for i in extended["inputs"])
+
+    # A model imported with --force over the trained run: the trained one moves aside in the bucket, states and
+    # all, and the imported stage holds none of its states.
+    assert main(["import-hf", out, "--run", "demo", "--force", *on_store]) == 0
+    fs.invalidate_cache()
+    (aside,) = fs.glob(f"{bucket}/runs/demo/train.old-*")
+    assert fs.cat(f"{aside}/manifest.json") == json.dumps(trained, indent=2).encode() + b"\n"
+    assert fs.glob(f"{aside}/checkpoints/*/complete.json") and not fs.glob(f"{bucket}/runs/demo/train/checkpoints/*")

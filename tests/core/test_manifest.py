@@ -310,6 +310,18 @@ def test_resume_starts_over_when_config_or_inputs_changed(tmp_path, inputs):
     assert not (partial / "task-1.done").exists()
 
 
+@pytest.mark.parametrize("garbage", ["{not json", "[1]", "\udcff"])
+def test_a_damaged_in_progress_record_starts_the_attempt_over(tmp_path, inputs, garbage):
+    run_dir = tmp_path / "run"
+    Stage(run_dir, "stage", CFG, inputs).begin(resume=True)
+    (run_dir / "stage.partial" / "task-1.done").write_text("finished")
+    (run_dir / "stage.partial" / "in_progress.json").write_text(garbage, errors="surrogateescape")
+    again = Stage(run_dir, "stage", CFG, inputs)
+    assert again.partial_changes() == [f"its record {run_dir / 'stage.partial' / 'in_progress.json'} is damaged"]
+    assert again.begin(resume=True) is False
+    assert not (run_dir / "stage.partial" / "task-1.done").exists()
+
+
 def test_force_ignores_an_interrupted_attempt(tmp_path, inputs):
     run_dir = tmp_path / "run"
     Stage(run_dir, "stage", CFG, inputs).begin(resume=True)

@@ -323,3 +323,11 @@ def test_a_cache_that_is_a_file_or_a_limit_that_is_not_a_number_is_one_line_befo
     assert main(["tokenize", "--set", "runs_dir=s3://some-bucket/runs"]) == 2
     with pytest.raises(FatalError, match=r"^KILN_CACHE_GB='abc': not a positive number of gigabytes"):
         mirror_of("s3://some-bucket/runs")
+
+
+def test_a_model_prefix_in_a_missing_bucket_is_named_as_such(s3_store: str, tmp_path: Path, monkeypatch) -> None:
+    from kiln.core.mirror import copy_of
+
+    monkeypatch.setenv("KILN_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(FatalError, match=r"no bucket s3://no-such-bucket-kiln \(or no access to it\)"):
+        copy_of("s3://no-such-bucket-kiln/models/llama")

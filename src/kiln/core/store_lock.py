@@ -97,8 +97,9 @@ class StoreLock:
         if url not in cls.held:
             lock = cls(url, what)
             lock.acquire()
-            if not cls.held:
-                atexit.register(release_all)  # idempotent: release_all empties `held`
+            if not cls.held:  # the first lock this process holds (again): released at its exit, however it exits
+                atexit.unregister(release_all)
+                atexit.register(release_all)
             cls.held[url] = lock
         return cls.held[url]
 
