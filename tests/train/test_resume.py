@@ -22,6 +22,7 @@ from interrupt import Crash, CrashAfter
 
 from kiln.cli import main
 from kiln.core.errors import FatalError
+from kiln.core.mirror import mirror_of
 from kiln.mix.config import MixConfig
 from kiln.mix.sampler import build_sampler
 from kiln.model.config import ModelConfig
@@ -242,20 +243,23 @@ def test_force_while_another_run_holds_the_lock_moves_nothing(runs: Any) -> None
     assert not list(run_dir.glob("train.old-*"))
 
 
+def in_a_bucket(run_dir: Path, name: str) -> tuple[Any, str]:
+    """A copy of the run as runs/r in a new bucket of tests/conftest.py's S3 server: (s3fs, the bucket)."""
+    s3fs = pytest.importorskip("s3fs")
+    fs, bucket = s3fs.S3FileSystem(), name.lower().replace("_", "-").strip("-")
+    fs.mkdir(bucket)
+    fs.put(str(run_dir), f"{bucket}/runs/r", recursive=True)
+    return fs, bucket
+
+
 def test_a_run_on_a_store_resumes_on_another_machine_from_the_state_the_store_kept(
     runs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_store: str
 ) -> None:
     """The tokenized run in a bucket (tests/conftest.py's S3 server); training crashes after step 10 with
     states after steps 4 and 8 stored; a machine with an empty cache resumes from step 8's and trains the
     same steps 9-16 as an uninterrupted run."""
-    s3fs = pytest.importorskip("s3fs")
-    from kiln.core.mirror import mirror_of
-
     fresh, whole = runs
-    bucket = "resume-" + tmp_path.name[-12:].lower().replace("_", "-").strip("-")
-    fs = s3fs.S3FileSystem()
-    fs.mkdir(bucket)
-    fs.put(str(fresh("to-store")), f"{bucket}/runs/r", recursive=True)
+    fs, bucket = in_a_bucket(fresh("to-store"), "resume-" + tmp_path.name[-12:])
     monkeypatch.setenv("KILN_CACHE", str(tmp_path / "first"))
     with pytest.raises(Crash):
         train(mirror_of(f"s3://{bucket}/runs") / "r", cfg(), crash_after_step=10)
@@ -277,14 +281,8 @@ def test_on_a_store_a_finished_run_moved_aside_is_kept_in_the_bucket_and_leaves_
 ) -> None:
     """A finished run in a bucket, trained again with other settings on a machine whose cache is empty: the
     earlier model moves aside in the bucket (named there), and the new stage holds its own states only."""
-    s3fs = pytest.importorskip("s3fs")
-    from kiln.core.mirror import mirror_of
-
     fresh, _ = runs
-    bucket = "aside-" + tmp_path.name[-12:].lower().replace("_", "-").strip("-")
-    fs = s3fs.S3FileSystem()
-    fs.mkdir(bucket)
-    fs.put(str(fresh("to-store-aside")), f"{bucket}/runs/r", recursive=True)
+    fs, bucket = in_a_bucket(fresh("to-store-aside"), "aside-" + tmp_path.name[-12:])
     monkeypatch.setenv("KILN_CACHE", str(tmp_path / "first"))
     train(mirror_of(f"s3://{bucket}/runs") / "r", cfg(optim={"lr": 5e-3}))  # states after steps 4, 8 and 12
     before = {p.removeprefix(f"{bucket}/runs/r/train/"): fs.info(p)["ETag"] for p in fs.find(f"{bucket}/runs/r/train")}
@@ -303,14 +301,8 @@ def test_on_a_store_a_finished_run_moved_aside_is_kept_in_the_bucket_and_leaves_
 def test_a_damaged_state_in_a_bucket_is_named_there_and_from_resumes_the_one_before_on_any_machine(
     runs: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_store: str
 ) -> None:
-    s3fs = pytest.importorskip("s3fs")
-    from kiln.core.mirror import mirror_of
-
     fresh, whole = runs
-    bucket = "damaged-" + tmp_path.name[-12:].lower().replace("_", "-").strip("-")
-    fs = s3fs.S3FileSystem()
-    fs.mkdir(bucket)
-    fs.put(str(fresh("to-store-damaged")), f"{bucket}/runs/r", recursive=True)
+    fs, bucket = in_a_bucket(fresh("to-store-damaged"), "damaged-" + tmp_path.name[-12:])
     monkeypatch.setenv("KILN_CACHE", str(tmp_path / "first"))
     with pytest.raises(Crash):
         train(mirror_of(f"s3://{bucket}/runs") / "r", cfg(), crash_after_step=10)  # states after steps 4 and 8
