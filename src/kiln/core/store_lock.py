@@ -47,7 +47,14 @@ log = logging.getLogger("kiln.core")
 
 
 def lock_seconds() -> float:
-    return float(os.environ.get("KILN_LOCK_SECONDS") or LOCK_SECONDS)
+    said = os.environ.get("KILN_LOCK_SECONDS")
+    try:
+        seconds = float(said) if said else LOCK_SECONDS
+    except ValueError:
+        seconds = 0.0
+    if not seconds >= 1:
+        raise FatalError(f"KILN_LOCK_SECONDS={said!r}: not a number of seconds of at least 1; unset it for 120")
+    return seconds
 
 
 def process_alive(pid: Any) -> bool:
