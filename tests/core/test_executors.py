@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -86,8 +87,31 @@ def test_workers_of_another_kiln_version_are_refused_before_any_task(ray_local):
 
     ray_executor.check_worker_versions(ray, "curate.executor")  # the local instance runs this very kiln
     newer = {"python": ray_executor.versions()["python"], "kiln": "999.0"}  # this process, as if upgraded
-    with pytest.raises(FatalError, match=r"curate.executor: the Ray workers run another version \(kiln .* there, 999"):
+    refused = r"^curate\.executor: Ray node \w{8} on .+ runs another version \(kiln .* there, 999\.0 here\)"
+    with pytest.raises(FatalError, match=refused):
         ray_executor.check_worker_versions(ray, "curate.executor", newer)
+    # Each task checks too (a node may join after the first check), before it unpickles its work.
+    ray_local._versions = newer
+    try:
+        with pytest.raises(FatalError, match=refused.replace(r"curate\.", "", 1)):
+            list(ray_local.imap_unordered(json.loads, ["1"]))
+    finally:
+        ray_local._versions = ray_executor.versions()
+
+
+def test_a_task_error_on_a_ray_node_is_one_line_naming_the_node(ray_local, tmp_path: Path):
+    from kiln.core.errors import FatalError
+
+    missing = tmp_path / "missing"
+    with pytest.raises(FatalError) as caught:
+        list(ray_local.imap_unordered(os.listdir, [str(missing)]))
+    # not a RayTaskError carrying the worker's traceback
+    assert type(caught.value) is FatalError
+    assert re.fullmatch(
+        rf"executor: Ray node \w{{8}} on .+ \(.+\): {re.escape(str(missing))}: "
+        r"No such file or directory \(FileNotFoundError\)",
+        str(caught.value),
+    )
 
 
 def test_a_missing_ray_is_named_by_the_section_that_asked_for_it(monkeypatch: pytest.MonkeyPatch):

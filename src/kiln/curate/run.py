@@ -188,24 +188,25 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     if done := stage.up_to_date(force, lambda m: f"{m['counts']['docs_out']} docs kept"):
         return done
     check_quality_models(cfg_for_tasks)
-    stage.begin(resume=not force)
-    (stage.dir / SHARDS).mkdir(exist_ok=True)
-    # Tasks may run on other machines (ray): no path relative to this process's cwd, and for a run on a store,
-    # the folder's place in the mirror, which each machine resolves to its own.
-    work = WorkDir(stage.dir.resolve(), place(stage.dir))
-    partitions = partition_count(len(tasks))
+    # Before the lock and the partial folder: joining a Ray cluster may fail (address, token) or wait for CPUs.
     executor = build_executor(cfg.executor, "curate.executor")
-    log.info(
-        "curate: %d read tasks (%.1f MB) from %d inputs, %d partitions, %s executor with %d workers",
-        len(tasks),
-        sum(t.size for t in tasks) / MB,
-        len(cfg.inputs),
-        partitions,
-        cfg.executor.kind,
-        executor.workers,
-    )
-    runner = PhaseRunner(executor, tasks, work)
     try:
+        stage.begin(resume=not force)
+        (stage.dir / SHARDS).mkdir(exist_ok=True)
+        # Tasks may run on other machines (ray): no path relative to this process's cwd, and for a run on a store,
+        # the folder's place in the mirror, which each machine resolves to its own.
+        work = WorkDir(stage.dir.resolve(), place(stage.dir))
+        partitions = partition_count(len(tasks))
+        log.info(
+            "curate: %d read tasks (%.1f MB) from %d inputs, %d partitions, %s executor with %d workers",
+            len(tasks),
+            sum(t.size for t in tasks) / MB,
+            len(cfg.inputs),
+            partitions,
+            cfg.executor.kind,
+            executor.workers,
+        )
+        runner = PhaseRunner(executor, tasks, work)
         # First: a malformed evaluation set stops the run before any document is read.
         contamination_index = build_contamination_index(cfg, work.decontamination_index) if eval_sets else None
         results, near = run_phases(cfg_for_tasks, runner, partitions)
@@ -240,6 +241,8 @@ def run_phases(
         pull(work.root, ["lines/?????.npy"])
         save_npy(work.boilerplate, np.concatenate([np.load(work.file("lines", p, ".npy")) for p in range(partitions)]))
         push_files(work.stage_dir, [work.boilerplate])
+    elif cfg.line_dedup.enabled:  # said as run_phase says it of the phases it skips task by task
+        log.info("curate: lines phase: finished earlier (%s kept), skipped", work.boilerplate.name)
     filtered = runner.per_task(FILTER, FilterSettings.of(cfg, partitions))
     if cfg.exact_dedup.enabled:
         runner.per_partition(DEDUP, None, partitions)

@@ -324,14 +324,15 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
     dtype = dtype_for(
         tokenizer.vocab_size, cfg.dtype
     )  # a uint16 request for a larger vocabulary stops here, before any work
-    stage.begin(resume=not force)
-    parts_dir = stage.dir / ".parts"  # a dot: no source's folder can take its name
-    tasks = [task_for(s, parts_dir / s.name.removesuffix(SUFFIX), tok_path, stage, tok_hash, cfg) for s in shards]
+    # Before the lock and the partial folder: joining a Ray cluster may fail (address, token) or wait for CPUs.
     executor = ThreadExecutor(workers) if inline else build_executor(cfg.executor, "tokenize.executor")
-    val_docs = train_docs = 0
-    stage_traffic = traffic_since()
-    encoders: set[str] = set()  # from the tasks: the stage's own tokenizer picks its encoder only when it encodes
     try:
+        stage.begin(resume=not force)
+        parts_dir = stage.dir / ".parts"  # a dot: no source's folder can take its name
+        tasks = [task_for(s, parts_dir / s.name.removesuffix(SUFFIX), tok_path, stage, tok_hash, cfg) for s in shards]
+        val_docs = train_docs = 0
+        stage_traffic = traffic_since()
+        encoders: set[str] = set()  # from the tasks: the stage's own tokenizer picks its encoder only when it encodes
         # The bar advances per finished curated shard (each task is one).
         with tqdm(
             total=total_bytes,

@@ -5,8 +5,9 @@ cluster, an existing one by address or one started on this machine. Both yield r
 tasks finish, in any order: callers key results by task, so outputs never depend on the
 executor, the worker count or the finishing order.
 A task that raises fails the phase (the re-run resumes from the completion markers); on Ray a task
-whose worker or node dies is run again, up to `max_retries` times. Not handled here: data transfer
-(tasks read and write files).
+whose worker or node dies is run again, up to `max_retries` times, and a run whose cluster has no
+CPU for its tasks waits up to `wait_for_cpus_s`, saying so, then stops. Not handled here: data
+transfer (tasks read and write files).
 Logs go to `kiln.executors`.
 """
 
@@ -48,6 +49,14 @@ class ExecutorConfig(Section):
             "For ray: address of a running cluster (e.g. 10.0.0.5:6379 or auto); None starts a local Ray instance."
         ),
     )
+    wait_for_cpus_s: float = Field(
+        default=600.0,
+        ge=0,
+        description=(
+            "ray: seconds a run waits while no live node of the cluster has a CPU for its tasks (none joined yet, "
+            "or all gone), warning every 30 s, before it stops naming the cluster."
+        ),
+    )
 
 
 class Executor(Protocol):
@@ -66,7 +75,7 @@ def build_executor(cfg: ExecutorConfig, section: str) -> Executor:
     if cfg.kind == "ray":
         from kiln.core.executors.ray import RayExecutor
 
-        return RayExecutor(cfg.workers, cfg.ray_address, section, cfg.max_retries)
+        return RayExecutor(cfg.workers, cfg.ray_address, section, cfg.max_retries, cfg.wait_for_cpus_s)
     from kiln.core.executors.local import LocalExecutor
 
     return LocalExecutor(cfg.workers)
