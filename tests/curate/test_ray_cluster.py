@@ -284,6 +284,8 @@ def test_a_worker_whose_kiln_cache_is_a_file_stops_the_run_in_one_line_naming_it
         line = one_line_error(finish(cluster.driver(recipe, "curate", bucket), code=2))
     assert line.startswith(f"kiln curate: error: curate.executor: Ray node {node[:8]} on {socket.gethostname()} ")
     assert "KILN_CACHE" in line and str(cache) in line
+    s3fs.S3FileSystem().invalidate_cache()  # the failed run released its lock: another host is not refused
+    assert not s3fs.S3FileSystem().glob(f"{bucket}/runs/*/curate.lock")
 
 
 def test_curate_and_tokenize_on_a_cluster_that_loses_its_workers_match_a_local_run(
