@@ -18,16 +18,21 @@ not only after pronouns ("John'll" is two tokens, spaCy keeps one).
 Sentences follow spaCy's sentencizer: a sentence ends at a split-off `.`, `!` or `?` (or another
 script's sentence terminal) once a token that is not punctuation follows; a sentence never
 crosses a line break.
-Not handled here: language-specific word segmentation (Chinese, Japanese and Thai are split on
-whitespace and punctuation only), and normalization (CRLF, controls: kiln.curate.steps.normalize).
+That is English. A document of another language (its `meta.language`, set by the language step, or
+the script of its letters when it has none) is split as kiln.text.languages says: the same rule without
+English's exceptions and with the language's elisions for a spaced language, a segmenter for Chinese,
+Japanese and Thai.
+Not handled here: normalization (CRLF, controls: kiln.curate.steps.normalize).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from functools import cached_property
 
 from kiln.core.document import Document
+from kiln.text.languages import word_rule
 
 # Marks split off either edge of a whitespace chunk, one at a time (spaCy's prefix and suffix
 # lists: brackets, quotes, clause punctuation, currency, a few symbols). Not "-", "/", "@", "+",
@@ -118,24 +123,34 @@ _BARE_WORDS = (
     + ")"
 )
 
+
 # One token per match of group 1; whitespace runs match too (as "", dropped after findall).
 # perf: no rule may rescan the rest of a chunk at each token start (a 200 KB chunk without spaces
 # would take seconds to minutes): the host/e-mail rule's open-ended parts are bounded (scheme 32,
 # user 256 characters, 32 labels; measured 5 s to 0.5 s at most on 200 KB), lazy scans test a mark run once.
 # perf: whitespace is the first alternative, so the scanner does not try every rule at every
 # space; plain words (most tokens) are the second. ~15 MB/s per core on the benchmark corpus.
-_TOKEN = re.compile(
-    rf"""
+# English has its contractions, clitics and abbreviations; another space-separated language has none of
+# them, and its elided articles and prepositions (French l', qu', Italian dell') split off the word after.
+def _word_pattern(english: bool, elisions: str = "") -> str:
+    bare_guard = rf"""(?!{_BARE_WORDS}[\s,;:!?)\]"”])""" if english else ""
+    abbreviations = rf"(?:{_ABBREVIATIONS})\.|" if english else ""
+    contraction = rf"| {_CHUNK_START}{_BARE_CONTRACTION}" if english else ""
+    clitic = rf"| n['’]t(?={_SUFFIX_RUN}) | {_CLITIC}(?={_SUFFIX_RUN})" if english else ""
+    clitic_split = rf"| n['’]t{_SUFFIX_RUN} | {_CLITIC}{_SUFFIX_RUN}" if english else ""
+    elision = rf"| {_CHUNK_START}(?i:{elisions})['’](?={_LETTER})" if elisions else ""
+    return rf"""
     \s+
-  | (  (?!{_BARE_WORDS}[\s,;:!?)\]"”]){_LETTER}+(?=\s|$|[,;:!?)\]"”]+(?:\s|$))  # fast path: a plain word
+  | (  {bare_guard}{_LETTER}+(?=\s|$|[,;:!?)\]"”]+(?:\s|$))  # fast path: a plain word
+     {elision}                                             # l'|homme, dell'|anno
      | [,!?"“”«»{{}}*#&%$…]|(?<=\S)\.(?!\.)                # perf: common marks that start no longer token
      | (?:https?|ftp)://{_UP_TO_SUFFIX_RUN}               # URL, minus trailing punctuation
-     | {_CHUNK_START}(?:(?:{_ABBREVIATIONS})\.|(?:[A-Za-z]\.)+|and/or)(?={_SUFFIX_RUN})  # Mr. e.g. U.S. a.
-     | {_CHUNK_START}{_BARE_CONTRACTION}                   # do|nt, can|not
+     | {_CHUNK_START}(?:{abbreviations}(?:[A-Za-z]\.)+|and/or)(?={_SUFFIX_RUN})  # Mr. e.g. U.S. a.
+     {contraction}                                         # do|nt, can|not
      | {_ALNUM}*?\d(?=(?:{_UNIT}|\+){_SUFFIX_RUN})           # 10|km, GPLv2|+
      | (?<=\d)\+(?={_SUFFIX_RUN})
      | {_ALNUM}+(?=\s|$|[.,;:!?)\]"”]+(?:\s|$))          # a word or number before a full stop
-     | n['’]t(?={_SUFFIX_RUN}) | {_CLITIC}(?={_SUFFIX_RUN})   # do|n't, it|'s
+     {clitic}                                              # do|n't, it|'s
      | \.{{2,}} | …+                                       # ellipsis, anywhere
      | {_EMOTICON}
      | [{_EDGE}{_ICON}]                                    # one edge mark or symbol
@@ -154,13 +169,22 @@ _TOKEN = re.compile(
          | (?<=\d)[-+*^][\d-]
          | (?<={_LETTER}),{_LETTER}
          | (?<=[a-z])\.[A-Z]
-         | n['’]t{_SUFFIX_RUN} | {_CLITIC}{_SUFFIX_RUN}
+         {clitic_split}
          | (?<=\d)(?:{_UNIT}|\+){_SUFFIX_RUN}
        )
     )
-    """,
-    re.VERBOSE,
-)
+    """
+
+
+_TOKEN = re.compile(_word_pattern(english=True), re.VERBOSE)
+
+
+@functools.cache
+def spaced_words(elisions: str) -> re.Pattern[str]:
+    """The word rule of a space-separated language other than English, with its elided words (a regex
+    alternation, "" for none)."""
+    return re.compile(_word_pattern(english=False, elisions=elisions), re.VERBOSE)
+
 
 # A sentence boundary inside one line: a split-off terminal mark (and any marks after it), then
 # a later token on the same line that is not only punctuation. "." counts only where the
@@ -194,10 +218,11 @@ _ALNUM_TOKEN = re.compile(rf"^(?=[^\n]*?{_ALNUM})[^\n]+", re.MULTILINE)
 
 
 class Segments:
-    """Lazy views of one text; each is computed on first use and kept."""
+    """Lazy views of one text; each is computed on first use and kept. `language`: the text's language
+    code (None: unknown), which decides how words are split."""
 
-    def __init__(self, text: str):
-        self.text = text
+    def __init__(self, text: str, language: str | None = None):
+        self.text, self.language = text, language
 
     @cached_property
     def lines(self) -> list[str]:
@@ -214,7 +239,7 @@ class Segments:
     @cached_property
     def words(self) -> list[str]:
         """Word tokens, punctuation marks included as tokens of their own (see the module docstring)."""
-        return list(filter(None, _TOKEN.findall(self.text)))
+        return split_words(self.text, self.language)
 
     @cached_property
     def alnum_words(self) -> list[str]:
@@ -249,9 +274,22 @@ class Segments:
         return out
 
 
+def split_words(text: str, language: str | None = None) -> list[str]:
+    """The words of a text of `language` (None: unknown; see the module docstring)."""
+    kind, rule = word_rule(language, text)
+    if kind == "english":
+        return list(filter(None, _TOKEN.findall(text)))
+    if kind == "spaced":
+        return list(filter(None, spaced_words(str(rule)).findall(text)))
+    assert callable(rule)
+    return rule(text)
+
+
 def segments(doc: Document) -> Segments:
-    """The shared split of `doc`'s current text, computed once and cached on the document."""
+    """The shared split of `doc`'s current text in its language (`meta.language`), computed once and
+    cached on the document (again for the words when the language step has named it since)."""
+    language = doc.meta.get("language")
     found = doc.cache.get("segments")
-    if found is None:
-        found = doc.cache["segments"] = Segments(doc.text)
+    if found is None or found.language != language:
+        found = doc.cache["segments"] = Segments(doc.text, language)
     return found
