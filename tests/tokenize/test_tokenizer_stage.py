@@ -88,6 +88,13 @@ def test_words_hand_worked():
     assert words("Hello, world 42x  東京 is\tnaïve") == ["Hello", " world", " 42x", " 東", "京", " is", "naïve"]
 
 
+def test_words_of_languages_written_without_spaces_are_their_segmenters_words():
+    assert words("您可以点击上面的按钮。", "zh") == ["您", "可以", "点击", "上面", "的", "按钮"]
+    assert words("一時的に無効化する場合は、", "ja") == ["一時的", "に", "無効化", "する", "場合", "は"]
+    assert words("คุณสามารถปิดใช้ CSS", "th") == ["คุณ", "สามารถ", "ปิด", "ใช้", "CSS"]
+    assert words("您可以点击上面的按钮。") == words("您可以点击上面的按钮。", "zh")  # no language: its script's
+
+
 def test_tokenizer_json_is_deterministic(run_dir, curated_run, tmp_path):
     done = train_tokenizer(CFG, run_dir)
     first = (run_dir / "tokenizer" / "tokenizer.json").read_bytes()

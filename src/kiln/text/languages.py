@@ -55,7 +55,7 @@ UNSPACED = {
 }
 # Han, kana, Hangul, Thai, Lao, Khmer, Myanmar, Tibetan letters: the scripts written without spaces
 # (Hangul is spaced, and counted here only to tell Korean text from Chinese).
-_UNSPACED_CHAR = re.compile(
+UNSPACED_CHAR = re.compile(
     "[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f"  # Han
     "\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9f"  # kana
     "\u0e00-\u0e7f\u0e80-\u0eff\u1780-\u17ff\u1000-\u109f\u0f00-\u0fff]"  # Thai, Lao, Khmer, Myanmar, Tibetan
@@ -66,7 +66,8 @@ _THAI = re.compile("[\u0e00-\u0e7f]")
 _LETTER = re.compile(r"[^\W\d_]")
 # One character of a script written without spaces with the marks that combine with it (Thai and Lao vowel
 # signs and tones), or a run of anything else.
-_BY_CHARACTER = regex.compile(rf"({_UNSPACED_CHAR.pattern}\p{{M}}*)")
+_BY_CHARACTER = regex.compile(rf"({UNSPACED_CHAR.pattern}\p{{M}}*)")
+_SURROGATE = re.compile("([\ud800-\udfff])")
 SUDACHI_MAX_BYTES = 49_000  # SudachiPy refuses one input over 49,149 bytes: longer text goes in pieces
 _fallbacks: set[str] = set()
 
@@ -76,7 +77,7 @@ def script_language(text: str) -> str | None:
     (kana: ja; Thai: th; else Han: zh) or in Hangul (ko); None otherwise (a spaced script: no guess)."""
     if text.isascii():  # perf: English and code, the common case, in one C pass
         return None
-    hangul, unspaced = len(_HANGUL.findall(text)), len(_UNSPACED_CHAR.findall(text))
+    hangul, unspaced = len(_HANGUL.findall(text)), len(UNSPACED_CHAR.findall(text))
     if not hangul and not unspaced:  # perf: other non-ASCII text is not counted letter by letter
         return None
     letters = len(_LETTER.findall(text))
@@ -115,6 +116,19 @@ def language_rule(language: str) -> Rule:
 @functools.cache
 def segmenter(code: str) -> Callable[[str], list[str]]:
     """The segmenter of a language written without spaces, or the script fallback (named once)."""
+    split = _segmenter(code)
+
+    def run(text: str) -> list[str]:
+        if not _SURROGATE.search(text):
+            return split(text)
+        # subtle: a lone surrogate (text read with surrogateescape) cannot cross into the Rust segmenters:
+        # each is a word of its own, the text between them segmented.
+        return [w for i, part in enumerate(_SURROGATE.split(text)) for w in ([part] if i % 2 else split(part))]
+
+    return run
+
+
+def _segmenter(code: str) -> Callable[[str], list[str]]:
     kind = UNSPACED.get(code)
     try:
         if kind == "zh":

@@ -11,8 +11,11 @@ Speed (one core, prose): ASCII text takes a bytes fast path (one translate, one 
 hashes come from a per-process cache of recent words; `shingle_sets` does the n-gram and
 distinct steps for a whole batch of documents in a few numpy calls.
 A text with fewer than n words (but at least one) has one n-gram: all its words.
-Not handled here: scripts written without spaces (Chinese, Japanese, Thai) give one word per
-run of characters; character n-grams would suit them better.
+A run of a script written without spaces (Han, kana, Thai, ...) is split into words by the segmenter
+of the language that script implies (kiln.text.languages: kana Japanese, Thai Thai, else Han
+Chinese; one word per character where none is installed), so a Chinese or Japanese paragraph has
+word n-grams as an English one has, and an edit of a few characters changes a few of them.
+Not handled here: a kanji-only run of Japanese is split as Chinese (its run holds no kana to say so).
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ import unicodedata
 
 import numpy as np
 import xxhash
+
+from kiln.text.languages import UNSPACED_CHAR as _UNSPACED
+from kiln.text.languages import script_language, segmenter
 
 
 def _breaks() -> re.Pattern[str]:
@@ -52,7 +58,7 @@ _DIGITS = re.compile(r"\d")  # every Unicode decimal digit (category Nd), as str
 MULTIPLIERS = np.random.default_rng(0x5EED_5819).integers(1, 2**63, size=64, dtype=np.uint64) * np.uint64(
     2
 ) + np.uint64(1)
-SHINGLE_VERSION = "kiln-shingles v1"
+SHINGLE_VERSION = "kiln-shingles v2"  # v2: runs of scripts without spaces are segmented into words
 MAX_N = len(MULTIPLIERS)
 # The ASCII fast path: letters lowercased, digits kept or folded, everything else a break. It
 # splits exactly where _BREAKS does on ASCII text (\w on ASCII is letters, digits, underscore).
@@ -65,6 +71,8 @@ _ASCII = {
     for fold in (False, True)
 }
 _NON_ASCII = re.compile(rb"[\x80-\xff]+")
+_ASCII_BREAK = re.compile(r"[\x00-/:-@\[-`{-\x7f]+")  # every ASCII character but letters and digits
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 _CACHE: dict[bytes, int] = {}
 _CACHE_WORDS = 1 << 20  # distinct words cached per process (~150 MB at most); cleared when full
 
@@ -79,12 +87,29 @@ def words(text: str, fold_digits: bool = True) -> list[str]:
     # differ from the word lowered wherever a break sits between them; text_hashes lowers words.
     out: list[str] = []
     for token in text.split():  # whitespace always breaks; most tokens need nothing more
-        if token.isalnum():
+        if not token.isascii() and _UNSPACED.search(token):  # a run of Chinese, Japanese, Thai: its words
+            out += _segmented(token)
+        elif token.isalnum():
             out.append(token.lower())
         elif token.isascii() or max(token) < _FIRST_MARK:  # perf: the plain class is 2x faster than the one with marks
             out.extend(w.lower() for w in _PLAIN_BREAKS.split(token) if w)
         else:
             out.extend(w.lower() for w in _BREAKS.split(token) if w)
+    return out
+
+
+def _segmented(token: str) -> list[str]:
+    """The words of a whitespace-free token holding a script written without spaces. subtle: it is cut at
+    ASCII breaks and its ASCII letters lowered before the segmenter sees it, as text_hashes hands words()
+    only such pieces, already lowered: the segmenter must see the same text either way."""
+    out: list[str] = []
+    for piece in _ASCII_BREAK.split(token):
+        if not _UNSPACED.search(piece):
+            out.extend(w.lower() for w in _BREAKS.split(piece) if w)
+            continue
+        piece = piece.translate(_ASCII_LOWER)
+        for word in segmenter(script_language(piece) or "zh")(piece):
+            out.extend(w.lower() for w in _BREAKS.split(word) if w)
     return out
 
 

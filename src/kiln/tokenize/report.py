@@ -7,9 +7,11 @@ Measures, for documents the tokenizer never trained on:
 - fertility (tokens per word when each word is encoded alone, with its leading space if it had
   one; a SentencePiece-style tokenizer's own word marker stands for that space) and the share of
   words split into two or more tokens.
-A word is a run of letters, marks and digits; in scripts written without spaces (Han, kana,
-Thai, Lao, Khmer, Myanmar) each character counts as one word, so their figures stay comparable
-to spaced scripts instead of counting a whole clause as one word.
+A word is a run of letters, marks and digits (with the space before it) in a language written with
+spaces; in Chinese, Japanese and Thai it is a word of the language's segmenter (kiln.text.languages:
+rjieba, SudachiPy, nlpo3), so their fertility is tokens per word as the field counts it, not per
+character or per clause; other scripts written without spaces (Lao, Khmer, Myanmar) count each
+character as a word.
 A document's language is curate's `meta.language`, else `code` for code, else lid.176's guess.
 Also: the longest and most used merges; the printed report adds the embedding-table parameters at
 the recipe's model width (not stored: the model's width is not the tokenizer's business).
@@ -28,11 +30,13 @@ import regex
 from kiln.core.document import Document
 from kiln.text.code import is_code
 from kiln.text.language import predict_language
+from kiln.text.languages import word_rule
 from kiln.text.load import AnyTokenizer
 
 UNSPACED = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}"
 # One optional leading space is kept with the word: that is how BPE sees most words mid-sentence.
 WORD = regex.compile(rf" ?(?:[{UNSPACED}]|(?:(?![{UNSPACED}])[\p{{L}}\p{{M}}\p{{N}}])+)")
+HAS_WORD = regex.compile(r"[\p{L}\p{M}\p{N}]")
 TOP = 10
 
 
@@ -55,8 +59,13 @@ def heldout_doc(doc: Document) -> HeldoutDoc:
     return HeldoutDoc(doc.source, language_of(doc), doc.text)
 
 
-def words(text: str) -> list[str]:
-    return WORD.findall(text)
+def words(text: str, language: str | None = None) -> list[str]:
+    """The words fertility is measured on, as the language splits (see the module docstring)."""
+    kind, rule = word_rule(language, text)
+    if kind != "segmented":
+        return WORD.findall(text)
+    assert callable(rule)
+    return [w for w in rule(text) if HAS_WORD.search(w)]
 
 
 class GroupStats:
@@ -95,7 +104,7 @@ def measure(tokenizer: AnyTokenizer, docs: Sequence[HeldoutDoc]) -> dict[str, An
     for doc, ids in zip(docs, tokenizer.encode_batch([d.text for d in docs], threads=2), strict=True):
         n_bytes, doc_words = (
             len(doc.text.encode("utf-8")),
-            Counter(words(doc.text)),
+            Counter(words(doc.text, doc.language)),
         )  # once per document, for its three groups
         for stats in (
             total,
