@@ -136,6 +136,10 @@ def test_default_pipeline_end_to_end(tmp_path, corpus):
         and "prose rules, in" in summary
         and "code rules, in" in summary
     )
+    # what split the words of languages written without spaces, with versions, named in both
+    segmenters = json.loads((stage / "manifest.json").read_text())["word_segmenters"]
+    assert segmenters["zh"].startswith("rjieba ") and segmenters["lo"] == "characters"
+    assert f"ja {segmenters['ja']}" in summary and "one word per character: bo, km, lo, my" in summary
     # what the pii step changed, in its redacted form, with the document it came from
     examples = json.loads((stage / "audit" / "pii_examples.json").read_text())
     [example] = examples["web"]["email"]

@@ -87,6 +87,7 @@ from kiln.curate.steps.quality import (
     model_folder,
     release_models,
 )
+from kiln.text.languages import segmenters
 
 log = logging.getLogger("kiln.curate")
 S = TypeVar("S")
@@ -222,9 +223,15 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     # The shards as the write tasks recorded them: a task on another machine kept its shards on the store only.
     known = {f"{SHARDS}/{name}": r for written in results[-1].values() for name, r in written["shard_records"].items()}
     shards = [stage.dir / name for name in sorted(known)]
-    summary = summarize(cfg, counts, examples, report, stage)
+    segmented = segmenters()  # what split the words of languages written without spaces, with versions
+    by_character = [code for code, what in segmented.items() if what == "characters"]
+    summary = summarize(cfg, counts, examples, report, stage).rstrip() + (
+        f"\nwords: {', '.join(f'{c} {w}' for c, w in segmented.items() if w != 'characters')}; "
+        f"one word per character: {', '.join(by_character) or 'none'}\n"
+    )
     # phase timings vary from run to run: beside the counts, never in them
-    return stage.finish(shards + outputs, counts, summary, extra={"phases": runner.timings}, known=known)
+    extra = {"phases": runner.timings, "word_segmenters": segmented}
+    return stage.finish(shards + outputs, counts, summary, extra=extra, known=known)
 
 
 def run_phases(

@@ -150,6 +150,28 @@ def _fall_back(code: str, why: str) -> None:
         log.warning("words: %s text is split one character per word (%s)", code, why)
 
 
+SEGMENTER_PACKAGES = {"zh": ("rjieba",), "ja": ("sudachipy", "sudachidict-core"), "th": ("nlpo3", "pythainlp")}
+
+
+def segmenters() -> dict[str, str]:
+    """What splits each language written without spaces on this machine: its packages and versions (a
+    new dictionary changes word counts, so filter decisions: recorded in manifests), or `characters`."""
+    from importlib import metadata
+
+    found = {}
+    for code, kind in sorted(UNSPACED.items()):
+        installed = []
+        for package in SEGMENTER_PACKAGES.get(kind or "", ()):
+            try:
+                installed.append(f"{package} {metadata.version(package)}")
+            except metadata.PackageNotFoundError:
+                pass
+        # Thai needs only one of its two (nlpo3 first); the others every package listed.
+        complete = installed and (kind == "th" or len(installed) == len(SEGMENTER_PACKAGES[kind or ""]))
+        found[code] = ", ".join(installed) if complete else "characters"
+    return found
+
+
 def fallbacks() -> list[str]:
     """The languages this process split by the script fallback, for a stage's summary."""
     return sorted(_fallbacks)
