@@ -214,6 +214,7 @@ _SENTENCE_BOUNDARY = re.compile(
 # looked at ("!" * 80000 + "x" is linear); a longer run ends no sentence unless a terminal is in its last 64.
 _TRAILING_MARKS = re.sub(r"\\(.)", r"\1", _PUNCT) + "".join(c for c in map(chr, range(0x3001)) if c.isspace())
 _PARAGRAPH_BREAK = re.compile(r"\n{2,}")
+_HAS_ALNUM = re.compile(_ALNUM)
 _ALNUM_TOKEN = re.compile(rf"^(?=[^\n]*?{_ALNUM})[^\n]+", re.MULTILINE)
 
 
@@ -249,8 +250,17 @@ class Segments:
 
     @cached_property
     def line_word_counts(self) -> list[int]:
-        """Whitespace-separated words on each line of `lines` (C4 counts words per line this way)."""
-        return [len(line.split()) for line in self.lines]
+        """Words on each line of `lines`: whitespace-separated ones (C4 counts words per line this way), or for
+        a language written without spaces its segmenter's words that hold a letter or digit."""
+        if word_rule(self.language, self.text)[0] != "segmented":
+            return [len(line.split()) for line in self.lines]
+        return [sum(1 for w in self.line_words(line) if _HAS_ALNUM.search(w)) for line in self.lines]
+
+    def line_words(self, line: str) -> list[str]:
+        """One line's words as C4 takes them: whitespace-separated, or a segmenter's for a language written
+        without spaces (whose lines have no spaces to split at)."""
+        kind, rule = word_rule(self.language, self.text)
+        return rule(line) if kind == "segmented" and callable(rule) else line.split()
 
     @cached_property
     def line_sentence_counts(self) -> list[int]:

@@ -93,3 +93,28 @@ def test_terminal_punctuation_rule_is_off_by_default() -> None:
 def test_a_page_with_every_line_removed_is_dropped() -> None:
     step = C4(C4Config(min_sentences=0))
     dropped("a b\nc d\n", "all_lines_removed", step)
+
+
+def test_lines_of_a_language_written_without_spaces_count_its_words() -> None:
+    """Chinese and Japanese lines hold no spaces: each counts its segmenter's words, so a sentence is not a
+    "line under 3 words" nor a "word over 1,000 characters"; a line of one or two words still goes."""
+    zh = [
+        "这个工具可以把原始文本变成训练数据。",
+        "它会读取网页和文档。",
+        "每个阶段都会记录输入和输出。",
+        "用户可以检查结果。",
+        "这是测试里的第五个句子。",
+    ]
+    ja = [
+        "このツールは生のテキストを変換します。",
+        "ウェブページや文書を読み込みます。",
+        "各段階は入力を記録します。",
+        "後から確認できます。",
+        "五つ目の文です。",
+    ]
+    for language, lines in (("zh", zh), ("ja", ja)):
+        long_line = lines[0] * 60  # over 1,000 characters, no space
+        text = "\n".join([*lines, "好", long_line])
+        ledger = Ledger()
+        [out] = list(STEP.process([Document(id="d", text=text, source="web", meta={"language": language})], ledger))
+        assert out.text == "\n".join([*lines, long_line]) and ledger.tally("web").stats["c4:lines_removed"] == 1

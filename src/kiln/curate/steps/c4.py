@@ -89,7 +89,7 @@ class C4:
                 removed += n_words > 0  # blank lines are layout, not removed content
                 # subtle: C4 checks the long word before the word count; a line failing both is removed either way
                 continue
-            if any_long and any(len(w) > cfg.max_word_chars for w in line.split()):
+            if any_long and any(len(w) > cfg.max_word_chars for w in seg.line_words(line)):
                 removed += 1
                 continue
             if cfg.remove_citations and "[" in line:
