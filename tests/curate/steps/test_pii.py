@@ -580,3 +580,32 @@ CONTEXT_FRAGMENTS = (
 def test_redaction_is_idempotent_around_phone_words_and_versions(text: str):
     once, _ = REDACT.redact(text)
     assert REDACT.redact(once) == (once, dict.fromkeys(REDACT.redact("")[1], 0))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Véase la Sección 6.2.1.2 para más detalles.",
+        "Siehe Abschnitt 3.4.1.2 und Kapitel 10.1.2.3.",
+        "Voir le chapitre 2.1.4.1 et le tableau 1.2.3.4.",
+        "Раздел 1.2.3.4 описывает настройку.",
+        "参见第 4.6.1.2 节。",
+        "詳しくは第4.6.1.2節と表 1.2.3.4 を参照。",
+        "4.6.1.2절을 참조하십시오.",
+    ],
+)
+def test_a_section_number_after_a_section_word_of_another_language_is_no_address(text: str) -> None:
+    assert redacted(text) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("电话：0999 1234 5678", "电话：<PHONE>"),
+        ("手機: 0999 1234 5678", "手機: <PHONE>"),
+        ("전화 0999 1234 5678", "전화 <PHONE>"),
+    ],
+)
+def test_a_phone_word_of_another_language_marks_a_number_of_phone_shape(text: str, expected: str) -> None:
+    assert redacted("0999 1234 5678") == "0999 1234 5678"  # no area code of any region: alone, no phone
+    assert redacted(text) == expected

@@ -49,10 +49,26 @@ _VERSION_ASSIGNED = re.compile(
     r"(?:(?<![A-Za-z])(?i:version)|(?<=[a-z])Version)(?:_?(?i:string|str|number|num|name|info|code|id|tag))?_{0,2}"
     r"[\"']?[ \t]{0,3}(?::=|=>|==|[:=(>])[ \t]{0,3}[\"'(]?\Z"
 )
-_SECTION_BEFORE = re.compile(
-    r"(?i)(?:\b(?:section|sect|sec|chapter|chap|clause|paragraph|para|figure|fig|table|tab|appendix|annex|article|art|"
-    r"exercise|equation|eq|lemma|theorem|definition|listing)\.?|§§?)\s*\Z"
+# Section words of the languages kiln curates (English, then es fr de it pt nl pl ru tr id vi; a cross-reference
+# such as "Sección 6.2.1.2" or "Abschnitt 3.4.1.2" is not an address), and the Chinese, Japanese and Korean
+# marks around a section number: 第 before it, 节/節/章/条/條/절/장/조 after it ("第 4.6.1.2 节"), 表/图/図 before it.
+_SECTION_WORDS = (
+    "section|sect|sec|chapter|chap|clause|paragraph|para|figure|fig|table|tab|appendix|annex|article|art|"
+    "exercise|equation|eq|lemma|theorem|definition|listing|"
+    "secci[oó]n|cap[ií]tulo|apartado|art[ií]culo|tabla|figura|anexo|p[aá]rrafo|"  # es (pt and it share some)
+    "chapitre|paragraphe|tableau|annexe|"  # fr
+    "abschnitt|kapitel|absatz|tabelle|abbildung|abb|anhang|artikel|ziffer|"  # de
+    "sezione|capitolo|paragrafo|articolo|tabella|allegato|"  # it
+    "se[cç][aã]o|artigo|tabela|"  # pt
+    "sectie|hoofdstuk|paragraaf|tabel|figuur|bijlage|"  # nl
+    "sekcja|rozdzia[lł]|punkt|artyku[lł]|rysunek|za[lł][aą]cznik|"  # pl
+    "раздел|глава|пункт|статья|таблица|рисунок|приложение|параграф|"  # ru
+    "b[oö]l[uü]m|madde|tablo|[sş]ekil|"  # tr
+    "bagian|bab|pasal|gambar|lampiran|"  # id
+    "m[uụ]c|ch[uư][oơ]ng|[dđ]i[eề]u|b[aả]ng|h[iì]nh"  # vi
 )
+_SECTION_BEFORE = re.compile(rf"(?i)(?:\b(?:{_SECTION_WORDS})\.?|§§?|[第表图図]|그림|표)\s*\Z")
+_SECTION_AFTER = re.compile(r"\s*[节節章条條项項款절장조]")
 _PACKAGE_HEADER = re.compile(r"[a-z0-9][a-z0-9+.-]* \(\Z")  # from the start of the line
 # A revision is glued to what follows it or closes a parenthesis (1.2.3.4-7), 1.2.3.4-1ubuntu1), unlike
 # the end of an address range (93.184.216.34-40).
@@ -104,7 +120,7 @@ def ipv4_is_version(text: str, start: int, end: int) -> bool:
     at_line_start = newline >= 0 or start <= CONTEXT_CHARS  # text[lo:start] is all the line before the number
     if any(rule.search(text, lo, start) for rule in (_VERSION_BEFORE, _SECTION_BEFORE, _VERSION_ASSIGNED)):
         return True
-    if _REVISION_AFTER.match(text, end):
+    if _REVISION_AFTER.match(text, end) or _SECTION_AFTER.match(text, end):
         return True
     name = _NAME_BEFORE.search(text, lo, start)
     if name is not None and _product_name(name["name"], name["glue"], text[start:end]):
@@ -153,8 +169,11 @@ def _changelog_heading(text: str, line_start: int, start: int, end: int) -> bool
 # A phone word, then at most two linking words (`number`, `no.`, `me at`), then punctuation: right
 # before the number. It starts where a word starts (not `Hotel`), and ends where the linking starts.
 _PHONE_WORD_BEFORE = re.compile(
-    r"(?i)(?<![\w-])(?:phones?|telephone|telefon|tel|mobile|mob|cell(?:phone)?|fax|call|ph)"
-    r"(?:[ \t]{1,2}(?:number|no\.?|nr\.?|me|us|at|on)){0,2}[\s.:;,=#/\"'(-]{0,4}\Z"
+    r"(?i)(?:(?<![\w-])(?:phones?|telephone|telefon|tel|mobile|mob|cell(?:phone)?|fax|call|ph"
+    r"|tel[eé]fono|m[oó]vil|celular|t[eé]l[eé]phone|portable|handy|mobiltelefon|telefono|cellulare|telefone"
+    r"|telefoon|mobiel|телефон|тел|моб|telepon|ponsel|điện\s?thoại|sđt)"
+    r"|电话|電話|手机|手機|携帯|電話番号|전화|휴대폰)"
+    r"(?:[ \t]{1,2}(?:number|no\.?|nr\.?|me|us|at|on|n[uú]mero|nummer|номер)){0,2}[\s.:;,=#/\"'(：-]{0,4}\Z"
 )
 _PHONE_WORD_CHARS = 40
 
