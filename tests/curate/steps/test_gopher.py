@@ -227,3 +227,38 @@ def test_top_and_duplicated_ngram_rules() -> None:
 
 def test_empty_text() -> None:
     assert_dropped(REPETITION, "", "empty")
+
+
+# ------------------------------------------------------------------------------- quality per language
+
+FRENCH = " ".join(["L’homme", "de", "la", "maison", "et", "du", "jardin", "regarde", "les", "arbres"] * 6)
+CHINESE = (
+    "这个工具可以把原始文本变成训练数据。它会读取网页和文档，去掉重复的内容，过滤质量较低的段落，然后把结果写入分片文件。"
+    * 3
+)
+
+
+def check_in(text: str, language: str | None, step: GopherQuality = QUALITY) -> Drop | None:
+    return step.check(Document(id="d", text=text, source="web", meta={"language": language} if language else {}))
+
+
+def test_a_document_is_judged_with_the_stop_words_and_word_lengths_of_its_language() -> None:
+    assert check_in(FRENCH, "fr") is None
+    dropped = check_in(FRENCH, None)  # no language: English's stop words, which French text lacks
+    assert dropped is not None and dropped.rule == "too_few_stop_words"
+    assert check_in(CHINESE, "zh") is None  # words of 1-3 characters: FineWeb-2's minimum for zh is 1
+    english_lengths = GopherQuality(
+        GopherQualityConfig.model_validate({"languages": {"zh": {"min_mean_word_length": 3}}})
+    )
+    dropped = check_in(CHINESE, "zh", english_lengths)
+    assert dropped is not None and (dropped.rule, dropped.threshold) == ("mean_word_length", 3.0)
+
+
+def test_a_recipes_language_settings_merge_over_the_shipped_ones() -> None:
+    cfg = GopherQualityConfig.model_validate({"languages": {"fr": {"stop_words": ["maison", "jardin"]}}})
+    assert cfg.languages["fr"].max_mean_word_length == 11  # shipped, kept
+    assert cfg.languages["de"].stop_words and "der" in cfg.languages["de"].stop_words
+    step = GopherQuality(cfg)
+    assert check_in(FRENCH, "fr", step) is None
+    strict = GopherQuality(GopherQualityConfig.model_validate({"languages": {"fr": {"stop_words": ["quand"]}}}))
+    assert check_in(FRENCH, "fr", strict).rule == "too_few_stop_words"
