@@ -131,14 +131,19 @@ def launch(
     via_kiln: bool = False,
 ) -> list[dict[str, Any]]:
     """Train on a fresh copy of the run with nproc processes; the step records of metrics.jsonl.
-
-    One process trains in this one, with one torch thread as every launched process has
-    (OMP_NUM_THREADS=1), so its numbers are theirs: a subprocess would spend 4 s on imports."""
+    One process trains in this one (run_here)."""
     copy_run(tokenized_run, root / "runs")
     cmd = command(write_recipe(root, steps, micro, model), nproc, *overrides, via_kiln=via_kiln)
     if nproc > 1:
         run(cmd)
-        return step_records(root / "runs")
+    else:
+        run_here(cmd)
+    return step_records(root / "runs")
+
+
+def run_here(cmd: list[str]) -> None:
+    """A `kiln` command run in this process, on one torch thread as every launched process has
+    (OMP_NUM_THREADS=1), so its numbers are theirs: a subprocess would spend 4 s on imports."""
     import torch
 
     from kiln.cli import main
@@ -149,7 +154,6 @@ def launch(
         assert main(cmd[1:]) == 0
     finally:
         torch.set_num_threads(threads)
-    return step_records(root / "runs")
 
 
 def assert_same_weights(root: Path, reference: Path, atol: float = 1e-4) -> None:

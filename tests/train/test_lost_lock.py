@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from launches import KILN, RECIPE, SMALL, copy_run, failed_lines
+from launches import KILN, RECIPE, SMALL, copy_run, failed_lines, run_here
 
 s3fs = pytest.importorskip("s3fs")
 pytestmark = pytest.mark.slow
@@ -28,20 +28,6 @@ def train(root: Path, runs_dir: str, *sets: str) -> list[str]:
     (root / "recipe.yaml").write_text(RECIPE.format(runs_dir=runs_dir, model=SMALL, steps=STEPS, micro=4))
     sets = (f"train.checkpoint.every={EVERY}", "train.checkpoint.keep_last=2", *sets)
     return [str(KILN), "train", "--recipe", str(root / "recipe.yaml"), *(a for s in sets for a in ("--set", s))]
-
-
-def in_this_process(cmd: list[str]) -> None:
-    """A kiln command run here, on one torch thread as the launched ones (a subprocess spends 4 s on imports)."""
-    import torch
-
-    from kiln.cli import main
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        assert main(cmd[1:]) == 0
-    finally:
-        torch.set_num_threads(threads)
 
 
 def losses(metrics: str) -> dict[int, float]:
@@ -72,7 +58,7 @@ def test_a_run_frozen_past_its_locks_expiry_stops_without_writing_and_the_rightf
     first.send_signal(signal.SIGSTOP)
     try:
         expired = time.monotonic() + 2.5  # past the lock's expiry
-        in_this_process(train(tmp_path / "local", str(tmp_path / "local")))  # the uninterrupted run, meanwhile
+        run_here(train(tmp_path / "local", str(tmp_path / "local")))  # the uninterrupted run, meanwhile
         time.sleep(max(0.0, expired - time.monotonic()))
         second = subprocess.run(
             cmd, capture_output=True, text=True, timeout=300, env={**env, "KILN_CACHE": str(tmp_path / "b")}

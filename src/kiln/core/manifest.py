@@ -56,6 +56,7 @@ from kiln.core.mirror import (
     fetch_recorded,
     key_path,
     move,
+    parse_manifest,
     publish,
     push_files,
     refresh,
@@ -158,19 +159,8 @@ def checked_manifest(path: Path) -> dict[str, Any]:
 
 
 def load_manifest(path: Path) -> dict[str, Any] | None:
-    """The manifest in a local file, or None when it is not one kiln writes: not JSON, not an object, or
-    outputs that are not records of a path, a size and a sha256."""
-    try:
-        found = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    outputs = found.get("outputs") if isinstance(found, dict) else None
-    fields = {"path": str, "bytes": int, "sha256": str}
-    if not isinstance(outputs, list) or not all(
-        isinstance(o, dict) and all(isinstance(o.get(k), t) for k, t in fields.items()) for o in outputs
-    ):
-        return None
-    return found
+    """The manifest in a local file, or None when it is not one kiln writes (mirror.parse_manifest)."""
+    return parse_manifest(path.read_bytes())
 
 
 def recorded_outputs(stage_dir: Path, under: str = "", fetch: bool = True) -> list[Path]:

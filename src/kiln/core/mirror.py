@@ -302,9 +302,10 @@ def fetch(path: Path, size: int, sha256: str) -> None:
     """Make the mirror's copy of a recorded output the one its manifest describes: kept when it has
     that size and sha256 (checked once per download), else downloaded and checked. A mismatch after
     download names the object: it was changed on the store after its stage wrote it."""
-    url = url_of(path)
-    if url is None:
+    found = _root(path)
+    if found is None:
         return
+    root, root_url = found
     seen = _verified(path)
     stat = path.stat() if path.is_file() else None
     if stat is not None and stat.st_size == size:
@@ -314,9 +315,6 @@ def fetch(path: Path, size: int, sha256: str) -> None:
         if storage.sha256_file(path) == sha256:
             _remember(path, sha256)
             return
-    found = _root(path)
-    assert found is not None  # url_of found it
-    root, root_url = found
     _download(root_url, root, Path(os.path.abspath(path)).relative_to(root).as_posix(), sha256)
     _remember(path, sha256)
     if time.time() - _checked[0] > 60:  # perf: the records are listed at most once a minute (and after a batch)
@@ -384,11 +382,10 @@ def sync_run(run_dir: Path, suffixes: tuple[str, ...] = (".json", ".jsonl", ".pa
     for stage in sorted(stages):
         if "." in stage or not refresh(run_dir / stage / MANIFEST_NAME):
             continue
-        try:
-            manifest = json.loads((run_dir / stage / MANIFEST_NAME).read_text())
-            wanted = manifest.get("logs", []) + [o for o in manifest["outputs"] if o["path"].endswith(suffixes)]
-        except (ValueError, AttributeError, KeyError, TypeError):  # its reader says so (manifest.read_manifest)
+        manifest = parse_manifest((run_dir / stage / MANIFEST_NAME).read_bytes())
+        if manifest is None:  # its reader says so (manifest.read_manifest)
             continue
+        wanted = manifest.get("logs", []) + [o for o in manifest["outputs"] if o["path"].endswith(suffixes)]
         refresh(run_dir / stage / SUMMARY_NAME)
         fetch_recorded(run_dir / stage, wanted)
 
@@ -399,6 +396,24 @@ def push(path: Path) -> None:
         put(path, url)
 
 
+def parse_manifest(data: bytes) -> dict[str, Any] | None:
+    """A manifest's content, or None when it is not one kiln writes: not JSON, not an object, or outputs
+    (or logs, where there are any) that are not records of a path, a size and a sha256."""
+    try:
+        found = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(found, dict):
+        return None
+    fields = {"path": str, "bytes": int, "sha256": str}
+    for records in (found.get("outputs"), found.get("logs", [])):
+        if not isinstance(records, list) or not all(
+            isinstance(o, dict) and all(isinstance(o.get(k), t) for k, t in fields.items()) for o in records
+        ):
+            return None
+    return found
+
+
 def _listed_by(url: str) -> set[str]:
     """The paths the manifest a stage had on the store before this publish lists (none when there is none,
     or when it is not a manifest kiln writes: then no object beside it is removed, since what it listed is
@@ -406,13 +421,11 @@ def _listed_by(url: str) -> set[str]:
     found = storage.read_bytes(url)
     if found is None:
         return set()
-    try:
-        old = json.loads(found[0])
-        listed = old.get("outputs", []) + old.get("logs", [])
-        return {o["path"] for o in listed if isinstance(o["path"], str)}
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, TypeError, KeyError):
+    old = parse_manifest(found[0])
+    if old is None:
         log.warning("%s is not a manifest kiln writes; replacing it, and removing none of the objects beside it", url)
         return set()
+    return {o["path"] for o in old["outputs"] + old.get("logs", [])}
 
 
 def publish(final_dir: Path, manifest: Mapping[str, Any], manifest_name: str, partial: Path) -> None:

@@ -182,18 +182,17 @@ def read_text(location: Any) -> str:
     return found[0].decode("utf-8")
 
 
-def sha256_file(path: Any, chunk: int = 1 << 20) -> str:
+def sha256_file(path: Any) -> str:
     """The sha256 of a local file's content."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+    return _digest(path, hashlib.sha256())
 
 
-def md5_file(path: Any, chunk: int = 1 << 20) -> str:
+def md5_file(path: Any) -> str:
     """The MD5 of a local file's content: an S3 object's ETag when it was put whole (not in parts)."""
-    h = hashlib.md5(usedforsecurity=False)
+    return _digest(path, hashlib.md5(usedforsecurity=False))
+
+
+def _digest(path: Any, h: Any, chunk: int = 1 << 20) -> str:
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)

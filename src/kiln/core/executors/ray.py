@@ -23,10 +23,10 @@ import pickle
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any, TypeVar
 
 from kiln.core.errors import FatalError, KilnError
+from kiln.core.mirror import cache_root
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -120,7 +120,7 @@ def os_error_line(error: OSError) -> str:
     """An OSError of a task as one line; a path in this node's KILN_CACHE names it, the usual cause."""
     where = f"{error.filename}: " if error.filename else ""
     line = f"{where}{error.strerror or first_line(error)} ({type(error).__name__})"
-    cache = os.environ.get("KILN_CACHE") or str(Path.home() / ".cache" / "kiln")
+    cache = str(cache_root())
     if error.filename and (str(error.filename) + "/").startswith(cache.rstrip("/") + "/"):
         line += (
             f"; it lies in KILN_CACHE={cache}, this node's copy of the run, which must be a writable folder: point "
