@@ -32,7 +32,7 @@ import re
 from functools import cached_property
 
 from kiln.core.document import Document
-from kiln.text.languages import word_rule
+from kiln.text.languages import Rule, word_rule
 
 # Marks split off either edge of a whitespace chunk, one at a time (spaCy's prefix and suffix
 # lists: brackets, quotes, clause punctuation, currency, a few symbols). Not "-", "/", "@", "+",
@@ -240,7 +240,13 @@ class Segments:
     @cached_property
     def words(self) -> list[str]:
         """Word tokens, punctuation marks included as tokens of their own (see the module docstring)."""
-        return split_words(self.text, self.language)
+        return _split(self.text, self._rule)
+
+    @cached_property
+    def _rule(self) -> Rule:
+        """How this text splits into words (its language's rule, or its script's when it has none): decided
+        once, since the script is found by scanning the whole text."""
+        return word_rule(self.language, self.text)
 
     @cached_property
     def alnum_words(self) -> list[str]:
@@ -252,14 +258,14 @@ class Segments:
     def line_word_counts(self) -> list[int]:
         """Words on each line of `lines`: whitespace-separated ones (C4 counts words per line this way), or for
         a language written without spaces its segmenter's words that hold a letter or digit."""
-        if word_rule(self.language, self.text)[0] != "segmented":
+        if self._rule[0] != "segmented":
             return [len(line.split()) for line in self.lines]
         return [sum(1 for w in self.line_words(line) if _HAS_ALNUM.search(w)) for line in self.lines]
 
     def line_words(self, line: str) -> list[str]:
         """One line's words as C4 takes them: whitespace-separated, or a segmenter's for a language written
         without spaces (whose lines have no spaces to split at)."""
-        kind, rule = word_rule(self.language, self.text)
+        kind, rule = self._rule
         return rule(line) if kind == "segmented" and callable(rule) else line.split()
 
     @cached_property
@@ -286,7 +292,11 @@ class Segments:
 
 def split_words(text: str, language: str | None = None) -> list[str]:
     """The words of a text of `language` (None: unknown; see the module docstring)."""
-    kind, rule = word_rule(language, text)
+    return _split(text, word_rule(language, text))
+
+
+def _split(text: str, how: Rule) -> list[str]:
+    kind, rule = how
     if kind == "english":
         return list(filter(None, _TOKEN.findall(text)))
     if kind == "spaced":
