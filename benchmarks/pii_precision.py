@@ -4,8 +4,10 @@ Cases are written here, at least 30 per kind of personal data and 30 look-alikes
 a positive case marks its value as [[value]] and is right when the step's output is the text with
 exactly that value replaced by the kind's placeholder; a look-alike (version numbers, OIDs,
 section numbers, code constants, hashes, reserved ranges, ...) is right when the text comes out
-unchanged. Card numbers are completed with a Luhn check digit from issuer prefixes; everything
-else is literal.
+unchanged. A case written (language, text) is a document whose meta.language is that code: phones
+in the national formats of ja de fr es pt zh ko ru, with their phone words, and dates, amounts and
+section numbers written in those languages. Card numbers are completed with a Luhn check digit from
+issuer prefixes; everything else is literal.
   recall     positive cases redacted exactly as labelled / positive cases
   precision  correct redactions / all redactions (a wrong or extra placeholder in a positive case,
              and any placeholder in a look-alike, counts against it)
@@ -14,7 +16,8 @@ the standard library's docstrings; benchmarks/dedup_corpus.local_texts) plus the
 library's Python source (code is where digit runs and `+` live), best of `--repeats`, one core.
 What it redacted there is printed per kind with a few examples, to be read by a person: that text
 has no labels.
-Ends with: RESULT recall=.. precision=.. mb_s=.. (and per kind: recall_<kind>=.. precision_<kind>=..)
+Ends with: RESULT recall=.. precision=.. mb_s=.. (and per kind: recall_<kind>=.. precision_<kind>=..;
+recall_languages=.. precision_languages=.. over the cases with a language)
 """
 
 from __future__ import annotations
@@ -128,6 +131,38 @@ PHONES = [
     "Call me at [[1-987-555-0166]] after six",
     '"phone": "[[292-555-0139]]"',
     "Cell:\n[[(968) 555-0177]]",
+    # National formats read with the document's language: ja JP, de DE, fr FR, es ES and MX, pt BR and PT, zh CN and
+    # TW, ko KR, ru RU. Those without a trunk 0 (612 34 56 78, 138 0013 8000, (11) 96123-4567, 8 (495) ...) and
+    # 032-9230-0209 are valid in none of the default phone_regions: only the language finds them.
+    ("ja", "お問い合わせは [[03-1234-5678]] まで"),
+    ("ja", "携帯：[[090-1234-5678]]"),
+    ("ja", "電話番号：[[06-6123-4567]]"),
+    ("ja", "TEL [[045-123-4567]]"),
+    ("de", "Telefon: [[030 901820]]"),
+    ("de", "Rufen Sie [[0171 1234567]] an"),
+    ("de", "Mobilnummer: [[0151 23456789]]"),
+    ("fr", "Tél. : [[01 42 68 53 00]]"),
+    ("fr", "appelez le [[06 12 34 56 78]]"),
+    ("fr", "Téléphone : [[04 72 10 30 30]]"),
+    ("es", "Llame al [[612 34 56 78]]"),
+    ("es", "Teléfono: [[91 123 45 67]]"),
+    ("es", "móvil [[612 345 678]]"),
+    ("es", "Tel. [[55 1234 5678]] (CDMX)"),
+    ("pt", "Ligue [[(11) 96123-4567]]"),
+    ("pt", "Telefone: [[11 2345-6789]]"),
+    ("pt", "telemóvel [[912 345 678]]"),
+    ("pt", "Tel.: [[21 234 5678]]"),
+    ("zh", "请拨打 [[138 0013 8000]]"),
+    ("zh", "电话：[[010-6552-9988]]"),
+    ("zh", "手机 [[139-1234-5678]]"),
+    ("zh", "聯絡電話：[[02-2345-6789]]"),
+    ("ko", "문의 [[02-3456-7890]]"),
+    ("ko", "휴대폰: [[010-1234-5678]]"),
+    ("ko", "전화번호: [[032-9230-0209]]"),
+    ("ru", "Звоните: [[8 (495) 123-45-67]]"),
+    ("ru", "Телефон: [[8 800 555-35-35]]"),
+    ("ru", "тел. [[(812) 123-45-67]]"),
+    ("ru", "моб. [[8-912-345-67-89]]"),
 ]
 IPS = [
     "Failed password for root from [[61.177.172.13]] port 22 ssh2",
@@ -370,6 +405,30 @@ PHONE_LOOKALIKES = [
     "(987) 654-3210 rows",
     "mobile build 968-909-5111",
     "Hotel 987-555-0123",
+    # Dates, times, amounts and other numbers of documents in those languages.
+    ("ja", "2024年1月15日 10:30"),
+    ("ja", "ISBN 978-4-06-521234-5"),
+    ("de", "am 01.02.2024 12:30 Uhr"),
+    ("de", "Summe: 1 234 567 890 Euro"),
+    ("de", "ISBN 978-3-16-148410-0"),
+    ("fr", "le 01/02/2024 à 12:30"),
+    ("fr", "1 234 567 890 habitants"),
+    ("es", "el 15-01-2024 a las 10:30"),
+    ("es", "612.345.678 euros"),
+    ("es", "presupuesto de 123 456 789 €"),
+    ("es", "ISBN 84-376-0494-2"),
+    ("pt", "em 15/01/2024 às 10:30"),
+    ("pt", "CEP 01310-100"),
+    ("pt", "R$ 123 456 789"),
+    ("pt", "CPF 123.456.789-09"),
+    ("zh", "2024-01-15 10:30:00"),
+    ("zh", "1998-2003 2005-2010 年"),
+    ("ko", "2024-01-15 10:30"),
+    ("ko", "1,234,567,890원"),
+    ("ru", "15.01.2024 10:30"),
+    ("ru", "123 456 789 руб."),
+    ("ru", "ИНН 7707083893"),
+    ("ru", "ГОСТ 7.1-2003"),
 ]
 IP_LOOKALIKES = [
     "Bump Standards-Version to 4.6.0.1",
@@ -416,6 +475,20 @@ IP_LOOKALIKES = [
     "VERSION='4.3.0.1'",
     '"version": "1.0.0.2"',
     '[assembly: AssemblyVersion("4.3.0.1")]',
+    # Section numbers and versions in other languages (public addresses all).
+    ("ja", "第 4.6.1.2 節を参照"),
+    ("ja", "セクション 1.2.3.4"),
+    ("ja", "1.2.3.4 節"),
+    ("de", "siehe Abschnitt 3.4.1.2"),
+    ("fr", "voir la section 2.1.4.1"),
+    ("fr", "version 2.1.0.4"),
+    ("es", "Sección 6.2.1.2"),
+    ("pt", "Seção 1.2.3.4"),
+    ("zh", "第 4.6.1.2 节"),
+    ("zh", "版本 2.1.0.4"),
+    ("ko", "4.6.1.2절"),
+    ("ru", "Раздел 1.2.3.4"),
+    ("ru", "в разделе 93.184.216.34"),
 ]
 CARD_LOOKALIKES = [
     luhn_complete("1", 16),
@@ -527,30 +600,42 @@ MARKED = re.compile(r"\[\[(.+?)\]\]", re.DOTALL)
 ANY_PLACEHOLDER = re.compile("|".join(re.escape(p) for p in PLACEHOLDERS.values()))
 
 
+Case = str | tuple[str, str]  # a text, or (meta.language, text)
+
+
 def score(step: RedactPII) -> tuple[dict[str, tuple[int, int, int]], list[str]]:
-    """Per kind (correct redactions, missed values, wrong redactions), and a line per failed case."""
-    per_kind: dict[str, tuple[int, int, int]] = {}
+    """Per kind, and for the cases with a language as "languages": (correct redactions, missed values, wrong
+    redactions); and a line per failed case."""
+    counts: dict[str, list[int]] = {kind: [0, 0, 0] for kind in [*POSITIVE, "languages"]}
     failures = []
+
+    def add(kind: str, case: Case, correct: int, missed: int, wrong: int) -> None:
+        for key in (kind, "languages") if isinstance(case, tuple) else (kind,):
+            counts[key][0] += correct
+            counts[key][1] += missed
+            counts[key][2] += wrong
+
     for kind in POSITIVE:
-        correct = missed = wrong = 0
         for case in POSITIVE[kind]:
-            text = MARKED.sub(r"\1", case)
-            expected = MARKED.sub(PLACEHOLDERS[kind].replace("\\", "\\\\"), case)
-            out = step.redact(text)[0]
-            values = len(MARKED.findall(case))
+            language, marked = case if isinstance(case, tuple) else (None, case)
+            text = MARKED.sub(r"\1", marked)
+            expected = MARKED.sub(PLACEHOLDERS[kind].replace("\\", "\\\\"), marked)
+            out = step.redact(text, language)[0]
+            values = len(MARKED.findall(marked))
             if out == expected:
-                correct += values
+                add(kind, case, values, 0, 0)
             else:
-                missed += values
-                wrong += len(ANY_PLACEHOLDER.findall(out))
-                failures.append(f"  {kind} missed: {text!r} -> {out!r}")
+                add(kind, case, 0, values, len(ANY_PLACEHOLDER.findall(out)))
+                failures.append(f"  {kind} missed{f' ({language})' if language else ''}: {text!r} -> {out!r}")
         for case in LOOKALIKE[kind]:
-            out = step.redact(case)[0]
-            if out != case:
-                wrong += max(1, len(ANY_PLACEHOLDER.findall(out)))
-                failures.append(f"  {kind} look-alike changed: {case!r} -> {out!r}")
-        per_kind[kind] = (correct, missed, wrong)
-    return per_kind, failures
+            language, text = case if isinstance(case, tuple) else (None, case)
+            out = step.redact(text, language)[0]
+            if out != text:
+                add(kind, case, 0, 0, max(1, len(ANY_PLACEHOLDER.findall(out))))
+                failures.append(
+                    f"  {kind} look-alike changed{f' ({language})' if language else ''}: {text!r} -> {out!r}"
+                )
+    return {kind: (c[0], c[1], c[2]) for kind, c in counts.items()}, failures
 
 
 def corpus(mb: float) -> list[str]:
@@ -584,9 +669,16 @@ def main() -> None:
     fields = {}
     for kind, (correct, missed, wrong) in per_kind.items():
         recall, precision = correct / (correct + missed), correct / max(correct + wrong, 1)
-        print(f"{kind:<12} {len(POSITIVE[kind]):>6} {len(LOOKALIKE[kind]):>12} {recall:>7.3f} {precision:>10.3f}")
+        cases = [c for k in POSITIVE if k == kind or kind == "languages" for c in POSITIVE[k]]
+        lookalikes = [c for k in LOOKALIKE if k == kind or kind == "languages" for c in LOOKALIKE[k]]
+        if kind == "languages":  # the cases with a language, already counted under their kind
+            cases, lookalikes = (
+                [c for c in cases if isinstance(c, tuple)],
+                [c for c in lookalikes if isinstance(c, tuple)],
+            )
+        print(f"{kind:<12} {len(cases):>6} {len(lookalikes):>12} {recall:>7.3f} {precision:>10.3f}")
         fields[f"recall_{kind}"], fields[f"precision_{kind}"] = recall, precision
-    correct, missed, wrong = (sum(v[i] for v in per_kind.values()) for i in range(3))
+    correct, missed, wrong = (sum(v[i] for k, v in per_kind.items() if k != "languages") for i in range(3))
     print("\n".join(failures) or "every case right")
 
     texts = corpus(args.mb)

@@ -28,7 +28,7 @@ from kiln.model.batch import Batch
 from kiln.model.config import count_params
 from kiln.model.init import build_model
 from kiln.recipe import load_recipe
-from kiln.train.checkpoint import CheckpointConfig
+from kiln.train.config import CheckpointConfig
 from kiln.train.loss import lm_loss
 from kiln.train.mesh import one_process
 from kiln.train.optim import build_optimizer

@@ -50,19 +50,18 @@ from kiln.core.layout import RunLayout
 from kiln.core.manifest import read_manifest
 from kiln.mix.sampler import build_sampler
 from kiln.model.batch import BatchSource
-from kiln.model.config import ModelConfig, count_params, flops_per_token, get_preset
+from kiln.model.config import ModelConfig, ScoringConfig, count_params, flops_per_token, get_preset
 from kiln.model.hf import hf_config, to_hf_state
 from kiln.model.init import build_model
-from kiln.model.perplexity import ScoringConfig
 from kiln.model.precision import Precision
 from kiln.recipe import Recipe, load_recipe
 from kiln.text.tokenizer import KilnTokenizer
 from kiln.train.collate import build_collator
-from kiln.train.config import TrainConfig
+from kiln.train.config import OptimConfig, TrainConfig
 from kiln.train.loop import train
 from kiln.train.monitor import device_peak_flops
 from kiln.train.objectives import token_ids
-from kiln.train.optim import FUSED_ADAMW_DEVICES, OptimConfig
+from kiln.train.optim import FUSED_ADAMW_DEVICES
 from kiln.train.parts import TrainData, Validation, build_precision
 from kiln.train.schedule import lr_at
 

@@ -242,6 +242,7 @@ MINI = [o for o in OVERRIDES if not o.startswith("model.")] + [
 ]
 RECIPES = {
     "fim-code": [],
+    "multilingual": [],
     "span-corruption": [],
     # ReLU² as well: a model transformers' Llama cannot hold, so the demo ends without an export.
     "curriculum": [
@@ -268,6 +269,14 @@ def test_each_shipped_recipe_runs_end_to_end_and_learns_its_objective(recipe: st
             and "demo: not exported" in done.stderr
             and "model.activation=relu2" in done.stderr
         )
+    elif recipe == "multilingual":
+        assert summary["docs_out"] >= 0.9 * summary["docs_in"] and len(summary["per_source"]) == 12
+        assert summary["val_loss_after"] < summary["val_loss_before"] - 0.5
+        planned = train["counts"]["mixture"]["planned_languages"]
+        assert planned["zh"]["share"] < planned["zh"]["natural_share"]  # the largest language, flattened
+        assert planned["en"]["share"] > planned["en"]["natural_share"]
+        languages = json.loads((tmp_path / "runs" / recipe / "eval" / "manifest.json").read_text())["counts"]
+        assert languages["after"]["languages"]["zh"]["sources"] == ["zh_CN", "zh_TW"]
     else:
         objective = summary["objective"]
         assert objective["name"] == recipe.replace("-code", "").replace("-", "_")

@@ -234,7 +234,9 @@ def test_unknown_key_inside_an_input_lists_input_keys(tmp_path):
     message = load_error(path, [])
     line = next(l for l in message.splitlines() if "glob" in l)
     assert line.strip().startswith("curate.inputs.0.glob: unknown key")
-    assert line.endswith("allowed keys here: code, extractor, format, id_field, path, source, source_field, text_field")
+    assert line.endswith(
+        "allowed keys here: code, extractor, format, id_field, locales, path, source, source_field, text_field"
+    )
 
 
 def test_wrong_type_names_path_and_bad_value():
@@ -341,7 +343,10 @@ def test_unknown_recipe_name_lists_shipped(tmp_path, monkeypatch):
         load_recipe("nosuch")
     message = str(info.value)
     assert "'nosuch'" in message
-    assert "shipped: continued, continued-open, curriculum, demo, fim-code, open-replay, span-corruption" in message
+    assert (
+        "shipped: continued, continued-open, curriculum, demo, fim-code, multilingual, open-replay, span-corruption"
+        in message
+    )
 
 
 def test_recipe_that_is_not_a_mapping(tmp_path):

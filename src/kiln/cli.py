@@ -44,10 +44,12 @@ EPILOG = """examples:
 
 def describe_sections(sections: tuple[str, ...]) -> str:
     """The recipe keys a verb reads, with their defaults and descriptions, for its --help."""
-    # subtle: the recipe (and with it torch) is imported when the parser is built, not when this
-    # module is: the local executor's spawned workers import the `kiln` script that imports this
-    # module, and each paid about 4 s of imports for nothing (3 s of CPU per worker per pool).
-    # tests/test_cli.py checks that importing kiln.cli imports neither.
+    # subtle: the recipe (pydantic and every section, 0.5 to 1 s of imports on 2 cores) is imported
+    # when the parser is built, not when this module is: the local executor's spawned workers import
+    # the `kiln` script that imports this module, and each paid that for nothing (about 4 s when the
+    # recipe still imported torch). tests/test_cli.py checks that importing kiln.cli imports neither;
+    # tests/test_startup.py that building the parser, validating a recipe, curating and tokenizing
+    # import no torch.
     from kiln.recipe import Recipe
 
     lines = ["recipe keys (set in the YAML or with --set SECTION.KEY=VALUE):"]

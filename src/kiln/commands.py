@@ -65,6 +65,14 @@ def tokenizer_arguments(p: argparse.ArgumentParser) -> None:
         help="Train one tokenizer per vocabulary size on the same sample into tokenizer-sweep/ and print their "
         "reports side by side (the stage's own tokenizer is left as it is).",
     )
+    p.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="RUN_OR_TOKENIZER_JSON",
+        help="Also measure this tokenizer (a run directory, a tokenizer folder or any tokenizer.json) on the same "
+        "held-out text and print it beside the run's own, per language, into tokenizer-compare/; repeatable.",
+    )
 
 
 def train_arguments(p: argparse.ArgumentParser) -> None:
@@ -324,7 +332,17 @@ def curate(verb: Verb, args: argparse.Namespace) -> int:
 
 
 def train_tokenizer(verb: Verb, args: argparse.Namespace) -> int:
-    """`kiln train-tokenizer`; with --sweep, one tokenizer per vocabulary size beside the stage's own."""
+    """`kiln train-tokenizer`; with --sweep, one tokenizer per vocabulary size beside the stage's own; with
+    --compare, the stage's tokenizer (trained unless current) measured beside others."""
+    if args.sweep and args.compare:
+        raise ConfigError("--sweep and --compare: give one at a time (a sweep already sets its sizes side by side)")
+    if args.compare:
+        from kiln.stages import run_stage
+        from kiln.tokenize.compare import run as compare
+
+        recipe = load(args)
+        print_summary(recipe, run_stage(verb, recipe, args.force))
+        return print_summary(recipe, compare(recipe.tokenizer, recipe.run_dir, args.compare, args.force))
     if not args.sweep:
         return run_stage_verb(verb, args)
     from kiln.stages import run_tokenizer_sweep, save_resolved

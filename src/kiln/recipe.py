@@ -35,7 +35,7 @@ from kiln.mix.config import MixConfig
 from kiln.model.config import ModelConfig
 from kiln.tokenize.config import TokenizeConfig, TokenizerConfig
 from kiln.train.config import TrainConfig
-from kiln.train.mesh import ParallelConfig, data_ranks
+from kiln.train.parallel import ParallelConfig, data_ranks
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 # One folder name that no shell, store or OS reads as anything else: no separator, no `.`/`..`, no hidden folder.

@@ -30,7 +30,7 @@ def report_hooks(run_dir: Path) -> Any:
     from kiln.curate.steps.pii import PIIConfig, RedactPII
     from kiln.recipe import load_recipe
     from kiln.report.run_files import Hooks
-    from kiln.train.mesh import ParallelConfig
+    from kiln.train.parallel import ParallelConfig
     from kiln.train_plan import plan_estimate
     from kiln.verbs import stage_order
 

@@ -172,6 +172,15 @@ QUALITY_VERBS = (
         sections=("quality",),
         arguments="kiln.commands:quality_arguments",
     ),
+    Verb(
+        "thresholds",
+        "Derive one language's filter settings from text you trust: each threshold where it removes a set share "
+        "of that reference (FineWeb-2's method), printed with the share it removes and written as recipe YAML.",
+        command="kiln.curate.quality.thresholds:command",
+        arguments="kiln.curate.quality.thresholds:arguments",
+        recipe=False,
+        force=False,
+    ),
 )
 
 PLAN_VERBS = (

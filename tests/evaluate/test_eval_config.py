@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from kiln.core.manifest import config_hash
 from kiln.evaluate.config import EvalConfig, GenerateConfig
-from kiln.model.perplexity import ScoringConfig
+from kiln.model.config import ScoringConfig
 
 
 def test_eval_extends_the_scoring_settings_and_hands_them_to_the_trainer() -> None:

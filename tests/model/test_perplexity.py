@@ -14,7 +14,7 @@ from kiln.core.errors import FatalError
 from kiln.core.tokenshards import TokenShard, TokenShardWriter
 from kiln.model.config import ModelConfig
 from kiln.model.init import build_model
-from kiln.model.perplexity import evaluate_model
+from kiln.model.perplexity import evaluate_model, format_results
 from kiln.model.transformer import Transformer
 
 # A 4-token model whose next-token distribution is fixed: p = [1/2, 1/4, 1/8, 1/8] at every
@@ -180,3 +180,42 @@ def test_autocast_dtype_is_applied(tmp_path: Path) -> None:
     )
     assert bf16["all"]["loss"] == pytest.approx(fp32["all"]["loss"], abs=0.02)  # bf16 matmuls: close ...
     assert bf16["all"]["loss"] != fp32["all"]["loss"]  # ... but not the fp32 numbers
+
+
+def test_per_language_bpb_combines_its_sources_by_bytes(tmp_path: Path) -> None:
+    # Ids cost 1, 2, 3, 3 bits and stand for 1, 2, 1, 2 bytes. Source fr_a: 0,1,2,3,... (16 targets: 36 bits, 24
+    # bytes, bpb 1.5); fr_b: id 0 only (8 targets: 8 bits, 8 bytes, bpb 1); de: id 2 only (8 targets: 24 bits,
+    # 8 bytes, bpb 3); web: id 1 only (8 targets: 16 bits, 16 bytes, bpb 1), a quarter fr and three quarters de.
+    shards = {
+        "fr_a": write_shard(tmp_path / "fr_a", [i % 4 for i in range(17)]),
+        "fr_b": write_shard(tmp_path / "fr_b", [0] * 9),
+        "de": write_shard(tmp_path / "de", [2] * 9),
+        "web": write_shard(tmp_path / "web", [1] * 9),
+    }
+    languages = {"fr_a": {"fr": 17}, "fr_b": {"fr": 9}, "de": {"de": 9}, "web": {"fr": 3, "de": 9}}
+    kwargs = {"token_bytes": np.array([1, 2, 1, 2]), "seq_len": 16, "max_tokens_per_source": 100, "batch_size": 8}
+    results = evaluate_model(fixed_distribution_model(), shards, languages=languages, **kwargs)
+    assert [results["sources"][s]["bpb"] for s in ("fr_a", "fr_b", "de", "web")] == [1.5, 1.0, 3.0, 1.0]
+    fr, de = results["languages"]["fr"], results["languages"]["de"]
+    # fr: (36 + 8 + 16 / 4) bits over (24 + 8 + 16 / 4) bytes = 48 / 36; de: (24 + 12) / (8 + 12) = 1.8.
+    assert fr["bpb"] == pytest.approx(48 / 36, abs=1e-5) and de["bpb"] == pytest.approx(1.8, abs=1e-5)
+    assert (fr["bytes"], fr["tokens"], de["bytes"], de["tokens"]) == (36, 26, 20, 14)
+    assert fr["loss"] == pytest.approx(48 * math.log(2) / 26, abs=1e-5)
+    assert fr["sources"] == ["fr_a", "fr_b", "web"] and list(results["languages"]) == ["fr", "de"]  # most bytes first
+    # Without the mixed source, fr is exactly the byte-weighted combination of its sources' figures.
+    alone = evaluate_model(
+        fixed_distribution_model(), {s: shards[s] for s in ("fr_a", "fr_b")}, languages=languages, **kwargs
+    )
+    by_source = alone["sources"]
+    assert alone["languages"]["fr"]["bpb"] == pytest.approx(
+        sum(r["bpb"] * r["bytes"] for r in by_source.values()) / sum(r["bytes"] for r in by_source.values()), abs=1e-5
+    )
+    # Languages not counted, or none identified (only `und` and `code`): no per-language figures.
+    assert "languages" not in evaluate_model(fixed_distribution_model(), shards, **kwargs)
+    und = {s: {"und" if s != "de" else "code": 9} for s in shards}
+    assert "languages" not in evaluate_model(fixed_distribution_model(), shards, languages=und, **kwargs)
+    assert format_results(results).endswith(
+        "\nlanguage       loss        ppl     bpb    tokens  sources"
+        "\nfr           1.2797       3.60  1.3333        26  fr_a, fr_b, web"
+        "\nde           1.7824       5.94  1.8000        14  de, web"
+    )

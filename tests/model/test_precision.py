@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from kiln.core.errors import FatalError
-from kiln.model.precision import Precision, PrecisionConfig, autocast, resolve_precision
+from kiln.model.config import PrecisionConfig
+from kiln.model.precision import Precision, autocast, resolve_precision
 
 CPU = torch.device("cpu")
 

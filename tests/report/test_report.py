@@ -26,7 +26,7 @@ from kiln.report.build import build_sections, watch
 from kiln.report.run_files import Hooks, scan_run
 from kiln.report_hooks import build_report
 from kiln.train.config import TrainConfig
-from kiln.train.mesh import ParallelConfig
+from kiln.train.parallel import ParallelConfig
 from kiln.train_plan import plan_estimate
 
 pytestmark = pytest.mark.slow  # the session's miniature demo run, a million-step run, a browser

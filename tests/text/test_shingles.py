@@ -231,3 +231,46 @@ def test_a_few_words_changed_in_chinese_or_japanese_keep_their_shingles_as_in_en
     }
     assert all(0.5 < j < 1 for j in edited.values()), edited
     assert max(edited.values()) - min(edited.values()) < 0.2, edited
+
+
+@pytest.mark.parametrize(
+    ("text", "language", "expected"),
+    [
+        # a kanji-only run of a Japanese text: Chinese's dictionary by its script alone, Japanese's with
+        # the text's language
+        ("（日単位）", None, ["日", "単", "位"]),
+        ("（日単位）", "ja", ["日単位"]),
+        # a run of mostly Latin letters with some katakana: no script majority, so Chinese without a
+        # language, Japanese in a Japanese text
+        ("エラー、pkgProblemResolver", None, ["エ", "ラ", "ー", "pkgproblemresolver"]),
+        ("エラー、pkgProblemResolver", "ja-JP", ["エラー", "pkgproblemresolver"]),
+        # where the script names a language it decides (kana: Japanese), whatever the text's language
+        ("カタカナ中文", "zh", ["カタカナ", "中文"]),
+        # a spaced language leaves runs to their script
+        ("中文字符 text", "en", ["中文", "字符", "text"]),
+    ],
+)
+def test_the_texts_language_splits_the_runs_its_script_leaves_open(text, language, expected):
+    assert words(text, language=language) == expected
+    assert np.array_equal(text_hashes(text, language=language), word_hashes(expected))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    text=st.one_of(UNSPACED_HEAVY, ANY_TEXT),
+    fold=st.booleans(),
+    language=st.sampled_from([None, "ja", "zh", "zh-Hant", "th", "lo", "en", "fr"]),
+)
+def test_text_hashes_equal_word_hashes_of_words_in_a_language(text, fold, language):
+    assert np.array_equal(text_hashes(text, fold, language), word_hashes(words(text, fold, language)))
+
+
+def test_batched_shingle_sets_take_each_texts_language():
+    texts = ["（日単位） 設定変更", "（日単位） 設定変更", "plain English text here"]  # kanji-only runs
+    languages = ["ja", None, "en"]
+    values, offsets = shingle_sets(texts, 2, languages=languages)
+    for i, (text, language) in enumerate(zip(texts, languages)):
+        assert np.array_equal(values[offsets[i] : offsets[i + 1]], shingle_set(text, 2, language=language)), i
+    assert not np.array_equal(values[offsets[0] : offsets[1]], values[offsets[1] : offsets[2]])
+    with pytest.raises(AssertionError, match="one language"):
+        shingle_sets(texts, 2, languages=["ja"])

@@ -22,7 +22,7 @@ from kiln.text.specials import EOT
 from kiln.text.tokenizer import KilnTokenizer
 from kiln.tokenize import encode as encode_module
 from kiln.tokenize.config import TokenizeConfig, TokenizerConfig
-from kiln.tokenize.encode import PartWriter, bounded
+from kiln.tokenize.encode import DONE, PartWriter, bounded, join
 from kiln.tokenize.encode import run as encode
 from kiln.tokenize.train import run as train_tokenizer
 
@@ -84,11 +84,14 @@ def test_encode(run_dir):
             expected_scores = np.array([doc_scores(d.meta) for d in expected], dtype=np.float32)
             assert np.array_equal(np.stack([scores[k] for k in DOC_SCORES], axis=1), expected_scores, equal_nan=True)
             stats = counts["per_source"][source][split]
+            n_bytes = sum(len(d.text.encode()) for d in expected)
+            language = "code" if source == "code" else "und"  # the language step is off: no meta.language
             assert stats == {
                 "docs": len(expected),
                 "tokens": len(shard),
-                "bytes": sum(len(d.text.encode()) for d in expected),
+                "bytes": n_bytes,
                 "fim_docs": 0,
+                "languages": {language: {"docs": len(expected), "tokens": len(shard), "bytes": n_bytes}},
             }
 
     per = counts["per_source"].values()
@@ -323,3 +326,40 @@ def test_each_written_document_is_the_tokenizers_document(tokenized_run, tmp_pat
         shard = TokenShard(out / split, verify=True)
         assert [shard.document(i).tolist() for i in range(shard.n_docs)] == [tok.document(d.text) for d in expected]
         assert part.stats[split]["tokens"] == len(shard)
+
+
+def test_tokens_are_counted_per_language_and_joined(tokenized_run, tmp_path):
+    """Each split counts documents, tokens and bytes per meta.language (code and und without one); the join sums
+    the parts, and a part without the counts (an older kiln's) leaves the split's languages unknown."""
+    tok = KilnTokenizer.load(tokenized_run / "tokenizer" / "tokenizer.json")
+    texts = {"en": "The cat sat on the mat.", "fr": "Le chat est assis.", "und": "Grüße", "code": "x = 1"}
+    labelled = ("en", "fr")  # the documents curation labelled; und and code have no meta.language
+    docs = [
+        Document(
+            f"d{i}-{lang}", text, "code" if lang == "code" else "web", {"language": lang} if lang in labelled else {}
+        )
+        for i in range(6)
+        for lang, text in texts.items()
+    ]
+    parts = []
+    for k in range(2):
+        out = tmp_path / f"part{k}"
+        out.mkdir()
+        part = PartWriter(out, tok, 0.0, np.dtype(np.uint16), None)
+        part.add(docs)
+        part.close()
+        (out / DONE).write_text(json.dumps(part.stats))
+        parts.append(out)
+    one = {lang: len(tok.document(t)) for lang, t in texts.items()}
+    assert part.stats["train"]["languages"] == {
+        lang: {"docs": 6, "tokens": 6 * one[lang], "bytes": 6 * len(t.encode())} for lang, t in texts.items()
+    }
+    joined = join(parts, tmp_path / "web", tok.vocab_size, np.dtype(np.uint16), ("train", "val"))
+    assert joined["train"]["languages"]["fr"] == {"docs": 12, "tokens": 12 * one["fr"], "bytes": 12 * 18}
+    assert sum(v["tokens"] for v in joined["train"]["languages"].values()) == joined["train"]["tokens"]
+    assert joined["val"]["languages"] == {}
+    older = json.loads((parts[1] / DONE).read_text())
+    del older["train"]["languages"]
+    (parts[1] / DONE).write_text(json.dumps(older))
+    rejoined = join(parts, tmp_path / "web2", tok.vocab_size, np.dtype(np.uint16), ("train", "val"))
+    assert "languages" not in rejoined["train"]

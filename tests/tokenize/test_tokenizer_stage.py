@@ -68,6 +68,7 @@ def test_train_tokenizer_report(run_dir):
     assert set(report["per_language"]) == {"code", "en"}
     assert report["per_language"]["code"]["docs"] == report["per_source"]["code"]["docs"]
     assert "embedding" not in report  # priced at print time: the model's width is not the tokenizer's output
+    assert "parallel" not in report  # no meta.parallel_id: no premium (tests/tokenize/test_tokenizer_languages.py)
     assert counts["heldout_bytes_per_token"] == report["all"]["bytes_per_token"]
     longest = report["longest_merges"]
     assert len(longest) == 10 and all(m["text"].strip() for m in longest)
@@ -120,7 +121,7 @@ def test_rerun_is_skipped_and_config_change_redoes(run_dir):
 
 def sampled(run_dir: Path, cfg: TokenizerConfig) -> dict[str, int]:
     """Bytes per source of the documents the stage's sample takes."""
-    texts = set(training_sample(run_dir, list_shards(run_dir / "curate" / "shards"), cfg)[0])
+    texts = set(training_sample(run_dir, list_shards(run_dir / "curate" / "shards"), cfg).texts)
     out: dict[str, int] = {}
     for d in curated_docs(run_dir):
         if d.text in texts:

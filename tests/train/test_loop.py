@@ -31,9 +31,9 @@ from kiln.evaluate.run import run as eval_stage
 from kiln.mix.config import MixConfig
 from kiln.mix.sampler import build_sampler
 from kiln.model.batch import Batch
-from kiln.model.config import ModelConfig, count_params, flops_per_token
+from kiln.model.config import ModelConfig, ScoringConfig, count_params, flops_per_token
 from kiln.model.init import build_model
-from kiln.model.perplexity import ScoringConfig, evaluate_model
+from kiln.model.perplexity import evaluate_model
 from kiln.model.precision import Precision
 from kiln.model.weights import load_trained_model
 from kiln.text.tokenizer import KilnTokenizer

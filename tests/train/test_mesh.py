@@ -7,7 +7,7 @@ import pytest
 
 from kiln.core.errors import ConfigError
 from kiln.recipe import load_recipe
-from kiln.train.mesh import ParallelConfig, data_ranks
+from kiln.train.parallel import ParallelConfig, data_ranks
 
 
 def test_degrees_multiply_to_the_world_size_or_the_message_names_them() -> None:

@@ -8,8 +8,9 @@ import torch
 
 from kiln.model.config import ModelConfig
 from kiln.model.init import build_model
+from kiln.train.config import OptimConfig
 from kiln.train.muon import Muon, orthogonalise
-from kiln.train.optim import OptimConfig, build_optimizer, parameter_groups
+from kiln.train.optim import build_optimizer, parameter_groups
 
 MODEL = ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16)
 

@@ -35,7 +35,8 @@ from kiln.core.errors import ConfigError
 from kiln.model.config import ModelConfig, count_params
 from kiln.model.init import build_model
 from kiln.model.kv_cache import KVCache
-from kiln.train.mesh import ParallelConfig, check_pipeline
+from kiln.train.mesh import check_pipeline
+from kiln.train.parallel import ParallelConfig
 from kiln.train.pipeline_parallel import StageModel, balance_layers, micro_batch_count
 
 STEPS = 10

@@ -25,8 +25,7 @@ import pytest
 from kiln.core.errors import FatalError
 from kiln.mix.config import MixConfig
 from kiln.mix.sampler import build_sampler
-from kiln.model.config import ModelConfig
-from kiln.model.perplexity import ScoringConfig
+from kiln.model.config import ModelConfig, ScoringConfig
 from kiln.train import parts
 from kiln.train.config import TrainConfig
 from kiln.train.rollback import Guard, RollbackConfig

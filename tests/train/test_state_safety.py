@@ -34,13 +34,11 @@ from interrupt import Crash, CrashAfter
 from kiln.core.errors import FatalError
 from kiln.mix.config import MixConfig
 from kiln.mix.sampler import build_sampler
-from kiln.model.config import ModelConfig
+from kiln.model.config import ModelConfig, ScoringConfig
 from kiln.model.init import build_model
-from kiln.model.perplexity import ScoringConfig
 from kiln.text.tokenizer import KilnTokenizer
-from kiln.train.checkpoint import CheckpointConfig
 from kiln.train.collate import build_collator
-from kiln.train.config import TrainConfig
+from kiln.train.config import CheckpointConfig, TrainConfig
 from kiln.train.geometry import step_geometry
 from kiln.train.mesh import one_process
 from kiln.train.monitor import MixtureWindows, truncate_metrics

@@ -19,6 +19,7 @@ CURATE, QUALITY, TOKENIZER, TOKENIZER_SWEEP, TOKENIZER_EXTENDED = (
     "tokenizer-sweep",
     "tokenizer-extended",
 )
+TOKENIZER_COMPARE = "tokenizer-compare"  # train-tokenizer --compare: other tokenizers on the same text
 TOKENIZE, TRAIN, EVAL, GENERATE, EXPORT, SWEEP = "tokenize", "train", "eval", "generate", "export", "sweep"
 
 MANIFEST = "manifest.json"

@@ -11,7 +11,8 @@ one float32 row per document with the curation scores a curriculum can order by 
 NaN where curation did not score the document). Opening checks the `.bin` length
 against the header and the checksum (xxh64 reads about 10 GB/s; `verify=False` skips it for a
 pair just checked), so a truncated, mismatched or damaged pair fails loudly instead of being
-read as garbage.
+read as garbage. The tokenize manifest counts each split's documents, tokens and bytes per source and
+per language (`split_languages` reads the tokens).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 import xxhash
 
 from kiln.core.errors import FatalError
+from kiln.core.manifest import read_manifest
 
 MAGIC = b"KILNIDX\x00"
 VERSION = 2  # v2: the last header field checksums the offsets (v1 left it zero)
@@ -231,3 +233,19 @@ def open_split(tokenize_dir: Path, split: str, verify: bool = True) -> dict[str,
     if not found:
         raise FatalError(f"{tokenize_dir}: no {split} token shards; run `kiln tokenize` first")
     return found
+
+
+def split_languages(tokenize_dir: Path, split: str) -> dict[str, dict[str, int]] | None:
+    """{source: {language: tokens}} of one split, from a finished tokenize stage's manifest (curate's
+    meta.language; `code` and `und` for documents without one); None when the stage is not there or
+    counted no languages (a kiln before the count), and a source it did not count is left out."""
+    try:
+        per_source = read_manifest(Path(tokenize_dir))["counts"]["per_source"]
+    except (FatalError, KeyError):
+        return None
+    found = {
+        source: {lang: int(v["tokens"]) for lang, v in splits[split]["languages"].items()}
+        for source, splits in per_source.items()
+        if "languages" in splits.get(split, {})
+    }
+    return found or None

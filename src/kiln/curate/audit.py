@@ -135,6 +135,8 @@ class Ledger:
         t.bytes_out += len(doc.text.encode("utf-8", "surrogatepass"))
         if (language := doc.meta.get("language")) is not None:
             t.stats[f"language:{language}"] += 1  # the kept documents' language mix, per source
+        if (script := doc.meta.get("script")) is not None:
+            t.stats[f"script:{script}"] += 1  # and their scripts (zh's Hans and Hant apart)
 
     def count(self, source: str, key: str, n: int = 1) -> None:
         """A named counter (`pii:email`, `read:invalid_utf8`); reported in the stats, never in the balance."""

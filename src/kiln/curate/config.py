@@ -5,7 +5,9 @@ this section composes them. Without a recipe, `kiln curate --input PATH` uses th
 every step on, the local executor with one worker per core.
 `sources` gives one source its own settings for any document step (`curate.sources.docs.
 gopher_quality.min_words: 20`, `curate.sources.code.pii.enabled: false`): `for_source` is the
-section with them applied, validated like the rest when the recipe loads.
+section with them applied, validated like the rest when the recipe loads. `languages` does the same
+per language (`curate.languages.fr.gopher_quality.max_mean_word_length: 12`), over the settings kiln
+ships for each language (kiln.curate.languages says which value wins); `for_language` applies them.
 Not handled here: the steps themselves (kiln.curate.steps).
 """
 
@@ -20,6 +22,7 @@ from kiln.core.config import Section
 from kiln.core.executors import ExecutorConfig
 from kiln.curate.dedup.exact import ExactDedupConfig
 from kiln.curate.dedup.minhash import MinHashConfig
+from kiln.curate.languages import LANGUAGE_DEFAULTS, LANGUAGE_KEYS, PER_LANGUAGE_STEPS, resolve, shipped
 from kiln.curate.readers.config import InputConfig
 from kiln.curate.steps.c4 import C4Config
 from kiln.curate.steps.code import CodeConfig
@@ -32,6 +35,7 @@ from kiln.curate.steps.normalize import LengthConfig
 from kiln.curate.steps.pii import PIIConfig
 from kiln.curate.steps.quality import ClassifierFilterConfig, PerplexityConfig
 from kiln.curate.steps.url import URLFilterConfig
+from kiln.text.language import LID176_LANGUAGES
 
 # The built-in corpus marks its kinds: pydoc topics live in a .py file but are prose.
 DEFAULT_INPUTS = (
@@ -193,8 +197,50 @@ class CurateConfig(Section):
         ),
     )
 
+    languages: dict[str, dict[str, dict[str, Any]]] = Field(
+        default_factory=dict,
+        description=(
+            "Settings of one language (lid.176's code, the documents' meta.language): languages.<code>.<step>.<key> "
+            "for prose documents of that language, over the settings kiln ships for it (FineWeb-2's, "
+            "kiln/curate/languages.yaml) and over curate.<step>.<key>; a source's own settings still win. Steps: "
+            "language (min_score only), gopher_repetition, gopher_quality, c4, fineweb, pii, length."
+        ),
+    )
+    language_defaults: str | None = Field(
+        default=LANGUAGE_DEFAULTS,
+        description=(
+            f"The per-language settings kiln ships ({LANGUAGE_DEFAULTS}: FineWeb-2's stop words and thresholds for 29 "
+            "languages), used where the recipe keeps kiln's default; null: none (only curate.languages)."
+        ),
+    )
+
     @model_validator(mode="after")
     def _check_sources(self) -> CurateConfig:
+        if self.language_defaults not in (None, LANGUAGE_DEFAULTS):
+            raise ValueError(
+                f"curate.language_defaults: {self.language_defaults!r} is not a set of settings this kiln ships; "
+                f"use {LANGUAGE_DEFAULTS!r} or null"
+            )
+        for code, steps in self.languages.items():
+            where = f"curate.languages.{code}"
+            if code not in LID176_LANGUAGES:
+                raise ValueError(
+                    f"{where}: {code!r} is not a language code documents carry; use lid.176's ISO 639 codes such as "
+                    "fr, de, zh (meta.language)"
+                )
+            for step, keys in steps.items():
+                if step not in PER_LANGUAGE_STEPS:
+                    raise ValueError(
+                        f"{where}.{step}: not a step a language can set (url_filter and line_dedup run before the "
+                        f"language is known; the model filters and decontaminate judge documents together); choose "
+                        f"from {', '.join(PER_LANGUAGE_STEPS)}"
+                    )
+                self._check_keys(where, step, keys, LANGUAGE_KEYS.get(step))
+                if keys.get("enabled") is True and not getattr(self, step).enabled:
+                    raise ValueError(
+                        f"{where}.{step}.enabled: a language can turn a step off, not on; turn it on for all "
+                        f"(curate.{step}.enabled: true) and off for the languages that should skip it"
+                    )
         for source, steps in self.sources.items():
             for step, keys in steps.items():
                 if step not in PER_SOURCE_STEPS:
@@ -202,41 +248,56 @@ class CurateConfig(Section):
                         f"curate.sources.{source}.{step}: not a step a source can set; choose from "
                         f"{', '.join(PER_SOURCE_STEPS)}"
                     )
-                if not isinstance(keys, dict):
-                    raise ValueError(
-                        f"curate.sources.{source}.{step}: give the step's settings as a mapping, e.g. {{enabled: "
-                        f"false}}"
-                    )
+                self._check_keys(f"curate.sources.{source}", step, keys, PER_SOURCE_ONLY.get(step))
                 if keys.get("enabled") is True and not getattr(self, step).enabled and step in GLOBAL_WORK:
                     raise ValueError(
                         f"curate.sources.{source}.{step}.enabled: {step} is off for all sources, and its shared "
                         f"work ({GLOBAL_WORK[step]}) is built only when it is on; "
                         f"turn it on for all (curate.{step}.enabled: true) and off for the sources that should skip it"
                     )
-                allowed = PER_SOURCE_ONLY.get(step)
-                refused = [
-                    k
-                    for k in keys
-                    if (allowed is not None and k not in allowed)
-                    or (step in ("perplexity", "quality_classifier") and k == "model")
-                ]
-                if refused:
-                    raise ValueError(
-                        f"curate.sources.{source}.{step}.{refused[0]}: set for all sources only "
-                        f"(curate.{step}.{refused[0]}); a source may set "
-                        f"{', '.join(allowed or ()) or 'every key but model'}"
-                    )
-                try:
-                    self._own_section(step, keys)
-                except ValidationError as e:
-                    first = e.errors()[0]
-                    where = ".".join(str(x) for x in first["loc"])
-                    raise ValueError(f"curate.sources.{source}.{step}.{where}: {first['msg']}") from None
         return self
+
+    def _check_keys(self, where: str, step: str, keys: dict[str, Any], allowed: tuple[str, ...] | None) -> None:
+        """`where.step`'s keys: only `allowed` ones (None: all but a model filter's model), with valid values."""
+        kind = where.split(".")[1]  # sources or languages
+        refused = [
+            k
+            for k in keys
+            if (allowed is not None and k not in allowed)
+            or (step in ("perplexity", "quality_classifier") and k == "model")
+        ]
+        if refused:
+            raise ValueError(
+                f"{where}.{step}.{refused[0]}: set for all {kind} only (curate.{step}.{refused[0]}); one may set "
+                f"{', '.join(allowed or ()) or 'every key but model'}"
+            )
+        try:
+            self._own_section(step, keys)
+        except ValidationError as e:
+            first = e.errors()[0]
+            key = ".".join(str(x) for x in first["loc"])
+            raise ValueError(f"{where}.{step}.{key}: {first['msg']}") from None
 
     def for_source(self, source: str) -> CurateConfig:
         """This config with `source`'s own step settings applied (itself when it has none)."""
         return self._per_source.get(source, self)
+
+    def language_codes(self) -> list[str]:
+        """The languages with settings of their own: shipped (unless language_defaults is null) and the recipe's."""
+        return sorted({*(shipped() if self.language_defaults else {}), *self.languages})
+
+    def for_language(self, source: str, code: str) -> CurateConfig:
+        """This config as `source`'s documents in language `code` use it (kiln.curate.languages says which value
+        wins); itself when nothing differs."""
+        given = shipped().get(code, {}) if self.language_defaults else {}
+        own = self.languages.get(code, {})
+        update = {}
+        for step in PER_LANGUAGE_STEPS:
+            if step in given or step in own:
+                section = resolve(getattr(self, step), given.get(step, {}), own.get(step, {}))
+                keys = self.sources.get(source, {}).get(step)
+                update[step] = type(section).model_validate({**section.model_dump(), **keys}) if keys else section
+        return self.for_source(source).model_copy(update=update) if update else self.for_source(source)
 
     def _own_section(self, step: str, keys: dict[str, Any]) -> Section:
         """curate.<step> with a source's own keys in place of the shared ones, validated."""

@@ -239,7 +239,8 @@ def filter_phase(job: Job[FilterSettings]) -> dict[str, Any]:
         """The prose and code steps for one source's documents (its own settings applied)."""
         if source not in branches:
             own = settings.steps.for_source(source)
-            branches[source] = prose_steps(own, boilerplate_keys, index), code_steps(own, index)
+            languages = settings.steps.languages_of(source)
+            branches[source] = prose_steps(own, boilerplate_keys, index, languages), code_steps(own, index)
         return branches[source]
 
     exact = settings.exact_dedup

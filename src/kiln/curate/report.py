@@ -23,6 +23,7 @@ from kiln.core.layout import audit_sample
 from kiln.curate.audit import Ledger, SourceTally
 from kiln.curate.config import CurateConfig
 from kiln.curate.jobs import WorkDir
+from kiln.curate.languages import USED
 from kiln.curate.phases import CLUSTERS_SCHEMA, LEDGER_PHASES, MB, REMOVED_SCHEMA
 from kiln.curate.readers import ReadTask, task_paths
 from kiln.curate.steps.chain import BRANCHES, enabled
@@ -198,7 +199,8 @@ def format_summary(counts: dict[str, Any], rows: list[str], cfg: CurateConfig, t
         top = sorted(t["removed"].items(), key=lambda kv: (-kv[1], kv[0]))[:top_reasons]
         if top:
             lines.append("  top removal reasons: " + ", ".join(f"{r}={n:,}" for r, n in top))
-    counters = {k: v for k, v in counts["stats"].items() if not k.startswith("language:")}
+    # the documents per language (below) and per language's own settings (the run's last line) are said apart
+    counters = {k: v for k, v in counts["stats"].items() if not k.startswith(("language:", "script:", USED))}
     if counters:
         lines.append("counters: " + ", ".join(f"{k}={v:,}" for k, v in counters.items()))
     languages = sorted(
@@ -211,6 +213,12 @@ def format_summary(counts: dict[str, Any], rows: list[str], cfg: CurateConfig, t
             + ", ".join(f"{lang}={n:,}" for lang, n in languages[:10])
             + (f" and {len(languages) - 10} more" if len(languages) > 10 else "")
         )
+    scripts = sorted(
+        ((k.removeprefix("script:"), v) for k, v in counts["stats"].items() if k.startswith("script:")),
+        key=lambda kv: -kv[1],
+    )
+    if scripts:
+        lines.append("kept documents by script: " + ", ".join(f"{script}={n:,}" for script, n in scripts))
     lines.append(
         f"total: {counts['docs_in']:,} in, {counts['docs_out']:,} kept, {sum(counts['removed'].values()):,} "
         f"removed, {counts['quarantined']:,} quarantined"

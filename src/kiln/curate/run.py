@@ -39,9 +39,11 @@ from kiln.core.storage import as_location, brief_traffic, is_file, is_url, merge
 from kiln.core.store_lock import fenced
 from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
+from kiln.curate.dedup.forms import DEDUP_KEY_VERSION
 from kiln.curate.dedup.minhash import memory_estimate
 from kiln.curate.dedup.ngram_index import build_index
 from kiln.curate.jobs import Job, Phase, WorkDir, finished, run_job
+from kiln.curate.languages import used
 from kiln.curate.phases import (
     BUCKETS,
     COMPONENTS,
@@ -230,7 +232,15 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
         f"one word per character: {', '.join(by_character) or 'none'}\n"
     )
     # phase timings vary from run to run: beside the counts, never in them
-    extra = {"phases": runner.timings, "word_segmenters": segmented}
+    languages = used(counts["stats"], cfg.languages, cfg.language_defaults)
+    if languages:
+        summary += "settings of their own: " + ", ".join(f"{c}={v['documents']:,}" for c, v in languages.items()) + "\n"
+    extra = {
+        "phases": runner.timings,
+        "word_segmenters": segmented,
+        "dedup_keys": DEDUP_KEY_VERSION,
+        "languages": languages,
+    }
     return stage.finish(shards + outputs, counts, summary, extra=extra, known=known)
 
 

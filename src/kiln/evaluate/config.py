@@ -1,6 +1,6 @@
 """The `eval`, `generate` and `export` recipe sections.
 
-`eval` is the validation scorer's settings (kiln.model.perplexity.ScoringConfig, shared with the
+`eval` is the validation scorer's settings (kiln.model.config.ScoringConfig, shared with the
 trainer's monitoring evaluations) plus where and in what precision the eval stage runs the model.
 """
 
@@ -11,8 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from kiln.core.config import Section
-from kiln.model.perplexity import ScoringConfig
-from kiln.model.precision import PrecisionConfig
+from kiln.model.config import PrecisionConfig, ScoringConfig
 
 
 class ProbeConfig(Section):

@@ -296,7 +296,8 @@ def model_card(run_dir: Path, cfg: ModelConfig, tokenizer: AnyTokenizer, arch: s
             f"{counts['train_flops']:.3g} FLOPs ({counts['flops_per_token']:,} per token), on "
             f"{counts.get('processes', 1)} {counts.get('device', '')} process(es); "
             f"{t['optim']['name']} at peak lr {t['optim']['lr']:g}, {t['schedule']['kind']} schedule, "
-            f"{t['global_batch_tokens']:,} tokens per step of {t['seq_len']}-token windows.",
+            # global_batch_tokens is None when the micro batch alone sets it: the tokens a step took
+            f"{counts['tokens_trained'] // max(counts['steps'], 1):,} tokens per step of {t['seq_len']}-token windows.",
             "",
         ]
     if (ev := m[EVAL]) is not None and "before" in ev["counts"]:  # the validation split, before and after training

@@ -3,7 +3,8 @@
 Weights are per source, each a constant or a piecewise-linear schedule of training progress
 (kiln.mix.schedule); `curriculum` orders each source's documents for the first share of
 training; `adaptive` moves weight towards the sources whose validation loss improves slowest;
-`replay` mixes in a fixed share of another run's data (continued pretraining).
+`replay` mixes in a fixed share of another run's data (continued pretraining); `language_alpha`
+weights languages by temperature over the sources' languages (kiln.mix.languages).
 """
 
 from __future__ import annotations
@@ -91,6 +92,17 @@ class MixConfig(Section):
             "Per source: a weight (>= 0, normalized with the others) or a schedule [[progress, weight], ...] of "
             "training progress; None means proportional to each source's train tokens. A source left out is not "
             "sampled."
+        ),
+    )
+    language_alpha: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description=(
+            "Weight languages (curate's meta.language, counted per source by the tokenize stage) by temperature: "
+            "each language's share of the rows is proportional to its train tokens to this power (1 natural, 0.3 as "
+            "XLM-R and mT5 lifts small languages, 0 gives every language the same share); `weights` then only share "
+            "a language among its sources (kiln.mix.languages). None: sources weighted alone, languages not read."
         ),
     )
     seed: int = Field(default=0, description="Seed of the sampler: document orders per epoch and each row's source.")

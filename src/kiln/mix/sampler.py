@@ -8,7 +8,9 @@ Every data-parallel rank draws the same global rows and reads only its own slice
 (stream positions, rows drawn, adaptive factors) does not depend on the number of ranks, and a
 resumed run, with any number of ranks, continues the stream without repeating or skipping a row.
 `plan` integrates the weight schedules over the run's steps: planned tokens and epochs per source,
-checked against mix.max_epochs before any training.
+checked against mix.max_epochs before any training. With mix.language_alpha the weights of this
+run's sources are tempered over their languages (kiln.mix.languages) at every progress, before the
+replayed share and the adaptive factors; being a function of progress, this keeps resume exact.
 The Sampler is a RowSource (kiln.model.batch); the pipeline builds it (`build_sampler`) and the
 train stage puts its objective on top.
 Not handled here: objectives and batching (kiln.train), sequence-length phases (kiln.train.geometry).
@@ -27,9 +29,10 @@ from kiln.core.errors import ConfigError, FatalError
 from kiln.core.layout import MANIFEST, TRAIN, RunLayout
 from kiln.core.manifest import read_manifest, recorded_outputs
 from kiln.core.mirror import refresh, run_path
-from kiln.core.tokenshards import TokenShard, open_split
+from kiln.core.tokenshards import TokenShard, open_split, split_languages
 from kiln.mix.adaptive import reweight
 from kiln.mix.config import MixConfig
+from kiln.mix.languages import language_table, target_shares, tempered
 from kiln.mix.schedule import Schedule, breakpoints, value_at
 from kiln.mix.streams import SourceStream
 from kiln.model.batch import Rows
@@ -47,8 +50,10 @@ class Sampler:
         cfg: MixConfig,
         seq_len: int,
         replay: Mapping[str, tuple[TokenShard, float]] | None = None,
+        languages: Mapping[str, Mapping[str, int]] | None = None,
     ):
-        """replay: source -> (shard, share of the replayed rows) drawn at a fixed mix.replay.fraction of all rows."""
+        """replay: source -> (shard, share of the replayed rows) drawn at a fixed mix.replay.fraction of all rows.
+        languages: source -> {language: train tokens} (the tokenize manifest's), needed by mix.language_alpha."""
         self.cfg = cfg
         self.replay_fraction = cfg.replay.fraction if replay else 0.0
         usable = {s: shard for s, shard in sorted(shards.items()) if len(shard) >= seq_len + 1}
@@ -76,6 +81,27 @@ class Sampler:
             )
         self.schedules = [schedules[s] for s in self.sources]
         self.own = len(self.sources)  # the replayed sources follow this run's own
+        # The sampled sources' train tokens per language, for the plan's table; None where any is not counted.
+        self.languages: dict[str, dict[str, int]] | None = None
+        if languages is not None and all(s in languages for s in self.sources):
+            self.languages = {s: dict(languages[s]) for s in self.sources}
+        self.target_L: np.ndarray | None = None  # mix.language_alpha's share per language; None: off
+        self.shares_SL = np.zeros((self.own, 0))  # each source's share of its train tokens per language
+        if cfg.language_alpha is not None:
+            if self.languages is None:
+                uncounted = [s for s in self.sources if languages is None or s not in languages]
+                raise ConfigError(
+                    f"mix.language_alpha: the tokenize manifest does not count the languages of {uncounted} (a kiln "
+                    "before the count wrote it); rerun `kiln tokenize --force`, or drop mix.language_alpha"
+                )
+            table = language_table(self.sources, self.languages)
+            self.shares_SL, self.target_L = table.shares_SL, target_shares(table.tokens_L, cfg.language_alpha)
+            if len(table.languages) < 2:
+                log.warning(
+                    "mix.language_alpha: the sampled sources hold one language only (%s); nothing to balance (run "
+                    "curate's language step for meta.language)",
+                    table.languages,
+                )
         for s, (shard, share) in sorted((replay or {}).items()):
             if len(shard) >= seq_len + 1 and share > 0:
                 usable[s], self.sources, self.schedules = shard, [*self.sources, s], [*self.schedules, share]
@@ -98,6 +124,8 @@ class Sampler:
     def weights_at(self, progress: float, adaptive: bool = True) -> np.ndarray:
         """Probability of each source (in `sources` order) for a row drawn at `progress`."""
         w = np.array([value_at(s, progress) for s in self.schedules], dtype=np.float64)
+        if self.target_L is not None:
+            w[: self.own] = tempered(w[: self.own], self.shares_SL, self.target_L)
         w[: self.own] *= (1 - self.replay_fraction) / w[: self.own].sum()
         if self.replay_fraction:
             w[self.own :] *= self.replay_fraction / w[self.own :].sum()
@@ -252,6 +280,14 @@ def build_sampler(tokenize_dir: Path, cfg: MixConfig, seq_len: int, split: str =
     shuffled, fixed.
     """
     if split != "train":
-        cfg = cfg.model_copy(update={"weights": None, "curriculum": None, "adaptive": None, "replay": None})
+        cfg = cfg.model_copy(
+            update={"weights": None, "curriculum": None, "adaptive": None, "replay": None, "language_alpha": None}
+        )
     # verify: a damaged .bin of the right length would otherwise train silently on garbage.
-    return Sampler(open_split(tokenize_dir, split, verify=True), cfg, seq_len, replayed(cfg) if cfg.replay else None)
+    return Sampler(
+        open_split(tokenize_dir, split, verify=True),
+        cfg,
+        seq_len,
+        replayed(cfg) if cfg.replay else None,
+        split_languages(tokenize_dir, split),
+    )

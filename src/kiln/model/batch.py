@@ -122,6 +122,11 @@ class RowSource(Mixture, Protocol):
         """Planned tokens and epochs per source over the given steps; check: act on over-repeated sources."""
         ...
 
+    @property
+    def languages(self) -> Mapping[str, Mapping[str, int]] | None:
+        """Train tokens of each of this run's sources per language (the plan's language table); None if unknown."""
+        ...
+
 
 class BatchSource(Mixture, Protocol):
     """A resumable stream of training batches drawn from named sources."""

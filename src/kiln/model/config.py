@@ -1,9 +1,13 @@
-"""The `model` recipe section and the parameter and FLOP counts derived from it.
+"""The `model` recipe section and the parameter and FLOP counts derived from it; the sections of
+the code that runs a model: its device and precision, and how validation loss is scored.
 
 A recipe names a shape (`model.preset: tiny`, kiln.model.presets) and overrides any field of
 it; the vocabulary comes from the run's tokenizer unless `model.vocab_size` is given. These
 counts are the single source for the trainer's MFU and the planner; tests/model checks them
 against `sum(p.numel())` and torch's FLOP counter for every preset.
+`PrecisionConfig` (what kiln.model.precision resolves) and `ScoringConfig` (what
+kiln.model.perplexity scores with) live here, not beside that code, because it imports torch: the
+recipe imports every section, and `kiln curate`, `kiln tokenize` and `--help` never import torch.
 Not handled here: mixture-of-experts layers, biases other than attention_bias's, learned position embeddings,
 RoPE scalings other than linear and llama3 (YaRN, dynamic NTK).
 """
@@ -260,6 +264,35 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     """
     attn = 6 * cfg.n_layers * seq_len * cfg.n_heads * cfg.head_width * 2
     return 6 * matmul_params(cfg) + attn
+
+
+class PrecisionConfig(Section):
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="Where the model runs; auto picks cuda when one is visible."
+    )
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        default="auto",
+        description=(
+            "Matmul precision: bf16 or fp16 autocast (fp16 training adds dynamic loss scaling), or plain fp32; auto "
+            "means bf16 on cuda, fp32 on cpu."
+        ),
+    )
+
+
+class ScoringConfig(Section):
+    NOT_HASHED = frozenset({"batch_size"})
+    seq_len: int | None = Field(
+        default=None,
+        ge=2,
+        description=(
+            "Window length for validation loss (tokens); None means the seq_len the model was (or is being) trained "
+            "with."
+        ),
+    )
+    max_tokens_per_source: int = Field(
+        default=65536, ge=1, description="Validation tokens scored per source (from the start of its split)."
+    )
+    batch_size: int = Field(default=8, ge=1, description="Windows per forward pass.")
 
 
 def get_preset(name: str) -> ModelConfig:

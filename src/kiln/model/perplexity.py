@@ -3,9 +3,13 @@
 Each source's validation split is cut into non-overlapping windows of seq_len + 1 tokens
 (from the start, up to max_tokens_per_source scored tokens). Bits per byte counts the exact
 UTF-8 bytes of the scored target tokens (special tokens count 0 bytes), so it compares across
-tokenizers: bpb = total nats / ln 2 / total bytes. `ScoringConfig` holds these settings: the
-trainer's monitoring evaluations take it as it is, and the `eval` section extends it
+tokenizers: bpb = total nats / ln 2 / total bytes. `ScoringConfig` (kiln.model.config) holds these
+settings: the trainer's monitoring evaluations take it as it is, and the `eval` section extends it
 (kiln.evaluate.config), so both score the same windows the same way.
+Per language (`languages`, where the tokenize manifest counts the split's tokens per language and
+curation identified one): each language sums the nats, tokens and bytes of its sources, so its bits per byte
+is their byte-weighted combination; a source of several languages is split between them by its
+validation tokens' shares, all three figures alike (its own loss and bpb in each: an estimate).
 Not handled here: a fixed probe set and downstream benchmarks (the evaluation issue).
 """
 
@@ -20,34 +24,17 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
-from kiln.core.config import Section
 from kiln.core.errors import FatalError
 from kiln.core.layout import RunLayout
-from kiln.core.tokenshards import TokenShard, open_split
+from kiln.core.tokenshards import TokenShard, open_split, split_languages
+from kiln.model.config import ScoringConfig
 from kiln.model.precision import autocast
 from kiln.model.transformer import Transformer
 from kiln.text.load import load_tokenizer
 
 
-class ScoringConfig(Section):
-    NOT_HASHED = frozenset({"batch_size"})
-    seq_len: int | None = Field(
-        default=None,
-        ge=2,
-        description=(
-            "Window length for validation loss (tokens); None means the seq_len the model was (or is being) trained "
-            "with."
-        ),
-    )
-    max_tokens_per_source: int = Field(
-        default=65536, ge=1, description="Validation tokens scored per source (from the start of its split)."
-    )
-    batch_size: int = Field(default=8, ge=1, description="Windows per forward pass.")
-
-
-def _scores(nats: float, tokens: int, nbytes: int) -> dict[str, float]:
+def _scores(nats: float, tokens: float, nbytes: float) -> dict[str, float]:
     loss = nats / tokens
     return {
         "loss": round(loss, 5),
@@ -67,15 +54,17 @@ def evaluate_model(
     max_tokens_per_source: int,
     batch_size: int,
     amp_dtype: torch.dtype | None = None,
+    languages: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, Any]:
     """{"sources": {source: scores}, "all": scores}; scores are loss (nats/token), perplexity, bpb, tokens, bytes.
 
     amp_dtype is the autocast dtype of the caller's precision policy (kiln.model.precision); None is plain fp32.
+    languages: source -> {language: tokens of its split}; with it, "languages": {language: scores + sources}.
     """
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    sources, totals = {}, [0.0, 0, 0]
+    sources, totals, summed = {}, [0.0, 0, 0], {}
     for source, shard in sorted(shards.items()):
         tokens = shard.tokens[: max_tokens_per_source + 1]
         T = min(seq_len, len(tokens) - 1)
@@ -98,13 +87,46 @@ def evaluate_model(
             ).item()  # host sync per batch
             n_tokens += batch.shape[0] * T
         sources[source] = _scores(nats, n_tokens, n_bytes)
+        summed[source] = (nats, n_tokens, n_bytes)
         totals[0] += nats
         totals[1] += n_tokens
         totals[2] += n_bytes
     model.train(was_training)
     if not sources:
         raise FatalError("eval: no validation split has two tokens to score; raise tokenize.val_fraction")
-    return {"sources": sources, "all": _scores(*totals)}
+    results = {"sources": sources, "all": _scores(*totals)}
+    if languages and (by_language := language_scores(summed, languages)):
+        results["languages"] = by_language
+    return results
+
+
+def language_scores(
+    summed: Mapping[str, tuple[float, int, int]], languages: Mapping[str, Mapping[str, int]]
+) -> dict[str, dict[str, Any]]:
+    """Per language, most bytes first: the scores of its sources' summed (nats, tokens, bytes), and the sources.
+
+    summed: source -> its scored nats, tokens and bytes; languages: source -> {language: tokens of its split}.
+    A source split between languages gives each its share of all three (module docstring). Empty when no
+    scored source has a language curation identified (only `und` and `code`): the per-source figures say it all.
+    """
+    parts: dict[str, list[float]] = {}
+    holders: dict[str, list[str]] = {}
+    for source, (nats, n_tokens, n_bytes) in summed.items():
+        counts = {lang: n for lang, n in languages.get(source, {}).items() if n > 0}
+        for lang, n in counts.items():
+            share = n / sum(counts.values())
+            into = parts.setdefault(lang, [0.0, 0.0, 0.0])
+            for i, value in enumerate((nats, n_tokens, n_bytes)):
+                into[i] += share * value  # share is exactly 1.0 for a source of one language
+            holders.setdefault(lang, []).append(source)
+    if not set(parts) - {"und", "code"}:
+        return {}
+    out = {}
+    for lang in sorted(parts, key=lambda k: (-parts[k][2], k)):
+        nats, n_tokens, n_bytes = parts[lang]
+        scores = _scores(nats, n_tokens, n_bytes)  # apportioned counts may be fractional: rounded when shown
+        out[lang] = {**scores, "tokens": round(n_tokens), "bytes": round(n_bytes), "sources": holders[lang]}
+    return out
 
 
 def validation_scorer(
@@ -125,6 +147,7 @@ def validation_scorer(
         }
     return partial(
         evaluate_model,
+        languages=split_languages(RunLayout(run_dir).token_shards, "val"),  # this run's sources only
         shards=shards,
         token_bytes=load_tokenizer(RunLayout(run_dir).tokenizer_json).token_bytes(),
         seq_len=cfg.seq_len,
@@ -138,4 +161,11 @@ def format_results(results: Mapping[str, Any]) -> str:
     lines = [f"{'source':<10} {'loss':>8} {'ppl':>10} {'bpb':>7} {'tokens':>9}"]
     rows = [*results["sources"].items(), ("all", results["all"])]
     lines += [f"{s:<10} {r['loss']:>8.4f} {r['perplexity']:>10.2f} {r['bpb']:>7.4f} {r['tokens']:>9}" for s, r in rows]
+    if languages := results.get("languages"):
+        lines.append(f"{'language':<10} {'loss':>8} {'ppl':>10} {'bpb':>7} {'tokens':>9}  sources")
+        lines += [
+            f"{lang:<10} {r['loss']:>8.4f} {r['perplexity']:>10.2f} {r['bpb']:>7.4f} {r['tokens']:>9}  "
+            + ", ".join(r["sources"])
+            for lang, r in languages.items()
+        ]
     return "\n".join(lines)

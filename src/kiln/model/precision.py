@@ -1,9 +1,10 @@
 """One device and precision policy for every stage that runs the model: train, eval, generate.
 
-Each of those sections has a `precision` sub-section of this type. `auto` device means cuda when
-one is visible; `auto` dtype means bf16 autocast on cuda and plain fp32 on the CPU (bf16 matmuls
-on a CPU are slow and gain nothing). Weights stay fp32 and the model's logits come out fp32 in
-every case; autocast changes only the dtype matmuls run in.
+Each of those sections has a `precision` sub-section (kiln.model.config.PrecisionConfig, declared
+there so that validating a recipe imports no torch). `auto` device means cuda when one is
+visible; `auto` dtype means bf16 autocast on cuda and plain fp32 on the CPU (bf16 matmuls on a CPU
+are slow and gain nothing). Weights stay fp32 and the model's logits come out fp32 in every case;
+autocast changes only the dtype matmuls run in.
 Not handled here: the loss scaling fp16 training needs (kiln.train.loop), fp8, sharding (kiln.train).
 """
 
@@ -11,26 +12,11 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
-from pydantic import Field
 
-from kiln.core.config import Section
 from kiln.core.errors import FatalError
-
-
-class PrecisionConfig(Section):
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        default="auto", description="Where the model runs; auto picks cuda when one is visible."
-    )
-    dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(
-        default="auto",
-        description=(
-            "Matmul precision: bf16 or fp16 autocast (fp16 training adds dynamic loss scaling), or plain fp32; auto "
-            "means bf16 on cuda, fp32 on cpu."
-        ),
-    )
+from kiln.model.config import PrecisionConfig
 
 
 def autocast(device: torch.device, amp_dtype: torch.dtype | None) -> AbstractContextManager[None]:

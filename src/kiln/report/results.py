@@ -119,6 +119,8 @@ def tokenizer(run: RunFiles) -> Section:
     if report is None:
         return Section("tokenizer", missing("No tokenizer report yet (kiln train-tokenizer)."))
     held = report["heldout"]
+    if held is None:  # a corpus too small for heldout_fraction to leave a document out
+        return Section("tokenizer", missing("No held-out documents at this heldout_fraction: nothing measured."))
     # The manifest keeps the training time (report.json did, before kiln kept outputs free of timings).
     seconds = run.manifests[TOKENIZER].get("train_seconds", report.get("train_seconds"))
     headers = ["", "documents", "bytes/token", "tokens/word", "fertility", "split words"]
@@ -181,6 +183,8 @@ def evaluation(run: RunFiles) -> Section:
                 rows,
             )
         )
+        if languages := after.get("languages"):
+            parts.append(per_language(languages, before.get("languages") or {}))
     if data := counts.get("data"):
         parts.append(
             "<h3>Other files</h3>"
@@ -203,6 +207,34 @@ def evaluation(run: RunFiles) -> Section:
     else:
         parts.append(para("No multiple-choice task was run (eval.tasks, or kiln eval --task FILE).", "note"))
     return Section("evaluation", "".join(parts))
+
+
+def per_language(after: dict[str, Any], before: dict[str, Any]) -> str:
+    """The validation figures per language (kiln.model.perplexity): bits per byte is the measure that compares
+    across languages, whose tokenizer costs differ."""
+    rows = [
+        [
+            lang,
+            before.get(lang, {}).get("bpb"),
+            r["bpb"],
+            r["loss"],
+            r.get("bytes"),
+            r.get("tokens"),
+            ", ".join(r.get("sources", [])),
+        ]
+        for lang, r in after.items()
+    ]
+    return (
+        "<h3>Per language</h3>"
+        + para(
+            "Each language sums its sources' scored nats and bytes (a source of several languages split by its "
+            "validation tokens' shares); bits per byte compare across languages, losses per token do not.",
+            "note",
+        )
+        + table(
+            ["language", "bits/byte before", "bits/byte after", "loss after", "bytes scored", "tokens", "sources"], rows
+        )
+    )
 
 
 def samples(run: RunFiles, probes: list[dict[str, Any]]) -> Section:

@@ -200,7 +200,7 @@ def _chinese() -> Callable[[str], list[str]]:
 def _japanese() -> Callable[[str], list[str]]:
     from sudachipy import Dictionary, SplitMode
 
-    tokenizer = Dictionary(dict="core").create(mode=SplitMode.C)  # mode C: compounds whole (一時的, 無効化)
+    tokenizer = Dictionary(dict="core").tokenizer(mode=SplitMode.C)  # mode C: compounds whole (一時的, 無効化)
 
     def split(text: str) -> list[str]:
         out: list[str] = []

@@ -248,6 +248,11 @@ class Segments:
         once, since the script is found by scanning the whole text."""
         return word_rule(self.language, self.text)
 
+    @property
+    def spaced(self) -> bool:
+        """Whether words are written with spaces between them (False: a segmenter's or one per character)."""
+        return self._rule[0] != "segmented"
+
     @cached_property
     def alnum_words(self) -> list[str]:
         """The words with at least one letter or digit (Gopher's words; punctuation-only tokens left out)."""
@@ -258,7 +263,7 @@ class Segments:
     def line_word_counts(self) -> list[int]:
         """Words on each line of `lines`: whitespace-separated ones (C4 counts words per line this way), or for
         a language written without spaces its segmenter's words that hold a letter or digit."""
-        if self._rule[0] != "segmented":
+        if self.spaced:
             return [len(line.split()) for line in self.lines]
         return [sum(1 for w in self.line_words(line) if _HAS_ALNUM.search(w)) for line in self.lines]
 

@@ -14,20 +14,26 @@ A text with fewer than n words (but at least one) has one n-gram: all its words.
 A run of a script written without spaces (Han, kana, Thai, ...) is split into words by the segmenter
 of the language that script implies (kiln.text.languages: kana Japanese, Thai Thai, else Han
 Chinese; one word per character where none is installed), so a Chinese or Japanese paragraph has
-word n-grams as an English one has, and an edit of a few characters changes a few of them.
-Not handled here: a kanji-only run of Japanese is split as Chinese (its run holds no kana to say so).
+word n-grams as an English one has, and an edit of a few characters changes a few of them. Given the
+text's language (near dedup passes `meta.language`), a run that script alone would call Chinese, or
+that is mostly Latin letters, goes to that language's segmenter when it is written without spaces:
+a kanji-only run of a Japanese text (日単位) and a run such as "エラー、pkgProblemResolver" are split
+as Japanese. Without a language (the n-gram model, the classifier, the decontamination index) the
+words are what they were: SHINGLE_VERSION marks what those store, which this did not change.
+Not handled here: a kanji-only run of a Japanese text of no stated language is split as Chinese.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import xxhash
 
 from kiln.text.languages import UNSPACED_CHAR as _UNSPACED
-from kiln.text.languages import script_language, segmenter
+from kiln.text.languages import language_rule, script_language, segmenter
 
 
 def _breaks() -> re.Pattern[str]:
@@ -77,9 +83,10 @@ _CACHE: dict[bytes, int] = {}
 _CACHE_WORDS = 1 << 20  # distinct words cached per process (~150 MB at most); cleared when full
 
 
-def words(text: str, fold_digits: bool = True) -> list[str]:
+def words(text: str, fold_digits: bool = True, language: str | None = None) -> list[str]:
     """Normalized words: lowercase, digits folded (optional), punctuation and whitespace as breaks;
-    combining marks stay inside their word."""
+    combining marks stay inside their word; runs written without spaces split as `language` (None:
+    unknown) and their script say (see the module docstring)."""
     if fold_digits:
         text = _DIGITS.sub("0", text)  # "chapter 12" and "chapter 13" share n-grams
     # subtle: each word is lowercased on its own, after the split. Lowercasing is contextual (a
@@ -88,7 +95,7 @@ def words(text: str, fold_digits: bool = True) -> list[str]:
     out: list[str] = []
     for token in text.split():  # whitespace always breaks; most tokens need nothing more
         if not token.isascii() and _UNSPACED.search(token):  # a run of Chinese, Japanese, Thai: its words
-            out += _segmented(token)
+            out += _segmented(token, language)
         elif token.isalnum():
             out.append(token.lower())
         elif token.isascii() or max(token) < _FIRST_MARK:  # perf: the plain class is 2x faster than the one with marks
@@ -98,7 +105,7 @@ def words(text: str, fold_digits: bool = True) -> list[str]:
     return out
 
 
-def _segmented(token: str) -> list[str]:
+def _segmented(token: str, language: str | None) -> list[str]:
     """The words of a whitespace-free token holding a script written without spaces. subtle: it is cut at
     ASCII breaks and its ASCII letters lowered before the segmenter sees it, as text_hashes hands words()
     only such pieces, already lowered: the segmenter must see the same text either way."""
@@ -108,9 +115,20 @@ def _segmented(token: str) -> list[str]:
             out.extend(w.lower() for w in _BREAKS.split(piece) if w)
             continue
         piece = piece.translate(_ASCII_LOWER)
-        for word in segmenter(script_language(piece) or "zh")(piece):
+        for word in _segmenter_of(piece, language)(piece):
             out.extend(w.lower() for w in _BREAKS.split(word) if w)
     return out
+
+
+def _segmenter_of(piece: str, language: str | None) -> Callable[[str], list[str]]:
+    """The segmenter of a run: its script's language where the script names one (kana: ja, Thai: th,
+    Hangul: ko), else the text's language where that is written without spaces, else Chinese."""
+    guess = script_language(piece)
+    if language is not None and guess in (None, "zh"):
+        kind, rule = language_rule(language)
+        if kind == "segmented" and callable(rule):
+            return rule
+    return segmenter(guess or "zh")
 
 
 def word_hashes(tokens: list[str]) -> np.ndarray:
@@ -118,8 +136,8 @@ def word_hashes(tokens: list[str]) -> np.ndarray:
     return _hash_words([w.encode("utf-8", "surrogatepass") for w in tokens])
 
 
-def text_hashes(text: str, fold_digits: bool = True) -> np.ndarray:
-    """word_hashes(words(text, fold_digits)), faster: the UTF-8 bytes are split at ASCII breaks
+def text_hashes(text: str, fold_digits: bool = True, language: str | None = None) -> np.ndarray:
+    """word_hashes(words(text, fold_digits, language)), faster: the UTF-8 bytes are split at ASCII breaks
     with one translate and one split; only tokens holding non-ASCII characters go through the
     rules of `words` (Unicode case, breaks and marks). Every ASCII character other than a letter
     or digit is a break in both, so the words are the same."""
@@ -140,7 +158,7 @@ def text_hashes(text: str, fold_digits: bool = True) -> np.ndarray:
         tokens += translated[done:start].split()
         tokens += [
             w.encode("utf-8", "surrogatepass")
-            for w in words(translated[start:stop].decode("utf-8", "surrogatepass"), fold_digits)
+            for w in words(translated[start:stop].decode("utf-8", "surrogatepass"), fold_digits, language)
         ]
         done = stop
     tokens += translated[done:].split()
@@ -181,17 +199,23 @@ def ngram_hashes(hashes: np.ndarray, n: int) -> np.ndarray:
     return mix64(acc)
 
 
-def shingle_set(text: str, n: int, fold_digits: bool = True) -> np.ndarray:
+def shingle_set(text: str, n: int, fold_digits: bool = True, language: str | None = None) -> np.ndarray:
     """Sorted distinct n-gram hashes of a text (the set MinHash signs and Jaccard compares)."""
-    return np.unique(ngram_hashes(text_hashes(text, fold_digits), n))
+    return np.unique(ngram_hashes(text_hashes(text, fold_digits, language), n))
 
 
-def shingle_sets(texts: list[str], n: int, fold_digits: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """shingle_set of every text, concatenated, with offsets (len(texts) + 1): text i's set is
-    values[offsets[i]:offsets[i + 1]]. One pass of numpy over the whole batch."""
+def shingle_sets(
+    texts: list[str], n: int, fold_digits: bool = True, languages: Sequence[str | None] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """shingle_set of every text (in its language from `languages`, None: unknown), concatenated, with
+    offsets (len(texts) + 1): text i's set is values[offsets[i]:offsets[i + 1]]. One pass of numpy over
+    the whole batch."""
     if not 1 <= n <= MAX_N:
         raise ValueError(f"n-gram size {n} is outside 1..{MAX_N}")
-    per_text = [text_hashes(t, fold_digits) for t in texts]
+    if languages is None:
+        languages = [None] * len(texts)
+    assert len(languages) == len(texts), "one language (or None) per text"
+    per_text = [text_hashes(t, fold_digits, language) for t, language in zip(texts, languages)]
     lengths = np.fromiter(map(len, per_text), dtype=np.int64, count=len(texts))
     starts = np.concatenate(([0], np.cumsum(lengths)))
     flat = np.concatenate(per_text) if per_text else np.zeros(0, np.uint64)

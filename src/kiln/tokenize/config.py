@@ -61,6 +61,17 @@ class TokenizerConfig(Section):
     heldout_mb: float = Field(
         default=2.0, gt=0, description="At most this many MB of held-out text per source are encoded for the report."
     )
+    language_alpha: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description=(
+            "Balance languages (meta.language) in the training sample: each language's share of the sample's bytes "
+            "becomes proportional to its natural share to this power; 1 keeps the natural mix, 0.3 (XLM-R, mT5) "
+            "lifts small languages, 0 gives all the same share; the report adds a tokenizer of the natural mix "
+            "(trained too: twice the training time). None: the natural mix, languages not read."
+        ),
+    )
     min_frequency: int = Field(default=2, ge=1, description="A pair must occur this many times to become a merge.")
     from_run: str | None = Field(
         default=None,
@@ -98,6 +109,16 @@ class TokenizerConfig(Section):
                 f"source_weights {self.source_weights} give no source a positive weight; nothing could be sampled"
             )
         return self
+
+
+class CompareConfig(Section):
+    """What `kiln train-tokenizer --compare` measures beside the run's tokenizer (the tokenizer-compare stage's
+    settings; the flag sets them, not the recipe)."""
+
+    tokenizers: list[str] = Field(
+        default_factory=list,
+        description="Run directories, tokenizer folders or tokenizer.json files, in the order given.",
+    )
 
 
 class FimConfig(Section):

@@ -17,6 +17,9 @@ A run on a store (kiln.core.mirror): a task may run on any machine. Its paths ar
 the run's mirror, which each machine resolves to its own; it fetches its curated shard and the
 tokenizer (checked against their recorded sha256), and stores its part's files, `stats.json` last,
 so a re-run on any machine keeps the finished parts. The join runs where the stage was started.
+Each split's stats also count documents, tokens and bytes per language (`languages`: curate's
+meta.language, else `code` for a code document, else `und`), which the mixture weights languages by
+(mix.language_alpha) and validation groups its figures by.
 Output does not depend on the worker count. Memory per worker is one batch of documents plus
 the tokenizer, whatever the corpus size; the join copies in fixed-size chunks. Disk holds the
 tokens twice while the join runs.
@@ -49,6 +52,7 @@ from kiln.core.split import is_heldout
 from kiln.core.storage import brief_traffic, merge_task_traffic, task_traffic, traffic_since
 from kiln.core.store_lock import fenced
 from kiln.core.tokenshards import DOC_SCORES, SCORES_SUFFIX, TokenShard, TokenShardWriter, doc_scores, dtype_for
+from kiln.text.code import doc_is_code
 from kiln.text.engines import Flat, packed
 from kiln.text.fim import FimCut, draw_cut, fim_ids
 from kiln.text.load import AnyTokenizer, load_tokenizer
@@ -58,6 +62,8 @@ from kiln.tokenize.config import FimConfig, TokenizeConfig
 log = logging.getLogger("kiln.tokenize")
 SPLITS = ("train", "val")
 DONE = "stats.json"
+COUNTS = ("docs", "tokens", "bytes", "fim_docs")  # per split; beside them, `languages`
+UNDETERMINED = "und"  # ISO 639's code for a document whose language curation did not set
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,21 @@ def selected(ids: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> Flat:
     return ids[np.repeat(keep, lengths)], lengths[keep]
 
 
+def document_language(doc: Document) -> str:
+    """The language a document counts in: curate's meta.language, else `code` for code, else `und`.
+
+    Never guessed here: lid.176 on every document would cost more than encoding it.
+    """
+    language = doc.meta.get("language")
+    if isinstance(language, str) and language:
+        return language
+    return "code" if doc_is_code(doc, None) else UNDETERMINED
+
+
+def split_stats() -> dict[str, Any]:
+    return {**dict.fromkeys(COUNTS, 0), "languages": {}}
+
+
 def bounded(ids: np.ndarray, lengths: np.ndarray, bos: int | None, eos: int) -> Flat:
     """Each document of a flat batch between the model's boundaries: bos first where it has one, eos last.
 
@@ -130,7 +151,7 @@ class PartWriter:
         self.out, self.tokenizer, self.val_fraction, self.fim = out, tokenizer, val_fraction, fim
         self.splits = splits_for(fim)
         self.writers = {split: TokenShardWriter(out / split, tokenizer.vocab_size, dtype) for split in self.splits}
-        self.stats = {split: {"docs": 0, "tokens": 0, "bytes": 0, "fim_docs": 0} for split in self.splits}
+        self.stats = {split: split_stats() for split in self.splits}
         self.val_ids = open(out / "val_ids.txt", "w", encoding="utf-8")
         self.scores: dict[str, list[list[float]]] = {split: [] for split in self.splits}
 
@@ -192,10 +213,16 @@ class PartWriter:
         self.writers[split].add_many(flat, lengths)
         self.scores[split] += [doc_scores(d.meta) for d in picked]
         stats = self.stats[split]
+        n_bytes = [len(d.text.encode("utf-8")) for d in picked]
         stats["docs"] += len(picked)
         stats["tokens"] += int(lengths.sum())
-        stats["bytes"] += sum(len(d.text.encode("utf-8")) for d in picked)
+        stats["bytes"] += sum(n_bytes)
         stats["fim_docs"] += int(rearranged[keep].sum())
+        for d, n_tokens, b in zip(picked, lengths.tolist(), n_bytes, strict=True):
+            counted = stats["languages"].setdefault(document_language(d), {"docs": 0, "tokens": 0, "bytes": 0})
+            counted["docs"] += 1
+            counted["tokens"] += n_tokens
+            counted["bytes"] += b
 
     def close(self) -> None:
         for split, writer in self.writers.items():
@@ -243,22 +270,27 @@ def encode_shard(task: EncodeTask) -> dict[str, Any]:
 
 def join(
     parts: list[Path], folder: Path, vocab_size: int, dtype: np.dtype, splits: tuple[str, ...]
-) -> dict[str, dict[str, int]]:
+) -> dict[str, dict[str, Any]]:
     """Append one source's parts, in shard order, into its final shards; returns the summed stats.
 
-    A val_fim split with no documents (a source FIM does not apply to) is not written.
+    A val_fim split with no documents (a source FIM does not apply to) is not written. The per-language
+    counts are left out of a split when a part lacks them (a part an older kiln finished).
     """
     folder.mkdir(exist_ok=True)
-    stats = {split: {"docs": 0, "tokens": 0, "bytes": 0, "fim_docs": 0} for split in splits}
+    stats = {split: split_stats() for split in splits}
     with open(folder / "val_ids.txt", "wb") as ids_out:
         for part in parts:
             with open(part / "val_ids.txt", "rb") as ids_in:
                 shutil.copyfileobj(ids_in, ids_out)
             part_stats = json.loads((part / DONE).read_text())
             for split in splits:
-                for key in stats[split]:
+                for key in COUNTS:
                     stats[split][key] += part_stats[split][key]
+                add_languages(stats[split], part_stats[split].get("languages"))
     for split in splits:
+        if stats[split].get("languages"):
+            langs = stats[split]["languages"]
+            stats[split]["languages"] = {k: langs[k] for k in sorted(langs, key=lambda k: (-langs[k]["tokens"], k))}
         if split not in SPLITS and not stats[split]["docs"]:
             del stats[split]
             continue
@@ -272,6 +304,17 @@ def join(
             np.concatenate([np.load(part / (split + SCORES_SUFFIX)) for part in parts]),
         )
     return stats
+
+
+def add_languages(into: dict[str, Any], languages: dict[str, dict[str, int]] | None) -> None:
+    """Add one part's per-language counts to a split's; a part without them makes the split's unknown."""
+    if languages is None or "languages" not in into:
+        into.pop("languages", None)
+        return
+    for lang, counted in languages.items():
+        total = into["languages"].setdefault(lang, dict.fromkeys(counted, 0))
+        for key, n in counted.items():
+            total[key] += n
 
 
 def task_for(shard: Path, out: Path, tok_path: Path, stage: Stage, tok_hash: str, cfg: TokenizeConfig) -> EncodeTask:
@@ -356,7 +399,7 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
             f"({train_docs} documents in all); raise it or curate more documents"
         )
     pull(parts_dir, ["*"])  # a run on a store: the parts tasks on other machines wrote
-    per_source: dict[str, dict[str, dict[str, int]]] = {}
+    per_source: dict[str, dict[str, dict[str, Any]]] = {}
     outputs: list[Path] = []
     for source in sorted({shard_source(s) for s in shards}):
         parts = [t.path("out") for t in tasks if shard_source(t.path("shard")) == source]

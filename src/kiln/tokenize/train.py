@@ -4,7 +4,11 @@ The sample gives each source its share of `tokenizer.sample_mb` by `source_weigh
 curated bytes). Within a source it is spread out: shards are picked evenly across the source
 (enough to hold about four times its share), and documents in them are taken by a hash of
 their id at the rate that fills the share, so the sample is not just the first files read.
-Held-out documents (`heldout_fraction`, by id hash) never train; they feed report.py.
+Held-out documents (`heldout_fraction`, by id hash) never train; they feed report.py. Translations of
+one text (the same `meta.parallel_id`) are held out together, by a hash of that id, so the report has
+whole groups to compare languages on.
+With `tokenizer.language_alpha`, the sample is then rebalanced across languages (balance.py), and a
+tokenizer of the natural mix, trained on the sample before balancing, is measured beside it (not saved).
 Same shards and config give the same tokenizer.json, byte for byte.
 `--sweep 4096,8192,...` trains one tokenizer per size on the same sample into
 `tokenizer-sweep/` and prints the reports side by side; the stage's own tokenizer is untouched.
@@ -28,6 +32,7 @@ from pydantic import Field, ValidationError
 
 from kiln.core.config import Section
 from kiln.core.docshards import read_shard, shard_source
+from kiln.core.document import Document
 from kiln.core.errors import ConfigError, FatalError
 from kiln.core.layout import (
     CURATE,
@@ -45,12 +50,24 @@ from kiln.core.split import is_heldout
 from kiln.text.hf_tokenizer import HfTokenizer
 from kiln.text.load import load_tokenizer
 from kiln.text.tokenizer import KilnTokenizer, train_bpe
+from kiln.tokenize.balance import SampledDoc, balance
 from kiln.tokenize.config import TokenizerConfig
-from kiln.tokenize.report import HeldoutDoc, format_report, format_sweep, heldout_doc, measure
+from kiln.tokenize.report import (
+    HeldoutDoc,
+    format_balance,
+    format_report,
+    format_sweep,
+    heldout_doc,
+    language_of,
+    measure,
+    measure_text,
+    parallel_id,
+)
 
 log = logging.getLogger("kiln.tokenizer")
 MB = 1_000_000
 SPREAD = 4  # a source's sample is drawn from shards holding about this many times its share
+PARALLEL_PREFIX = "parallel:"  # a parallel group's split key, apart from any document id
 
 
 class EmbeddingShape(Section):
@@ -58,6 +75,17 @@ class EmbeddingShape(Section):
 
     d_model: int = Field(default=256, ge=1, description="Model width.")
     tied_embeddings: bool = Field(default=False, description="Whether input and output embeddings are one table.")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The texts BPE learns from and their bytes; with language balance, also the natural mix they were drawn
+    from and each language's share before and after (balance.py), else `natural` is `texts` and `languages` None."""
+
+    texts: list[str]
+    bytes: int
+    natural: list[str]
+    languages: dict[str, dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +99,12 @@ class SourcePlan:
 def sample_score(doc_id: str) -> float:
     """Uniform in [0, 1) per id, independent of the held-out split's hash (another seed)."""
     return xxhash.xxh3_64_intdigest(doc_id.encode("utf-8"), seed=1) / 2.0**64
+
+
+def split_key(doc: Document) -> str:
+    """What the held-out split hashes: the document's id, or its parallel group's, so translations stay together."""
+    group = parallel_id(doc)
+    return doc.id if group is None else f"{PARALLEL_PREFIX}{group}"
 
 
 def spread(shards: Sequence[Path], n: int) -> list[Path]:
@@ -108,7 +142,7 @@ def plan_sample(shards: Sequence[Path], curated_bytes: dict[str, int], cfg: Toke
     return plans
 
 
-def sample_texts(plans: dict[str, SourcePlan], heldout_fraction: float) -> Iterator[str]:
+def sample_docs(plans: dict[str, SourcePlan], heldout_fraction: float) -> Iterator[Document]:
     for source, plan in plans.items():
         used = 0
         # The spread-out pass; then, when chance left the share short, the documents it skipped
@@ -121,10 +155,10 @@ def sample_texts(plans: dict[str, SourcePlan], heldout_fraction: float) -> Itera
         for shards, low, high in passes:
             for shard in shards:
                 for doc in read_shard(shard):
-                    if is_heldout(doc.id, heldout_fraction) or not low <= sample_score(doc.id) < high:
+                    if is_heldout(split_key(doc), heldout_fraction) or not low <= sample_score(doc.id) < high:
                         continue
                     used += len(doc.text.encode("utf-8"))
-                    yield doc.text
+                    yield doc
                     if used >= plan.quota:
                         break
                 if used >= plan.quota:
@@ -148,7 +182,7 @@ def heldout_docs(shards: Sequence[Path], cfg: TokenizerConfig) -> list[HeldoutDo
         if used.get(source, 0) >= cfg.heldout_mb * MB:
             continue
         for doc in read_shard(shard):
-            if is_heldout(doc.id, cfg.heldout_fraction):
+            if is_heldout(split_key(doc), cfg.heldout_fraction):
                 out.append(heldout_doc(doc))
                 used[source] = used.get(source, 0) + len(doc.text.encode("utf-8"))
                 if used[source] >= cfg.heldout_mb * MB:
@@ -158,8 +192,9 @@ def heldout_docs(shards: Sequence[Path], cfg: TokenizerConfig) -> list[HeldoutDo
 
 def training_sample(
     run_dir: Path, shards: list[Path], cfg: TokenizerConfig, largest_vocab: int | None = None
-) -> tuple[list[str], int]:
-    """The sample's texts and bytes; FatalError when it is too small for `largest_vocab` (default cfg's)."""
+) -> Sample:
+    """The sample (balanced across languages with cfg.language_alpha); FatalError when it is too small for
+    `largest_vocab` (default cfg's)."""
     vocab_size = largest_vocab or cfg.vocab_size
     curate_dir = RunLayout(run_dir).stage(CURATE)
     curated = read_manifest(curate_dir)
@@ -169,7 +204,18 @@ def training_sample(
             f"tokenizer: curate kept no text in {curate_dir}; see {curate_dir / 'summary.txt'} for where the "
             "documents went"
         )
-    texts = list(sample_texts(plan_sample(shards, curated_bytes, cfg), cfg.heldout_fraction))
+    docs = list(sample_docs(plan_sample(shards, curated_bytes, cfg), cfg.heldout_fraction))
+    natural = [d.text for d in docs]
+    texts, languages = natural, None
+    if cfg.language_alpha is not None:
+        drawn = [SampledDoc(d.id, language_of(d), d.text, len(d.text.encode("utf-8"))) for d in docs]
+        balanced, languages = balance(drawn, cfg.language_alpha)
+        texts = [d.text for d in balanced]
+        log.info(
+            "tokenizer: languages balanced at alpha %s: %s",
+            cfg.language_alpha,
+            ", ".join(f"{k} {v['share_before']:.3f}->{v['share_after']:.3f}" for k, v in languages.items()),
+        )
     sample_bytes = sum(len(t.encode("utf-8")) for t in texts)
     # BPE needs enough text to find vocab_size - 256 - specials merges; far less and the vocabulary stays short.
     if sample_bytes < 4 * vocab_size:
@@ -179,7 +225,7 @@ def training_sample(
             f"(needs at least {4 * vocab_size:,} bytes); curate more text, raise tokenizer.sample_mb, or lower "
             "tokenizer.vocab_size"
         )
-    return texts, sample_bytes
+    return Sample(texts, sample_bytes, natural, languages)
 
 
 def train_and_measure(
@@ -250,7 +296,8 @@ def run(
     if done := stage.up_to_date(force, lambda m: f"vocab {m['counts']['vocab_size']}"):
         return done
     stage.begin()
-    texts, sample_bytes = training_sample(run_dir, shards, cfg)
+    sample = training_sample(run_dir, shards, cfg)
+    texts, sample_bytes = sample.texts, sample.bytes
     log.info(
         "tokenizer: training byte-level BPE, vocab %d, on %d docs (%.1f MB)",
         cfg.vocab_size,
@@ -263,6 +310,9 @@ def run(
     # The training time goes in the manifest beside the other timings: report.json, an output, holds only what
     # the same sample and settings always give, so a redone stage with the same result redoes nothing after it.
     report = {"sample_docs": len(texts), "sample_bytes": sample_bytes, "heldout": result["heldout"]}
+    extra = {"train_seconds": result["train_seconds"]}
+    if sample.languages is not None:
+        report["language_balance"] = language_balance(sample, cfg, heldout, extra)
     (stage.dir / "report.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     held = report["heldout"]
     if held is None:
@@ -280,6 +330,12 @@ def run(
         if held
         else {},
     }
+    if sample.languages is not None:
+        counts["language_alpha"] = cfg.language_alpha
+        counts["sample_languages"] = {
+            lang: {k: v[k] for k in ("bytes_before", "share_before", "bytes_after", "share_after")}
+            for lang, v in sample.languages.items()
+        }
     summary = f"trained on {sample_bytes / MB:.1f} MB ({len(texts):,} documents) in {result['train_seconds']:.1f}s\n"
     summary += (
         format_report(held, shape.d_model, shape.tied_embeddings)
@@ -291,9 +347,28 @@ def run(
             f"\nwarning: {cfg.vocab_size:,} tokens were asked (tokenizer.vocab_size) and the sample gave "
             f"{tokenizer.vocab_size:,}; more text (tokenizer.sample_mb) or a smaller vocabulary"
         )
-    return stage.finish(
-        [*outputs, stage.dir / "report.json"], counts, summary, extra={"train_seconds": result["train_seconds"]}
-    )
+    if "language_balance" in report:
+        summary += "\n" + format_balance(report["language_balance"], held)
+    return stage.finish([*outputs, stage.dir / "report.json"], counts, summary, extra=extra)
+
+
+def language_balance(
+    sample: Sample, cfg: TokenizerConfig, heldout: list[HeldoutDoc], extra: dict[str, Any]
+) -> dict[str, Any]:
+    """Each language's share of the sample before and after balancing, and the held-out figures of a tokenizer
+    trained on the natural mix (the sample before balancing, not saved), so the report shows what balancing
+    did to each language. Its training time goes to `extra` (the manifest's timings)."""
+    assert sample.languages is not None and cfg.language_alpha is not None
+    out: dict[str, Any] = {"language_alpha": cfg.language_alpha, "per_language": sample.languages, "natural_mix": None}
+    if cfg.language_alpha == 1 or not heldout:  # at 1 the natural mix is the sample: nothing to set beside it
+        return out
+    log.info("tokenizer: training the natural mix's tokenizer too, for the report")
+    t0 = time.perf_counter()
+    natural = train_bpe(sample.natural, cfg.vocab_size, cfg.min_frequency, cfg.specials)
+    extra["natural_mix_train_seconds"] = round(time.perf_counter() - t0, 2)
+    measured, _ = measure_text(natural, heldout)
+    out["natural_mix"] = {"vocab_size": natural.vocab_size, **measured}
+    return out
 
 
 def sized(cfg: TokenizerConfig, vocab_size: int) -> TokenizerConfig:
@@ -321,7 +396,7 @@ def sweep(
     if done := stage.up_to_date(force, lambda m: ", ".join(map(str, m["counts"]["vocab_sizes"]))):
         return done
     stage.begin()
-    texts, _ = training_sample(run_dir, shards, cfg, max(c.vocab_size for c in configs))
+    texts = training_sample(run_dir, shards, cfg, max(c.vocab_size for c in configs)).texts
     heldout = heldout_docs(shards, cfg)
     if not heldout:
         raise FatalError(

@@ -1,6 +1,6 @@
-"""The `train.checkpoint` section and training checkpoints: the model's weights
-(kiln.model.weights) plus `train_state.pt` (optimizer, step, data-stream and torch RNG state,
-enough to continue the exact run), swapped in whole.
+"""Training checkpoints: the model's weights (kiln.model.weights) plus `train_state.pt` (optimizer,
+step, data-stream and torch RNG state, enough to continue the exact run), swapped in whole. When
+they are saved is the `train.checkpoint` section's (kiln.train.config).
 
 `maybe_checkpoint` is what the loop calls after every step: a resumable sharded state every
 `every` steps (kiln.train.resume, asynchronous with `async_save`) and the consolidated
@@ -15,44 +15,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from pydantic import Field
 from torch import nn
 
 from kiln.core.atomic import replace_dir
-from kiln.core.config import Section
 from kiln.model.batch import BatchSource
 from kiln.model.transformer import Transformer
 from kiln.model.weights import CONFIG, WEIGHTS, write_weights
 from kiln.train.distributed import full_state
 from kiln.train.mesh import Ranks
 
-# the resumable states' module imports torch.distributed.checkpoint (a second to import), which a recipe does not need
+# the resumable states' module imports torch.distributed.checkpoint (a second to import): here for annotations only
 if TYPE_CHECKING:
     from kiln.train.resume import States
 
 TRAIN_STATE = "train_state.pt"
-
-
-class CheckpointConfig(Section):
-    every: int | None = Field(
-        default=None,
-        ge=1,
-        description=(
-            "Save a resumable state (sharded, kiln.train.resume) every this many steps; None saves only the final "
-            "checkpoint."
-        ),
-    )
-    keep_last: int = Field(default=2, ge=1, description="Resumable states kept: the newest this many ...")
-    keep_every: int | None = Field(
-        default=None, ge=1, description="... and every state whose step is a multiple of this."
-    )
-    async_save: bool = Field(
-        default=False,
-        description=(
-            "Write resumable states from a background thread once they are copied to CPU memory, so training does not "
-            "wait for the disk (the next save waits for the previous one)."
-        ),
-    )
 
 
 def save_checkpoint(folder: Path, model: Transformer, train_state: dict[str, Any]) -> list[Path]:

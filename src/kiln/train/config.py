@@ -1,17 +1,19 @@
 """The `train` recipe section: length, batch geometry and seed at the top, one sub-section per concern.
 
-Sub-sections live with the code that reads them: `optim` (kiln.train.optim), `schedule`
-(kiln.train.schedule), `checkpoint` (kiln.train.checkpoint), `rollback` (kiln.train.rollback), `precision`
-(kiln.model.precision, the policy eval and generate share), and the objective's settings `mlm`,
-`prefix_lm`, `span_corruption` (kiln.train.objectives). `objective` names one objective or
-weighs several per row. The batch is given in tokens per
+Sub-sections live with the code that reads them: `schedule` (kiln.train.schedule), `rollback`
+(kiln.train.rollback), the objective's settings `mlm`, `prefix_lm`, `span_corruption`
+(kiln.train.objectives); unless that code imports torch, for the recipe validates every section
+and `kiln curate`, `kiln tokenize` and `--help` import no torch. So `optim` (kiln.train.optim) and
+`checkpoint` (kiln.train.checkpoint, kiln.train.resume) are declared here, and `precision` in
+kiln.model.config (kiln.model.precision; the policy eval and generate share).
+`objective` names one objective or weighs several per row. The batch is given in tokens per
 optimizer step (`global_batch_tokens`); gradient-accumulation steps follow from it. Keys of
 the flat section this replaced fail with the name of their new home.
 The data-parallel size in the batch arithmetic is the number of data ranks of the launch: the
 processes torchrun started (1 without torchrun) over tp x pp x cp of the recipe's
 `parallel` section, which kiln.recipe passes in as the validation context `data_ranks`; a
 section validated alone counts every process. So a recipe is checked against the layout it runs
-on. Not handled here: the layout itself (kiln.train.mesh).
+on. Not handled here: the layout itself (kiln.train.parallel, kiln.train.mesh).
 """
 
 from __future__ import annotations
@@ -22,8 +24,7 @@ from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
 from kiln.core.config import Section
 from kiln.core.ranks import world_size
-from kiln.model.precision import PrecisionConfig
-from kiln.train.checkpoint import CheckpointConfig
+from kiln.model.config import PrecisionConfig
 from kiln.train.geometry import BatchWarmupConfig, SeqLenPhase, StepGeometry, step_geometry
 from kiln.train.objectives import (
     MASKS_DOCUMENTS_BY_DEFAULT,
@@ -33,7 +34,6 @@ from kiln.train.objectives import (
     SpanCorruptionConfig,
     span_plan,
 )
-from kiln.train.optim import OptimConfig
 from kiln.train.rollback import RollbackConfig
 from kiln.train.schedule import ScheduleConfig, lr_at
 
@@ -49,6 +49,54 @@ MOVED = {
     "device": "train.precision.device",
     "checkpoint_every": "train.checkpoint.every",
 }
+
+
+class OptimConfig(Section):
+    name: Literal["adamw", "muon"] = Field(
+        default="adamw",
+        description="adamw for every parameter, or muon for the blocks' matrices with AdamW for the rest.",
+    )
+    lr: float = Field(
+        default=3e-3,
+        gt=0,
+        le=1,
+        description=(
+            "Peak learning rate after warmup (AdamW's; with muon, of the embeddings, output projection and norms)."
+        ),
+    )
+    weight_decay: float = Field(default=0.1, ge=0, description="Decoupled weight decay on matrices.")
+    decay_embeddings: bool = Field(
+        default=True, description="Decay the embedding (and an untied output projection) too."
+    )
+    decay_norms: bool = Field(default=False, description="Decay norm gains too.")
+    beta1: float = Field(default=0.9, ge=0, lt=1, description="AdamW first-moment decay.")
+    beta2: float = Field(default=0.95, ge=0, lt=1, description="AdamW second-moment decay.")
+    grad_clip: float | None = Field(default=1.0, gt=0, description="Global gradient-norm clip; None disables it.")
+    muon_lr: float = Field(default=0.02, gt=0, le=1, description="Muon's peak learning rate for the blocks' matrices.")
+    muon_momentum: float = Field(default=0.95, ge=0, lt=1, description="Muon's (Nesterov) momentum.")
+    newton_schulz_steps: int = Field(default=5, ge=1, description="Newton-Schulz iterations per Muon update.")
+
+
+class CheckpointConfig(Section):
+    every: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Save a resumable state (sharded, kiln.train.resume) every this many steps; None saves only the final "
+            "checkpoint."
+        ),
+    )
+    keep_last: int = Field(default=2, ge=1, description="Resumable states kept: the newest this many ...")
+    keep_every: int | None = Field(
+        default=None, ge=1, description="... and every state whose step is a multiple of this."
+    )
+    async_save: bool = Field(
+        default=False,
+        description=(
+            "Write resumable states from a background thread once they are copied to CPU memory, so training does not "
+            "wait for the disk (the next save waits for the previous one)."
+        ),
+    )
 
 
 class TrainConfig(Section):

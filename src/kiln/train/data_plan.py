@@ -6,11 +6,15 @@ end of batch-size warmup. `kiln train --dry-run` prints the table before any com
 stage computes the same plan at start (stopping or warning on sources planned beyond
 mix.max_epochs) and records it in its manifest beside the realized mixture.
 With an adaptive mixture the plan is the recipe's weights; the realized mixture says what the
-adaptation did.
+adaptation did. Where the sources' languages are known (the tokenize manifest counts tokens per
+language) and there are several, the plan also gives each language's natural share (of the train
+tokens), its weighted share (of the tokens read: what mix.language_alpha, or the source weights,
+make of it) and the epochs that implies; a source of several languages counts in each by its share.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -65,7 +69,42 @@ def plan_data(cfg: TrainConfig, rows: RowSource) -> dict[str, Any]:
             }
         )
     total = rows.plan(read.tolist(), progress.tolist(), check=True)  # warns or stops on over-repeated sources
-    return {"phases": phases, "total": total, "tokens": int(tokens.sum())}
+    planned = {"phases": phases, "total": total, "tokens": int(tokens.sum())}
+    if languages := plan_languages(total, rows.languages):
+        planned["languages"] = languages
+    return planned
+
+
+def plan_languages(
+    total: Mapping[str, Mapping[str, Any]], languages: Mapping[str, Mapping[str, int]] | None
+) -> dict[str, dict[str, Any]] | None:
+    """Per language, most train tokens first: its train tokens and natural share, the tokens the plan reads of it,
+    their share and the epochs; None unless the sources hold two languages or more, one identified by curation.
+
+    total: the plan's tokens per source; languages: each source's train tokens per language.
+    """
+    if not languages:
+        return None
+    natural: dict[str, int] = {}
+    read: dict[str, float] = {}
+    for source, counts in languages.items():
+        of_source = max(sum(counts.values()), 1)
+        for lang, n in counts.items():
+            natural[lang] = natural.get(lang, 0) + n
+            read[lang] = read.get(lang, 0.0) + total[source]["tokens"] * n / of_source
+    if len(natural) < 2 or not set(natural) - {"und", "code"}:  # no language identified: the sources say it all
+        return None
+    all_natural, all_read = sum(natural.values()), max(sum(read.values()), 1.0)
+    return {
+        lang: {
+            "train_tokens": natural[lang],
+            "natural_share": round(natural[lang] / all_natural, 4),
+            "tokens": int(round(read[lang])),
+            "share": round(read[lang] / all_read, 4),
+            "epochs": round(read[lang] / max(natural[lang], 1), 3),
+        }
+        for lang in sorted(natural, key=lambda k: (-natural[k], k))
+    }
 
 
 def format_plan(plan: dict[str, Any]) -> str:
@@ -90,4 +129,11 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"  {s:<12} {v['tokens']:>14,} tokens read, {v['epochs']:.3f} epochs of {v['train_tokens']:,}"
         for s, v in plan["total"].items()
     ]
+    if languages := plan.get("languages"):
+        lines.append("\nlanguages: natural share of the train tokens, weighted share of the tokens read")
+        lines.append(f"  {'language':<12} {'natural':>9} {'weighted':>9} {'tokens read':>14} {'epochs':>8}")
+        lines += [
+            f"  {lang:<12} {v['natural_share']:>9.3f} {v['share']:>9.3f} {v['tokens']:>14,} {v['epochs']:>8.3f}"
+            for lang, v in languages.items()
+        ]
     return "\n".join(lines)

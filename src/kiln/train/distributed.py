@@ -31,7 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from kiln.train.mesh import ParallelConfig, Ranks
+from kiln.train.mesh import Ranks
+from kiln.train.parallel import ParallelConfig
 
 
 def parallelize(model: nn.Module, ranks: Ranks, cfg: ParallelConfig, compute_dtype: torch.dtype | None) -> nn.Module:

@@ -173,6 +173,8 @@ class Monitor:
         if self.board is not None:
             for source, r in {**results["sources"], "all": results["all"]}.items():
                 self.board.add_scalar(f"val_loss/{source}", r["loss"], step)
+            for lang, r in results.get("languages", {}).items():  # bits per byte: comparable across languages
+                self.board.add_scalar(f"val_bpb_language/{lang}", r["bpb"], step)
             if "objective" in results:
                 self.board.add_scalar("val_loss/objective", results["objective"]["loss"], step)
 

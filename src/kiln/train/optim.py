@@ -1,4 +1,4 @@
-"""The `train.optim` section and its optimizer: AdamW, or Muon for the hidden matrices.
+"""The optimizer the `train.optim` section (kiln.train.config) describes: AdamW, or Muon for the hidden matrices.
 
 Weight decay falls on matrices; norm gains (1-D) are not decayed unless `decay_norms` (pulling
 them toward 0 only fights the normalisation), the embedding is decayed unless
@@ -13,42 +13,13 @@ Not handled here: the learning-rate schedule (kiln.train.schedule).
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field
 from torch import nn
 
-from kiln.core.config import Section
+from kiln.train.config import OptimConfig
 from kiln.train.muon import Muon
 
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where torch.optim.AdamW(fused=True) has kernels kiln runs on
-
-
-class OptimConfig(Section):
-    name: Literal["adamw", "muon"] = Field(
-        default="adamw",
-        description="adamw for every parameter, or muon for the blocks' matrices with AdamW for the rest.",
-    )
-    lr: float = Field(
-        default=3e-3,
-        gt=0,
-        le=1,
-        description=(
-            "Peak learning rate after warmup (AdamW's; with muon, of the embeddings, output projection and norms)."
-        ),
-    )
-    weight_decay: float = Field(default=0.1, ge=0, description="Decoupled weight decay on matrices.")
-    decay_embeddings: bool = Field(
-        default=True, description="Decay the embedding (and an untied output projection) too."
-    )
-    decay_norms: bool = Field(default=False, description="Decay norm gains too.")
-    beta1: float = Field(default=0.9, ge=0, lt=1, description="AdamW first-moment decay.")
-    beta2: float = Field(default=0.95, ge=0, lt=1, description="AdamW second-moment decay.")
-    grad_clip: float | None = Field(default=1.0, gt=0, description="Global gradient-norm clip; None disables it.")
-    muon_lr: float = Field(default=0.02, gt=0, le=1, description="Muon's peak learning rate for the blocks' matrices.")
-    muon_momentum: float = Field(default=0.95, ge=0, lt=1, description="Muon's (Nesterov) momentum.")
-    newton_schulz_steps: int = Field(default=5, ge=1, description="Newton-Schulz iterations per Muon update.")
 
 
 def parameter_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:

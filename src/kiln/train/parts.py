@@ -30,19 +30,19 @@ from kiln.core.hardware import available_memory, check_memory
 from kiln.core.layout import RunLayout
 from kiln.core.mirror import local_folder
 from kiln.model.batch import Batch, BatchSource
-from kiln.model.config import ModelConfig, build_bytes, count_params, flops_per_token, matmul_params
+from kiln.model.config import ModelConfig, ScoringConfig, build_bytes, count_params, flops_per_token, matmul_params
 from kiln.model.init import build_model
-from kiln.model.perplexity import ScoringConfig, validation_scorer
+from kiln.model.perplexity import validation_scorer
 from kiln.model.precision import Precision, resolve_precision
 from kiln.model.weights import load_weights_into
-from kiln.train.checkpoint import CheckpointConfig
-from kiln.train.config import TrainConfig
+from kiln.train.config import CheckpointConfig, TrainConfig
 from kiln.train.context_parallel import ContextSplit, apply_context_parallel
 from kiln.train.distributed import apply_activation_checkpointing, apply_compile, parallelize
 from kiln.train.loss import Loss, LossOptions, fused_lm_loss, lm_loss, logits_loss
-from kiln.train.mesh import ParallelConfig, Ranks, one_process
+from kiln.train.mesh import Ranks, one_process
 from kiln.train.monitor import MixtureWindows, Monitor
 from kiln.train.optim import build_optimizer
+from kiln.train.parallel import ParallelConfig
 from kiln.train.resume import STATES, States
 from kiln.train.rollback import Guard
 from kiln.train.tensor_parallel import WholeWindows, apply_tensor_parallel, vocab_parallel_loss

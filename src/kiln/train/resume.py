@@ -75,8 +75,7 @@ from kiln.train.state_files import (
 )
 
 if TYPE_CHECKING:
-    from kiln.train.checkpoint import CheckpointConfig
-    from kiln.train.config import TrainConfig
+    from kiln.train.config import CheckpointConfig, TrainConfig
 
 STATES = "checkpoints"  # beside metrics.jsonl in the train stage's folder
 # subtle: optimizer states keyed by parameter name. Unflattened, DCP keys each parameter group by

@@ -37,8 +37,7 @@ from kiln.core.ranks import world_size
 from kiln.core.storage import is_url
 from kiln.core.store_lock import adopt, tokens
 from kiln.model.batch import Batch, RowSource
-from kiln.model.config import ModelConfig, count_params, flops_per_token
-from kiln.model.perplexity import ScoringConfig
+from kiln.model.config import ModelConfig, ScoringConfig, count_params, flops_per_token
 from kiln.model.precision import resolve_precision
 from kiln.model.weights import CONFIG, WEIGHTS
 from kiln.text.load import load_tokenizer
@@ -47,9 +46,10 @@ from kiln.train.config import TrainConfig
 from kiln.train.data_plan import format_plan, plan_data
 from kiln.train.extend import EXTENDABLE, extension_state, old_config
 from kiln.train.loop import TrainResult, train
-from kiln.train.mesh import ParallelConfig, Ranks, check_layout, init_ranks
+from kiln.train.mesh import Ranks, check_layout, init_ranks
 from kiln.train.monitor import TENSORBOARD
 from kiln.train.objectives import TokenIds, check_objectives, fim_middles, token_ids
+from kiln.train.parallel import ParallelConfig
 from kiln.train.parts import MakeProbe, Placement, TrainData, Validation, build_precision
 from kiln.train.resume import COMPLETE, STATES, complete_states, set_aside_after, state_step
 
@@ -473,7 +473,11 @@ def stage_counts(
         "processes": ranks.world,
         "parallel": ranks.degrees,  # kiln.train.mesh's dimensions and their degrees
         "rollbacks": result.rollbacks,
-        "mixture": {"planned": planned["total"], "realized": result.mixture},
+        "mixture": {
+            "planned": planned["total"],
+            "realized": result.mixture,
+            **({"planned_languages": planned["languages"]} if "languages" in planned else {}),
+        },
     }
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from kiln.core.document import Document
 from kiln.curate.audit import Ledger
+from kiln.curate.config import CurateConfig
 from kiln.curate.steps.base import Drop
 from kiln.curate.steps.gopher import (
     GopherQuality,
@@ -242,23 +243,28 @@ def check_in(text: str, language: str | None, step: GopherQuality = QUALITY) -> 
     return step.check(Document(id="d", text=text, source="web", meta={"language": language} if language else {}))
 
 
+def in_language(code: str, **keys: object) -> GopherQuality:
+    """gopher_quality as a document of `code` gets it: kiln's shipped settings for the language, `keys` the recipe's."""
+    cfg = CurateConfig.model_validate({"languages": {code: {"gopher_quality": keys}}} if keys else {})
+    return GopherQuality(cfg.for_language("web", code).gopher_quality)
+
+
 def test_a_document_is_judged_with_the_stop_words_and_word_lengths_of_its_language() -> None:
-    assert check_in(FRENCH, "fr") is None
+    assert check_in(FRENCH, "fr", in_language("fr")) is None
     dropped = check_in(FRENCH, None)  # no language: English's stop words, which French text lacks
     assert dropped is not None and dropped.rule == "too_few_stop_words"
-    assert check_in(CHINESE, "zh") is None  # words of 1-3 characters: FineWeb-2's minimum for zh is 1
-    english_lengths = GopherQuality(
-        GopherQualityConfig.model_validate({"languages": {"zh": {"min_mean_word_length": 3}}})
-    )
-    dropped = check_in(CHINESE, "zh", english_lengths)
+    assert check_in(CHINESE, "zh", in_language("zh")) is None  # words of 1-3 characters: FineWeb-2's minimum is 1
+    dropped = check_in(CHINESE, "zh", in_language("zh", min_mean_word_length=3))
     assert dropped is not None and (dropped.rule, dropped.threshold) == ("mean_word_length", 3.0)
-
-
-def test_a_recipes_language_settings_merge_over_the_shipped_ones() -> None:
-    cfg = GopherQualityConfig.model_validate({"languages": {"fr": {"stop_words": ["maison", "jardin"]}}})
-    assert cfg.languages["fr"].max_mean_word_length == 11  # shipped, kept
-    assert cfg.languages["de"].stop_words and "der" in cfg.languages["de"].stop_words
-    step = GopherQuality(cfg)
-    assert check_in(FRENCH, "fr", step) is None
-    strict = GopherQuality(GopherQualityConfig.model_validate({"languages": {"fr": {"stop_words": ["quand"]}}}))
+    strict = in_language("fr", stop_words=["quand"])
     assert check_in(FRENCH, "fr", strict).rule == "too_few_stop_words"
+
+
+def test_a_chinese_ngram_counts_no_joining_spaces_the_text_does_not_have() -> None:
+    words = ["我们", "的", "工具"] * 10 + ["读取", "文件"]
+    text = "".join(words)
+    grams = NGrams(Segments(text, "zh"))
+    top = Counter(tuple(words[i : i + 3]) for i in range(len(words) - 2)).most_common(1)[0]
+    assert grams.top_chars(3) == sum(map(len, top[0])) * top[1]  # 5 characters a time, not 7
+    latin = ["our", "a", "tool"] * 10 + ["reads", "files"]
+    assert NGrams(Segments(" ".join(latin), "en")).top_chars(3) == 10 * 10  # spaced: "our a tool" is 10 characters

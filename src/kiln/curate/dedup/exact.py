@@ -1,6 +1,7 @@
 """Exact deduplication of normalized text across all sources, as a hash-partitioned map phase.
 
-Each filter task records, for every document it keeps, the 128-bit xxh3 hash of its text, the
+Each filter task records, for every document it keeps, the 128-bit xxh3 hash of its folded text
+(kiln.curate.dedup.forms: width variants and CJK punctuation folded; ASCII text as it is), the
 rank of its source in the priority list, and its id, into one file per partition (the hash's
 top bits pick the partition). One task per partition then groups equal hashes and keeps, per
 group, the document of the highest-priority source, then the smallest id; the others become
@@ -22,6 +23,7 @@ from pydantic import Field
 
 from kiln.core.atomic import write_atomically
 from kiln.core.config import Section
+from kiln.curate.dedup.forms import folded_utf8
 
 HASH_SCHEMA = pa.schema(
     [
@@ -53,7 +55,11 @@ class ExactDedupConfig(Section):
 
 
 def text_hash(text: str) -> tuple[int, int]:
-    digest = xxhash.xxh3_128_intdigest(text.encode("utf-8", "surrogatepass"))
+    """The 128-bit xxh3 of the text's dedup key (forms.fold, DEDUP_KEY_VERSION), as two 64-bit halves."""
+    data = text.encode("utf-8", "surrogatepass")
+    if not text.isascii():  # perf: an ASCII text's key is its bytes; it skips even the call (str.isascii is O(1))
+        data = folded_utf8(text, data)
+    digest = xxhash.xxh3_128_intdigest(data)
     return digest >> 64, digest & 0xFFFF_FFFF_FFFF_FFFF
 
 

@@ -107,7 +107,10 @@ def sign_task(
 
         def flush() -> None:
             nonlocal no_words, shingle_total
-            values, ends = shingle_sets([doc.text for _, doc in batch], cfg.ngram, cfg.fold_digits)
+            # each document's language (the language step's meta.language) picks the segmenter of its runs
+            # written without spaces; a value that is not a language code counts as unknown
+            languages = [lang if isinstance(lang := doc.meta.get("language"), str) else None for _, doc in batch]
+            values, ends = shingle_sets([doc.text for _, doc in batch], cfg.ngram, cfg.fold_digits, languages)
             sizes = np.diff(ends)
             signed = 0
             for (ordinal, doc), size in zip(batch, sizes):

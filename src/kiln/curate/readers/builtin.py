@@ -2,7 +2,8 @@
 
 stdlib_code: the standard library's .py files (code); pydoc_topics: the docs text in
 `pydoc_data.topics` (prose); usr_share_doc: READMEs, changelogs and licenses under
-/usr/share/doc (docs). `path` points stdlib_code and usr_share_doc at another root (a copy of
+/usr/share/doc (docs); gettext_messages: translated messages as a parallel corpus (gettext.py).
+`path` points stdlib_code and usr_share_doc at another root (a copy of
 them, as the tests take so that a package installed meanwhile changes nothing). Ids are exactly those of the original
 reader, so the demo's shards and
 its cap sample do not change. A missing source is skipped with a warning. Not handled here:
@@ -18,6 +19,7 @@ import sysconfig
 from pathlib import Path
 
 from kiln.curate.readers.config import BUILTIN_SOURCES, InputConfig
+from kiln.curate.readers.gettext import list_gettext
 from kiln.curate.readers.task import ReadUnit
 
 log = logging.getLogger("kiln.curate")
@@ -41,6 +43,8 @@ DOC_NAME_PATTERNS = (
 
 def list_builtin(cfg: InputConfig) -> list[ReadUnit]:
     """All documents of one built-in input, or [] with a warning when this machine lacks it."""
+    if cfg.format == "gettext_messages":
+        return list_gettext(cfg)
     source = cfg.source or BUILTIN_SOURCES[cfg.format]
     if cfg.format == "stdlib_code":
         root = Path(cfg.path or sysconfig.get_paths()["stdlib"]).absolute()

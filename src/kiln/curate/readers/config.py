@@ -16,10 +16,21 @@ from pydantic import Field, model_validator
 
 from kiln.core.config import Section
 
-Format = Literal["auto", "jsonl", "parquet", "text", "html", "warc", "stdlib_code", "pydoc_topics", "usr_share_doc"]
+Format = Literal[
+    "auto",
+    "jsonl",
+    "parquet",
+    "text",
+    "html",
+    "warc",
+    "stdlib_code",
+    "pydoc_topics",
+    "usr_share_doc",
+    "gettext_messages",
+]
 Extractor = Literal["resiliparse", "trafilatura"]
 
-BUILTIN_FORMATS = frozenset({"stdlib_code", "pydoc_topics", "usr_share_doc"})
+BUILTIN_FORMATS = frozenset({"stdlib_code", "pydoc_topics", "usr_share_doc", "gettext_messages"})
 # A builtin input without `source` gets the name the demo recipe has always used for it.
 BUILTIN_SOURCES = {"stdlib_code": "code", "pydoc_topics": "prose", "usr_share_doc": "docs"}
 # Files holding many documents each; the cap may read only a prefix of one (see plan.py).
@@ -88,15 +99,16 @@ class InputConfig(Section):
         default="auto",
         description=(
             "auto: from each file's extension (.jsonl/.json/.ndjson[.gz|.zst], .parquet, .warc[.gz], .html/.htm, "
-            "anything else text); stdlib_code, pydoc_topics, usr_share_doc: the built-in demo corpus."
+            "anything else text); stdlib_code, pydoc_topics, usr_share_doc: the built-in demo corpus; "
+            "gettext_messages: the machine's translated messages as a parallel corpus, one source per locale."
         ),
     )
     path: str | None = Field(
         default=None,
         description=(
             "A file, a folder (read recursively) or a glob such as data/**/*.jsonl.zst; ids use paths relative to the "
-            "folder before the first wildcard. For stdlib_code and usr_share_doc: the root folder (default: this "
-            "Python's standard library, /usr/share/doc)."
+            "folder before the first wildcard. For stdlib_code, usr_share_doc and gettext_messages: the root folder "
+            "(default: this Python's standard library, /usr/share/doc, /usr/share/locale)."
         ),
     )
     text_field: str = Field(
@@ -118,6 +130,14 @@ class InputConfig(Section):
     code: bool | None = Field(
         default=None,
         description="True or False marks this input as code (or not) for the code rules; None: decided automatically.",
+    )
+    locales: tuple[str, ...] | None = Field(
+        default=None,
+        description=(
+            "gettext_messages: the locales to align (folder names under path, such as fr, pt_BR, zh_TW; en: the "
+            "English originals); each becomes a source of that name (<source>_<locale> when source is set); None: "
+            "en fr de es pt_BR it ru ko ja zh_CN zh_TW th."
+        ),
     )
     extractor: Extractor = Field(
         default="resiliparse",

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from kiln.core.document import Document
 from kiln.curate.audit import Ledger
 from kiln.curate.readers.extract import PageExtractor
+from kiln.curate.readers.gettext import read_gettext_unit
 from kiln.curate.readers.intake import Intake, ReadLimits
 from kiln.curate.readers.jsonl import read_jsonl
 from kiln.curate.readers.page import flush_pages
@@ -57,4 +58,6 @@ def _read_unit(unit: ReadUnit, task: ReadTask, intake: Intake) -> Iterator[Docum
         return read_warc(unit, task.input, intake)
     if unit.format == "html":
         return read_html_file(unit, task.input, intake)
+    if unit.format == "gettext_messages":
+        return read_gettext_unit(unit, task.input, intake)
     return read_text_file(unit, intake)  # text, and the built-in corpus

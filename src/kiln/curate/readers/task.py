@@ -35,7 +35,7 @@ class ReadUnit:
         """`path` as the metadata and the quarantine write it (printable, see printable)."""
         return printable(self.path)
 
-    key: str | None = None  # pydoc_topics: the topic inside the module file
+    key: str | None = None  # pydoc_topics: the topic inside the module file; gettext_messages: <locale>:<document>
     row_groups: tuple[int, ...] | None = None  # parquet: the row groups to read; None: all
     first_row: int = 0  # parquet: index in the file of the first row of row_groups[0]
     max_bytes: int | None = None  # the input cap's budget: stop a container after about this many bytes on disk

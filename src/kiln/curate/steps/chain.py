@@ -20,8 +20,9 @@ group of documents step by step, so that a step with a `prepare` (the model filt
 whole group in one call before its per-document decisions; the outcome is run_document's.
 A source with settings of its own (curate.sources) gets its own step lists: the phases' jobs carry
 `SourceSteps`, every document step's section per source (`StepSettings`), never the whole curate
-config; the builders take a StepSettings or a CurateConfig alike. Not handled here: global work
-(line counts, exact and near dedup; kiln.curate.phases).
+config; the builders take a StepSettings or a CurateConfig alike. A language with settings of its own
+(kiln.curate.languages) gets its own instance of each prose step it sets, behind a ByLanguage step.
+Not handled here: global work (line counts, exact and near dedup; kiln.curate.phases).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from kiln.core.config import Section
 from kiln.core.document import Document
 from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
+from kiln.curate.languages import PER_LANGUAGE_STEPS, ByLanguage
 from kiln.curate.steps.base import Step
 from kiln.curate.steps.c4 import C4, C4Config
 from kiln.curate.steps.code import CodeConfig, CodeQuality
@@ -108,17 +110,41 @@ class StepSettings:
 
 @dataclass(frozen=True)
 class SourceSteps:
-    """Every source's step settings: the sources with settings of their own (curate.sources), and the rest."""
+    """Every source's step settings: the sources with settings of their own (curate.sources), and the rest;
+    and for each, the settings of every language with its own (curate.languages and kiln's)."""
 
     default: StepSettings
     own: dict[str, StepSettings]
+    languages: dict[str, dict[str, StepSettings]]  # source ("" for the rest) -> language code -> settings
 
     @classmethod
     def of(cls, cfg: CurateConfig) -> SourceSteps:
-        return cls(StepSettings.of(cfg), {source: StepSettings.of(cfg.for_source(source)) for source in cfg.sources})
+        codes = cfg.language_codes()
+        return cls(
+            _with_min_scores(cfg, ""),
+            {source: _with_min_scores(cfg, source) for source in cfg.sources},
+            {
+                source: {code: StepSettings.of(cfg.for_language(source, code)) for code in codes}
+                for source in ("", *cfg.sources)
+            },
+        )
 
     def for_source(self, source: str) -> StepSettings:
         return self.own.get(source, self.default)
+
+    def languages_of(self, source: str) -> dict[str, StepSettings]:
+        """Each language's settings for `source`'s documents."""
+        return self.languages[source if source in self.own else ""]
+
+
+def _with_min_scores(cfg: CurateConfig, source: str) -> StepSettings:
+    """`source`'s step settings, its language ID taking each language's own lowest score (curate.languages and
+    kiln's, as for_language resolves them) where language.min_scores does not name one."""
+    own = cfg.for_source(source)
+    scores = {code: cfg.for_language(source, code).language.min_score for code in cfg.language_codes()}
+    scores = {code: score for code, score in scores.items() if score != own.language.min_score}
+    language = own.language.model_copy(update={"min_scores": {**scores, **own.language.min_scores}})
+    return StepSettings.of(own.model_copy(update={"language": language}))
 
 
 Steps = CurateConfig | StepSettings  # what the builders below read a source's step sections from
@@ -136,10 +162,32 @@ def early_steps(cfg: Steps) -> list[Step]:
     return [Normalize(), *([URLFilter(cfg.url_filter)] if cfg.url_filter.enabled else [])]
 
 
-def prose_steps(cfg: Steps, boilerplate: Iterable[int] = (), index: Path | None = None) -> list[Step]:
-    """The prose branch; `index` is the decontamination index folder (kiln.curate.dedup.ngram_index.build_index).
-    The quality filters' `model` folders must be set (kiln.curate.run.quality_models sets them)."""
-    return [_build(cfg, name, boilerplate, index) for name in enabled(cfg, PROSE_STEPS)]
+def prose_steps(
+    cfg: Steps,
+    boilerplate: Iterable[int] = (),
+    index: Path | None = None,
+    languages: dict[str, StepSettings] | None = None,
+) -> list[Step]:
+    """The prose branch; `index` is the decontamination index folder (kiln.curate.dedup.ngram_index.build_index),
+    `languages` each language's settings (SourceSteps.languages_of). The quality filters' `model` folders must be
+    set (kiln.curate.run.quality_models sets them)."""
+    steps = []
+    counted = frozenset(
+        code
+        for code, own in (languages or {}).items()
+        if any(getattr(own, n) != getattr(cfg, n) for n in PER_LANGUAGE_STEPS)
+    )
+    for name in enabled(cfg, PROSE_STEPS):
+        step = _build(cfg, name, boilerplate, index)
+        differ = {code: own for code, own in (languages or {}).items() if getattr(own, name) != getattr(cfg, name)}
+        if name != "language" and name in PER_LANGUAGE_STEPS and differ:
+            own_steps = {
+                code: _build(own, name, (), index) if enabled(own, [name]) else None for code, own in differ.items()
+            }
+            step = ByLanguage(step, own_steps, counted)
+            counted = frozenset()  # the first such step counts
+        steps.append(step)
+    return steps
 
 
 def code_steps(cfg: Steps, index: Path | None = None) -> list[Step]:

@@ -8,24 +8,19 @@ themselves: duplicated lines and paragraphs, one n-gram taking a large share of 
 characters inside repeated n-grams. Both read the shared split (kiln.text.segments); counts
 follow datatrove's implementation of the paper (its GopherQualityFilter and
 GopherRepetitionFilter) so that the two agree document for document.
-Words are split in the document's language (kiln.text.segments), and GopherQuality takes the stop
-words and mean word length bounds of that language from gopher_languages.yaml beside this file
-(FineWeb-2's per-language figures, source and exceptions named there), overridable per language.
-Not handled here: per-language settings of the repetition rules, the paper's other filters (language
-ID, safe search, dedup: other steps).
+Words are split in the document's language (kiln.text.segments); stop words written with an
+apostrophe (French l', d') match as typed and as typeset (l’). Not handled here: the settings of
+each language (kiln.curate.languages gives each language its own instance of these steps), the
+paper's other filters (language ID, safe search, dedup: other steps).
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from bisect import bisect_left
-from pathlib import Path
-from typing import Any
 
 import numpy as np
-import yaml
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from kiln.core.config import Section
 from kiln.core.document import Document
@@ -34,21 +29,6 @@ from kiln.text.segments import Segments, segments
 
 # Gopher's stop words (the paper, A.1.1): a document needs at least two of them.
 GOPHER_STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
-LANGUAGES_FILE = Path(__file__).with_name("gopher_languages.yaml")
-
-
-class GopherLanguageConfig(Section):
-    """Gopher quality settings of one language (None: gopher_quality's own)."""
-
-    stop_words: tuple[str, ...] | None = Field(None, description="The language's stop words (see min_stop_words).")
-    min_mean_word_length: float | None = Field(None, ge=0, description="Smallest mean word length, in characters.")
-    max_mean_word_length: float | None = Field(None, ge=0, description="Largest mean word length, in characters.")
-
-
-@functools.cache
-def shipped_languages() -> dict[str, dict[str, Any]]:
-    """The per-language settings kiln ships (gopher_languages.yaml)."""
-    return yaml.safe_load(LANGUAGES_FILE.read_text(encoding="utf-8"))
 
 
 class GopherQualityConfig(Section):
@@ -74,26 +54,6 @@ class GopherQualityConfig(Section):
         2, ge=0, description="Fewest distinct stop words (lowercase, exact) a document must contain."
     )
     stop_words: tuple[str, ...] = Field(GOPHER_STOP_WORDS, description="The stop words counted by min_stop_words.")
-    languages: dict[str, GopherLanguageConfig] = Field(
-        default_factory=lambda: {k: GopherLanguageConfig(**v) for k, v in shipped_languages().items()},
-        description=(
-            "Language code -> its stop words and mean word length bounds, for documents of that language "
-            "(meta.language); kiln ships FineWeb-2's for fr de es it pt nl pl ru id zh ja ko th "
-            "(curate/steps/gopher_languages.yaml); a recipe's entries are merged over them key by key."
-        ),
-    )
-
-    @field_validator("languages", mode="before")
-    @classmethod
-    def _over_shipped(cls, given: Any) -> Any:
-        """A recipe's languages merged over the shipped ones, key by key (setting fr's stop words keeps de's)."""
-        if not isinstance(given, dict):
-            return given
-        shipped = shipped_languages()
-        return {
-            code: {**shipped.get(code, {}), **(dict(v) if isinstance(v, dict) else v.model_dump(exclude_none=True))}
-            for code, v in {**shipped, **given}.items()
-        }
 
 
 class GopherQuality(Filter):
@@ -103,21 +63,10 @@ class GopherQuality(Filter):
 
     def __init__(self, cfg: GopherQualityConfig):
         self.cfg = cfg
-        default = (frozenset(cfg.stop_words), cfg.min_mean_word_length, cfg.max_mean_word_length)
-        self.default = default
-        self.by_language = {
-            code: (
-                _with_curly_apostrophes(lang.stop_words) if lang.stop_words is not None else default[0],
-                lang.min_mean_word_length if lang.min_mean_word_length is not None else default[1],
-                lang.max_mean_word_length if lang.max_mean_word_length is not None else default[2],
-            )
-            for code, lang in cfg.languages.items()
-        }
+        self.stop_words = _with_curly_apostrophes(cfg.stop_words)
 
     def check(self, doc: Document) -> Drop | None:
         cfg = self.cfg
-        language = doc.meta.get("language")
-        stop_words, min_mean, max_mean = self.by_language.get(language, self.default) if language else self.default
         seg = segments(doc)
         tokens = seg.words
         words = seg.alnum_words  # the paper's "words": punctuation-only tokens are not words
@@ -126,10 +75,10 @@ class GopherQuality(Filter):
         if len(words) > cfg.max_words:
             return Drop("too_many_words", len(words), cfg.max_words)
         mean_length = sum(map(len, words)) / len(words) if words else 0.0
-        if mean_length < min_mean:
-            return Drop("mean_word_length", mean_length, min_mean)
-        if mean_length > max_mean:
-            return Drop("mean_word_length", mean_length, max_mean)
+        if mean_length < cfg.min_mean_word_length:
+            return Drop("mean_word_length", mean_length, cfg.min_mean_word_length)
+        if mean_length > cfg.max_mean_word_length:
+            return Drop("mean_word_length", mean_length, cfg.max_mean_word_length)
         # subtle: the per-word ratios divide by all tokens, punctuation included (as datatrove does)
         n_tokens = len(tokens) or 1
         text = doc.text
@@ -147,10 +96,10 @@ class GopherQuality(Filter):
             trailing = sum(1 for line in lines if line.rstrip().endswith(("...", "…"))) / len(lines)
             if trailing > cfg.max_ellipsis_line_fraction:
                 return Drop("ellipsis_lines", trailing, cfg.max_ellipsis_line_fraction)
-        alpha = _count_with_letter(words) / n_tokens
+        alpha = count_with_letter(words) / n_tokens
         if alpha < cfg.min_alpha_word_fraction:
             return Drop("alpha_words", alpha, cfg.min_alpha_word_fraction)
-        found = len(stop_words.intersection(tokens))
+        found = len(self.stop_words.intersection(tokens))
         if found < cfg.min_stop_words:
             return Drop("too_few_stop_words", found, cfg.min_stop_words)
         return None
@@ -165,7 +114,7 @@ def _with_curly_apostrophes(words: tuple[str, ...]) -> frozenset[str]:
 _NO_LETTER = re.compile(r"^(?:\d|_|[^\w\n])+$", re.MULTILINE)
 
 
-def _count_with_letter(words: list[str]) -> int:
+def count_with_letter(words: list[str]) -> int:
     """How many of `words` contain a letter."""
     # perf: one regex pass over the words joined by newlines (no word holds one), not a loop per word
     return len(words) - len(_NO_LETTER.findall("\n".join(words)))
@@ -291,6 +240,10 @@ class NGrams:
         self.char_prefix = np.concatenate(([0], np.cumsum(lengths)))  # chars of words[i:j] = prefix[j] - prefix[i]
         self._keys: dict[int, np.ndarray] = {1: _mix(self.ids + _STEP)}
         self._groups: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # subtle: the joining spaces are in the text only where words are written with spaces; counting them in
+        # Chinese, Japanese or Thai would add a character per word that the text does not have (a third more to a
+        # Chinese 4-gram of 1.7-character words)
+        self.joiner = 1 if seg.spaced else 0
 
     def keys(self, n: int) -> np.ndarray:
         """Key of the n-gram starting at each position (len(words) - n + 1 of them)."""
@@ -313,7 +266,7 @@ class NGrams:
         first, _, count = self.groups(n)
         top = count.max()
         start = int(first[count == top].min())
-        return int(top) * (int(self.char_prefix[start + n] - self.char_prefix[start]) + n - 1)
+        return int(top) * (int(self.char_prefix[start + n] - self.char_prefix[start]) + self.joiner * (n - 1))
 
     def duplicated_chars(self, n: int, enough: float | None = None) -> int:
         """Characters in n-grams that repeat an earlier one, scanning left to right and jumping past each repeat.

@@ -4,7 +4,8 @@ The `pii` step (step.py: RedactPII and PIIConfig) runs one detector per kind, ea
 its own: secrets (private keys, tokens, values assigned to secret names), emails, ip_addresses,
 cards, ssns, phones, and numbers, the one digit scan that finds the IPv4, card, SSN and North
 American phone shapes for their detectors; context.py holds what the text around a number says
-(a version, a phone word). Regexes only propose candidates; a candidate is redacted once Python
+(a version, a section, a phone word, in many languages), regions.py the phone regions a document's
+language names. Regexes only propose candidates; a candidate is redacted once Python
 confirms it by its validity and its context. Every pattern is written so that a match can start
 only at the beginning of a run of its characters and every repeat is bounded or unambiguous: no
 input makes a pass superlinear (the tests time 1 MB adversarial strings).
@@ -22,8 +23,10 @@ from kiln.curate.steps.pii.phones import (
     PhoneCheck,
     phone_possible,
     phone_valid,
+    writes_without_trunk,
 )
 from kiln.curate.steps.pii.placeholders import PLACEHOLDERS
+from kiln.curate.steps.pii.regions import LANGUAGE_REGIONS, language_regions
 from kiln.curate.steps.pii.secrets import MAX_PEM_BODY_CHARS, MIN_SECRET_ENTROPY, random_looking
 from kiln.curate.steps.pii.ssns import ssn_valid
 from kiln.curate.steps.pii.step import EXAMPLE_CONTEXT, EXAMPLES_PER_KIND, PIIConfig, RedactPII
@@ -32,6 +35,7 @@ __all__ = [
     "EXAMPLES_PER_KIND",
     "EXAMPLE_CONTEXT",
     "IPRange",
+    "LANGUAGE_REGIONS",
     "MAX_NATIONAL_DIGITS",
     "MAX_PEM_BODY_CHARS",
     "MAX_PHONE_DIGITS",
@@ -44,9 +48,11 @@ __all__ = [
     "RedactPII",
     "card_issued",
     "ip_range",
+    "language_regions",
     "luhn_valid",
     "phone_possible",
     "phone_valid",
     "random_looking",
     "ssn_valid",
+    "writes_without_trunk",
 ]

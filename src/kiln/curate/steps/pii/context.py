@@ -14,15 +14,18 @@ version when the text marks it as one:
 - a changelog heading: `Changes in`, `What's new in` (and an optional name) at the start of the line,
   or a heading mark (`#`, `=`) before it and only a date after it (`## 1.2.3.4 - 2020-01-01`), or a
   `##`/`==` mark and nothing after it;
-- a section word or sign before it (`section`, `§`, `Table`), a Debian package header
-  (`xft (2.3.2.1-7)`), or a revision after it (`-7)`, `-1ubuntu1`, `+dfsg`, `~rc1`; not a range's
-  end, `-40`).
+- a section word or sign before it (`section`, `§`, `Table`, `Sección`, `в разделе`, `第`, `セクション`) or a
+  section mark after it (`节`, `절`, Hungarian `pont`), a Debian package header (`xft (2.3.2.1-7)`), or a
+  revision after it (`-7)`, `-1ubuntu1`, `+dfsg`, `~rc1`; not a range's end, `-40`).
+Version, section and phone words are listed for English and the 24 languages of
+kiln.curate.steps.pii.regions (fr de es it pt nl pl ru uk id vi tr cs sv ro hu el ar fa hi zh ja ko th).
 Names in lower case (`host`, `web-01`) and in capitals (`IP`, `PING`) are no product's: an address
 after one stays an address. A phone word right before a number of phone shape (`Phone:`, `mobile`,
-`tel:`, `call me at`) makes it a phone even where libphonenumber knows no such area or range.
+`tel:`, `call me at`, `Teléfono:`, `电话：`, `โทร`) makes it a phone even where libphonenumber knows no
+such area or range.
 Not handled: a version alone on its line with no heading mark (`3.3.91` followed by a list), a
 product's name in capitals (`GCC 4.1.2.1`) or lower case (`gcc 4.1.2.1`), a phone word after the
-number (`968-909-5111 (cell)`).
+number (`968-909-5111 (cell)`), words of other languages, and inflected forms not listed.
 """
 
 from __future__ import annotations
@@ -34,10 +37,13 @@ import re
 CONTEXT_CHARS = 64
 
 # A version word, then at most three linking words or version-like tokens (Standards-Version to ...,
-# upgrade from 1.2.3.4 to ...).
+# upgrade from 1.2.3.4 to ...). The word "version" of other languages (es it pt nl pl ru uk tr cs hu ro el vi
+# hi fa ar; then zh ja ko th, written without spaces) counts as it does.
 _VERSION_BEFORE = re.compile(
-    r"(?i)\b(?:versions?|releases?|released|upstream|updated?|updates|upgraded?|upgrades|bump(?:ed|s)?|firmware|build"
-    r"|ver|v|rev|revision|kernel|patch(?:ed)?)\b"
+    r"(?i)(?:\b(?:versions?|releases?|released|upstream|updated?|updates|upgraded?|upgrades|bump(?:ed|s)?|firmware"
+    r"|build|ver|v|rev|revision|kernel|patch(?:ed)?"
+    r"|versi[oó]n|versione|vers[aã]o|versie|wersj[ai]|верси[яию]|версі[яїю]|s[uü]r[uü]m\w*|verz[ie]\w*|versiunea"
+    r"|[eέ]κδοσ[ηe]|phi[eê]n\s?b[aả]n|संस्करण|نسخه|(?:ال)?إصدار)\b|版本|バージョン|버전|เวอร์ชัน)"
     r"(?:[\s:=#,]+(?:to|is|was|of|at|now|number|no\.?|string|\d[\w.+~-]*)){0,3}[\s:=#,(]*\Z"
     # a version constraint: (>= 3.5.30.1), foo==1.2.3.4, (< 2.0.0.1); `ip.addr == 1.2.3.4` is a filter, not one
     r"|(?:[<>~]=|\w[=!]=|>>|<<|\([ \t]*[<>=])[ \t]*\Z"
@@ -49,26 +55,44 @@ _VERSION_ASSIGNED = re.compile(
     r"(?:(?<![A-Za-z])(?i:version)|(?<=[a-z])Version)(?:_?(?i:string|str|number|num|name|info|code|id|tag))?_{0,2}"
     r"[\"']?[ \t]{0,3}(?::=|=>|==|[:=(>])[ \t]{0,3}[\"'(]?\Z"
 )
-# Section words of the languages kiln curates (English, then es fr de it pt nl pl ru tr id vi; a cross-reference
-# such as "Sección 6.2.1.2" or "Abschnitt 3.4.1.2" is not an address), and the Chinese, Japanese and Korean
-# marks around a section number: 第 before it, 节/節/章/条/條/절/장/조 after it ("第 4.6.1.2 节"), 表/图/図 before it.
+# Section words of the languages kiln curates (a cross-reference such as "Sección 6.2.1.2", "Abschnitt 3.4.1.2" or
+# "в разделе 1.2.3.4" is not an address), inflected forms by their stem where the language declines them; then
+# the words and marks of scripts written without spaces, which need no word start: 第 before a section number and
+# 节/節/章/条/條/절/장/조 after it ("第 4.6.1.2 节"), 表/图/図/セクション/섹션/ส่วนที่ before it.
 _SECTION_WORDS = (
     "section|sect|sec|chapter|chap|clause|paragraph|para|figure|fig|table|tab|appendix|annex|article|art|"
     "exercise|equation|eq|lemma|theorem|definition|listing|"
     "secci[oó]n|cap[ií]tulo|apartado|art[ií]culo|tabla|figura|anexo|p[aá]rrafo|"  # es (pt and it share some)
     "chapitre|paragraphe|tableau|annexe|"  # fr
-    "abschnitt|kapitel|absatz|tabelle|abbildung|abb|anhang|artikel|ziffer|"  # de
+    "abschnitt|abschn|kapitel|absatz|tabelle|abbildung|abb|anhang|artikel|ziffer|"  # de
     "sezione|capitolo|paragrafo|articolo|tabella|allegato|"  # it
     "se[cç][aã]o|artigo|tabela|"  # pt
     "sectie|hoofdstuk|paragraaf|tabel|figuur|bijlage|"  # nl
-    "sekcja|rozdzia[lł]|punkt|artyku[lł]|rysunek|za[lł][aą]cznik|"  # pl
-    "раздел|глава|пункт|статья|таблица|рисунок|приложение|параграф|"  # ru
-    "b[oö]l[uü]m|madde|tablo|[sş]ekil|"  # tr
-    "bagian|bab|pasal|gambar|lampiran|"  # id
-    "m[uụ]c|ch[uư][oơ]ng|[dđ]i[eề]u|b[aả]ng|h[iì]nh"  # vi
+    r"sekcj\w*|rozdzia[lł]\w*|punk[tc]\w*|artyku[lł]\w*|tabel[ia]|rysun\w*|za[lł][aą]cznik\w*|"  # pl
+    r"раздел\w*|глав[аеуы]|пункт\w*|стать[яиеюй]|таблиц\w*|рисун\w*|приложени\w*|параграф\w*|"  # ru
+    r"розділ\w*|статт[яіею]|додат\w*|малюн\w*|"  # uk (пункт, таблиця, рисунок, глава as ru)
+    r"b[oö]l[uü]m\w*|madde\w*|tablo\w*|[sş]ekil\w*|"  # tr
+    "bagian|bab|pasal|gambar|lampiran|ayat|"  # id
+    "m[uụ]c|ch[uư][oơ]ng|[dđ]i[eề]u|b[aả]ng|h[iì]nh|ph[aầ]n|"  # vi
+    r"odd[ií]l\w*|kapitol\w*|[cč]l[aá]n(?:ek|ku)|tabul[kc]\w*|obr[aá]z\w*|obr|p[rř][ií]loh\w*|odstav\w*|"  # cs
+    r"č[aá]st\w*|"  # cs
+    r"avsnitt\w*|kapitlet|tabell\w*|figur\w*|bilag\w*|"  # sv
+    r"sec[țţt]iun\w*|capitolul\w*|articolul\w*|tabelul\w*|anex\w*|punctul\w*|paragraful\w*|"  # ro
+    r"szakasz\w*|fejezet\w*|t[aá]bl[aá]zat\w*|[aá]br[aá]\w*|mell[eé]klet\w*|"  # hu
+    r"εν[οό]τητ\w*|κεφ[αά]λαι\w*|[αά]ρθρ\w*|παρ[αά]γραφ\w*|π[ιί]νακ\w*|σχ[ηή]μα\w*|παρ[αά]ρτημα\w*|τμ[ηή]μα\w*|"  # el
+    "(?:ال)?(?:قسم|فصل|بند|مادة|جدول|شكل|فقرة|ملحق)|"  # ar, with or without its article
+    "بخش|ماده|شکل|پیوست|قسمت|"  # fa (فصل, بند, جدول as ar)
+    "खंड|खण्ड|अनुभाग|अध्याय|धारा|तालिका|चित्र|परिशिष्ट|अनुच्छेद"  # hi
 )
-_SECTION_BEFORE = re.compile(rf"(?i)(?:\b(?:{_SECTION_WORDS})\.?|§§?|[第表图図]|그림|표)\s*\Z")
-_SECTION_AFTER = re.compile(r"\s*[节節章条條项項款절장조]")
+_SECTION_MARKS = (
+    "§§?|[第表图図圖]|章节|章節|小节|小節|附录|附錄|付録|セクション|그림|표|섹션|부록|"
+    "(?:หัวข้อ|ส่วน|มาตรา|ตาราง|รูป|บท)(?:ที่)?"  # th
+)
+_SECTION_BEFORE = re.compile(rf"(?i)(?:\b(?:{_SECTION_WORDS})\.?|{_SECTION_MARKS})\s*\Z")
+# After the number: the CJK marks, and the words Hungarian and Turkish write after it ("a 3.4.1.2. pontban").
+_SECTION_AFTER = re.compile(
+    r"\s*[节節章条條项項款절장조항]|\.?[ \t](?i:pont|fejezet|szakasz|bekezd[eé]s|t[aá]bl[aá]zat|[aá]br[aá]|madde)"
+)
 _PACKAGE_HEADER = re.compile(r"[a-z0-9][a-z0-9+.-]* \(\Z")  # from the start of the line
 # A revision is glued to what follows it or closes a parenthesis (1.2.3.4-7), 1.2.3.4-1ubuntu1), unlike
 # the end of an address range (93.184.216.34-40).
@@ -166,14 +190,34 @@ def _changelog_heading(text: str, line_start: int, start: int, end: int) -> bool
     return head["mark"] != "#" and _HEADING_BARE_AFTER.fullmatch(after) is not None
 
 
-# A phone word, then at most two linking words (`number`, `no.`, `me at`), then punctuation: right
-# before the number. It starts where a word starts (not `Hotel`), and ends where the linking starts.
+# A phone word, then at most two linking words (`number`, `no.`, `me at`, `de contacto`), then punctuation: right
+# before the number. A word of a spaced script starts where a word starts (not `Hotel`); those of scripts written
+# without spaces (电话, 電話番号, โทรศัพท์) need not. A suffix may be glued to it (Telefonnummer, 전화번호).
+_PHONE_WORDS = (
+    "phones?|telephone|tel|mobile|mob|cell(?:phone)?|fax|call|ph|whatsapp|"  # en, and tel, mob, fax in many
+    "tel[eé]fono|m[oó]vil|celular|tfno|tlf|"  # es
+    "t[eé]l[eé]phone|t[eé]l|portable|"  # fr
+    "telefon|handy|mobil(?:telefon)?|rufnummer|festnetz|"  # de; telefon, mobil also pl cs sv ro hu tr
+    "telefono|cellulare|telefone|telem[oó]vel|"  # it pt
+    r"telefoon|mobiel|gsm|kom[oó]rk\w*|"  # nl pl
+    r"телефон|тел|моб|мобильн\w*|мобільн\w*|сотов\w*|факс|"  # ru uk
+    "telepon|telp|ponsel|"  # id
+    r"điện\s?thoại|đt|sđt|đtdđ|di\s?động|"  # vi
+    "cep|faks|"  # tr
+    "τηλ[εέ]φωνο|τηλ|κινητ[οό]|φαξ|"  # el
+    "(?:ال)?(?:هاتف|جوال|تلفون|موبايل|فاكس)|"  # ar, with or without its article
+    "تلفن|موبایل|فکس|"  # fa
+    "(?:फ\u093c?|\u095e)ोन|मोबाइल|दूरभाष|टेली(?:फ\u093c?|\u095e)ोन"  # hi, फ़ with its nukta composed or not
+)
+_PHONE_WORDS_UNSPACED = "电话|電話|手机|手機|传真|傳真|携帯|ファックス|전화|휴대폰|핸드폰|팩스|โทร(?:ศัพท์)?|มือถือ|แฟกซ์"
+_PHONE_WORD_GLUED = "番号|号码|號碼|번호|nummer|nr|sz[aá]m|หมายเลข"
+_PHONE_LINKING = (
+    r"number|no\.?|nr\.?|me|us|at|on|n[uú]mero|num[eé]ro|nummer|numer|номер[ау]?|numaras[ıi]|[cč][ií]slo|"
+    r"sz[aá]m|αριθμ[οό]ς|s[oố]|nomor|de|contacto|contato|fijo|kom\.?|번호|หมายเลข|नंबर|رقم|شماره|همراه"
+)
 _PHONE_WORD_BEFORE = re.compile(
-    r"(?i)(?:(?<![\w-])(?:phones?|telephone|telefon|tel|mobile|mob|cell(?:phone)?|fax|call|ph"
-    r"|tel[eé]fono|m[oó]vil|celular|t[eé]l[eé]phone|portable|handy|mobiltelefon|telefono|cellulare|telefone"
-    r"|telefoon|mobiel|телефон|тел|моб|telepon|ponsel|điện\s?thoại|sđt)"
-    r"|电话|電話|手机|手機|携帯|電話番号|전화|휴대폰)"
-    r"(?:[ \t]{1,2}(?:number|no\.?|nr\.?|me|us|at|on|n[uú]mero|nummer|номер)){0,2}[\s.:;,=#/\"'(：-]{0,4}\Z"
+    rf"(?i)(?:(?<![\w-])(?:{_PHONE_WORDS})|{_PHONE_WORDS_UNSPACED})(?:{_PHONE_WORD_GLUED})?"
+    rf"(?:[ \t]{{1,2}}(?:{_PHONE_LINKING})){{0,2}}[\s.:;,=#/\"'(：-]{{0,4}}\Z"
 )
 _PHONE_WORD_CHARS = 40
 

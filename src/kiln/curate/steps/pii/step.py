@@ -5,8 +5,11 @@ source as `pii:<kind>`; the first few redactions per source and kind are recorde
 the summary; a document over `max_hits` redactions is dropped. The detectors, one module each:
 secrets, emails, ip_addresses, cards, ssns, phones, and numbers (the one digit scan that finds the
 shapes of IPv4, cards, SSNs and North American phones for their detectors).
-Not handled here: what any kind is and how it is found (the detector modules); choosing settings by
-a document's language (a source sets its own: `curate.sources.<source>.pii`).
+A document's language (`meta.language`) adds the phone regions it names (kiln.curate.steps.pii.regions)
+when `phone_regions_from_language` is on; phone words and section words of many languages are context
+for every document (kiln.curate.steps.pii.context).
+Not handled here: what any kind is and how it is found (the detector modules); other settings by a
+document's language (`curate.languages.<code>.pii` sets those, as a source sets its own).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from kiln.curate.steps.pii.ip_addresses import IPAddresses, IPRange
 from kiln.curate.steps.pii.numbers import NumberScan
 from kiln.curate.steps.pii.phones import Phones
 from kiln.curate.steps.pii.placeholders import PLACEHOLDERS, touches_placeholder
+from kiln.curate.steps.pii.regions import language_regions
 from kiln.curate.steps.pii.secrets import redact_assigned, redact_pem, redact_tokens
 
 
@@ -33,14 +37,21 @@ class PIIConfig(Section):
     phones: bool = Field(
         True,
         description="Replace phone numbers that libphonenumber validates (+country code; US (212) 555-0143, "
-        "212-555-0143, 212.555.0143; national formats of phone_regions), or of a possible length right "
-        "after a phone word (Phone:, mobile, tel:), with <PHONE>.",
+        "212-555-0143, 212.555.0143; national formats of phone_regions and of the document language's regions), "
+        "or of a possible length right after a phone word (Phone:, mobile, tel:, Teléfono, 电话, ...), with <PHONE>.",
     )
     phone_regions: list[str] = Field(
         ["GB", "DE", "FR", "IT", "ES", "NL", "AU", "IE", "IN"],
         description="Regions (ISO 3166 codes) whose national formats, trunk 0 and groups (020 7946 0958), are "
-        "checked; numbers with a + country code and the North American formats are checked for every "
-        "region.",
+        "checked in every document; numbers with a + country code and the North American formats are checked for "
+        "every region.",
+    )
+    phone_regions_from_language: bool = Field(
+        True,
+        description="Also check the national formats of the regions a document's language (meta.language) names: "
+        "ja JP, de DE AT CH, pt BR PT, zh CN TW HK, ... (kiln.curate.steps.pii.regions), with a trunk 0 "
+        "(03-1234-5678) and, for those regions only, without one (612 34 56 78, 8 (495) 123-45-67); "
+        "phone_regions are checked all the same.",
     )
     ip_addresses: bool = Field(True, description="Replace IPv4 and IPv6 addresses with <IP_ADDRESS>.")
     keep_ip_ranges: list[IPRange] = Field(
@@ -90,14 +101,14 @@ class RedactPII:
 
     def __init__(self, config: PIIConfig):
         self.config = config
-        ips = IPAddresses(config.keep_ip_ranges)
+        self._ips = IPAddresses(config.keep_ip_ranges)
         enabled = {
             "ip_address": config.ip_addresses,
             "credit_card": config.credit_cards,
             "ssn": config.ssns,
             "phone": config.phones,
         }
-        kinds = [kind for kind, on in enabled.items() if on]
+        self._kinds = [kind for kind, on in enabled.items() if on]
         # Order: key blocks and tokens first, so their base64 is never read as numbers or emails;
         # IPv6 before the number pass (an IPv6 address can end in an IPv4 one).
         passes: list[Callable[[str, dict[str, int]], str]] = []
@@ -106,16 +117,15 @@ class RedactPII:
         if config.emails:
             passes.append(redact_emails)
         if config.ip_addresses:
-            passes.append(ips.redact_ipv6)
-        if kinds:
-            passes.append(NumberScan(kinds, ips).redact)
-        if config.phones:
-            passes.append(Phones(config.phone_regions).redact)
-        self._passes = passes
+            passes.append(self._ips.redact_ipv6)
+        self._passes = passes  # then the number scan and phones, chosen by the document's language (_passes_for)
+        self._by_language: dict[str | None, list[Callable[[str, dict[str, int]], str]]] = {}
         self._examples: dict[tuple[str, str], int] = {}  # (source, kind) -> examples recorded
 
-    def redact(self, text: str) -> tuple[str, dict[str, int]]:
-        """The text with every enabled kind of PII replaced, and the number of hits per kind."""
+    def redact(self, text: str, language: str | None = None) -> tuple[str, dict[str, int]]:
+        """The text with every enabled kind of PII replaced, and the number of hits per kind; `language` (a
+        document's meta.language) adds the phone regions it names."""
+        passes = self._passes_for(language)
         hits = dict.fromkeys(PLACEHOLDERS, 0)
         # subtle: a placeholder changes what its neighbours see: in "+44 20 7946 0958+44 20 7946
         # 0958" the second number follows a digit and is no phone, but once the first is <PHONE> it
@@ -126,16 +136,32 @@ class RedactPII:
         # placeholders sit between spaces or in <...>.)
         while True:
             found = dict.fromkeys(PLACEHOLDERS, 0)
-            for redact in self._passes:
+            for redact in passes:
                 text = redact(text, found)
             for kind, n in found.items():
                 hits[kind] += n
             if not any(found.values()) or not touches_placeholder(text, self.config.secrets):
                 return text, hits
 
+    def _passes_for(self, language: str | None) -> list[Callable[[str, dict[str, int]], str]]:
+        """Every pass for a document of `language`: the phone regions it names join phone_regions (if asked)."""
+        passes = self._by_language.get(language)
+        if passes is None:
+            hinted = language_regions(language) if self.config.phone_regions_from_language else ()
+            phones = Phones(self.config.phone_regions, hinted)
+            grouped = phones.grouped if phones.without_trunk else None
+            passes = (
+                [*self._passes, NumberScan(self._kinds, self._ips, grouped).redact] if self._kinds else self._passes
+            )
+            if self.config.phones:
+                passes = [*passes, phones.redact]
+            self._by_language[language] = passes
+        return passes
+
     def process(self, docs: Iterable[Document], ledger: Ledger) -> Iterator[Document]:
         for doc in docs:
-            text, hits = self.redact(doc.text)
+            language = doc.meta.get("language")
+            text, hits = self.redact(doc.text, language if isinstance(language, str) else None)
             total = sum(hits.values())
             if self.config.max_hits is not None and total > self.config.max_hits:
                 # Counters report what was redacted in kept documents; a dropped one redacted nothing.
