@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.core import store_lock
+from kiln.core import storage, store_lock
 from kiln.core.errors import FatalError
 from kiln.core.mirror import mirror_of, push_files
 from kiln.core.store_lock import StoreLock, adopt, guard
@@ -98,3 +98,29 @@ def test_a_process_that_exits_with_an_error_after_taking_the_lock_releases_it(bu
     done = subprocess.run([sys.executable, "-c", code], env=os.environ, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert not s3fs.S3FileSystem().exists(url.removeprefix("s3://"))
+
+
+def test_an_upload_in_flight_when_its_holder_froze_and_was_overtaken_is_taken_back(
+    bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"s3://{bucket}/runs/r/curate.lock"
+    mine = StoreLock.take(url, "curate")
+    mine._stop.set()  # frozen: no renewals from here on (as under SIGSTOP)
+    folder = mirror_of(f"s3://{bucket}/runs") / "r" / "curate.partial"
+    folder.mkdir(parents=True)
+    (folder / "renames.json").write_text("{}")
+    sent = storage.put_file
+
+    def frozen_mid_request(local: str, dst: str) -> None:
+        sent(local, dst)  # the request reaches the store, but its process was stopped before it returned,
+        time.sleep(2.2)  # past the lock's expiry, while another machine's run took the stage over and finished
+        rival = StoreLock(url, "curate")
+        rival.acquire()
+        rival._stop.set()
+        rival.release()
+
+    monkeypatch.setattr(storage, "put_file", frozen_mid_request)
+    with pytest.raises(FatalError, match=rf"curate: the lock {url} was lost while the stage ran"):
+        push_files(folder, [folder / "renames.json"])
+    assert not s3fs.S3FileSystem().exists(f"{bucket}/runs/r/curate.partial/renames.json")  # taken back
+    mine.release()

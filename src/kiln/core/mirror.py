@@ -41,7 +41,7 @@ from kiln.core.atomic import write_atomically
 from kiln.core.errors import FatalError
 from kiln.core.layout import MANIFEST as MANIFEST_NAME
 from kiln.core.layout import SUMMARY as SUMMARY_NAME
-from kiln.core.store_lock import guard
+from kiln.core.store_lock import guard, guard_held
 
 MARKER = ".kiln-store.json"  # in a mirror's root: {"url": the store location it stands for}
 VERIFIED = ".kiln-verified"  # in a mirror's root: one file per checked download, so a file is hashed once
@@ -212,9 +212,22 @@ def push_files(folder: Path, paths: Iterable[Path]) -> int:
 
 
 def put(local: Path, url: str) -> None:
-    """Upload a local file to `url`, unless the run lost the lock of the stage it belongs to (guard)."""
+    """Upload a local file to `url`, unless the run lost the lock of the stage it belongs to (guard). A lock
+    lost while the upload was in flight (the process frozen mid-request) takes the upload back."""
     guard(url)
     storage.put_file(str(local), url)
+    try:
+        guard_held(url)
+    except FatalError:
+        # subtle: the upload landed after another run took the stage over; its object goes again unless that run
+        # has written the key since (an S3 ETag is the content's MD5 for an upload in one part)
+        try:
+            stored = storage.identity(url).get("etag")
+        except FatalError:  # gone already (the other run cleared the prefix): nothing to take back
+            stored = None
+        if stored == storage.md5_file(local):
+            storage.remove([url])
+        raise
 
 
 def clear(folder: Path, marker: str) -> None:

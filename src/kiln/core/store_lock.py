@@ -244,6 +244,14 @@ def fenced(fn: Callable[[T], R]) -> Callable[[T], R]:
     return functools.partial(_run_fenced, tokens(), fn)
 
 
+def guard_held(url: str) -> None:
+    """After writing `url`: stop when a lock this process holds over it was lost meanwhile (no store read while
+    the lock's last confirmation is fresh, so a write costs no extra request)."""
+    for lock_url, lock in list(StoreLock.held.items()):
+        if covers(lock_url, url):
+            lock.guard()
+
+
 def guard(url: str) -> None:
     """Before writing `url`: stop when a lock guarding it was lost by the run this process works for."""
     for lock_url, token in tokens().items():
