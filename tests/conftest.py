@@ -89,6 +89,19 @@ def ray_local():
 
 
 @pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A Slurm cluster on this machine (tests/slurm_cluster.py) for this test process: the environment that
+    reaches it; the daemons stop at the session's end. Skips, saying why, where it cannot run."""
+    from slurm_cluster import start
+
+    found = start(tmp_path_factory.mktemp("slurm"))
+    if isinstance(found, str):
+        pytest.skip(found)
+    yield found.env
+    found.stop()
+
+
+@pytest.fixture(scope="session")
 def s3_store() -> Iterator[str]:
     """An S3 API on localhost for this test process: moto's standalone server (the one s3fs's own tests
     run against), reached by the same client code users point at AWS or MinIO, through the environment

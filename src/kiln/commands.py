@@ -270,12 +270,14 @@ def recipe_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str
 
 def load(args: argparse.Namespace) -> Recipe:
     """The recipe of this command line, validated whole before any work."""
+    from kiln.core.executors import slurm
     from kiln.core.storage import configure
     from kiln.recipe import load_recipe
 
     recipe = load_recipe(*recipe_and_overrides(args))
     check_profile(recipe.storage.profile)
     configure(recipe.storage)  # before any stage reaches a store
+    slurm.configure(recipe.slurm)  # before any stage submits an array
     return recipe
 
 

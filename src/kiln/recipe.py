@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from kiln.core.config import Section
 from kiln.core.errors import ConfigError
+from kiln.core.executors.slurm import SlurmConfig
 from kiln.core.mirror import mirror_of
 from kiln.core.storage import READ_ONLY_SCHEMES, SCHEMES, StorageConfig, is_url, read_bytes, read_text
 from kiln.curate.config import CurateConfig
@@ -118,6 +119,10 @@ class Recipe(Section):
     train: TrainConfig = Field(
         default_factory=TrainConfig,
         description="Training: length, batch, seed; optim, schedule, precision and checkpoint sub-sections.",
+    )
+    slurm: SlurmConfig = Field(
+        default_factory=SlurmConfig,
+        description="The Slurm cluster of the stages whose executor.kind is slurm (partition, time, CPUs, setup).",
     )
     storage: StorageConfig = Field(
         default_factory=StorageConfig,

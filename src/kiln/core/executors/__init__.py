@@ -1,7 +1,7 @@
 """Executors map shard tasks onto workers. They know nothing about steps.
 
 `local` is a process pool on this machine (the default); `ray` runs the same tasks on a Ray
-cluster, an existing one by address or one started on this machine. Both yield results as
+cluster, an existing one by address or one started on this machine; `slurm` as Slurm job arrays. Both yield results as
 tasks finish, in any order: callers key results by task, so outputs never depend on the
 executor, the worker count or the finishing order.
 A task that raises fails the phase (the re-run resumes from the completion markers); on Ray a task
@@ -27,19 +27,27 @@ R = TypeVar("R")
 class ExecutorConfig(Section):
     """Which executor runs a stage's shard tasks, and how wide."""
 
-    kind: Literal["local", "ray"] = Field(
-        default="local", description="local: a process pool on this machine; ray: a Ray cluster (see ray_address)."
+    kind: Literal["local", "ray", "slurm"] = Field(
+        default="local",
+        description=(
+            "local: a process pool on this machine; ray: a Ray cluster (see ray_address); slurm: Slurm job arrays "
+            "(the recipe's slurm section)."
+        ),
     )
     workers: int | None = Field(
         default=None,
         ge=1,
-        description="Parallel tasks; None means one per CPU core (local) or per CPU of the Ray cluster.",
+        description=(
+            "Parallel tasks; None means one per CPU core (local), per CPU of the Ray cluster, or as many array "
+            "elements at once as Slurm runs."
+        ),
     )
     max_retries: int = Field(
         default=3,
         ge=0,
         description=(
-            "ray: times a task is run again when its worker or node dies (a task's own error is not retried); "
+            "ray and slurm: times a task is run again when its worker, node or array element dies (a task's own error "
+            "is not retried); "
             "tasks redo their output from scratch, so nothing is counted twice."
         ),
     )
@@ -72,6 +80,10 @@ class Executor(Protocol):
 def build_executor(cfg: ExecutorConfig, section: str) -> Executor:
     """The executor `cfg` describes; `section` is the recipe key that configured it (e.g.
     `tokenize.executor`), named in its log lines and error messages."""
+    if cfg.kind == "slurm":
+        from kiln.core.executors.slurm import SlurmExecutor
+
+        return SlurmExecutor(cfg.workers, section, cfg.max_retries)
     if cfg.kind == "ray":
         from kiln.core.executors.ray import RayExecutor
 

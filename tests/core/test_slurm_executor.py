@@ -1,0 +1,65 @@
+"""The Slurm executor against a real Slurm on this machine (tests/slurm_cluster.py: slurmctld, two slurmd, munge):
+tasks come back as array elements finish, an element that ends without a result is submitted again, a task's
+own error names its element's log, and a curate run across arrays equals a local run byte for byte."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from kiln.core.errors import FatalError
+from kiln.core.executors import slurm as slurm_executor
+from kiln.core.executors.slurm import SlurmConfig, SlurmExecutor
+from kiln.curate.config import CurateConfig
+from kiln.curate.readers import InputConfig
+from kiln.curate.run import run
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def cluster(slurm: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's arrays go to the cluster, their folders under tmp_path; elements import tests/slurm_cluster.py."""
+    monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    monkeypatch.setattr(slurm_executor, "_config", SlurmConfig(jobs_dir=str(tmp_path / "jobs")))
+    return tmp_path / "jobs"
+
+
+def test_tasks_run_as_array_elements_and_each_result_comes_back(cluster: Path) -> None:
+    sys.path.insert(0, str(TESTS))
+    from slurm_cluster import die_once, refuse, square
+
+    executor = SlurmExecutor(2, "test.executor")
+    assert sorted(executor.imap_unordered(square, range(5))) == [0, 1, 4, 9, 16]
+    assert not list(cluster.glob("*/result-*.pkl"))  # a finished array leaves no folder behind
+
+    # An element that ends without a result (its node lost, as far as the driver can tell) runs again.
+    marks = cluster.parent / "marks"
+    marks.mkdir()
+    assert sorted(executor.imap_unordered(die_once, [(str(marks), 3), (str(marks), 4)])) == [3, 4]
+    assert sorted(p.name for p in marks.iterdir()) == ["ran-3", "ran-4"]
+
+    failed = r"test\.executor: task 0 of Slurm array \d+ failed: ValueError: task 1 refuses \(log "
+    with pytest.raises(FatalError, match=failed):
+        list(executor.imap_unordered(refuse, [1]))
+    assert list(cluster.glob("*/log-0.txt"))  # kept, for the failure it names
+
+
+def test_no_sbatch_on_path_is_one_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(slurm_executor, "_config", SlurmConfig(jobs_dir=str(tmp_path / "jobs")))
+    with pytest.raises(FatalError, match="executor slurm: sbatch is not on PATH"):
+        list(SlurmExecutor(1, "curate.executor").imap_unordered(abs, [1]))
+
+
+def test_a_curate_across_slurm_arrays_equals_a_local_run_byte_for_byte(cluster: Path, tmp_path: Path) -> None:
+    # Read, lines, filter and write phases as four arrays (the dedup phases run as the local executor's tests say)
+    inputs = (InputConfig(format="gettext_messages", locales=("en", "fr")),)
+    common = {"inputs": inputs, "exact_dedup": {"enabled": False}, "minhash_dedup": {"enabled": False}}
+    on_slurm = run(CurateConfig(**common, executor={"kind": "slurm", "workers": 2}), tmp_path / "slurm")
+    local = run(CurateConfig(**common, executor={"workers": 1}), tmp_path / "local")
+    assert on_slurm["outputs"] == local["outputs"] and on_slurm["counts"] == local["counts"]
+    assert on_slurm["counts"]["docs_in"] > 100
