@@ -60,6 +60,9 @@ class SlurmConfig(Section):
         default=None,
         description="Shell lines run before each element's task (module load ..., source venv/bin/activate).",
     )
+    status_every_s: float = Field(
+        default=30.0, gt=0, description="Seconds between the driver's lines of tasks done, running and pending."
+    )
     jobs_dir: str = Field(
         default="kiln-slurm",
         description=(
@@ -111,11 +114,13 @@ def submit(script: Path, indices: str | None = None) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def queued(job: str) -> set[int]:
-    """The array elements of `job` still pending or running."""
-    done = subprocess.run(["squeue", "-h", "-r", "-j", job, "-o", "%K"], capture_output=True, text=True)
-    # squeue names a job that left the queue as an error: nothing of it is queued
-    return {int(x) for x in done.stdout.split() if x.isdigit()} if done.returncode == 0 else set()
+def queued(job: str) -> dict[int, str]:
+    """The array elements of `job` still in the queue, each with its state (PENDING, RUNNING, ...)."""
+    done = subprocess.run(["squeue", "-h", "-r", "-j", job, "-o", "%K %T"], capture_output=True, text=True)
+    if done.returncode != 0:  # squeue names a job that left the queue as an error: nothing of it is queued
+        return {}
+    rows = (line.split() for line in done.stdout.splitlines())
+    return {int(row[0]): row[1] for row in rows if len(row) == 2 and row[0].isdigit()}
 
 
 class SlurmExecutor:
@@ -144,10 +149,27 @@ class SlurmExecutor:
         left = set(range(len(tasks)))
         tries = dict.fromkeys(left, 0)
         jobs = {i: job for i in left}
+        said = time.monotonic()
         try:
             while left:
                 time.sleep(POLL_S)
-                running = {i for j in set(jobs[i] for i in left) for i in queued(j) if jobs.get(i) == j}
+                states = {i: st for j in {jobs[i] for i in left} for i, st in queued(j).items() if jobs.get(i) == j}
+                running = set(states)
+                if time.monotonic() - said >= cfg.status_every_s:
+                    said = time.monotonic()
+                    counts = {state: list(states.values()).count(state) for state in ("RUNNING", "PENDING")}
+                    log.info(
+                        "%s: Slurm array %s: %d of %d tasks done, %d running, %d pending, %d submitted again "
+                        "(logs %s/log-*.txt)",
+                        self.section,
+                        job,
+                        len(tasks) - len(left),
+                        len(tasks),
+                        counts["RUNNING"],
+                        counts["PENDING"],
+                        sum(tries.values()),
+                        folder,
+                    )
                 for i in sorted(left):
                     result, error = folder / f"result-{i}.pkl", folder / f"error-{i}.txt"
                     if result.is_file():
