@@ -18,7 +18,7 @@ import sys
 
 from kiln import __version__
 from kiln.core.errors import KilnError
-from kiln.core.ranks import is_main_process
+from kiln.core.ranks import adopt_slurm_tasks, is_main_process
 from kiln.launch import record_for_launcher
 from kiln.verbs import VERBS, Verb, resolve
 
@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     args.argv = argv  # `kiln train --nproc` runs the same command line again under torchrun
+    adopt_slurm_tasks()  # `srun kiln train` on several nodes: each task's rank, as torchrun would give it
     # Under torchrun only rank 0 tells the user what happens; the others report problems only.
     quiet = args.quiet or not is_main_process()
     logging.basicConfig(

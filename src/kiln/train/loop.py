@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
+import subprocess
 import threading
 import time
 from contextlib import nullcontext
@@ -168,7 +170,7 @@ def train(
                 progress.val_after = validated or progress.val_after
                 maybe_probe(parts.probe, parts.scored, monitor, step, cadence)
                 if step < cfg.steps and stop.agreed(ranks):  # sync point with several ranks: all stop at the same step
-                    stop_now(parts, step, state())
+                    stop_now(parts, step, state(), requeue=stop.requeue and ranks.is_main)
     except BaseException:
         parts.states.settle()  # a state still being written when the run failed is worth completing
         raise
@@ -478,27 +480,45 @@ def maybe_probe(probe: Scorer | None, model: nn.Module, monitor: Monitor, step: 
     monitor.log_probe(step, probe(model))
 
 
-def stop_now(parts: TrainParts, step: int, state: dict[str, Any]) -> NoReturn:
-    """The stop request honoured after `step`: a resumable state, written before the run stops."""
+def stop_now(parts: TrainParts, step: int, state: dict[str, Any], requeue: bool = False) -> NoReturn:
+    """The stop request honoured after `step`: a resumable state, written before the run stops; with
+    `requeue`, the Slurm job is put back in the queue, to resume from that state when it starts again."""
     parts.states.save(step, parts.model, parts.optimizer, state, wait=True)
     parts.monitor.close()
+    if requeue:
+        job = os.environ["SLURM_JOB_ID"]
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+        if done.returncode == 0:
+            log.warning("train: Slurm job %s requeued; it resumes after step %d when it starts again", job, step)
+        else:  # a job submitted without --requeue, or a cluster that forbids it: the state is kept all the same
+            log.warning("train: scontrol requeue %s refused (%s); run it again to resume", job, done.stderr.strip())
     raise KeyboardInterrupt(f"stopped by signal after step {step}")
 
 
 class StopRequest:
-    """Turns SIGTERM and SIGINT into a request the loop honours between steps (a schedulers' preemption
-    notice, Ctrl-C): the step finishes, a resumable state is written, and the run stops."""
+    """Turns SIGTERM, SIGINT and SIGUSR1 into a request the loop honours between steps (a scheduler's
+    preemption notice, Ctrl-C, Slurm's warning before a time limit with `sbatch --signal=USR1@120`): the step
+    finishes, a resumable state is written, and the run stops; after SIGUSR1 under Slurm, rank 0 also asks
+    Slurm to requeue the job, which resumes from that state."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
     def __init__(self) -> None:
         self.requested = False
+        self.signal: int | None = None
         self.previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():  # signal handlers live on the main thread
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in self.SIGNALS:
                 self.previous[sig] = signal.signal(sig, self.request)
 
     def request(self, signum: int, frame: Any) -> None:
         log.warning("train: %s received; saving a resumable state after this step", signal.Signals(signum).name)
-        self.requested = True
+        self.requested, self.signal = True, signum
+
+    @property
+    def requeue(self) -> bool:
+        """Whether the stop is Slurm's warning to a job that should run on: SIGUSR1 inside a Slurm job."""
+        return self.signal == signal.SIGUSR1 and "SLURM_JOB_ID" in os.environ
 
     def agreed(self, ranks: Ranks) -> bool:
         """Whether any rank was asked to stop (a collective with several ranks: every rank stops together)."""
