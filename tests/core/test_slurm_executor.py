@@ -77,3 +77,11 @@ def test_curate_and_tokenize_across_slurm_arrays_equal_a_local_run_byte_for_byte
         train_tokenizer(TokenizerConfig(vocab_size=512, sample_mb=1), tmp_path / where)
         tokens[where] = tokenize(TokenizeConfig(executor={"kind": kind, "workers": 2}), tmp_path / where)
     assert tokens["slurm"]["outputs"] == tokens["local"]["outputs"] and tokens["slurm"]["counts"]["train_tokens"] > 0
+
+
+def test_an_unknown_partition_is_one_line_naming_what_sbatch_said(
+    cluster: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(slurm_executor, "_config", SlurmConfig(jobs_dir=str(cluster), partition="nosuch"))
+    with pytest.raises(FatalError, match=r"executor slurm: sbatch refused .*array\.sh: .*[Pp]artition"):
+        list(SlurmExecutor(1, "curate.executor").imap_unordered(abs, [1]))
