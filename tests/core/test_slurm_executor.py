@@ -85,3 +85,13 @@ def test_an_unknown_partition_is_one_line_naming_what_sbatch_said(
     monkeypatch.setattr(slurm_executor, "_config", SlurmConfig(jobs_dir=str(cluster), partition="nosuch"))
     with pytest.raises(FatalError, match=r"executor slurm: sbatch refused .*array\.sh: .*[Pp]artition"):
         list(SlurmExecutor(1, "curate.executor").imap_unordered(abs, [1]))
+
+
+def only_here(x: int) -> int:
+    """A function the array's elements cannot import (this folder is not on their path)."""
+    return x
+
+
+def test_a_task_function_the_elements_cannot_import_is_said_once(cluster: Path) -> None:
+    with pytest.raises(FatalError, match=r"failed: ModuleNotFoundError: No module named 'test_slurm_executor'"):
+        list(SlurmExecutor(1, "curate.executor", max_retries=3).imap_unordered(only_here, [1]))

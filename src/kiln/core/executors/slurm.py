@@ -210,9 +210,11 @@ class SlurmExecutor:
 
 def run_element(folder: Path, index: int) -> int:
     """One array element: run its task, leave its result (or its traceback) where the driver looks."""
-    fn = pickle.loads((folder / "fn.pkl").read_bytes())
-    task: Any = pickle.loads((folder / f"task-{index}.pkl").read_bytes())
     try:
+        # subtle: unpickling is inside: a function this Python cannot import is the task's error, said once,
+        # not an element that dies without a word and is submitted again max_retries times
+        fn = pickle.loads((folder / "fn.pkl").read_bytes())
+        task: Any = pickle.loads((folder / f"task-{index}.pkl").read_bytes())
         result = fn(task)
     except BaseException:  # the driver reads it and fails the phase, naming this element's log
         (folder / f"error-{index}.txt").write_text(traceback.format_exc())
