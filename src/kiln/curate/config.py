@@ -22,7 +22,7 @@ from kiln.core.config import Section
 from kiln.core.executors import ExecutorConfig
 from kiln.curate.dedup.exact import ExactDedupConfig
 from kiln.curate.dedup.minhash import MinHashConfig
-from kiln.curate.languages import LANGUAGE_DEFAULTS, LANGUAGE_KEYS, PER_LANGUAGE_STEPS, resolve, shipped
+from kiln.curate.languages import LANGUAGE_DEFAULTS, LANGUAGE_KEYS, PER_LANGUAGE_STEPS, resolve, shipped, with_keys
 from kiln.curate.readers.config import InputConfig
 from kiln.curate.steps.c4 import C4Config
 from kiln.curate.steps.code import CodeConfig
@@ -295,14 +295,12 @@ class CurateConfig(Section):
         for step in PER_LANGUAGE_STEPS:
             if step in given or step in own:
                 section = resolve(getattr(self, step), given.get(step, {}), own.get(step, {}))
-                keys = self.sources.get(source, {}).get(step)
-                update[step] = type(section).model_validate({**section.model_dump(), **keys}) if keys else section
+                update[step] = with_keys(section, self.sources.get(source, {}).get(step, {}))
         return self.for_source(source).model_copy(update=update) if update else self.for_source(source)
 
     def _own_section(self, step: str, keys: dict[str, Any]) -> Section:
         """curate.<step> with a source's own keys in place of the shared ones, validated."""
-        section = getattr(self, step)
-        return type(section).model_validate({**section.model_dump(), **keys})
+        return with_keys(getattr(self, step), keys)
 
     @cached_property
     def _per_source(self) -> dict[str, CurateConfig]:

@@ -43,6 +43,7 @@ def shipped() -> dict[str, dict[str, dict[str, Any]]]:
     return yaml.safe_load(LANGUAGES_FILE.read_text(encoding="utf-8"))
 
 
+@functools.cache
 def shipped_source(code: str) -> str | None:
     """Where the shipped settings of `code` come from (the entry's comment in languages.yaml), or None."""
     for line in LANGUAGES_FILE.read_text(encoding="utf-8").splitlines():
@@ -67,15 +68,17 @@ def used(stats: dict[str, int], own: dict[str, Any], defaults: str | None) -> di
     return out
 
 
+def with_keys(section: Section, keys: dict[str, Any]) -> Section:
+    """`section` with `keys` in place of its own values, validated (itself when there are none)."""
+    return type(section).model_validate({**section.model_dump(), **keys}) if keys else section
+
+
 def resolve(section: Section, shipped_keys: dict[str, Any], own_keys: dict[str, Any]) -> Section:
     """`section` (the recipe's, for every language) as one language uses it: each shipped key where the
     recipe left kiln's default, then the language's own keys from the recipe."""
     default = type(section)()
     keys = {k: v for k, v in shipped_keys.items() if getattr(section, k) == getattr(default, k)}
-    keys.update(own_keys)
-    if not keys:
-        return section
-    return type(section).model_validate({**section.model_dump(), **keys})
+    return with_keys(section, {**keys, **own_keys})
 
 
 class ByLanguage:

@@ -31,8 +31,8 @@ from kiln.curate.audit import Ledger
 from kiln.curate.readers import InputConfig, plan_reads
 from kiln.curate.readers.intake import ReadLimits
 from kiln.curate.readers.read import read_task
-from kiln.curate.steps.fineweb import SENTENCE_TERMINALS
-from kiln.curate.steps.gopher import NGrams, count_with_letter, duplicates
+from kiln.curate.steps.fineweb import punctuated_fraction, text_lines
+from kiln.curate.steps.gopher import NGrams, count_with_letter, duplicates, mean_word_length
 from kiln.text.language import LID176_LANGUAGES, predict_language
 from kiln.text.segments import segments
 
@@ -74,16 +74,14 @@ def measure(doc: Document, language: str) -> dict[str, float]:
     seg = segments(doc)
     text, tokens, words = doc.text, seg.words, seg.alnum_words
     n_chars, n_tokens = max(len(text), 1), max(len(tokens), 1)
-    lines = [line for line in seg.lines if line and not line.isspace()]  # FineWeb's lines
     grams = NGrams(seg)
     predicted, score = predict_language(text)
     found = {
         "language.min_score": score if predicted == language else 0.0,
-        "gopher_quality.min_mean_word_length": sum(map(len, words)) / len(words) if words else 0.0,
+        "gopher_quality.min_mean_word_length": mean_word_length(words),
         "gopher_quality.min_alpha_word_fraction": count_with_letter(words) / n_tokens,
         "gopher_repetition.max_dup_line_fraction": _dup_line_fraction([line for line in seg.lines if line]),
-        "fineweb.min_punctuated_line_fraction": sum(line[-1] in SENTENCE_TERMINALS for line in lines)
-        / max(len(lines), 1),
+        "fineweb.min_punctuated_line_fraction": punctuated_fraction(text_lines(seg)),
         "fineweb.max_newlines_per_word": text.count("\n") / len(tokens) if tokens else 0.0,
     }
     found["gopher_quality.max_mean_word_length"] = found["gopher_quality.min_mean_word_length"]

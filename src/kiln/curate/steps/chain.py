@@ -119,15 +119,12 @@ class SourceSteps:
 
     @classmethod
     def of(cls, cfg: CurateConfig) -> SourceSteps:
-        codes = cfg.language_codes()
-        return cls(
-            _with_min_scores(cfg, ""),
-            {source: _with_min_scores(cfg, source) for source in cfg.sources},
-            {
-                source: {code: StepSettings.of(cfg.for_language(source, code)) for code in codes}
-                for source in ("", *cfg.sources)
-            },
-        )
+        languages = {
+            source: {code: StepSettings.of(cfg.for_language(source, code)) for code in cfg.language_codes()}
+            for source in ("", *cfg.sources)
+        }
+        own = {source: _with_min_scores(cfg.for_source(source), languages[source]) for source in cfg.sources}
+        return cls(_with_min_scores(cfg, languages[""]), own, languages)
 
     def for_source(self, source: str) -> StepSettings:
         return self.own.get(source, self.default)
@@ -137,12 +134,12 @@ class SourceSteps:
         return self.languages[source if source in self.own else ""]
 
 
-def _with_min_scores(cfg: CurateConfig, source: str) -> StepSettings:
-    """`source`'s step settings, its language ID taking each language's own lowest score (curate.languages and
-    kiln's, as for_language resolves them) where language.min_scores does not name one."""
-    own = cfg.for_source(source)
-    scores = {code: cfg.for_language(source, code).language.min_score for code in cfg.language_codes()}
-    scores = {code: score for code, score in scores.items() if score != own.language.min_score}
+def _with_min_scores(own: CurateConfig, languages: dict[str, StepSettings]) -> StepSettings:
+    """A source's step settings (`own`), its language ID taking each language's own lowest score (from the
+    source's `languages`, as for_language resolved them) where language.min_scores does not name one."""
+    scores = {
+        code: s.language.min_score for code, s in languages.items() if s.language.min_score != own.language.min_score
+    }
     language = own.language.model_copy(update={"min_scores": {**scores, **own.language.min_scores}})
     return StepSettings.of(own.model_copy(update={"language": language}))
 

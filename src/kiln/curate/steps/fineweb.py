@@ -16,7 +16,7 @@ from kiln.core.config import Section
 from kiln.core.document import Document
 from kiln.curate.steps.base import Drop, Filter
 from kiln.curate.steps.gopher import duplicates
-from kiln.text.segments import segments
+from kiln.text.segments import Segments, segments
 
 # A line "ends in punctuation" when its last character is a sentence terminal: Unicode's
 # Sentence_Terminal property (PropList.txt, Unicode 16), which is what FineWeb's list holds.
@@ -52,6 +52,16 @@ SENTENCE_TERMINALS = frozenset(
 )
 
 
+def text_lines(seg: Segments) -> list[str]:
+    """The lines FineWeb's rules count: those with a character other than whitespace."""
+    return [line for line in seg.lines if line and not line.isspace()]
+
+
+def punctuated_fraction(lines: list[str]) -> float:
+    """The share of `lines` (non-blank) ending in a sentence terminal (0 for none)."""
+    return sum(1 for line in lines if line[-1] in SENTENCE_TERMINALS) / len(lines) if lines else 0.0
+
+
 class FineWebQualityConfig(Section):
     """FineWeb's custom filters (arXiv:2406.17557, section 3.5); defaults are FineWeb's."""
 
@@ -80,11 +90,10 @@ class FineWebQuality(Filter):
     def check(self, doc: Document) -> Drop | None:
         cfg = self.cfg
         seg = segments(doc)
-        lines = [line for line in seg.lines if line and not line.isspace()]
+        lines = text_lines(seg)
         if not lines:
             return Drop("empty")
-        terminals = SENTENCE_TERMINALS
-        punctuated = sum(1 for line in lines if line[-1] in terminals) / len(lines)
+        punctuated = punctuated_fraction(lines)
         if punctuated < cfg.min_punctuated_line_fraction:
             return Drop("line_punctuation", punctuated, cfg.min_punctuated_line_fraction)
         short = sum(1 for line in lines if len(line) <= cfg.max_short_line_chars) / len(lines)

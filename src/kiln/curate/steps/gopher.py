@@ -74,7 +74,7 @@ class GopherQuality(Filter):
             return Drop("too_few_words", len(words), cfg.min_words)
         if len(words) > cfg.max_words:
             return Drop("too_many_words", len(words), cfg.max_words)
-        mean_length = sum(map(len, words)) / len(words) if words else 0.0
+        mean_length = mean_word_length(words)
         if mean_length < cfg.min_mean_word_length:
             return Drop("mean_word_length", mean_length, cfg.min_mean_word_length)
         if mean_length > cfg.max_mean_word_length:
@@ -108,6 +108,11 @@ class GopherQuality(Filter):
 def _with_curly_apostrophes(words: tuple[str, ...]) -> frozenset[str]:
     """The stop words, and each elided one (French l', d') also as typeset (l’, d’): both spellings are split off."""
     return frozenset(words) | {w.replace("'", "’") for w in words}
+
+
+def mean_word_length(words: list[str]) -> float:
+    """The mean length of `words` in characters (0 for none)."""
+    return sum(map(len, words)) / len(words) if words else 0.0
 
 
 # A token with no letter: digits, underscores and marks only ("1,000", "3.5").
