@@ -42,8 +42,8 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def start(root: Path) -> Cluster | str:
-    """The running cluster, or why it cannot run on this machine."""
+def start(root: Path, settings: str = "") -> Cluster | str:
+    """The running cluster, or why it cannot run on this machine; `settings`: more lines of its slurm.conf."""
     missing = [p for p in PROGRAMS if shutil.which(p) is None]
     if missing:
         return f"no Slurm here ({', '.join(missing)} missing; apt-get install slurm-wlm munge)"
@@ -83,7 +83,7 @@ SchedulerParameters=sched_interval=1
 NodeName=n1 NodeHostname=localhost NodeAddr=127.0.0.1 Port={node1} CPUs=1 RealMemory=1000
 NodeName=n2 NodeHostname=localhost NodeAddr=127.0.0.1 Port={node2} CPUs=1 RealMemory=1000
 PartitionName=debug Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
-"""
+{settings}"""
     )
     env = {**os.environ, "SLURM_CONF": str(conf)}
     cluster = Cluster(root, env, [munge / "munged.pid", root / "slurmctld.pid"])
@@ -131,6 +131,11 @@ def die_once(job: tuple[str, int]) -> int:
         mark.write_text("")
         os._exit(9)
     return x
+
+
+def nap(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
 
 
 def refuse(x: int) -> int:

@@ -17,7 +17,7 @@ import logging
 import sys
 
 from kiln import __version__
-from kiln.core.errors import KilnError
+from kiln.core.errors import Detached, KilnError
 from kiln.core.ranks import adopt_slurm_tasks, is_main_process
 from kiln.launch import record_for_launcher
 from kiln.verbs import VERBS, Verb, resolve
@@ -138,6 +138,7 @@ def add_verbs(sub: argparse._SubParsersAction, verbs: tuple[Verb, ...]) -> None:
 
 
 # Errors of the place a stage writes to, not of kiln: reported as one line naming the path.
+DETACHED = 75  # `--detach`: submitted, not done (sysexits' EX_TEMPFAIL: run again later), so `&&` chains stop
 STORAGE_ERRORS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
 
 
@@ -157,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     verb = args.declared_verb
     try:
         return resolve(verb.command)(verb, args)
+    except Detached as e:
+        from kiln.core.store_lock import leave_to_expire
+
+        leave_to_expire()  # the arrays' tasks write under this run's locks: not released, they expire on their own
+        print(f"kiln {args.verb}: {e}")
+        return DETACHED
     except KilnError as e:
         if is_main_process():  # under torchrun every rank usually fails alike: rank 0 says it once
             print(f"kiln {args.verb}: error: {e}", file=sys.stderr)

@@ -6,7 +6,8 @@ the same key wins), runs the verb's function and prints what it made. Errors pro
 kiln.cli, which prints them as `kiln VERB: error: ...`. Stage code is imported inside each
 function, so that building the parser costs none of it.
 Not handled here: the parser and error reporting (kiln.cli), the stages' own work (kiln.stages),
-starting processes for `--nproc` (kiln.launch).
+starting processes for `--nproc` (kiln.launch), writing and submitting Slurm jobs for `train --slurm` and
+`submit` (kiln.slurm_jobs).
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from kiln.core.errors import ConfigError
 from kiln.core.layout import CURATE, SUMMARY, RunLayout
 from kiln.core.ranks import is_main_process
-from kiln.verbs import Verb, resolve
+from kiln.verbs import DEMO_STAGES, Verb, resolve
 
 if TYPE_CHECKING:
     from kiln.recipe import Recipe
@@ -28,7 +31,21 @@ if TYPE_CHECKING:
 # ---- flags (kiln.verbs names each verb's) ----
 
 
+def detach_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="With executor.kind slurm: stop once the phase's Slurm arrays are submitted, printing their job ids "
+        "(exit status 75); the same command run later waits for them and goes on from their tasks' markers.",
+    )
+
+
+def tokenize_arguments(p: argparse.ArgumentParser) -> None:
+    detach_argument(p)
+
+
 def curate_arguments(p: argparse.ArgumentParser) -> None:
+    detach_argument(p)
     p.add_argument(
         "--input",
         dest="inputs",
@@ -99,6 +116,34 @@ def train_arguments(p: argparse.ArgumentParser) -> None:
         "runs `torchrun --standalone --nproc-per-node N -m kiln train` with the other arguments; with "
         "--dry-run, plans for N processes without starting them.",
     )
+    p.add_argument(
+        "--slurm",
+        type=int,
+        metavar="NODES",
+        help="Submit the training as one Slurm job on NODES nodes (slurm.train.tasks_per_node srun tasks each; "
+        "the recipe's slurm and slurm.train sections): checks the layout for that many processes, writes the "
+        "resolved recipe and the sbatch script under <run>/slurm/, submits it and prints the job id and its log; "
+        "Slurm's warning before the time limit saves a state and requeues the job, which resumes. With "
+        "--dry-run, prints the script and submits nothing.",
+    )
+
+
+def submit_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="Nodes of the training job (slurm.train.tasks_per_node srun tasks each).",
+    )
+    p.add_argument(
+        "--until",
+        choices=[v.name for v in DEMO_STAGES],
+        metavar="VERB",
+        help="Submit the stages up to this one only (one of: "
+        f"{', '.join(v.name for v in DEMO_STAGES)}), without the closing `kiln demo`.",
+    )
+    p.add_argument("--dry-run", action="store_true", help="Print the scripts and submit nothing.")
 
 
 def eval_arguments(p: argparse.ArgumentParser) -> None:
@@ -277,7 +322,10 @@ def load(args: argparse.Namespace) -> Recipe:
     recipe = load_recipe(*recipe_and_overrides(args))
     check_profile(recipe.storage.profile)
     configure(recipe.storage)  # before any stage reaches a store
-    slurm.configure(recipe.slurm)  # before any stage submits an array
+    detach = getattr(args, "detach", False)
+    if detach and getattr(recipe, args.verb).executor.kind != "slurm":
+        raise ConfigError(f"--detach: {args.verb}.executor.kind is not slurm; only Slurm arrays run on without kiln")
+    slurm.configure(recipe.slurm, recipe.runs_dir, detach)  # before any stage submits an array
     return recipe
 
 
@@ -357,7 +405,10 @@ def train_tokenizer(verb: Verb, args: argparse.Namespace) -> int:
 
 def train(verb: Verb, args: argparse.Namespace) -> int:
     """`kiln train`: --dry-run plans and stops; --nproc N checks the launch on this machine, then
-    starts N processes under torchrun, each running this same command without --nproc."""
+    starts N processes under torchrun, each running this same command without --nproc; --slurm NODES
+    submits it as a Slurm job (kiln.slurm_jobs)."""
+    if args.slurm is not None:
+        return train_on_slurm(args)
     nproc = args.nproc
     if nproc is not None and nproc < 1:
         raise ConfigError(f"--nproc {nproc}: give the number of processes to start, 1 or more")
@@ -380,6 +431,69 @@ def train(verb: Verb, args: argparse.Namespace) -> int:
     from kiln.stages import run_stage
 
     return print_summary(recipe, run_stage(verb, recipe, args.force, **flags_for(verb, args)))
+
+
+@contextmanager
+def validated_for(nproc: int) -> Iterator[None]:
+    """WORLD_SIZE=nproc while a recipe is loaded for a launch elsewhere (the batch arithmetic counts the
+    processes), as it was afterwards: sbatch hands this process's environment to every job it submits."""
+    before = os.environ.get("WORLD_SIZE")
+    os.environ["WORLD_SIZE"] = str(nproc)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["WORLD_SIZE"]
+        else:
+            os.environ["WORLD_SIZE"] = before
+
+
+def train_on_slurm(args: argparse.Namespace) -> int:
+    """`kiln train --slurm NODES [--dry-run]`: the recipe and layout checked for the job's processes here,
+    then the job's script printed or submitted."""
+    from kiln.launch import check_layout_for
+    from kiln.slurm_jobs import submit_train
+
+    nodes = args.slurm
+    if args.nproc is not None:
+        raise ConfigError(
+            f"--slurm {nodes} and --nproc {args.nproc}: give one; a Slurm job starts slurm.train.tasks_per_node "
+            "processes on each node itself (srun)"
+        )
+    if nodes < 1:
+        raise ConfigError(f"--slurm {nodes}: give the number of nodes of the job, 1 or more")
+    processes = nodes * slurm_tasks_per_node(args)
+    with validated_for(processes):
+        recipe = load(args)
+        check_layout_for(recipe, processes)
+    # --from and --force hold for the job's first start: a requeued job resumes from its newest state.
+    first_start = (*(("--from", str(args.from_step)) if args.from_step is not None else ()),)
+    print(submit_train(recipe, nodes, first_start + (("--force",) if args.force else ()), args.dry_run))
+    return 0
+
+
+def slurm_tasks_per_node(args: argparse.Namespace) -> int:
+    """slurm.train.tasks_per_node, from the recipe loaded as for one process (what validates for N processes
+    validates for one: the batch arithmetic only asks more of more data ranks)."""
+    with validated_for(1):
+        return load(args).slurm.train.tasks_per_node
+
+
+def submit(verb: Verb, args: argparse.Namespace) -> int:
+    """`kiln submit`: the demo's stages as a chain of Slurm jobs (kiln.slurm_jobs), training on --nodes."""
+    from kiln.launch import check_layout_for
+    from kiln.slurm_jobs import submit_run
+
+    if args.nodes < 1:
+        raise ConfigError(f"--nodes {args.nodes}: give the number of nodes of the training job, 1 or more")
+    processes = args.nodes * slurm_tasks_per_node(args)
+    with validated_for(processes):
+        recipe = load(args)
+        names = [v.name for v in DEMO_STAGES]
+        if args.until is None or names.index(args.until) >= names.index("train"):
+            check_layout_for(recipe, processes)
+    print(submit_run(recipe, args.nodes, args.until, args.dry_run))
+    return 0
 
 
 def import_hf(verb: Verb, args: argparse.Namespace) -> int:

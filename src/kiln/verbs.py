@@ -105,6 +105,7 @@ STAGE_VERBS = (
         run="kiln.stages:run_tokenize",
         stage=TOKENIZE,
         sections=("tokenize",),
+        arguments="kiln.commands:tokenize_arguments",
         demo=True,
     ),
     Verb(
@@ -306,6 +307,17 @@ VERBS = (
         " Finished stages are skipped.",
         command="kiln.commands:demo",
         sections=tuple(dict.fromkeys(s for v in DEMO_STAGES for s in v.sections)),
+    ),
+    Verb(
+        "submit",
+        f"Submit the demo's stages ({', '.join(v.name for v in DEMO_STAGES)}) as Slurm jobs, each starting once "
+        "the one before succeeded (training as `kiln train --slurm` on --nodes), then `kiln demo` for the "
+        "summary and the report; prints each job's id, verb and log. Every job reads the resolved recipe written "
+        "beside the scripts (<run>/slurm/submit-<time>/); a stage its manifest says is current is skipped.",
+        command="kiln.commands:submit",
+        sections=("slurm",),
+        arguments="kiln.commands:submit_arguments",
+        force=False,
     ),
 )
 

@@ -51,10 +51,10 @@ def test_tasks_run_as_array_elements_and_each_result_comes_back(
     assert sorted(executor.imap_unordered(die_once, [(str(marks), 3), (str(marks), 4)])) == [3, 4]
     assert sorted(p.name for p in marks.iterdir()) == ["ran-3", "ran-4"]
 
-    failed = r"test\.executor: task 0 of Slurm array \d+ failed: ValueError: task 1 refuses \(log "
+    failed = r"test\.executor: task 0, Slurm job \d+_0, failed: ValueError: task 1 refuses \(log .*log-\d+_0\.txt\)"
     with pytest.raises(FatalError, match=failed):
         list(executor.imap_unordered(refuse, [1]))
-    assert list(cluster.glob("*/log-0.txt"))  # kept, for the failure it names
+    assert list(cluster.glob("*/log-*_0.txt"))  # kept, for the failure it names
 
 
 def test_no_sbatch_on_path_is_one_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -83,7 +83,8 @@ def test_an_unknown_partition_is_one_line_naming_what_sbatch_said(
     cluster: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(slurm_executor, "_config", SlurmConfig(jobs_dir=str(cluster), partition="nosuch"))
-    with pytest.raises(FatalError, match=r"executor slurm: sbatch refused .*array\.sh: .*[Pp]artition"):
+    refused = r"executor slurm: sbatch refused .*/array\.sh \(--array=0-0%1\): .*[Pp]artition"
+    with pytest.raises(FatalError, match=refused):
         list(SlurmExecutor(1, "curate.executor").imap_unordered(abs, [1]))
 
 

@@ -18,3 +18,8 @@ class DocumentError(KilnError):
 
 class FatalError(KilnError):
     """The run cannot continue (missing input, corrupt shard, inconsistent stages)."""
+
+
+class Detached(KilnError):
+    """The command handed its work to a scheduler and stopped on purpose (`--detach`): the message says what
+    runs where, and running the same command again goes on from it."""

@@ -222,6 +222,15 @@ def release_all() -> None:
             log.warning("%s: could not release %s (%s); it expires on its own", lock.what, lock.url, e)
 
 
+def leave_to_expire() -> None:
+    """Stop renewing this process's locks and leave them on the store, where they expire on their own: the tasks
+    of a run that detached from its Slurm arrays still write under their tokens, and the next run of the stage
+    (which first waits for those arrays) takes them over once this process is gone."""
+    for lock in list(StoreLock.held.values()):
+        lock._stop.set()
+    StoreLock.held.clear()
+
+
 def tokens() -> dict[str, str]:
     """The tokens of the locks this process holds or works under, for the tasks it hands out."""
     return {**FENCES, **{url: lock.token for url, lock in StoreLock.held.items()}}

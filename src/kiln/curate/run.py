@@ -192,7 +192,7 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
         return done
     check_quality_models(cfg_for_tasks)
     # Before the lock and the partial folder: joining a Ray cluster may fail (address, token) or wait for CPUs.
-    executor = build_executor(cfg.executor, "curate.executor")
+    executor = build_executor(cfg.executor, "curate.executor", str(stage.final_dir))
     try:
         stage.begin(resume=not force)
         (stage.dir / SHARDS).mkdir(exist_ok=True)

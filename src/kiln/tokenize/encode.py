@@ -368,7 +368,9 @@ def run(cfg: TokenizeConfig, run_dir: Path, force: bool = False) -> dict[str, An
         tokenizer.vocab_size, cfg.dtype
     )  # a uint16 request for a larger vocabulary stops here, before any work
     # Before the lock and the partial folder: joining a Ray cluster may fail (address, token) or wait for CPUs.
-    executor = ThreadExecutor(workers) if inline else build_executor(cfg.executor, "tokenize.executor")
+    executor = (
+        ThreadExecutor(workers) if inline else build_executor(cfg.executor, "tokenize.executor", str(stage.final_dir))
+    )
     try:
         stage.begin(resume=not force)
         parts_dir = stage.dir / ".parts"  # a dot: no source's folder can take its name

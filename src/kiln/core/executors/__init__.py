@@ -1,13 +1,13 @@
 """Executors map shard tasks onto workers. They know nothing about steps.
 
 `local` is a process pool on this machine (the default); `ray` runs the same tasks on a Ray
-cluster, an existing one by address or one started on this machine; `slurm` as Slurm job arrays. Both yield results as
-tasks finish, in any order: callers key results by task, so outputs never depend on the
-executor, the worker count or the finishing order.
-A task that raises fails the phase (the re-run resumes from the completion markers); on Ray a task
-whose worker or node dies is run again, up to `max_retries` times, and a run whose cluster has no
-CPU for its tasks waits up to `wait_for_cpus_s`, saying so, then stops. Not handled here: data
-transfer (tasks read and write files).
+cluster, an existing one by address or one started on this machine; `slurm` as Slurm job arrays.
+All yield results as tasks finish, in any order: callers key results by task, so outputs never
+depend on the executor, the worker count or the finishing order.
+A task that raises fails the phase (the re-run resumes from the completion markers); on Ray or
+Slurm a task whose worker, node or array element dies is run again, up to `max_retries` times, and
+a Ray run whose cluster has no CPU for its tasks waits up to `wait_for_cpus_s`, saying so, then
+stops. Not handled here: data transfer (tasks read and write files).
 Logs go to `kiln.executors`.
 """
 
@@ -77,13 +77,14 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
-def build_executor(cfg: ExecutorConfig, section: str) -> Executor:
+def build_executor(cfg: ExecutorConfig, section: str, scope: str | None = None) -> Executor:
     """The executor `cfg` describes; `section` is the recipe key that configured it (e.g.
-    `tokenize.executor`), named in its log lines and error messages."""
+    `tokenize.executor`), named in its log lines and error messages; `scope` the stage's folder (slurm: where
+    a run detached from arrays still in the queue, the next run of that stage waits for them)."""
     if cfg.kind == "slurm":
         from kiln.core.executors.slurm import SlurmExecutor
 
-        return SlurmExecutor(cfg.workers, section, cfg.max_retries)
+        return SlurmExecutor(cfg.workers, section, cfg.max_retries, scope)
     if cfg.kind == "ray":
         from kiln.core.executors.ray import RayExecutor
 
