@@ -70,13 +70,14 @@ def test_a_detached_run_is_finished_by_the_same_command_later(
     assert not list(cluster.glob("*/task-*.pkl"))  # every array's folder removed once read
 
 
-def kill_an_element() -> threading.Thread:
-    """A thread that kills the first array element it sees (SIGKILL, as the OOM killer or a lost node would)."""
+def kill_an_element(folder: str) -> threading.Thread:
+    """A thread that kills the first element it sees of an array in folder (SIGKILL, as the OOM killer or a lost node
+    would); other tests' elements, running beside this one, are left alone."""
 
     def kill() -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if subprocess.run(["pkill", "-9", "-f", "-n", "kiln.core.executors.slurm"]).returncode == 0:
+            if subprocess.run(["pkill", "-9", "-f", "-n", f"kiln.core.executors.slurm {folder}"]).returncode == 0:
                 return
             time.sleep(0.05)
 
@@ -95,7 +96,8 @@ def test_a_run_in_a_bucket_on_nodes_that_share_no_disk_equals_a_local_run(
     # Each node its own KILN_CACHE (its copy of the run); the tasks, results and logs beside the run, in the bucket.
     setup = f"export KILN_CACHE={tmp_path}/cache-$SLURMD_NODENAME"
     in_bucket = recipe(tmp_path, setup=setup)
-    killer = kill_an_element()  # its task runs again, and nothing is counted twice (the counts equal a local run's)
+    # An element killed: its task runs again, and nothing is counted twice (the counts equal a local run's).
+    killer = kill_an_element(f"s3://{bucket}/")
     with caplog.at_level(logging.WARNING, "kiln.executors"):
         assert main(["curate", "--recipe", str(in_bucket), "--set", f"runs_dir=s3://{bucket}/runs"]) == 0
     killer.join()
@@ -111,15 +113,18 @@ def test_a_run_in_a_bucket_on_nodes_that_share_no_disk_equals_a_local_run(
     assert not fs.glob(f"{bucket}/runs/.kiln-slurm/*/task-*.pkl")  # every array's objects removed once read
 
 
-def test_more_tasks_than_one_array_holds_run_as_several_within_the_cap(
+def test_more_tasks_than_one_array_holds_run_as_several_within_the_cap_two_tasks_per_element(
     cluster: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from slurm_cluster import square
 
     monkeypatch.setattr(slurm_executor, "max_array", lambda: 2)  # as a cluster whose MaxArraySize is 3
+    two = SlurmConfig(jobs_dir=str(cluster), status_every_s=0.5, tasks_per_element=2)
+    monkeypatch.setattr(slurm_executor, "_config", two)
     with caplog.at_level(logging.INFO, "kiln.executors"):
-        assert sorted(SlurmExecutor(2, "test.executor").imap_unordered(square, range(5))) == [0, 1, 4, 9, 16]
-    assert re.search(r"5 tasks as Slurm array \d+, \d+, \d+ \(logs ", caplog.text)
+        assert sorted(SlurmExecutor(2, "test.executor").imap_unordered(square, range(7))) == [0, 1, 4, 9, 16, 25, 36]
+    # Tasks 0-3 as two elements of one array, 4-6 as two elements (the last with one task) of another.
+    assert re.search(r"7 tasks as Slurm array \d+, \d+ \(logs ", caplog.text)
 
 
 def test_a_cancelled_element_stops_the_phase_naming_its_job_and_log(cluster: Path) -> None:

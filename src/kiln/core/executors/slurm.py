@@ -82,6 +82,14 @@ class SlurmConfig(Section):
     )
     cpus_per_task: int = Field(default=1, ge=1, description="CPUs per array element (sbatch --cpus-per-task).")
     mem: str | None = Field(default=None, description="Memory per array element (sbatch --mem, e.g. 4G).")
+    tasks_per_element: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Tasks each array element runs one after another: more than 1 spreads an element's start (about a "
+            "second) over several short tasks, and asks the queue for fewer jobs."
+        ),
+    )
     sbatch_args: list[str] = Field(
         default_factory=list, description="More sbatch arguments, each as one word (e.g. --constraint=cpu)."
     )
@@ -170,8 +178,9 @@ class Folder:
 
 
 def sbatch_lines(cfg: SlurmConfig, folder: Folder, name: str) -> list[str]:
-    """The array script, #SBATCH header and body. Its one argument is the task of element 0 (element k runs
-    the k-th after it); sbatch's --array, given at submission, says which elements run."""
+    """The array script, #SBATCH header and body. Its arguments: the first task of element 0 and the tasks per
+    element (element k runs that many from the first + k x that many); sbatch's --array, given at submission,
+    says which elements run."""
     return [
         "#!/bin/bash",
         f"#SBATCH --job-name={name}",
@@ -185,7 +194,7 @@ def sbatch_lines(cfg: SlurmConfig, folder: Folder, name: str) -> list[str]:
         *(f"#SBATCH {arg}" for arg in cfg.sbatch_args),
         *([cfg.setup] if cfg.setup else []),
         f"exec {shlex.quote(sys.executable)} -m kiln.core.executors.slurm {shlex.quote(folder.location)} "
-        '"$(( $1 + SLURM_ARRAY_TASK_ID ))"',
+        '"$(( $1 + SLURM_ARRAY_TASK_ID * $2 ))" "$2"',
     ]
 
 
@@ -199,10 +208,11 @@ FULL_QUEUE = ("maxsubmit", "submit limit", "temporarily unable to accept", "maxj
 SBATCH_WAIT_S = 30.0  # sbatch facing a full queue sleeps and tries again for minutes: this long, then it is said
 
 
-def submit(script: str, elements: str, first: int) -> str:
-    """The job id of `script`'s array (`elements`, sbatch --array) whose element 0 runs task `first`."""
+def submit(script: str, elements: str, first: int, per_element: int = 1) -> str:
+    """The job id of `script`'s array (`elements`, sbatch --array) whose element 0 runs `per_element` tasks
+    from task `first`."""
     check_sbatch()
-    cmd = ["sbatch", "--parsable", f"--array={elements}", script, str(first)]
+    cmd = ["sbatch", "--parsable", f"--array={elements}", script, str(first), str(per_element)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=SBATCH_WAIT_S)
     except subprocess.TimeoutExpired as e:  # a full queue: sbatch sleeps and tries again, for minutes
@@ -322,7 +332,8 @@ class SlurmExecutor:
 
     def _run(self, fn: Callable[[T], R], tasks: list[T], folder: Folder, name: str, script: str) -> Iterator[R]:
         cfg = _config
-        size = max_array()
+        group = cfg.tasks_per_element
+        size = max_array() * group  # tasks per array
         chunks = [range(a, min(a + size, len(tasks))) for a in range(0, len(tasks), size)]
         where: dict[int, tuple[str, int]] = {}  # task -> (job, element) of its latest submission
         caps: dict[str, int | None] = {}  # each array of the first submission -> its cap of running elements
@@ -331,9 +342,10 @@ class SlurmExecutor:
         finished = False
         try:
             for chunk, cap in zip(chunks, shares(self.cap, len(chunks)), strict=True):
-                job = self._submit(script, f"0-{len(chunk) - 1}" + (f"%{cap}" if cap else ""), chunk.start)
+                elements = -(-len(chunk) // group)
+                job = self._submit(script, f"0-{elements - 1}" + (f"%{cap}" if cap else ""), chunk.start, group)
                 caps[job] = cap
-                where.update({i: (job, i - chunk.start) for i in chunk})
+                where.update({i: (job, (i - chunk.start) // group) for i in chunk})
             jobs = ", ".join(caps)
             log.info("%s: %d tasks as Slurm array %s (logs %s)", self.section, len(tasks), jobs, folder.log("JOB", "I"))
             if _detach:
@@ -448,8 +460,8 @@ class SlurmExecutor:
             folder.log("JOB", "I"),
         )
 
-    def _submit(self, script: str, elements: str, first: int) -> str:
-        job = submit(script, elements, first)
+    def _submit(self, script: str, elements: str, first: int, per_element: int = 1) -> str:
+        job = submit(script, elements, first, per_element)
         self._jobs.append(job)
         return job
 
@@ -457,29 +469,35 @@ class SlurmExecutor:
         self._jobs.clear()
 
 
-def run_element(location: str, index: int) -> int:
-    """One array element: run task `index`, leave its result (or its traceback, and for a folder on a store
-    its log) where the driver looks."""
+def run_element(location: str, first: int, count: int) -> int:
+    """One array element: run tasks `first` to `first + count - 1` (those that exist) one after another, leaving
+    each one's result where the driver looks as it finishes; the first that raises leaves its traceback (and
+    for a folder on a store, the element's log) instead, and ends the element."""
     folder = Folder(location)
-    try:
-        # subtle: unpickling is inside: a function this Python cannot import is the task's error, said once,
-        # not an element that dies without a word and is submitted again max_retries times
-        fn = pickle.loads(folder.get("fn.pkl") or b"")
-        task: Any = pickle.loads(folder.get(f"task-{index}.pkl") or b"")
-        result = fn(task)
-    except BaseException:  # the driver reads it and fails the phase, naming this element's log
-        error = traceback.format_exc()
-        print(error, file=sys.stderr, flush=True)
-        if folder.remote:  # the log is on this node: beside the task, for the driver's message
-            job, element = os.environ.get("SLURM_ARRAY_JOB_ID", "?"), os.environ.get("SLURM_ARRAY_TASK_ID", "?")
-            here = Path(folder.log(job, element))
-            if here.is_file():
-                folder.put(f"log-{job}_{element}.txt", here.read_bytes())
-        folder.put(f"error-{index}.txt", error.encode())
-        return 1
-    folder.put(f"result-{index}.pkl", pickle.dumps(result))
+    fn: Callable[[Any], Any] | None = None
+    for index in range(first, first + count):
+        try:
+            # subtle: unpickling is inside: a function this Python cannot import is the task's error, said once,
+            # not an element that dies without a word and is submitted again max_retries times
+            fn = fn or pickle.loads(folder.get("fn.pkl") or b"")
+            found = folder.get(f"task-{index}.pkl")
+            if found is None:  # past the last task: the array's last element may hold fewer
+                return 0
+            task: Any = pickle.loads(found)
+            result = fn(task)
+        except BaseException:  # the driver reads it and fails the phase, naming this element's log
+            error = traceback.format_exc()
+            print(error, file=sys.stderr, flush=True)
+            if folder.remote:  # the log is on this node: beside the task, for the driver's message
+                job, element = os.environ.get("SLURM_ARRAY_JOB_ID", "?"), os.environ.get("SLURM_ARRAY_TASK_ID", "?")
+                here = Path(folder.log(job, element))
+                if here.is_file():
+                    folder.put(f"log-{job}_{element}.txt", here.read_bytes())
+            folder.put(f"error-{index}.txt", error.encode())
+            return 1
+        folder.put(f"result-{index}.pkl", pickle.dumps(result))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_element(sys.argv[1], int(sys.argv[2])))
+    sys.exit(run_element(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
