@@ -284,6 +284,22 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, inputs):
     assert not (run_dir / "stage.lock").exists()
 
 
+def test_a_requeued_slurm_job_takes_over_the_lock_its_earlier_run_left_on_another_node(tmp_path, inputs, monkeypatch):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    earlier = {"host": "node7", "pid": 1, "since": "then", "slurm_job": "4242", "slurm_restart": 0}
+    (run_dir / "stage.lock").write_text(json.dumps(earlier))
+    monkeypatch.setenv("SLURM_JOB_ID", "4243")  # another job: node7's process may be alive, so refused
+    with pytest.raises(FatalError, match="being built by pid 1 on node7"):
+        Stage(run_dir, "stage", CFG, inputs).begin()
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")  # the same job, requeued once: its earlier run has ended
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    stage = Stage(run_dir, "stage", CFG, inputs)
+    stage.begin()
+    taken = json.loads((run_dir / "stage.lock").read_text())
+    assert (taken["pid"], taken["slurm_job"], taken["slurm_restart"]) == (os.getpid(), "4242", 1)
+
+
 def test_resume_keeps_an_interrupted_attempt_with_the_same_identity(tmp_path, inputs):
     run_dir = tmp_path / "run"
     first = Stage(run_dir, "stage", CFG, inputs)

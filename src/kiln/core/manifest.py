@@ -525,6 +525,9 @@ class Stage:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            # Under Slurm, which run of which job: a requeued job may start on another node.
+            "slurm_job": os.environ.get("SLURM_JOB_ID"),
+            "slurm_restart": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
         }
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
         while True:
@@ -536,6 +539,19 @@ class Stage:
                     continue  # released (or half-written) between our two calls: try again
                 if holder.get("host") == me["host"] and holder.get("pid") == me["pid"]:
                     return  # ours: taken earlier in this command (or by this process's earlier attempt)
+                if me["slurm_job"] and holder.get("slurm_job") == me["slurm_job"]:
+                    if holder.get("slurm_restart", 0) < me["slurm_restart"]:
+                        # Slurm ended that run of this job before requeueing it, on whichever node it ran.
+                        self.log.warning(
+                            "%s: taking over %s left by Slurm job %s before its requeue (pid %s on %s)",
+                            self.name,
+                            self.lock_path,
+                            me["slurm_job"],
+                            holder.get("pid"),
+                            holder.get("host"),
+                        )
+                        self.lock_path.unlink(missing_ok=True)
+                        continue
                 if holder.get("host") != me["host"] or process_alive(holder.get("pid")):
                     raise FatalError(
                         f"{self.name}: {self.final_dir} is being built by pid {holder.get('pid')} on "
