@@ -140,6 +140,13 @@ def test_default_pipeline_end_to_end(tmp_path, corpus):
     segmenters = json.loads((stage / "manifest.json").read_text())["word_segmenters"]
     assert segmenters["zh"].startswith("rjieba ") and segmenters["lo"] == "characters"
     assert f"ja {segmenters['ja']}" in summary and "one word per character: bo, km, lo, my" in summary
+    # every list the URL and bad-words steps read, with its version and hash, also among the stage's inputs
+    lists = json.loads((stage / "manifest.json").read_text())["lists"]
+    named = {found["name"]: found for found in lists}
+    assert {"kiln url_words", "kiln url_soft_words", "kiln url_subwords"} <= set(named) and len(lists) == 3 + 26
+    assert named["LDNOOBW (npm naughty-words 1.2.0, CC-BY-4.0) zh"]["version"] == "kiln-lists v1"
+    inputs = {found["path"]: found["sha256"] for found in json.loads((stage / "manifest.json").read_text())["inputs"]}
+    assert all(inputs[found["path"]] == found["sha256"] for found in lists)
     # what the pii step changed, in its redacted form, with the document it came from
     examples = json.loads((stage / "audit" / "pii_examples.json").read_text())
     [example] = examples["web"]["email"]
@@ -562,6 +569,7 @@ def test_renamed_ids_reach_the_shards_of_a_dedup_only_run(tmp_path, corpus):
             "url_filter",
             "line_dedup",
             "language",
+            "bad_words",
             "gopher_repetition",
             "gopher_quality",
             "c4",

@@ -21,6 +21,7 @@ FILTERS = (
     "url_filter",
     "line_dedup",
     "language",
+    "bad_words",
     "gopher_repetition",
     "gopher_quality",
     "c4",

@@ -24,6 +24,7 @@ from kiln.curate.dedup.exact import ExactDedupConfig
 from kiln.curate.dedup.minhash import MinHashConfig
 from kiln.curate.languages import LANGUAGE_DEFAULTS, LANGUAGE_KEYS, PER_LANGUAGE_STEPS, resolve, shipped, with_keys
 from kiln.curate.readers.config import InputConfig
+from kiln.curate.steps.bad_words import BadWordsConfig
 from kiln.curate.steps.c4 import C4Config
 from kiln.curate.steps.code import CodeConfig
 from kiln.curate.steps.decontaminate import DecontaminateConfig
@@ -51,6 +52,7 @@ PER_SOURCE_STEPS = (
     "url_filter",
     "line_dedup",
     "language",
+    "bad_words",
     "gopher_repetition",
     "gopher_quality",
     "c4",
@@ -137,6 +139,10 @@ class CurateConfig(Section):
         default_factory=LanguageConfig,
         description="Language identification (fastText lid.176) and the languages kept (prose only).",
     )
+    bad_words: BadWordsConfig = Field(
+        default_factory=BadWordsConfig,
+        description="C4's filter of documents holding obscene words, per language (LDNOOBW's lists; prose only).",
+    )
     gopher_repetition: GopherRepetitionConfig = Field(
         default_factory=GopherRepetitionConfig, description="Gopher repetition rules (prose only)."
     )
@@ -191,9 +197,9 @@ class CurateConfig(Section):
         description=(
             "Settings of one source: sources.<source>.<step>.<key> replaces curate.<step>.<key> for that source's "
             "documents (e.g. docs: {gopher_quality: {min_words: 20}}, code: {pii: {enabled: false}}); steps: "
-            "url_filter, line_dedup (enabled only), language, gopher_repetition, gopher_quality, c4, fineweb, "
-            "perplexity and quality_classifier (not model), code_quality, pii, length, decontaminate (enabled and "
-            "action only)."
+            "url_filter, line_dedup (enabled only), language, bad_words, gopher_repetition, gopher_quality, c4, "
+            "fineweb, perplexity and quality_classifier (not model), code_quality, pii, length, decontaminate "
+            "(enabled and action only)."
         ),
     )
 

@@ -78,6 +78,7 @@ from kiln.curate.report import (
     write_decontamination,
     write_pii_examples,
 )
+from kiln.curate.steps.bad_words import BadWords
 from kiln.curate.steps.chain import funnel_rows
 from kiln.curate.steps.decontaminate import format_report
 from kiln.curate.steps.quality import (
@@ -89,6 +90,7 @@ from kiln.curate.steps.quality import (
     model_folder,
     release_models,
 )
+from kiln.curate.steps.url import URLFilter
 from kiln.text.languages import segmenters
 
 log = logging.getLogger("kiln.curate")
@@ -187,6 +189,8 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
     inputs |= eval_sets  # a changed evaluation set redoes the stage
     models, cfg_for_tasks = quality_models(cfg, run_dir)
     inputs |= models  # so does a retrained quality model
+    lists = block_lists(cfg)  # and a changed block or word list; a list that is not text stops the run here
+    inputs |= {Path(found["path"]) for found in lists}
     stage = Stage(run_dir, CURATE, {"curate": cfg}, inputs=inputs)
     if done := stage.up_to_date(force, lambda m: f"{m['counts']['docs_out']} docs kept"):
         return done
@@ -240,6 +244,7 @@ def run(cfg: CurateConfig, run_dir: Path, force: bool = False) -> dict[str, Any]
         "word_segmenters": segmented,
         "dedup_keys": DEDUP_KEY_VERSION,
         "languages": languages,
+        "lists": lists,
     }
     return stage.finish(shards + outputs, counts, summary, extra=extra, known=known)
 
@@ -374,6 +379,22 @@ def quality_models(cfg: CurateConfig, run_dir: Path) -> tuple[set[Path], CurateC
             files |= set(model_files(folder, scores))
             update[name] = section.model_copy(update={"model": str(folder)})
     return files, cfg.model_copy(update=update)
+
+
+def block_lists(cfg: CurateConfig) -> list[dict[str, Any]]:
+    """Every list the URL and bad-words steps read, for any source: name, version, file, sha256, entries
+    (the manifest's `lists`). Building the steps reads each list, so a bad one stops curate before any work."""
+    configs = [cfg, *(cfg.for_source(s) for s in cfg.sources)]
+    found: dict[str, dict[str, Any]] = {}
+    for c in configs:
+        steps = [
+            *([URLFilter(c.url_filter)] if c.url_filter.enabled else []),
+            *([BadWords(c.bad_words)] if c.bad_words.enabled else []),
+        ]
+        for step in steps:
+            for listed in step.lists:
+                found.setdefault(listed["path"], listed)
+    return [found[path] for path in sorted(found)]
 
 
 def check_quality_models(cfg: CurateConfig) -> None:

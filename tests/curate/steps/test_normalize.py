@@ -138,6 +138,7 @@ def test_chains_hold_the_enabled_steps_in_order():
     assert [s.name for s in prose_steps(cfg)] == [
         "line_dedup",
         "language",
+        "bad_words",
         "gopher_repetition",
         "gopher_quality",
         "c4",
@@ -147,7 +148,11 @@ def test_chains_hold_the_enabled_steps_in_order():
     ]
     assert [s.name for s in code_steps(cfg)] == ["code_quality", "pii", "length"]
     off = CurateConfig(
-        language={"enabled": False}, c4={"enabled": False}, pii={"enabled": False}, line_dedup={"enabled": False}
+        language={"enabled": False},
+        bad_words={"enabled": False},
+        c4={"enabled": False},
+        pii={"enabled": False},
+        line_dedup={"enabled": False},
     )
     assert [s.name for s in prose_steps(off)] == ["gopher_repetition", "gopher_quality", "fineweb", "length"]
 

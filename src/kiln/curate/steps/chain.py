@@ -3,7 +3,7 @@
 Steps run in two phases around the global line count (see kiln.curate.phases):
 - early (while reading): normalize, URL filter;
 - late (after the line count), one branch per kind of document:
-  prose: boilerplate lines, language ID, Gopher repetition, Gopher quality, C4, FineWeb, the model
+  prose: boilerplate lines, language ID, bad words, Gopher repetition, Gopher quality, C4, FineWeb, the model
   filters (perplexity, quality classifier; off by default), PII, length, decontamination;
   code: the code rules, PII, length, decontamination.
 Exact dedup, then MinHash near-dedup, run last, across all shards.
@@ -38,6 +38,7 @@ from kiln.core.document import Document
 from kiln.curate.audit import Ledger
 from kiln.curate.config import CurateConfig
 from kiln.curate.languages import PER_LANGUAGE_STEPS, ByLanguage
+from kiln.curate.steps.bad_words import BadWords, BadWordsConfig
 from kiln.curate.steps.base import Step
 from kiln.curate.steps.c4 import C4, C4Config
 from kiln.curate.steps.code import CodeConfig, CodeQuality
@@ -57,6 +58,7 @@ log = logging.getLogger("kiln.curate")
 PROSE_STEPS = (
     "line_dedup",
     "language",
+    "bad_words",
     "gopher_repetition",
     "gopher_quality",
     "c4",
@@ -74,6 +76,7 @@ BRANCHES = ("prose", "code")
 GROUP_DOCS, GROUP_CHARS = 512, 1 << 20
 _BUILD: dict[str, Callable[[Section], Step]] = {
     "language": LanguageID,
+    "bad_words": BadWords,
     "gopher_repetition": GopherRepetition,
     "gopher_quality": GopherQuality,
     "c4": C4,
@@ -92,6 +95,7 @@ class StepSettings:
     url_filter: URLFilterConfig
     line_dedup: LineDedupConfig
     language: LanguageConfig
+    bad_words: BadWordsConfig
     gopher_repetition: GopherRepetitionConfig
     gopher_quality: GopherQualityConfig
     c4: C4Config

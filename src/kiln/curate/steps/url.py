@@ -1,14 +1,18 @@
-"""Drop documents whose URL is on a block list: by domain (and every subdomain), or by substring.
+"""Drop documents whose URL is on a block list: by domain (and every subdomain), by URL, by word, or by substring.
 
 The URL is read from `doc.meta["url"]` (the key is configurable); a document without one passes.
-Lists come inline from the recipe and from files (one entry per line, `#` starts a comment, blank
-lines ignored), all matched case-insensitively. A host is compared in its ASCII (punycode) form
-after dropping userinfo, port and a trailing dot, so `Bücher.example` and `xn--bcher-kva.example`
-are one entry; a domain lookup checks each suffix of the host in a set, so its cost does not grow
-with the list (100k domains). Substrings are matched against the lowercased, percent-decoded URL
-with one regex compiled from a trie of the entries (about 30 us a URL for 100k entries, where a
-flat alternation takes 25 ms).
-Not handled: fetching lists from the network, regular-expression entries, IDNA 2008-only
+Lists come inline from the recipe, from list files (kiln.curate.blocklists) and from category archives
+in UT1's layout (`adult`, `gambling`, `phishing`, ... chosen by name), all matched case-insensitively.
+A host is compared in its ASCII (punycode) form after dropping userinfo, port and a trailing dot, so
+`Bücher.example` and `xn--bcher-kva.example` are one entry; a domain lookup checks each suffix of the
+host in a set, so its cost does not grow with the list (millions of domains). A listed URL (`host/path`)
+blocks itself and every path below it. As FineWeb's URL filter does, and on by default with the lists
+kiln ships: a URL holding a listed word as a whole token (split at every character that is not a letter
+or digit) goes, as does one holding `soft_word_threshold` soft words or a listed subword anywhere in its
+letters and digits run together. Substrings are matched against the lowercased, percent-decoded URL
+with one regex compiled from a trie of the entries (about 30 us a URL for 100k entries, where a flat
+alternation takes 25 ms).
+Not handled here: fetching lists from the network, regular-expression entries, IDNA 2008-only
 spellings (hosts are encoded with Python's IDNA 2003 codec, which maps `ß` to `ss`), and URLs in
 the text itself.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
 from pydantic import Field, field_validator
@@ -25,6 +30,16 @@ from pydantic import Field, field_validator
 from kiln.core.config import Section
 from kiln.core.document import Document
 from kiln.core.errors import ConfigError
+from kiln.curate.blocklists import (
+    SHIPPED_VERSION,
+    URL_SOFT_WORDS,
+    URL_SUBWORDS,
+    URL_WORDS,
+    archive_version,
+    read_categories,
+    read_list,
+    record,
+)
 from kiln.curate.steps.base import Drop, Filter
 
 # sre compiles and matches nested groups recursively, one level per character where the trie
@@ -32,8 +47,35 @@ from kiln.curate.steps.base import Drop, Filter
 MAX_SUBSTRING_CHARS = 200
 
 
+class CategoryListConfig(Section):
+    path: str = Field(description="A folder or tar archive (.tar.gz, .tgz, .tar) in UT1's layout: <category>/domains.")
+    categories: tuple[str, ...] = Field(
+        min_length=1, description="The categories to block, by folder name (adult, gambling, phishing, ...)."
+    )
+
+
 class URLFilterConfig(Section):
-    enabled: bool = Field(True, description="Run the URL filter (a no-op while every list is empty).")
+    enabled: bool = Field(True, description="Run the URL filter (documents without meta.url pass).")
+    categories: list[CategoryListConfig] = Field(
+        default_factory=list,
+        description=(
+            "Category lists in UT1's layout, each {path, categories}: the categories' domains and URLs are blocked."
+        ),
+    )
+    shipped_words: bool = Field(
+        True,
+        description="Block URLs by the word, soft-word and subword lists kiln ships (adult terms; docs/curation.md).",
+    )
+    blocked_words: list[str] = Field(
+        default_factory=list, description="More words that block a URL holding one as a whole token."
+    )
+    soft_word_threshold: int = Field(
+        2, ge=1, description="Block a URL holding at least this many soft words (kiln's list) as whole tokens."
+    )
+    blocked_url_files: list[str] = Field(
+        default_factory=list,
+        description="Files of blocked URLs (host/path, scheme optional): each blocks itself and every path below it.",
+    )
     blocked_domains: list[str] = Field(
         default_factory=list,
         description="Domains to block, with all their subdomains (example.com also blocks www.example.com).",
@@ -51,7 +93,7 @@ class URLFilterConfig(Section):
     )
     url_key: str = Field("url", description="Meta key holding the document's URL; documents without it pass.")
 
-    @field_validator("blocked_domains", "blocked_substrings")
+    @field_validator("blocked_domains", "blocked_substrings", "blocked_words")
     @classmethod
     def _no_blank_entries(cls, entries: list[str]) -> list[str]:
         for entry in entries:
@@ -126,23 +168,6 @@ def _normalize_domain_entry(entry: str, where: str) -> str:
     return host
 
 
-def _read_list(path_text: str, kind: str) -> list[tuple[str, str]]:
-    """(entry, 'path:line') for each entry of a list file; a missing file is a ConfigError."""
-    path = Path(path_text).expanduser()
-    if not path.is_file():
-        raise ConfigError(
-            f"url_filter.{kind}: list file {str(path)!r} does not exist or is not a file; fix the path or remove "
-            "it from the recipe"
-        )
-    entries = []
-    with path.open(encoding="utf-8", errors="strict") as f:
-        for number, line in enumerate(f, start=1):
-            entry = line.partition("#")[0].strip()
-            if entry:
-                entries.append((entry, f"{path}:{number}"))
-    return entries
-
-
 def _trie_regex(entries: set[str]) -> re.Pattern[str] | None:
     """One regex matching any entry, built from a trie so that the engine follows one branch per
     character instead of trying every entry; at a terminal node the shorter entry wins."""
@@ -169,21 +194,59 @@ def _trie_regex(entries: set[str]) -> re.Pattern[str] | None:
     return re.compile(emit(root))
 
 
+_NOT_WORD = re.compile(r"[\W_]+")  # a URL's tokens: runs of letters and digits, in any script
+
+
+def _url_key(entry: str) -> str | None:
+    """A listed or document URL as `host/path` (host as url_host gives it, no `www.`, no query, no trailing
+    slash, lowercase), or None when it has no host."""
+    host = url_host(entry)
+    if host is None:
+        return None
+    rest = re.sub(r"^(?:[A-Za-z][A-Za-z0-9+.-]*:)?//", "", entry.strip())
+    path = re.split(r"[?#]", rest.partition("/")[2] if "/" in rest else "", maxsplit=1)[0]
+    return (host.removeprefix("www.") + "/" + unquote(path).lower()).rstrip("/")
+
+
+def _noted(entry: str, category: str) -> str:
+    return f"{entry} ({category})" if category else entry
+
+
 class URLFilter(Filter):
-    """The `url_filter` step: drops a document whose URL's host or text is on a block list."""
+    """The `url_filter` step: drops a document whose URL's host, URL, words or text are on a block list."""
 
     name = "url_filter"
 
     def __init__(self, config: URLFilterConfig):
         self.config = config
-        domains: set[str] = set()
+        self.lists: list[dict[str, Any]] = []  # what the manifest records of each list read
+        key = "url_filter"
+        domains: dict[str, str] = {}  # entry -> the category it came from ("": the recipe's own lists)
+        urls: dict[str, str] = {}
+        for category_list in config.categories:
+            where = f"{key}.categories ({category_list.path})"
+            found = read_categories(category_list.path, category_list.categories, where)
+            for category in found:
+                for entry, at in category.domains:
+                    domains.setdefault(_normalize_domain_entry(entry, at), category.name)
+                for entry, _ in category.urls:
+                    if (url := _url_key(entry)) is not None:
+                        urls.setdefault(url, category.name)
+            path = Path(category_list.path).expanduser()
+            counts = {c.name: len(c.domains) + len(c.urls) for c in found}
+            self.lists.append(record(path, path.name, archive_version(path), sum(counts.values()), counts))
         for entry, where in [(e, "blocked_domains") for e in config.blocked_domains] + [
-            item for path in config.blocked_domain_files for item in _read_list(path, "blocked_domain_files")
+            item for path in config.blocked_domain_files for item in read_list(path, f"{key}.blocked_domain_files")
         ]:
-            domains.add(_normalize_domain_entry(entry, where))
+            domains.setdefault(_normalize_domain_entry(entry, where), "")
+        for path in config.blocked_url_files:
+            for entry, _ in read_list(path, f"{key}.blocked_url_files"):
+                if (url := _url_key(entry)) is not None:
+                    urls.setdefault(url, "")
         substrings: set[str] = set()
+        substring_files = config.blocked_substring_files
         for entry, where in [(e, "blocked_substrings") for e in config.blocked_substrings] + [
-            item for path in config.blocked_substring_files for item in _read_list(path, "blocked_substring_files")
+            item for path in substring_files for item in read_list(path, f"{key}.blocked_substring_files")
         ]:
             entry = entry.strip().lower()
             if len(entry) > MAX_SUBSTRING_CHARS:
@@ -192,8 +255,19 @@ class URLFilter(Filter):
                     f"{MAX_SUBSTRING_CHARS}; shorten it"
                 )
             substrings.add(entry)
-        self.domains = frozenset(domains)
+        words = {w.strip().lower() for w in config.blocked_words}
+        soft: set[str] = set()
+        subwords: set[str] = set()
+        if config.shipped_words:
+            for path, into in ((URL_WORDS, words), (URL_SOFT_WORDS, soft), (URL_SUBWORDS, subwords)):
+                entries = [e.lower() for e, _ in read_list(str(path), "url_filter.shipped_words")]
+                into.update(entries)
+                self.lists.append(record(path, f"kiln {path.stem}", SHIPPED_VERSION, len(entries)))
+        self.domains = domains
+        self.urls = urls
+        self.words, self.soft_words = frozenset(words), frozenset(soft)
         self._substrings = _trie_regex(substrings)
+        self._subwords = _trie_regex(subwords)
 
     def blocked_domain(self, host: str) -> str | None:
         """The block-list entry that `host` falls under (itself or a parent domain), or None."""
@@ -210,6 +284,15 @@ class URLFilter(Filter):
             dot = host.find(".", dot + 1)
         return None
 
+    def blocked_url(self, url: str) -> str | None:
+        """The listed URL that `url` is, or lies below, or None."""
+        key = _url_key(url)
+        while key:
+            if key in self.urls:
+                return key
+            key = key.rpartition("/")[0] if "/" in key else ""
+        return None
+
     def check(self, doc: Document) -> Drop | None:
         url = doc.meta.get(self.config.url_key)
         if not isinstance(url, str) or not url:
@@ -217,9 +300,23 @@ class URLFilter(Filter):
         if self.domains:
             host = url_host(url)
             if host is not None and (entry := self.blocked_domain(host)) is not None:
-                return Drop("blocked_domain", note=entry)
+                return Drop("blocked_domain", note=_noted(entry, self.domains[entry]))
+        if self.urls and (entry := self.blocked_url(url)) is not None:
+            return Drop("blocked_url", note=_noted(entry, self.urls[entry]))
+        lowered = unquote(url).lower()
+        if self.words or self.soft_words:
+            tokens = set(_NOT_WORD.split(lowered))
+            if found := tokens & self.words:
+                return Drop("blocked_word", note=min(found))
+            soft = tokens & self.soft_words
+            if len(soft) >= self.config.soft_word_threshold:
+                return Drop("soft_words", len(soft), self.config.soft_word_threshold, note=" ".join(sorted(soft)))
+        if self._subwords is not None:
+            found = self._subwords.search(_NOT_WORD.sub("", lowered))
+            if found is not None:
+                return Drop("blocked_subword", note=found.group(0))
         if self._substrings is not None:
-            found = self._substrings.search(unquote(url).lower())
+            found = self._substrings.search(lowered)
             if found is not None:
                 return Drop("blocked_substring", note=found.group(0))
         return None

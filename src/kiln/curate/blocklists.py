@@ -1,0 +1,172 @@
+"""The lists the safety steps read: plain list files, category archives in UT1's layout, and the lists kiln ships.
+
+A list file holds one entry per line; `#` starts a comment and blank lines are ignored. A file that is not
+UTF-8 text (a binary, a compressed file given by mistake) is refused naming the file and line. A category
+archive is the layout of Université Toulouse 1's blacklists (UT1, the lists FineWeb's URL filter builds on):
+one folder per category (`adult/`, `gambling/`, `phishing/`, ...) each holding a `domains` file and often a
+`urls` file (`host/path` without a scheme), as a folder or a tar archive (`.tar.gz`, `.tgz`, `.tar`), the
+category folders at its top or one folder down (`blacklists/adult/domains`). A category the recipe names
+and the archive lacks stops the run before any work, naming the categories it has.
+kiln ships the LDNOOBW word lists (`lists/bad_words/<code>.txt`, CC-BY-4.0) and its own URL word lists
+(`lists/url_*.txt`); `record()` describes any list (name, version, sha256, entries) for the manifest.
+A worker loads each list once (cached by path, size and modification time).
+Not handled here: matching (kiln.curate.steps.url, kiln.curate.steps.bad_words), fetching lists from the
+network (docs/curation.md says where the full lists are).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiln.core.errors import ConfigError
+
+SHIPPED = Path(__file__).with_name("lists")
+BAD_WORDS_DIR = SHIPPED / "bad_words"
+URL_WORDS, URL_SUBWORDS, URL_SOFT_WORDS = (SHIPPED / f"url_{kind}.txt" for kind in ("words", "subwords", "soft_words"))
+# What a stage records for the lists kiln ships; bump it with any change to a file under lists/.
+SHIPPED_VERSION = "kiln-lists v1"
+LDNOOBW = "LDNOOBW (npm naughty-words 1.2.0, CC-BY-4.0)"
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
+
+Entry = tuple[str, str]  # an entry and where it was read ("path:line")
+
+
+@dataclass(frozen=True)
+class Category:
+    """One category of an archive: its domains and its URLs (`host/path`), each with where it was read."""
+
+    name: str
+    domains: tuple[Entry, ...]
+    urls: tuple[Entry, ...]
+
+
+def entries_of(text: str, where: str) -> list[Entry]:
+    """The entries of a list's text (`where`: the file, for the locations); NUL bytes mean it is not text."""
+    found = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if "\x00" in line:
+            raise ConfigError(f"{where}:{number}: a NUL byte: this is not a text list; give a file of one entry a line")
+        entry = line.partition("#")[0].strip()
+        if entry:
+            found.append((entry, f"{where}:{number}"))
+    return found
+
+
+def _decoded(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{where}:{line}: not UTF-8 text (byte {data[e.start]:#04x}); give a text file of one entry a line"
+        ) from None
+
+
+def read_list(path_text: str, key: str) -> list[Entry]:
+    """A list file's entries; `key` (the recipe key naming it) goes into the message for a missing file."""
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"{key}: list file {str(path)!r} does not exist or is not a file; fix the path or remove it")
+    return list(_cached_list(path, *_stamp(path)))
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_list(path: Path, size: int, mtime: float) -> tuple[Entry, ...]:
+    return tuple(entries_of(_decoded(path.read_bytes(), str(path)), str(path)))
+
+
+def _stamp(path: Path) -> tuple[int, float]:
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime
+
+
+def read_categories(path_text: str, names: tuple[str, ...], key: str) -> list[Category]:
+    """The named categories of an archive in UT1's layout (a folder or a tar file), in the order named."""
+    path = Path(path_text).expanduser()
+    if not path.exists():
+        raise ConfigError(f"{key}: category archive {str(path)!r} does not exist; fix the path or remove it")
+    found = _cached_categories(path, *_stamp(path))
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise ConfigError(
+            f"{key}: {path} has no categor{'y' if len(missing) == 1 else 'ies'} {', '.join(missing)} (no "
+            f"<category>/domains file); it has: {', '.join(sorted(found)) or 'none'}"
+        )
+    return [found[name] for name in names]
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_categories(path: Path, size: int, mtime: float) -> dict[str, Category]:
+    files = _archive_files(path)
+    categories = {}
+    for (category, kind), (data, where) in sorted(files.items()):
+        if kind != "domains":
+            continue
+        urls = files.get((category, "urls"))
+        categories[category] = Category(
+            category,
+            tuple(entries_of(_decoded(data, where), where)),
+            tuple(entries_of(_decoded(urls[0], urls[1]), urls[1])) if urls else (),
+        )
+    return categories
+
+
+def _archive_files(path: Path) -> dict[tuple[str, str], tuple[bytes, str]]:
+    """{(category, "domains" | "urls"): (contents, where)} of a folder or tar archive in UT1's layout."""
+    wanted = {"domains", "urls"}
+    files: dict[tuple[str, str], tuple[bytes, str]] = {}
+    if path.is_dir():
+        for file in sorted(path.glob("*/*")) + sorted(path.glob("*/*/*")):
+            if file.name in wanted and file.is_file():
+                files.setdefault((file.parent.name, file.name), (file.read_bytes(), str(file)))
+        return files
+    if not path.name.endswith(ARCHIVE_SUFFIXES):
+        raise ConfigError(
+            f"{path}: not a folder or a tar archive ({', '.join(ARCHIVE_SUFFIXES)}) of category folders; for a plain "
+            "list of domains use url_filter.blocked_domain_files"
+        )
+    try:
+        with tarfile.open(path) as tar:
+            for member in tar:
+                parts = Path(member.name).parts
+                if member.isfile() and parts[-1] in wanted and 2 <= len(parts) <= 3:
+                    extracted = tar.extractfile(member)
+                    assert extracted is not None  # a regular file
+                    files.setdefault((parts[-2], parts[-1]), (extracted.read(), f"{path}!{member.name}"))
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise ConfigError(f"{path}: not a readable tar archive ({type(e).__name__}: {e})") from None
+    return files
+
+
+def record(path: Path, name: str, version: str, entries: int, categories: dict[str, int] | None = None) -> dict:
+    """What the manifest says of one list: its name, version, file, sha256 and how many entries were used."""
+    found = {"name": name, "version": version, "path": str(path), "sha256": sha256_of(path), "entries": entries}
+    return {**found, "categories": categories} if categories is not None else found
+
+
+def archive_version(path: Path) -> str:
+    """An archive's version: UT1 publishes by date, so the date of its newest file (UTC)."""
+    if path.is_dir():
+        newest = max((f.stat().st_mtime for f in path.rglob("*") if f.is_file()), default=path.stat().st_mtime)
+    else:
+        with tarfile.open(path) as tar:
+            newest = max((m.mtime for m in tar.getmembers()), default=path.stat().st_mtime)
+    return time.strftime("%Y-%m-%d", time.gmtime(newest))
+
+
+def sha256_of(path: Path) -> str:
+    """A file's sha256, or for a folder the sha256 of its files' relative paths and contents, in order."""
+    digest = hashlib.sha256()
+    files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():
+            digest.update(str(file.relative_to(path)).encode() + b"\x00")
+        with file.open("rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()
