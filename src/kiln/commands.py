@@ -353,9 +353,11 @@ def flags_for(verb: Verb, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_summary(recipe: Recipe, manifest: dict[str, Any]) -> int:
-    """Print the stage's summary.txt (rank 0 only, under torchrun); exit status 0."""
+    """Print the stage's summary.txt, or each one's for a verb of several stages (`{"stages": [...]}`; rank 0
+    only, under torchrun); exit status 0."""
     if is_main_process():
-        print((RunLayout(recipe.run_dir).stage(manifest["stage"]) / SUMMARY).read_text().rstrip())
+        for each in manifest.get("stages", [manifest]):
+            print((RunLayout(recipe.run_dir).stage(each["stage"]) / SUMMARY).read_text().rstrip())
     return 0
 
 

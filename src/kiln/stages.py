@@ -136,6 +136,12 @@ def run_quality_lm(r: Recipe, force: bool) -> dict[str, Any]:
     return train_lm(r.quality, r.curate, r.run_dir, force)
 
 
+def run_quality_labels(r: Recipe, force: bool) -> dict[str, Any]:
+    from kiln.curate.quality.run import train_labels
+
+    return train_labels(r.quality, r.run_dir, force)
+
+
 def run_quality_classifier(r: Recipe, force: bool) -> dict[str, Any]:
     from kiln.curate.quality.run import train_classifier
 

@@ -174,6 +174,16 @@ QUALITY_VERBS = (
         arguments="kiln.commands:quality_arguments",
     ),
     Verb(
+        "train-labels",
+        "Train a classifier on each labelled file of quality.labels (JSONL or CSV, a text and a label a row: "
+        "classes such as toxic or clean, or a score such as educational value 0-5); report held-out precision "
+        "and recall, or correlation. The curate step `classifiers` applies them.",
+        run="kiln.stages:run_quality_labels",
+        stage=QUALITY,
+        sections=("quality",),
+        arguments="kiln.commands:quality_arguments",
+    ),
+    Verb(
         "thresholds",
         "Derive one language's filter settings from text you trust: each threshold where it removes a set share "
         "of that reference (FineWeb-2's method), printed with the share it removes and written as recipe YAML.",

@@ -30,6 +30,7 @@ from kiln.curate.steps.code import CodeConfig
 from kiln.curate.steps.decontaminate import DecontaminateConfig
 from kiln.curate.steps.fineweb import FineWebQualityConfig
 from kiln.curate.steps.gopher import GopherQualityConfig, GopherRepetitionConfig
+from kiln.curate.steps.labels import ClassifiersConfig
 from kiln.curate.steps.language import LanguageConfig
 from kiln.curate.steps.lines import LineDedupConfig
 from kiln.curate.steps.normalize import LengthConfig
@@ -59,18 +60,20 @@ PER_SOURCE_STEPS = (
     "fineweb",
     "perplexity",
     "quality_classifier",
+    "classifiers",
     "code_quality",
     "pii",
     "length",
     "decontaminate",
 )
-PER_SOURCE_ONLY = {"line_dedup": ("enabled",), "decontaminate": ("enabled", "action")}
+PER_SOURCE_ONLY = {"line_dedup": ("enabled",), "decontaminate": ("enabled", "action"), "classifiers": ("enabled",)}
 # Steps whose shared work exists only when the step is on for all sources: a source can turn them off, not on.
 GLOBAL_WORK = {
     "line_dedup": "the line counts",
     "decontaminate": "the contamination index",
     "perplexity": "the model folder",
     "quality_classifier": "the model folder",
+    "classifiers": "the model folders",
 }
 
 
@@ -166,6 +169,13 @@ class CurateConfig(Section):
             "Reference-vs-corpus classifier filter (prose only; off by default, needs `kiln quality train-classifier`)."
         ),
     )
+    classifiers: ClassifiersConfig = Field(
+        default_factory=ClassifiersConfig,
+        description=(
+            "Classifiers trained on labels (`kiln quality train-labels`): scores in meta.scores, removal by "
+            "threshold (prose only)."
+        ),
+    )
     code_quality: CodeConfig = Field(
         default_factory=CodeConfig, description="Rules for code documents, applied instead of the prose rules."
     )
@@ -198,8 +208,8 @@ class CurateConfig(Section):
             "Settings of one source: sources.<source>.<step>.<key> replaces curate.<step>.<key> for that source's "
             "documents (e.g. docs: {gopher_quality: {min_words: 20}}, code: {pii: {enabled: false}}); steps: "
             "url_filter, line_dedup (enabled only), language, bad_words, gopher_repetition, gopher_quality, c4, "
-            "fineweb, perplexity and quality_classifier (not model), code_quality, pii, length, decontaminate "
-            "(enabled and action only)."
+            "fineweb, perplexity and quality_classifier (not model), classifiers (enabled only), code_quality, pii, "
+            "length, decontaminate (enabled and action only)."
         ),
     )
 

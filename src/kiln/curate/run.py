@@ -67,7 +67,7 @@ from kiln.curate.phases import (
     duplicate_ids,
     save_renames,
 )
-from kiln.curate.quality.config import CLASSIFIER_DIR, LM_DIR
+from kiln.curate.quality.config import CLASSIFIER_DIR, LABELS_DIR, LM_DIR
 from kiln.curate.readers import ReadTask, plan_reads, task_paths
 from kiln.curate.report import (
     account,
@@ -81,11 +81,13 @@ from kiln.curate.report import (
 from kiln.curate.steps.bad_words import BadWords
 from kiln.curate.steps.chain import funnel_rows
 from kiln.curate.steps.decontaminate import format_report
+from kiln.curate.steps.labels import LabelFilters
 from kiln.curate.steps.quality import (
     CLASSIFIER_SCORES,
     LM_SCORES,
     ClassifierFilter,
     PerplexityFilter,
+    load_label_model,
     model_files,
     model_folder,
     release_models,
@@ -378,6 +380,13 @@ def quality_models(cfg: CurateConfig, run_dir: Path) -> tuple[set[Path], CurateC
             folder = model_folder(section.model, run_dir, default)
             files |= set(model_files(folder, scores))
             update[name] = section.model_copy(update={"model": str(folder)})
+    if cfg.classifiers.enabled and cfg.classifiers.models:
+        models = {}
+        for name, own in cfg.classifiers.models.items():
+            folder = model_folder(own.model, run_dir, f"{LABELS_DIR}/{name}")
+            files |= set(load_label_model(folder).files(folder))  # a missing or foreign model stops curate here
+            models[name] = own.model_copy(update={"model": str(folder)})
+        update["classifiers"] = cfg.classifiers.model_copy(update={"models": models})
     return files, cfg.model_copy(update=update)
 
 
@@ -404,6 +413,8 @@ def check_quality_models(cfg: CurateConfig) -> None:
         PerplexityFilter(cfg.perplexity, Path(str(cfg.perplexity.model)))
     if cfg.quality_classifier.enabled:
         ClassifierFilter(cfg.quality_classifier, Path(str(cfg.quality_classifier.model)))
+    if cfg.classifiers.enabled and cfg.classifiers.models:
+        LabelFilters(cfg.classifiers)  # a threshold of a label the model lacks stops curate here
     release_models()
 
 

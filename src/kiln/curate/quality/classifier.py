@@ -7,8 +7,9 @@ L2-normalized per document, logistic regression trained with sparse Adagrad on c
 mini-batches. Deterministic: same texts, settings and seed give the same weights, bit for bit, on
 one machine (numpy's SIMD log and tanh may round differently on another CPU).
 Not handled here: fastText's learned embeddings and subword (character n-gram) features, more than
-two classes, scripts written without spaces (one word per run of characters, as in shingles), and
-the data split (the caller holds out documents and chooses negatives).
+two classes (kiln.curate.quality.labels trains one model per class), scripts written without spaces
+(one word per run of characters, as in shingles), and the data split (the caller holds out documents
+and chooses negatives).
 """
 
 from __future__ import annotations
@@ -143,20 +144,40 @@ class HashedClassifier:
         seed: int = 0,
         fold_digits: bool = True,
     ) -> HashedClassifier:
-        """Fit on reference texts (label 1) and raw texts (label 0): `cfg.epochs` passes of Adagrad
-        over mini-batches of BATCH_DOCUMENTS in an order drawn from `seed`."""
+        """Fit on reference texts (label 1) and raw texts (label 0), each class weighing half the loss."""
         if not positives or not negatives:
             raise FatalError(
                 f"quality: the classifier needs both classes; got {len(positives)} reference documents and "
                 f"{len(negatives)} raw ones; "
                 "check quality.reference_source (or quality.reference) and curate.inputs"
             )
-        feats = _featurize([*positives, *negatives], cfg.ngrams, cfg.buckets, fold_digits)
         labels = np.concatenate([np.ones(len(positives)), np.zeros(len(negatives))])
+        return cls.fit([*positives, *negatives], labels, cfg, seed, fold_digits, balanced=True)
+
+    @classmethod
+    def fit(
+        cls,
+        texts: Sequence[str],
+        targets: np.ndarray,
+        cfg: ClassifierConfig,
+        seed: int = 0,
+        fold_digits: bool = True,
+        balanced: bool = False,
+    ) -> HashedClassifier:
+        """Fit sigmoid(bias + w . x) to `targets` in [0, 1] (labels, or a scale mapped onto [0, 1]: logistic
+        regression on soft targets) by `cfg.epochs` passes of Adagrad over mini-batches of BATCH_DOCUMENTS in
+        an order drawn from `seed`. `balanced`: the documents of target >= 0.5 and the rest each weigh half
+        the loss, whatever their counts."""
+        feats = _featurize(texts, cfg.ngrams, cfg.buckets, fold_digits)
+        labels = np.asarray(targets, dtype=np.float64)
         documents = len(labels)
+        assert documents == len(texts) and ((labels >= 0) & (labels <= 1)).all(), "targets in [0, 1], one a text"
+        high = int(np.sum(labels >= 0.5))
         # Class balance: each class weighs half the loss whatever its size (mean weight 1).
-        balance = np.where(
-            labels == 1, documents / (2 * max(len(positives), 1)), documents / (2 * max(len(negatives), 1))
+        balance = (
+            np.where(labels >= 0.5, documents / (2 * max(high, 1)), documents / (2 * max(documents - high, 1)))
+            if balanced
+            else np.ones(documents)
         )
         weights = np.zeros(cfg.buckets, np.float32)
         squares = np.zeros(cfg.buckets, np.float32)  # Adagrad's per-bucket sum of squared gradients

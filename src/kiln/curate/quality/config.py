@@ -8,6 +8,8 @@ Not handled here: the models (kiln.curate.quality.ngram, kiln.curate.quality.cla
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from kiln.core.config import Section
@@ -15,6 +17,7 @@ from kiln.core.layout import QUALITY
 from kiln.curate.readers.config import InputConfig
 
 LM_DIR, CLASSIFIER_DIR = f"{QUALITY}/lm", f"{QUALITY}/classifier"  # stage folders under the run directory
+LABELS_DIR = f"{QUALITY}/labels"  # a labelled classifier's stage: LABELS_DIR/<name>
 
 
 class NGramConfig(Section):
@@ -63,6 +66,24 @@ class ClassifierConfig(Section):
     )
 
 
+class LabelledConfig(Section):
+    path: str = Field(description="The labelled file: JSONL (one object a line) or CSV (.csv, with a header row).")
+    text_key: str = Field("text", description="The column (key) holding the text.")
+    label_key: str = Field("label", description="The column (key) holding the label.")
+    id_key: str | None = Field(
+        None, description="A column of row ids for the held-out split; None: the row's line number."
+    )
+    kind: Literal["auto", "classes", "scale"] = Field(
+        "auto", description="classes, scale (numbers: a score), or auto (a scale when numbers of more than 2 values)."
+    )
+    heldout_fraction: float = Field(
+        0.2, gt=0, lt=1, description="Rows held out (by a hash of their id) for the precision, recall or correlation."
+    )
+    classifier: ClassifierConfig = Field(
+        default_factory=ClassifierConfig, description="The linear model's features and training."
+    )
+
+
 class QualityConfig(Section):
     reference_source: str | None = Field(
         default=None,
@@ -91,4 +112,11 @@ class QualityConfig(Section):
     )
     classifier: ClassifierConfig = Field(
         default_factory=ClassifierConfig, description="The linear classifier of the quality_classifier filter."
+    )
+    labels: dict[str, LabelledConfig] = Field(
+        default_factory=dict,
+        description=(
+            "Classifiers trained on labelled files by `kiln quality train-labels`, by name (toxicity: {path: "
+            "toxic.jsonl}); curate.classifiers applies them."
+        ),
     )

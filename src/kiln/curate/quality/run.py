@@ -1,8 +1,9 @@
-"""The quality stages: `kiln quality train-lm` and `kiln quality train-classifier`.
+"""The quality stages: `kiln quality train-lm`, `kiln quality train-classifier` and `kiln quality train-labels`.
 
 Each trains one model and writes it with what the curate filters need beside it:
   quality/lm/          model.npz (kiln.curate.quality.ngram), corpus_perplexity.npy, report.json
   quality/classifier/  model.npz (kiln.curate.quality.classifier), corpus_scores.npy, report.json
+  quality/labels/<name>/  labels.json, model-<i>.npz (kiln.curate.quality.labels), report.json
 `corpus_*.npy` holds the model's scores of a sample of the raw corpus (prose documents; for the
 classifier, those it was not trained on), sorted: the filters turn percentiles (perplexity
 head/middle/tail, classifier top fraction) into cutoffs from it. The
@@ -32,7 +33,16 @@ from kiln.core.manifest import Stage
 from kiln.core.split import is_heldout
 from kiln.curate.config import CurateConfig
 from kiln.curate.quality.classifier import HashedClassifier, evaluate
-from kiln.curate.quality.config import CLASSIFIER_DIR, LM_DIR, ClassifierConfig, NGramConfig, QualityConfig
+from kiln.curate.quality.config import (
+    CLASSIFIER_DIR,
+    LABELS_DIR,
+    LM_DIR,
+    ClassifierConfig,
+    LabelledConfig,
+    NGramConfig,
+    QualityConfig,
+)
+from kiln.curate.quality.labels import LabelModel, Row, class_of, held_out_report, label_kind, read_rows
 from kiln.curate.quality.ngram import NGramLM
 from kiln.curate.quality.sample import read_selection, reference_and_corpus, select
 from kiln.curate.readers import InputConfig
@@ -235,3 +245,76 @@ def train_classifier(
         f"{counts['score_mb_s']} MB/s; " + ", ".join(f"score {k} {v:.3f}" for k, v in counts["corpus_score"].items())
     )
     return stage.finish([stage.dir / MODEL, stage.dir / CLASSIFIER_SCORES, report], counts, summary)
+
+
+def train_labels(quality: QualityConfig, run_dir: Path, force: bool = False) -> dict[str, Any]:
+    """`kiln quality train-labels`: each classifier of quality.labels, a stage of its own under quality/labels/
+    (skipped when its file and settings are unchanged); every labelled file is read and checked first."""
+    if not quality.labels:
+        raise FatalError(
+            "quality.labels is empty: name a labelled file, e.g. --set 'quality.labels={toxicity: {path: toxic.jsonl}}'"
+        )
+    checked = {}
+    for name, cfg in quality.labels.items():
+        rows = read_rows(cfg)
+        checked[name] = (rows, *label_kind(rows, cfg.kind, cfg.path))
+    results = []
+    for name, cfg in quality.labels.items():
+        rows, kind, labels, scale = checked[name]
+        results.append(_train_one(name, cfg, rows, kind, labels, scale, quality.seed, run_dir, force))
+    return results[0] if len(results) == 1 else {"stages": results}
+
+
+def _train_one(
+    name: str,
+    cfg: LabelledConfig,
+    rows: list[Row],
+    kind: str,
+    labels: list[str],
+    scale: tuple[float, float],
+    seed: int,
+    run_dir: Path,
+    force: bool,
+) -> dict[str, Any]:
+    stage = Stage(run_dir, f"{LABELS_DIR}/{name}", {"labels": cfg}, inputs=[Path(cfg.path).expanduser()])
+    if done := stage.up_to_date(force):
+        return done
+    stage.begin()
+    train = [r for r in rows if not is_heldout(r.id, cfg.heldout_fraction)]
+    held = [r for r in rows if is_heldout(r.id, cfg.heldout_fraction)]
+    if kind == "classes" and len({class_of(r) for r in train}) < 2:
+        raise FatalError(
+            f"quality.labels.{name}: after holding out {cfg.heldout_fraction:.0%} of {cfg.path}, one class is left "
+            "to train on; add rows or lower heldout_fraction"
+        )
+    t0 = time.perf_counter()
+    model = LabelModel.train(train, kind, labels, scale, cfg.classifier, seed)
+    train_s = time.perf_counter() - t0
+    files = model.save(stage.dir)
+    report = held_out_report(model, held)
+    counts = {
+        "kind": kind,
+        "labels": labels,
+        "scale": list(scale),
+        "rows": len(rows),
+        "train_rows": len(train),
+        "per_label": {label: sum(class_of(r) == label for r in rows) for label in labels} if kind == "classes" else {},
+        "heldout": report,
+        "train_seconds": round(train_s, 2),
+    }
+    (stage.dir / "report.json").write_text(json.dumps(counts, indent=2) + "\n", encoding="utf-8")
+    if kind == "scale":
+        measured = (
+            f"held out ({report.get('rows', 0)} rows): Pearson {report.get('pearson', float('nan')):.3f}, "
+            f"Spearman {report.get('spearman', float('nan')):.3f}, mean absolute error {report.get('mae', 0):.3f}"
+        )
+    else:
+        measured = f"held out ({report.get('rows', 0)} rows): " + "; ".join(
+            f"{label} precision {m['precision']:.3f}, recall {m['recall']:.3f}, AUC {m['auc']:.3f}"
+            for label, m in report.get("labels", {}).items()
+        )
+    summary = (
+        f"{name}: {kind} model ({', '.join(labels)}{f' from {scale[0]:g} to {scale[1]:g}' if kind == 'scale' else ''})"
+        f" on {len(train):,} of {len(rows):,} rows of {cfg.path} in {train_s:.1f} s\n{measured}"
+    )
+    return stage.finish([*files, stage.dir / "report.json"], counts, summary)

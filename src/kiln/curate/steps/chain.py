@@ -4,14 +4,14 @@ Steps run in two phases around the global line count (see kiln.curate.phases):
 - early (while reading): normalize, URL filter;
 - late (after the line count), one branch per kind of document:
   prose: boilerplate lines, language ID, bad words, Gopher repetition, Gopher quality, C4, FineWeb, the model
-  filters (perplexity, quality classifier; off by default), PII, length, decontamination;
+  filters (perplexity, quality classifier; off by default), classifiers trained on labels, PII, length, decontamination;
   code: the code rules, PII, length, decontamination.
 Exact dedup, then MinHash near-dedup, run last, across all shards.
 This is FineWeb's order (URL filter, language, Gopher repetition and quality, C4, FineWeb) with
 CCNet's line removal before language ID, so a boilerplate banner in another language cannot
 decide a page's language. A step whose config says `enabled: false` is left out (decontamination also when it names no
-evaluation set). Decontamination runs before dedup, so every copy of a contaminated text is
-reported, and (with action remove) a contaminated copy never becomes the kept one of a
+evaluation set, classifiers when they name no model). Decontamination runs before dedup, so every copy of a
+contaminated text is reported, and (with action remove) a contaminated copy never becomes the kept one of a
 duplicate group; flagged documents go on through dedup like any other.
 `run_document` applies a list of steps to one document: a step that raises quarantines that
 document with the error, never the run, and every step's output is counted in the funnel under
@@ -45,6 +45,7 @@ from kiln.curate.steps.code import CodeConfig, CodeQuality
 from kiln.curate.steps.decontaminate import Decontaminate, DecontaminateConfig
 from kiln.curate.steps.fineweb import FineWebQuality, FineWebQualityConfig
 from kiln.curate.steps.gopher import GopherQuality, GopherQualityConfig, GopherRepetition, GopherRepetitionConfig
+from kiln.curate.steps.labels import ClassifiersConfig, LabelFilters
 from kiln.curate.steps.language import LanguageConfig, LanguageID
 from kiln.curate.steps.lines import BoilerplateLines, LineDedupConfig
 from kiln.curate.steps.normalize import LengthConfig, LengthFilter, Normalize
@@ -65,6 +66,7 @@ PROSE_STEPS = (
     "fineweb",
     "perplexity",
     "quality_classifier",
+    "classifiers",
     "pii",
     "length",
     "decontaminate",
@@ -102,6 +104,7 @@ class StepSettings:
     fineweb: FineWebQualityConfig
     perplexity: PerplexityConfig
     quality_classifier: ClassifierFilterConfig
+    classifiers: ClassifiersConfig
     code_quality: CodeConfig
     pii: PIIConfig
     length: LengthConfig
@@ -155,7 +158,9 @@ def enabled(cfg: Steps, names: Iterable[str]) -> list[str]:
     return [
         name
         for name in names
-        if getattr(cfg, name).enabled and (name != "decontaminate" or cfg.decontaminate.eval_sets)
+        if getattr(cfg, name).enabled
+        and (name != "decontaminate" or cfg.decontaminate.eval_sets)
+        and (name != "classifiers" or cfg.classifiers.models)
     ]
 
 
@@ -201,6 +206,8 @@ def _build(cfg: Steps, name: str, boilerplate: Iterable[int], index: Path | None
     if name == "decontaminate":
         assert index is not None, "decontamination needs its index folder"
         return Decontaminate(cfg.decontaminate, index)
+    if name == "classifiers":
+        return LabelFilters(cfg.classifiers)
     if name in ("perplexity", "quality_classifier"):
         section = getattr(cfg, name)
         assert section.model is not None, f"curate.{name}.model: quality_models names the folder before tasks start"

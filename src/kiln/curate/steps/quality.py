@@ -29,6 +29,7 @@ from kiln.curate.audit import Ledger
 
 if TYPE_CHECKING:
     from kiln.curate.quality.classifier import HashedClassifier
+    from kiln.curate.quality.labels import LabelModel
     from kiln.curate.quality.ngram import NGramLM
 
 Bucket = Literal["head", "middle", "tail"]
@@ -136,6 +137,21 @@ def _load_classifier(path: Path, mtime: float) -> HashedClassifier:
     return HashedClassifier.load(path)
 
 
+@functools.lru_cache(maxsize=8)
+def _load_labels(folder: Path, mtime: float) -> LabelModel:
+    from kiln.curate.quality.labels import LabelModel
+
+    return LabelModel.load(folder)
+
+
+def load_label_model(folder: Path) -> LabelModel:
+    """A model of `kiln quality train-labels`, loaded once a process (again when retrained)."""
+    from kiln.curate.quality.labels import LABELS_FILE
+
+    labels = folder / LABELS_FILE
+    return _load_labels(folder, labels.stat().st_mtime if labels.is_file() else 0.0)  # load() names what is missing
+
+
 def _mtime(path: Path, command: str) -> float:
     """The file's modification time (the load cache's key: a retrained model is reloaded)."""
     try:
@@ -172,6 +188,7 @@ def release_models() -> None:
     """Forget the loaded models (the curate driver checks them, then leaves them to the workers)."""
     _load_lm.cache_clear()
     _load_classifier.cache_clear()
+    _load_labels.cache_clear()
 
 
 def prepare_scores(key: str, score: Callable[[list[str]], np.ndarray], docs: list[Document]) -> None:
