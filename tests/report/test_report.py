@@ -404,3 +404,23 @@ def test_watch_rebuilds_the_page_as_the_run_grows(tmp_path: Path) -> None:
     assert [p.name for p in (run / "report").iterdir()] == [
         "index.html"
     ]  # written whole, then renamed: no temporary left
+
+
+def test_documents_removed_as_unsafe_are_shown_masked_with_their_scores(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "unsafe", steps=20, sources=1, eval_every=10, windows=2)
+    manifest_path = run / "curate" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    [(source, tally)] = manifest["counts"]["per_source"].items()
+    tally["removed"] = {"bad_words:listed_word": 1, "classifiers:toxicity.toxic": 1}
+    manifest["counts"]["removed"] = dict(tally["removed"])
+    manifest_path.write_text(json.dumps(manifest))
+    spam = "Free hot videos now! Watch the filthiest clips at no cost."
+    for reason, value, threshold in (("bad_words:listed_word", 1.0, None), ("classifiers:toxicity.toxic", 0.97, 0.5)):
+        sample = audit_sample(run / "curate", source, reason)
+        sample.parent.mkdir(parents=True, exist_ok=True)
+        row = {"id": f"{reason}-doc", "source": source, "step": reason.split(":")[0], "reason": reason}
+        sample.write_text(json.dumps({**row, "value": value, "threshold": threshold, "text": spam}) + "\n")
+    removals = section_html(build_report(run).read_text(), "removals")
+    assert "F*** h** v***** n**! W**** t** f******** c**** a* n* c***." in removals
+    assert "filthiest" not in removals and "text (masked: removed as unsafe)" in removals
+    assert "0.97 (limit 0.5)" in removals

@@ -4,13 +4,15 @@ clusters, the language mix and decontamination, from curate's manifest and audit
 Examples of removed documents come from `audit/samples/` (a hash-chosen few per source and
 reason). Their text is shown through the run's own PII redaction (a `Hooks.redact` the caller
 gives), since a document removed before the pii step still holds what pii would have replaced,
-and each shown id carries what `kiln curate --explain` prints for it (`Hooks.explain`).
+and each shown id carries what `kiln curate --explain` prints for it (`Hooks.explain`). A document removed
+as unsafe (URL lists, bad words, classifiers) is shown masked: each word's first character only.
 Not handled here: reading documents beyond the audit samples and a bounded look into the shards.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,9 @@ from kiln.report.run_files import Hooks, RunFiles
 from kiln.report.svg import Bars, bar_chart
 
 EXAMPLE_REASONS = 12  # reasons with examples shown, the most frequent first
+# Steps that remove unsafe content (adult, abusive, spam): their examples are shown masked (`masked`).
+UNSAFE_STEPS = ("url_filter", "bad_words", "classifiers")
+_WORD_TAIL = re.compile(r"(\w)(\w+)")
 EXAMPLES_PER_REASON = 3
 EXAMPLE_CHARS = 400
 LARGEST_CLUSTERS = 3
@@ -176,13 +181,17 @@ def removals(
             else f"{entry['value']:.4g}"
             + ("" if entry.get("threshold") is None else f" (limit {entry['threshold']:.4g})")
         )
+        text = hooks.redact(entry.get("text", ""))[:EXAMPLE_CHARS]
+        unsafe = reason.split(":")[0] in UNSAFE_STEPS
         shown.append(
             [
                 reason,
                 entry["id"],
                 entry["source"],
                 measured or entry.get("note") or "",
-                details("text (PII redacted)", pre(hooks.redact(entry.get("text", ""))[:EXAMPLE_CHARS])),
+                details("text (masked: removed as unsafe)", pre(masked(text)))
+                if unsafe
+                else details("text (PII redacted)", pre(text)),
                 explain_html(explained, entry["id"], run.name),
             ]
         )
@@ -200,6 +209,12 @@ def removals(
         )
     )
     return Section("removals", body)
+
+
+def masked(text: str) -> str:
+    """A safe preview of a document removed as unsafe: its layout and each word's first character, the rest
+    of every word masked (`Free h** v***** n**!`); the full text stays in the run's audit samples."""
+    return _WORD_TAIL.sub(lambda m: m.group(1) + "*" * len(m.group(2)), text)
 
 
 def explain_html(explained: dict[str, str], doc_id: str, run_name: str) -> str:
