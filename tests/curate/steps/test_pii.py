@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kiln.core.document import Document
@@ -283,6 +283,8 @@ FRAGMENTS = (
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from(FRAGMENTS), max_size=12).map("".join))
+# A secret name ending a value that is not a secret: the key after it was left for a second pass.
+@example("logo@2x.pngtoken = get_token()aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYz8Ld2Qk4Tn")
 def test_redaction_is_idempotent_on_pii_like_text(text: str):
     once, _ = REDACT.redact(text)
     assert REDACT.redact(once) == (once, dict.fromkeys(REDACT.redact("")[1], 0))

@@ -178,8 +178,10 @@ def redact_assigned(text: str, hits: dict[str, int]) -> str:
     out: list[str] = []
     pos = 0
     for end in sorted(set(names)):
-        if end <= pos:
-            continue  # a name inside (or ending) a value already read: `token:token:...` stays linear
+        if end < pos:
+            continue  # a name inside a value already read: `token:token:...` stays linear
+        # subtle: a name ending a value read (`token = get_token()aws_secret_access_key = <value>`) is still read:
+        # skipping it left that key's value for a second pass to redact (the step must be idempotent)
         m = _ASSIGNED_TAIL.match(text, end)
         if m is None:
             continue
