@@ -138,9 +138,9 @@ def test_chains_hold_the_enabled_steps_in_order():
     assert [s.name for s in prose_steps(cfg)] == [
         "line_dedup",
         "language",
-        "bad_words",
         "gopher_repetition",
         "gopher_quality",
+        "bad_words",
         "c4",
         "fineweb",
         "pii",

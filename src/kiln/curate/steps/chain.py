@@ -3,7 +3,7 @@
 Steps run in two phases around the global line count (see kiln.curate.phases):
 - early (while reading): normalize, URL filter;
 - late (after the line count), one branch per kind of document:
-  prose: boilerplate lines, language ID, bad words, Gopher repetition, Gopher quality, C4, FineWeb, the model
+  prose: boilerplate lines, language ID, Gopher repetition, Gopher quality, bad words, C4, FineWeb, the model
   filters (perplexity, quality classifier; off by default), classifiers trained on labels, PII, length, decontamination;
   code: the code rules, PII, length, decontamination.
 Exact dedup, then MinHash near-dedup, run last, across all shards.
@@ -59,9 +59,9 @@ log = logging.getLogger("kiln.curate")
 PROSE_STEPS = (
     "line_dedup",
     "language",
-    "bad_words",
     "gopher_repetition",
     "gopher_quality",
+    "bad_words",
     "c4",
     "fineweb",
     "perplexity",

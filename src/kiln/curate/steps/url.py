@@ -19,6 +19,7 @@ the text itself.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from pathlib import Path
@@ -36,9 +37,12 @@ from kiln.curate.blocklists import (
     URL_SUBWORDS,
     URL_WORDS,
     archive_version,
+    line_of,
+    list_file,
     read_categories,
     read_list,
     record,
+    stamp,
 )
 from kiln.curate.steps.base import Drop, Filter
 
@@ -143,13 +147,21 @@ def _ascii_host(host: str) -> str:
         return host
 
 
+# The common entry, already a lowercase ASCII host: taken as it is. perf: FineWeb's copy of UT1's adult list
+# (4,558,940 domains) loads in 5 s; through the general path below, with its IP address check, it took 25.
+_PLAIN_DOMAIN = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)+")
+
+
 def _normalize_domain_entry(entry: str, where: str) -> str:
-    """A block-list domain as a bare ASCII host: tolerates `*.`/leading dots and whole URLs."""
+    """A block-list domain as a bare ASCII host: tolerates `*.`/leading dots and whole URLs. `where`: the
+    recipe key or the file it was read from."""
+    if _PLAIN_DOMAIN.fullmatch(entry):
+        return entry
     raw = entry.strip()
     if any(c.isspace() for c in raw):
         raise ConfigError(
-            f"url_filter: {where}: domain entry {raw!r} contains whitespace; write one domain per line, e.g. "
-            "example.com"
+            f"url_filter: {line_of(where, entry)}: domain entry {raw!r} contains whitespace; write one domain per "
+            "line, e.g. example.com"
         )
     raw = raw.removeprefix("*.")
     try:
@@ -163,7 +175,8 @@ def _normalize_domain_entry(entry: str, where: str) -> str:
     )
     if not host:
         raise ConfigError(
-            f"url_filter: {where}: domain entry {raw!r} names no host; write one domain per line, e.g. example.com"
+            f"url_filter: {line_of(where, entry)}: domain entry {raw!r} names no host; write one domain per line, "
+            "e.g. example.com"
         )
     return host
 
@@ -208,6 +221,43 @@ def _url_key(entry: str) -> str | None:
     return (host.removeprefix("www.") + "/" + unquote(path).lower()).rstrip("/")
 
 
+@functools.lru_cache(maxsize=4)
+def _tables(
+    categories: tuple[tuple[str, tuple[str, ...], tuple[int, float]], ...],
+    inline: tuple[str, ...],
+    domain_files: tuple[tuple[str, tuple[int, float]], ...],
+    url_files: tuple[tuple[str, tuple[int, float]], ...],
+) -> tuple[dict[str, str], dict[str, str], tuple[dict[str, Any], ...]]:
+    """The blocked domains and URLs, each with the category it came from ("": the recipe's own lists), and the
+    records of the archives read. Built once a process for the same lists (the files' sizes and times are in
+    the key): a worker builds its URL filter for every task, and millions of domains take seconds to load."""
+    domains: dict[str, str] = {}
+    urls: dict[str, str] = {}
+    records = []
+    for path_text, names, _ in categories:
+        found = read_categories(path_text, names, f"url_filter.categories ({path_text})")
+        for category in found:
+            for entry in category.domains:
+                domains.setdefault(_normalize_domain_entry(entry, category.domains_at), category.name)
+            for entry in category.urls:
+                if (url := _url_key(entry)) is not None:
+                    urls.setdefault(url, category.name)
+        path = Path(path_text).expanduser()
+        counts = {c.name: len(c.domains) + len(c.urls) for c in found}
+        records.append(record(path, path.name, archive_version(path), sum(counts.values()), counts))
+    for entry in inline:
+        domains.setdefault(_normalize_domain_entry(entry, "url_filter.blocked_domains"), "")
+    for path, _ in domain_files:
+        where = str(Path(path).expanduser())
+        for entry in read_list(path, "url_filter.blocked_domain_files"):
+            domains.setdefault(_normalize_domain_entry(entry, where), "")
+    for path, _ in url_files:
+        for entry in read_list(path, "url_filter.blocked_url_files"):
+            if (url := _url_key(entry)) is not None:
+                urls.setdefault(url, "")
+    return domains, urls, tuple(records)
+
+
 def _noted(entry: str, category: str) -> str:
     return f"{entry} ({category})" if category else entry
 
@@ -221,32 +271,22 @@ class URLFilter(Filter):
         self.config = config
         self.lists: list[dict[str, Any]] = []  # what the manifest records of each list read
         key = "url_filter"
-        domains: dict[str, str] = {}  # entry -> the category it came from ("": the recipe's own lists)
-        urls: dict[str, str] = {}
-        for category_list in config.categories:
-            where = f"{key}.categories ({category_list.path})"
-            found = read_categories(category_list.path, category_list.categories, where)
-            for category in found:
-                for entry, at in category.domains:
-                    domains.setdefault(_normalize_domain_entry(entry, at), category.name)
-                for entry, _ in category.urls:
-                    if (url := _url_key(entry)) is not None:
-                        urls.setdefault(url, category.name)
-            path = Path(category_list.path).expanduser()
-            counts = {c.name: len(c.domains) + len(c.urls) for c in found}
-            self.lists.append(record(path, path.name, archive_version(path), sum(counts.values()), counts))
-        for entry, where in [(e, "blocked_domains") for e in config.blocked_domains] + [
-            item for path in config.blocked_domain_files for item in read_list(path, f"{key}.blocked_domain_files")
-        ]:
-            domains.setdefault(_normalize_domain_entry(entry, where), "")
-        for path in config.blocked_url_files:
-            for entry, _ in read_list(path, f"{key}.blocked_url_files"):
-                if (url := _url_key(entry)) is not None:
-                    urls.setdefault(url, "")
+
+        def stamped(paths: list[str], name: str) -> tuple[tuple[str, tuple[int, float]], ...]:
+            return tuple((path, stamp(list_file(path, f"{key}.{name}"))) for path in paths)
+
+        categories = tuple(
+            (c.path, c.categories, stamp(Path(c.path).expanduser()) if Path(c.path).expanduser().exists() else (0, 0))
+            for c in config.categories
+        )
+        domain_files = stamped(config.blocked_domain_files, "blocked_domain_files")
+        url_files = stamped(config.blocked_url_files, "blocked_url_files")
+        domains, urls, records = _tables(categories, tuple(config.blocked_domains), domain_files, url_files)
+        self.lists.extend(records)
         substrings: set[str] = set()
         substring_files = config.blocked_substring_files
         for entry, where in [(e, "blocked_substrings") for e in config.blocked_substrings] + [
-            item for path in substring_files for item in read_list(path, f"{key}.blocked_substring_files")
+            (entry, path) for path in substring_files for entry in read_list(path, f"{key}.blocked_substring_files")
         ]:
             entry = entry.strip().lower()
             if len(entry) > MAX_SUBSTRING_CHARS:
@@ -260,11 +300,10 @@ class URLFilter(Filter):
         subwords: set[str] = set()
         if config.shipped_words:
             for path, into in ((URL_WORDS, words), (URL_SOFT_WORDS, soft), (URL_SUBWORDS, subwords)):
-                entries = [e.lower() for e, _ in read_list(str(path), "url_filter.shipped_words")]
+                entries = [e.lower() for e in read_list(str(path), "url_filter.shipped_words")]
                 into.update(entries)
                 self.lists.append(record(path, f"kiln {path.stem}", SHIPPED_VERSION, len(entries)))
-        self.domains = domains
-        self.urls = urls
+        self.domains, self.urls = domains, urls
         self.words, self.soft_words = frozenset(words), frozenset(soft)
         self._substrings = _trie_regex(substrings)
         self._subwords = _trie_regex(subwords)
