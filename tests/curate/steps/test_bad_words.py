@@ -31,6 +31,8 @@ def verdict(step: BadWords, text: str, language: str | None = "en", doc_id: str 
         ("我每天早上喝一杯牛乳，然后去上班。", "zh"),  # 乳 is listed; 牛乳 (milk) is one word
         ("Die Analyse der Daten dauerte drei Wochen.", "de"),
         ("Ce document décrit la configuration du serveur.", "fr"),
+        ("今日は図書館で本を読みました。", "ja"),
+        ("오늘은 도서관에서 책을 읽었어요.", "ko"),
     ],
 )
 def test_clean_text_passes(text: str, language: str) -> None:
@@ -45,6 +47,9 @@ def test_clean_text_passes(text: str, language: str) -> None:
         ("Ceci est une page pour une salope.", "fr", "fr: s*****"),
         ("Это полное говно.", "ru", "ru: г****"),
         ("Have you seen 2 girls 1 cup?", "en", "en: 2" + "*" * 12),  # an entry of several words, as a run of words
+        ("このサイトには無料のフェラチオの画像があります。", "ja", "ja: フ****"),  # a segmenter's words
+        ("이 사이트는 보지 사진이 많아요.", "ko", "ko: 보*"),
+        ("เว็บนี้มีรูปหีเยอะมาก", "th", "th: ห*"),
     ],
 )
 def test_a_listed_word_drops_the_document_with_a_masked_note(text: str, language: str, note: str) -> None:
