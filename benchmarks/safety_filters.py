@@ -9,7 +9,7 @@ not trained on), curated by the default URL and bad-words steps and a classifier
 Speed: each step over the held-out documents, one core, best of `--repeats` (bad words with its word split,
 which the pipeline shares with the Gopher rules). Cost: `kiln curate` of the demo recipe's corpus
 (`--demo-mb`, one worker) with the default steps against the same run with the URL word lists and bad words off,
-best of `--repeats` each, alternating.
+best of `--repeats` each, alternating; and what bad words removed there (clean text).
 Ends with: RESULT planted_removed=.. clean_removed=.. url_mb_s=.. bad_words_mb_s=.. classifier_mb_s=..
 default_mb_s=.. without_mb_s=.. throughput_ratio=..
 Usage: .venv/bin/python benchmarks/safety_filters.py [--per-kind 40] [--clean-mb 8] [--demo-mb 20] [--repeats 3]
@@ -18,6 +18,7 @@ Usage: .venv/bin/python benchmarks/safety_filters.py [--per-kind 40] [--clean-mb
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -86,6 +87,19 @@ def pipeline_speed(root: Path, demo_mb: float, repeats: int) -> tuple[float, flo
     return demo_mb / times["default"], demo_mb / times["without"]
 
 
+def bad_words_on_demo(root: Path) -> tuple[int, int]:
+    """(documents bad words removed, documents that reached it) in the default run of the demo's corpus."""
+    manifest = json.loads((root / "speed-default" / "demo" / "curate" / "manifest.json").read_text())
+    reached = removed = 0
+    for tally in manifest["counts"]["per_source"].values():
+        rows = list(tally["funnel"].items())  # in chain order: the row before is what reached the step
+        for (_, before), (name, after) in zip(rows, rows[1:]):
+            if name == "prose/bad_words":
+                reached += before["docs"]
+                removed += before["docs"] - after["docs"]
+    return removed, reached
+
+
 def main_() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--per-kind", type=int, default=40)
@@ -108,6 +122,8 @@ def main_() -> None:
     print(f"classifier held out: precision {heldout['precision']:.3f}, recall {heldout['recall']:.3f}")
     print("step speed (MB/s, one core): " + ", ".join(f"{k} {v}" for k, v in speeds.items()))
     print(f"default pipeline: {default:.2f} MB/s; without the URL word lists and bad words: {without:.2f} MB/s")
+    removed, reached = bad_words_on_demo(root)
+    print(f"demo corpus ({args.demo_mb:g} MB): bad words removed {removed} of the {reached} documents reaching it")
     print(
         f"RESULT planted_removed={planted:.4f} clean_removed={clean:.4f} url_mb_s={speeds['url']} "
         f"bad_words_mb_s={speeds['bad_words']} classifier_mb_s={speeds['classifier']} default_mb_s={default:.2f} "

@@ -25,7 +25,16 @@ from kiln.tokenize.train import run as train_tokenizer
 # length limits and exact dedup still run.
 ONLY_BASIC_STEPS = {
     step: {"enabled": False}
-    for step in ("line_dedup", "language", "gopher_repetition", "gopher_quality", "c4", "fineweb", "code_quality")
+    for step in (
+        "line_dedup",
+        "language",
+        "gopher_repetition",
+        "gopher_quality",
+        "bad_words",
+        "c4",
+        "fineweb",
+        "code_quality",
+    )
 }
 
 
