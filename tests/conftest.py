@@ -27,7 +27,9 @@ from typing import Any
 import pytest
 from minidemo import DEMO_STAGES, KILN, kiln_demo
 
-SHARED_RUNS = ("demo_run", "ray_local")
+# Session fixtures that start something big (the demo's run, a Ray instance, a Slurm cluster): the tests using one
+# run on one worker, so it is started once.
+SHARED_RUNS = ("demo_run", "ray_local", "slurm")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -49,7 +51,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for fixture in SHARED_RUNS:
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(fixture))
-                item.add_marker(pytest.mark.slow)  # the end-to-end run, or a Ray instance: not for `make test-fast`
+                item.add_marker(pytest.mark.slow)  # the end-to-end run, a Ray instance or Slurm: not `make test-fast`
     # Long first, so that no worker is left with one long test while the others have finished.
     items.sort(key=lambda item: not item.get_closest_marker("slow"))
 

@@ -1,11 +1,11 @@
 """`kiln submit`: the demo's stages as a chain of Slurm jobs, each starting once the one before succeeded. The
 scripts it writes (the whole chain, through the closing `kiln demo`), and chains on a real Slurm
-(tests/slurm_cluster.py): curate to train on a tiny corpus, each job starting after the stage before wrote its
-manifest, training as an srun job; and a stage that fails, which takes the jobs after it out of the queue.
-(eval, generate, export and `kiln demo` as jobs run as the verbs do anywhere, each importing torch: about 3 s a
-job, left to the dry run here.) Training requeued by Slurm's warning: tests/train/test_train_slurm.py.
+(tests/slurm_cluster.py): curate, train-tokenizer and tokenize on a tiny corpus, each job starting after the stage
+before wrote its manifest; and a stage that fails, which takes the jobs after it out of the queue. (The later jobs
+run as their verbs do anywhere, each importing torch, about 3 s a job: left to the dry run here. Training as a
+Slurm job, requeued by Slurm's warning: tests/train/test_train_slurm.py.)
 
-Measured on 2 cores: about 12 s for the two chains (seven jobs; Slurm schedules once a second).
+Measured on 2 cores: about 7 s for the two chains (six jobs; Slurm schedules once a second).
 """
 
 from __future__ import annotations
@@ -115,10 +115,10 @@ def test_a_chain_runs_its_stages_in_order_and_a_failed_stage_takes_the_rest_out_
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.chdir(tmp_path)
     recipe = str(tiny_run(tmp_path))
-    assert main(["submit", "--recipe", recipe, "--until", "train"]) == 0
+    assert main(["submit", "--recipe", recipe, "--until", "tokenize"]) == 0
     out = capsys.readouterr().out
     jobs = submitted(out)
-    stages = DEMO_STAGES[: [v.name for v in DEMO_STAGES].index("train") + 1]
+    stages = DEMO_STAGES[: [v.name for v in DEMO_STAGES].index("tokenize") + 1]
     assert [verb for _, verb, _ in jobs] == [v.name for v in stages], out
     try:
         wait_until_gone([job for job, _, _ in jobs])
