@@ -105,60 +105,97 @@ def stamp(path: Path) -> tuple[int, float]:
 
 
 def read_categories(path_text: str, names: tuple[str, ...], key: str) -> list[Category]:
-    """The named categories of an archive in UT1's layout (a folder or a tar file), in the order named."""
+    """The named categories of an archive in UT1's layout (a folder or a tar file), in the order named; the
+    others are never read."""
     path = Path(path_text).expanduser()
     if not path.exists():
         raise ConfigError(f"{key}: category archive {str(path)!r} does not exist; fix the path or remove it")
-    found = _cached_categories(path, *stamp(path))
+    version = archive_stamp(path)
+    found = _category_names(path, version)
     missing = [name for name in names if name not in found]
     if missing:
         raise ConfigError(
             f"{key}: {path} has no categor{'y' if len(missing) == 1 else 'ies'} {', '.join(missing)} (no "
             f"<category>/domains file); it has: {', '.join(sorted(found)) or 'none'}"
         )
-    return [found[name] for name in names]
+    return [_category(path, version, name) for name in names]
+
+
+def archive_stamp(path: Path) -> tuple[tuple[str, int, float], ...]:
+    """What an archive's caches are keyed on: a tar file's size and time, or each list file's of a folder
+    (editing a file inside a folder leaves the folder's own time as it was)."""
+    files = sorted(path.glob("*/*")) + sorted(path.glob("*/*/*")) if path.is_dir() else [path]
+    return tuple((str(f), *stamp(f)) for f in files if f.is_file() and (f == path or f.name in LIST_NAMES))
+
+
+LIST_NAMES = ("domains", "urls")
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_categories(path: Path, size: int, mtime: float) -> dict[str, Category]:
-    files = _archive_files(path)
-    categories = {}
-    for (category, kind), (data, where) in sorted(files.items()):
-        if kind != "domains":
-            continue
-        urls = files.get((category, "urls"))
-        categories[category] = Category(
-            category,
-            entries_of(_decoded(data, where), where),
-            entries_of(_decoded(urls[0], urls[1]), urls[1]) if urls else (),
-            where,
-            urls[1] if urls else "",
-        )
-    return categories
-
-
-def _archive_files(path: Path) -> dict[tuple[str, str], tuple[bytes, str]]:
-    """{(category, "domains" | "urls"): (contents, where)} of a folder or tar archive in UT1's layout."""
-    wanted = {"domains", "urls"}
-    files: dict[tuple[str, str], tuple[bytes, str]] = {}
+def _category_names(path: Path, version: tuple) -> frozenset[str]:
+    """The categories of an archive: the folders holding a `domains` file."""
     if path.is_dir():
-        for file in sorted(path.glob("*/*")) + sorted(path.glob("*/*/*")):
-            if file.name in wanted and file.is_file():
-                files.setdefault((file.parent.name, file.name), (file.read_bytes(), str(file)))
-        return files
+        return frozenset(Path(f).parent.name for f, *_ in version if Path(f).name == "domains")
+    return frozenset(category for category, kind in _members(path) if kind == "domains")
+
+
+@functools.lru_cache(maxsize=16)
+def _category(path: Path, version: tuple, name: str) -> Category:
+    files = _archive_files(path, name)
+    (data, where), urls = files["domains"], files.get("urls")
+    return Category(
+        name,
+        entries_of(_decoded(data, where), where),
+        entries_of(_decoded(urls[0], urls[1]), urls[1]) if urls else (),
+        where,
+        urls[1] if urls else "",
+    )
+
+
+def _tar(path: Path) -> tarfile.TarFile:
     if not path.name.endswith(ARCHIVE_SUFFIXES):
         raise ConfigError(
             f"{path}: not a folder or a tar archive ({', '.join(ARCHIVE_SUFFIXES)}) of category folders; for a plain "
             "list of domains use url_filter.blocked_domain_files"
         )
     try:
-        with tarfile.open(path) as tar:
+        return tarfile.open(path)
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise ConfigError(f"{path}: not a readable tar archive ({type(e).__name__}: {e})") from None
+
+
+def _list_member(member: tarfile.TarInfo) -> tuple[str, str] | None:
+    """(category, domains | urls) of a tar member in UT1's layout, or None."""
+    parts = Path(member.name).parts
+    if member.isfile() and parts and parts[-1] in LIST_NAMES and 2 <= len(parts) <= 3:
+        return parts[-2], parts[-1]
+    return None
+
+
+def _members(path: Path) -> list[tuple[str, str]]:
+    try:
+        with _tar(path) as tar:
+            return [found for member in tar if (found := _list_member(member)) is not None]
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise ConfigError(f"{path}: not a readable tar archive ({type(e).__name__}: {e})") from None
+
+
+def _archive_files(path: Path, category: str) -> dict[str, tuple[bytes, str]]:
+    """{"domains" | "urls": (contents, where)} of one category of a folder or tar archive in UT1's layout."""
+    files: dict[str, tuple[bytes, str]] = {}
+    if path.is_dir():
+        for file in sorted(path.glob(f"{category}/*")) + sorted(path.glob(f"*/{category}/*")):
+            if file.name in LIST_NAMES and file.is_file():
+                files.setdefault(file.name, (file.read_bytes(), str(file)))
+        return files
+    try:
+        with _tar(path) as tar:
             for member in tar:
-                parts = Path(member.name).parts
-                if member.isfile() and parts[-1] in wanted and 2 <= len(parts) <= 3:
+                found = _list_member(member)
+                if found is not None and found[0] == category:
                     extracted = tar.extractfile(member)
                     assert extracted is not None  # a regular file
-                    files.setdefault((parts[-2], parts[-1]), (extracted.read(), f"{path}!{member.name}"))
+                    files.setdefault(found[1], (extracted.read(), f"{path}!{member.name}"))
     except (tarfile.TarError, EOFError, OSError) as e:
         raise ConfigError(f"{path}: not a readable tar archive ({type(e).__name__}: {e})") from None
     return files

@@ -156,3 +156,10 @@ def test_train_labels_then_curate_annotates_removes_and_explains(
     err = capsys.readouterr().err
     assert "curate.classifiers.models.toxicity.remove_above: nsfw not a label of" in err
     assert not (tmp_path / "runs" / "other" / "curate").exists()
+
+
+def test_a_csv_with_a_byte_order_mark_reads_as_excel_writes_it(tmp_path: Path) -> None:
+    table = tmp_path / "excel.csv"
+    table.write_bytes('text,label\n"first, text",toxic\nsecond,clean\n'.encode("utf-8-sig"))
+    rows = read_rows(LabelledConfig(path=str(table)))
+    assert [(r.text, r.label) for r in rows] == [("first, text", "toxic"), ("second", "clean")]

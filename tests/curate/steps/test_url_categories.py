@@ -132,3 +132,24 @@ def test_shipped_lists_are_recorded_and_can_be_turned_off() -> None:
     assert names == ["kiln url_words", "kiln url_soft_words", "kiln url_subwords"]
     assert all(found["version"] == "kiln-lists v1" and found["entries"] > 10 for found in SHIPPED.lists)
     assert verdict(URLFilter(URLFilterConfig(shipped_words=False)), "https://example.com/porn") is None
+
+
+def test_only_the_named_categories_are_read_and_an_edited_folder_is_read_again(tmp_path: Path) -> None:
+    archive = ut1_folder(tmp_path)
+    (archive / "french").mkdir()
+    (archive / "french" / "urls").write_bytes(b"caf\xe9.example\n")  # not UTF-8, and not asked for
+    (archive / "french" / "domains").write_bytes(b"caf\xe9.example\n")
+    config = URLFilterConfig(categories=[CategoryListConfig(path=str(archive), categories=("gambling",))])
+    assert verdict(URLFilter(config), "https://new-casino.example/") is None
+    with (archive / "gambling" / "domains").open("a", encoding="utf-8") as f:
+        f.write("new-casino.example\n")
+    assert verdict(URLFilter(config), "https://new-casino.example/") == (
+        "url_filter:blocked_domain",
+        "new-casino.example (gambling)",
+    )
+
+
+def test_url_words_are_tokens_of_any_script_and_a_word_that_is_not_one_token_is_refused() -> None:
+    assert verdict(SHIPPED, "https://example.com/หนังโป๊/1") == ("url_filter:blocked_word", "หนังโป๊")
+    with pytest.raises(ValueError, match=r"'free-porn' is not one token"):
+        URLFilterConfig(blocked_words=["free-porn"])

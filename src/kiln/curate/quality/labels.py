@@ -48,7 +48,7 @@ def read_rows(cfg: LabelledConfig) -> list[Row]:
     if not path.is_file():
         raise ConfigError(f"quality.labels: labelled file {str(path)!r} does not exist; fix the path")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Excel's "CSV UTF-8") is not text
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); give JSONL or CSV in UTF-8") from None
     records = _csv_records(text, path, cfg) if path.suffix.lower() == ".csv" else _jsonl_records(text, path)

@@ -276,12 +276,19 @@ def _train_one(
     run_dir: Path,
     force: bool,
 ) -> dict[str, Any]:
-    stage = Stage(run_dir, f"{LABELS_DIR}/{name}", {"labels": cfg}, inputs=[Path(cfg.path).expanduser()])
+    # What makes this model: its own settings and the training order's seed (quality.seed), nothing else of quality.
+    hashed = QualityConfig(seed=seed, labels={name: cfg})
+    stage = Stage(run_dir, f"{LABELS_DIR}/{name}", {"quality": hashed}, inputs=[Path(cfg.path).expanduser()])
     if done := stage.up_to_date(force):
         return done
     stage.begin()
     train = [r for r in rows if not is_heldout(r.id, cfg.heldout_fraction)]
     held = [r for r in rows if is_heldout(r.id, cfg.heldout_fraction)]
+    if kind == "scale" and len({float(r.label) for r in train}) < 2:
+        raise FatalError(
+            f"quality.labels.{name}: after holding out {cfg.heldout_fraction:.0%} of {cfg.path}, the rows left to "
+            "train on have one score; add rows or lower heldout_fraction"
+        )
     if kind == "classes" and len({class_of(r) for r in train}) < 2:
         raise FatalError(
             f"quality.labels.{name}: after holding out {cfg.heldout_fraction:.0%} of {cfg.path}, one class is left "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +48,10 @@ REMOVED: dict[str, frozenset[str]] = {
     "ja": frozenset({"sm", "グロ", "女の子", "挿入"}),
     "zh": frozenset({"性"}),
 }
+
+
+# Language codes whose list has another name: lid.176 says tl for Tagalog, LDNOOBW's list is Filipino (fil).
+LIST_OF = {"tl": "fil"}
 
 
 class BadWordsConfig(Section):
@@ -86,26 +90,26 @@ class BadWordsConfig(Section):
 @dataclass(frozen=True)
 class WordList:
     """One language's entries: single words (a set), and runs of words, each with its words as a set and as a
-    pattern of the lowercased text (its words apart by whitespace or nothing, as consecutive words are)."""
+    pattern of the case-folded text (its words apart by whitespace or nothing, as consecutive words are)."""
 
     single: frozenset[str]
     runs: tuple[tuple[str, ...], ...]
     run_words: tuple[frozenset[str], ...]
     run_texts: tuple[re.Pattern[str], ...]
 
-    def candidates(self, present: set[str], text: str) -> list[int] | None:
-        """The runs a document may hold, given its lowercased words (`present`) and text; None when it can hold
+    def candidates(self, present: set[str], folded_text: Callable[[], str]) -> list[int] | None:
+        """The runs a document may hold, given its case-folded words (`present`) and text; None when it can hold
         no entry at all, so its words need no lookup in order."""
         runs = [i for i, needed in enumerate(self.run_words) if needed <= present]
         if self.single.isdisjoint(present):
-            lowered = text.lower() if runs else ""
-            runs = [i for i in runs if self.run_texts[i].search(lowered)]
+            folded = folded_text() if runs else ""
+            runs = [i for i in runs if self.run_texts[i].search(folded)]
             if not runs:
                 return None
         return runs
 
     def hits(self, words: list[str], runs: list[int]) -> list[str]:
-        """The listed words found in `words` (lowercased), then those of the runs numbered in `runs`."""
+        """The listed words found in `words` (case-folded), then those of the runs numbered in `runs`."""
         found = list(filter(self.single.__contains__, words))  # perf: the scan in C
         for run in (self.runs[i] for i in runs):
             at = -1
@@ -117,6 +121,15 @@ class WordList:
                 if tuple(words[at : at + len(run)]) == run:
                     found.append(" ".join(run))
         return found
+
+
+@functools.cache
+def fold(code: str) -> Callable[[str], str]:
+    """Case folding for a language's words: str.casefold (SCHEISSE and Scheiße fold alike), after Turkish and
+    Azerbaijani's dotted and dotless I (İ to i, I to ı)."""
+    if code in ("tr", "az"):
+        return lambda text: text.replace("İ", "i").replace("I", "ı").casefold()
+    return str.casefold
 
 
 def shipped_languages() -> list[str]:
@@ -131,7 +144,7 @@ def word_list(code: str, files: tuple[str, ...], allow: frozenset[str]) -> WordL
     dropped = REMOVED.get(code, frozenset()) | allow
     for path in files:
         for entry in read_list(path, f"curate.bad_words.word_files.{code}"):
-            entry = entry.lower()
+            entry = fold(code)(entry)
             if entry in dropped:
                 continue
             words = tuple(w for w in split_words(entry, code) if w.strip())
@@ -171,7 +184,7 @@ class BadWords(Filter):
         ]
 
     def words_of(self, code: str) -> WordList:
-        return word_list(code, self.files[code], frozenset(w.lower() for w in self.cfg.allow.get(code, ())))
+        return word_list(code, self.files[code], frozenset(map(fold(code), self.cfg.allow.get(code, ()))))
 
     def process(self, docs: Iterable[Document], ledger: Ledger) -> Iterator[Document]:
         for doc in docs:
@@ -187,7 +200,8 @@ class BadWords(Filter):
                 ledger.remove(doc, self.name, drop.rule, drop.value, drop.threshold, note=drop.note)
 
     def language(self, doc: Document) -> str | None:
-        return doc.meta.get("language") or self.cfg.default_language
+        code = doc.meta.get("language") or self.cfg.default_language
+        return LIST_OF.get(code, code) if code else code
 
     def check(self, doc: Document) -> Drop | None:
         code = self.language(doc)
@@ -198,11 +212,12 @@ class BadWords(Filter):
         # perf: the set of a document's lowercased words, and for a run of words a pattern of the text, rule out
         # nearly every clean document before its words are looked up in order: 11 ms a MB of the demo corpus's
         # prose and docs (words already split), where looking up every word took 30
-        present = set(map(str.lower, set(seg.words)))  # perf: each distinct word lowercased once
-        runs = listed.candidates(present, doc.text)
+        folding = fold(code)
+        present = set(map(folding, set(seg.words)))  # perf: each distinct word folded once
+        runs = listed.candidates(present, lambda: folding(doc.text))
         if runs is None:
             return None
-        hits = listed.hits(list(map(str.lower, seg.words)), runs)
+        hits = listed.hits(list(map(folding, seg.words)), runs)
         if not hits:
             return None
         shown = preview(hits[0])

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+import regex
 from pydantic import Field, field_validator
 
 from kiln.core.config import Section
@@ -36,6 +37,7 @@ from kiln.curate.blocklists import (
     URL_SOFT_WORDS,
     URL_SUBWORDS,
     URL_WORDS,
+    archive_stamp,
     archive_version,
     line_of,
     list_file,
@@ -103,6 +105,17 @@ class URLFilterConfig(Section):
         for entry in entries:
             if not entry.strip():
                 raise ValueError("a blank entry would match every URL; remove it")
+        return entries
+
+    @field_validator("blocked_words")
+    @classmethod
+    def _one_token_each(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            if regex.search(r"[^\p{L}\p{M}\p{N}]", entry.strip()):
+                raise ValueError(
+                    f"{entry!r} is not one token (letters and digits only), so no URL token could equal it; put it in "
+                    "blocked_substrings instead"
+                )
         return entries
 
 
@@ -207,7 +220,8 @@ def _trie_regex(entries: set[str]) -> re.Pattern[str] | None:
     return re.compile(emit(root))
 
 
-_NOT_WORD = re.compile(r"[\W_]+")  # a URL's tokens: runs of letters and digits, in any script
+# A URL's tokens: runs of letters (with their combining marks: Thai and Indic words keep their vowels) and digits.
+_NOT_WORD = regex.compile(r"[^\p{L}\p{M}\p{N}]+")
 
 
 def _url_key(entry: str) -> str | None:
@@ -223,7 +237,7 @@ def _url_key(entry: str) -> str | None:
 
 @functools.lru_cache(maxsize=4)
 def _tables(
-    categories: tuple[tuple[str, tuple[str, ...], tuple[int, float]], ...],
+    categories: tuple[tuple[str, tuple[str, ...], tuple], ...],
     inline: tuple[str, ...],
     domain_files: tuple[tuple[str, tuple[int, float]], ...],
     url_files: tuple[tuple[str, tuple[int, float]], ...],
@@ -275,10 +289,7 @@ class URLFilter(Filter):
         def stamped(paths: list[str], name: str) -> tuple[tuple[str, tuple[int, float]], ...]:
             return tuple((path, stamp(list_file(path, f"{key}.{name}"))) for path in paths)
 
-        categories = tuple(
-            (c.path, c.categories, stamp(Path(c.path).expanduser()) if Path(c.path).expanduser().exists() else (0, 0))
-            for c in config.categories
-        )
+        categories = tuple((c.path, c.categories, archive_stamp(Path(c.path).expanduser())) for c in config.categories)
         domain_files = stamped(config.blocked_domain_files, "blocked_domain_files")
         url_files = stamped(config.blocked_url_files, "blocked_url_files")
         domains, urls, records = _tables(categories, tuple(config.blocked_domains), domain_files, url_files)
