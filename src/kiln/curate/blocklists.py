@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.core.errors import ConfigError
+from kiln.core.storage import sha256_file
 
 SHIPPED = Path(__file__).with_name("lists")
 BAD_WORDS_DIR = SHIPPED / "bad_words"
@@ -218,13 +219,10 @@ def archive_version(path: Path) -> str:
 
 
 def sha256_of(path: Path) -> str:
-    """A file's sha256, or for a folder the sha256 of its files' relative paths and contents, in order."""
+    """A file's sha256, or for a folder the sha256 of its files' relative paths and sha256s, in order."""
+    if not path.is_dir():
+        return sha256_file(path)
     digest = hashlib.sha256()
-    files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
-    for file in files:
-        if path.is_dir():
-            digest.update(str(file.relative_to(path)).encode() + b"\x00")
-        with file.open("rb") as f:
-            while block := f.read(1 << 20):
-                digest.update(block)
+    for file in sorted(f for f in path.rglob("*") if f.is_file()):
+        digest.update(str(file.relative_to(path)).encode() + b"\x00" + sha256_file(file).encode())
     return digest.hexdigest()

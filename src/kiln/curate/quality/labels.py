@@ -175,13 +175,12 @@ class LabelModel:
 
     def save(self, folder: Path) -> list[Path]:
         folder.mkdir(parents=True, exist_ok=True)
-        files = []
-        for i, model in enumerate(self.models):
-            model.save(folder / f"model-{i}.npz")
-            files.append(folder / f"model-{i}.npz")
-        about = {"format": FORMAT, "kind": self.kind, "labels": self.labels, "scale": list(self.scale)}
-        (folder / LABELS_FILE).write_text(json.dumps(about, indent=2) + "\n", encoding="utf-8")
-        return [folder / LABELS_FILE, *files]
+        about, *models = self.files(folder)
+        for model, path in zip(self.models, models, strict=True):
+            model.save(path)
+        spec = {"format": FORMAT, "kind": self.kind, "labels": self.labels, "scale": list(self.scale)}
+        about.write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
+        return [about, *models]
 
     @classmethod
     def load(cls, folder: Path) -> LabelModel:

@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import xxhash
 from pydantic import Field, model_validator
@@ -175,9 +176,17 @@ class BadWords(Filter):
                 f"curate.bad_words.default_language: no list for {cfg.default_language!r}; lists: "
                 f"{', '.join(self.files)} (add one with word_files.{cfg.default_language}, or set it to null)"
             )
-        # Every file read now (a file that is not text stops the run before any document); split into words
-        # when a document of its language first comes.
-        self.lists = [
+        # The recipe's own files read now (one that is not text stops the run before any document); kiln's are
+        # read when the driver records them (`lists`) and when a document of their language first comes.
+        for code, paths in own.items():
+            for path in paths:
+                read_list(path, f"curate.bad_words.word_files.{code}")
+
+    @functools.cached_property
+    def lists(self) -> list[dict[str, Any]]:
+        """What the manifest records of each list (curate's driver asks; a worker building the step per task
+        does not hash 26 files each time)."""
+        return [
             record(Path(f), *_named(Path(f), code), len(read_list(f, f"curate.bad_words.word_files.{code}")))
             for code, files in self.files.items()
             for f in files
