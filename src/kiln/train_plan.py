@@ -94,6 +94,7 @@ def plan_estimate(parallel: Any, manifest: dict[str, Any]) -> dict[str, Any]:
     device = str(counts.get("device", "cpu"))
     # The run's device ("cuda:0"), not this machine's.
     precision = dtype_on(t["precision"]["dtype"], device.split(":")[0])
+    precision = "bf16" if precision == "fp8" else precision  # fp8 keeps bf16's states; its saved activations are fewer
     model = ModelConfig.model_validate(manifest["model"])
     memory = layout_memory(
         model,

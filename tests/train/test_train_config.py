@@ -82,7 +82,7 @@ def test_warmup_fraction_left_unset_keeps_the_hash_of_earlier_runs() -> None:
         ({"optim": {"beta2": 1.0}}, "beta2"),
         ({"optim": {"grad_clip": 0}}, "grad_clip"),
         ({"precision": {"device": "tpu"}}, "device"),
-        ({"precision": {"dtype": "fp8"}}, "dtype"),
+        ({"precision": {"dtype": "int8"}}, "dtype"),
         ({"micro_batch_size": 0}, "micro_batch_size"),
         ({"checkpoint": {"every": 0}}, "every"),
     ],

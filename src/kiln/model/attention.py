@@ -10,6 +10,11 @@ the device has them); every other rule builds a boolean (B, 1, T, T) mask, True 
 attend to a key. Every rule lets a position see itself, so no row of the mask is empty (an empty
 row would give NaN). `mask_BQK` masks queries and keys at any window positions (context
 parallelism, kiln.train.context_parallel, holds some of each window's queries).
+A rule whose `kernel` is "flex" gives flex attention a block mask instead of the dense mask: the
+same rule as a mask_mod, from which PyTorch builds once per pass a list of the 128 x 128 blocks
+any query may see, so blocks wholly outside every document are never computed (packed windows of
+4,096 positions holding documents of about 500 see about 1/8 of the blocks). PyTorch computes
+flex attention's backward on CUDA only; the trainer picks the kernel (train.attention_kernel).
 Shape legend: B batch, T sequence length, Q queries, K keys.
 Not handled here: sliding windows, or building the document ids and prefix lengths (the data side).
 """
@@ -17,10 +22,17 @@ Not handled here: sliding windows, or building the document ids and prefix lengt
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+
+if TYPE_CHECKING:  # imported where a block mask is built: flex attention's module takes 0.35 s to import
+    from torch.nn.attention.flex_attention import BlockMask
+
+Kernel = Literal["sdpa", "flex"]
+MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (b, h, q, k) -> allowed
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensor fields have no single truth value
@@ -28,6 +40,7 @@ class AttentionRule:
     kind: Literal["causal", "full", "prefix"]
     prefix_BT: torch.Tensor | None = None  # prefix rule, bool: keys every query (of the same document) may see
     doc_ids_BT: torch.Tensor | None = None  # a query sees only keys with the same document id
+    kernel: Kernel = "sdpa"  # how a rule that needs a mask is computed: SDPA with a dense mask, or flex attention
 
     def __post_init__(self) -> None:
         assert (self.kind == "prefix") == (self.prefix_BT is not None), "prefix_BT goes with kind='prefix' only"
@@ -59,12 +72,40 @@ class AttentionRule:
             allowed = allowed & (doc_BT[:, query_Q][:, :, None] == doc_BT[:, key_K][:, None, :])
         return allowed
 
+    def mask_mod(self, device: torch.device) -> MaskMod:
+        """This rule as flex attention's mask_mod(b, h, q, k) -> bool over positions of the window
+        (mask_BQK's rule, written for one query and key at a time)."""
+        prefix_BT = None if self.prefix_BT is None else self.prefix_BT.to(device)
+        doc_BT = None if self.doc_ids_BT is None else self.doc_ids_BT.to(device)
+        full = self.kind == "full"
+
+        def allowed(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+            seen = (k <= q) | full
+            if prefix_BT is not None:
+                seen = seen | prefix_BT[b, k]
+            if doc_BT is not None:
+                seen = seen & (doc_BT[b, q] == doc_BT[b, k])
+            return seen
+
+        return allowed
+
+    def block_mask(self, T: int, device: torch.device) -> BlockMask:
+        """flex attention's BlockMask of this rule over T positions, one per row (shared by the heads)."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        rows = next((t.shape[0] for t in (self.prefix_BT, self.doc_ids_BT) if t is not None), None)
+        # perf: compiled, the mask is built block by block; eager, it is first made whole, (B, T, T).
+        return create_block_mask(self.mask_mod(device), rows, None, T, T, device=device, _compile=device.type == "cuda")
+
     def sdpa_kwargs(self, T: int, device: torch.device) -> dict[str, Any]:
-        """Keyword arguments for F.scaled_dot_product_attention that apply this rule to T positions."""
+        """Keyword arguments for the attention (kiln.model.transformer.ScaledDotProduct) that apply
+        this rule to T positions: SDPA's, or flex attention's block mask."""
         if self.doc_ids_BT is None and self.kind == "causal":
             return {"is_causal": True}  # the fast path: no mask tensor is built
         if self.doc_ids_BT is None and self.kind == "full":
             return {}
+        if self.kernel == "flex":
+            return {"block_mask": self.block_mask(T, device)}
         return {"attn_mask": self.mask_BTT(T, device)[:, None]}  # (B, 1, T, T): the same for every head
 
 

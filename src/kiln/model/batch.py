@@ -20,7 +20,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import torch
 
-from kiln.model.attention import AttentionRule
+from kiln.model.attention import AttentionRule, Kernel
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: array fields have no single truth value
@@ -47,9 +47,9 @@ class Batch:
         None  # int64 place of each row in the global stream (Rows.index_B), for logs; stays on the host
     )
 
-    def rule(self) -> AttentionRule:
-        """The attention rule the model applies to this batch."""
-        return AttentionRule(self.attention, prefix_BT=self.prefix_BT, doc_ids_BT=self.doc_ids_BT)
+    def rule(self, kernel: Kernel = "sdpa") -> AttentionRule:
+        """The attention rule the model applies to this batch, computed by `kernel` where it needs a mask."""
+        return AttentionRule(self.attention, prefix_BT=self.prefix_BT, doc_ids_BT=self.doc_ids_BT, kernel=kernel)
 
     def window_positions(self) -> tuple[torch.Tensor | None, int]:
         """(each column's position in its window, None for 0..T-1; the window's length). A batch

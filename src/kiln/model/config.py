@@ -279,6 +279,35 @@ class PrecisionConfig(Section):
     )
 
 
+class TrainPrecisionConfig(PrecisionConfig):
+    """The trainer's precision: eval's and generate's, and fp8."""
+
+    dtype: Literal["auto", "fp32", "bf16", "fp16", "fp8"] = Field(  # type: ignore[assignment]
+        default="auto",
+        description=(
+            "Matmul precision: bf16 or fp16 autocast (fp16 training adds dynamic loss scaling), fp8 (the blocks' "
+            "linear layers in float8 through torchao, the rest bf16 autocast; CUDA GPUs of compute capability 8.9 "
+            "or newer), or plain fp32; auto means bf16 on cuda, fp32 on cpu."
+        ),
+    )
+    fp8_scaling: Literal["tensorwise", "rowwise"] = Field(
+        default="tensorwise",
+        description=(
+            "With dtype fp8: one scale per tensor (the faster) or one per row of each operand (closer to bf16, "
+            "for outliers)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _fp8_on_a_gpu(self) -> TrainPrecisionConfig:
+        if self.dtype == "fp8" and self.device == "cpu":
+            raise ValueError(
+                "dtype fp8 needs a CUDA GPU with FP8 matmuls (compute capability 8.9 or newer) and device is cpu; "
+                "use dtype bf16 or fp32 on the CPU"
+            )
+        return self
+
+
 class ScoringConfig(Section):
     NOT_HASHED = frozenset({"batch_size"})
     seq_len: int | None = Field(

@@ -16,8 +16,9 @@ does from all of them: `layer_inputs` (the RoPE angles and SDPA arguments every 
 shares), the blocks, `output` (final norm and output layer, or the trainer's loss head).
 Attention goes through PyTorch's scaled_dot_product_attention (`ScaledDotProduct`, a module of
 its own without parameters, which context parallelism wraps), which picks a flash or
-memory-efficient kernel where the device has one; which positions see which is the caller's
-AttentionRule (kiln.model.attention; causal by default). The constructor allocates (with
+memory-efficient kernel where the device has one, or through flex attention with a block mask
+where the rule's kernel says so; which positions see which is the caller's AttentionRule
+(kiln.model.attention; causal by default). The constructor allocates (with
 PyTorch's per-layer defaults); `init_weights()` draws kiln's initial weights and fills the RoPE
 tables, so a model can be built on the meta device, materialised with `to_empty(device=...)` and
 initialised there (kiln.model.init).
@@ -32,6 +33,7 @@ Not handled here: the z-loss (a loss term: kiln.train.loss reads model.z_loss), 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -127,6 +129,16 @@ def apply_rope(x_BHTE: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     return out.type_as(x_BHTE)
 
 
+@functools.cache
+def flex_attention(cuda: bool) -> Callable[..., torch.Tensor]:
+    """PyTorch's flex attention: compiled on CUDA (a compiled block inlines it; called eagerly, the
+    uncompiled function would compute every score and mask whole), as it is on the CPU, where
+    PyTorch has no backward for it."""
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    return torch.compile(flex) if cuda else flex
+
+
 class ScaledDotProduct(nn.Module):
     """Attention proper: SDPA over queries (B, H, T, E) and keys and values (B, K, S, E), each
     key/value head serving H/K query heads. Training copies them per head (SDPA's enable_gqa sums
@@ -140,6 +152,8 @@ class ScaledDotProduct(nn.Module):
     def forward(
         self, q_BHTE: torch.Tensor, k_BKSE: torch.Tensor, v_BKSE: torch.Tensor, sdpa_kwargs: dict[str, Any]
     ) -> torch.Tensor:
+        if "block_mask" in sdpa_kwargs:  # kernel "flex" (kiln.model.attention): each head group reads its K/V head
+            return flex_attention(q_BHTE.is_cuda)(q_BHTE, k_BKSE, v_BKSE, **sdpa_kwargs, enable_gqa=self.groups > 1)
         if self.groups > 1 and not sdpa_kwargs.get("enable_gqa"):
             k_BKSE = k_BKSE.repeat_interleave(self.groups, dim=1)
             v_BKSE = v_BKSE.repeat_interleave(self.groups, dim=1)

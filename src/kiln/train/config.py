@@ -24,7 +24,7 @@ from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
 from kiln.core.config import Section
 from kiln.core.ranks import world_size
-from kiln.model.config import PrecisionConfig
+from kiln.model.config import TrainPrecisionConfig
 from kiln.train.geometry import BatchWarmupConfig, SeqLenPhase, StepGeometry, step_geometry
 from kiln.train.objectives import (
     MASKS_DOCUMENTS_BY_DEFAULT,
@@ -156,9 +156,17 @@ class TrainConfig(Section):
     schedule: ScheduleConfig = Field(
         default_factory=ScheduleConfig, description="Learning-rate warmup and cosine decay."
     )
-    precision: PrecisionConfig = Field(
-        default_factory=PrecisionConfig,
-        description="Device and matmul precision (auto: bf16 autocast on cuda, fp32 on cpu).",
+    precision: TrainPrecisionConfig = Field(
+        default_factory=TrainPrecisionConfig,
+        description="Device and matmul precision (auto: bf16 autocast on cuda, fp32 on cpu; fp8 on FP8 GPUs).",
+    )
+    attention_kernel: Literal["auto", "sdpa", "flex"] = Field(
+        default="auto",
+        description=(
+            "How attention under a mask (document masking, prefix-LM) is computed: flex (flex attention over the "
+            "128 x 128 blocks some query may see; CUDA only), sdpa (a dense (B, 1, T, T) mask), or auto: flex on "
+            "cuda, sdpa on cpu."
+        ),
     )
     checkpoint: CheckpointConfig = Field(
         default_factory=CheckpointConfig,
@@ -293,6 +301,15 @@ class TrainConfig(Section):
         if moved:
             raise ValueError("; ".join(moved))
         return data
+
+    @model_validator(mode="after")
+    def _flex_on_a_gpu(self) -> TrainConfig:
+        if self.attention_kernel == "flex" and self.precision.device == "cpu":
+            raise ValueError(
+                "attention_kernel flex trains on CUDA only (PyTorch computes no flex attention backward on a CPU) "
+                "and precision.device is cpu; use attention_kernel sdpa or auto"
+            )
+        return self
 
     @model_validator(mode="after")
     def _objective(self) -> TrainConfig:

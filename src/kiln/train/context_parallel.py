@@ -47,7 +47,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 
-from kiln.model.attention import AttentionRule
+from kiln.model.attention import AttentionRule, Kernel
 from kiln.model.batch import Batch
 from kiln.train.loss import Loss
 
@@ -80,7 +80,8 @@ class ContextBatch(Batch):
     query_index_Q: torch.Tensor  # int64, on the batch's device
     key_index_T: torch.Tensor  # int64: every rank's positions in the order all_gather concatenates them
 
-    def rule(self) -> AttentionRule:
+    def rule(self, kernel: Kernel = "sdpa") -> AttentionRule:
+        """The rule over this rank's queries and every rank's keys: SDPA with a dense mask whatever the kernel."""
         return ShardedRule(
             self.attention,
             prefix_BT=self.prefix_BT,

@@ -62,12 +62,15 @@ def parallelize(model: nn.Module, ranks: Ranks, cfg: ParallelConfig, compute_dty
     return DistributedDataParallel(model, device_ids=[ranks.device.index] if ranks.device.type == "cuda" else None)
 
 
-# Selective activation checkpointing keeps what is expensive to recompute (matrix products and
-# attention) and recomputes the rest (norms, activations, RoPE, residual adds).
+# Selective activation checkpointing keeps what is expensive to recompute (matrix products, fp8's
+# included, and attention, flex attention's included) and recomputes the rest (norms, activations,
+# RoPE, residual adds, fp8's casts).
 SAVED_OPS = {
     torch.ops.aten.mm.default,
     torch.ops.aten.addmm.default,
     torch.ops.aten.bmm.default,
+    torch.ops.aten._scaled_mm.default,
+    torch.ops.higher_order.flex_attention,
     torch.ops.aten._scaled_dot_product_efficient_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,

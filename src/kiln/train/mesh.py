@@ -74,6 +74,11 @@ def check_layout(
             "parallel.tp=1, parallel.pp=1, parallel.cp=1) or adamw"
         )
     tp, pp, cp = degrees["tp"], degrees["pp"], degrees["cp"]  # parallel's own: only dp_shard is resolved
+    if cfg.precision.dtype == "fp8" and tp > 1:
+        raise ConfigError(
+            f"train.precision.dtype=fp8 converts whole linear layers, and parallel.tp ({tp}) splits them over ranks; "
+            "use fp8 with FSDP2 or DDP (parallel.tp=1), or bf16 with tensor parallelism"
+        )
     check_tensor_parallel(model_cfg, tp)
     if tp > 1 and parallel.sequence_parallel:
         check_sequence_parallel(tp, cfg.seq_lens, cfg.probe_every)

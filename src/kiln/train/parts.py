@@ -3,11 +3,12 @@ one frozen `TrainParts`, each part by a named `build_*` function that reads only
 
 The model is built whole on every rank from the seed (or train.init_from's weights), then split
 from outside, in torchtitan's order: pipeline stages (kiln.train.pipeline_parallel's StageModel),
-tensor parallelism, context-parallel attention, activation checkpointing, compile, then FSDP2 or
-DDP (kiln.train.distributed). Around it: the optimizer, the loss (chunked through the output
-layer, over vocabulary shards, or over whole logits), the pipeline schedule, validation and the
-probe set's scorers, fp16's loss scaler, the realized-mixture windows, the resumable states, the
-fault guard and the monitor. The caller's inputs are three records: `TrainData` (the batches),
+tensor parallelism, context-parallel attention, fp8's float8 layers (kiln.train.float8), activation
+checkpointing, compile, then FSDP2 or DDP (kiln.train.distributed). Around it: the optimizer, the
+loss (chunked through the output layer, over vocabulary shards, or over whole logits; masked
+attention by train.attention_kernel), the pipeline schedule, validation and the probe set's
+scorers, fp16's loss scaler, the realized-mixture windows, the resumable states, the fault guard
+and the monitor. The caller's inputs are three records: `TrainData` (the batches),
 `Validation` (what is scored) and `Placement` (the ranks, the parallel section, the state to
 resume from).
 Not handled here: the steps (kiln.train.loop), what a layout cannot split (kiln.train.mesh).
@@ -26,9 +27,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from kiln.core.errors import FatalError
 from kiln.core.hardware import available_memory, check_memory
 from kiln.core.layout import RunLayout
 from kiln.core.mirror import local_folder
+from kiln.model.attention import Kernel
 from kiln.model.batch import Batch, BatchSource
 from kiln.model.config import ModelConfig, ScoringConfig, build_bytes, count_params, flops_per_token, matmul_params
 from kiln.model.init import build_model
@@ -38,6 +41,7 @@ from kiln.model.weights import load_weights_into
 from kiln.train.config import CheckpointConfig, TrainConfig
 from kiln.train.context_parallel import ContextSplit, apply_context_parallel
 from kiln.train.distributed import apply_activation_checkpointing, apply_compile, parallelize
+from kiln.train.float8 import apply_float8
 from kiln.train.loss import Loss, LossOptions, fused_lm_loss, lm_loss, logits_loss
 from kiln.train.mesh import Ranks, one_process
 from kiln.train.monitor import MixtureWindows, Monitor
@@ -127,18 +131,21 @@ def build_parts(
     context = ContextSplit(ranks.cp_group, ranks.cp, ranks.mesh.get_local_rank("cp")) if ranks.cp > 1 else None
     core = build_core(model_cfg, cfg.seed, cfg.init_from, cfg.optim.name, ranks)
     core = split_core(core, ranks, parallel, layers, context)
+    if precision.float8:  # before checkpointing, compile and FSDP2 wrap the layers (kiln.train.float8)
+        apply_float8(core, precision.float8)
     apply_activation_checkpointing(core, cfg.activation_checkpointing, cfg.checkpoint_every_k_blocks)
     if compiling(cfg.compile, ranks.device):
         apply_compile(core)
     model = parallelize(core, ranks, parallel, precision.amp_dtype)
     options, fused = loss_options(model_cfg, cfg, precision), fuses_loss(cfg.fused_loss, precision)
-    loss_of = build_loss(options, fused, precision, ranks.tp)
+    kernel = attention_kernel(cfg.attention_kernel, precision.device)
+    loss_of = build_loss(options, fused, precision, ranks.tp, kernel)
     optimizer = build_optimizer(model, cfg.optim)
     schedule = None
     if ranks.pp > 1:  # the schedule runs each step's micro-batches through the stages
         schedule = build_schedule(core, ranks, parallel, layers, build_head(options, fused, ranks.tp), precision)
     scored = build_scored(core, ranks, parallel, layers)
-    evaluate = build_scorer(validation, cfg.seq_len, precision)
+    evaluate = build_scorer(validation, cfg.seq_len, precision, kernel)
     make_probe = validation.make_probe
     probe = make_probe(precision.amp_dtype) if make_probe is not None and cfg.probe_every else None
     if schedule:  # the last stage scores; every rank gets its results
@@ -250,6 +257,18 @@ def split_core(
     return core
 
 
+def attention_kernel(kernel: str, device: torch.device) -> Kernel:
+    """train.attention_kernel on `device`: auto is flex attention on CUDA, SDPA elsewhere."""
+    if kernel == "auto":
+        return "flex" if device.type == "cuda" else "sdpa"
+    if kernel == "flex" and device.type != "cuda":
+        raise FatalError(
+            f"train.attention_kernel=flex trains on CUDA only (PyTorch computes no flex attention backward on "
+            f"a CPU) and this run's device is {device.type}; use train.attention_kernel=auto or sdpa"
+        )
+    return "flex" if kernel == "flex" else "sdpa"
+
+
 def compiling(compile: bool | None, device: torch.device) -> bool:
     """train.compile, where None means on for cuda and off on the CPU."""
     return compile if compile is not None else device.type == "cuda"
@@ -277,15 +296,17 @@ def build_head(options: LossOptions, fused: bool, tp: int) -> Callable[..., Loss
     return partial(fused_lm_loss if fused else logits_loss, options=options)
 
 
-def build_loss(options: LossOptions, fused: bool, precision: Precision, tp: int) -> LossOf:
-    """loss_of(model, batch on the device, kept positions of the step): the forward pass and the training loss."""
+def build_loss(options: LossOptions, fused: bool, precision: Precision, tp: int, kernel: Kernel) -> LossOf:
+    """loss_of(model, batch on the device, kept positions of the step): the forward pass and the training loss,
+    masked attention computed by `kernel` (its block mask, or dense mask, built once per batch)."""
     if tp > 1 or fused:
         head = build_head(options, fused, tp)
 
         def headed(model: nn.Module, batch: Batch, step_tokens: int) -> Loss:
             with precision.autocast():  # the output layer's matmuls in the autocast dtype, the cross-entropy in fp32
                 loss_head = partial(head, batch=batch, step_tokens=step_tokens)
-                return model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT, head=loss_head)
+                rule = batch.rule(kernel)
+                return model(batch.input_ids_BT, rule=rule, positions_BT=batch.positions_BT, head=loss_head)
 
         return headed
     # Compiled along with the blocks: one fused pass over the (B, T, V) logits for the log-softmax,
@@ -295,7 +316,7 @@ def build_loss(options: LossOptions, fused: bool, precision: Precision, tp: int)
     def plain(model: nn.Module, batch: Batch, step_tokens: int) -> Loss:
         # Plain causal rows without document ids take SDPA's is_causal fast path.
         with precision.autocast():
-            logits_BTV = model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT)  # (B, T, V) fp32
+            logits_BTV = model(batch.input_ids_BT, rule=batch.rule(kernel), positions_BT=batch.positions_BT)  # fp32
         # Outside autocast: fp32.
         return plain_loss(logits_BTV, batch, step_tokens, options.z_loss, options.late_position_weight)
 
@@ -326,7 +347,7 @@ def build_scored(core: nn.Module, ranks: Ranks, parallel: ParallelConfig, layers
     return WholeWindows(core, ranks.tp) if ranks.tp > 1 and parallel.sequence_parallel else core
 
 
-def build_scorer(validation: Validation, seq_len: int, precision: Precision) -> Scorer:
+def build_scorer(validation: Validation, seq_len: int, precision: Precision, kernel: Kernel) -> Scorer:
     """Validation in the training precision, on windows of seq_len (train.seq_len) unless the
     scoring section says otherwise. With objective batches (held-out rows built by the training
     objective), the results also carry that objective's loss on them under "objective"."""
@@ -335,10 +356,10 @@ def build_scorer(validation: Validation, seq_len: int, precision: Precision) -> 
     if not validation.objective_batches:
         return perplexity
     batches = validation.objective_batches
-    return lambda model: {**perplexity(model), "objective": objective_loss(model, batches, precision)}
+    return lambda model: {**perplexity(model), "objective": objective_loss(model, batches, precision, kernel)}
 
 
-def objective_loss(model: nn.Module, batches: list[Batch], precision: Precision) -> dict[str, Any]:
+def objective_loss(model: nn.Module, batches: list[Batch], precision: Precision, kernel: Kernel) -> dict[str, Any]:
     """Mean loss per kept position of the objective over fixed batches (nats), and the positions counted."""
     was_training = model.training
     model.eval()
@@ -347,7 +368,7 @@ def objective_loss(model: nn.Module, batches: list[Batch], precision: Precision)
         for batch in batches:
             batch = batch.to(precision.device)
             with precision.autocast():
-                logits_BTV = model(batch.input_ids_BT, rule=batch.rule(), positions_BT=batch.positions_BT)
+                logits_BTV = model(batch.input_ids_BT, rule=batch.rule(kernel), positions_BT=batch.positions_BT)
             loss = lm_loss(logits_BTV, batch)
             nats += float((loss.row_mean_B * loss.row_tokens_B).sum())  # host sync per batch
             kept += int(loss.row_tokens_B.sum())
