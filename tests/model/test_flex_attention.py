@@ -7,10 +7,12 @@ import torch
 from pydantic import ValidationError
 
 from kiln.core.errors import FatalError
+from kiln.core.manifest import hashed_settings
 from kiln.model.attention import AttentionRule, leading
 from kiln.model.config import ModelConfig
 from kiln.model.init import build_model
 from kiln.train.config import TrainConfig
+from kiln.train.distributed import apply_compile
 from kiln.train.parts import attention_kernel
 
 # 300 positions: two whole 128-position blocks and a partial third (flex pads the last block).
@@ -72,25 +74,35 @@ def test_plain_rules_keep_the_sdpa_fast_paths_under_flex() -> None:
     assert set(masked.sdpa_kwargs(8, cpu)) == {"block_mask"}
 
 
-def test_the_trainer_takes_flex_on_cuda_only() -> None:
+def test_the_trainer_takes_flex_on_cuda_in_compiled_blocks_only(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert attention_kernel("auto", cpu) == "sdpa" and attention_kernel("auto", cuda) == "flex"
-    assert attention_kernel("sdpa", cuda) == "sdpa"
+    assert attention_kernel(None, cpu, compiled=True) == "sdpa"
+    assert attention_kernel(None, cuda, compiled=False) == "sdpa"  # uncompiled, flex would compute every score
+    assert attention_kernel("sdpa", cuda, compiled=True) == "sdpa"
+    for capability, kernel in (((9, 0), "flex"), ((7, 0), "sdpa")):  # an H100; a V100 has no flex kernels
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert attention_kernel(None, cuda, compiled=True) == kernel
     with pytest.raises(FatalError, match=r"train\.attention_kernel=flex trains on CUDA only .* device is cpu"):
-        attention_kernel("flex", cpu)
+        attention_kernel("flex", cpu, compiled=True)
     with pytest.raises(ValidationError, match=r"attention_kernel flex trains on CUDA only .* precision\.device is cpu"):
         TrainConfig.model_validate({"attention_kernel": "flex", "precision": {"device": "cpu"}})
+    with pytest.raises(ValidationError, match=r"attention_kernel flex runs inside the compiled blocks"):
+        TrainConfig.model_validate({"attention_kernel": "flex", "compile": False})
+    # Left unset it is not hashed: runs trained before it existed stay current.
+    assert "attention_kernel" not in hashed_settings({"train": TrainConfig()})["train"]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name", list(rules(2)))
+@pytest.mark.parametrize("name", ["causal within documents", "prefix within documents"])
 def test_flex_gradients_on_cuda_follow_the_dense_mask(name: str) -> None:
-    cfg = ModelConfig(vocab_size=101, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=T)
+    # Compiled blocks, as the trainer runs flex; QK-norm's fp32 gains give fp32 queries and keys under autocast.
+    cfg = ModelConfig(vocab_size=101, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=T, qk_norm=True)
     rule = rules(2)[name]
     grads = []
     for kernel in ("sdpa", "flex"):
         model = build_model(cfg, seed=0, device="cuda")
+        apply_compile(model)
         ids_BT = torch.randint(0, 101, (2, T), generator=torch.Generator().manual_seed(1)).cuda()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(ids_BT, rule=AttentionRule(rule.kind, rule.prefix_BT, rule.doc_ids_BT, kernel=kernel))

@@ -18,10 +18,12 @@ import torch.nn.functional as F
 from pydantic import ValidationError
 
 from kiln.core.errors import ConfigError, FatalError
+from kiln.core.manifest import hashed_settings
 from kiln.model.config import ModelConfig, TrainPrecisionConfig
 from kiln.model.init import build_model
 from kiln.model.precision import Precision, resolve_precision
 from kiln.train.config import TrainConfig
+from kiln.train.distributed import apply_compile
 from kiln.train.float8 import apply_float8, float8_layers
 from kiln.train.mesh import check_layout
 from kiln.train.parallel import ParallelConfig
@@ -116,6 +118,40 @@ def test_fp8_is_refused_where_there_are_no_fp8_matmuls(monkeypatch: pytest.Monke
         resolve_precision(cfg, "train")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert resolve_precision(cfg, "train") == Precision(torch.device("cuda"), torch.bfloat16, "rowwise")
+
+
+def test_fp8_settings_are_checked_and_left_unset_keep_the_hash() -> None:
+    with pytest.raises(ValidationError, match="fp8_scaling applies with dtype fp8 only, and dtype is bf16"):
+        TrainConfig.model_validate({"precision": {"dtype": "bf16", "fp8_scaling": "rowwise"}})
+    # Unset, fp8_scaling is not hashed: runs trained before it existed stay current.
+    assert "fp8_scaling" not in hashed_settings({"train": TrainConfig()})["train"]["precision"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
+def test_compiled_fp8_steps_on_cuda_follow_bf16(scaling: str) -> None:
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("this GPU has no FP8 matmuls")
+    cfg = CFG.model_copy(update={"d_model": 256, "n_heads": 8, "n_kv_heads": 4})
+    losses = {}
+    for name in ("bf16", "fp8"):
+        torch.compiler.reset()
+        model = build_model(cfg, seed=0, device="cuda")
+        if name == "fp8":
+            apply_float8(model, scaling)  # type: ignore[arg-type]
+        apply_compile(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+        ids_BT = batch().repeat(8, 1).cuda()
+        for _ in range(10):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logits_BTV = model(ids_BT[:, :-1])
+            loss = F.cross_entropy(logits_BTV.float().flatten(0, 1), ids_BT[:, 1:].flatten())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        losses[name] = loss.item()
+    assert losses["fp8"] == pytest.approx(losses["bf16"], rel=0.02)
 
 
 def test_fp8_with_tensor_parallelism_is_refused() -> None:

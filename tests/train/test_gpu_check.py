@@ -27,13 +27,14 @@ def test_the_dry_run_builds_and_runs_every_part(tokenized_run: Path, tmp_path: P
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     parts = report["parts"]
-    assert list(parts) == ["tests", "mfu", "fp8", "flex", "resume"]
+    assert list(parts) == ["tests", "fp8", "flex", "resume", "mfu"]
     assert not [p.get("error") for p in parts.values() if "error" in p]
     # The CUDA tests are found and collected (the fused loss, bf16 training, flex gradients).
     assert parts["tests"]["returncode"] == 0 and parts["tests"]["collected"] >= 7
     assert "tests/model/test_flex_attention.py" in parts["tests"]["files"]
     # fp8: the tiny preset's 4 blocks of 7 linear layers go through torchao; on the CPU the leg trains in fp32.
     assert parts["fp8"]["float8_layers"] == 28 and parts["fp8"]["loss_rel_diff"] == 0
+    assert parts["fp8"]["llama_mfu"]["tokens_per_step"] == 512
     # flex's block mask and the dense mask give the same losses on rows of several documents.
     assert parts["flex"]["documents_per_row"] > 3
     assert parts["flex"]["loss_rel_diff"] < 1e-5

@@ -22,6 +22,7 @@ Not handled here: sliding windows, or building the document ids and prefix lengt
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -91,11 +92,8 @@ class AttentionRule:
 
     def block_mask(self, T: int, device: torch.device) -> BlockMask:
         """flex attention's BlockMask of this rule over T positions, one per row (shared by the heads)."""
-        from torch.nn.attention.flex_attention import create_block_mask
-
         rows = next((t.shape[0] for t in (self.prefix_BT, self.doc_ids_BT) if t is not None), None)
-        # perf: compiled, the mask is built block by block; eager, it is first made whole, (B, T, T).
-        return create_block_mask(self.mask_mod(device), rows, None, T, T, device=device, _compile=device.type == "cuda")
+        return block_mask_builder(device.type == "cuda")(self.mask_mod(device), rows, None, T, T, device=device)
 
     def sdpa_kwargs(self, T: int, device: torch.device) -> dict[str, Any]:
         """Keyword arguments for the attention (kiln.model.transformer.ScaledDotProduct) that apply
@@ -107,6 +105,16 @@ class AttentionRule:
         if self.kernel == "flex":
             return {"block_mask": self.block_mask(T, device)}
         return {"attn_mask": self.mask_BTT(T, device)[:, None]}  # (B, 1, T, T): the same for every head
+
+
+@functools.cache
+def block_mask_builder(cuda: bool) -> Callable[..., BlockMask]:
+    """PyTorch's create_block_mask; on CUDA compiled, which builds the mask block by block (eager, it
+    first makes the whole (B, T, T) mask). Its tensors are the compiled function's inputs: a new
+    batch's document ids reuse the compiled code."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return torch.compile(create_block_mask) if cuda else create_block_mask
 
 
 CAUSAL = AttentionRule("causal")

@@ -290,11 +290,11 @@ class TrainPrecisionConfig(PrecisionConfig):
             "or newer), or plain fp32; auto means bf16 on cuda, fp32 on cpu."
         ),
     )
-    fp8_scaling: Literal["tensorwise", "rowwise"] = Field(
-        default="tensorwise",
+    fp8_scaling: Literal["tensorwise", "rowwise"] | None = Field(
+        default=None,
         description=(
             "With dtype fp8: one scale per tensor (the faster) or one per row of each operand (closer to bf16, "
-            "for outliers)."
+            "for outliers); None means tensorwise."
         ),
     )
 
@@ -305,6 +305,8 @@ class TrainPrecisionConfig(PrecisionConfig):
                 "dtype fp8 needs a CUDA GPU with FP8 matmuls (compute capability 8.9 or newer) and device is cpu; "
                 "use dtype bf16 or fp32 on the CPU"
             )
+        if self.fp8_scaling is not None and self.dtype != "fp8":
+            raise ValueError(f"fp8_scaling applies with dtype fp8 only, and dtype is {self.dtype}; remove it")
         return self
 
 

@@ -54,7 +54,7 @@ def resolve_precision(cfg: PrecisionConfig, section: str) -> Precision:
     )
     if isinstance(cfg, TrainPrecisionConfig) and cfg.dtype == "fp8":
         check_fp8(device, section)
-        return Precision(device, torch.bfloat16, cfg.fp8_scaling)
+        return Precision(device, torch.bfloat16, cfg.fp8_scaling or "tensorwise")
     return Precision(device, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype_on(cfg.dtype, device.type)))
 
 

@@ -130,19 +130,20 @@ def apply_rope(x_BHTE: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
 
 
 @functools.cache
-def flex_attention(cuda: bool) -> Callable[..., torch.Tensor]:
-    """PyTorch's flex attention: compiled on CUDA (a compiled block inlines it; called eagerly, the
-    uncompiled function would compute every score and mask whole), as it is on the CPU, where
-    PyTorch has no backward for it."""
+def flex_attention() -> Callable[..., torch.Tensor]:
+    """PyTorch's flex attention, imported on first use (its module takes 0.35 s to import). A
+    compiled block (kiln.train.distributed.apply_compile) turns it into one fused kernel; called
+    eagerly it computes every score (the CPU's forward-only path)."""
     from torch.nn.attention.flex_attention import flex_attention as flex
 
-    return torch.compile(flex) if cuda else flex
+    return flex
 
 
 class ScaledDotProduct(nn.Module):
     """Attention proper: SDPA over queries (B, H, T, E) and keys and values (B, K, S, E), each
     key/value head serving H/K query heads. Training copies them per head (SDPA's enable_gqa sums
-    the K/V gradients in another order); decoding passes enable_gqa instead. No parameters: a
+    the K/V gradients in another order); decoding passes enable_gqa instead, and so does flex
+    attention, which a rule of kernel "flex" asks for with its block mask. No parameters: a
     parallelism may wrap it (kiln.train.context_parallel gathers every rank's keys and values first)."""
 
     def __init__(self, groups: int):
@@ -153,7 +154,9 @@ class ScaledDotProduct(nn.Module):
         self, q_BHTE: torch.Tensor, k_BKSE: torch.Tensor, v_BKSE: torch.Tensor, sdpa_kwargs: dict[str, Any]
     ) -> torch.Tensor:
         if "block_mask" in sdpa_kwargs:  # kernel "flex" (kiln.model.attention): each head group reads its K/V head
-            return flex_attention(q_BHTE.is_cuda)(q_BHTE, k_BKSE, v_BKSE, **sdpa_kwargs, enable_gqa=self.groups > 1)
+            # subtle: QK-norm's fp32 gains make q and k fp32 under autocast; flex takes one dtype (SDPA casts them).
+            q_BHTE, k_BKSE = q_BHTE.to(v_BKSE.dtype), k_BKSE.to(v_BKSE.dtype)
+            return flex_attention()(q_BHTE, k_BKSE, v_BKSE, **sdpa_kwargs, enable_gqa=self.groups > 1)
         if self.groups > 1 and not sdpa_kwargs.get("enable_gqa"):
             k_BKSE = k_BKSE.repeat_interleave(self.groups, dim=1)
             v_BKSE = v_BKSE.repeat_interleave(self.groups, dim=1)

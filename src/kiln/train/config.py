@@ -160,12 +160,12 @@ class TrainConfig(Section):
         default_factory=TrainPrecisionConfig,
         description="Device and matmul precision (auto: bf16 autocast on cuda, fp32 on cpu; fp8 on FP8 GPUs).",
     )
-    attention_kernel: Literal["auto", "sdpa", "flex"] = Field(
-        default="auto",
+    attention_kernel: Literal["sdpa", "flex"] | None = Field(
+        default=None,
         description=(
             "How attention under a mask (document masking, prefix-LM) is computed: flex (flex attention over the "
-            "128 x 128 blocks some query may see; CUDA only), sdpa (a dense (B, 1, T, T) mask), or auto: flex on "
-            "cuda, sdpa on cpu."
+            "128 x 128 blocks some query may see, inside the compiled blocks; CUDA only), sdpa (a dense (B, 1, T, "
+            "T) mask); None means flex where train.compile is on a CUDA GPU, sdpa elsewhere."
         ),
     )
     checkpoint: CheckpointConfig = Field(
@@ -307,7 +307,12 @@ class TrainConfig(Section):
         if self.attention_kernel == "flex" and self.precision.device == "cpu":
             raise ValueError(
                 "attention_kernel flex trains on CUDA only (PyTorch computes no flex attention backward on a CPU) "
-                "and precision.device is cpu; use attention_kernel sdpa or auto"
+                "and precision.device is cpu; use attention_kernel sdpa, or leave it unset"
+            )
+        if self.attention_kernel == "flex" and self.compile is False:
+            raise ValueError(
+                "attention_kernel flex runs inside the compiled blocks, and compile is false (uncompiled, flex "
+                "attention computes every score of the window); set compile true, or attention_kernel sdpa"
             )
         return self
 

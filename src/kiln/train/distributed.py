@@ -73,6 +73,7 @@ SAVED_OPS = {
     torch.ops.higher_order.flex_attention,
     torch.ops.aten._scaled_dot_product_efficient_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,  # what SDPA picks on an H100 for causal rows
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
 }
 

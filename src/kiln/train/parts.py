@@ -138,7 +138,7 @@ def build_parts(
         apply_compile(core)
     model = parallelize(core, ranks, parallel, precision.amp_dtype)
     options, fused = loss_options(model_cfg, cfg, precision), fuses_loss(cfg.fused_loss, precision)
-    kernel = attention_kernel(cfg.attention_kernel, precision.device)
+    kernel = attention_kernel(cfg.attention_kernel, precision.device, compiling(cfg.compile, precision.device))
     loss_of = build_loss(options, fused, precision, ranks.tp, kernel)
     optimizer = build_optimizer(model, cfg.optim)
     schedule = None
@@ -257,16 +257,22 @@ def split_core(
     return core
 
 
-def attention_kernel(kernel: str, device: torch.device) -> Kernel:
-    """train.attention_kernel on `device`: auto is flex attention on CUDA, SDPA elsewhere."""
-    if kernel == "auto":
-        return "flex" if device.type == "cuda" else "sdpa"
+# Flex attention's Triton kernels need Ampere (compute capability 8.0) or newer.
+FLEX_CAPABILITY = (8, 0)
+
+
+def attention_kernel(kernel: Kernel | None, device: torch.device, compiled: bool) -> Kernel:
+    """train.attention_kernel on `device`: None is flex attention inside compiled blocks on an Ampere
+    or newer GPU (uncompiled it would compute every score), SDPA's dense mask elsewhere."""
     if kernel == "flex" and device.type != "cuda":
         raise FatalError(
             f"train.attention_kernel=flex trains on CUDA only (PyTorch computes no flex attention backward on "
-            f"a CPU) and this run's device is {device.type}; use train.attention_kernel=auto or sdpa"
+            f"a CPU) and this run's device is {device.type}; use train.attention_kernel=sdpa, or leave it unset"
         )
-    return "flex" if kernel == "flex" else "sdpa"
+    if kernel is not None:
+        return kernel
+    flex = device.type == "cuda" and compiled and torch.cuda.get_device_capability(device) >= FLEX_CAPABILITY
+    return "flex" if flex else "sdpa"
 
 
 def compiling(compile: bool | None, device: torch.device) -> bool:
