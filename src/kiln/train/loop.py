@@ -170,7 +170,9 @@ def train(
                 progress.val_after = validated or progress.val_after
                 maybe_probe(parts.probe, parts.scored, monitor, step, cadence)
                 if step < cfg.steps and stop.agreed(ranks):  # sync point with several ranks: all stop at the same step
-                    stop_now(parts, step, state(), requeue=stop.requeue and ranks.is_main)
+                    # subtle: Slurm's warning may reach rank 0 only after the step; any rank's SIGUSR1 requeues.
+                    requeue = ranks.any(stop.requeue)  # a collective: every rank is here
+                    stop_now(parts, step, state(), requeue=requeue and ranks.is_main)
     except BaseException:
         parts.states.settle()  # a state still being written when the run failed is worth completing
         raise
