@@ -4,7 +4,8 @@ miniature `kiln demo` run (tests/minidemo.py) for tests/test_demo.py and tests/r
 And how the suite shares the machine when pytest-xdist runs it on several workers (`make test`:
 one per core, `--dist loadgroup`): each worker's torch, and the processes its tests start, use one
 thread; the tests of a shared session run go to one worker, which makes that run once; the long
-tests are handed out first; a test marked `cores` runs while the other workers wait.
+tests are handed out first; a test marked `cores` is handed out last, and its call runs while the other
+workers wait.
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(fixture))
                 item.add_marker(pytest.mark.slow)  # the end-to-end run, a Ray instance or Slurm: not `make test-fast`
-    # Long first, so that no worker is left with one long test while the others have finished.
-    items.sort(key=lambda item: not item.get_closest_marker("slow"))
+    # Long first, so that no worker is left with one long test while the others have finished; a `cores` test
+    # last, where what it waits for on the other workers is a quick test (handed out among the long ones, it once
+    # waited 28 s for the other worker's two pipeline tests, then kept that worker idle for its own 8 s).
+    items.sort(key=lambda item: (item.get_closest_marker("cores") is not None, not item.get_closest_marker("slow")))
 
 
 @contextmanager
@@ -76,7 +79,17 @@ def machine_share(exclusive: bool) -> Iterator[None]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    with machine_share(item.get_closest_marker("cores") is not None):
+    if item.get_closest_marker("cores") is not None:
+        return (yield)  # exclusive for its call alone (below): its fixtures are built beside the other tests
+    with machine_share(exclusive=False):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    if item.get_closest_marker("cores") is None:
+        return (yield)
+    with machine_share(exclusive=True):
         return (yield)
 
 

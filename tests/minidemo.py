@@ -1,5 +1,6 @@
-"""The miniature `kiln demo` run that tests/conftest.py's `demo_run` fixture makes once per session,
-and the helper that runs `kiln demo` through the installed command (tests/test_demo.py reruns it).
+"""The miniature `kiln demo` run that tests/conftest.py's `demo_run` fixture makes once per session
+through the installed command (kiln_demo), and its arguments (demo_args) for the demos tests/test_demo.py
+and tests/test_store_run.py run.
 
 The demo recipe reads text already on the machine (stdlib code, pydoc topics, /usr/share/doc),
 capped here at 2 MB, trains a 512-token BPE and a 2-layer d_model 64 model for 60 steps on CPU.
@@ -70,15 +71,24 @@ def snapshot_corpus(recipe: str, overrides: list[str], dest: Path) -> str:
     return "curate.inputs=" + json.dumps(inputs)
 
 
+def demo_args(
+    runs_dir: Path | str, recipe: str = "demo", overrides: list[str] = OVERRIDES, corpus: Path | None = None
+) -> list[str]:
+    """`kiln demo`'s arguments, its inputs a copy of the corpus (corpus, else runs_dir/../corpus; made on the first
+    call)."""
+    overrides = [*overrides, snapshot_corpus(recipe, overrides, corpus or Path(runs_dir).parent / "corpus")]
+    args = ["demo", "--recipe", recipe, "--set", f"runs_dir={runs_dir}"]
+    for override in overrides:
+        args += ["--set", override]
+    return args
+
+
 def kiln_demo(
     runs_dir: Path, recipe: str = "demo", overrides: list[str] = OVERRIDES
 ) -> tuple[subprocess.CompletedProcess[str], float]:
     """`kiln demo` through the installed command on a copy of the corpus (runs_dir/../corpus, made on the first
     call)."""
-    overrides = [*overrides, snapshot_corpus(recipe, overrides, Path(runs_dir).parent / "corpus")]
-    args = [str(KILN), "demo", "--recipe", recipe, "--set", f"runs_dir={runs_dir}"]
-    for override in overrides:
-        args += ["--set", override]
+    args = [str(KILN), *demo_args(runs_dir, recipe, overrides)]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # CPU only, whatever the machine has
     t0 = time.perf_counter()
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)

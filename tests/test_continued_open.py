@@ -102,16 +102,24 @@ def copy_of(tokenized: dict[str, Path], dest: Path) -> Path:
     return runs
 
 
+@pytest.fixture(scope="module")
+def one_process(tokenized: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The recipe trained on one process, on a copy of the tokenized run: its runs folder and train manifest.
+    The first test reads it and the FSDP2 test compares 2 processes with it (one training, not two)."""
+    copied = copy_of(tokenized, tmp_path_factory.mktemp("one-process"))
+    return copied, train(copied, tokenized["runs"])
+
+
 def test_the_open_model_continues_on_the_domain_with_replay_and_reports_the_change(
-    tokenized: dict[str, Path], tmp_path: Path
+    tokenized: dict[str, Path], one_process: tuple[Path, dict]
 ) -> None:
     runs = tokenized["runs"]
     tok = load_tokenizer(RunLayout(runs / "continued-open").tokenizer_json)
     assert tok.kind == "hf" and tok.eot_id == 0
     summary = (runs / "continued-open" / "tokenize" / "summary.txt").read_text()
     assert "each document: no bos + text + <|endoftext|> (id 0)" in summary
-    copied = copy_of(tokenized, tmp_path)
-    counts = train(copied, runs)["counts"]
+    copied, manifest = one_process
+    counts = manifest["counts"]
     change = counts["val_change"]
     assert set(change) == {"docs", "prose", "open-replay/code"}
     # The model section came from the imported checkpoint (the recipe has none).
@@ -124,10 +132,11 @@ def test_the_open_model_continues_on_the_domain_with_replay_and_reports_the_chan
     assert 0.1 < read["open-replay/code"] / sum(read.values()) < 0.45  # mix.replay.fraction 0.25 of 12 steps
 
 
-def test_fsdp2_over_two_processes_trains_as_one_process_does(tokenized: dict[str, Path], tmp_path: Path) -> None:
-    base = tokenized["runs"]
-    one = train(copy_of(tokenized, tmp_path / "one"), base, "parallel.dp_shard=1")["counts"]
-    two = train(copy_of(tokenized, tmp_path / "two"), base, "parallel.dp_shard=-1", nproc=2)["counts"]
+def test_fsdp2_over_two_processes_trains_as_one_process_does(
+    tokenized: dict[str, Path], one_process: tuple[Path, dict], tmp_path: Path
+) -> None:
+    one = one_process[1]["counts"]  # on 1 process every parallel degree is 1 (dp_shard's -1 included)
+    two = train(copy_of(tokenized, tmp_path / "two"), tokenized["runs"], "parallel.dp_shard=-1", nproc=2)["counts"]
     assert two["processes"] == 2 and one["processes"] == 1
     for source, c in one["val_change"].items():
         assert two["val_change"][source]["after"] == pytest.approx(c["after"], abs=2e-3), source
@@ -153,11 +162,10 @@ def test_an_extended_open_model_continues_and_exports_with_its_new_vocabulary(
         stage(verb, "continued-open", runs, *from_extended)
     tok = load_tokenizer(RunLayout(runs / "continued-open").tokenizer_json)
     assert len(tok.encode(" pretraining")) == 1 and tok.vocab_size > 600
-    args = [str(KILN), "train", "--recipe", "continued-open", "--set", f"runs_dir={runs}", "--set", "mix.replay=null"]
+    args = ["train", "--recipe", "continued-open", "--set", f"runs_dir={runs}", "--set", "mix.replay=null"]
     for o in (*from_extended, f"train.init_from={extended / 'checkpoint'}", *TRAIN):
         args += ["--set", o]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(args) == 0  # in this process: a kiln subprocess would spend 4 s on imports
     assert main(["export", "--recipe", "continued-open", "--set", f"runs_dir={runs}"]) == 0
     folder = runs / "continued-open" / "export" / "hf"
     text = "Resume pretraining when the dataloader stalls."

@@ -2,18 +2,21 @@
 
 The demo recipe reads text already on the machine (stdlib code, pydoc topics, /usr/share/doc),
 capped here at 2 MB, trains a 512-token BPE and a 2-layer d_model 64 model for 60 steps on CPU.
-Measured: about 10 s on 2 cores for the first run, 2 s for the rerun.
+Measured: about 10 s on 2 cores for the first run, 2 s for the rerun. The other demos here (the
+rerun, the shipped recipes, continued pretraining) run in this process, on the CPU as the command is.
 """
 
 from __future__ import annotations
 
 import json
-import sys
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from minidemo import KILN, OVERRIDES, kiln_demo
+from minidemo import OVERRIDES, demo_args
 
 from kiln.core.manifest import sha256_file
 from kiln.model.config import ModelConfig, count_params
@@ -35,6 +38,37 @@ UPSTREAM = {
 @pytest.fixture(scope="module")
 def demo(demo_run: dict[str, Any]) -> dict[str, Any]:
     return demo_run
+
+
+@dataclass(frozen=True)
+class Said:
+    """What a `kiln demo` run in this process printed (stdout) and logged, as its stderr has it ("logger: message")."""
+
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def demo_here(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., Said]:
+    """`kiln demo` in this process (a kiln subprocess spends 4 s on imports), on the CPU as kiln_demo's command is;
+    the session's demo run (conftest.py) is the one made through the installed command."""
+    import torch
+
+    from kiln.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def run(runs_dir: Path, recipe: str = "demo", overrides: list[str] = OVERRIDES) -> Said:
+        capsys.readouterr()
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="kiln"):
+            assert main(demo_args(runs_dir, recipe, overrides)) == 0
+        out = capsys.readouterr()
+        return Said(out.out, out.err + "".join(f"{r.name}: {r.getMessage()}\n" for r in caplog.records))
+
+    return run
 
 
 def test_summary_has_every_field(demo: dict[str, Any]) -> None:
@@ -177,11 +211,11 @@ def test_first_run_is_quick(demo: dict[str, Any]) -> None:
     assert demo["seconds"] < 100  # measured about 10 s on 2 cores
 
 
-def test_second_demo_skips_every_stage(demo: dict[str, Any]) -> None:
+def test_second_demo_skips_every_stage(demo: dict[str, Any], demo_here: Callable[..., Said]) -> None:
     # Nothing is redone: every manifest is byte for byte the first run's. (It used to assert a
     # wall-clock bound too, half the first run's time; on a shared 2-core host the skipping run's
     # imports and input hashing took 5-8 s against 13-18 s, and the bound failed a CI run.)
-    done, _ = kiln_demo(demo["runs_dir"])
+    done = demo_here(demo["runs_dir"])
     run_dir = demo["run_dir"]
     for stage in STAGES:
         again = json.loads((run_dir / stage / "manifest.json").read_text())
@@ -196,18 +230,20 @@ def test_second_demo_skips_every_stage(demo: dict[str, Any]) -> None:
     assert first[1:] == again[1:]
 
 
-def test_a_changed_corpus_file_redoes_the_stages_after_it_and_keeps_the_earlier_model(tmp_path: Path) -> None:
+def test_a_changed_corpus_file_redoes_the_stages_after_it_and_keeps_the_earlier_model(
+    tmp_path: Path, demo_here: Callable[..., Said]
+) -> None:
     # The demo reads the machine's own files: a package installed between two demos changes some.
     runs = tmp_path / "runs"
     quick = [o for o in OVERRIDES if not o.startswith(("train.steps", "train.probe_every"))] + ["train.steps=24"]
-    kiln_demo(runs, overrides=quick)
+    demo_here(runs, overrides=quick)
     plain = sorted(p for p in (tmp_path / "corpus" / "usr_share_doc").rglob("*") if p.is_file() and p.suffix != ".gz")
     if not plain:
         pytest.skip("this machine's /usr/share/doc gave the demo no uncompressed file to change")
     changed = plain[0]
     data = changed.read_bytes()  # its last byte changed, its size kept (a bigger file could move the cap's choice)
     changed.write_bytes(data[:-1] + (b"#" if data[-1:] != b"#" else b"\n"))
-    done, _ = kiln_demo(runs, overrides=quick)  # no --force, no error: every stage after curate is redone
+    done = demo_here(runs, overrides=quick)  # no --force, no error: every stage after curate is redone
     run_dir = runs / "demo"
     since = json.loads((run_dir / "summary.json").read_text())["corpus"]["since_last_demo"]
     assert since == {"changed": 1, "added": 0, "removed": 0, "examples": [str(changed)]}
@@ -254,10 +290,10 @@ RECIPES = {
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_each_shipped_recipe_runs_end_to_end_and_learns_its_objective(recipe: str, tmp_path: Path) -> None:
-    if not KILN.is_file():
-        pytest.skip(f"no kiln script beside {sys.executable}")
-    done, _ = kiln_demo(tmp_path / "runs", recipe, MINI + RECIPES[recipe])
+def test_each_shipped_recipe_runs_end_to_end_and_learns_its_objective(
+    recipe: str, tmp_path: Path, demo_here: Callable[..., Said]
+) -> None:
+    done = demo_here(tmp_path / "runs", recipe, MINI + RECIPES[recipe])
     summary = json.loads((tmp_path / "runs" / recipe / "summary.json").read_text())
     train = json.loads((tmp_path / "runs" / recipe / "train" / "manifest.json").read_text())
     if recipe == "curriculum":
@@ -295,7 +331,7 @@ def test_each_shipped_recipe_runs_end_to_end_and_learns_its_objective(recipe: st
 
 
 def test_continued_pretraining_starts_from_the_demo_model_replays_its_data_and_reports_what_changed(
-    demo: dict[str, Any],
+    demo: dict[str, Any], demo_here: Callable[..., Said]
 ) -> None:
     # recipes/continued.yaml at miniature size on the module's demo run: its tokenizer and final
     # weights, a quarter of the rows replayed from its sources.
@@ -308,7 +344,7 @@ def test_continued_pretraining_starts_from_the_demo_model_replays_its_data_and_r
         "train.steps=30",
         "train.schedule.warmup_fraction=0.1",
     ]
-    done, _ = kiln_demo(runs_dir, "continued", overrides)
+    done = demo_here(runs_dir, "continued", overrides)
     run_dir = runs_dir / "continued"
     assert sha256_file(run_dir / "tokenizer" / "tokenizer.json") == sha256_file(base / "tokenizer" / "tokenizer.json")
     counts = json.loads((run_dir / "train" / "manifest.json").read_text())["counts"]
@@ -328,7 +364,7 @@ def test_continued_pretraining_starts_from_the_demo_model_replays_its_data_and_r
 
 
 def test_the_exported_demo_imports_back_scores_a_file_and_continues_pretraining(
-    demo: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    demo: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], demo_here: Callable[..., Said]
 ) -> None:
     from kiln.cli import main  # in this process: a kiln subprocess would spend 4 s on imports
 
@@ -356,6 +392,6 @@ def test_the_exported_demo_imports_back_scores_a_file_and_continues_pretraining(
         "train.steps=20",
         "train.schedule.warmup_fraction=0.1",
     ]
-    kiln_demo(runs_dir, "continued", overrides)
+    demo_here(runs_dir, "continued", overrides)
     change = json.loads((runs_dir / "from_import" / "train" / "manifest.json").read_text())["counts"]["val_change"]
     assert change["docs"]["change"] < 0  # it learned the new domain from the imported start

@@ -10,6 +10,7 @@ rows (the sampler deals the global stream by rank). Measured: about 12 s per lau
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import time
@@ -28,13 +29,14 @@ from launches import (
     kill_after,
     launch,
     nodes_command,
-    run,
+    run_here,
     run_nodes,
     step_records,
     write_recipe,
 )
 
-pytestmark = pytest.mark.slow
+# On one pytest-xdist worker: the module's single-process run is trained once, not once per worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("train_distributed")]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +72,9 @@ def test_two_processes_match_one_with_the_same_global_batch(
     assert manifest["counts"]["processes"] == 2
 
 
-def test_killed_run_resumes_exactly(single: tuple[list, Path], tokenized_run: Path, tmp_path: Path) -> None:
+def test_killed_run_resumes_exactly(
+    single: tuple[list, Path], tokenized_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     # Resumable states every 5 steps; killed once step 12 is logged (on a busy machine the run may
     # have gone a few steps further, and may be writing step 15's state under its .tmp name), the
     # run resumes from its newest complete state and its losses from there on are those of the
@@ -92,8 +96,9 @@ def test_killed_run_resumes_exactly(single: tuple[list, Path], tokenized_run: Pa
     )
     last = int(complete[-1].removeprefix("step-"))
     assert last >= 10
-    done = run(command(recipe, second, *overrides))
-    assert f"resuming after step {last}" in done.stderr
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        run_here(command(recipe, second, *overrides))  # the one process in this one: no 4 s of imports
+    assert f"resuming after step {last}" in caplog.text
     steps = step_records(runs_dir)
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))  # the killed run's steps after `last` were cut back
     uninterrupted = {r["step"]: r["loss"] for r in single[0]}
@@ -123,7 +128,7 @@ def test_sigterm_saves_a_resumable_state_and_the_run_continues_exactly(
     assert "SIGTERM received" in stderr and "run the same command again to resume" in stderr
     saved = sorted(p.name for p in (runs_dir / "run" / "train.partial" / "checkpoints").iterdir())
     assert len(saved) == 1 and 8 <= int(saved[0].split("-")[1]) < STEPS
-    run(command(recipe, 1))
+    run_here(command(recipe, 1))  # resumed in this process, as the uninterrupted run was trained
     steps = [
         json.loads(line)
         for line in (runs_dir / "run" / "train" / "metrics.jsonl").read_text().splitlines()

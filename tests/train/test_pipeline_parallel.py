@@ -258,6 +258,7 @@ def test_two_stages_with_gpipe_match_one_process_and_idle_as_the_schedule_says(
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("pipeline_tied")  # one worker: single_tied is trained once
 def test_tensor_and_interleaved_pipeline_parallel_with_fsdp2_match_one_process(
     single_tied: tuple[list, Path], tokenized_run: Path, tmp_path: Path
 ) -> None:
@@ -306,6 +307,7 @@ def test_tensor_and_interleaved_pipeline_parallel_with_fsdp2_match_one_process(
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("pipeline_tied")  # one worker: single_tied is trained once
 def test_a_state_resumes_across_context_pipeline_and_tensor_parallel_layouts(
     single_tied: tuple[list, Path], tokenized_run: Path, tmp_path: Path
 ) -> None:
@@ -317,12 +319,12 @@ def test_a_state_resumes_across_context_pipeline_and_tensor_parallel_layouts(
     # optimizer states in the background, killed once step 7 is logged; resumed on 4 processes,
     # FSDP2 over 2 data ranks x tp 2 with sequence parallelism (head-split and vocabulary-split
     # matrices, the q/k norm gains replicated), which load the matrix the two stages wrote once.
-    # Micro-batches of 2 rows throughout (the same recipe, so the same stage): the cp group takes 8
-    # per step, each data rank of the other layouts 4.
+    # Micro-batches of 4 rows throughout (the same recipe, so the same stage): the cp group takes 4
+    # per step, each data rank of the other layouts 2 (of 2 rows, twice as many, the test took 44 s alone, not 34).
     one, one_root = single_tied
     runs_dir = tmp_path / "runs"
     copy_run(tokenized_run, runs_dir)
-    recipe = write_recipe(tmp_path, STEPS, 2, TIED_QK)
+    recipe = write_recipe(tmp_path, STEPS, 4, TIED_QK)
     metrics = runs_dir / "run" / "train.partial" / "metrics.jsonl"
     kill_after(command(recipe, 2, "parallel.cp=2", "train.checkpoint.every=2"), metrics, 4)
     stages = kill_after(
