@@ -56,10 +56,10 @@ from typing import Any, NamedTuple
 
 import torch
 from flex_masking import attention_alone, flex_leg, packed_rows
-from train_throughput import benchmark_config, measure_kiln
+from train_throughput import measure_mfu, preset_config
 
 from kiln.core.layout import RunLayout
-from kiln.model.config import ModelConfig, flops_per_token, get_preset
+from kiln.model.config import ModelConfig, get_preset
 from kiln.model.init import build_model
 from kiln.recipe import Recipe, load_recipe
 from kiln.text.tokenizer import KilnTokenizer
@@ -143,17 +143,7 @@ def run_recipe(run_dir: Path) -> Recipe:
 
 
 def train_config(recipe: Recipe, run: Run, device: str, **update: Any) -> TrainConfig:
-    return TrainConfig.model_validate(
-        {
-            **recipe.train.model_dump(),
-            "seq_len": run.seq_len,
-            "micro_batch_size": run.rows,
-            "global_batch_tokens": run.tokens,
-            "compile": device == "cuda",
-            "precision": {"device": device, "dtype": "bf16" if device == "cuda" else "fp32"},
-            **update,
-        }
-    )
+    return preset_config(recipe, run.seq_len, run.rows, run.tokens, device, **update)
 
 
 def model_of(name: str, seq_len: int, run_dir: Path) -> ModelConfig:
@@ -166,8 +156,7 @@ def model_of(name: str, seq_len: int, run_dir: Path) -> ModelConfig:
 
 def trained(recipe: Recipe, model: ModelConfig, cfg: TrainConfig, run: Run, peak: float | None) -> dict[str, Any]:
     """kiln's train() for run.warmup + run.steps steps: tokens/s of the timed steps, last loss, MFU."""
-    m = measure_kiln(recipe, model, benchmark_config(cfg, run.warmup + run.steps), run.warmup)
-    mfu = m.tokens_per_s * flops_per_token(model, cfg.seq_len) / peak if peak else None
+    m, mfu = measure_mfu(recipe, model, cfg, run.warmup, run.steps, peak)
     return {"tokens_per_s": m.tokens_per_s, "last_loss": m.loss, "mfu": mfu, "tokens_per_step": cfg.tokens_per_step}
 
 

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -372,25 +373,41 @@ def compare(
     return results
 
 
-def preset_mfu(recipe: Recipe, name: str, args: argparse.Namespace, peak: float) -> float:
-    """kiln's trainer on a preset's shape (published vocabulary) in bf16 with torch.compile, on the run's data."""
-    seq_len, rows, tokens = PRESET_RUNS[name]
-    model_cfg = get_preset(name)
-    cfg = TrainConfig.model_validate(
+def preset_config(
+    recipe: Recipe, seq_len: int, rows: int, tokens: int, device: str = "cuda", **update: Any
+) -> TrainConfig:
+    """recipe.train for a run of seq_len x rows micro-batches and `tokens` per step: compiled and in bf16
+    on CUDA, eager fp32 on a CPU; `update` overrides other keys."""
+    return TrainConfig.model_validate(
         {
             **recipe.train.model_dump(),
             "seq_len": seq_len,
             "micro_batch_size": rows,
             "global_batch_tokens": tokens,
-            "compile": True,
-            "precision": {"device": "cuda", "dtype": "bf16"},
+            "compile": device == "cuda",
+            "precision": {"device": device, "dtype": "bf16" if device == "cuda" else "fp32"},
+            **update,
         }
     )
+
+
+def measure_mfu(
+    recipe: Recipe, model_cfg: ModelConfig, cfg: TrainConfig, warmup: int, steps: int, peak: float | None
+) -> tuple[Measurement, float | None]:
+    """measure_kiln over warmup + steps steps, and its MFU against `peak` (None where the peak is unknown)."""
+    m = measure_kiln(recipe, model_cfg, benchmark_config(cfg, warmup + steps), warmup)
+    return m, m.tokens_per_s * flops_per_token(model_cfg, cfg.seq_len) / peak if peak else None
+
+
+def preset_mfu(recipe: Recipe, name: str, args: argparse.Namespace, peak: float) -> float:
+    """kiln's trainer on a preset's shape (published vocabulary) in bf16 with torch.compile, on the run's data."""
+    seq_len, rows, tokens = PRESET_RUNS[name]
+    model_cfg = get_preset(name)
     # A fresh compile, as a run of this preset gets: blocks compiled before for another shape would make
     # torch.compile recompile them with dynamic shapes (gpt2-124m: 38.7% MFU on an H100 against 40.9%).
     torch.compiler.reset()
-    m = measure_kiln(recipe, model_cfg, benchmark_config(cfg, args.warmup + args.steps), args.warmup)
-    mfu = m.tokens_per_s * flops_per_token(model_cfg, seq_len) / peak
+    m, mfu = measure_mfu(recipe, model_cfg, preset_config(recipe, seq_len, rows, tokens), args.warmup, args.steps, peak)
+    assert mfu is not None
     print(
         (
             f"{name}: {count_params(model_cfg):,} params, {tokens:,} tokens/step ({tokens // (rows * seq_len)} x "

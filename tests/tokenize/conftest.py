@@ -11,25 +11,9 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from basic_curation import ONLY_BASIC_STEPS
 
 from kiln.curate.config import CurateConfig, InputConfig
-
-# These tests are about tokens, not filtering: the prose rules would drop Python docs topics
-# (curly braces, short lines) and cut license lines shared by many files. Normalization, PII,
-# length limits and exact dedup still run.
-ONLY_BASIC_STEPS = {
-    step: {"enabled": False}
-    for step in (
-        "line_dedup",
-        "language",
-        "gopher_repetition",
-        "gopher_quality",
-        "bad_words",
-        "c4",
-        "fineweb",
-        "code_quality",
-    )
-}
 from kiln.curate.run import run as curate
 
 

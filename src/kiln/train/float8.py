@@ -29,17 +29,18 @@ log = logging.getLogger("kiln.train")
 FP8_MULTIPLE = 16
 
 
+def block_linears(model: nn.Module) -> dict[str, nn.Linear]:
+    """The blocks' linear layers by name. The output layer is not among them and stays bf16: the fused
+    loss multiplies by its weight directly, and its logits are the most sensitive to rounding."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.startswith("blocks.")}
+
+
 def float8_layers(model: nn.Module) -> list[str]:
-    """Names of the linear layers fp8 converts: every block's projections whose shapes _scaled_mm
-    takes. The output layer stays bf16: the fused loss multiplies by its weight directly, and its
-    logits are the most sensitive to rounding."""
+    """Names of the linear layers fp8 converts: the blocks' projections whose shapes _scaled_mm takes."""
     return [
         name
-        for name, module in model.named_modules()
-        if isinstance(module, nn.Linear)
-        and name.startswith("blocks.")
-        and module.in_features % FP8_MULTIPLE == 0
-        and module.out_features % FP8_MULTIPLE == 0
+        for name, layer in block_linears(model).items()
+        if layer.in_features % FP8_MULTIPLE == 0 and layer.out_features % FP8_MULTIPLE == 0
     ]
 
 
@@ -53,9 +54,7 @@ def apply_float8(model: nn.Module, scaling: Literal["tensorwise", "rowwise"]) ->
             "pip install 'kiln[fp8]' (torchao>=0.16), or use train.precision.dtype=bf16"
         ) from None
     names = set(float8_layers(model))
-    skipped = [
-        n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.startswith("blocks.") and n not in names
-    ]
+    skipped = [name for name in block_linears(model) if name not in names]
     if skipped:
         log.warning(
             "train: fp8 leaves %d block linear layer(s) in bf16 (a dimension not a multiple of %d), e.g. %s",
